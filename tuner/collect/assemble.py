@@ -1,0 +1,93 @@
+"""Catalogue samples → one EngineSnapshot per (engine, model_name).
+
+vLLM serves several engines and models from one endpoint, told apart by the ``engine`` and
+``model_name`` labels. A sample that lacks one of them (``cache_config_info`` has no model_name,
+``admission_rejections_total`` no engine, ``process_start_time_seconds`` neither) belongs to every
+engine it matches. The same assembly serves llama-server (no labels: one engine) and the
+Prometheus-API source, so both produce identical snapshots.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Iterable, Literal
+
+from tuner.collect.catalogue import ENGINE_LABELS
+from tuner.collect.exposition import CatalogueSample
+from tuner.collect.snapshots import EngineSnapshot, Histogram, Labels, SeriesKey
+
+__all__ = ["assemble_engines"]
+
+_IGNORED_LABELS = frozenset(ENGINE_LABELS) | {"le", "instance", "job", "__name__"}
+
+
+def _extra(labels: dict[str, str]) -> Labels:
+    return tuple(sorted((k, v) for k, v in labels.items() if k not in _IGNORED_LABELS))
+
+
+def _le(value: str) -> float:
+    return float("inf") if value in ("+Inf", "Inf", "inf") else float(value)
+
+
+def assemble_engines(samples: Iterable[CatalogueSample], backend: Literal["vllm", "llamacpp"],
+                     default_model: str, problems: list[str]) -> tuple[EngineSnapshot, ...]:
+    """Group samples into engines; histogram parts into Histograms. Inconsistencies go to ``problems``."""
+    samples = list(samples)
+    # An engine is named by a sample carrying both labels; a sample with one of them only joins those.
+    engines: set[tuple[str, str]] = {
+        (s.labels["engine"], s.labels["model_name"])
+        for s in samples if "engine" in s.labels and "model_name" in s.labels
+    } or {
+        (s.labels.get("engine", "0"), s.labels.get("model_name", default_model))
+        for s in samples if "engine" in s.labels or "model_name" in s.labels
+    } or {("0", default_model)}
+
+    def owners(labels: dict[str, str]) -> list[tuple[str, str]]:
+        e, m = labels.get("engine"), labels.get("model_name")
+        return [k for k in engines if (e is None or k[0] == e) and (m is None or k[1] == m)]
+
+    values: dict[tuple[str, str], dict[SeriesKey, float]] = defaultdict(dict)
+    parts: dict[tuple[str, str], dict[SeriesKey, dict[str, object]]] = defaultdict(
+        lambda: defaultdict(lambda: {"buckets": {}}))
+    config: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
+
+    for s in samples:
+        for owner in owners(s.labels):
+            key: SeriesKey = (s.spec.name, _extra(s.labels))
+            if s.spec.kind == "info":
+                config[owner].update({k: v for k, v in s.labels.items() if k not in _IGNORED_LABELS})
+            elif s.part == "value":
+                values[owner][key] = s.value
+            elif s.part == "bucket":
+                if "le" not in s.labels:
+                    problems.append(f"line {s.line_no}: {s.spec.name}_bucket has no le label; dropped")
+                    continue
+                parts[owner][key]["buckets"][_le(s.labels["le"])] = s.value  # type: ignore[index]
+            else:
+                parts[owner][key][s.part] = s.value
+
+    out = []
+    for owner in sorted(engines):
+        hists: dict[SeriesKey, Histogram] = {}
+        for key, p in parts[owner].items():
+            hist = _histogram(key[0], p, problems)
+            if hist is not None:
+                hists[key] = hist
+        out.append(EngineSnapshot(backend=backend, engine=owner[0], model_name=owner[1],
+                                  values=dict(values[owner]), histograms=hists,
+                                  config=dict(config[owner])))
+    return tuple(out)
+
+
+def _histogram(name: str, p: dict[str, object], problems: list[str]) -> Histogram | None:
+    buckets: dict[float, float] = p["buckets"]  # type: ignore[assignment]
+    if not buckets or float("inf") not in buckets:
+        problems.append(f"{name}: histogram without a +Inf bucket; dropped")
+        return None
+    bounds = tuple(sorted(buckets))
+    counts = tuple(buckets[b] for b in bounds)
+    if any(b < a for a, b in zip(counts, counts[1:])):
+        problems.append(f"{name}: bucket counts decrease with le; kept as served")
+    count = float(p.get("count", counts[-1]))  # type: ignore[arg-type]
+    return Histogram(bounds=bounds, counts=counts, sum=float(p.get("sum", 0.0)),  # type: ignore[arg-type]
+                     count=count)

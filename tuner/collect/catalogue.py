@@ -1,0 +1,167 @@
+"""Every metric name tuner reads, in one table, with the aliases older servers used.
+
+A sample name found on the wire is looked up here and turned into a canonical series name (what the
+store keeps) plus which part of it the sample is (plain value, histogram bucket, count or sum). Names
+not in the table are ignored: tuner keeps what its signals need, not the whole exposition.
+``tests/collect/test_catalogue.py`` proves each entry against recorded real expositions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["MetricSpec", "Kind", "Part", "VLLM", "LLAMACPP", "DCGM", "SLOTS", "lookup", "spec",
+           "ALL_SPECS", "ENGINE_LABELS"]
+
+Kind = Literal["counter", "gauge", "histogram", "info"]
+Part = Literal["value", "bucket", "count", "sum"]
+
+# Labels that identify an engine inside one endpoint; every other label is part of the series key.
+ENGINE_LABELS = ("engine", "model_name")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric: its canonical name, kind, unit, and the snapshot field it feeds (if any)."""
+
+    name: str  # canonical; counters keep their _total suffix, histograms are the base name
+    kind: Kind
+    unit: str  # "seconds", "tokens", "requests", "ratio" (0-1), "bytes", "celsius", "watts", "info", ...
+    backend: Literal["vllm", "llamacpp", "dcgm", "slots"]
+    field: str | None = None  # key in `tuner snapshot --json`; summed over extra labels
+    aliases: tuple[str, ...] = ()  # older names for the same series
+    required: bool = False  # a real server of this backend always serves it (checked by tests)
+
+
+def _v(name: str, kind: Kind, unit: str, field: str | None = None, aliases: tuple[str, ...] = (),
+       required: bool = True) -> MetricSpec:
+    return MetricSpec(name, kind, unit, "vllm", field, aliases, required)
+
+
+VLLM: tuple[MetricSpec, ...] = (
+    # scheduler state
+    _v("vllm:num_requests_running", "gauge", "requests", "requests_running"),
+    _v("vllm:num_requests_waiting", "gauge", "requests", "requests_waiting"),
+    _v("vllm:num_requests_waiting_by_reason", "gauge", "requests"),
+    _v("vllm:kv_cache_usage_perc", "gauge", "ratio", "kv_cache_usage",
+       aliases=("vllm:gpu_cache_usage_perc",)),
+    _v("vllm:engine_sleep_state", "gauge", "state"),
+    # counters
+    _v("vllm:num_preemptions_total", "counter", "preemptions", "preemptions_total"),
+    _v("vllm:prompt_tokens_total", "counter", "tokens", "prompt_tokens_total"),
+    _v("vllm:generation_tokens_total", "counter", "tokens", "generation_tokens_total"),
+    _v("vllm:prompt_tokens_cached_total", "counter", "tokens", "prompt_tokens_cached_total",
+       required=False),
+    _v("vllm:prefix_cache_queries_total", "counter", "tokens", "prefix_cache_queries_total",
+       aliases=("vllm:gpu_prefix_cache_queries_total",)),
+    _v("vllm:prefix_cache_hits_total", "counter", "tokens", "prefix_cache_hits_total",
+       aliases=("vllm:gpu_prefix_cache_hits_total",)),
+    _v("vllm:request_success_total", "counter", "requests", "requests_finished_total"),
+    _v("vllm:admission_rejections_total", "counter", "requests", required=False),
+    # latency histograms (seconds)
+    _v("vllm:time_to_first_token_seconds", "histogram", "seconds"),
+    _v("vllm:inter_token_latency_seconds", "histogram", "seconds",
+       aliases=("vllm:time_per_output_token_seconds",)),
+    _v("vllm:request_time_per_output_token_seconds", "histogram", "seconds", required=False),
+    _v("vllm:e2e_request_latency_seconds", "histogram", "seconds"),
+    _v("vllm:request_queue_time_seconds", "histogram", "seconds"),
+    _v("vllm:request_inference_time_seconds", "histogram", "seconds"),
+    _v("vllm:request_prefill_time_seconds", "histogram", "seconds"),
+    _v("vllm:request_decode_time_seconds", "histogram", "seconds"),
+    # size histograms (tokens)
+    _v("vllm:request_prompt_tokens", "histogram", "tokens"),
+    _v("vllm:request_generation_tokens", "histogram", "tokens"),
+    _v("vllm:iteration_tokens_total", "histogram", "tokens"),
+    _v("vllm:request_max_num_generation_tokens", "histogram", "tokens", required=False),
+    _v("vllm:request_params_max_tokens", "histogram", "tokens", required=False),
+    _v("vllm:request_num_preemptions", "histogram", "preemptions", required=False),
+    # live engine config, as labels
+    _v("vllm:cache_config_info", "info", "info"),
+    # process (API server) start time: a change means the server restarted
+    MetricSpec("process_start_time_seconds", "gauge", "seconds", "vllm", "process_start_time_seconds"),
+)
+
+
+def _l(name: str, kind: Kind, unit: str, field: str | None = None, required: bool = True) -> MetricSpec:
+    return MetricSpec(name, kind, unit, "llamacpp", field, (), required)
+
+
+LLAMACPP: tuple[MetricSpec, ...] = (
+    _l("llamacpp:prompt_tokens_total", "counter", "tokens", "prompt_tokens_total"),
+    _l("llamacpp:prompt_tokens_cached_total", "counter", "tokens", "prompt_tokens_cached_total",
+       required=False),
+    _l("llamacpp:prompt_seconds_total", "counter", "seconds", "prompt_seconds_total"),
+    _l("llamacpp:tokens_predicted_total", "counter", "tokens", "tokens_predicted_total"),
+    _l("llamacpp:tokens_predicted_seconds_total", "counter", "seconds", "tokens_predicted_seconds_total"),
+    _l("llamacpp:n_decode_total", "counter", "calls", "n_decode_total"),
+    _l("llamacpp:n_tokens_max", "counter", "tokens", "n_tokens_max"),  # declared counter, is a running max
+    _l("llamacpp:spec_decode_num_draft_tokens_total", "counter", "tokens", required=False),
+    _l("llamacpp:spec_decode_num_accepted_tokens_total", "counter", "tokens", required=False),
+    _l("llamacpp:spec_decode_num_drafts_total", "counter", "calls", required=False),
+    _l("llamacpp:prompt_tokens_seconds", "gauge", "tokens_per_second", "prompt_tokens_seconds"),
+    _l("llamacpp:predicted_tokens_seconds", "gauge", "tokens_per_second", "predicted_tokens_seconds"),
+    _l("llamacpp:requests_processing", "gauge", "requests", "requests_processing"),
+    _l("llamacpp:requests_deferred", "gauge", "requests", "requests_deferred"),
+    _l("llamacpp:n_busy_slots_per_decode", "gauge", "slots", "n_busy_slots_per_decode"),
+    # removed upstream; still read from older servers
+    _l("llamacpp:kv_cache_usage_ratio", "gauge", "ratio", required=False),
+    _l("llamacpp:kv_cache_tokens", "gauge", "tokens", required=False),
+)
+
+# Derived by tuner from llama-server's /slots (upstream has no KV gauge any more).
+SLOTS: tuple[MetricSpec, ...] = (
+    MetricSpec("tuner:slots_total", "gauge", "slots", "slots", "slots_total"),
+    MetricSpec("tuner:slots_busy", "gauge", "slots", "slots", "slots_busy"),
+    MetricSpec("tuner:slot_context_tokens", "gauge", "tokens", "slots", "slot_context_tokens"),
+    MetricSpec("tuner:kv_tokens_in_use", "gauge", "tokens", "slots", "kv_tokens_in_use"),
+    MetricSpec("tuner:kv_cache_usage", "gauge", "ratio", "slots", "kv_cache_usage"),
+)
+
+DCGM: tuple[MetricSpec, ...] = (
+    MetricSpec("DCGM_FI_DEV_GPU_UTIL", "gauge", "percent", "dcgm"),
+    MetricSpec("DCGM_FI_DEV_FB_USED", "gauge", "mebibytes", "dcgm"),
+    MetricSpec("DCGM_FI_DEV_FB_FREE", "gauge", "mebibytes", "dcgm"),
+    MetricSpec("DCGM_FI_DEV_POWER_USAGE", "gauge", "watts", "dcgm"),
+    MetricSpec("DCGM_FI_DEV_GPU_TEMP", "gauge", "celsius", "dcgm"),
+)
+
+ALL_SPECS: tuple[MetricSpec, ...] = VLLM + LLAMACPP + SLOTS + DCGM
+_BY_NAME = {s.name: s for s in ALL_SPECS}
+
+# Prefixes other deployments put before vLLM's own (Ray Serve's metrics re-export).
+_PREFIXES = {"ray_vllm:": "vllm:", "ray_vllm_": "vllm:"}
+
+
+def _wire_names() -> dict[str, tuple[MetricSpec, Part]]:
+    table: dict[str, tuple[MetricSpec, Part]] = {}
+    for s in ALL_SPECS:
+        for name in (s.name, *s.aliases):
+            if s.kind == "histogram":
+                table[name + "_bucket"] = (s, "bucket")
+                table[name + "_count"] = (s, "count")
+                table[name + "_sum"] = (s, "sum")
+            else:
+                table[name] = (s, "value")
+    return table
+
+
+_WIRE = _wire_names()
+
+
+def lookup(sample_name: str) -> tuple[MetricSpec, Part] | None:
+    """The spec and part for a sample name seen on the wire, or None if tuner does not keep it."""
+    hit = _WIRE.get(sample_name)
+    if hit is None:
+        for prefix, canonical in _PREFIXES.items():
+            if sample_name.startswith(prefix):
+                return _WIRE.get(canonical + sample_name[len(prefix):])
+    return hit
+
+
+def spec(name: str) -> MetricSpec:
+    """The spec for a canonical name; KeyError names the unknown metric."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not in tuner's metric catalogue") from None

@@ -1,0 +1,72 @@
+"""One bounded HTTP GET: a total deadline and a body cap, so a slow or huge target costs a bounded amount.
+
+http.client rather than requests: its ``read1`` returns whatever has arrived, so a server that
+trickles bytes still hits the deadline (requests' per-read timeout would wait forever).
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from tuner.errors import ScrapeError
+
+__all__ = ["Response", "get"]
+
+_USER_AGENT = "tuner/0.1 (+https://github.com/tuner)"
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str
+
+
+def get(url: str, *, timeout_s: float, max_bytes: int,
+        accept: str = "text/plain;version=0.0.4;q=1,*/*;q=0.1") -> Response:
+    """GET ``url``; raise ScrapeError on refusal, timeout, or a body over ``max_bytes``."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ScrapeError(f"{url}: not an http(s) URL")
+    deadline = time.monotonic() + timeout_s
+    conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = conn_cls(parts.hostname, parts.port, timeout=timeout_s)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        conn.request("GET", path, headers={"Accept": accept, "User-Agent": _USER_AGENT})
+        resp = conn.getresponse()
+        declared = resp.getheader("Content-Length")
+        if declared and declared.isdigit() and int(declared) > max_bytes:
+            raise ScrapeError(f"{url}: body of {int(declared)} bytes exceeds max_body_bytes={max_bytes}; "
+                              "raise defaults.max_body_bytes if this target is really that large")
+        chunks, size = [], 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ScrapeError(f"{url}: no complete answer within {timeout_s:g}s "
+                                  f"({size} bytes read); the server is slow or hung")
+            if conn.sock is not None:
+                conn.sock.settimeout(remaining)
+            chunk = resp.read1(65536)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > max_bytes:
+                raise ScrapeError(f"{url}: body exceeds max_body_bytes={max_bytes}; raise "
+                                  "defaults.max_body_bytes if this target is really that large")
+            chunks.append(chunk)
+        return Response(resp.status, b"".join(chunks), resp.getheader("Content-Type") or "")
+    except ScrapeError:
+        raise
+    except ConnectionRefusedError:
+        raise ScrapeError(f"{url}: connection refused; is the server running on that port?") from None
+    except (socket.timeout, TimeoutError):
+        raise ScrapeError(f"{url}: no complete answer within {timeout_s:g}s; the server is slow or hung") from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise ScrapeError(f"{url}: {type(exc).__name__}: {exc}") from None
+    finally:
+        conn.close()

@@ -1,0 +1,121 @@
+"""llama-server: ``/metrics`` (every ``llamacpp:`` series), ``/slots`` and ``/health`` → TargetSnapshot.
+
+llama-server has no KV-cache gauge any more, so KV use is derived from /slots: tokens held by busy
+slots over the whole context (``-c`` is split across ``--parallel`` slots).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from tuner.collect import http
+from tuner.collect.assemble import assemble_engines
+from tuner.collect.catalogue import spec
+from tuner.collect.exposition import decode_body, parse_exposition
+from tuner.collect.snapshots import EngineSnapshot, SlotsState, TargetSnapshot
+from tuner.errors import ExpositionError, MetricsDisabledError, ScrapeError
+
+__all__ = ["parse_slots", "snapshot_from_text", "scrape"]
+
+
+def parse_slots(data: Any) -> SlotsState:
+    """/slots JSON (a list of slot objects) → SlotsState; ExpositionError names what is wrong."""
+    if isinstance(data, (str, bytes)):
+        try:
+            data = json.loads(data)
+        except ValueError as exc:
+            raise ExpositionError(f"/slots is not JSON ({exc})") from None
+    if not isinstance(data, list) or not data:
+        raise ExpositionError(f"/slots: expected a non-empty JSON list of slots, got {type(data).__name__}")
+    busy = in_use = 0
+    n_ctx = None
+    for i, slot in enumerate(data):
+        if not isinstance(slot, dict):
+            raise ExpositionError(f"/slots[{i}]: expected an object, got {type(slot).__name__}")
+        ctx = slot.get("n_ctx")
+        if not isinstance(ctx, int) or isinstance(ctx, bool) or ctx <= 0:
+            raise ExpositionError(f"/slots[{i}].n_ctx: expected a positive integer, got {ctx!r}")
+        n_ctx = ctx if n_ctx is None else max(n_ctx, ctx)
+        if slot.get("is_processing") is True:
+            busy += 1
+            in_use += _int(slot.get("n_prompt_tokens"), f"/slots[{i}].n_prompt_tokens")
+            for nt in slot.get("next_token") or []:
+                if isinstance(nt, dict):
+                    in_use += _int(nt.get("n_decoded"), f"/slots[{i}].next_token.n_decoded")
+    return SlotsState(slots_total=len(data), slots_busy=busy, slot_context_tokens=n_ctx or 0,
+                      kv_tokens_in_use=in_use)
+
+
+def _int(value: Any, where: str) -> int:
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ExpositionError(f"{where}: expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _with_slots(engine: EngineSnapshot, slots: SlotsState) -> EngineSnapshot:
+    values = dict(engine.values)
+    for metric, value in (("tuner:slots_total", slots.slots_total), ("tuner:slots_busy", slots.slots_busy),
+                          ("tuner:slot_context_tokens", slots.slot_context_tokens),
+                          ("tuner:kv_tokens_in_use", slots.kv_tokens_in_use),
+                          ("tuner:kv_cache_usage", slots.kv_cache_usage)):
+        values[(spec(metric).name, ())] = float(value)
+    return EngineSnapshot(backend=engine.backend, engine=engine.engine, model_name=engine.model_name,
+                          values=values, histograms=engine.histograms, config=engine.config)
+
+
+def snapshot_from_text(text: str, *, target: str, ts: float, slots: SlotsState | None = None,
+                       duration_s: float = 0.0, body_bytes: int = 0, model_name: str = "",
+                       healthy: bool | None = None, problems: tuple[str, ...] = ()) -> TargetSnapshot:
+    parsed = parse_exposition(text)
+    samples = [s for s in parsed.samples if s.spec.backend == "llamacpp"]
+    if not samples:
+        raise ScrapeError(f"{target}: /metrics has no llamacpp:* series; is this a llama-server "
+                          "(or is the target's backend wrong)?")
+    found = list(dict.fromkeys([*problems, *parsed.problems]))
+    engines = assemble_engines(samples, "llamacpp", model_name or target, found)
+    if slots is not None:
+        engines = tuple(_with_slots(e, slots) for e in engines)
+    return TargetSnapshot(target=target, backend="llamacpp", ts=ts, duration_s=duration_s,
+                          engines=engines, problems=tuple(found), body_bytes=body_bytes or len(text),
+                          slots=slots, healthy=healthy)
+
+
+def scrape(base_url: str, *, target: str, timeout_s: float, max_bytes: int, model_name: str = "",
+           now: float | None = None) -> TargetSnapshot:
+    """GET /health, /metrics and /slots within one ``timeout_s`` budget."""
+    ts = time.time() if now is None else now
+    start = time.monotonic()
+
+    def remaining() -> float:
+        return max(0.05, start + timeout_s - time.monotonic())
+
+    health = http.get(f"{base_url}/health", timeout_s=remaining(), max_bytes=65536)
+    if health.status == 503:
+        raise ScrapeError(f"{base_url}/health answered 503: llama-server is still loading the model")
+    resp = http.get(f"{base_url}/metrics", timeout_s=remaining(), max_bytes=max_bytes)
+    if resp.status == 501:
+        raise MetricsDisabledError(f"{base_url}/metrics")
+    if resp.status != 200:
+        raise ScrapeError(f"{base_url}/metrics answered HTTP {resp.status}: "
+                          f"{resp.body[:200].decode('utf-8', 'replace').strip()!r}")
+    text = decode_body(resp.body)
+    problems: list[str] = []
+    slots = None
+    try:
+        sresp = http.get(f"{base_url}/slots", timeout_s=remaining(), max_bytes=max_bytes,
+                         accept="application/json")
+        if sresp.status == 200:
+            slots = parse_slots(sresp.body)
+        else:
+            problems.append(f"/slots answered HTTP {sresp.status} (started with --no-slots?); "
+                            "KV use cannot be derived")
+    except (ScrapeError, ExpositionError) as exc:
+        problems.append(f"/slots: {exc}")
+    return snapshot_from_text(text, target=target, ts=ts, slots=slots,
+                              duration_s=time.monotonic() - start, body_bytes=len(resp.body),
+                              model_name=model_name, healthy=health.status == 200,
+                              problems=tuple(problems))

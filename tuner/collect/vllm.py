@@ -1,0 +1,53 @@
+"""vLLM: ``/metrics`` (V1 names, with aliases for renamed ones) and ``/health`` → TargetSnapshot."""
+
+from __future__ import annotations
+
+import time
+
+from tuner.collect import http
+from tuner.collect.assemble import assemble_engines
+from tuner.collect.exposition import decode_body, parse_exposition
+from tuner.collect.snapshots import TargetSnapshot
+from tuner.errors import ScrapeError
+
+__all__ = ["snapshot_from_text", "scrape"]
+
+
+def snapshot_from_text(text: str, *, target: str, ts: float, duration_s: float = 0.0,
+                       body_bytes: int = 0, default_model: str = "",
+                       healthy: bool | None = None) -> TargetSnapshot:
+    """Parse one vLLM exposition; ExpositionError if the body is invalid, ScrapeError if it is not vLLM's."""
+    parsed = parse_exposition(text)
+    samples = [s for s in parsed.samples if s.spec.backend == "vllm"]
+    if not any(s.spec.name.startswith("vllm:") for s in samples):
+        raise ScrapeError(f"{target}: /metrics has no vllm:* series; is this a vLLM server "
+                          "(or is the target's backend wrong)?")
+    problems = list(dict.fromkeys(parsed.problems))
+    engines = assemble_engines(samples, "vllm", default_model or target, problems)
+    return TargetSnapshot(target=target, backend="vllm", ts=ts, duration_s=duration_s, engines=engines,
+                          problems=tuple(problems), body_bytes=body_bytes or len(text), healthy=healthy)
+
+
+def scrape(base_url: str, *, target: str, timeout_s: float, max_bytes: int,
+           now: float | None = None) -> TargetSnapshot:
+    """GET /metrics then /health within one ``timeout_s`` budget."""
+    ts = time.time() if now is None else now
+    start = time.monotonic()
+    resp = http.get(f"{base_url}/metrics", timeout_s=timeout_s, max_bytes=max_bytes)
+    if resp.status != 200:
+        raise ScrapeError(f"{base_url}/metrics answered HTTP {resp.status}: "
+                          f"{resp.body[:200].decode('utf-8', 'replace').strip()!r}")
+    text = decode_body(resp.body)
+    healthy = _health(base_url, deadline=start + timeout_s)
+    return snapshot_from_text(text, target=target, ts=ts, duration_s=time.monotonic() - start,
+                              body_bytes=len(resp.body), healthy=healthy)
+
+
+def _health(base_url: str, *, deadline: float) -> bool | None:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return None
+    try:
+        return http.get(f"{base_url}/health", timeout_s=remaining, max_bytes=65536).status == 200
+    except ScrapeError:
+        return False

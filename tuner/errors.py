@@ -1,0 +1,97 @@
+"""Every error tuner raises on purpose, in one place.
+
+Each says what happened and what to do about it. The CLI maps each class to an exit code and prints
+the message alone: a user error never shows a traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TunerError",
+    "ConfigError",
+    "ExpositionError",
+    "ScrapeError",
+    "MetricsDisabledError",
+    "SchemaOutdatedError",
+    "StoreError",
+    "UnknownTargetError",
+]
+
+
+class TunerError(Exception):
+    """Base class: an error whose message is meant for the operator."""
+
+    exit_code = 1
+
+
+class ConfigError(TunerError, ValueError):
+    """Raised when the config file is missing, unreadable or invalid; names the file and the key."""
+
+    exit_code = 2
+
+    def __init__(self, path: str, key: str, reason: str) -> None:
+        self.path, self.key, self.reason = path, key, reason
+        where = f"{path}: {key}" if key else path
+        super().__init__(f"{where}: {reason}")
+
+
+class ExpositionError(TunerError, ValueError):
+    """Raised when a body is not a valid Prometheus text exposition; names the line."""
+
+    exit_code = 3
+
+    def __init__(self, reason: str, line_no: int | None = None, line: str | None = None) -> None:
+        self.reason, self.line_no, self.line = reason, line_no, line
+        if line_no is None:
+            super().__init__(reason)
+        else:
+            shown = line if line is not None and len(line) <= 120 else (line or "")[:117] + "..."
+            super().__init__(f"line {line_no}: {reason}: {shown!r}")
+
+
+class ScrapeError(TunerError):
+    """Raised when a target cannot be scraped (refused, timed out, HTTP error, body too large)."""
+
+    exit_code = 4
+
+
+class MetricsDisabledError(ScrapeError):
+    """Raised when llama-server answers 501 on /metrics: it was started without --metrics."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(
+            f"{url} answered 501: llama-server was started without --metrics; "
+            "restart it with --metrics to expose llamacpp:* series"
+        )
+
+
+class SchemaOutdatedError(TunerError):
+    """Raised when the database schema is older (or newer) than this tuner; says which command fixes it."""
+
+    exit_code = 5
+
+    def __init__(self, url: str, current: str | None, head: str) -> None:
+        self.current, self.head = current, head
+        have = current or "no schema"
+        super().__init__(
+            f"database {url} is at {have}, this tuner needs {head}: run `tuner db upgrade` "
+            "(with the same --config) and start again"
+        )
+
+
+class StoreError(TunerError):
+    """Raised when the store cannot be opened or written (locked, disk full, not a database)."""
+
+    exit_code = 6
+
+
+class UnknownTargetError(TunerError, KeyError):
+    """Raised when a command names a target the config (or the store) does not have."""
+
+    exit_code = 2
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(f"unknown target {name!r}; known targets: {', '.join(known) or 'none'}")
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])

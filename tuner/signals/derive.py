@@ -1,0 +1,200 @@
+"""A window of stored points → the signals operators read: rates, latency quantiles, KV use, goodput.
+
+Pure: the window and the evaluation time come in as arguments; nothing here reads a clock or a database.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Sequence
+
+from tuner.config import Slo
+from tuner.signals.promql import bucket_increase, fraction_le, histogram_quantile, increase, rate
+from tuner.store.window import EngineWindow, Point, TargetHealth, TargetWindow
+
+__all__ = ["EngineSignals", "TargetSignals", "compute_signals", "QUANTILES", "LATENCY_HISTOGRAMS"]
+
+QUANTILES = (0.5, 0.95, 0.99)
+# signal prefix → histogram (seconds)
+LATENCY_HISTOGRAMS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+}
+_RATES = {  # signal → counter, per backend
+    "vllm": {"prompt_tokens_per_s": "vllm:prompt_tokens_total",
+             "generation_tokens_per_s": "vllm:generation_tokens_total",
+             "requests_per_s": "vllm:request_success_total",
+             "preemptions_per_s": "vllm:num_preemptions_total"},
+    "llamacpp": {"prompt_tokens_per_s": "llamacpp:prompt_tokens_total",
+                 "generation_tokens_per_s": "llamacpp:tokens_predicted_total"},
+}
+_GAUGES = {  # signal → gauge, per backend
+    "vllm": {"kv_cache_usage": "vllm:kv_cache_usage_perc", "requests_running": "vllm:num_requests_running",
+             "requests_waiting": "vllm:num_requests_waiting"},
+    "llamacpp": {"kv_cache_usage": "tuner:kv_cache_usage", "requests_running": "llamacpp:requests_processing",
+                 "requests_waiting": "llamacpp:requests_deferred", "slots_total": "tuner:slots_total",
+                 "slots_busy": "tuner:slots_busy"},
+}
+
+
+@dataclass(frozen=True)
+class EngineSignals:
+    """One engine over one window. None means "not enough data in the window", never zero."""
+
+    engine: str
+    model_name: str
+    samples: int  # stored points in the window (all series)
+    kv_cache_usage: float | None = None  # fraction 0-1, latest
+    kv_cache_usage_max: float | None = None  # fraction 0-1, highest in the window
+    requests_running: float | None = None  # latest
+    requests_waiting: float | None = None  # latest (llama-server: deferred)
+    requests_waiting_max: float | None = None
+    slots_total: float | None = None  # llama-server only
+    slots_busy: float | None = None
+    prompt_tokens_per_s: float | None = None
+    generation_tokens_per_s: float | None = None
+    requests_per_s: float | None = None  # finished requests, any reason
+    preemptions_per_s: float | None = None
+    prefix_cache_hit_ratio: float | None = None  # fraction 0-1 of queried prompt tokens found cached
+    ttft_p50: float | None = None  # seconds
+    ttft_p95: float | None = None
+    ttft_p99: float | None = None
+    itl_p50: float | None = None
+    itl_p95: float | None = None
+    itl_p99: float | None = None
+    e2e_p50: float | None = None
+    e2e_p95: float | None = None
+    e2e_p99: float | None = None
+    queue_p50: float | None = None
+    queue_p95: float | None = None
+    queue_p99: float | None = None
+    requests_in_window: float | None = None  # observations of the E2E histogram
+    goodput_ratio: float | None = None  # fraction 0-1 of requests within every SLO budget (lower bound)
+    goodput_ratio_upper: float | None = None  # the same, upper bound (bucket resolution)
+    restarts: int = 0  # process start time changed within the window
+
+    def as_json(self) -> dict[str, Any]:
+        return {k: _finite(v) for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class TargetSignals:
+    target: str
+    backend: str
+    window_s: float
+    at: float  # unix seconds: the end of the window
+    health: TargetHealth | None
+    engines: tuple[EngineSignals, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"target": self.target, "backend": self.backend, "window_s": self.window_s, "at": self.at,
+                "health": asdict(self.health) if self.health else None,
+                "engines": [e.as_json() for e in self.engines]}
+
+
+def _finite(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def _summed(series: Mapping[tuple[str, Any], Sequence[Point]], metric: str) -> list[Sequence[Point]]:
+    return [pts for (name, _), pts in series.items() if name == metric]
+
+
+def _sum_rate(e: EngineWindow, metric: str, lo: int, hi: int) -> float | None:
+    """``sum(rate(metric[w]))`` over the metric's label sets (e.g. finished_reason)."""
+    rates = [r for pts in _summed(e.series, metric) if (r := rate(pts, lo, hi)) is not None]
+    return math.fsum(rates) if rates else None
+
+
+def _sum_increase(e: EngineWindow, metric: str, lo: int, hi: int) -> float | None:
+    incs = [i for pts in _summed(e.series, metric) if (i := increase(pts, lo, hi)) is not None]
+    return math.fsum(incs) if incs else None
+
+
+def _latest(e: EngineWindow, metric: str) -> float | None:
+    found = _summed(e.series, metric)
+    return math.fsum(pts[-1][1] for pts in found if pts) if found else None
+
+
+def _max(e: EngineWindow, metric: str) -> float | None:
+    found = [v for pts in _summed(e.series, metric) for _, v in pts]
+    return max(found) if found else None
+
+
+def quantile(e: EngineWindow, metric: str, q: float, lo: int, hi: int) -> float | None:
+    """``histogram_quantile(q, increase(metric_bucket[w]))`` for one engine; None without observations."""
+    hist = e.hists.get((metric, ()))
+    if hist is None:
+        return None
+    inc = bucket_increase(hist, lo, hi)
+    if inc is None:
+        return None
+    value = histogram_quantile(q, hist.bounds, inc)
+    return None if math.isnan(value) else value
+
+
+def _goodput(e: EngineWindow, slo: Slo | None, lo: int, hi: int) -> tuple[float | None, float | None]:
+    """Share of requests within every SLO budget, bounded by bucket resolution.
+
+    Each budget gives (at least, at most) from its histogram. Requests are not linked across
+    histograms, so the joint share is at least sum(lows) - (n - 1) and at most min(highs).
+    """
+    if slo is None:
+        return None, None
+    budgets = [(LATENCY_HISTOGRAMS[k], getattr(slo, f"{k}_p99")) for k in ("ttft", "itl", "e2e")]
+    lows, highs = [], []
+    for metric, budget in budgets:
+        if budget is None:
+            continue
+        hist = e.hists.get((metric, ()))
+        inc = bucket_increase(hist, lo, hi) if hist else None
+        frac = fraction_le(budget.total_seconds(), hist.bounds, inc) if hist and inc else None
+        if frac is None:
+            return None, None
+        lows.append(frac[0])
+        highs.append(frac[1])
+    if not lows:
+        return None, None
+    return max(0.0, math.fsum(lows) - (len(lows) - 1)), min(highs)
+
+
+def _restarts(e: EngineWindow) -> int:
+    pts = e.series.get(("process_start_time_seconds", ()), ())
+    return sum(1 for (_, a), (_, b) in zip(pts, pts[1:]) if a != b)
+
+
+def _engine_signals(e: EngineWindow, backend: str, slo: Slo | None, lo: int, hi: int) -> EngineSignals:
+    values: dict[str, Any] = {}
+    for name, metric in _GAUGES.get(backend, {}).items():
+        values[name] = _latest(e, metric)
+    kv_metric = _GAUGES.get(backend, {}).get("kv_cache_usage")
+    values["kv_cache_usage_max"] = _max(e, kv_metric) if kv_metric else None
+    waiting = _GAUGES.get(backend, {}).get("requests_waiting")
+    values["requests_waiting_max"] = _max(e, waiting) if waiting else None
+    for name, metric in _RATES.get(backend, {}).items():
+        values[name] = _sum_rate(e, metric, lo, hi)
+    if backend == "vllm":
+        hits = _sum_increase(e, "vllm:prefix_cache_hits_total", lo, hi)
+        queries = _sum_increase(e, "vllm:prefix_cache_queries_total", lo, hi)
+        values["prefix_cache_hit_ratio"] = hits / queries if hits is not None and queries else None
+        for prefix, metric in LATENCY_HISTOGRAMS.items():
+            for q in QUANTILES:
+                values[f"{prefix}_p{round(q * 100)}"] = quantile(e, metric, q, lo, hi)
+        e2e = e.hists.get((LATENCY_HISTOGRAMS["e2e"], ()))
+        inc = bucket_increase(e2e, lo, hi) if e2e else None
+        values["requests_in_window"] = inc[-1] if inc else None
+        values["goodput_ratio"], values["goodput_ratio_upper"] = _goodput(e, slo, lo, hi)
+    return EngineSignals(engine=e.engine, model_name=e.model_name,
+                         samples=sum(len(p) for p in e.series.values()) + sum(len(h.points) for h in e.hists.values()),
+                         restarts=_restarts(e), **values)
+
+
+def compute_signals(window: TargetWindow, *, slo: Slo | None = None) -> TargetSignals:
+    """Signals for every engine of a target over ``window`` (evaluated at its end)."""
+    lo, hi = window.start_ms, window.end_ms
+    return TargetSignals(target=window.target, backend=window.backend, window_s=(hi - lo) / 1000,
+                         at=hi / 1000, health=window.health,
+                         engines=tuple(_engine_signals(e, window.backend, slo, lo, hi) for e in window.engines))

@@ -1,0 +1,127 @@
+"""Prometheus's own arithmetic, so tuner's numbers equal what a PromQL query over the same samples gives.
+
+``increase`` is Prometheus 2.x's ``extrapolatedRate`` (counter resets, extrapolation to the range
+boundaries, the zero-point clamp); ``histogram_quantile`` is its ``bucketQuantile`` (coalesced
+buckets, monotonicity fix, linear interpolation, the lowest bucket starting at 0). A range
+``[start, end]`` includes both ends, as Prometheus 2.x selects it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from tuner.store.window import HistSeries, Point
+
+__all__ = ["increase", "rate", "histogram_quantile", "bucket_increase", "fraction_le"]
+
+
+def increase(points: Sequence[Point], start_ms: int, end_ms: int, *, is_counter: bool = True) -> float | None:
+    """``increase(x[range])`` evaluated at ``end_ms`` over points already cut to [start_ms, end_ms]."""
+    if len(points) < 2:
+        return None
+    first_t, first_v = points[0]
+    last_t, last_v = points[-1]
+    result = last_v - first_v
+    if is_counter:
+        prev = 0.0
+        for _, v in points:
+            if v < prev:  # a reset: the counter restarted, count what it had reached
+                result += prev
+            prev = v
+    duration_to_start = (first_t - start_ms) / 1000
+    duration_to_end = (end_ms - last_t) / 1000
+    sampled = (last_t - first_t) / 1000
+    if sampled <= 0:
+        return None
+    average_step = sampled / (len(points) - 1)
+    if is_counter and result > 0 and first_v >= 0:
+        # Counters start at zero: never extrapolate to before that point.
+        duration_to_zero = sampled * (first_v / result)
+        if duration_to_zero < duration_to_start:
+            duration_to_start = duration_to_zero
+    threshold = average_step * 1.1
+    interval = sampled
+    interval += duration_to_start if duration_to_start < threshold else average_step / 2
+    interval += duration_to_end if duration_to_end < threshold else average_step / 2
+    return result * (interval / sampled)
+
+
+def rate(points: Sequence[Point], start_ms: int, end_ms: int) -> float | None:
+    """``rate(x[range])``: per-second increase over the whole range."""
+    inc = increase(points, start_ms, end_ms)
+    return None if inc is None else inc / ((end_ms - start_ms) / 1000)
+
+
+def bucket_increase(hist: HistSeries, start_ms: int, end_ms: int) -> tuple[float, ...] | None:
+    """Per-bucket ``increase(h_bucket[range])``; each bucket is its own counter, as in Prometheus."""
+    if len(hist.points) < 2:
+        return None
+    out = []
+    for i in range(len(hist.bounds)):
+        inc = increase([(p.ts_ms, p.counts[i]) for p in hist.points], start_ms, end_ms)
+        if inc is None:
+            return None
+        out.append(inc)
+    return tuple(out)
+
+
+def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float:
+    """Prometheus's bucketQuantile over cumulative ``counts`` at upper ``bounds``; NaN when undefined."""
+    if math.isnan(q):
+        return math.nan
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    pairs = sorted(zip(bounds, counts))
+    if not pairs or not math.isinf(pairs[-1][0]):
+        return math.nan
+    merged: list[list[float]] = []
+    for b, c in pairs:  # coalesce buckets with the same bound
+        if merged and merged[-1][0] == b:
+            merged[-1][1] += c
+        else:
+            merged.append([b, c])
+    top = -math.inf
+    for m in merged:  # counts must not decrease with le (float noise, scrape races)
+        if m[1] > top:
+            top = m[1]
+        elif m[1] < top:
+            m[1] = top
+    if len(merged) < 2:
+        return math.nan
+    observations = merged[-1][1]
+    if observations == 0:
+        return math.nan
+    rank = q * observations
+    b = next((i for i in range(len(merged) - 1) if merged[i][1] >= rank), len(merged) - 1)
+    if b == len(merged) - 1:
+        return merged[-2][0]
+    if b == 0 and merged[0][0] <= 0:
+        return merged[0][0]
+    start, end, count = 0.0, merged[b][0], merged[b][1]
+    if b > 0:
+        start = merged[b - 1][0]
+        count -= merged[b - 1][1]
+        rank -= merged[b - 1][1]
+    return start + (end - start) * (rank / count)
+
+
+def fraction_le(threshold: float, bounds: Sequence[float], counts: Sequence[float]) -> tuple[float, float] | None:
+    """Share of observations <= threshold as far as buckets tell: (at least, at most).
+
+    ``at least`` counts the buckets wholly below the threshold; ``at most`` adds the bucket the
+    threshold falls in. They are equal when the threshold is a bucket bound.
+    """
+    total = counts[-1] if counts else 0
+    if not total:
+        return None
+    low = high = 0.0
+    for b, c in zip(bounds, counts):
+        if b <= threshold:
+            low = c
+        high = c
+        if b >= threshold:
+            break
+    return min(low / total, 1.0), min(high / total, 1.0)

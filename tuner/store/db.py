@@ -1,0 +1,94 @@
+"""Opening the database: SQLite in WAL mode, the schema version checked against the migrations."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DatabaseError, OperationalError
+
+from tuner.errors import SchemaOutdatedError, StoreError
+
+__all__ = ["open_engine", "upgrade", "current_revision", "head_revision", "check_schema", "migrations_dir"]
+
+
+def migrations_dir() -> Path:
+    """``migrations/`` beside the package (editable install / checkout), or $TUNER_MIGRATIONS."""
+    override = os.environ.get("TUNER_MIGRATIONS")
+    path = Path(override) if override else Path(__file__).resolve().parents[2] / "migrations"
+    if not (path / "env.py").exists():
+        raise StoreError(f"migrations not found at {path}; install tuner from its checkout "
+                         "(pip install -e .) or set TUNER_MIGRATIONS")
+    return path
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    cur = dbapi_conn.cursor()
+    # WAL: readers (CLI, exporter) never block the scraper's writes; NORMAL is durable at checkpoints.
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=5000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def open_engine(url: str) -> Engine:
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        parent = Path(url[len("sqlite:///"):]).parent
+        if not parent.exists():
+            raise StoreError(f"store.url {url}: directory {parent} does not exist; create it or change store.url")
+    try:
+        engine = create_engine(url)
+    except Exception as exc:  # bad URL or missing driver
+        raise StoreError(f"store.url {url!r}: {exc}") from None
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _alembic_config(engine: Engine) -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    return cfg
+
+
+def head_revision() -> str:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    head = ScriptDirectory.from_config(cfg).get_current_head()
+    assert head is not None, "migrations/ has no revisions"
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    except (OperationalError, DatabaseError) as exc:
+        raise StoreError(f"cannot open {engine.url}: {exc.orig}") from None
+
+
+def check_schema(engine: Engine) -> None:
+    """Raise SchemaOutdatedError (which says to run `tuner db upgrade`) unless the schema is at head."""
+    current, head = current_revision(engine), head_revision()
+    if current != head:
+        raise SchemaOutdatedError(str(engine.url), current, head)
+
+
+def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
+    """Migrate to ``revision``; returns (before, after)."""
+    before = current_revision(engine)
+    cfg = _alembic_config(engine)
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+    except (OperationalError, DatabaseError) as exc:
+        raise StoreError(f"migrating {engine.url} failed: {exc.orig}") from None
+    return before, current_revision(engine) or ""

@@ -1,0 +1,293 @@
+"""Writing snapshots and reading windows back. One writer at a time (a lock); readers never wait (WAL)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import defaultdict
+from typing import Iterable
+
+from sqlalchemy import Engine, delete, insert, select, update
+from sqlalchemy.exc import OperationalError
+
+from tuner.collect.snapshots import GpuReading, SeriesKey, TargetSnapshot
+from tuner.errors import StoreError, UnknownTargetError
+from tuner.store.models import (EngineConfigRow, GpuProcessRow, GpuSampleRow, HistSampleRow, SampleRow,
+                                ScrapeRow, SeriesRow, TargetHealthRow, TargetRow)
+from tuner.store.window import (EngineWindow, GpuLatest, HistPoint, HistSeries, TargetHealth,
+                                TargetWindow)
+
+__all__ = ["Store"]
+
+_SeriesIdentity = tuple[int, str, str, str, str, str]  # target, engine, model, metric, labels, bounds
+
+
+def _ms(ts: float) -> int:
+    return int(round(ts * 1000))
+
+
+def _bounds_json(bounds: tuple[float, ...]) -> str:
+    return json.dumps([b if b != float("inf") else "+Inf" for b in bounds])
+
+
+def _bounds_parse(text: str) -> tuple[float, ...]:
+    return tuple(float("inf") if b == "+Inf" else float(b) for b in json.loads(text))
+
+
+class Store:
+    """The only module that writes SQL. Methods take snapshots in and give windows out."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._targets: dict[str, int] = {}
+        self._series: dict[_SeriesIdentity, int] = {}
+        self._configs: dict[tuple[int, str, str], tuple[int, str]] = {}  # -> (row id, json)
+
+    # ---- writing -------------------------------------------------------------------------------
+
+    def ensure_target(self, name: str, backend: str, url: str, labels: dict[str, str] | None = None) -> int:
+        with self._lock, self._write() as conn:
+            return self._target_id(conn, name, backend, url, labels or {})
+
+    def _target_id(self, conn, name: str, backend: str, url: str, labels: dict[str, str]) -> int:  # type: ignore[no-untyped-def]
+        if name in self._targets:
+            return self._targets[name]
+        row = conn.execute(select(TargetRow.id, TargetRow.backend, TargetRow.url)
+                           .where(TargetRow.name == name)).first()
+        if row is None:
+            tid = conn.execute(insert(TargetRow).values(name=name, backend=backend, url=url,
+                                                        labels=json.dumps(labels))).inserted_primary_key[0]
+        else:
+            tid = row.id
+            if (row.backend, row.url) != (backend, url):
+                conn.execute(update(TargetRow).where(TargetRow.id == tid)
+                             .values(backend=backend, url=url, labels=json.dumps(labels)))
+        self._targets[name] = tid
+        return tid
+
+    def _series_id(self, conn, ident: _SeriesIdentity, kind: str) -> int:  # type: ignore[no-untyped-def]
+        sid = self._series.get(ident)
+        if sid is not None:
+            return sid
+        tid, engine, model, metric, labels, bounds = ident
+        q = select(SeriesRow.id).where(SeriesRow.target_id == tid, SeriesRow.engine == engine,
+                                       SeriesRow.model_name == model, SeriesRow.metric == metric,
+                                       SeriesRow.labels == labels, SeriesRow.bounds == bounds)
+        sid = conn.execute(q).scalar()
+        if sid is None:
+            sid = conn.execute(insert(SeriesRow).values(
+                target_id=tid, engine=engine, model_name=model, metric=metric, labels=labels,
+                kind=kind, bounds=bounds)).inserted_primary_key[0]
+        self._series[ident] = sid
+        return sid
+
+    def _write(self):  # type: ignore[no-untyped-def]
+        return _WriteTx(self)
+
+    def ingest(self, snap: TargetSnapshot, *, url: str = "", labels: dict[str, str] | None = None) -> int:
+        """Store one successful scrape; returns the number of samples written."""
+        ts = _ms(snap.ts)
+        with self._lock, self._write() as conn:
+            tid = self._target_id(conn, snap.target, snap.backend, url, labels or {})
+            plain, hist = [], []
+            for e in snap.engines:
+                for (metric, lbl), value in e.values.items():
+                    kind = "counter" if metric.endswith("_total") else "gauge"
+                    sid = self._series_id(conn, (tid, e.engine, e.model_name, metric, json.dumps(lbl), ""),
+                                          kind)
+                    plain.append({"series_id": sid, "ts_ms": ts, "value": value})
+                for (metric, lbl), h in e.histograms.items():
+                    ident = (tid, e.engine, e.model_name, metric, json.dumps(lbl), _bounds_json(h.bounds))
+                    sid = self._series_id(conn, ident, "histogram")
+                    hist.append({"series_id": sid, "ts_ms": ts, "count": h.count, "sum": h.sum,
+                                 "counts": json.dumps(h.counts)})
+                if e.config:
+                    self._config_seen(conn, tid, e.engine, e.model_name, dict(e.config), ts)
+            if plain:
+                conn.execute(insert(SampleRow).prefix_with("OR IGNORE"), plain)
+            if hist:
+                conn.execute(insert(HistSampleRow).prefix_with("OR IGNORE"), hist)
+            n = len(plain) + len(hist)
+            health = "degraded" if snap.problems else "up"
+            self._record(conn, tid, ts, snap.duration_s, health, "; ".join(snap.problems), snap.body_bytes,
+                         n, snap.healthy)
+            return n
+
+    def record_failure(self, target: str, backend: str, url: str, ts: float, duration_s: float,
+                       error: str, labels: dict[str, str] | None = None) -> None:
+        """A scrape that produced nothing: recorded with its error, so health and history show it."""
+        with self._lock, self._write() as conn:
+            tid = self._target_id(conn, target, backend, url, labels or {})
+            self._record(conn, tid, _ms(ts), duration_s, "down", error, 0, 0, None)
+
+    def _record(self, conn, tid: int, ts: int, duration_s: float, health: str, error: str,  # type: ignore[no-untyped-def]
+                body_bytes: int, n: int, server_healthy: bool | None) -> None:
+        conn.execute(insert(ScrapeRow).values(target_id=tid, ts_ms=ts, duration_s=duration_s, health=health,
+                                              error=error, body_bytes=body_bytes, samples=n))
+        prev = conn.execute(select(TargetHealthRow).where(TargetHealthRow.target_id == tid)).first()
+        failures = 0 if health != "down" else (prev.consecutive_failures + 1 if prev else 1)
+        values = dict(health=health, last_error=error, last_scrape_ms=ts, last_duration_s=duration_s,
+                      consecutive_failures=failures,
+                      server_healthy=None if server_healthy is None else int(server_healthy))
+        if health != "down":
+            values["last_success_ms"] = ts
+        if prev is None:
+            conn.execute(insert(TargetHealthRow).values(target_id=tid, **values))
+        else:
+            conn.execute(update(TargetHealthRow).where(TargetHealthRow.target_id == tid).values(**values))
+
+    def _config_seen(self, conn, tid: int, engine: str, model: str, config: dict[str, str], ts: int) -> None:  # type: ignore[no-untyped-def]
+        key = (tid, engine, model)
+        text = json.dumps(config, sort_keys=True)
+        cached = self._configs.get(key)
+        if cached is None:
+            row = conn.execute(select(EngineConfigRow.id, EngineConfigRow.config)
+                               .where(EngineConfigRow.target_id == tid, EngineConfigRow.engine == engine,
+                                      EngineConfigRow.model_name == model)
+                               .order_by(EngineConfigRow.last_seen_ms.desc()).limit(1)).first()
+            cached = (row.id, row.config) if row else None
+        if cached is not None and cached[1] == text:
+            conn.execute(update(EngineConfigRow).where(EngineConfigRow.id == cached[0]).values(last_seen_ms=ts))
+            self._configs[key] = cached
+            return
+        rid = conn.execute(insert(EngineConfigRow).values(target_id=tid, engine=engine, model_name=model,
+                                                          first_seen_ms=ts, last_seen_ms=ts, config=text)
+                           ).inserted_primary_key[0]
+        self._configs[key] = (rid, text)
+
+    def ingest_gpu(self, reading: GpuReading) -> int:
+        if not reading.available:
+            return 0
+        ts = _ms(reading.ts)
+        with self._lock, self._write() as conn:
+            rows = [dict(ts_ms=ts, source=reading.source, gpu_index=g.index, uuid=g.uuid, name=g.name,
+                         utilization=g.utilization, memory_used_bytes=g.memory_used_bytes,
+                         memory_total_bytes=g.memory_total_bytes, temperature_c=g.temperature_c,
+                         power_w=g.power_w) for g in reading.gpus]
+            procs = [dict(ts_ms=ts, uuid=g.uuid, pid=p.pid, name=p.name, used_memory_bytes=p.used_memory_bytes)
+                     for g in reading.gpus for p in g.processes]
+            if rows:
+                conn.execute(insert(GpuSampleRow), rows)
+            if procs:
+                conn.execute(insert(GpuProcessRow), procs)
+            return len(rows)
+
+    # ---- reading -------------------------------------------------------------------------------
+
+    def target_names(self) -> list[str]:
+        with self.engine.connect() as conn:
+            return list(conn.execute(select(TargetRow.name).order_by(TargetRow.name)).scalars())
+
+    def health(self, target: str) -> TargetHealth | None:
+        with self.engine.connect() as conn:
+            h = conn.execute(select(TargetHealthRow).join(TargetRow, TargetRow.id == TargetHealthRow.target_id)
+                             .where(TargetRow.name == target)).first()
+        if h is None:
+            return None
+        return TargetHealth(health=h.health, last_error=h.last_error, last_scrape_ms=h.last_scrape_ms,
+                            last_success_ms=h.last_success_ms, last_duration_s=h.last_duration_s,
+                            consecutive_failures=h.consecutive_failures,
+                            server_healthy=None if h.server_healthy is None else bool(h.server_healthy))
+
+    def window(self, target: str, start: float, end: float) -> TargetWindow:
+        """Every stored point of ``target`` with start <= ts <= end (Prometheus's range selection)."""
+        lo, hi = _ms(start), _ms(end)
+        with self.engine.connect() as conn:
+            trow = conn.execute(select(TargetRow.id, TargetRow.backend).where(TargetRow.name == target)).first()
+            if trow is None:
+                raise UnknownTargetError(target, self.target_names())
+            series = conn.execute(select(SeriesRow).where(SeriesRow.target_id == trow.id)).all()
+            by_id = {s.id: s for s in series}
+            plain: dict[int, list[tuple[int, float]]] = defaultdict(list)
+            for sid, ts, v in conn.execute(
+                    select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value)
+                    .where(SampleRow.series_id.in_([s.id for s in series if s.kind != "histogram"]),
+                           SampleRow.ts_ms >= lo, SampleRow.ts_ms <= hi)
+                    .order_by(SampleRow.series_id, SampleRow.ts_ms)):
+                plain[sid].append((ts, v))
+            hists: dict[int, list[HistPoint]] = defaultdict(list)
+            for sid, ts, count, total, counts in conn.execute(
+                    select(HistSampleRow.series_id, HistSampleRow.ts_ms, HistSampleRow.count,
+                           HistSampleRow.sum, HistSampleRow.counts)
+                    .where(HistSampleRow.series_id.in_([s.id for s in series if s.kind == "histogram"]),
+                           HistSampleRow.ts_ms >= lo, HistSampleRow.ts_ms <= hi)
+                    .order_by(HistSampleRow.series_id, HistSampleRow.ts_ms)):
+                hists[sid].append(HistPoint(ts, tuple(json.loads(counts)), total, count))
+            configs = {}
+            for c in conn.execute(select(EngineConfigRow).where(EngineConfigRow.target_id == trow.id)
+                                  .order_by(EngineConfigRow.last_seen_ms)):
+                configs[(c.engine, c.model_name)] = json.loads(c.config)
+        health = self.health(target)
+        engines: dict[tuple[str, str], dict[str, dict]] = defaultdict(lambda: {"series": {}, "hists": {}})
+        for sid, pts in plain.items():
+            s = by_id[sid]
+            key: SeriesKey = (s.metric, tuple(tuple(p) for p in json.loads(s.labels)))
+            engines[(s.engine, s.model_name)]["series"][key] = tuple(pts)
+        for sid, hpts in hists.items():
+            s = by_id[sid]
+            key = (s.metric, tuple(tuple(p) for p in json.loads(s.labels)))
+            slot = engines[(s.engine, s.model_name)]["hists"]
+            # After a bucket-layout change keep the layout with the newest data.
+            if key not in slot or slot[key].points[-1].ts_ms < hpts[-1].ts_ms:
+                slot[key] = HistSeries(_bounds_parse(s.bounds), tuple(hpts))
+        return TargetWindow(
+            target=target, backend=trow.backend, start_ms=lo, end_ms=hi, health=health,
+            engines=tuple(EngineWindow(engine=k[0], model_name=k[1], series=v["series"], hists=v["hists"],
+                                       config=configs.get(k, {}))
+                          for k, v in sorted(engines.items())))
+
+    def gpu_latest(self, max_age_s: float, now: float) -> list[GpuLatest]:
+        with self.engine.connect() as conn:
+            last = conn.execute(select(GpuSampleRow.ts_ms).order_by(GpuSampleRow.ts_ms.desc()).limit(1)).scalar()
+            if last is None or last < _ms(now - max_age_s):
+                return []
+            rows = conn.execute(select(GpuSampleRow).where(GpuSampleRow.ts_ms == last)
+                                .order_by(GpuSampleRow.gpu_index)).all()
+            procs = conn.execute(select(GpuProcessRow).where(GpuProcessRow.ts_ms == last)).all()
+        return [GpuLatest(ts_ms=r.ts_ms, index=r.gpu_index, uuid=r.uuid, name=r.name, utilization=r.utilization,
+                          memory_used_bytes=r.memory_used_bytes, memory_total_bytes=r.memory_total_bytes,
+                          temperature_c=r.temperature_c, power_w=r.power_w,
+                          processes=tuple((p.pid, p.name, p.used_memory_bytes) for p in procs
+                                          if p.uuid == r.uuid))
+                for r in rows]
+
+    def delete_targets_except(self, keep: Iterable[str]) -> None:
+        """Not used by the daemon (history is kept when a target leaves the config); for tests/tools."""
+        with self._lock, self._write() as conn:
+            conn.execute(delete(TargetRow).where(TargetRow.name.not_in(list(keep))))
+            self._targets.clear()
+            self._series.clear()
+            self._configs.clear()
+
+
+class _WriteTx:
+    """A write transaction whose storage errors become a StoreError naming the database."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.ctx = store.engine.begin()
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        try:
+            return self.ctx.__enter__()
+        except OperationalError as exc:
+            raise StoreError(f"{self.store.engine.url}: {exc.orig}") from None
+
+    def __exit__(self, et, ev, tb):  # type: ignore[no-untyped-def]
+        try:
+            result = self.ctx.__exit__(et, ev, tb)
+        except OperationalError as exc:
+            self._forget()
+            raise StoreError(f"{self.store.engine.url}: {exc.orig}") from None
+        if et is not None:
+            self._forget()
+            if issubclass(et, OperationalError):
+                raise StoreError(f"{self.store.engine.url}: {ev.orig}") from None  # type: ignore[union-attr]
+        return result
+
+    def _forget(self) -> None:
+        # A rolled-back transaction may have created ids we cached: drop the caches.
+        self.store._targets.clear()
+        self.store._series.clear()
+        self.store._configs.clear()
