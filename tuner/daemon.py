@@ -1,0 +1,179 @@
+"""``tuner run``: scrape every target on its own interval, read the GPUs, keep signals fresh, prune old data.
+
+Every job catches its own failures and records them: one bad target never stops the others.
+APScheduler runs each target's job with ``max_instances=1`` (no overlapping scrapes of one target)
+and ``coalesce`` (a late job runs once, not in a burst).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Callable
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+
+from tuner.collect.gpu import GpuCollector
+from tuner.collect.scrape import scrape_target
+from tuner.collect.snapshots import GpuReading
+from tuner.config import Config, Target
+from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
+from tuner.signals.derive import TargetSignals, compute_signals
+from tuner.store.retention import apply_retention
+from tuner.store.store import Store
+
+__all__ = ["Daemon", "DaemonState"]
+
+log = logging.getLogger("tuner.daemon")
+
+
+@dataclass
+class DaemonState:
+    """What the exporter and the CLI read: latest signals per target, latest GPU reading, job errors."""
+
+    signals: dict[str, TargetSignals] = field(default_factory=dict)
+    gpu: GpuReading | None = None
+    scrapes_total: dict[str, int] = field(default_factory=dict)
+    scrape_failures_total: dict[str, int] = field(default_factory=dict)
+    last_duration_s: dict[str, float] = field(default_factory=dict)
+    job_errors: dict[str, str] = field(default_factory=dict)  # job name -> last error ("" when fine)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Daemon:
+    def __init__(self, cfg: Config, store: Store, *, clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.clock = clock
+        self.state = DaemonState()
+        self.gpu = GpuCollector(cfg.gpu.source, cfg.gpu.url,
+                                timeout_s=cfg.defaults.scrape_timeout.total_seconds(),
+                                max_body_bytes=cfg.defaults.max_body_bytes)
+        self._stop = threading.Event()
+        self.scheduler: BackgroundScheduler | None = None
+        for t in cfg.targets:
+            store.ensure_target(t.name, t.backend, t.url, t.labels)
+
+    # ---- jobs: each one records its failures and returns ----------------------------------------
+
+    def scrape_once(self, target: Target) -> bool:
+        """Scrape one target and store the result; False (and a recorded error) when it failed."""
+        now = self.clock()
+        start = time.monotonic()
+        try:
+            snap = scrape_target(target, self.cfg, now=now)
+        except (ScrapeError, ExpositionError) as exc:
+            return self._failed(target, now, time.monotonic() - start, str(exc))
+        except Exception as exc:  # a bug must not kill the target's job: record it like any failure
+            log.exception("scrape of %s failed unexpectedly", target.name)
+            return self._failed(target, now, time.monotonic() - start, f"internal error: {exc!r}")
+        try:
+            self.store.ingest(snap, url=target.url, labels=target.labels)
+        except StoreError as exc:
+            self._job_error(f"store:{target.name}", str(exc))
+            return False
+        self._count(target.name, ok=True, duration=snap.duration_s)
+        return True
+
+    def _failed(self, target: Target, now: float, duration: float, error: str) -> bool:
+        log.warning("scrape %s: %s", target.name, error)
+        self._count(target.name, ok=False, duration=duration)
+        try:
+            self.store.record_failure(target.name, target.backend, target.url, now, duration, error,
+                                      target.labels)
+        except StoreError as exc:
+            self._job_error(f"store:{target.name}", str(exc))
+        return False
+
+    def _count(self, name: str, *, ok: bool, duration: float) -> None:
+        with self.state.lock:
+            self.state.scrapes_total[name] = self.state.scrapes_total.get(name, 0) + 1
+            if not ok:
+                self.state.scrape_failures_total[name] = self.state.scrape_failures_total.get(name, 0) + 1
+            self.state.last_duration_s[name] = duration
+
+    def _job_error(self, job: str, error: str) -> None:
+        log.error("%s: %s", job, error)
+        with self.state.lock:
+            self.state.job_errors[job] = error
+
+    def gpu_once(self) -> None:
+        try:
+            reading = self.gpu.read(self.clock())
+        except TunerError as exc:  # a dcgm-exporter that is down or serves garbage
+            self._job_error("gpu", str(exc))
+            return
+        with self.state.lock:
+            self.state.job_errors.pop("gpu", None)
+            self.state.gpu = reading
+        try:
+            self.store.ingest_gpu(reading)
+        except StoreError as exc:
+            self._job_error("gpu", str(exc))
+
+    def signals_once(self) -> None:
+        """Recompute every target's signals over the configured window (for /metrics and status)."""
+        now = self.clock()
+        window = self.cfg.defaults.signal_window.total_seconds()
+        for t in self.cfg.targets:
+            try:
+                sig = compute_signals(self.store.window(t.name, now - window, now), slo=t.slo)
+            except TunerError as exc:
+                self._job_error(f"signals:{t.name}", str(exc))
+                continue
+            with self.state.lock:
+                self.state.signals[t.name] = sig
+
+    def retention_once(self) -> None:
+        try:
+            apply_retention(self.store, self.cfg.store.retention, now=self.clock())
+        except StoreError as exc:
+            self._job_error("retention", str(exc))
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        workers = max(4, min(32, len(self.cfg.targets) + 2))
+        sched = BackgroundScheduler(executors={"default": ThreadPoolExecutor(workers)},
+                                    job_defaults={"max_instances": 1, "coalesce": True},
+                                    timezone=timezone.utc)
+        now = datetime.now(timezone.utc)
+        for i, t in enumerate(self.cfg.targets):
+            every = self.cfg.interval(t)
+            # Spread first scrapes over the interval so many targets do not fire at once.
+            first = now + every * (i / max(1, len(self.cfg.targets)))
+            sched.add_job(self.scrape_once, IntervalTrigger(seconds=every.total_seconds(), start_date=first),
+                          args=[t], id=f"scrape:{t.name}", name=f"scrape {t.name}", next_run_time=first,
+                          misfire_grace_time=int(every.total_seconds()) or 1)
+        if self.cfg.gpu.source != "none":
+            sched.add_job(self.gpu_once, IntervalTrigger(seconds=self.cfg.gpu.interval.total_seconds()),
+                          id="gpu", next_run_time=now)
+        step = min((self.cfg.interval(t) for t in self.cfg.targets), default=timedelta(seconds=5))
+        sched.add_job(self.signals_once, IntervalTrigger(seconds=max(1.0, step.total_seconds())),
+                      id="signals", next_run_time=now + step)
+        sched.add_job(self.retention_once, IntervalTrigger(minutes=10), id="retention",
+                      next_run_time=now + timedelta(seconds=30))
+        sched.start()
+        self.scheduler = sched
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run_forever(self, *, install_signal_handlers: bool = True, max_seconds: float | None = None) -> None:
+        """Run until SIGTERM/SIGINT (or ``max_seconds``); in-flight scrapes finish before returning."""
+        if install_signal_handlers:
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+            signal.signal(signal.SIGINT, lambda *_: self.stop())
+        self.start()
+        try:
+            self._stop.wait(max_seconds)
+        finally:
+            assert self.scheduler is not None
+            self.scheduler.shutdown(wait=True)
+            log.info("stopped")

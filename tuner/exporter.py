@@ -1,0 +1,118 @@
+"""tuner's own ``/metrics``: per-target health and the derived signals, so Prometheus and Grafana see tuner's view.
+
+Served by prometheus_client on 127.0.0.1 unless ``listen`` says otherwise. Values come from the
+daemon's state (refreshed by its signals job); the collector only reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tuner.daemon import DaemonState
+from tuner.signals.derive import LATENCY_HISTOGRAMS, QUANTILES
+
+__all__ = ["TunerCollector", "serve_metrics", "SIGNAL_GAUGES"]
+
+# EngineSignals field → (metric name, help). Units in the names, Prometheus style.
+SIGNAL_GAUGES = {
+    "kv_cache_usage": ("tuner_kv_cache_usage_ratio", "KV-cache use, fraction 0-1 (llama-server: derived from /slots)"),
+    "kv_cache_usage_max": ("tuner_kv_cache_usage_max_ratio", "Highest KV-cache use in the signal window"),
+    "requests_running": ("tuner_requests_running", "Requests running (llama-server: processing)"),
+    "requests_waiting": ("tuner_requests_waiting", "Requests waiting (llama-server: deferred)"),
+    "prompt_tokens_per_s": ("tuner_prompt_tokens_per_second", "Prompt tokens per second over the window"),
+    "generation_tokens_per_s": ("tuner_generation_tokens_per_second", "Generated tokens per second over the window"),
+    "requests_per_s": ("tuner_requests_per_second", "Finished requests per second over the window"),
+    "preemptions_per_s": ("tuner_preemptions_per_second", "Preemptions per second over the window"),
+    "prefix_cache_hit_ratio": ("tuner_prefix_cache_hit_ratio", "Share of queried prompt tokens found in the prefix cache"),
+    "goodput_ratio": ("tuner_goodput_ratio", "Share of requests within every SLO budget (lower bound)"),
+    "slots_total": ("tuner_slots", "llama-server slots"),
+    "slots_busy": ("tuner_slots_busy", "llama-server slots processing a request"),
+}
+_HEALTH = ("up", "degraded", "down")
+
+
+class TunerCollector(Collector):
+    def __init__(self, state: DaemonState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        with self.state.lock:
+            signals = dict(self.state.signals)
+            scrapes = dict(self.state.scrapes_total)
+            failures = dict(self.state.scrape_failures_total)
+            durations = dict(self.state.last_duration_s)
+            gpu = self.state.gpu
+        up = GaugeMetricFamily("tuner_target_up", "1 if the last scrape of the target stored data", labels=["target"])
+        health = GaugeMetricFamily("tuner_target_health", "1 for the target's current health state",
+                                   labels=["target", "health"])
+        dur = GaugeMetricFamily("tuner_scrape_duration_seconds", "Duration of the last scrape", labels=["target"])
+        fails = GaugeMetricFamily("tuner_scrape_consecutive_failures", "Failed scrapes in a row", labels=["target"])
+        total = CounterMetricFamily("tuner_scrapes", "Scrapes attempted since tuner started", labels=["target"])
+        failed = CounterMetricFamily("tuner_scrape_failures", "Scrapes that failed since tuner started",
+                                     labels=["target"])
+        for name in sorted(set(signals) | set(scrapes)):
+            h = signals[name].health if name in signals else None
+            if h is not None:
+                up.add_metric([name], 0.0 if h.health == "down" else 1.0)
+                for state in _HEALTH:
+                    health.add_metric([name, state], 1.0 if h.health == state else 0.0)
+                fails.add_metric([name], h.consecutive_failures)
+            if name in durations:
+                dur.add_metric([name], durations[name])
+            total.add_metric([name], scrapes.get(name, 0))
+            failed.add_metric([name], failures.get(name, 0))
+        yield from (up, health, dur, fails, total, failed)
+
+        labels = ["target", "engine", "model_name"]
+        gauges = {f: GaugeMetricFamily(m, h, labels=labels) for f, (m, h) in SIGNAL_GAUGES.items()}
+        lat = {p: GaugeMetricFamily(f"tuner_{p}_seconds", f"{p.upper()} quantile over the window, from {h}",
+                                    labels=[*labels, "quantile"]) for p, h in LATENCY_HISTOGRAMS.items()}
+        for name, sig in sorted(signals.items()):
+            for e in sig.engines:
+                key = [name, e.engine, e.model_name]
+                for f, fam in gauges.items():
+                    v = getattr(e, f)
+                    if v is not None:
+                        fam.add_metric(key, v)
+                for p, fam in lat.items():
+                    for q in QUANTILES:
+                        v = getattr(e, f"{p}_p{round(q * 100)}")
+                        if v is not None:
+                            fam.add_metric([*key, str(q)], v)
+        yield from gauges.values()
+        yield from lat.values()
+
+        if gpu is not None:
+            avail = GaugeMetricFamily("tuner_gpu_telemetry_available", "1 if GPU telemetry could be read",
+                                      labels=["source"])
+            avail.add_metric([gpu.source], 1.0 if gpu.available else 0.0)
+            yield avail
+            glabels = ["gpu", "uuid", "name"]
+            fams = {
+                "utilization": GaugeMetricFamily("tuner_gpu_utilization_ratio", "GPU busy fraction 0-1", labels=glabels),
+                "memory_used_bytes": GaugeMetricFamily("tuner_gpu_memory_used_bytes", "GPU memory used", labels=glabels),
+                "memory_total_bytes": GaugeMetricFamily("tuner_gpu_memory_total_bytes", "GPU memory total", labels=glabels),
+                "temperature_c": GaugeMetricFamily("tuner_gpu_temperature_celsius", "GPU temperature", labels=glabels),
+                "power_w": GaugeMetricFamily("tuner_gpu_power_watts", "GPU power draw", labels=glabels),
+            }
+            procs = GaugeMetricFamily("tuner_gpu_processes", "Processes using the GPU", labels=glabels)
+            for g in gpu.gpus:
+                key = [str(g.index), g.uuid, g.name]
+                for f, fam in fams.items():
+                    v = getattr(g, f)
+                    if v is not None:
+                        fam.add_metric(key, float(v))
+                procs.add_metric(key, len(g.processes))
+            yield from fams.values()
+            yield procs
+
+
+def serve_metrics(state: DaemonState, host: str, port: int) -> tuple[object, object]:
+    """Start the /metrics server in a thread; returns (server, thread) for shutdown."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TunerCollector(state))
+    return start_http_server(port, addr=host, registry=registry)
