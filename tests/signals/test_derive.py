@@ -1,0 +1,114 @@
+"""Derived signals from a window of points: each expected value worked out by hand in the comment beside it."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+import pytest
+
+from tuner.config import Slo
+from tuner.signals.derive import compute_signals
+from tuner.store.window import EngineWindow, HistPoint, HistSeries, TargetWindow
+
+S = 1000  # ms
+BOUNDS = (0.1, 0.5, 1.0, 5.0, math.inf)
+
+
+def _counter(per_step: float, n: int = 13, step_s: int = 5, start: float = 0.0):
+    return tuple((i * step_s * S, start + per_step * i) for i in range(n))
+
+
+def _hist(per_step_counts: tuple[float, ...], n: int = 13, step_s: int = 5) -> HistSeries:
+    cum = []
+    running = 0.0
+    for c in per_step_counts:
+        running += c
+        cum.append(running)
+    return HistSeries(BOUNDS, tuple(HistPoint(i * step_s * S, tuple(c * i for c in cum), 0.0, cum[-1] * i)
+                                    for i in range(n)))
+
+
+def _window(engine: EngineWindow, backend: str = "vllm") -> TargetWindow:
+    # 13 points at 0..60 s and a window [0, 60 s]: samples on both ends, so no extrapolation.
+    return TargetWindow(target="t", backend=backend, start_ms=0, end_ms=60 * S, engines=(engine,), health=None)
+
+
+def _vllm_engine(**hists: HistSeries) -> EngineWindow:
+    series = {
+        ("vllm:prompt_tokens_total", ()): _counter(500),  # 500 per 5 s -> 100 tokens/s
+        ("vllm:generation_tokens_total", ()): _counter(250),  # 50 tokens/s
+        ("vllm:request_success_total", (("finished_reason", "length"),)): _counter(10),  # 2/s
+        ("vllm:request_success_total", (("finished_reason", "stop"),)): _counter(5),  # 1/s
+        ("vllm:num_preemptions_total", ()): _counter(1),  # 0.2/s
+        ("vllm:prefix_cache_queries_total", ()): _counter(400),
+        ("vllm:prefix_cache_hits_total", ()): _counter(100),  # 100/400 = 0.25
+        ("vllm:kv_cache_usage_perc", ()): tuple((i * 5 * S, v) for i, v in enumerate([0.2, 0.97, 0.5])),
+        ("vllm:num_requests_running", ()): ((0, 4.0), (5 * S, 8.0)),
+        ("vllm:num_requests_waiting", ()): ((0, 12.0), (5 * S, 3.0)),
+        ("process_start_time_seconds", ()): ((0, 100.0), (5 * S, 100.0), (10 * S, 200.0)),
+    }
+    default = {"vllm:time_to_first_token_seconds": _hist((10, 60, 20, 8, 2)),
+               "vllm:e2e_request_latency_seconds": _hist((0, 10, 40, 45, 5))}
+    default.update(hists)
+    return EngineWindow(engine="0", model_name="m", series=series,
+                        hists={(k, ()): v for k, v in default.items()})
+
+
+def test_rates_ratios_and_latest_values():
+    sig = compute_signals(_window(_vllm_engine())).engines[0]
+    assert sig.prompt_tokens_per_s == pytest.approx(100)
+    assert sig.generation_tokens_per_s == pytest.approx(50)
+    assert sig.requests_per_s == pytest.approx(3)  # summed over finished_reason
+    assert sig.preemptions_per_s == pytest.approx(0.2)
+    assert sig.prefix_cache_hit_ratio == pytest.approx(0.25)
+    assert sig.kv_cache_usage == 0.5 and sig.kv_cache_usage_max == 0.97
+    assert (sig.requests_running, sig.requests_waiting, sig.requests_waiting_max) == (8.0, 3.0, 12.0)
+    assert sig.restarts == 1
+
+
+def test_quantiles_from_bucket_increases():
+    sig = compute_signals(_window(_vllm_engine())).engines[0]
+    # TTFT: per step 10 <= 0.1, 70 <= 0.5, 90 <= 1, 98 <= 5, 100 total; over 12 steps x12 (scale-free).
+    # P50: rank 50 of 100 in (0.1, 0.5]: 0.1 + 0.4 * 40/60.  P99: rank 99 in (5, +Inf]: 5.
+    assert sig.ttft_p50 == pytest.approx(0.1 + 0.4 * 40 / 60)
+    assert sig.ttft_p95 == pytest.approx(1.0 + 4.0 * 5 / 8)  # rank 95 in (1, 5]: 1 + 4 * (95-90)/8
+    assert sig.ttft_p99 == 5.0
+    assert sig.requests_in_window == pytest.approx(100 * 12)
+    assert sig.itl_p99 is None  # no inter-token histogram in the window: unknown, not zero
+
+
+def test_goodput_bounds_from_slo():
+    slo = Slo(ttft_p99=timedelta(seconds=0.5), e2e_p99=timedelta(seconds=3))
+    sig = compute_signals(_window(_vllm_engine()), slo=slo).engines[0]
+    # TTFT <= 0.5 s: 70% exactly (a bucket bound). E2E <= 3 s falls inside (1, 5]: between 50% and 95%.
+    # Joint: at least 0.70 + 0.50 - 1 = 0.20, at most min(0.70, 0.95) = 0.70.
+    assert sig.goodput_ratio == pytest.approx(0.20)
+    assert sig.goodput_ratio_upper == pytest.approx(0.70)
+
+
+def test_no_slo_no_goodput_and_empty_window_is_none():
+    empty = EngineWindow(engine="0", model_name="m", series={}, hists={})
+    sig = compute_signals(_window(empty)).engines[0]
+    assert sig.goodput_ratio is None and sig.prompt_tokens_per_s is None and sig.ttft_p50 is None
+    assert sig.samples == 0
+
+
+def test_llamacpp_reads_its_own_series():
+    engine = EngineWindow(engine="0", model_name="m", series={
+        ("llamacpp:tokens_predicted_total", ()): _counter(60),  # 12 tokens/s
+        ("llamacpp:requests_deferred", ()): ((0, 0.0), (5 * S, 6.0)),
+        ("llamacpp:requests_processing", ()): ((0, 2.0),),
+        ("tuner:kv_cache_usage", ()): ((0, 0.4),),
+        ("tuner:slots_total", ()): ((0, 2.0),),
+    }, hists={})
+    sig = compute_signals(_window(engine, "llamacpp")).engines[0]
+    assert sig.generation_tokens_per_s == pytest.approx(12)
+    assert (sig.requests_waiting, sig.requests_running, sig.kv_cache_usage, sig.slots_total) == (6.0, 2.0, 0.4, 2.0)
+    assert sig.ttft_p99 is None  # llama-server serves no latency histograms
+
+
+def test_as_json_has_no_nan():
+    sig = compute_signals(_window(_vllm_engine()))
+    flat = sig.as_json()["engines"][0]
+    assert all(v is None or not (isinstance(v, float) and math.isnan(v)) for v in flat.values())
