@@ -203,6 +203,15 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from tuner.lab.demo import run_demo
+
+    if not args.vllm_python or not args.model:
+        raise ConfigError("tuner demo", "--vllm-python/--model", "both are needed; scripts/demo.sh installs "
+                          "vLLM and makes a tiny model, then runs this")
+    return run_demo(vllm_python=args.vllm_python, model=args.model, workdir=Path(args.workdir).resolve())
+
+
 # ---- parser ------------------------------------------------------------------------------------
 
 def _duration(text: str):  # type: ignore[no-untyped-def]
@@ -252,6 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
     n.add_argument("--max-bytes", type=int, default=10 * 2**20, help="largest body accepted (default 10 MiB)")
     n.set_defaults(func=cmd_snapshot)
+    m = sub.add_parser("demo", help="start a real vLLM on a tiny model, run tuner against it under load, "
+                       "show what it sees (scripts/demo.sh sets it up)")
+    m.add_argument("--vllm-python", default=os.environ.get("TUNER_VLLM_PYTHON"),
+                   help="python of the venv that has vLLM (default $TUNER_VLLM_PYTHON)")
+    m.add_argument("--model", default=os.environ.get("TUNER_TINY_MODEL"),
+                   help="model directory (default $TUNER_TINY_MODEL)")
+    m.add_argument("--workdir", default="demo-run", help="where config, database and logs go (default ./demo-run)")
+    m.set_defaults(func=cmd_demo)
     return p
 
 

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Set up everything the tests need on a fresh machine, then run the whole suite: the fast unit tier
+# (recorded real expositions, real local HTTP servers, real SQLite, real promtool) and the integration
+# tier against real servers (vLLM CPU build, llama-server, Prometheus) that it installs and starts.
+# Idempotent: installs are cached under ${TUNER_CACHE:-~/.cache/tuner}. Extra args go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+log() { echo "[test] $*" >&2; }
+
+log "tuner venv (.venv)"
+[[ -x .venv/bin/python ]] || python3 -m venv .venv
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' >&2
+
+bash scripts/install-prometheus.sh >&2
+log "real servers (vLLM CPU build, llama-server, tiny models); first run takes ~12 min"
+exports="$(bash scripts/setup-real-servers.sh | grep '^export ')"
+eval "$exports"
+export TUNER_REQUIRE_REAL_SERVERS=1  # a missing real part fails the run instead of skipping
+
+set +e
+.venv/bin/python -m pytest -q "$@"
+rc=$?
+set -e
+if [[ $rc -eq 5 ]]; then
+    echo "[test] pytest collected no tests: that is a failure here" >&2
+    exit 1
+fi
+exit $rc

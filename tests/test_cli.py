@@ -1,0 +1,117 @@
+"""The `tuner` command as a user runs it: a subprocess, its stdout, stderr and exit code."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import FIXTURES, fixture_text
+from tuner.config import parse_config
+from tuner.daemon import Daemon
+from tuner.lab.replay import ReplayExposition, ReplayServer
+
+VLLM = FIXTURES / "vllm-0.32-cpu"
+LLAMA = FIXTURES / "llama-server"
+
+
+def tuner(*args: str, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=120, **kw)
+
+
+def _line_value(text: str, name: str) -> float:
+    """The value of the first sample line of ``name`` (any labels), read straight from the exposition."""
+    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    assert m, name
+    return float(m.group(1))
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in VLLM.glob("metrics_*.txt")))
+def test_snapshot_contract_vllm(fixture):
+    path = VLLM / fixture
+    proc = tuner("snapshot", "--file", str(path), "--backend", "vllm", "--json")
+    assert proc.returncode == 0, proc.stderr
+    objs = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(objs) >= 1
+    obj = objs[0]
+    text = path.read_text()
+    for key, metric in (("kv_cache_usage", "vllm:kv_cache_usage_perc"), ("requests_running", "vllm:num_requests_running"),
+                        ("requests_waiting", "vllm:num_requests_waiting"), ("preemptions_total", "vllm:num_preemptions_total"),
+                        ("prompt_tokens_total", "vllm:prompt_tokens_total"),
+                        ("generation_tokens_total", "vllm:generation_tokens_total"),
+                        ("prefix_cache_hits_total", "vllm:prefix_cache_hits_total"),
+                        ("prefix_cache_queries_total", "vllm:prefix_cache_queries_total")):
+        assert isinstance(obj[key], (int, float)) and not isinstance(obj[key], bool), key
+        assert obj[key] == _line_value(text, metric), key
+    assert obj["model_name"] and obj["engine"] == "0"
+    for label in ("block_size", "num_gpu_blocks", "kv_cache_size_tokens", "gpu_memory_utilization",
+                  "enable_prefix_caching"):
+        assert re.search(rf'{label}="{re.escape(obj["config"][label])}"', text), label
+
+
+@pytest.mark.parametrize("stage", ["idle", "mid_load", "after_load"])
+def test_snapshot_contract_llamacpp_with_slots(stage):
+    metrics, slots_file = LLAMA / f"metrics_{stage}.txt", LLAMA / f"slots_{stage}.json"
+    proc = tuner("snapshot", "--file", str(metrics), "--slots-file", str(slots_file), "--backend", "llamacpp", "--json")
+    assert proc.returncode == 0, proc.stderr
+    obj = json.loads(proc.stdout.splitlines()[0])
+    text = metrics.read_text()
+    for key in ("requests_processing", "requests_deferred", "prompt_tokens_total", "tokens_predicted_total"):
+        assert obj[key] == _line_value(text, f"llamacpp:{key}"), key
+    slots = json.loads(slots_file.read_text())
+    busy = [s for s in slots if s["is_processing"]]
+    in_use = sum(s["n_prompt_tokens"] + sum(t["n_decoded"] for t in s.get("next_token", [])) for s in busy)
+    assert obj["slots_total"] == len(slots) and obj["slots_busy"] == len(busy)
+    assert obj["kv_cache_usage"] == pytest.approx(in_use / (len(slots) * slots[0]["n_ctx"]))
+
+
+def test_snapshot_of_invalid_exposition_names_the_line(tmp_path):
+    lines = fixture_text("vllm-0.32-cpu/metrics_after_load.txt").splitlines()
+    lines[41] = 'vllm:num_requests_running{engine="0" oops'
+    bad = tmp_path / "bad.txt"
+    bad.write_text("\n".join(lines))
+    proc = tuner("snapshot", "--file", str(bad), "--backend", "vllm", "--json")
+    assert proc.returncode != 0
+    assert proc.stdout == ""
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "line 42" in err[0] and "Traceback" not in proc.stderr
+
+
+def test_bad_config_names_file_and_key(tmp_path):
+    cfg = tmp_path / "tuner.yaml"
+    cfg.write_text("targets:\n  - {name: a, backend: vllm, url: 'http://127.0.0.1:1', scrape_intervall: 5s}\n")
+    proc = tuner("--config", str(cfg), "status")
+    assert proc.returncode == 2
+    assert str(cfg) in proc.stderr and "targets[0].scrape_intervall" in proc.stderr
+
+
+def test_status_and_signals_read_what_the_daemon_stored(tmp_path, store):
+    text = fixture_text("vllm-0.32-cpu/metrics_after_load.txt")
+    with ReplayServer(ReplayExposition(text, growth=0.05)) as server:
+        cfg_text = (f"store: {{url: '{store.engine.url}'}}\n"
+                    f"targets:\n  - {{name: v, backend: vllm, url: '{server.url}', slo: {{e2e_p99: 10s}}}}\n"
+                    f"  - {{name: gone, backend: vllm, url: 'http://127.0.0.1:9'}}\n")
+        (tmp_path / "tuner.yaml").write_text(cfg_text)
+        daemon = Daemon(parse_config(cfg_text), store)
+        for _ in range(4):
+            for t in daemon.cfg.targets:
+                daemon.scrape_once(t)
+            time.sleep(0.3)
+    proc = tuner("--config", str(tmp_path / "tuner.yaml"), "status")
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines()[2:] if line.strip()}
+    kv = _line_value(text, "vllm:kv_cache_usage_perc")
+    assert f"{kv * 100:.1f}%" in rows["v"] and " up " in rows["v"]
+    assert " down " in rows["gone"] and "connection refused" in rows["gone"]
+    sig = tuner("--config", str(tmp_path / "tuner.yaml"), "signals", "v", "--window", "5m", "--json")
+    assert sig.returncode == 0, sig.stderr
+    engine = json.loads(sig.stdout)["engines"][0]
+    # The replay grows every counter by 5% of its recorded value per scrape, so over the window the
+    # prompt-token counter rose and the rate is positive; quantiles exist because the histograms grew.
+    assert engine["prompt_tokens_per_s"] > 0 and engine["e2e_p99"] > 0 and engine["goodput_ratio"] is not None
+    unknown = tuner("--config", str(tmp_path / "tuner.yaml"), "signals", "nope")
+    assert unknown.returncode == 2 and "known targets: v, gone" in unknown.stderr

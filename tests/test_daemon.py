@@ -1,0 +1,150 @@
+"""The daemon against real local HTTP servers: every kind of bad target is recorded, the good one keeps being stored."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from tests.helpers import Route, fixture_text, serve
+from tuner.config import parse_config
+from tuner.daemon import Daemon
+from tuner.lab.replay import ReplayExposition, ReplayServer
+
+VLLM_FIXTURE = "vllm-0.32-cpu/metrics_after_load.txt"
+FIFTY_MB = 50 * 2**20
+
+
+def _bad_routes() -> dict[str, dict[str, Route]]:
+    good = fixture_text(VLLM_FIXTURE)
+    lines = good.splitlines()
+    running = next(i for i, line in enumerate(lines) if line.startswith("vllm:num_requests_running{"))
+    malformed = "\n".join(lines[:running] + ['vllm:num_requests_running{engine="0" 3'] + lines[running + 1:])
+    nan = good.replace(lines[running], lines[running].rsplit(" ", 1)[0] + " NaN")
+    dup = good + lines[running] + "\n"
+    untyped = "\n".join(line for line in lines if not line.startswith("#"))
+    health = {"/health": Route(body=b"")}
+    return {
+        "malformed": {"/metrics": Route(body=malformed), **health},
+        "nan": {"/metrics": Route(body=nan), **health},
+        "duplicate": {"/metrics": Route(body=dup), **health},
+        "untyped": {"/metrics": Route(body=untyped), **health},
+        "huge": {"/metrics": Route(stream=lambda: (b"#" * 65536 for _ in range(FIFTY_MB // 65536)))},
+        "hangs": {"/metrics": Route(delay_s=30)},
+        "http500": {"/metrics": Route(status=500, body=b"engine dead")},
+        "garbage": {"/metrics": Route(body=b"\x00\x01<html>not metrics</html>")},
+    }
+
+
+EXPECT = {  # target -> (health, a fragment of the recorded error)
+    "malformed": ("down", "line "),
+    "nan": ("degraded", "NaN; sample dropped"),
+    "duplicate": ("down", "duplicate series"),
+    "untyped": ("degraded", "has no TYPE"),
+    "huge": ("down", "max_body_bytes"),
+    "hangs": ("down", "no complete answer"),
+    "http500": ("down", "HTTP 500"),
+    "garbage": ("down", "line 1"),
+    "refused": ("down", "connection refused"),
+}
+
+
+def _config(tmp_path: Path, urls: dict[str, str], interval: str = "1s") -> str:
+    targets = "\n".join(f"  - {{name: {n}, backend: vllm, url: '{u}'}}" for n, u in urls.items())
+    return (f"store: {{url: 'sqlite:///{tmp_path}/tuner.db'}}\nlisten: 127.0.0.1:0\n"
+            f"defaults: {{scrape_interval: {interval}, scrape_timeout: 1s, max_body_bytes: 5MiB}}\n"
+            f"targets:\n{targets}\n")
+
+
+def test_every_bad_target_is_recorded_and_the_good_one_still_stored(tmp_path, store):
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        urls = {"good": stack.enter_context(ReplayServer(ReplayExposition(fixture_text(VLLM_FIXTURE)))).url}
+        for name, routes in _bad_routes().items():
+            urls[name] = stack.enter_context(serve(routes))
+        urls["refused"] = "http://127.0.0.1:9"  # discard port: nothing listens
+        cfg = parse_config(_config(tmp_path, urls))
+        daemon = Daemon(cfg, store)
+        results = {t.name: daemon.scrape_once(t) for t in cfg.targets}
+        assert results["good"] is True
+
+        for name, (health, fragment) in EXPECT.items():
+            h = store.health(name)
+            assert h is not None, name
+            assert h.health == health, (name, h)
+            assert fragment in h.last_error, (name, h.last_error)
+        # degraded scrapes keep what was valid: the NaN one lost only the bad sample
+        with store.engine.connect() as conn:
+            stored = dict(conn.execute(text(
+                "SELECT t.name, COUNT(*) FROM samples s JOIN series r ON r.id = s.series_id "
+                "JOIN targets t ON t.id = r.target_id GROUP BY t.name")).all())
+        assert stored["nan"] == stored["good"] - 1
+        assert stored["untyped"] == stored["good"]
+        assert "malformed" not in stored and "huge" not in stored
+
+        # Now on the scheduler: the good target keeps being scraped while the others fail.
+        daemon.run_forever(install_signal_handlers=False, max_seconds=3.5)
+        with store.engine.connect() as conn:
+            per_target = dict(conn.execute(text(
+                "SELECT t.name, COUNT(*) FROM scrapes s JOIN targets t ON t.id = s.target_id GROUP BY t.name")).all())
+        assert per_target["good"] >= 3
+        assert daemon.state.scrape_failures_total.get("good", 0) == 0
+        assert store.health("refused").consecutive_failures >= 3
+
+
+def test_no_overlapping_scrapes_of_one_target(tmp_path, store):
+    """A target slower than its interval is never scraped twice at once (max_instances=1)."""
+    route = Route(body=fixture_text(VLLM_FIXTURE), delay_s=0.9)
+    with serve({"/metrics": route, "/health": Route()}) as url:
+        cfg = parse_config(_config(tmp_path, {"slow": url}, interval="200ms").replace("scrape_timeout: 1s",
+                                                                                     "scrape_timeout: 2s"))
+        daemon = Daemon(cfg, store)
+        daemon.run_forever(install_signal_handlers=False, max_seconds=2.5)
+    # 2.5 s of 0.9 s scrapes, one at a time: at most 3 (overlapping runs would give ~12).
+    assert 1 <= route.hits <= 3
+
+
+def _run_tuner(config: Path, *args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(config), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_outdated_schema_stops_run_with_the_fixing_command(tmp_path):
+    config = tmp_path / "tuner.yaml"
+    config.write_text(_config(tmp_path, {"a": "http://127.0.0.1:9"}))
+    proc = _run_tuner(config, "run")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 5
+    assert "tuner db upgrade" in err and "Traceback" not in err
+
+
+def test_sigterm_stops_run_cleanly(tmp_path):
+    with ReplayServer(ReplayExposition(fixture_text(VLLM_FIXTURE))) as server:
+        config = tmp_path / "tuner.yaml"
+        config.write_text(_config(tmp_path, {"good": server.url}, interval="500ms"))
+        subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(config), "db", "upgrade"], check=True,
+                       capture_output=True)
+        proc = _run_tuner(config, "run")
+        deadline = time.monotonic() + 30
+        while server_scrapes(server) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server_scrapes(server) >= 2, proc.stderr.read() if proc.poll() is not None else "no scrapes"
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=15)
+        assert proc.returncode == 0, err
+        assert "stopped" in err
+
+
+def server_scrapes(server: ReplayServer) -> int:
+    return server.exposition.scrapes
+
+
+def test_default_listen_is_loopback():
+    assert parse_config("targets: []\n").listen_host_port == ("127.0.0.1", 9464)
