@@ -222,7 +222,9 @@ def parse_config(text: str, path: str = "<config>") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        errors = exc.errors()
+        # A misspelt key also makes the real one "missing": name the misspelling, it is the cause.
+        err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         msg = err["msg"].removeprefix("Value error, ")
         key = _key(err["loc"])
         if msg.startswith("targets[") and ": " in msg:  # cross-check errors carry their own key

@@ -44,6 +44,11 @@ def decode_body(body: bytes) -> str:
                               body.split(b"\n")[line_no - 1].decode("utf-8", "replace")) from None
 
 
+def _spelled(value: float) -> str:
+    """A non-finite value as the exposition format writes it."""
+    return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+
+
 def _sample_lines(text: str) -> list[tuple[int, str]]:
     """(line number, text) of each sample line: the parser yields exactly one sample per such line."""
     return [(i, line) for i, line in enumerate(text.split("\n"), start=1)
@@ -58,7 +63,7 @@ def _locate_error(text: str) -> ExpositionError:
         try:
             for _ in text_string_to_metric_families(line + "\n"):
                 pass
-        except ValueError as exc:
+        except (ValueError, IndexError, TypeError) as exc:  # the same errors parse_exposition catches
             return ExpositionError(f"not a valid exposition line ({exc})", line_no, line)
     return ExpositionError("not a valid Prometheus text exposition")
 
@@ -81,6 +86,11 @@ def parse_exposition(text: str) -> ParsedExposition:
                     raise ExpositionError("duplicate series", line_no, line)
                 seen.add(key)
                 hit = lookup(s.name)
+                if hit is None and family.type == "counter" and s.name == family.name + "_total":
+                    # The parser appends _total to a counter served without it (llamacpp:n_tokens_max).
+                    lines = lines or _sample_lines(text)
+                    if not lines[index][1].lstrip().startswith(s.name):
+                        hit = lookup(family.name)
                 if hit is None:
                     continue
                 spec, part = hit
@@ -88,7 +98,7 @@ def parse_exposition(text: str) -> ParsedExposition:
                 line_no = lines[index][0]
                 value = float(s.value)
                 if not math.isfinite(value) and not (part == "value" and spec.kind == "info"):
-                    out.problems.append(f"line {line_no}: {s.name} is {s.value}; sample dropped")
+                    out.problems.append(f"line {line_no}: {s.name} is {_spelled(value)}; sample dropped")
                     continue
                 if family.type == "unknown" and spec.kind != "info" and spec.name not in untyped:
                     untyped.add(spec.name)

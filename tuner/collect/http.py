@@ -36,6 +36,7 @@ def get(url: str, *, timeout_s: float, max_bytes: int,
     conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = conn_cls(parts.hostname, parts.port, timeout=timeout_s)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    resp: http.client.HTTPResponse | None = None
     try:
         conn.request("GET", path, headers={"Accept": accept, "User-Agent": _USER_AGENT})
         resp = conn.getresponse()
@@ -69,4 +70,6 @@ def get(url: str, *, timeout_s: float, max_bytes: int,
     except (OSError, http.client.HTTPException) as exc:
         raise ScrapeError(f"{url}: {type(exc).__name__}: {exc}") from None
     finally:
+        if resp is not None:  # its file object keeps the socket open after conn.close()
+            resp.close()
         conn.close()

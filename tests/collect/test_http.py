@@ -1,0 +1,123 @@
+"""The bounded GET: a total deadline and a body cap, against real local servers that misbehave."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Iterator
+
+import pytest
+
+from tests.helpers import VLLM_DIR, Route, serve, wait_until
+from tuner.collect import http, vllm
+from tuner.errors import ScrapeError
+
+MB = 1 << 20
+# A deadline is a correctness bound: the call must return within the timeout plus scheduling slack.
+SLACK_S = 1.5
+
+
+def test_ok_body_status_and_content_type() -> None:
+    body = (VLLM_DIR / "metrics_idle.txt").read_bytes()
+    with serve({"/metrics": Route(body=body, content_type="text/plain; version=0.0.4")}) as url:
+        resp = http.get(f"{url}/metrics", timeout_s=5, max_bytes=len(body))
+    assert (resp.status, resp.body, resp.content_type) == (200, body, "text/plain; version=0.0.4")
+
+
+def test_query_string_reaches_the_server() -> None:
+    with serve({"/slots": Route(body=b"[]")}) as url:
+        resp = http.get(f"{url}/slots?fail_on_no_slot=1", timeout_s=5, max_bytes=100)
+    assert resp.body == b"[]"
+
+
+def test_http_error_is_returned_as_a_status() -> None:
+    with serve({"/metrics": Route(status=500, body=b"Internal Server Error: engine dead")}) as url:
+        resp = http.get(f"{url}/metrics", timeout_s=5, max_bytes=MB)
+    assert (resp.status, resp.body) == (500, b"Internal Server Error: engine dead")
+
+
+def test_vllm_scrape_turns_an_http_error_into_a_scrape_error() -> None:
+    with serve({"/metrics": Route(status=500, body=b"Internal Server Error: engine dead")}) as url:
+        with pytest.raises(ScrapeError) as info:
+            vllm.scrape(url, target="gpu-box", timeout_s=5, max_bytes=MB)
+    assert str(info.value) == f"{url}/metrics answered HTTP 500: 'Internal Server Error: engine dead'"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once the socket is closed
+
+
+def test_connection_refused() -> None:
+    url = f"http://127.0.0.1:{_closed_port()}/metrics"
+    with pytest.raises(ScrapeError, match="connection refused; is the server running on that port"):
+        http.get(url, timeout_s=5, max_bytes=MB)
+
+
+def test_not_an_http_url() -> None:
+    with pytest.raises(ScrapeError, match="not an http"):
+        http.get("ftp://127.0.0.1/metrics", timeout_s=1, max_bytes=MB)
+
+
+def _timed_get(url: str, timeout_s: float) -> tuple[ScrapeError, float]:
+    start = time.monotonic()
+    with pytest.raises(ScrapeError) as info:
+        http.get(url, timeout_s=timeout_s, max_bytes=MB)
+    return info.value, time.monotonic() - start
+
+
+def test_server_that_never_answers_hits_the_deadline() -> None:
+    with serve({"/metrics": Route(delay_s=60, body=b"late")}) as url:
+        err, took = _timed_get(f"{url}/metrics", timeout_s=1.0)
+    assert "no complete answer within 1s" in str(err)
+    assert took < 1.0 + SLACK_S
+
+
+def test_listener_that_never_accepts_hits_the_deadline() -> None:
+    with socket.socket() as listener:  # the kernel completes the handshake; nobody ever reads
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        err, took = _timed_get(f"http://127.0.0.1:{listener.getsockname()[1]}/metrics", timeout_s=1.0)
+    assert "no complete answer within 1s" in str(err)
+    assert took < 1.0 + SLACK_S
+
+
+def test_trickling_server_hits_the_total_deadline() -> None:
+    # 1 byte every 0.2 s: each read succeeds, so only a total deadline stops it (the body needs 20 s)
+    route = Route(body=b"x" * 100, trickle=(1, 0.2))
+    with serve({"/metrics": route}) as url:
+        err, took = _timed_get(f"{url}/metrics", timeout_s=1.0)
+    assert "no complete answer within 1s" in str(err)
+    assert took < 1.0 + SLACK_S
+    assert 0 < route.bytes_sent < 100
+
+
+def _fifty_mb() -> Iterator[bytes]:
+    chunk = b"# padding padding padding padding padding padding padding padding padding padding\n" * 800
+    sent = 0
+    while sent < 50 * MB:
+        yield chunk
+        sent += len(chunk)
+
+
+@pytest.mark.parametrize("declared", [None, 50 * MB], ids=["no-content-length", "content-length"])
+def test_huge_body_is_refused_without_reading_it_all(declared: int | None) -> None:
+    route = Route(stream=_fifty_mb, content_length=declared)
+    with serve({"/metrics": route}) as url:
+        with pytest.raises(ScrapeError) as info:
+            http.get(f"{url}/metrics", timeout_s=10, max_bytes=1 * MB)
+        assert wait_until(route.finished.is_set, timeout_s=10)  # the server saw the client hang up
+    assert f"max_body_bytes={MB}" in str(info.value)
+    if declared is not None:
+        assert f"body of {declared} bytes" in str(info.value)  # refused on the header alone
+    # the client stopped after ~1 MB; the rest of the 50 MB was never sent (socket buffers aside)
+    assert route.bytes_sent < 10 * MB
+
+
+def test_body_exactly_at_the_cap_is_accepted() -> None:
+    body = b"a 1\n" * 1000
+    with serve({"/metrics": Route(body=body)}) as url:
+        assert http.get(f"{url}/metrics", timeout_s=5, max_bytes=len(body)).body == body
+        with pytest.raises(ScrapeError, match=f"exceeds max_body_bytes={len(body) - 1}"):
+            http.get(f"{url}/metrics", timeout_s=5, max_bytes=len(body) - 1)

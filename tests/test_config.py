@@ -1,0 +1,179 @@
+"""The config file: a full example parses into typed values; every error names the file and the key."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from tuner.config import load_config, parse_config
+from tuner.errors import ConfigError
+
+FULL = """\
+listen: 0.0.0.0:9464
+defaults:
+  scrape_interval: 2s
+  scrape_timeout: 1500ms
+  max_body_bytes: 4MiB
+  signal_window: 10m
+targets:
+  - name: gpu-box.vllm
+    backend: vllm
+    url: http://10.0.0.5:8000/
+    labels: {team: search}
+    scrape_interval: 1s
+    slo:
+      ttft_p99: 500ms
+      itl_p99: 50ms
+      e2e_p99: 1m
+      objective: 0.95
+  - name: laptop
+    backend: llamacpp
+    url: http://127.0.0.1:8080
+    scrape_timeout: 5s
+    source: prometheus
+    prometheus_selector: '{job="llama"}'
+prometheus:
+  url: http://127.0.0.1:9090
+gpu:
+  source: dcgm
+  url: http://127.0.0.1:9400/metrics
+  interval: 30s
+store:
+  url: sqlite:///data/tuner.db
+  retention:
+    raw: 1d
+    rollup: 90d
+    rollup_step: 10m
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "tuner.yaml") -> Path:
+    path = tmp_path / "conf" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_full_example_parses_into_typed_values(tmp_path: Path) -> None:
+    path = _write(tmp_path, FULL)
+    cfg = load_config(path)
+
+    assert cfg.listen_host_port == ("0.0.0.0", 9464)
+    assert cfg.defaults.scrape_interval == timedelta(seconds=2)
+    assert cfg.defaults.scrape_timeout == timedelta(milliseconds=1500)
+    assert cfg.defaults.max_body_bytes == 4 * 1024 * 1024
+    assert cfg.defaults.signal_window == timedelta(minutes=10)
+
+    vllm, llama = cfg.targets
+    assert (vllm.name, vllm.backend, vllm.url) == ("gpu-box.vllm", "vllm", "http://10.0.0.5:8000")  # "/" trimmed
+    assert vllm.labels == {"team": "search"}
+    assert vllm.slo is not None
+    assert vllm.slo.ttft_p99 == timedelta(milliseconds=500)
+    assert vllm.slo.itl_p99 == timedelta(milliseconds=50)
+    assert vllm.slo.e2e_p99 == timedelta(minutes=1)
+    assert vllm.slo.objective == 0.95
+    assert cfg.interval(vllm) == timedelta(seconds=1)
+    # the target's own interval (1s) caps the default timeout (1.5s)
+    assert cfg.timeout(vllm) == timedelta(seconds=1)
+
+    assert (llama.backend, llama.source, llama.prometheus_selector) == ("llamacpp", "prometheus", '{job="llama"}')
+    assert cfg.interval(llama) == timedelta(seconds=2)  # the default
+    assert cfg.timeout(llama) == timedelta(seconds=2)  # 5s capped by the 2s interval
+    assert cfg.prometheus is not None and cfg.prometheus.url == "http://127.0.0.1:9090"
+
+    assert (cfg.gpu.source, cfg.gpu.url, cfg.gpu.interval) == ("dcgm", "http://127.0.0.1:9400/metrics",
+                                                              timedelta(seconds=30))
+    assert cfg.store.retention.raw == timedelta(days=1)
+    assert cfg.store.retention.rollup == timedelta(days=90)
+    assert cfg.store.retention.rollup_step == timedelta(minutes=10)
+    # relative to the config file's directory, not to the working directory
+    assert cfg.store.url == f"sqlite:///{(path.parent / 'data' / 'tuner.db').resolve()}"
+
+
+def test_absolute_and_memory_sqlite_urls_are_left_alone(tmp_path: Path) -> None:
+    absolute = load_config(_write(tmp_path, "store:\n  url: sqlite:////var/lib/tuner/t.db\n", "a.yaml"))
+    memory = load_config(_write(tmp_path, "store:\n  url: 'sqlite:///:memory:'\n", "m.yaml"))
+    assert absolute.store.url == "sqlite:////var/lib/tuner/t.db"
+    assert memory.store.url == "sqlite:///:memory:"
+
+
+def test_empty_file_is_all_defaults(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, ""))
+    assert cfg.targets == []
+    assert cfg.gpu.source == "none"
+    assert cfg.defaults.scrape_interval == timedelta(seconds=5)
+
+
+def _error(tmp_path: Path, text: str) -> tuple[ConfigError, Path]:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    return info.value, path
+
+
+TARGET = "targets:\n  - name: a\n    backend: vllm\n    url: http://127.0.0.1:8000\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "says"),
+    [
+        pytest.param("targets:\n  - name: a\n    backend: vllm\n    urll: http://127.0.0.1:8000\n",
+                     "targets[0].urll", "unknown key", id="unknown-key"),
+        pytest.param("defaults:\n  scrape_interval: 5 parsecs\n",
+                     "defaults.scrape_interval", "5 parsecs", id="bad-duration"),
+        pytest.param("defaults:\n  max_body_bytes: 3 lightyears\n",
+                     "defaults.max_body_bytes", "3 lightyears", id="bad-size"),
+        pytest.param("targets:\n  - {name: a, backend: tgi, url: 'http://127.0.0.1:8000'}\n",
+                     "targets[0].backend", "'vllm' or 'llamacpp'", id="bad-backend"),
+        pytest.param(TARGET + "  - {name: a, backend: llamacpp, url: 'http://127.0.0.1:8080'}\n",
+                     "targets[1].name", "duplicate target name 'a'", id="duplicate-name"),
+        pytest.param("gpu:\n  source: dcgm\n", "gpu", "gpu.url", id="dcgm-without-url"),
+        pytest.param(TARGET + "    source: prometheus\n", "targets[0].source", "prometheus.url",
+                     id="prometheus-source-without-url"),
+        pytest.param("targets:\n  - {name: a, backend: vllm, url: '127.0.0.1:8000'}\n",
+                     "targets[0].url", "http(s) base URL", id="url-without-scheme"),
+        pytest.param("listen: '9464'\n", "listen", "HOST:PORT", id="listen-without-host"),
+    ],
+)
+def test_each_error_names_the_file_and_the_key(tmp_path: Path, text: str, key: str, says: str) -> None:
+    err, path = _error(tmp_path, text)
+    assert err.path == str(path)
+    assert err.key == key
+    assert says in err.reason
+    assert str(err).startswith(f"{path}: {key}: ")
+
+
+def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
+    lines = ["targets:", "  - name: a", "    backend: vllm: llamacpp", "    url: http://127.0.0.1:8000"]
+    err, path = _error(tmp_path, "\n".join(lines) + "\n")
+    assert err.key == "line 3"  # the second ": " on line 3
+    assert "not valid YAML" in err.reason
+    assert str(err).startswith(f"{path}: line 3: not valid YAML")
+
+
+def test_bad_indentation_names_its_line(tmp_path: Path) -> None:
+    lines = ["targets:", "  - {name: a, backend: vllm, url: 'http://127.0.0.1:8000'}", "    oops: 1"]
+    err, _ = _error(tmp_path, "\n".join(lines) + "\n")
+    assert err.key == "line 3"  # the line that breaks the block
+
+
+def test_missing_file_names_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "nowhere" / "tuner.yaml"
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.path == str(path)
+    assert "cannot read config file" in str(info.value)
+
+
+def test_top_level_list_is_rejected(tmp_path: Path) -> None:
+    err, path = _error(tmp_path, "- name: a\n- name: b\n")
+    assert err.key == ""
+    assert str(err) == f"{path}: expected a mapping at the top level, got list"
+
+
+def test_parse_config_without_a_file_uses_a_placeholder_name() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config("defaults:\n  scrape_timeout: -1s\n")
+    assert str(info.value).startswith("<config>: defaults.scrape_timeout: ")
