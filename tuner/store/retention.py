@@ -1,7 +1,8 @@
 """Retention and rollups.
 
-Raw points older than ``retention.raw`` are thinned to the last point of each ``rollup_step``
-(exact for counters and histograms: an increase between kept points is unchanged), and gauges
+Raw points older than ``retention.raw`` are thinned to the last point of each ``rollup_step``,
+plus the two points around each counter reset (so an increase between kept points is exact for
+counters and histograms, resets included), and gauges
 also get min/max/mean per step in ``gauge_rollups`` before thinning. Everything older than
 ``retention.rollup`` is deleted, as are scrape records older than ``retention.raw``.
 """
@@ -31,12 +32,22 @@ def apply_retention(store: Store, retention: Retention, *, now: float) -> dict[s
                 FROM samples s JOIN series r ON r.id = s.series_id
                 WHERE r.kind = 'gauge' AND s.ts_ms >= :lo AND s.ts_ms < :hi
                 GROUP BY s.series_id, s.ts_ms / :step"""), {"step": step, "lo": lo, "hi": raw_cutoff}).rowcount
-            for table in ("samples", "hist_samples"):
+            for table, value, kind in (("samples", "value", "counter"), ("hist_samples", "count", "histogram")):
+                # Keep the last point of each step, and both points around a counter reset: with only
+                # the last ones, the growth between the last kept point and the reset would be lost.
                 counts[f"thinned_{table}"] = conn.execute(text(f"""
                     DELETE FROM {table} WHERE ts_ms >= :lo AND ts_ms < :hi
                     AND (series_id, ts_ms) NOT IN (
                         SELECT series_id, MAX(ts_ms) FROM {table} WHERE ts_ms >= :lo AND ts_ms < :hi
-                        GROUP BY series_id, ts_ms / :step)"""),
+                        GROUP BY series_id, ts_ms / :step
+                        UNION ALL
+                        SELECT series_id, ts_ms FROM (
+                            SELECT t.series_id, t.ts_ms, t.{value} AS v,
+                                   LAG(t.{value}) OVER w AS prev, LEAD(t.{value}) OVER w AS nxt
+                            FROM {table} t JOIN series r ON r.id = t.series_id
+                            WHERE r.kind = '{kind}' AND t.ts_ms >= :lo - :step AND t.ts_ms < :hi
+                            WINDOW w AS (PARTITION BY t.series_id ORDER BY t.ts_ms))
+                        WHERE v < prev OR nxt < v)"""),
                     {"step": step, "lo": lo, "hi": raw_cutoff}).rowcount
             conn.execute(text("INSERT OR REPLACE INTO meta (key, value) VALUES ('thinned_until_ms', :v)"),
                          {"v": str(raw_cutoff)})
