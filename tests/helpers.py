@@ -19,7 +19,7 @@ from tuner.store.db import open_engine, upgrade
 from tuner.store.store import Store
 
 __all__ = ["FIXTURES", "VLLM_DIR", "LLAMA_DIR", "fixture_text", "Route", "serve", "migrated_store",
-           "parse_labels", "sample_lines", "series_values", "value_of", "bucket_counts"]
+           "parse_labels", "sample_lines", "series_values", "value_of", "bucket_counts", "slot_tokens"]
 
 FIXTURES = Path(__file__).parent / "fixtures"
 VLLM_DIR = FIXTURES / "vllm-0.32-cpu"
@@ -173,3 +173,16 @@ def value_of(text: str, name: str, **labels: str) -> float:
 def bucket_counts(text: str, base: str, **labels: str) -> dict[float, float]:
     """``{le: count}`` from the ``<base>_bucket`` lines matching ``labels``."""
     return {float(lbl["le"]): v for lbl, v in series_values(text, base + "_bucket", **labels)}
+
+
+def slot_tokens(slot: dict) -> int:
+    """Tokens a busy llama-server slot holds, from its /slots JSON.
+
+    Seen on the recorded server: ``n_prompt_tokens`` grows while generating (e.g. 175 with 101
+    processed + 10 cached prompt tokens and 65 decoded), so it already counts generated tokens;
+    older builds count the prompt only. Prompt = processed + cached; take the larger, cap at n_ctx.
+    """
+    decoded = sum(t.get("n_decoded", 0) for t in slot.get("next_token", []))
+    prompt = slot.get("n_prompt_tokens_processed", 0) + slot.get("n_prompt_tokens_cache", 0) \
+        if "n_prompt_tokens_processed" in slot else slot["n_prompt_tokens"]
+    return min(slot["n_ctx"], max(slot["n_prompt_tokens"], prompt + decoded))

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.helpers import FIXTURES, fixture_text
+from tests.helpers import FIXTURES, fixture_text, slot_tokens
 from tuner.config import parse_config
 from tuner.daemon import Daemon
 from tuner.lab.replay import ReplayExposition, ReplayServer
@@ -64,7 +64,7 @@ def test_snapshot_contract_llamacpp_with_slots(stage):
         assert obj[key] == _line_value(text, f"llamacpp:{key}"), key
     slots = json.loads(slots_file.read_text())
     busy = [s for s in slots if s["is_processing"]]
-    in_use = sum(s["n_prompt_tokens"] + sum(t["n_decoded"] for t in s.get("next_token", [])) for s in busy)
+    in_use = sum(slot_tokens(s) for s in busy)
     assert obj["slots_total"] == len(slots) and obj["slots_busy"] == len(busy)
     assert obj["kv_cache_usage"] == pytest.approx(in_use / (len(slots) * slots[0]["n_ctx"]))
 

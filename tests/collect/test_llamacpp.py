@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import LLAMA_DIR, VLLM_DIR, Route, sample_lines, serve
+from tests.helpers import slot_tokens, LLAMA_DIR, VLLM_DIR, Route, sample_lines, serve
 from tuner.collect import llamacpp
 from tuner.collect.catalogue import lookup
 from tuner.errors import ExpositionError, MetricsDisabledError, ScrapeError
@@ -24,7 +24,7 @@ def _slots_json(path: Path) -> list[dict[str, Any]]:
 def _expected_slots(slots: list[dict[str, Any]]) -> tuple[int, int, int, int]:
     """(total, busy, tokens in use, n_ctx) straight from the JSON."""
     busy = [s for s in slots if s["is_processing"]]
-    in_use = sum(s["n_prompt_tokens"] + sum(t["n_decoded"] for t in s["next_token"]) for s in busy)
+    in_use = sum(slot_tokens(s) for s in busy)
     return len(slots), len(busy), in_use, max(s["n_ctx"] for s in slots)
 
 
@@ -197,3 +197,18 @@ def test_unreadable_slots_still_gives_a_snapshot_with_a_problem() -> None:
         snap = llamacpp.scrape(url, target="laptop", timeout_s=5, max_bytes=1 << 20)
     assert snap.slots is None
     assert len(snap.problems) == 1 and snap.problems[0].startswith("/slots: ")
+
+
+@pytest.mark.parametrize("slot, held", [
+    # recorded mid-load slot: n_prompt_tokens already includes the 65 generated; 101 + 10 + 65 = 176
+    ({"n_ctx": 512, "is_processing": True, "n_prompt_tokens": 175, "n_prompt_tokens_processed": 101,
+      "n_prompt_tokens_cache": 10, "next_token": [{"n_decoded": 65}]}, 176),
+    # an older build: n_prompt_tokens is the prompt only, no processed/cache fields: 100 + 50
+    ({"n_ctx": 512, "is_processing": True, "n_prompt_tokens": 100, "next_token": [{"n_decoded": 50}]}, 150),
+    # never more than the slot's context
+    ({"n_ctx": 512, "is_processing": True, "n_prompt_tokens": 500, "next_token": [{"n_decoded": 400}]}, 512),
+])
+def test_slot_tokens_count_generated_tokens_once(slot: dict[str, Any], held: int) -> None:
+    state = llamacpp.parse_slots([slot, {"n_ctx": 512, "is_processing": False, "n_prompt_tokens": 480}])
+    assert state.kv_tokens_in_use == held
+    assert state.kv_cache_usage == held / 1024

@@ -40,12 +40,27 @@ def parse_slots(data: Any) -> SlotsState:
         n_ctx = ctx if n_ctx is None else max(n_ctx, ctx)
         if slot.get("is_processing") is True:
             busy += 1
-            in_use += _int(slot.get("n_prompt_tokens"), f"/slots[{i}].n_prompt_tokens")
-            for nt in slot.get("next_token") or []:
-                if isinstance(nt, dict):
-                    in_use += _int(nt.get("n_decoded"), f"/slots[{i}].next_token.n_decoded")
+            in_use += _slot_tokens(slot, i, ctx)
     return SlotsState(slots_total=len(data), slots_busy=busy, slot_context_tokens=n_ctx or 0,
                       kv_tokens_in_use=in_use)
+
+
+def _slot_tokens(slot: dict[str, Any], i: int, n_ctx: int) -> int:
+    """Tokens a busy slot holds in the KV cache: its prompt plus what it has generated, at most n_ctx.
+
+    Recent llama-server builds count generated tokens in ``n_prompt_tokens`` as they go (it reads
+    prompt + decoded); older ones count the prompt only. The prompt is also processed + cached
+    tokens, so the larger of the two readings is right for both.
+    """
+    n_prompt = _int(slot.get("n_prompt_tokens"), f"/slots[{i}].n_prompt_tokens")
+    decoded = sum(_int(nt.get("n_decoded"), f"/slots[{i}].next_token.n_decoded")
+                  for nt in slot.get("next_token") or [] if isinstance(nt, dict))
+    if "n_prompt_tokens_processed" in slot or "n_prompt_tokens_cache" in slot:
+        prompt = (_int(slot.get("n_prompt_tokens_processed"), f"/slots[{i}].n_prompt_tokens_processed")
+                  + _int(slot.get("n_prompt_tokens_cache"), f"/slots[{i}].n_prompt_tokens_cache"))
+    else:
+        prompt = n_prompt
+    return min(n_ctx, max(n_prompt, prompt + decoded))
 
 
 def _int(value: Any, where: str) -> int:

@@ -90,7 +90,7 @@ class SlotsState:
     slots_total: int
     slots_busy: int
     slot_context_tokens: int  # n_ctx of one slot (-c is split across --parallel slots)
-    kv_tokens_in_use: int  # prompt + decoded tokens held by busy slots
+    kv_tokens_in_use: int  # prompt + generated tokens held by busy slots (each at most its n_ctx)
 
     @property
     def kv_cache_usage(self) -> float:  # fraction 0-1 of the whole context
