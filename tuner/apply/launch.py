@@ -1,0 +1,326 @@
+"""How tuner starts a real inference server: argv builders, environment, and a supervised process.
+
+Everything is an argv list handed to the OS directly, never a shell string, and every flag name and value is
+validated first, so a value from a config file or the advisor can never smuggle in an extra option.
+
+Used by the integration tests, the demo, the fixture recorder and (later) managed apply.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+from tuner.errors import TunerError
+
+__all__ = [
+    "FlagValue",
+    "ServerStartError",
+    "ServerProcess",
+    "free_port",
+    "llama_server_argv",
+    "vllm_argv",
+    "vllm_cpu_env",
+]
+
+FlagValue = str | int | float | bool | None
+
+_FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+# Set through the builders' own arguments; a flag map that repeats them would make two sources of truth.
+_VLLM_RESERVED = frozenset({"model", "host", "port", "served-model-name"})
+_LLAMA_RESERVED = frozenset({"-m", "--model", "--host", "--port"})
+
+
+class ServerStartError(TunerError, RuntimeError):
+    """Raised when a server process exits or stays unhealthy while starting; carries the log's last lines."""
+
+    def __init__(self, what: str, log_path: Path | None, log_tail: Sequence[str]) -> None:
+        self.log_tail = list(log_tail)
+        where = f" (log: {log_path})" if log_path else ""
+        tail = "\n".join("    " + line for line in self.log_tail) or "    <log is empty>"
+        super().__init__(f"{what}{where}; last log lines:\n{tail}")
+
+
+def _render_value(flag: str, value: str | int | float) -> str:
+    text = repr(value) if isinstance(value, float) else str(value)
+    if not text:
+        raise ValueError(f"flag {flag}: empty value; pass None to leave the flag out")
+    if text.startswith("-"):
+        raise ValueError(f"flag {flag}: value {text!r} starts with '-' and would read as another option")
+    if "\x00" in text:
+        raise ValueError(f"flag {flag}: value contains a NUL byte")
+    return text
+
+
+def _render_flags(flags: Mapping[str, FlagValue], *, dashed: bool, reserved: frozenset[str]) -> list[str]:
+    """Render a flag map: True -> bare flag, False -> --no-<name>, None -> omitted, else flag + value."""
+    argv: list[str] = []
+    for key, value in flags.items():
+        if not isinstance(key, str):
+            raise ValueError(f"flag name {key!r} is not a string")
+        if dashed:
+            name = key[2:] if key.startswith("--") else key[1:] if key.startswith("-") else ""
+            if not name or not _FLAG_NAME.match(name):
+                raise ValueError(f"flag {key!r}: expected '-x' or '--name' with lowercase letters, digits, '-'")
+            flag = key
+        else:
+            if not _FLAG_NAME.match(key):
+                raise ValueError(f"flag {key!r}: expected a bare name of lowercase letters, digits, '-'")
+            name, flag = key, "--" + key
+        if flag in reserved or key in reserved:
+            raise ValueError(f"flag {key!r} is set by the builder's own argument; pass it there")
+        if value is None:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif value is False:
+            # vLLM's BooleanOptionalAction (and llama.cpp's paired long flags) spell "off" as --no-<name>.
+            if not flag.startswith("--"):
+                raise ValueError(f"flag {key!r}: a short flag has no --no- form; pass None to leave it out")
+            argv.append("--no-" + name)
+        elif isinstance(value, (str, int, float)):
+            argv += [flag, _render_value(key, value)]
+        else:
+            raise ValueError(f"flag {key!r}: unsupported value type {type(value).__name__}")
+    return argv
+
+
+def vllm_argv(
+    python: str,
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int,
+    served_model_name: str | None = None,
+    flags: Mapping[str, FlagValue] | None = None,
+) -> list[str]:
+    """argv for vLLM's OpenAI server; flag keys are bare names ("max-num-seqs": 8 -> --max-num-seqs 8).
+
+    Started as a module because the `vllm` console script looks for a distribution named `vllm` and fails
+    on the `vllm-cpu` build.
+    """
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", _render_value("model", model),
+            "--host", _render_value("host", host),
+            "--port", str(_check_port(port))]
+    if served_model_name is not None:
+        argv += ["--served-model-name", _render_value("served-model-name", served_model_name)]
+    return argv + _render_flags(flags or {}, dashed=False, reserved=_VLLM_RESERVED)
+
+
+def llama_server_argv(
+    binary: str,
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int,
+    flags: Mapping[str, FlagValue] | None = None,
+) -> list[str]:
+    """argv for llama.cpp's llama-server; flag keys carry their dashes ({"-c": 1024, "--metrics": True}).
+
+    False renders --no-<name> (llama.cpp pairs e.g. --mmap/--no-mmap); flags without an "off" form, such as
+    --metrics, are turned off by leaving them out (None).
+    """
+    argv = [binary,
+            "-m", _render_value("-m", model),
+            "--host", _render_value("--host", host),
+            "--port", str(_check_port(port))]
+    return argv + _render_flags(flags or {}, dashed=True, reserved=_LLAMA_RESERVED)
+
+
+def vllm_cpu_env(
+    cache_root: str | os.PathLike[str],
+    *,
+    kvcache_space_gib: int | None = 1,
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Environment for a vLLM CPU server: KV space in whole GiB, caches under cache_root (not $HOME).
+
+    VLLM_CPU_KVCACHE_SPACE overrides --kv-cache-memory-bytes (and --gpu-memory-utilization's sizing):
+    pass kvcache_space_gib=None to size the KV cache with those flags; the variable is then removed.
+    """
+    if kvcache_space_gib is not None and (
+        isinstance(kvcache_space_gib, bool) or not isinstance(kvcache_space_gib, int) or kvcache_space_gib < 1
+    ):
+        # The CPU build parses it with int() and crashes on "" or "0.5".
+        raise ValueError(f"kvcache_space_gib must be a whole number of GiB >= 1 or None, got {kvcache_space_gib!r}")
+    env = dict(os.environ if base is None else base)
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    if kvcache_space_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(kvcache_space_gib)
+    env.update({
+        "VLLM_CACHE_ROOT": os.fspath(cache_root),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",  # the model is local; never try a hub that cannot be reached
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",  # log lines reach the log file as they happen
+    })
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on host right now (the OS picks it; another process could still take it later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _check_port(port: int) -> int:
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port must be an int in 1..65535, got {port!r}")
+    return port
+
+
+class ServerProcess:
+    """A server started in its own session (process group), logging to a file, stoppable as a whole.
+
+    Start with ServerProcess.start(...); use as a context manager to guarantee stop().
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes], argv: list[str], log_path: Path) -> None:
+        self._popen = popen
+        self.argv = argv
+        self.log_path = log_path
+        self.pid = popen.pid
+        self.started_at = time.monotonic()
+
+    @classmethod
+    def start(
+        cls,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        log_path: str | os.PathLike[str],
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> ServerProcess:
+        """Start argv (no shell) with env (None: inherit ours); stdout and stderr go to log_path."""
+        argv = [os.fspath(a) for a in argv]
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(
+                argv,
+                env=None if env is None else dict(env),
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: stop() can reach workers the server forks
+            )
+        return cls(popen, argv, log_path)
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit code once exited (negative: killed by that signal), else None."""
+        return self._popen.poll()
+
+    def is_running(self) -> bool:
+        return self._popen.poll() is None
+
+    def log_tail(self, n: int = 20) -> list[str]:
+        """The last n lines of the log (decoded leniently: servers print progress bars and odd bytes)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 64 * 1024))
+                lines = f.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            return []
+        return list(collections.deque(lines, maxlen=n))
+
+    def wait_healthy(self, url: str, timeout: float, *, path: str = "/health", interval: float = 0.25) -> float:
+        """Poll GET {url}{path} until 200; returns seconds since start. Raises ServerStartError on exit/timeout.
+
+        url is the server's base URL; llama-server answers 503 while loading, vLLM refuses until it listens.
+        Prometheus and Alertmanager use path="/-/ready".
+        """
+        health = url.rstrip("/") + path
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        while True:
+            code = self._popen.poll()
+            if code is not None:
+                raise ServerStartError(f"server exited with code {code} before {health} answered 200",
+                                       self.log_path, self.log_tail())
+            try:
+                with opener.open(health, timeout=5) as resp:
+                    if resp.status == 200:
+                        return time.monotonic() - self.started_at
+                    last = f"HTTP {resp.status}"
+            except urllib.error.HTTPError as e:
+                last = f"HTTP {e.code}"
+            except (urllib.error.URLError, OSError) as e:
+                last = str(getattr(e, "reason", e))
+            if time.monotonic() >= deadline:
+                raise ServerStartError(f"{health} not healthy after {timeout:.0f} s (last: {last})",
+                                       self.log_path, self.log_tail())
+            time.sleep(interval)
+
+    def stop(self, grace_s: float = 20.0) -> int:
+        """Stop the server and everything in its process group; returns its exit code.
+
+        SIGTERM, then after grace_s a SIGINT (llama-server stops decoding on the first signal but waits for
+        clients to hang up; a second signal makes it exit), then SIGKILL to the whole group.
+        """
+        steps = ((signal.SIGTERM, grace_s), (signal.SIGINT, min(5.0, grace_s)))
+        for sig, wait_s in steps:
+            if self._popen.poll() is not None:
+                break
+            self._signal_leader(sig)
+            try:
+                self._popen.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+        if self._popen.poll() is None:
+            self._killpg()
+            self._popen.wait()
+        self._reap_group()
+        return self._popen.returncode
+
+    def _signal_leader(self, sig: signal.Signals) -> None:
+        try:
+            self._popen.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    def _killpg(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _reap_group(self, wait_s: float = 5.0) -> None:
+        """Give group members a moment to follow the leader out (vLLM's engine core), then SIGKILL them."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.1)
+        self._killpg()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.is_running() else f"exited {self.returncode}"
+        return f"<ServerProcess pid={self.pid} {state} {self.argv[0]!r}>"

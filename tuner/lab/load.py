@@ -1,0 +1,213 @@
+"""A small, bounded load generator for OpenAI-compatible completion servers on this machine.
+
+It exists to put real servers under known load (fixtures, integration tests, the demo), not to benchmark:
+requests are bounded in number, concurrency and total time, and only loopback servers are accepted.
+
+Requests never carry `seed`: on vLLM's CPU build a seeded request whose prompt is split by chunked prefill
+crashes the whole engine ("CPU Generator does not use offset").
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import requests
+
+__all__ = ["LoadResult", "make_prompt", "run_load", "MAX_REQUESTS", "MAX_CONCURRENCY", "MAX_TIMEOUT_S"]
+
+MAX_REQUESTS = 10_000
+MAX_CONCURRENCY = 64
+MAX_TIMEOUT_S = 3600.0
+_MAX_ERRORS_KEPT = 20
+
+# Short common words: most BPE vocabularies give each about one token.
+_WORDS = (
+    "the of and to in is it that for on was with as be at by this from or an are not have but all were "
+    "they one had which you can their there more when will what so up out if about who get them some "
+    "would like time could into has two other than then its only new see way may these first any work "
+    "well also back after use our how over such year most even want because good give day just know"
+).split()
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """Outcome of one run_load call. Latencies are whole-request wall times in seconds, sorted."""
+
+    requested: int  # requests asked for
+    ok: int  # HTTP 200 with a JSON body
+    failed: int  # errors, timeouts and non-200 answers
+    not_sent: int  # skipped because the overall time limit passed first
+    latencies_s: tuple[float, ...]  # of ok requests, ascending
+    prompt_tokens: int  # sum of usage.prompt_tokens (or llama-server's tokens_evaluated) where reported
+    completion_tokens: int  # sum of usage.completion_tokens (or tokens_predicted) where reported
+    wall_s: float  # from the first request to the last answer
+    errors: tuple[str, ...] = field(default=())  # first few error descriptions, for messages
+
+    def quantile(self, q: float) -> float | None:
+        """Latency quantile (nearest rank) in seconds; None when nothing succeeded."""
+        if not self.latencies_s:
+            return None
+        idx = min(len(self.latencies_s) - 1, max(0, math.ceil(q * len(self.latencies_s)) - 1))
+        return self.latencies_s[idx]
+
+
+def _check_loopback(base_url: str) -> str:
+    parts = urlsplit(base_url)
+    host = parts.hostname or ""
+    if parts.scheme not in ("http", "https") or not host:
+        raise ValueError(f"base_url {base_url!r}: expected http(s)://host:port")
+    if host != "localhost":
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise ValueError(f"base_url {base_url!r}: load is only sent to loopback servers (127.0.0.0/8, ::1)")
+    return base_url.rstrip("/")
+
+
+def make_prompt(index: int, n_words: int, *, distinct: bool) -> str:
+    """A deterministic prompt of about n_words words; distinct prompts differ from their first word on."""
+    rng = random.Random(index if distinct else 0)  # local RNG: the same prompts on every run
+    head = f"request {index}:" if distinct else "request:"
+    return " ".join([head] + [rng.choice(_WORDS) for _ in range(max(0, n_words - 1))])
+
+
+def _tokens_per_word(session: requests.Session, base: str, model: str, timeout: float) -> float:
+    """Measure the server's tokens per prompt word with its /tokenize endpoint (vLLM and llama-server)."""
+    sample = make_prompt(0, 200, distinct=True)
+    for body in ({"model": model, "prompt": sample}, {"content": sample}):
+        try:
+            resp = session.post(base + "/tokenize", json=body, timeout=timeout)
+            if resp.status_code == 200:
+                data = resp.json()
+                count = data.get("count") or len(data.get("tokens") or [])
+                if count:
+                    return count / 200
+        except (requests.RequestException, ValueError):
+            pass
+    return 1.3  # typical English BPE ratio when the server cannot tell
+
+
+def run_load(
+    base_url: str,
+    *,
+    model: str | None,
+    n_requests: int,
+    concurrency: int,
+    prompt_tokens_approx: int,
+    max_tokens: int,
+    distinct_prompts: bool = True,
+    timeout_s: float,
+    path: str = "/v1/completions",
+) -> LoadResult:
+    """Send n_requests completions, at most `concurrency` at a time, and stop sending after timeout_s.
+
+    path "/v1/completions" (vLLM, llama-server) sends an OpenAI body; "/completion" sends llama-server's
+    native body. Prompts are sized to about prompt_tokens_approx tokens of this server's tokenizer.
+    Generation ignores end-of-sequence so every request produces max_tokens tokens.
+    """
+    base = _check_loopback(base_url)
+    if not 1 <= n_requests <= MAX_REQUESTS:
+        raise ValueError(f"n_requests must be in 1..{MAX_REQUESTS}, got {n_requests}")
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise ValueError(f"concurrency must be in 1..{MAX_CONCURRENCY}, got {concurrency}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise ValueError(f"timeout_s must be in (0, {MAX_TIMEOUT_S}], got {timeout_s}")
+    if prompt_tokens_approx < 1 or max_tokens < 1:
+        raise ValueError("prompt_tokens_approx and max_tokens must be >= 1")
+    if path not in ("/v1/completions", "/completion"):
+        raise ValueError(f"path must be /v1/completions or /completion, got {path!r}")
+
+    start = time.monotonic()
+    deadline = start + timeout_s
+    with requests.Session() as probe:
+        probe.trust_env = False  # loopback: never through a proxy from the environment
+        per_word = _tokens_per_word(probe, base, model or "", min(10.0, timeout_s))
+    n_words = max(1, round(prompt_tokens_approx / per_word))
+
+    lock = threading.Lock()
+    next_index = 0
+    latencies: list[float] = []
+    errors: list[str] = []
+    counts = {"ok": 0, "failed": 0, "not_sent": 0, "prompt": 0, "completion": 0}
+
+    def body_for(i: int) -> dict[str, object]:
+        prompt = make_prompt(i, n_words, distinct=distinct_prompts)
+        if path == "/completion":
+            return {"prompt": prompt, "n_predict": max_tokens, "ignore_eos": True, "temperature": 0.0,
+                    "cache_prompt": True}
+        body: dict[str, object] = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+                                   "temperature": 0.0}
+        if model:
+            body["model"] = model
+        return body
+
+    def record_usage(data: dict[str, object]) -> None:
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        prompt = usage.get("prompt_tokens", data.get("tokens_evaluated", 0))  # type: ignore[union-attr]
+        completion = usage.get("completion_tokens", data.get("tokens_predicted", 0))  # type: ignore[union-attr]
+        counts["prompt"] += int(prompt or 0)
+        counts["completion"] += int(completion or 0)
+
+    def fail(message: str) -> None:
+        counts["failed"] += 1
+        if len(errors) < _MAX_ERRORS_KEPT:
+            errors.append(message)
+
+    def worker() -> None:
+        with requests.Session() as session:
+            session.trust_env = False  # loopback: never through a proxy from the environment
+            work(session)
+
+    def work(session: requests.Session) -> None:
+        nonlocal next_index
+        while True:
+            with lock:
+                if next_index >= n_requests:
+                    return
+                i = next_index
+                next_index += 1
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    counts["not_sent"] += 1
+                    continue
+            t0 = time.monotonic()
+            try:
+                resp = session.post(base + path, json=body_for(i), timeout=remaining)
+                elapsed = time.monotonic() - t0
+                data = resp.json() if resp.status_code == 200 else None
+            except (requests.RequestException, ValueError) as e:
+                with lock:
+                    fail(f"request {i}: {type(e).__name__}: {e}"[:300])
+                continue
+            with lock:
+                if resp.status_code == 200 and isinstance(data, dict):
+                    counts["ok"] += 1
+                    latencies.append(elapsed)
+                    record_usage(data)
+                else:
+                    fail(f"request {i}: HTTP {resp.status_code}: {resp.text[:200]}")
+
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="tuner-load") as pool:
+        for f in [pool.submit(worker) for _ in range(concurrency)]:
+            f.result()
+
+    return LoadResult(
+        requested=n_requests,
+        ok=counts["ok"],
+        failed=counts["failed"],
+        not_sent=counts["not_sent"],
+        latencies_s=tuple(sorted(latencies)),
+        prompt_tokens=counts["prompt"],
+        completion_tokens=counts["completion"],
+        wall_s=time.monotonic() - start,
+        errors=tuple(errors),
+    )
