@@ -127,7 +127,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     if cfg.gpu.source == "none":
         print("\nGPU: telemetry disabled (gpu.source: none)")
     elif not gpus:
-        print(f"\nGPU ({cfg.gpu.source}): no recent reading (no GPU here, or the daemon is not running)")
+        reason = "no recent reading (is `tuner run` running?)"
+        if cfg.gpu.source == "nvml":
+            from tuner.collect.gpu import read_nvml
+
+            reading = read_nvml(now)  # cheap, and says why (no driver, no device) when there is no GPU
+            reason = reason if reading.available else reading.reason
+        print(f"\nGPU ({cfg.gpu.source}): {reason}")
     else:
         grows = [["GPU", "NAME", "MEM USED", "MEM TOTAL", "UTIL", "TEMP", "POWER", "PROCESSES"]]
         for g in gpus:

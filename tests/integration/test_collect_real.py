@@ -54,8 +54,9 @@ def test_vllm_signals_move_with_load_and_bad_targets_stay_recorded(vllm_server, 
         time.sleep(3)
         t_load = time.time()
         # 16 at a time against --max-num-seqs 8: half of them have to wait.
+        # Long answers keep the server busy for several 1 s scrapes (64 tokens finish within one).
         load = run_load(vllm_server.url, model=vllm_server.model_name, n_requests=48, concurrency=16,
-                        prompt_tokens_approx=300, max_tokens=64, timeout_s=300)
+                        prompt_tokens_approx=300, max_tokens=320, timeout_s=300)
         t_done = time.time()
         time.sleep(3)
     t_end = time.time()

@@ -12,12 +12,13 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from tuner.apply.launch import ServerProcess, free_port, vllm_argv, vllm_cpu_env
 from tuner.collect import http
-from tuner.lab.load import run_load
+from tuner.lab.load import LoadResult, run_load
 
 __all__ = ["run_demo"]
 
@@ -72,12 +73,21 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         time.sleep(3)
         _show(config, "status", "--window", "1m")
 
-        for phase, n, conc in (("light load: 16 requests, 2 at a time", 16, 2),
-                               ("heavy load: 64 requests, 16 at a time (max-num-seqs is 4)", 64, 16)):
+        for phase, n, conc in (("light load: 24 requests, 2 at a time", 24, 2),
+                               ("heavy load: 160 requests, 16 at a time (max-num-seqs is 4)", 160, 16)):
             _say(phase)
-            result = run_load(url, model=MODEL_NAME, n_requests=max(1, int(n * load_scale)), concurrency=conc,
-                              prompt_tokens_approx=200, max_tokens=48, timeout_s=300)
-            print(f"load: {result.ok} ok, {result.failed} failed, "
+            box: dict[str, LoadResult] = {}
+            worker = threading.Thread(target=lambda: box.setdefault("r", run_load(
+                url, model=MODEL_NAME, n_requests=max(1, int(n * load_scale)), concurrency=conc,
+                prompt_tokens_approx=200, max_tokens=48, timeout_s=300)))
+            worker.start()
+            time.sleep(2.5)
+            if worker.is_alive():
+                print("-- while the load runs:")
+                _show(config, "status", "--window", "1m")
+            worker.join()
+            result = box["r"]
+            print(f"-- load done: {result.ok} ok, {result.failed} failed, "
                   f"client P50 {result.quantile(0.5) or 0:.2f}s P99 {result.quantile(0.99) or 0:.2f}s")
             time.sleep(2.5)  # two more scrapes see the end of the phase
             _show(config, "status", "--window", "1m")
