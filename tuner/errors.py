@@ -6,6 +6,9 @@ the message alone: a user error never shows a traceback.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Sequence
+
 __all__ = [
     "TunerError",
     "ConfigError",
@@ -15,6 +18,7 @@ __all__ = [
     "SchemaOutdatedError",
     "StoreError",
     "UnknownTargetError",
+    "ServerStartError",
 ]
 
 
@@ -95,3 +99,15 @@ class UnknownTargetError(TunerError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
+
+
+class ServerStartError(TunerError, RuntimeError):
+    """Raised when a server process exits or stays unhealthy while starting; carries the log's last lines."""
+
+    exit_code = 7
+
+    def __init__(self, what: str, log_path: Path | None, log_tail: Sequence[str]) -> None:
+        self.log_tail = list(log_tail)
+        where = f" (log: {log_path})" if log_path else ""
+        tail = "\n".join("    " + line for line in self.log_tail) or "    <log is empty>"
+        super().__init__(f"{what}{where}; last log lines:\n{tail}")

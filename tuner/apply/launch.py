@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from tuner.errors import TunerError
+from tuner.errors import ServerStartError
 
 __all__ = [
     "FlagValue",
@@ -39,16 +39,6 @@ _FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # Set through the builders' own arguments; a flag map that repeats them would make two sources of truth.
 _VLLM_RESERVED = frozenset({"model", "host", "port", "served-model-name"})
 _LLAMA_RESERVED = frozenset({"-m", "--model", "--host", "--port"})
-
-
-class ServerStartError(TunerError, RuntimeError):
-    """Raised when a server process exits or stays unhealthy while starting; carries the log's last lines."""
-
-    def __init__(self, what: str, log_path: Path | None, log_tail: Sequence[str]) -> None:
-        self.log_tail = list(log_tail)
-        where = f" (log: {log_path})" if log_path else ""
-        tail = "\n".join("    " + line for line in self.log_tail) or "    <log is empty>"
-        super().__init__(f"{what}{where}; last log lines:\n{tail}")
 
 
 def _render_value(flag: str, value: str | int | float) -> str:
