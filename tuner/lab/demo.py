@@ -48,7 +48,7 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         "# written by `tuner demo`\n"
         f"store: {{url: 'sqlite:///{workdir / 'tuner.db'}'}}\n"
         f"listen: 127.0.0.1:{own_port}\n"
-        "defaults: {scrape_interval: 1s, scrape_timeout: 1s, signal_window: 1m}\n"
+        "defaults: {scrape_interval: 2s, scrape_timeout: 2s, signal_window: 1m}\n"
         "gpu: {source: nvml}\n"
         "targets:\n"
         f"  - name: {MODEL_NAME}\n    backend: vllm\n    url: {url}\n"
