@@ -3,6 +3,7 @@
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
+import tuner.store.alerts  # noqa: F401  (registers its tables on Base)
 from tuner.store.models import Base
 
 config = context.config
