@@ -24,12 +24,14 @@ from pydantic import (
 
 from tuner.errors import ConfigError
 
-__all__ = ["Config", "Target", "Slo", "GpuSource", "StoreConfig", "load_config", "parse_config",
+__all__ = ["Config", "Target", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
            "parse_duration", "DEFAULT_LISTEN"]
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+_COMPOUND = re.compile(r"^(?:\d+(?:ms|s|m|h|d))+$")
+_PART = re.compile(r"(\d+)(ms|s|m|h|d)")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$")
 _UNIT_B = {"B": 1, None: 1, "KB": 10**3, "MB": 10**6, "GB": 10**9,
            "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
@@ -45,10 +47,14 @@ def parse_duration(value: Any) -> timedelta:
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
-        match = _DURATION.match(str(value))
-        if not match:
-            raise ValueError(f"expected a duration like 500ms, 5s, 2m, 1h or 7d, got {value!r}")
-        seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+        text = str(value).strip()
+        match = _DURATION.match(text)
+        if match:
+            seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+        elif _COMPOUND.match(text):  # Prometheus style: 1h30m, 8m45s
+            seconds = sum(float(n) * _UNIT_S[u] for n, u in _PART.findall(text))
+        else:
+            raise ValueError(f"expected a duration like 500ms, 5s, 2m, 1h30m or 7d, got {value!r}")
     if seconds <= 0:
         raise ValueError(f"duration must be positive, got {value!r}")
     return timedelta(seconds=seconds)
@@ -97,6 +103,8 @@ class Target(_Model):
     # "direct" scrapes the server; "prometheus" reads the same series from the top-level prometheus.url.
     source: Literal["direct", "prometheus"] = "direct"
     prometheus_selector: str | None = None
+    # The flags the server runs with, as far as tuner should know them (e.g. max-num-seqs: 8).
+    flags: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -151,6 +159,24 @@ class Defaults(_Model):
     signal_window: Duration = timedelta(minutes=5)
 
 
+class Alerting(_Model):
+    """Alert rules and where notifications go. No rule_files: the default pack in alerts/default.yaml."""
+
+    rule_files: list[str] = Field(default_factory=list)
+    evaluation_interval: Duration = timedelta(seconds=15)
+    resend_delay: Duration = timedelta(minutes=1)
+    alertmanagers: list[str] = Field(default_factory=list)
+    external_url: str | None = None  # base of generatorURL; default http://<listen>
+
+    @field_validator("alertmanagers")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        for url in v:
+            if not re.match(r"^https?://[^\s/]+", url):
+                raise ValueError(f"expected an Alertmanager base URL like http://127.0.0.1:9093, got {url!r}")
+        return [u.rstrip("/") for u in v]
+
+
 class Config(_Model):
     """The whole file."""
 
@@ -160,6 +186,7 @@ class Config(_Model):
     listen: str = DEFAULT_LISTEN
     defaults: Defaults = Defaults()
     prometheus: PrometheusSource | None = None
+    alerting: Alerting = Alerting()
 
     @field_validator("listen")
     @classmethod
@@ -241,7 +268,12 @@ def load_config(path: str | Path) -> Config:
     except OSError as exc:
         raise ConfigError(str(p), "", f"cannot read config file: {exc.strerror or exc}") from None
     cfg = parse_config(text, str(p))
-    return _resolve_store_path(cfg, p)
+    return _resolve_rule_files(_resolve_store_path(cfg, p), p)
+
+
+def _resolve_rule_files(cfg: Config, path: Path) -> Config:
+    files = [str((path.parent / f).resolve()) for f in cfg.alerting.rule_files]
+    return cfg.model_copy(update={"alerting": cfg.alerting.model_copy(update={"rule_files": files})})
 
 
 def _resolve_store_path(cfg: Config, path: Path) -> Config:

@@ -19,6 +19,7 @@ __all__ = [
     "StoreError",
     "UnknownTargetError",
     "ServerStartError",
+    "RuleFileError",
 ]
 
 
@@ -111,3 +112,48 @@ class ServerStartError(TunerError, RuntimeError):
         where = f" (log: {log_path})" if log_path else ""
         tail = "\n".join("    " + line for line in self.log_tail) or "    <log is empty>"
         super().__init__(f"{what}{where}; last log lines:\n{tail}")
+
+
+class FlagError(TunerError, ValueError):
+    """Raised when a flag is not on tuner's allow-list, or its value has the wrong type or is out of bounds."""
+
+    exit_code = 2
+
+    def __init__(self, backend: str, name: str, reason: str) -> None:
+        self.backend, self.name, self.reason = backend, name, reason
+        super().__init__(f"{backend} flag {name}: {reason}")
+
+
+class ModelFactsError(TunerError, ValueError):
+    """Raised when a model directory or file cannot be read into facts (config.json, safetensors, GGUF); names it."""
+
+    exit_code = 2
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: {reason}")
+
+
+class RecommendationNotFoundError(TunerError, KeyError):
+    """Raised when a command names a recommendation id the store does not have."""
+
+    exit_code = 2
+
+    def __init__(self, rec_id: int) -> None:
+        super().__init__(f"no recommendation with id {rec_id}; list them with `tuner recommendations list`")
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+__all__ += ["FlagError", "ModelFactsError", "RecommendationNotFoundError"]
+
+
+class RuleFileError(TunerError, ValueError):
+    """Raised when an alert rule file is unreadable or invalid; names the file, the line and the reason."""
+
+    exit_code = 2
+
+    def __init__(self, path: str, line: int | None, reason: str) -> None:
+        self.path, self.line, self.reason = path, line, reason
+        super().__init__(f"{path}:{line}: {reason}" if line else f"{path}: {reason}")

@@ -1,0 +1,176 @@
+"""Prometheus's alerting state machine as pure functions of (rule, query result, previous state, now).
+
+``evaluate`` follows Prometheus 2.42's ``AlertingRule.Eval``: a new result is pending at ``now``
+(firing at once when ``for`` is 0); pending becomes firing once ``for`` has passed; a firing alert
+whose condition stopped holds for ``keep_firing_for``, then resolves; a pending one just goes; a
+resolved alert is kept 15 minutes so it can be re-sent as resolved. ``to_send`` is its
+``sendAlerts``/``needsSending`` with ``ValidUntil = now + 4 × max(interval, resend_delay)``, and
+``payload`` its conversion to Alertmanager's API (``endsAt`` = resolved time or ValidUntil).
+Evaluation never sends: the daemon hands what ``to_send`` returns to tuner/notify.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import Callable, Iterable, Mapping
+
+from tuner.config import Target
+from tuner.rules.model import OPS, Rule
+from tuner.rules.templates import render
+from tuner.signals.derive import TargetSignals
+from tuner.store.alerts import StoredAlert
+from tuner.store.window import GpuLatest
+
+__all__ = ["Sample", "fingerprint", "vector", "evaluate", "to_send", "payload", "RESOLVED_RETENTION"]
+
+RESOLVED_RETENTION = timedelta(minutes=15)
+Sample = tuple[dict[str, str], float]  # (labels, value) of one query result
+
+
+def fingerprint(labels: Mapping[str, str]) -> str:
+    return hashlib.sha1(json.dumps(sorted(labels.items())).encode()).hexdigest()[:16]
+
+
+def _engine_value(rule: Rule, target: Target, e) -> float | None:  # type: ignore[no-untyped-def]
+    if rule.signal == "queue_to_max_num_seqs":
+        limit = target.flags.get("max-num-seqs")
+        return None if e.requests_waiting is None or not limit else e.requests_waiting / float(limit)
+    return getattr(e, rule.signal)
+
+
+def vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timedelta], TargetSignals | None],
+           gpus: Iterable[GpuLatest] = ()) -> list[Sample]:
+    """The rule's query result: every (labels, value) whose value satisfies the condition."""
+    op = OPS[rule.op]
+    out: list[Sample] = []
+    if rule.scope == "gpu":
+        for g in gpus:
+            if rule.signal == "gpu_memory_used_ratio":
+                v = g.memory_used_bytes / g.memory_total_bytes if g.memory_used_bytes is not None and \
+                    g.memory_total_bytes else None
+            else:
+                v = float(len(g.processes))
+            if v is not None and op(v, rule.threshold):
+                out.append(({"gpu": str(g.index), "uuid": g.uuid}, v))
+        return out
+    for t in targets:
+        if rule.backend != "any" and t.backend != rule.backend:
+            continue
+        sig = signals(t.name, rule.window)
+        if sig is None:
+            continue
+        threshold = rule.threshold_for(t)
+        if threshold is None:
+            continue
+        if rule.scope == "target":
+            v = _target_value(rule, sig)
+            if v is not None and op(v, threshold):
+                out.append(({"target": t.name}, v))
+            continue
+        for e in sig.engines:
+            v = _engine_value(rule, t, e)
+            if v is not None and op(v, threshold):
+                out.append(({"target": t.name, "engine": e.engine, "model_name": e.model_name}, float(v)))
+    return out
+
+
+def _target_value(rule: Rule, sig: TargetSignals) -> float | None:
+    h = sig.health
+    if rule.signal == "up":
+        return None if h is None else (0.0 if h.health == "down" else 1.0)
+    if rule.signal == "server_healthy":
+        return None if h is None or h.server_healthy is None else float(h.server_healthy)
+    if rule.signal == "restarts":
+        return float(max((e.restarts for e in sig.engines), default=0)) if sig.engines else None
+    raise KeyError(rule.signal)
+
+
+def evaluate(rule: Rule, result: Iterable[Sample], prev: Mapping[str, StoredAlert], now_ms: int, *,
+             key: str | None = None) -> tuple[dict[str, StoredAlert], list[dict]]:
+    """One evaluation: (the rule's alerts after it, state-change events). ``prev`` is not modified.
+
+    ``key`` names the rule's state (group/alert); the alert name alone by default.
+    """
+    key = key or rule.alert
+    active = {fp: replace(a) for fp, a in prev.items()}
+    events: list[dict] = []
+
+    def changed(a: StoredAlert, old: str) -> None:
+        if a.state != old:
+            events.append({"ts_ms": now_ms, "rule": key, "fingerprint": a.fingerprint,
+                           "labels": json.dumps(a.labels, sort_keys=True), "from_state": old,
+                           "to_state": a.state, "value": a.value})
+
+    seen: set[str] = set()
+    for sample_labels, value in result:
+        labels = {**sample_labels, **rule.labels, "alertname": rule.alert}
+        fp = fingerprint(labels)
+        seen.add(fp)
+        annotations = {k: render(v, labels, value) for k, v in rule.annotations.items()}
+        a = active.get(fp)
+        if a is not None and a.state != "inactive":
+            a.value, a.annotations = value, annotations
+            continue
+        active[fp] = StoredAlert(rule=key, fingerprint=fp, labels=labels, annotations=annotations,
+                                 state="pending", value=value, active_at_ms=now_ms)
+        changed(active[fp], "inactive")
+
+    keep_ms = int(rule.keep_firing_for.total_seconds() * 1000)
+    for fp in list(active):
+        a = active[fp]
+        if fp not in seen:
+            keep = False
+            if a.state == "firing" and keep_ms > 0:
+                if a.keep_firing_since_ms is None:
+                    a.keep_firing_since_ms = now_ms
+                keep = now_ms - a.keep_firing_since_ms < keep_ms
+            if a.state == "pending" or (a.resolved_at_ms is not None and
+                                        now_ms - a.resolved_at_ms > RESOLVED_RETENTION.total_seconds() * 1000):
+                del active[fp]
+            if a.state != "inactive" and not keep:
+                old, a.state, a.resolved_at_ms = a.state, "inactive", now_ms
+                changed(a, old)
+            if not keep:
+                continue
+        else:
+            a.keep_firing_since_ms = None
+        hold_ms = int(rule.hold_for(a.labels.get("target")).total_seconds() * 1000)
+        if a.state == "pending" and now_ms - a.active_at_ms >= hold_ms:
+            a.state, a.fired_at_ms = "firing", now_ms
+            changed(a, "pending")
+    return active, events
+
+
+def to_send(alerts: Iterable[StoredAlert], now_ms: int, *, resend_delay: timedelta, interval: timedelta
+            ) -> list[StoredAlert]:
+    """Alerts due for (re)sending; marks them sent and sets ValidUntil, as Prometheus does."""
+    delta_ms = int(max(resend_delay, interval).total_seconds() * 1000)
+    resend_ms = int(resend_delay.total_seconds() * 1000)
+    out = []
+    for a in alerts:
+        if a.state == "pending":
+            continue
+        resolved_since_sent = a.resolved_at_ms is not None and (a.last_sent_at_ms is None or
+                                                               a.resolved_at_ms > a.last_sent_at_ms)
+        if resolved_since_sent or a.last_sent_at_ms is None or a.last_sent_at_ms + resend_ms < now_ms:
+            a.last_sent_at_ms = now_ms
+            a.valid_until_ms = now_ms + 4 * delta_ms
+            out.append(replace(a))
+    return out
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def payload(a: StoredAlert, generator_url: str) -> dict:
+    """An Alertmanager API v2 alert (postableAlert)."""
+    ends = a.resolved_at_ms if a.resolved_at_ms is not None else a.valid_until_ms
+    body = {"labels": a.labels, "annotations": a.annotations, "generatorURL": generator_url,
+            "startsAt": _iso(a.fired_at_ms if a.fired_at_ms is not None else a.active_at_ms)}
+    if ends is not None:
+        body["endsAt"] = _iso(ends)
+    return body

@@ -1,0 +1,96 @@
+"""The signals a rule may test, where each value comes from, and the PromQL that says the same thing.
+
+An engine signal is a field of EngineSignals (one value per target/engine/model); a target signal
+has one value per target; a GPU signal one per GPU. ``promql`` is the expression a Prometheus that
+scrapes the same servers evaluates for the exported rule: over vLLM's own metric names where one
+exists, else over tuner's exported ``tuner_*`` series. ``{sel}`` takes label matchers, ``{w}`` the
+window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["SignalSpec", "SIGNALS", "known_signals", "signal_spec"]
+
+Scope = Literal["engine", "target", "gpu"]
+ENGINE_BY = "target, engine, model_name"
+
+
+@dataclass(frozen=True)
+class SignalSpec:
+    name: str
+    scope: Scope
+    unit: str
+    help: str
+    promql: dict[str, str]  # backend ("vllm" | "llamacpp" | "any") -> expression template
+
+
+def _hq(q: float, hist: str) -> str:
+    return f"histogram_quantile({q}, sum by ({ENGINE_BY}, le) (increase({hist}_bucket{{sel}}[{{w}}])))"
+
+
+def _tuner(series: str) -> str:
+    return f"max by ({ENGINE_BY}) ({series}{{sel}})"
+
+
+_LAT = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",
+        "e2e": "vllm:e2e_request_latency_seconds", "queue": "vllm:request_queue_time_seconds"}
+
+_SPECS: list[SignalSpec] = [
+    SignalSpec("kv_cache_usage", "engine", "ratio", "KV-cache use (latest), fraction 0-1",
+               {"vllm": f"max by ({ENGINE_BY}) (vllm:kv_cache_usage_perc{{sel}})",
+                "llamacpp": _tuner("tuner_kv_cache_usage_ratio")}),
+    SignalSpec("kv_cache_usage_max", "engine", "ratio", "highest KV-cache use in the window",
+               {"vllm": f"max by ({ENGINE_BY}) (max_over_time(vllm:kv_cache_usage_perc{{sel}}[{{w}}]))",
+                "llamacpp": _tuner("tuner_kv_cache_usage_max_ratio")}),
+    SignalSpec("requests_running", "engine", "requests", "requests running (llama-server: processing)",
+               {"vllm": f"sum by ({ENGINE_BY}) (vllm:num_requests_running{{sel}})",
+                "llamacpp": _tuner("tuner_requests_running")}),
+    SignalSpec("requests_waiting", "engine", "requests", "requests waiting (llama-server: deferred)",
+               {"vllm": f"sum by ({ENGINE_BY}) (vllm:num_requests_waiting{{sel}})",
+                "llamacpp": _tuner("tuner_requests_waiting")}),
+    SignalSpec("queue_to_max_num_seqs", "engine", "ratio",
+               "requests waiting / the target's configured max-num-seqs (flags.max-num-seqs)",
+               {"vllm": _tuner("tuner_queue_to_max_num_seqs_ratio")}),
+    SignalSpec("preemptions_per_s", "engine", "per_second", "preemptions per second over the window",
+               {"vllm": f"sum by ({ENGINE_BY}) (rate(vllm:num_preemptions_total{{sel}}[{{w}}]))"}),
+    SignalSpec("requests_per_s", "engine", "per_second", "finished requests per second over the window",
+               {"vllm": f"sum by ({ENGINE_BY}) (rate(vllm:request_success_total{{sel}}[{{w}}]))"}),
+    SignalSpec("generation_tokens_per_s", "engine", "per_second", "generated tokens per second",
+               {"vllm": f"sum by ({ENGINE_BY}) (rate(vllm:generation_tokens_total{{sel}}[{{w}}]))",
+                "llamacpp": _tuner("tuner_generation_tokens_per_second")}),
+    SignalSpec("prefix_cache_hit_ratio", "engine", "ratio", "prefix-cache hits / queries over the window",
+               {"vllm": f"sum by ({ENGINE_BY}) (increase(vllm:prefix_cache_hits_total{{sel}}[{{w}}])) / "
+                        f"sum by ({ENGINE_BY}) (increase(vllm:prefix_cache_queries_total{{sel}}[{{w}}]))"}),
+    SignalSpec("goodput_ratio", "engine", "ratio", "share of requests within every SLO budget (lower bound)",
+               {"vllm": _tuner("tuner_goodput_ratio")}),
+    *[SignalSpec(f"{p}_p{q}", "engine", "seconds", f"P{q} of {hist} over the window",
+                 {"vllm": _hq(q / 100, hist)})
+      for p, hist in _LAT.items() for q in (50, 95, 99)],
+    SignalSpec("up", "target", "bool", "1 if the last scrape stored data, 0 if it failed",
+               {"any": "max by (target) (tuner_target_up{sel})"}),
+    SignalSpec("server_healthy", "target", "bool", "1 if the server's /health answered 200 at the last scrape",
+               {"any": "max by (target) (tuner_target_server_healthy{sel})"}),
+    SignalSpec("restarts", "target", "count", "times the server's process start time changed in the window",
+               {"vllm": "max by (target) (changes(process_start_time_seconds{sel}[{w}]))"}),
+    SignalSpec("gpu_memory_used_ratio", "gpu", "ratio", "GPU memory used / total",
+               {"any": "max by (gpu, uuid) (tuner_gpu_memory_used_bytes{sel}) / "
+                       "max by (gpu, uuid) (tuner_gpu_memory_total_bytes{sel})"}),
+    SignalSpec("gpu_processes", "gpu", "count", "processes using the GPU",
+               {"any": "max by (gpu, uuid) (tuner_gpu_processes{sel})"}),
+]
+
+SIGNALS: dict[str, SignalSpec] = {s.name: s for s in _SPECS}
+
+
+def known_signals() -> str:
+    return ", ".join(sorted(SIGNALS))
+
+
+def signal_spec(name: str) -> SignalSpec:
+    try:
+        return SIGNALS[name]
+    except KeyError:
+        raise KeyError(f"unknown signal {name!r}; known signals: {known_signals()}") from None
