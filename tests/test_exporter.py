@@ -44,7 +44,7 @@ def test_exports_health_and_signals_per_target(store):
     assert got[("tuner_target_health", (("health", "down"), ("target", "gone")))] == 1.0
     assert got[("tuner_scrapes_total", (("target", "v"),))] == 3.0
     assert got[("tuner_scrape_failures_total", (("target", "gone"),))] == 3.0
-    eng = (("engine", "0"), ("model_name", "tiny-llama"), ("target", "v"))
+    eng = (("backend", "vllm"), ("engine", "0"), ("model_name", "tiny-llama"), ("target", "v"))
     assert got[("tuner_kv_cache_usage_ratio", eng)] == _line_value(text, "vllm:kv_cache_usage_perc")
     assert got[("tuner_prompt_tokens_per_second", eng)] > 0
     assert ("tuner_e2e_seconds", tuple(sorted(eng + (("quantile", "0.99"),)))) in got

@@ -275,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model directory (default $TUNER_TINY_MODEL)")
     m.add_argument("--workdir", default="demo-run", help="where config, database and logs go (default ./demo-run)")
     m.set_defaults(func=cmd_demo)
+    from tuner.rules.cli import add_parsers as _alerts_parsers  # alerts list/history/check/export/test/signals
+
+    _alerts_parsers(sub, {"load": _load, "open_store": _open_store, "table": _table})
     return p
 
 

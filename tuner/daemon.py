@@ -19,6 +19,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
+from tuner.alerting import Alerting
 from tuner.collect.gpu import GpuCollector
 from tuner.collect.scrape import scrape_target
 from tuner.collect.snapshots import GpuReading
@@ -43,6 +44,8 @@ class DaemonState:
     scrape_failures_total: dict[str, int] = field(default_factory=dict)
     last_duration_s: dict[str, float] = field(default_factory=dict)
     job_errors: dict[str, str] = field(default_factory=dict)  # job name -> last error ("" when fine)
+    targets: dict[str, Target] = field(default_factory=dict)
+    alerting: Alerting | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -59,6 +62,9 @@ class Daemon:
         self.scheduler: BackgroundScheduler | None = None
         for t in cfg.targets:
             store.ensure_target(t.name, t.backend, t.url, t.labels)
+        self.state.targets = {t.name: t for t in cfg.targets}
+        # Invalid rule files stop the daemon here: it never runs with a half-loaded rule set.
+        self.alerting = self.state.alerting = Alerting(cfg, store, clock=clock)
 
     # ---- jobs: each one records its failures and returns ----------------------------------------
 
@@ -130,6 +136,45 @@ class Daemon:
             with self.state.lock:
                 self.state.signals[t.name] = sig
 
+    def evaluate_once(self, group_name: str) -> None:
+        group = next((g for g in self.alerting.rules.groups if g.name == group_name), None)
+        if group is None:  # removed by a reload; its job is being replaced
+            return
+        try:
+            self.alerting.evaluate_group(group)
+        except TunerError as exc:
+            self._job_error(f"rules:{group_name}", str(exc))
+
+    def notify_once(self) -> None:
+        try:
+            result = self.alerting.flush()
+        except TunerError as exc:
+            self._job_error("notify", str(exc))
+            return
+        with self.state.lock:
+            for am, error in result.errors.items():
+                self.state.job_errors[f"notify:{am}"] = error
+            if result.sent and not result.errors:
+                for key in [k for k in self.state.job_errors if k.startswith("notify:")]:
+                    del self.state.job_errors[key]
+
+    def reload_rules(self) -> bool:
+        ok = self.alerting.reload()
+        if not ok:
+            self._job_error("rules", self.alerting.last_error)
+        elif self.scheduler is not None:
+            self._schedule_rules(self.scheduler)
+        return ok
+
+    def _schedule_rules(self, sched: BackgroundScheduler) -> None:
+        for job in sched.get_jobs():
+            if job.id.startswith("rules:"):
+                job.remove()
+        now = datetime.now(timezone.utc)
+        for g in self.alerting.rules.groups:
+            sched.add_job(self.evaluate_once, IntervalTrigger(seconds=g.interval.total_seconds()), args=[g.name],
+                          id=f"rules:{g.name}", next_run_time=now + g.interval)
+
     def retention_once(self) -> None:
         try:
             apply_retention(self.store, self.cfg.store.retention, now=self.clock())
@@ -159,6 +204,9 @@ class Daemon:
                       id="signals", next_run_time=now + step)
         sched.add_job(self.retention_once, IntervalTrigger(minutes=10), id="retention",
                       next_run_time=now + timedelta(seconds=30))
+        self._schedule_rules(sched)
+        if self.cfg.alerting.alertmanagers:
+            sched.add_job(self.notify_once, IntervalTrigger(seconds=1), id="notify", next_run_time=now)
         sched.start()
         self.scheduler = sched
 
@@ -170,6 +218,7 @@ class Daemon:
         if install_signal_handlers:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
             signal.signal(signal.SIGINT, lambda *_: self.stop())
+            signal.signal(signal.SIGHUP, lambda *_: self.reload_rules())
         self.start()
         try:
             self._stop.wait(max_seconds)

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from tuner.daemon import DaemonState
 from tuner.signals.derive import LATENCY_HISTOGRAMS, QUANTILES
+from tuner.store.alerts import outbox_size
 
 __all__ = ["TunerCollector", "serve_metrics", "SIGNAL_GAUGES"]
 
@@ -46,6 +47,8 @@ class TunerCollector(Collector):
             failures = dict(self.state.scrape_failures_total)
             durations = dict(self.state.last_duration_s)
             gpu = self.state.gpu
+            targets = dict(self.state.targets)
+            alerting = self.state.alerting
         up = GaugeMetricFamily("tuner_target_up", "1 if the last scrape of the target stored data", labels=["target"])
         health = GaugeMetricFamily("tuner_target_health", "1 for the target's current health state",
                                    labels=["target", "health"])
@@ -67,24 +70,48 @@ class TunerCollector(Collector):
             failed.add_metric([name], failures.get(name, 0))
         yield from (up, health, dur, fails, total, failed)
 
-        labels = ["target", "engine", "model_name"]
+        srv = GaugeMetricFamily("tuner_target_server_healthy", "1 if the server's /health answered 200",
+                                labels=["target"])
+        for name, sig in sorted(signals.items()):
+            if sig.health is not None and sig.health.server_healthy is not None:
+                srv.add_metric([name], float(sig.health.server_healthy))
+        yield srv
+
+        labels = ["target", "engine", "model_name", "backend"]
         gauges = {f: GaugeMetricFamily(m, h, labels=labels) for f, (m, h) in SIGNAL_GAUGES.items()}
+        queue = GaugeMetricFamily("tuner_queue_to_max_num_seqs_ratio",
+                                  "Requests waiting / the target's configured max-num-seqs", labels=labels)
         lat = {p: GaugeMetricFamily(f"tuner_{p}_seconds", f"{p.upper()} quantile over the window, from {h}",
                                     labels=[*labels, "quantile"]) for p, h in LATENCY_HISTOGRAMS.items()}
         for name, sig in sorted(signals.items()):
+            limit = targets[name].flags.get("max-num-seqs") if name in targets else None
             for e in sig.engines:
-                key = [name, e.engine, e.model_name]
+                key = [name, e.engine, e.model_name, sig.backend]
                 for f, fam in gauges.items():
                     v = getattr(e, f)
                     if v is not None:
                         fam.add_metric(key, v)
+                if limit and e.requests_waiting is not None:
+                    queue.add_metric(key, e.requests_waiting / float(limit))
                 for p, fam in lat.items():
                     for q in QUANTILES:
                         v = getattr(e, f"{p}_p{round(q * 100)}")
                         if v is not None:
                             fam.add_metric([*key, str(q)], v)
         yield from gauges.values()
+        yield queue
         yield from lat.values()
+
+        if alerting is not None:
+            alerts = GaugeMetricFamily("tuner_alerts", "Active alerts (1 per alert), like Prometheus's ALERTS",
+                                       labels=["alertname", "alertstate", "target", "severity"])
+            for a in alerting.active():
+                alerts.add_metric([a.labels.get("alertname", ""), a.state, a.labels.get("target", ""),
+                                   a.labels.get("severity", "")], 1.0)
+            yield alerts
+            out = GaugeMetricFamily("tuner_alert_notifications_queued", "Notifications waiting in the outbox")
+            out.add_metric([], float(outbox_size(alerting.store)))
+            yield out
 
         if gpu is not None:
             avail = GaugeMetricFamily("tuner_gpu_telemetry_available", "1 if GPU telemetry could be read",

@@ -1,0 +1,104 @@
+"""The daemon's alerting loop: read signals from the store, evaluate rules, persist state, queue and send.
+
+tuner/rules is pure; this is where its inputs are read and its outputs written. Alert state is
+restored from the store at start (pending timers keep running across a restart), and each
+evaluation writes the new state, its history events and the notifications due in one transaction.
+A rule reload that fails keeps the last good rule set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Callable
+
+from tuner.config import Config
+from tuner.errors import TunerError
+from tuner.notify import FlushResult, Notifier
+from tuner.rules.evaluate import evaluate, payload, to_send, vector
+from tuner.rules.model import RuleGroup, RuleSet, load_rule_files
+from tuner.signals.derive import TargetSignals, compute_signals
+from tuner.store.alerts import StoredAlert, load_states, save_states
+from tuner.store.store import Store
+
+__all__ = ["Alerting", "default_rule_files"]
+
+log = logging.getLogger("tuner.alerting")
+
+
+def default_rule_files() -> list[str]:
+    """alerts/default.yaml beside the package (checkout / editable install), or $TUNER_ALERTS_DIR."""
+    base = Path(os.environ.get("TUNER_ALERTS_DIR") or Path(__file__).resolve().parents[1] / "alerts")
+    return [str(base / "default.yaml")]
+
+
+class Alerting:
+    def __init__(self, cfg: Config, store: Store, *, clock: Callable[[], float]) -> None:
+        self.cfg, self.store, self.clock = cfg, store, clock
+        self.files = cfg.alerting.rule_files or default_rule_files()
+        self.rules: RuleSet = load_rule_files(self.files, cfg.alerting.evaluation_interval)
+        self.lock = threading.Lock()
+        self.state: dict[str, dict[str, StoredAlert]] = {}
+        for (key, fp), alert in load_states(store).items():
+            self.state.setdefault(key, {})[fp] = alert
+        self.notifier = Notifier(store)
+        host, port = cfg.listen_host_port
+        self.base_url = (cfg.alerting.external_url or f"http://{host}:{port}").rstrip("/")
+        self.last_error = ""
+
+    def reload(self) -> bool:
+        """Re-read the rule files; on any error keep the current set and return False."""
+        try:
+            rules = load_rule_files(self.files, self.cfg.alerting.evaluation_interval)
+        except TunerError as exc:
+            self.last_error = f"rule reload failed, keeping the last good rules: {exc}"
+            log.error(self.last_error)
+            return False
+        with self.lock:
+            self.rules = rules
+            keys = {g.key(r) for g in rules.groups for r in g.rules}
+            self.state = {k: v for k, v in self.state.items() if k in keys}
+        self.last_error = ""
+        return True
+
+    def evaluate_group(self, group: RuleGroup) -> None:
+        now = self.clock()
+        now_ms = int(now * 1000)
+        cache: dict[tuple[str, timedelta], TargetSignals | None] = {}
+
+        def signals(name: str, window: timedelta) -> TargetSignals | None:
+            if (name, window) not in cache:
+                target = self.cfg.target(name)
+                try:
+                    w = self.store.window(name, now - window.total_seconds(), now)
+                    cache[(name, window)] = compute_signals(w, slo=target.slo)
+                except TunerError:
+                    cache[(name, window)] = None  # never scraped yet: no data, no alert
+            return cache[(name, window)]
+
+        gpus = self.store.gpu_latest(max_age_s=max(60.0, 3 * self.cfg.gpu.interval.total_seconds()), now=now)
+        with self.lock:
+            events, outgoing = [], []
+            for rule in group.rules:
+                key = group.key(rule)
+                result = vector(rule, self.cfg.targets, signals, gpus)
+                self.state[key], ev = evaluate(rule, result, self.state.get(key, {}), now_ms, key=key)
+                events += ev
+                due = to_send(self.state[key].values(), now_ms, resend_delay=self.cfg.alerting.resend_delay,
+                              interval=group.interval)
+                outgoing += [payload(a, f"{self.base_url}/metrics#alert={key}") for a in due]
+            batches = [(am, outgoing) for am in self.cfg.alerting.alertmanagers] if outgoing else []
+            save_states(self.store, [a for alerts in self.state.values() for a in alerts.values()],
+                        events=events, outbox=batches, now_ms=now_ms)
+        for e in events:
+            log.info("alert %s %s -> %s (%s)", e["rule"], e["from_state"], e["to_state"], e["labels"])
+
+    def flush(self) -> FlushResult:
+        return self.notifier.flush(int(self.clock() * 1000))
+
+    def active(self) -> list[StoredAlert]:
+        with self.lock:
+            return [a for alerts in self.state.values() for a in alerts.values() if a.state != "inactive"]
