@@ -1,0 +1,74 @@
+"""Rule files: what loads, and that every bad file is rejected with its file, line and reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.alerting import default_rule_files
+from tuner.errors import RuleFileError
+from tuner.rules.model import load_rule_files, parse_rules
+
+GOOD = """\
+groups:
+  - name: g
+    interval: 30s
+    rules:
+      - alert: A
+        signal: kv_cache_usage
+        op: ">"
+        threshold: 0.9
+"""
+
+
+def test_default_pack_loads_with_the_rules_the_issue_names():
+    rules = load_rule_files(default_rule_files())
+    names = {r.alert for r in rules.rules}
+    assert {"KVCacheHigh", "QueueDepthHigh", "QueueDepthHighRelative", "P99LatencyHigh", "TTFTHigh",
+            "PreemptionsHigh", "TargetDown", "EngineRestarted", "GPUMemoryNearFull", "GPUSharedWithOtherProcess",
+            "SlotsSaturated", "SLOBurn"} <= names
+
+
+@pytest.mark.parametrize("text, line, fragment", [
+    (GOOD.replace("kv_cache_usage", "kv_usage"), 5, "known signals: e2e_p50"),
+    (GOOD.replace('">"', '"=>"'), 5, "op '=>' is not one of"),
+    (GOOD.replace("threshold: 0.9", "threshold: high"), 5, "threshold must be a number or 'slo'"),
+    (GOOD.replace("threshold: 0.9", "threshold: slo"), 5, "threshold 'slo' works for"),
+    (GOOD.replace("interval: 30s", "interval: soon"), 2, "interval: expected a duration"),
+    (GOOD + "        for: 5 minutes\n", 5, "for: expected a duration"),
+    (GOOD + "        severity: page\n", 5, "unknown key 'severity'"),
+    (GOOD + "        annotations: {summary: '{{ $value | title }}'}\n", 5, "unsupported template action"),
+    (GOOD + "      - {alert: A, signal: up, op: '==', threshold: 0}\n", 9, "appears twice"),
+    (GOOD.replace("      - alert: A\n", "      - alert: A\n        backend: llamacpp\n")
+     .replace("kv_cache_usage", "preemptions_per_s"), 5, "no value for backend 'llamacpp'"),
+    ("groups: [\n", 2, "not valid YAML"),
+    ("rules: []\n", 1, "top-level 'groups:'"),
+])
+def test_bad_rule_file_names_file_line_and_reason(tmp_path, text, line, fragment):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(RuleFileError) as err:
+        load_rule_files([path])
+    assert err.value.path == str(path) and err.value.line == line, str(err.value)
+    assert fragment in str(err.value)
+    assert str(err.value).startswith(f"{path}:{line}: ")
+
+
+def test_one_bad_file_loads_nothing(tmp_path):
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(GOOD)
+    bad.write_text(GOOD.replace("name: g", "name: h").replace("kv_cache_usage", "nope"))
+    with pytest.raises(RuleFileError):
+        load_rule_files([good, bad])
+
+
+def test_overrides_and_slo_thresholds():
+    from tuner.config import parse_config
+
+    cfg = parse_config("targets:\n  - {name: a, backend: vllm, url: 'http://x:1', slo: {ttft_p99: 250ms}}\n"
+                       "  - {name: b, backend: vllm, url: 'http://x:2'}\n")
+    rules = parse_rules(GOOD.replace("threshold: 0.9", "threshold: 0.9\n        overrides: {b: {threshold: 0.5, for: 2m}}")
+                        + "      - {alert: T, signal: ttft_p99, op: '>', threshold: slo}\n")
+    a, t = rules.rules
+    assert (a.threshold_for(cfg.targets[0]), a.threshold_for(cfg.targets[1])) == (0.9, 0.5)
+    assert a.hold_for("b").total_seconds() == 120 and a.hold_for("a").total_seconds() == 0
+    assert (t.threshold_for(cfg.targets[0]), t.threshold_for(cfg.targets[1])) == (0.25, None)
