@@ -1,0 +1,47 @@
+"""`tuner alerts export` output is a valid Prometheus rule file (real promtool) with the expressions we intend."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import require_tool
+from tuner.alerting import default_rule_files
+from tuner.config import parse_config
+from tuner.rules.export import prometheus_rules
+from tuner.rules.model import load_rule_files, parse_rules
+
+
+def test_exported_default_pack_passes_promtool_check(tmp_path):
+    promtool = require_tool("promtool")
+    cfg = tmp_path / "tuner.yaml"
+    cfg.write_text("targets:\n  - {name: chat, backend: vllm, url: 'http://127.0.0.1:8000', "
+                   "slo: {ttft_p99: 500ms, e2e_p99: 20s}}\n")
+    out = tmp_path / "rules.yml"
+    proc = subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(cfg), "alerts", "export", "-o", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    check = subprocess.run([promtool, "check", "rules", str(out)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    # 12 fixed-threshold rules, plus TTFTHigh and SLOBurn (threshold: slo) for chat, the one target with
+    # an SLO: as many as the pack has rules.
+    pack = load_rule_files(default_rule_files()).rules
+    assert sum(not r.from_slo for r in pack) == 12 and sum(r.from_slo for r in pack) == 2
+    assert "SUCCESS: 14 rules found" in check.stdout
+
+
+def test_overrides_split_into_disjoint_rules():
+    rules = parse_rules("""
+groups:
+  - name: g
+    rules:
+      - {alert: KV, signal: kv_cache_usage, op: ">", threshold: 0.95, for: 5m,
+         overrides: {a.b: {threshold: 0.8}, c: {for: 1m}}}
+""")
+    doc = prometheus_rules(rules, parse_config("targets: []").targets)
+    exprs = [(r["expr"], r.get("for")) for r in doc["groups"][0]["rules"]]
+    assert exprs == [
+        ('max by (target, engine, model_name) (vllm:kv_cache_usage_perc{target!~"a\\\\.b|c"}) > 0.95', "5m"),
+        ('max by (target, engine, model_name) (vllm:kv_cache_usage_perc{target="a.b"}) > 0.8', "5m"),
+        ('max by (target, engine, model_name) (vllm:kv_cache_usage_perc{target="c"}) > 0.95', "1m"),
+    ]
