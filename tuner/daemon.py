@@ -144,6 +144,9 @@ class Daemon:
             self.alerting.evaluate_group(group)
         except TunerError as exc:
             self._job_error(f"rules:{group_name}", str(exc))
+            return
+        if self.cfg.alerting.alertmanagers:
+            self.notify_once()  # send what this evaluation queued now, as Prometheus does, not at the next tick
 
     def notify_once(self) -> None:
         try:

@@ -1,0 +1,209 @@
+"""Alert latency: from a real condition on a real vLLM to the Alertmanager webhook, tuner vs Prometheus.
+
+One vLLM (CPU build, tiny model, ~3 MB of KV cache) is watched twice at the same scrape and
+evaluation interval (1 s): by `tuner run` with the default alert pack, and by Prometheus 2.42
+evaluating the same pack exported with `tuner alerts export`. Each sends to its own Alertmanager
+0.25 (group_wait 1 s) and webhook. A trial drives distinct long prompts until KV use passes the
+threshold; the onset is the first scrape Prometheus stored above it. We report, per trial, the time
+from onset to each webhook's KVCacheHigh notification.
+
+Usage: .venv/bin/python bench/alert_latency.py [--trials 3]   (appends to bench/RESULTS.md)
+Needs: scripts/setup-real-servers.sh exports (TUNER_VLLM_PYTHON, TUNER_TINY_MODEL), Prometheus, Alertmanager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import requests
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tuner.alerting import default_rule_files  # noqa: E402
+from tuner.apply.launch import ServerProcess, free_port, vllm_argv, vllm_cpu_env  # noqa: E402
+from tuner.lab.load import run_load  # noqa: E402
+
+THRESHOLD, HOLD = 0.5, "2s"
+
+
+class Hook:
+    def __init__(self) -> None:
+        self.arrivals: list[tuple[float, dict]] = []
+        hook = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                hook.arrivals.append((time.time(), body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def first_firing_after(self, t: float, name: str) -> float | None:
+        """When the first webhook POST with ``name`` firing arrived after ``t``."""
+        for at, body in self.arrivals:
+            if at >= t and any(a["status"] == "firing" and a["labels"]["alertname"] == name for a in body["alerts"]):
+                return at
+        return None
+
+
+def start_am(home: Path, hook: Hook) -> tuple[ServerProcess, str]:
+    home.mkdir(parents=True)
+    port = free_port()
+    (home / "am.yml").write_text(json.dumps({
+        "route": {"receiver": "h", "group_by": ["alertname", "target"], "group_wait": "1s", "group_interval": "1s",
+                  "repeat_interval": "1h"},
+        "receivers": [{"name": "h", "webhook_configs": [{"url": hook.url, "send_resolved": True}]}]}))
+    proc = ServerProcess.start(["prometheus-alertmanager", f"--config.file={home / 'am.yml'}",
+                                f"--storage.path={home / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+                                "--cluster.listen-address="], None, home / "am.log")
+    proc.wait_healthy(f"http://127.0.0.1:{port}", 20, path="/-/ready")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"))
+    args = ap.parse_args()
+    vllm_py, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
+    if not vllm_py or not model:
+        print("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL: eval \"$(bash scripts/setup-real-servers.sh | grep ^export)\"")
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="tuner-alert-bench-"))
+    procs: list[ServerProcess] = []
+    tuner = None
+    try:
+        # The pack, every group evaluated each second, KVCacheHigh at 0.5 for 2 s for this target.
+        doc = yaml.safe_load(open(default_rule_files()[0]))
+        for g in doc["groups"]:
+            g["interval"] = "1s"
+            for r in g["rules"]:
+                if r["alert"] == "KVCacheHigh" and r.get("backend") == "vllm":
+                    r["overrides"] = {"tiny": {"threshold": THRESHOLD, "for": HOLD}}
+        (work / "rules.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        vllm = ServerProcess.start(vllm_argv(vllm_py, model, port=port, served_model_name="tiny",
+                                             flags={"max-model-len": 1024, "max-num-seqs": 8, "enforce-eager": True,
+                                                    "kv-cache-memory-bytes": 3_000_000}),
+                                   {k: v for k, v in vllm_cpu_env(work / "vllm-cache").items()
+                                    if k != "VLLM_CPU_KVCACHE_SPACE"}, work / "vllm.log")
+        procs.append(vllm)
+        vllm.wait_healthy(url, 600)
+
+        hook_t, hook_p = Hook(), Hook()
+        am_t, am_t_url = start_am(work / "am-tuner", hook_t)
+        am_p, am_p_url = start_am(work / "am-prom", hook_p)
+        procs += [am_t, am_p]
+
+        cfg = work / "tuner.yaml"
+        cfg.write_text(f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\nlisten: 127.0.0.1:{free_port()}\n"
+                       "defaults: {scrape_interval: 1s, scrape_timeout: 1s}\n"
+                       f"targets:\n  - {{name: tiny, backend: vllm, url: '{url}'}}\n"
+                       f"alerting: {{rule_files: ['{work / 'rules.yaml'}'], alertmanagers: ['{am_t_url}'], "
+                       "evaluation_interval: 1s}\n")
+        tuner_cmd = [sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "WARNING"]
+        subprocess.run([*tuner_cmd, "db", "upgrade"], check=True, capture_output=True)
+        subprocess.run([*tuner_cmd, "alerts", "export", "-o", str(work / "prom-rules.yml")], check=True,
+                       capture_output=True)
+        prom_port = free_port()
+        (work / "prom.yml").write_text(json.dumps({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+            "rule_files": [str(work / "prom-rules.yml")],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am_p_url.split("//")[1]]}]}]},
+            "scrape_configs": [{"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{port}"],
+                                                                         "labels": {"target": "tiny"}}]}]}))
+        prom = ServerProcess.start(["prometheus", f"--config.file={work / 'prom.yml'}",
+                                    f"--storage.tsdb.path={work / 'prom-data'}",
+                                    f"--web.listen-address=127.0.0.1:{prom_port}"], None, work / "prom.log")
+        procs.append(prom)
+        prom.wait_healthy(f"http://127.0.0.1:{prom_port}", 20, path="/-/ready")
+        tuner = subprocess.Popen([*tuner_cmd, "run"], stdout=open(work / "tuner.log", "w"), stderr=subprocess.STDOUT)
+        time.sleep(5)
+
+        rows = []
+        for trial in range(args.trials):
+            start = time.time()
+            run_load(url, model="tiny", n_requests=32, concurrency=16, prompt_tokens_approx=600, max_tokens=380,
+                     timeout_s=300)
+            time.sleep(8)  # both sides have time to notify
+            q = requests.get(f"http://127.0.0.1:{prom_port}/api/v1/query",
+                             params={"query": f"vllm:kv_cache_usage_perc[{int(time.time() - start) + 2}s]"}).json()
+            samples = [(float(t), float(v)) for r in q["data"]["result"] for t, v in r["values"]]
+            onset = min((t for t, v in samples if t >= start and v > THRESHOLD), default=None)
+            t_at, p_at = hook_t.first_firing_after(start, "KVCacheHigh"), hook_p.first_firing_after(start, "KVCacheHigh")
+            rows.append((trial + 1, onset, t_at, p_at))
+            def since(t: float | None, ref: float | None) -> str:
+                return "-" if t is None or ref is None else f"{t - ref:.2f}s"
+
+            print(f"trial {trial + 1}: onset {since(onset, start)} after load start; "
+                  f"tuner {since(t_at, onset)}, prometheus {since(p_at, onset)}")
+            # Before the next trial both alerts must resolve: Alertmanager does not re-notify a still-firing alert.
+            deadline = time.time() + 60
+            while time.time() < deadline and not all(
+                    any(at >= start and any(a["status"] == "resolved" for a in body["alerts"])
+                        for at, body in h.arrivals) for h in (hook_t, hook_p)):
+                time.sleep(0.5)
+            time.sleep(3)
+
+        lat_t = [t - o for _, o, t, _ in rows if o and t]
+        lat_p = [p - o for _, o, _, p in rows if o and p]
+        prom_ver = subprocess.run(["prometheus", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True).stdout.strip()
+        lines = [
+            "", f"## Alert latency: condition onset on a real vLLM → Alertmanager webhook ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+            "",
+            f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; tuner {rev}; "
+            f"{prom_ver}; Alertmanager 0.25 (group_wait 1s) for each side; load average at end "
+            f"{os.getloadavg()[0]:.2f} (other work may have shared the machine).",
+            f"Command: `.venv/bin/python bench/alert_latency.py --trials {args.trials}`",
+            f"Setup: vLLM 0.32 CPU, tiny model, --kv-cache-memory-bytes 3000000; scrape 1s and evaluation 1s on both "
+            f"sides; KVCacheHigh > {THRESHOLD} for {HOLD}; onset = first sample above the threshold in Prometheus.",
+            "",
+            "| trial | tuner: onset → webhook (s) | Prometheus: onset → webhook (s) |",
+            "|---|---|---|",
+            *[f"| {n} | {'-' if not (o and t) else f'{t - o:.2f}'} | {'-' if not (o and p) else f'{p - o:.2f}'} |"
+              for n, o, t, p in rows],
+            f"| median | {statistics.median(lat_t):.2f} | {statistics.median(lat_p):.2f} |" if lat_t and lat_p else "",
+            "",
+            "Both include the 2 s `for`, up to 1 s of scrape and evaluation phase each, and Alertmanager's 1 s "
+            "group_wait; tuner also waits for its 1 s outbox flush.",
+        ]
+        with open(args.results, "a") as f:
+            f.write("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return 0
+    finally:
+        if tuner is not None:
+            tuner.terminate()
+            tuner.wait(15)
+        for p in reversed(procs):
+            p.stop(grace_s=10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
