@@ -278,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tuner.rules.cli import add_parsers as _alerts_parsers  # alerts list/history/check/export/test/signals
 
     _alerts_parsers(sub, {"load": _load, "open_store": _open_store, "table": _table})
+    from tuner.advise.cli import add_parsers as _advise_parsers  # plan, recommend, recommendations
+
+    _advise_parsers(sub, _duration, parse_duration("5m"))
     return p
 
 

@@ -1,0 +1,160 @@
+"""The advisor against real servers: real load makes the real symptom, `tuner recommend` must name the fix.
+
+Also calibrates the memory model against vLLM's own KV sizing (vllm:cache_config_info) on the tiny model:
+2 layers x 2 KV heads x head_dim 32, served in bfloat16 on CPU (float32 checkpoint), CPU block size 128.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import realservers
+from tests.helpers import value_of
+from tuner.advise.facts import load_model
+from tuner.advise.memory import plan
+from tuner.cli import main
+from tuner.collect.http import get
+from tuner.config import parse_config
+from tuner.daemon import Daemon
+from tuner.lab.load import run_load
+
+
+@contextmanager
+def running(daemon: Daemon):
+    thread = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False}, daemon=True)
+    thread.start()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+        thread.join(30)
+        assert not thread.is_alive(), "daemon did not stop"
+
+
+def _config(tmp_path: Path, store_url: str, name: str, backend: str, url: str, interval: str) -> str:
+    path = tmp_path / "tuner.yaml"
+    path.write_text(f"store: {{url: '{store_url}'}}\ngpu: {{source: none}}\n"
+                    f"defaults: {{scrape_interval: {interval}, scrape_timeout: {interval}}}\n"
+                    f"targets:\n  - {{name: {name}, backend: {backend}, url: '{url}'}}\n")
+    return str(path)
+
+
+def _metrics(url: str) -> str:
+    return get(f"{url}/metrics", timeout_s=5, max_bytes=10 * 2**20).body.decode()
+
+
+def _recommend(capsys, config: str, *args: str) -> dict:
+    capsys.readouterr()
+    assert main(["--config", config, "recommend", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _cache_config(url: str) -> dict[str, str]:
+    from tests.helpers import series_values
+
+    [(labels, _)] = series_values(_metrics(url), "vllm:cache_config_info")
+    return labels
+
+
+def test_vllm_kv_saturation_recommends_fewer_seqs_and_memory_model_matches(vllm_server_factory, store, tmp_path,
+                                                                           capsys):
+    server = vllm_server_factory(flags={"kv-cache-memory-bytes": 3_000_000})
+    live = _cache_config(server.url)
+    # Calibration: 3,000,000 / (128 tokens x 512 bytes) = 45.8 -> 45 blocks = 5760 tokens (recorded: 45, 5760).
+    p = plan(load_model(realservers.TINY_MODEL.path()), gpu_memory_bytes=2**34, max_model_len=1024,
+             block_size=int(live["block_size"]), kv_cache_memory_bytes=3_000_000)
+    assert p.kv_bytes_per_token == 512
+    assert abs(p.kv_blocks - int(live["num_gpu_blocks"])) <= 0.05 * int(live["num_gpu_blocks"])
+    assert abs(p.kv_capacity_tokens - int(live["kv_cache_size_tokens"])) <= 0.05 * int(live["kv_cache_size_tokens"])
+    print(f"calibration 3MB bf16: model {p.kv_capacity_tokens} tokens / {p.kv_blocks} blocks, vLLM "
+          f"{live['kv_cache_size_tokens']} / {live['num_gpu_blocks']}")
+
+    config = _config(tmp_path, str(store.engine.url), "vllm", "vllm", server.url, "1s")
+    before = value_of(_metrics(server.url), "vllm:num_preemptions_total")
+    with running(Daemon(parse_config(Path(config).read_text()), store)):
+        time.sleep(2)
+        # 8 distinct ~300-token prompts x 600 generated tokens = ~8 blocks each; 64 blocks wanted, 45 exist.
+        load = run_load(server.url, model=server.model_name, n_requests=16, concurrency=8, prompt_tokens_approx=300,
+                        max_tokens=600, timeout_s=300)
+        time.sleep(2)
+    assert load.ok == 16, load.errors
+    after = value_of(_metrics(server.url), "vllm:num_preemptions_total")
+    assert after - before >= 1, "the workload did not preempt: the test needs a smaller KV space"
+
+    out = _recommend(capsys, config, "vllm", "--window", "10m", "--flag", "max_num_seqs=8")
+    [rec] = [r for r in out["recommendations"] if "vllm.kv_saturated" in r["rules"] and "max_num_seqs" in r["diff"]]
+    assert 1 <= rec["diff"]["max_num_seqs"] < 8
+    ev = next(e for e in rec["evidence"] if e["rule"] == "vllm.kv_saturated")
+    assert ev["signals"]["preemptions"] == after - before  # the exact count the server reported
+    assert ev["signals"]["kv_cache_usage_max"] >= 0.9
+    assert ev["signals"]["kv_capacity_tokens"] == int(live["kv_cache_size_tokens"])
+    assert {t["signal"] for t in ev["thresholds"]} == {"kv_cache_usage_max", "preemptions"}
+    assert rec["memory_check"]["ok"] is True and rec["status"] == "proposed"
+    # Nothing unsafe slips out: no GPU here, so raising memory use is refused, never emitted.
+    assert all("gpu_memory_utilization" not in r["diff"] for r in out["recommendations"])
+
+    # Evaluated again: the same proposal is renewed, not duplicated.
+    again = _recommend(capsys, config, "vllm", "--window", "10m", "--flag", "max_num_seqs=8")
+    same = [r for r in again["recommendations"] if r["diff"] == rec["diff"]]
+    assert [r["id"] for r in same] == [rec["id"]]
+    capsys.readouterr()
+    assert main(["--config", config, "recommendations", "show", str(rec["id"]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["diff"] == rec["diff"]
+
+
+def test_vllm_queue_with_kv_room_recommends_more_seqs(vllm_server_factory, store, tmp_path, capsys):
+    server = vllm_server_factory(flags={"max-num-seqs": 2, "kv-cache-memory-bytes": 50_000_000,
+                                        "kv-cache-dtype": "fp8"})
+    live = _cache_config(server.url)
+    # Calibration, fp8 KV: 256 bytes/token; 50,000,000 / (128 x 256) = 1525.9 -> 1525 blocks = 195,200 tokens.
+    p = plan(load_model(realservers.TINY_MODEL.path()), gpu_memory_bytes=2**34, max_model_len=1024,
+             kv_cache_dtype="fp8", block_size=int(live["block_size"]), kv_cache_memory_bytes=50_000_000)
+    assert abs(p.kv_capacity_tokens - int(live["kv_cache_size_tokens"])) <= 0.05 * int(live["kv_cache_size_tokens"])
+    print(f"calibration 50MB fp8: model {p.kv_capacity_tokens} tokens, vLLM {live['kv_cache_size_tokens']}")
+
+    config = _config(tmp_path, str(store.engine.url), "vllm", "vllm", server.url, "1s")
+    with running(Daemon(parse_config(Path(config).read_text()), store)):
+        time.sleep(2)
+        load = run_load(server.url, model=server.model_name, n_requests=16, concurrency=8, prompt_tokens_approx=100,
+                        max_tokens=300, timeout_s=300)
+        time.sleep(2)
+    assert load.ok == 16, load.errors
+    out = _recommend(capsys, config, "vllm", "--window", "10m", "--flag", "max_num_seqs=2")
+    [rec] = [r for r in out["recommendations"] if "vllm.queue_with_kv_room" in r["rules"]]
+    ev = rec["evidence"][0]
+    assert ev["signals"]["requests_running_max"] == 2
+    waiting = ev["signals"]["requests_waiting_max"]
+    assert 1 <= waiting <= 6  # 8 clients, 2 running: at most 6 wait
+    assert rec["diff"] == {"max_num_seqs": min(4, 2 + int(waiting))}  # doubled, or by the queue if shorter
+    assert ev["signals"]["kv_cache_usage_max"] < 0.8
+    assert rec["memory_check"]["ok"] is True
+    assert not [r for r in out["recommendations"] if "vllm.kv_saturated" in r["rules"]]
+
+
+def test_llama_server_deferred_recommends_parallel_keeping_slot_context(llama_server, store, tmp_path, capsys):
+    config = _config(tmp_path, str(store.engine.url), "llama", "llamacpp", llama_server.url, "200ms")
+    with running(Daemon(parse_config(Path(config).read_text()), store)):
+        time.sleep(1)
+        # 8 at a time against --parallel 2: six wait (deferred) while two decode long answers.
+        load = run_load(llama_server.url, model=None, n_requests=16, concurrency=8, prompt_tokens_approx=100,
+                        max_tokens=380, timeout_s=300)
+        time.sleep(1)
+    assert load.ok == 16, load.errors
+    longest = value_of(_metrics(llama_server.url), "llamacpp:n_tokens_max")
+    out = _recommend(capsys, config, "llama", "--window", "10m")
+    [rec] = [r for r in out["recommendations"] if "llamacpp.deferred" in r["rules"]]
+    new_parallel = rec["diff"]["parallel"]
+    ctx = rec["diff"].get("ctx_size", 1024)
+    assert 2 < new_parallel <= 4  # at most double
+    assert ctx // new_parallel >= longest, "each slot must still hold the longest request seen"
+    assert rec["current"] == {"parallel": 2, "ctx_size": 1024}
+    ev = rec["evidence"][0]
+    assert ev["signals"]["requests_deferred_max"] >= 1 and ev["signals"]["slots_busy_max"] == 2
+    assert ev["signals"]["longest_request_tokens"] == longest
+    assert rec["memory_check"]["ok"] is True

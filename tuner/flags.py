@@ -1,0 +1,196 @@
+"""The flags tuner may change, declared once: type, bounds, each backend's spelling, oldest server that has it.
+
+The advisor proposes only these, the safety filter checks every proposed value with ``validate``, and the
+argv builders (``tuner/apply/launch.py``) can render them with ``render``. Anything not here is never touched.
+No value may start with '-': it would read as another option on the server's command line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
+
+from tuner.errors import FlagError
+
+__all__ = ["FlagSpec", "FLAGS", "FlagValue", "spec", "validate", "cli_name", "render", "supported",
+           "parse_version", "help_flags", "BACKENDS"]
+
+Backend = Literal["vllm", "llamacpp"]
+BACKENDS: tuple[Backend, ...] = ("vllm", "llamacpp")
+FlagValue = int | float | bool | str
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    """One tunable flag. ``cli`` maps backend → how that server spells it; a backend absent there lacks it."""
+
+    name: str  # tuner's name, snake_case (the key of a recommendation's diff)
+    kind: Literal["int", "float", "bool", "choice"]
+    cli: Mapping[str, str]  # backend -> flag as typed on the server's command line
+    help: str
+    minimum: float | None = None  # inclusive
+    maximum: float | None = None  # inclusive
+    choices: tuple[str, ...] = ()
+    # backend -> oldest version whose server accepts the flag (vLLM release; llama.cpp build number)
+    min_version: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+FLAGS: tuple[FlagSpec, ...] = (
+    # vLLM
+    FlagSpec("max_num_seqs", "int", {"vllm": "--max-num-seqs"}, "most sequences scheduled at once",
+             minimum=1, maximum=4096),
+    FlagSpec("gpu_memory_utilization", "float", {"vllm": "--gpu-memory-utilization"},
+             "fraction 0-1 of GPU memory vLLM may use (weights + activations + KV cache)", minimum=0.05, maximum=0.98),
+    FlagSpec("max_model_len", "int", {"vllm": "--max-model-len"}, "longest prompt + output, tokens",
+             minimum=128, maximum=10_485_760),
+    FlagSpec("kv_cache_dtype", "choice", {"vllm": "--kv-cache-dtype"}, "KV cache element type",
+             choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"), min_version={"vllm": (0, 4, 0)}),
+    FlagSpec("max_num_batched_tokens", "int", {"vllm": "--max-num-batched-tokens"},
+             "most tokens in one scheduler step (prefill chunk budget)", minimum=64, maximum=1_048_576),
+    FlagSpec("enable_chunked_prefill", "bool", {"vllm": "--enable-chunked-prefill"},
+             "split long prefills into chunks mixed with decodes", min_version={"vllm": (0, 4, 1)}),
+    FlagSpec("enable_prefix_caching", "bool", {"vllm": "--enable-prefix-caching"},
+             "reuse KV blocks of repeated prompt prefixes", min_version={"vllm": (0, 4, 0)}),
+    FlagSpec("tensor_parallel_size", "int", {"vllm": "--tensor-parallel-size"}, "GPUs the model is split over",
+             minimum=1, maximum=64),
+    FlagSpec("quantization", "choice", {"vllm": "--quantization"}, "weight quantization method",
+             choices=("awq", "gptq", "fp8", "bitsandbytes")),
+    # llama-server
+    FlagSpec("ctx_size", "int", {"llamacpp": "-c"}, "total context, tokens, split evenly across --parallel slots",
+             minimum=128, maximum=10_485_760),
+    FlagSpec("n_gpu_layers", "int", {"llamacpp": "-ngl"}, "layers offloaded to the GPU", minimum=0, maximum=999),
+    FlagSpec("batch_size", "int", {"llamacpp": "-b"}, "logical batch, tokens", minimum=32, maximum=65536),
+    FlagSpec("ubatch_size", "int", {"llamacpp": "-ub"}, "physical batch, tokens (<= -b)", minimum=32,
+             maximum=65536),
+    FlagSpec("parallel", "int", {"llamacpp": "--parallel"}, "slots decoding at once", minimum=1, maximum=256),
+    # The on|off|auto value form replaced the bare switch in mid-2025 builds.
+    FlagSpec("flash_attn", "choice", {"llamacpp": "-fa"}, "flash attention", choices=("on", "off", "auto"),
+             min_version={"llamacpp": (6250,)}),
+    # Not a server flag: which server to run at all (the seed's backend choice).
+    FlagSpec("backend", "choice", {"vllm": "backend", "llamacpp": "backend"}, "which inference server to run",
+             choices=BACKENDS),
+)
+_BY_NAME = {f.name: f for f in FLAGS}
+_BY_CLI = {(b, cli): f for f in FLAGS for b, cli in f.cli.items()}
+
+
+def spec(backend: str, name: str) -> FlagSpec:
+    """The spec of ``name`` (tuner's name or the backend's spelling); FlagError when it is not allowed."""
+    if backend not in BACKENDS:
+        raise FlagError(backend, name, f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    found = _BY_NAME.get(name) or _BY_CLI.get((backend, name))
+    if found is None or backend not in found.cli:
+        allowed = ", ".join(f.name for f in FLAGS if backend in f.cli)
+        raise FlagError(backend, name, f"not on tuner's allow-list for {backend}; allowed: {allowed}")
+    return found
+
+
+def validate(backend: str, name: str, value: object) -> FlagValue:
+    """The value as its declared type, or FlagError naming the flag, the value and what is accepted."""
+    s = spec(backend, name)
+    if isinstance(value, str) and value.startswith("-"):
+        raise FlagError(backend, s.name, f"value {value!r} starts with '-' and would read as another option")
+    if s.kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise FlagError(backend, s.name, f"expected true or false, got {value!r}")
+    if s.kind == "choice":
+        if not isinstance(value, str) or value not in s.choices:
+            raise FlagError(backend, s.name, f"expected one of {', '.join(s.choices)}, got {value!r}")
+        return value
+    number = _number(backend, s, value)
+    if s.minimum is not None and number < s.minimum or s.maximum is not None and number > s.maximum:
+        raise FlagError(backend, s.name, f"{number!r} is outside {_fmt(s.minimum)}..{_fmt(s.maximum)}")
+    return number
+
+
+def _number(backend: str, s: FlagSpec, value: object) -> int | float:
+    if isinstance(value, bool):
+        raise FlagError(backend, s.name, f"expected a number, got {value!r}")
+    try:
+        number = float(value) if s.kind == "float" else _int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise FlagError(backend, s.name, f"expected {'a number' if s.kind == 'float' else 'a whole number'}, "
+                                         f"got {value!r}") from None
+    if not math.isfinite(number):
+        raise FlagError(backend, s.name, f"expected a finite number, got {value!r}")
+    return number
+
+
+def _int(value: object) -> int:
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(value)
+        return int(value)
+    if isinstance(value, (int, str)):
+        return int(value)
+    raise TypeError(value)
+
+
+def _fmt(bound: float | None) -> str:
+    return "" if bound is None else f"{bound:g}"
+
+
+def cli_name(backend: str, name: str) -> str:
+    return spec(backend, name).cli[backend]
+
+
+def render(backend: str, diff: Mapping[str, object]) -> dict[str, FlagValue]:
+    """A validated diff as the argv builders' flag map: vLLM keys bare ("max-num-seqs"), llama keys dashed."""
+    out: dict[str, FlagValue] = {}
+    for name, value in diff.items():
+        if name == "backend":
+            continue
+        cli = cli_name(backend, name)
+        out[cli.removeprefix("--") if backend == "vllm" else cli] = validate(backend, name, value)
+    return out
+
+
+def parse_version(text: str | None) -> tuple[int, ...] | None:
+    """``"0.32.0"`` → (0, 32, 0); llama.cpp ``"b6250-abc"`` / ``"6250"`` → (6250,); a source build "b1" → None."""
+    if not text:
+        return None
+    build = re.match(r"^b?(\d+)(?:-|$)", text.strip())
+    if build and "." not in text:
+        number = int(build.group(1))
+        return (number,) if number > 1 else None  # builds without git history all say "b1"
+    release = re.match(r"^v?(\d+(?:\.\d+)*)", text.strip())
+    return tuple(int(p) for p in release.group(1).split(".")) if release else None
+
+
+_HELP_FLAG = re.compile(r"(?:^|[\s,])(--?[A-Za-z][A-Za-z0-9-]*)")
+
+
+def help_flags(help_text: str) -> frozenset[str]:
+    """Every option spelling a server's ``--help`` lists (``-fa``, ``--flash-attn``, ``--max-num-seqs`` …)."""
+    return frozenset(_HELP_FLAG.findall(help_text))
+
+
+def supported(backend: str, name: str, version: tuple[int, ...] | None,
+              help_options: frozenset[str] | None) -> tuple[bool, str]:
+    """Whether the running server takes the flag, and why: its ``--help`` decides when known, else its version.
+
+    A flag with a minimum version on a server whose version is unknown counts as unsupported: never guess.
+    """
+    s = spec(backend, name)
+    if name == "backend":
+        return True, "not a server flag"
+    cli = s.cli[backend]
+    if help_options is not None:
+        if cli in help_options:
+            return True, f"{cli} is listed by the server's --help"
+        return False, f"{cli} is not listed by the server's --help"
+    need = s.min_version.get(backend)
+    if need is None:
+        return True, f"{cli} has been accepted by every {backend} release tuner supports"
+    shown = ".".join(map(str, need)) if backend == "vllm" else f"build {need[0]}"
+    if version is None:
+        return False, f"{cli} needs {backend} {shown} or newer and the server's version is unknown"
+    if version < need:
+        have = ".".join(map(str, version)) if backend == "vllm" else f"build {version[0]}"
+        return False, f"{cli} needs {backend} {shown} or newer; the server is {have}"
+    return True, f"{cli} is accepted since {backend} {shown}"
