@@ -7,6 +7,7 @@ version and live config over HTTP, model files, /proc/meminfo. Then ``evaluate``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -192,13 +193,17 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if not inputs:
         print(f"tuner: warning: {args.target} has no samples in the last {args.window.total_seconds():g}s; "
               "nothing to evaluate (is `tuner run` running?)", file=sys.stderr)
-    for inp in inputs:
-        outcome = evaluate(inp, previous)
+    outcomes = [(inp, evaluate(inp, previous)) for inp in inputs]
+    # A stored proposal expires only when every engine that has data no longer proposes it: one engine's
+    # recovery must not expire what another engine's symptom still calls for.
+    with_data = [set(o.expired) for inp, o in outcomes if inp.signals.samples > 0]
+    expired = set.intersection(*with_data) if with_data else set()
+    for i, (inp, outcome) in enumerate(outcomes):
+        outcome = dataclasses.replace(outcome, expired=tuple(sorted(expired)) if i == 0 else ())
         ids = persist(store.engine, args.target, outcome, now)
         result["recommendations"] += [recs.get_recommendation(store.engine, i).as_json() for i in ids]
         result["suppressed"] += [s.__dict__ for s in outcome.suppressed]
         result["expired"] += list(outcome.expired)
-        previous = [p for p in previous if p.id not in outcome.expired and p.key not in outcome.refreshed]
     if args.json:
         print(json.dumps(result, default=str))
         return 0
