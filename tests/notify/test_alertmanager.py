@@ -109,3 +109,20 @@ def test_resolved_never_overtakes_firing_while_an_alertmanager_is_down(tmp_path,
     assert webhook.wait_for(lambda w: w.alerts("resolved"))
     # Alertmanager got firing then resolved, so its last word on the alert is "resolved".
     assert webhook.bodies[-1]["status"] == "resolved"
+
+
+def test_each_alertmanager_gets_every_alert_even_when_one_is_down(tmp_path, store, alertmanager_factory, webhook):
+    up, down = alertmanager_factory().start(), alertmanager_factory()
+    alerting = Alerting(_setup(tmp_path, store, [up.url, down.url]), store, clock=time.time)
+    _scrape(store, 0.97)
+    alerting.evaluate_group(alerting.rules.groups[0])
+    first = alerting.flush()
+    assert (first.sent, first.failed) == (1, 1) and down.url in first.errors and up.url not in first.errors
+    assert webhook.wait_for(lambda w: len(w.bodies) == 1)
+    down.start()
+    later = Alerting(alerting.cfg, store, clock=lambda: time.time() + 5)
+    assert later.flush().sent == 1 and outbox_size(store) == 0
+    # Both Alertmanagers route to the same webhook: one notification from each.
+    assert webhook.wait_for(lambda w: len(w.bodies) == 2)
+    ports = {b["externalURL"].rsplit(":", 1)[1] for b in webhook.bodies}  # each names itself
+    assert ports == {up.url.rsplit(":", 1)[1], down.url.rsplit(":", 1)[1]}
