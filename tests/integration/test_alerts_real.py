@@ -22,7 +22,8 @@ def _pack_with_overrides(tmp_path, target: str):
         g["interval"] = "1s"
         for r in g["rules"]:
             if r["alert"] == "KVCacheHigh" and r.get("backend") == "vllm":
-                r["overrides"] = {target: {"threshold": 0.5, "for": "2s"}}
+                # KV use dips while the scheduler preempts: fire on the first observation above 0.5
+                r["overrides"] = {target: {"threshold": 0.5, "for": "0s"}}
             if r["alert"] == "PreemptionsHigh":
                 r["overrides"] = {target: {"threshold": 0.0, "for": "0s"}}  # any preemption in the window
     path = tmp_path / "rules.yaml"

@@ -158,7 +158,9 @@ def _goodput(e: EngineWindow, slo: Slo | None, lo: int, hi: int) -> tuple[float 
         highs.append(frac[1])
     if not lows:
         return None, None
-    return max(0.0, math.fsum(lows) - (len(lows) - 1)), min(highs)
+    upper = min(highs)
+    # min(): the two bounds come from different float sums and may differ by an ulp the wrong way
+    return min(upper, max(0.0, math.fsum(lows) - (len(lows) - 1))), upper
 
 
 def _restarts(e: EngineWindow) -> int:
