@@ -32,6 +32,7 @@ def test_exports_health_and_signals_per_target(store):
             time.sleep(0.2)
         daemon.signals_once()
         daemon.gpu_once()
+        daemon._job_error("notify:http://127.0.0.1:9093", "ConnectionError")
     httpd, thread = serve_metrics(daemon.state, "127.0.0.1", 0)
     try:
         port = httpd.server_address[1]
@@ -48,6 +49,7 @@ def test_exports_health_and_signals_per_target(store):
     assert got[("tuner_kv_cache_usage_ratio", eng)] == _line_value(text, "vllm:kv_cache_usage_perc")
     assert got[("tuner_prompt_tokens_per_second", eng)] > 0
     assert ("tuner_e2e_seconds", tuple(sorted(eng + (("quantile", "0.99"),)))) in got
+    assert got[("tuner_job_error", (("job", "notify:http://127.0.0.1:9093"),))] == 1.0
     # No GPU on this machine and gpu.source is none: telemetry reported unavailable, no GPU series.
     assert got[("tuner_gpu_telemetry_available", (("source", "none"),))] == 0.0
     assert not any(name.startswith("tuner_gpu_memory") for name, _ in got)

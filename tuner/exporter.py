@@ -49,6 +49,7 @@ class TunerCollector(Collector):
             gpu = self.state.gpu
             targets = dict(self.state.targets)
             alerting = self.state.alerting
+            job_errors = dict(self.state.job_errors)
         up = GaugeMetricFamily("tuner_target_up", "1 if the last scrape of the target stored data", labels=["target"])
         health = GaugeMetricFamily("tuner_target_health", "1 for the target's current health state",
                                    labels=["target", "health"])
@@ -69,6 +70,12 @@ class TunerCollector(Collector):
             total.add_metric([name], scrapes.get(name, 0))
             failed.add_metric([name], failures.get(name, 0))
         yield from (up, health, dur, fails, total, failed)
+        errs = GaugeMetricFamily("tuner_job_error", "1 while a job's last run failed (rules reload, notify, store)",
+                                 labels=["job"])
+        for job, error in sorted(job_errors.items()):
+            if error:
+                errs.add_metric([job], 1.0)
+        yield errs
 
         srv = GaugeMetricFamily("tuner_target_server_healthy", "1 if the server's /health answered 200",
                                 labels=["target"])
