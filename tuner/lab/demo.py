@@ -73,15 +73,16 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         time.sleep(3)
         _show(config, "status", "--window", "1m")
 
-        for phase, n, conc in (("light load: 24 requests, 2 at a time", 24, 2),
-                               ("heavy load: 160 requests, 16 at a time (max-num-seqs is 4)", 160, 16)):
+        # Long answers (256 tokens) keep each phase going across many 2 s scrapes.
+        for phase, n, conc in (("light load: 12 requests, 2 at a time", 12, 2),
+                               ("heavy load: 64 requests, 16 at a time (max-num-seqs is 4)", 64, 16)):
             _say(phase)
             box: dict[str, LoadResult] = {}
             worker = threading.Thread(target=lambda: box.setdefault("r", run_load(
                 url, model=MODEL_NAME, n_requests=max(1, int(n * load_scale)), concurrency=conc,
-                prompt_tokens_approx=200, max_tokens=48, timeout_s=300)))
+                prompt_tokens_approx=200, max_tokens=256, timeout_s=300)))
             worker.start()
-            time.sleep(2.5)
+            time.sleep(5)
             if worker.is_alive():
                 print("-- while the load runs:")
                 _show(config, "status", "--window", "1m")
