@@ -197,3 +197,11 @@ def test_arbitrary_text_raises_nothing_but_exposition_error(text: str) -> None:
     for s in parsed.samples:
         assert lookup(lines[s.line_no - 1].split("{")[0].split()[0]) is not None
         assert math.isfinite(s.value) or s.spec.kind == "info"
+
+
+def test_a_number_too_large_for_a_float_is_read_as_inf_and_dropped() -> None:
+    """prometheus_client keeps "999...9" as an int that float() cannot take (OverflowError); Prometheus reads it
+    as +Inf, so tuner drops it like any non-finite value and names the line, instead of crashing."""
+    parsed = parse_exposition("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running " + "9" * 400 + "\n")
+    assert parsed.samples == []
+    assert parsed.problems == ["line 2: vllm:num_requests_running is +Inf; sample dropped"]
