@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections import defaultdict
 from typing import Iterable
@@ -13,13 +14,41 @@ from sqlalchemy.exc import OperationalError
 from tuner.collect.snapshots import GpuReading, SeriesKey, TargetSnapshot
 from tuner.errors import StoreError, UnknownTargetError
 from tuner.store.models import (EngineConfigRow, GpuProcessRow, GpuSampleRow, HistSampleRow, SampleRow,
-                                ScrapeRow, SeriesRow, TargetHealthRow, TargetRow)
+                                SeriesRow, TargetHealthRow, TargetRow)
 from tuner.store.window import (EngineWindow, GpuLatest, HistPoint, HistSeries, TargetHealth,
                                 TargetWindow)
 
 __all__ = ["Store"]
 
 _SeriesIdentity = tuple[int, str, str, str, str, str]  # target, engine, model, metric, labels, bounds
+
+
+# The per-scrape writes as the driver's SQL (SQLite, like the OR IGNOREs): prepared once by sqlite3 and
+# run without SQLAlchemy's per-row parameter processing, which cost more than the writes. Columns as in
+# models.py.
+_INSERT_SAMPLES = "INSERT OR IGNORE INTO samples (series_id, ts_ms, value) VALUES (?, ?, ?)"
+_INSERT_HISTS = "INSERT OR IGNORE INTO hist_samples (series_id, ts_ms, count, sum, counts) VALUES (?, ?, ?, ?, ?)"
+_INSERT_SCRAPE = ("INSERT INTO scrapes (target_id, ts_ms, duration_s, health, error, body_bytes, samples) "
+                  "VALUES (?, ?, ?, ?, ?, ?, ?)")
+# One statement instead of SELECT + INSERT/UPDATE: a failure counts up, anything else resets the count.
+_UPSERT_HEALTH = """
+    INSERT INTO target_health (target_id, health, last_error, last_scrape_ms, last_success_ms, last_duration_s,
+                               consecutive_failures, server_healthy)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (target_id) DO UPDATE SET
+        health = excluded.health, last_error = excluded.last_error, last_scrape_ms = excluded.last_scrape_ms,
+        last_success_ms = COALESCE(excluded.last_success_ms, target_health.last_success_ms),
+        last_duration_s = excluded.last_duration_s, server_healthy = excluded.server_healthy,
+        consecutive_failures = CASE WHEN excluded.health = 'down'
+                                    THEN target_health.consecutive_failures + 1 ELSE 0 END"""
+_TOUCH_CONFIG = "UPDATE engine_configs SET last_seen_ms = ? WHERE id = ?"
+
+
+def _counts_json(counts: tuple[float, ...]) -> str:
+    """json.dumps(counts), without the encoder's overhead for the usual all-finite case."""
+    if all(math.isfinite(c) for c in counts):
+        return "[" + ", ".join(map(repr, counts)) + "]"  # floats: json writes float.__repr__ too
+    return json.dumps(counts)
 
 
 def _ms(ts: float) -> int:
@@ -42,6 +71,7 @@ class Store:
         self._lock = threading.Lock()
         self._targets: dict[str, int] = {}
         self._series: dict[_SeriesIdentity, int] = {}
+        self._series_by_key: dict[tuple, int] = {}  # (target, engine, model, metric, labels, bounds) as scraped
         self._configs: dict[tuple[int, str, str], tuple[int, str]] = {}  # -> (row id, json)
 
     # ---- writing -------------------------------------------------------------------------------
@@ -91,23 +121,29 @@ class Store:
         with self._lock, self._write() as conn:
             tid = self._target_id(conn, snap.target, snap.backend, url, labels or {})
             plain, hist = [], []
+            known = self._series_by_key
             for e in snap.engines:
                 for (metric, lbl), value in e.values.items():
-                    kind = "counter" if metric.endswith("_total") else "gauge"
-                    sid = self._series_id(conn, (tid, e.engine, e.model_name, metric, json.dumps(lbl), ""),
-                                          kind)
-                    plain.append({"series_id": sid, "ts_ms": ts, "value": value})
+                    sid = known.get((tid, e.engine, e.model_name, metric, lbl, None))
+                    if sid is None:
+                        kind = "counter" if metric.endswith("_total") else "gauge"
+                        sid = self._series_id(conn, (tid, e.engine, e.model_name, metric, json.dumps(lbl), ""),
+                                              kind)
+                        known[(tid, e.engine, e.model_name, metric, lbl, None)] = sid
+                    plain.append((sid, ts, value))
                 for (metric, lbl), h in e.histograms.items():
-                    ident = (tid, e.engine, e.model_name, metric, json.dumps(lbl), _bounds_json(h.bounds))
-                    sid = self._series_id(conn, ident, "histogram")
-                    hist.append({"series_id": sid, "ts_ms": ts, "count": h.count, "sum": h.sum,
-                                 "counts": json.dumps(h.counts)})
+                    sid = known.get((tid, e.engine, e.model_name, metric, lbl, h.bounds))
+                    if sid is None:
+                        ident = (tid, e.engine, e.model_name, metric, json.dumps(lbl), _bounds_json(h.bounds))
+                        sid = self._series_id(conn, ident, "histogram")
+                        known[(tid, e.engine, e.model_name, metric, lbl, h.bounds)] = sid
+                    hist.append((sid, ts, h.count, h.sum, _counts_json(h.counts)))
                 if e.config:
                     self._config_seen(conn, tid, e.engine, e.model_name, dict(e.config), ts)
             if plain:
-                conn.execute(insert(SampleRow).prefix_with("OR IGNORE"), plain)
+                conn.exec_driver_sql(_INSERT_SAMPLES, plain)
             if hist:
-                conn.execute(insert(HistSampleRow).prefix_with("OR IGNORE"), hist)
+                conn.exec_driver_sql(_INSERT_HISTS, hist)
             n = len(plain) + len(hist)
             health = "degraded" if snap.problems else "up"
             self._record(conn, tid, ts, snap.duration_s, health, "; ".join(snap.problems), snap.body_bytes,
@@ -123,23 +159,14 @@ class Store:
 
     def _record(self, conn, tid: int, ts: int, duration_s: float, health: str, error: str,  # type: ignore[no-untyped-def]
                 body_bytes: int, n: int, server_healthy: bool | None) -> None:
-        conn.execute(insert(ScrapeRow).values(target_id=tid, ts_ms=ts, duration_s=duration_s, health=health,
-                                              error=error, body_bytes=body_bytes, samples=n))
-        prev = conn.execute(select(TargetHealthRow).where(TargetHealthRow.target_id == tid)).first()
-        failures = 0 if health != "down" else (prev.consecutive_failures + 1 if prev else 1)
-        values = dict(health=health, last_error=error, last_scrape_ms=ts, last_duration_s=duration_s,
-                      consecutive_failures=failures,
-                      server_healthy=None if server_healthy is None else int(server_healthy))
-        if health != "down":
-            values["last_success_ms"] = ts
-        if prev is None:
-            conn.execute(insert(TargetHealthRow).values(target_id=tid, **values))
-        else:
-            conn.execute(update(TargetHealthRow).where(TargetHealthRow.target_id == tid).values(**values))
+        conn.exec_driver_sql(_INSERT_SCRAPE, (tid, ts, duration_s, health, error, body_bytes, n))
+        conn.exec_driver_sql(_UPSERT_HEALTH, (tid, health, error, ts, None if health == "down" else ts, duration_s,
+                                              1 if health == "down" else 0,
+                                              None if server_healthy is None else int(server_healthy)))
 
     def _config_seen(self, conn, tid: int, engine: str, model: str, config: dict[str, str], ts: int) -> None:  # type: ignore[no-untyped-def]
         key = (tid, engine, model)
-        text = json.dumps(config, sort_keys=True)
+        config_json = json.dumps(config, sort_keys=True)
         cached = self._configs.get(key)
         if cached is None:
             row = conn.execute(select(EngineConfigRow.id, EngineConfigRow.config)
@@ -147,14 +174,14 @@ class Store:
                                       EngineConfigRow.model_name == model)
                                .order_by(EngineConfigRow.last_seen_ms.desc()).limit(1)).first()
             cached = (row.id, row.config) if row else None
-        if cached is not None and cached[1] == text:
-            conn.execute(update(EngineConfigRow).where(EngineConfigRow.id == cached[0]).values(last_seen_ms=ts))
+        if cached is not None and cached[1] == config_json:
+            conn.exec_driver_sql(_TOUCH_CONFIG, (ts, cached[0]))
             self._configs[key] = cached
             return
         rid = conn.execute(insert(EngineConfigRow).values(target_id=tid, engine=engine, model_name=model,
-                                                          first_seen_ms=ts, last_seen_ms=ts, config=text)
+                                                          first_seen_ms=ts, last_seen_ms=ts, config=config_json)
                            ).inserted_primary_key[0]
-        self._configs[key] = (rid, text)
+        self._configs[key] = (rid, config_json)
 
     def ingest_gpu(self, reading: GpuReading) -> int:
         if not reading.available:
@@ -258,6 +285,7 @@ class Store:
             conn.execute(delete(TargetRow).where(TargetRow.name.not_in(list(keep))))
             self._targets.clear()
             self._series.clear()
+            self._series_by_key.clear()
             self._configs.clear()
 
 
@@ -290,4 +318,5 @@ class _WriteTx:
         # A rolled-back transaction may have created ids we cached: drop the caches.
         self.store._targets.clear()
         self.store._series.clear()
+        self.store._series_by_key.clear()
         self.store._configs.clear()

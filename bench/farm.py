@@ -1,0 +1,90 @@
+"""Serve N endpoints of a recorded vLLM exposition from one process: one listening socket each.
+
+Each endpoint has its own ReplayExposition, so its counters and histograms advance on every scrape
+(whoever scrapes it). asyncio with a minimal HTTP/1.1 keep-alive responder keeps this process far
+cheaper than the scrapers it feeds; the bench measures its CPU and reports it separately.
+
+    python bench/farm.py --targets 1000 --fixture tests/fixtures/vllm-0.32-cpu/metrics_under_load.txt \
+        --ports-file /tmp/ports.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from pathlib import Path
+
+from tuner.lab.replay import ReplayExposition
+
+_HEADERS = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+            b"Content-Length: %d\r\n%s\r\n")
+_NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+_MAX_REQUEST = 65536  # a request head larger than this is not a scraper's: drop the connection
+
+
+class _Endpoint(asyncio.Protocol):
+    def __init__(self, expo: ReplayExposition) -> None:
+        self.expo = expo
+        self.buf = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.buf += data
+        while b"\r\n\r\n" in self.buf:
+            head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+            request_line, _, headers = head.partition(b"\r\n")
+            parts = request_line.split(b" ")
+            path = parts[1] if len(parts) > 1 else b""
+            close = b"connection: close" in headers.lower() or request_line.endswith(b"HTTP/1.0")
+            extra = b"Connection: close\r\n" if close else b""
+            if path == b"/metrics":
+                body = self.expo.render()
+            elif path == b"/health":
+                body = b""
+            else:
+                self.transport.write(_NOT_FOUND)
+                continue
+            self.transport.write(_HEADERS % (len(body), extra) + body)
+            if close:
+                self.transport.close()
+                return
+        if len(self.buf) > _MAX_REQUEST:
+            self.transport.close()
+
+
+async def _serve(n: int, text: str, ports_file: Path, growth: float) -> None:
+    loop = asyncio.get_running_loop()
+    servers, ports = [], []
+    for _ in range(n):
+        expo = ReplayExposition(text, growth=growth)
+        server = await loop.create_server(lambda e=expo: _Endpoint(e), "127.0.0.1", 0, backlog=128)
+        servers.append(server)
+        ports.append(server.sockets[0].getsockname()[1])
+    tmp = ports_file.with_suffix(".tmp")
+    tmp.write_text("\n".join(map(str, ports)) + "\n")
+    tmp.rename(ports_file)  # the bench waits for this file: it appears complete or not at all
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    for server in servers:
+        server.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--targets", type=int, required=True)
+    ap.add_argument("--fixture", type=Path, required=True)
+    ap.add_argument("--ports-file", type=Path, required=True)
+    ap.add_argument("--growth", type=float, default=0.01, help="per-scrape growth of counters (fraction)")
+    args = ap.parse_args()
+    asyncio.run(_serve(args.targets, args.fixture.read_text(encoding="utf-8"), args.ports_file, args.growth))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""The benchmark: parser, storage, then tuner vs Prometheus at each target count; appends bench/RESULTS.md.
+
+Run it through ``bash bench/run.sh`` (which also cleans up on Ctrl-C); see README "Benchmarks".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.micro import bench_parser, bench_scrape_loop, bench_storage  # noqa: E402
+from bench.scale import ROOT, PROMETHEUS, Procs, loadavg, run_one  # noqa: E402
+from tuner.config import parse_duration  # noqa: E402
+
+FIXTURE = ROOT / "tests/fixtures/vllm-0.32-cpu/metrics_kv_pressure.txt"
+RESULTS = ROOT / "bench/RESULTS.md"
+CORE_BUDGET, RSS_BUDGET, P99_BUDGET_MS = 0.5, 250 * 2**20, 20.0  # issue 7's targets for 1,000 targets
+
+
+def _machine() -> list[str]:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor() or "?")
+    mem = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+               if line.startswith("MemTotal:"))
+    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    prom = subprocess.run([PROMETHEUS, "--version"], capture_output=True, text=True)
+    prom_v = (prom.stdout or prom.stderr).splitlines()[0] if (prom.stdout or prom.stderr) else "?"
+    return [f"- machine: {os.cpu_count()} CPUs ({cpu}), {mem / 2**20:.1f} GiB RAM, {platform.platform()}",
+            f"- versions: Python {platform.python_version()}, tuner {rev}{' + uncommitted changes' if dirty else ''}"
+            f", {prom_v}"]
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:.0f} MiB"
+
+
+def _s(x: float | None, unit: str = "s") -> str:
+    return "n/a" if x is None or x != x else f"{x:.3f} {unit}"
+
+
+def _scale_table(runs: list[dict]) -> list[str]:
+    out = ["| targets | process | CPU s | CPU % of a core | CPU µs per target-scrape | peak RSS | "
+           "scrapes done / scheduled | lag p50 / p99 (interval − nominal) | scrape duration p99 | "
+           "samples stored |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        el = r["elapsed_s"]
+        for name in ("tuner", "prometheus"):
+            d = r[name]
+            shown = name if r.get("signals", True) or name != "tuner" else "tuner, signals job off (diagnostic)"
+            cpu = r["cpu_s"][name]
+            per = cpu / d["scrapes_ok"] * 1e6 if d["scrapes_ok"] else float("nan")
+            stored = (f"{d['rows']:,} rows ({d['values']:,} values)" if name == "tuner"
+                      else f"{d['samples']:,.0f} samples")
+            out.append(f"| {r['targets']} | {shown} | {cpu:.1f} | {cpu / el * 100:.0f}% | {per:,.0f} | "
+                       f"{_mib(r['peak_rss'][name])} | {d['scrapes_ok']:,.0f} / {r['scheduled']:,.0f} | "
+                       f"{_s(d['lag_p50_s'])} / {_s(d['lag_p99_s'])} | {_s(d['duration_p99_s'])} | {stored} |")
+        out.append(f"| {r['targets']} | farm (excluded) | {r['cpu_s']['farm']:.1f} | "
+                   f"{r['cpu_s']['farm'] / el * 100:.0f}% | | {_mib(r['peak_rss']['farm'])} | | | | |")
+    late = [f"{r['targets']} targets{'' if r.get('signals', True) else ' (signals off)'}: p50 {_s(r['tuner']['late_p50_s'])}, p99 {_s(r['tuner']['late_p99_s'])}"
+            for r in runs]
+    out += ["", "tuner's scrapes, late against each target's own schedule: " + "; ".join(late) + "."]
+    return out
+
+
+def _ratios(runs: list[dict]) -> list[str]:
+    out = ["| targets | CPU per target-scrape tuner/Prometheus | peak RSS tuner/Prometheus | "
+           "tuner CPU vs 50% of a core | tuner RSS vs 250 MB | load avg start → end |",
+           "|---:|---:|---:|---:|---:|---|"]
+    for r in runs:
+        if not r.get("signals", True):
+            continue
+        t, p = r["tuner"], r["prometheus"]
+        per_t = r["cpu_s"]["tuner"] / t["scrapes_ok"] if t["scrapes_ok"] else float("nan")
+        per_p = r["cpu_s"]["prometheus"] / p["scrapes_ok"] if p["scrapes_ok"] else float("nan")
+        core = r["cpu_s"]["tuner"] / r["elapsed_s"]
+        out.append(f"| {r['targets']} | {per_t / per_p:.2f}× | "
+                   f"{r['peak_rss']['tuner'] / r['peak_rss']['prometheus']:.2f}× | "
+                   f"{core * 100:.0f}% ({core / CORE_BUDGET:.2f}× budget) | "
+                   f"{_mib(r['peak_rss']['tuner'])} ({r['peak_rss']['tuner'] / RSS_BUDGET:.2f}× budget) | "
+                   f"{r['load_start']} → {r['load_end']} |")
+    return out
+
+
+def _scale_report(runs: list[dict], interval: float, duration: float) -> list[str]:
+    out = [f"### tuner vs Prometheus: same endpoints, every {interval:g} s, {duration:g} s measured",
+           "", "Both scrape every endpoint at the same time (one farm process serves all "
+           "endpoints; its CPU is shown and excluded). tuner scrapes /metrics and /health, "
+           "parses, keeps the catalogue's series, stores them and recomputes every target's "
+           "signals each interval; Prometheus stores every sample. Lag: how much later than "
+           "the nominal interval consecutive scrapes of a target ran (tuner: its scrapes table; "
+           "Prometheus: prometheus_target_interval_length_seconds). tuner's values count each "
+           "histogram bucket, _sum and _count as Prometheus does.", "",
+           *_scale_table(runs), "", "Ratios and targets (issue 7):", "", *_ratios(runs), ""]
+    for r in runs:
+        if r["profile"]:
+            out += [f"Where tuner's time goes at {r['targets']} targets (py-spy --gil, 50 Hz, "
+                    "--nonblocking: share of the samples in which a tuner thread held the GIL, i.e. of "
+                    "its Python CPU; SQLite work done with the GIL released is not in it):", "",
+                    "| stage | share |", "|---|---:|",
+                    *(f"| {k} | {v * 100:.0f}% |" for k, v in r["profile"]), ""]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--targets", default="100,500,1000", help="comma-separated target counts")
+    ap.add_argument("--interval", default="5s")
+    ap.add_argument("--duration", default="60s", help="measured time per target count")
+    ap.add_argument("--storage-days", type=int, default=30, help="days of history for the storage bench (0: skip)")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: parser,storage,scale")
+    ap.add_argument("--no-profile", action="store_true",
+                    help="do not run py-spy on tuner during the largest target count")
+    ap.add_argument("--no-diagnose", action="store_true",
+                    help="skip the extra run at the largest count with tuner's signals job switched off")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs, databases)")
+    ap.add_argument("--pidfile", type=Path, help="written with the pids of started processes (run.sh kills them)")
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run.sh's trap: clean up like on Ctrl-C
+    skip = set(filter(None, args.skip.split(",")))
+    interval = parse_duration(args.interval).total_seconds()
+    duration = parse_duration(args.duration).total_seconds()
+    counts = [int(x) for x in args.targets.split(",") if x.strip()]
+    command = os.environ.get("BENCH_COMMAND") or shlex.join([sys.executable, *sys.argv])
+
+    work = Path(tempfile.mkdtemp(prefix="tuner-bench-"))
+    procs = Procs(pidfile=args.pidfile)
+    report = [f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "", f"Command: `{command}`", "",
+              *_machine(), f"- load average at start: {loadavg()} (other engineers may be running tests on "
+              "this machine at the same time; see each run's start/end load below)", ""]
+    try:
+        if "parser" not in skip:
+            p = bench_parser(FIXTURE)
+            print(f"parser: reference {p['reference_us']:.0f} µs, fast path {p['fast_us']:.0f} µs "
+                  f"({p['ratio']:.1f}×)", flush=True)
+            report += ["### Parser: one vLLM exposition", "",
+                       f"`{FIXTURE.relative_to(ROOT)}`: {p['bytes']:,} bytes, {p['samples']} samples; "
+                       "median of 5 rounds × 200 parses.", "",
+                       "| path | µs per parse |", "|---|---:|",
+                       f"| prometheus_client `text_string_to_metric_families` (all samples) | {p['reference_us']:,.0f} |",
+                       f"| tuner `fast_samples` (the same samples) | {p['fast_us']:,.0f} |",
+                       f"| **ratio** | **{p['ratio']:.1f}×** |",
+                       f"| tuner `parse_exposition` (+ duplicate check, catalogue) | {p['parse_exposition_us']:,.0f} |",
+                       f"| tuner `vllm.snapshot_from_text` (+ engine assembly) | {p['snapshot_us']:,.0f} |", ""]
+            loop = bench_scrape_loop(FIXTURE, workdir=work)
+            report += ["One scrape + store in a single thread against one farm endpoint (median µs of 300; the "
+                       "floor of tuner's per-scrape CPU, with no other thread contending):", "",
+                       "| " + " | ".join(loop) + " |", "|" + "---:|" * len(loop),
+                       "| " + " | ".join(f"{v:,.0f}" for v in loop.values()) + " |", ""]
+            print("scrape loop: " + ", ".join(f"{k} {v:.0f} µs" for k, v in loop.items()), flush=True)
+        if "storage" not in skip and args.storage_days > 0:
+            print(f"storage: writing {args.storage_days} days of one target's history …", flush=True)
+            s = bench_storage(FIXTURE, days=args.storage_days, interval_s=interval, workdir=work)
+            per_day = s["bytes_per_target_day"]
+            report += ["### Storage and query: one target", "",
+                       f"{s['days']} days of history written with Store.ingest ({s['ingests']:,} snapshots "
+                       f"from the fixture, {s['ingest_s'] / s['ingests'] * 1e6:.0f} µs each), thinned by apply_retention "
+                       f"once per simulated day (default: raw 2d, rollups 30d at 5m; {s['retention_s']:.0f} s "
+                       "in all). " f"The last {s['raw_days']:g} days are "
+                       f"ingested every {interval:g} s; older days every 60 s (several points per 5-minute "
+                       "step, so rollups see real min/max/mean), which retention thins to the same rows "
+                       "5 s history leaves. File size after checkpoint + VACUUM.", "",
+                       f"- database: {_mib(s['db_bytes'])} for {s['days']} days → **{per_day / 2**20:.2f} MiB "
+                       f"per target-day** averaged over the retention period "
+                       f"(rows: {', '.join(f'{k} {v:,}' for k, v in s['rows'].items())})",
+                       f"- of which a raw day ({interval:g} s points) ≈ {s['bytes_per_raw_day'] / 2**20:.2f} MiB and a "
+                       f"rolled-up day ≈ {s['bytes_per_rolled_day'] / 2**20:.3f} MiB (rows of each kind × that table's "
+                       "bytes per row from SQLite's dbstat: "
+                       + ", ".join(f"{k} {v:.0f} B" for k, v in s["bytes_per_row"].items()) + ")",
+                       f"- so 1,000 targets at steady state ≈ {per_day * s['days'] * 1000 / 2**30:.1f} GiB", "",
+                       "| query (one target, 30 days stored) | ms (window + derive) | of which Store.window | "
+                       "E2E P99 |", "|---|---:|---:|---:|"]
+            for label, q in s["queries"].items():
+                report.append(f"| {label} | {q['ms']:.1f} | {q['window_ms']:.1f} | {_s(q['e2e_p99_s'])} |")
+            report.append("")
+            print(f"storage: {per_day / 2**20:.2f} MiB per target-day; queries "
+                  + ", ".join(f"{k}: {v['ms']:.1f} ms" for k, v in s["queries"].items()), flush=True)
+        runs: list[dict] = []
+        if "scale" not in skip:
+            try:
+                for n in counts:
+                    print(f"scale: {n} targets every {interval:g}s for {duration:g}s …", flush=True)
+                    r = run_one(n, interval, duration, FIXTURE, work / f"n{n}", procs,
+                                profile=not args.no_profile and n == max(counts))
+                    runs.append(r)
+                    print("\n".join(_scale_table([r])[2:]), flush=True)
+                if counts and not args.no_diagnose:
+                    n = max(counts)
+                    print(f"scale: {n} targets again, tuner's signals job off (diagnostic) …", flush=True)
+                    r = run_one(n, interval, duration, FIXTURE, work / f"n{n}-nosignals", procs, signals=False)
+                    runs.append(r)
+                    print("\n".join(_scale_table([r])[2:]), flush=True)
+            finally:  # the target counts measured so far are reported even when a later one fails
+                if runs:
+                    report += _scale_report(runs, interval, duration)
+                    print("\n".join(_ratios(runs)), flush=True)
+        report.append(f"- load average at end: {loadavg()}")
+    except Exception as exc:  # keep what was measured, and say why the rest is missing
+        report += ["", f"**Run failed**: {type(exc).__name__}: {exc} (load average {loadavg()}); the parts above "
+                   "are complete, the rest was not measured.", ""]
+        raise
+    finally:
+        procs.stop_all()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"work directory kept: {work}")
+        with open(args.results, "a", encoding="utf-8") as f:
+            f.write("\n".join(report) + "\n\n")
+        print(f"appended to {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

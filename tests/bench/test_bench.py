@@ -1,0 +1,65 @@
+"""The bench's own parts: the endpoint farm serves advancing counters; the helpers read /proc and profiles."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.helpers import VLLM_DIR
+from tuner.collect.vllm import snapshot_from_text
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.scale import cpu_seconds, peak_rss_bytes, profile_summary  # noqa: E402
+
+
+def test_farm_serves_every_endpoint_with_counters_and_histograms_advancing(tmp_path: Path) -> None:
+    ports_file = tmp_path / "ports.txt"
+    farm = subprocess.Popen([sys.executable, str(ROOT / "bench" / "farm.py"), "--targets", "3",
+                             "--fixture", str(VLLM_DIR / "metrics_kv_pressure.txt"), "--ports-file", str(ports_file)])
+    try:
+        deadline = time.monotonic() + 30
+        while not ports_file.exists():  # bounded by the deadline
+            assert time.monotonic() < deadline and farm.poll() is None, "farm did not start"
+            time.sleep(0.05)
+        ports = [int(p) for p in ports_file.read_text().split()]
+        assert len(set(ports)) == 3
+        conn = http.client.HTTPConnection("127.0.0.1", ports[1], timeout=5)  # keep-alive, as Prometheus scrapes
+        snaps = []
+        for _ in range(2):
+            conn.request("GET", "/metrics")
+            resp = conn.getresponse()
+            assert resp.status == 200
+            snaps.append(snapshot_from_text(resp.read().decode(), target="t", ts=0.0).engines[0])
+        conn.request("GET", "/health")
+        health = conn.getresponse()
+        assert (health.status, health.read()) == (200, b"")
+        conn.close()
+        first, second = snaps
+        assert second.field("prompt_tokens_total") > first.field("prompt_tokens_total")
+        e2e = "vllm:e2e_request_latency_seconds"
+        assert second.histogram(e2e).count > first.histogram(e2e).count
+        assert second.kv_cache_usage == first.kv_cache_usage  # gauges as recorded
+    finally:
+        farm.terminate()
+        farm.wait(10)
+
+
+def test_proc_readers_see_this_process() -> None:
+    assert cpu_seconds(os.getpid()) > 0
+    assert peak_rss_bytes(os.getpid()) > 10 * 2**20
+
+
+def test_profile_summary_attributes_each_stack_to_its_first_stage(tmp_path: Path) -> None:
+    raw = tmp_path / "spy.txt"
+    raw.write_text("run (apscheduler/executors/base.py:1);scrape_once (tuner/daemon.py:2);"
+                   "ingest (tuner/store/store.py:3) 30\n"
+                   "run (apscheduler/executors/base.py:1);signals_once (tuner/daemon.py:4);"
+                   "window (tuner/store/store.py:5) 10\n"
+                   "main (x.py:1) 10\n")
+    assert dict(profile_summary(raw)) == {"scrape: store.ingest": 0.6, "signals: store.window": 0.2, "other": 0.2}
