@@ -187,3 +187,29 @@ def start_prometheus(
     server = _started("prometheus", proc, f"http://127.0.0.1:{port}", timeout, None, path="/-/ready")
     server.extra["config"] = config
     return server
+
+
+def run_load_process(base_url: str, **kwargs: object) -> "LoadResult":
+    """tuner.lab.load.run_load in a child process, and its LoadResult back.
+
+    The daemon under test runs in a thread of pytest's process: a load generator in that process too would
+    take the interpreter lock from the scrape thread, and its scrapes would time out. tuner runs in a
+    process of its own in production, so the load does here.
+    """
+    import dataclasses
+    import subprocess
+    import sys
+
+    from tuner.lab.load import LoadResult
+
+    script = ("import dataclasses, json, sys; from tuner.lab.load import run_load; "
+              "r = run_load(sys.argv[1], **json.loads(sys.argv[2])); print(json.dumps(dataclasses.asdict(r)))")
+    proc = subprocess.run([sys.executable, "-c", script, base_url, json.dumps(kwargs)], capture_output=True,
+                          text=True, timeout=float(kwargs.get("timeout_s", 300)) + 60)  # type: ignore[arg-type]
+    if proc.returncode != 0:
+        raise RuntimeError(f"load generator failed: {proc.stderr[-2000:]}")
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    for f in dataclasses.fields(LoadResult):
+        if isinstance(data.get(f.name), list):
+            data[f.name] = tuple(data[f.name])
+    return LoadResult(**data)

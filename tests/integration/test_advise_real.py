@@ -22,7 +22,7 @@ from tuner.cli import main
 from tuner.collect.http import get
 from tuner.config import parse_config
 from tuner.daemon import Daemon
-from tuner.lab.load import run_load
+from realservers import run_load_process
 
 
 @contextmanager
@@ -82,7 +82,7 @@ def test_vllm_kv_saturation_recommends_fewer_seqs_and_memory_model_matches(vllm_
         time.sleep(2)
         # 8 distinct ~300-token prompts x 600 generated tokens = ~8 blocks each; 64 blocks wanted, 45 exist.
         # 32 requests: the cache stays saturated across many 1 s scrapes, not just one or two.
-        load = run_load(server.url, model=server.model_name, n_requests=32, concurrency=8, prompt_tokens_approx=300,
+        load = run_load_process(server.url, model=server.model_name, n_requests=32, concurrency=8, prompt_tokens_approx=300,
                         max_tokens=600, timeout_s=300)
         time.sleep(2)
     assert load.ok == 32, load.errors
@@ -127,7 +127,7 @@ def test_vllm_queue_with_kv_room_recommends_more_seqs(vllm_server_factory, store
     config = _config(tmp_path, str(store.engine.url), "vllm", "vllm", server.url, "2s")
     with running(Daemon(parse_config(Path(config).read_text()), store)):
         time.sleep(3)
-        load = run_load(server.url, model=server.model_name, n_requests=32, concurrency=8, prompt_tokens_approx=100,
+        load = run_load_process(server.url, model=server.model_name, n_requests=32, concurrency=8, prompt_tokens_approx=100,
                         max_tokens=300, timeout_s=300)
         time.sleep(2)
     assert load.ok == 32, load.errors
@@ -149,7 +149,7 @@ def test_llama_server_deferred_recommends_parallel_keeping_slot_context(llama_se
         time.sleep(1)
         # 8 at a time against --parallel 2: six wait (deferred) while two decode long answers.
         # 48 requests keep the slots saturated across many 200 ms scrapes (the tiny GGUF is fast).
-        load = run_load(llama_server.url, model=None, n_requests=48, concurrency=8, prompt_tokens_approx=100,
+        load = run_load_process(llama_server.url, model=None, n_requests=48, concurrency=8, prompt_tokens_approx=100,
                         max_tokens=380, timeout_s=300)
         time.sleep(1)
     assert load.ok == 48, load.errors

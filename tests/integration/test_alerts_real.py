@@ -12,7 +12,7 @@ from tests.conftest import require_tool
 from tuner.alerting import default_rule_files
 from tuner.config import parse_config
 from tuner.daemon import Daemon
-from tuner.lab.load import run_load
+from realservers import run_load_process
 
 
 def _pack_with_overrides(tmp_path, target: str):
@@ -60,7 +60,7 @@ def test_kv_pressure_on_real_vllm_fires_alerts_that_reach_the_webhook(vllm_serve
             time.sleep(2)
             # ~3 MB of KV holds ~5,800 tokens; 8 running sequences of ~1,000 tokens each do not fit, so the
             # scheduler preempts, and the cache stays near full for the whole load.
-            load = run_load(server.url, model=server.model_name, n_requests=32, concurrency=16,
+            load = run_load_process(server.url, model=server.model_name, n_requests=32, concurrency=16,
                             prompt_tokens_approx=600, max_tokens=380, distinct_prompts=True, timeout_s=300)
             assert load.ok >= 24, load.errors
 

@@ -18,7 +18,7 @@ from tuner.collect.promsource import raw_snapshots, scrape_via_prometheus
 from tuner.collect.vllm import scrape as scrape_vllm
 from tuner.config import parse_config
 from tuner.daemon import Daemon
-from tuner.lab.load import run_load
+from realservers import run_load_process
 from tuner.signals.derive import LATENCY_HISTOGRAMS, compute_signals, quantile
 from tuner.store.db import open_engine, upgrade
 from tuner.store.store import Store
@@ -55,7 +55,7 @@ def test_vllm_signals_move_with_load_and_bad_targets_stay_recorded(vllm_server, 
         t_load = time.time()
         # 16 at a time against --max-num-seqs 8: half of them have to wait.
         # Long answers keep the server busy for several 1 s scrapes (64 tokens finish within one).
-        load = run_load(vllm_server.url, model=vllm_server.model_name, n_requests=48, concurrency=16,
+        load = run_load_process(vllm_server.url, model=vllm_server.model_name, n_requests=48, concurrency=16,
                         prompt_tokens_approx=300, max_tokens=320, timeout_s=300)
         t_done = time.time()
         time.sleep(3)
@@ -104,7 +104,7 @@ def test_llama_server_deferred_slots_and_kv_use_are_recorded(llama_server, store
         t0 = time.time()
         # 8 at a time against --parallel 2: requests are deferred. The tiny GGUF is fast, so ask for long
         # answers (380 of the 512 tokens a slot holds) to keep the server busy across many scrapes.
-        load = run_load(llama_server.url, model=None, n_requests=32, concurrency=8, prompt_tokens_approx=100,
+        load = run_load_process(llama_server.url, model=None, n_requests=32, concurrency=8, prompt_tokens_approx=100,
                         max_tokens=380, timeout_s=300)
         t1 = time.time()
         time.sleep(1.5)
@@ -129,7 +129,7 @@ def test_quantiles_and_rates_equal_prometheus_on_the_same_samples(vllm_server, p
         time.sleep(0.5)
     time.sleep(2)  # a few idle samples before the load
     t_load = time.time()
-    load = run_load(vllm_server.url, model=vllm_server.model_name, n_requests=48, concurrency=12,
+    load = run_load_process(vllm_server.url, model=vllm_server.model_name, n_requests=48, concurrency=12,
                     prompt_tokens_approx=200, max_tokens=96, timeout_s=300)
     assert load.ok == 48, load.errors
     time.sleep(3)
