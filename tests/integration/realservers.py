@@ -8,6 +8,8 @@ the default cache paths those scripts install to.
 from __future__ import annotations
 
 import json
+import threading
+from contextlib import contextmanager
 import os
 import shutil
 import tempfile
@@ -213,3 +215,16 @@ def run_load_process(base_url: str, **kwargs: object) -> "LoadResult":
         if isinstance(data.get(f.name), list):
             data[f.name] = tuple(data[f.name])
     return LoadResult(**data)
+
+
+@contextmanager
+def running(daemon: "Daemon"):  # noqa: F821 (tuner.daemon.Daemon)
+    """The daemon's scheduler in a thread, as `tuner run` runs it; stopped (cleanly) on exit."""
+    thread = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False}, daemon=True)
+    thread.start()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+        thread.join(30)
+        assert not thread.is_alive(), "daemon did not stop"

@@ -7,9 +7,7 @@ Also calibrates the memory model against vLLM's own KV sizing (vllm:cache_config
 from __future__ import annotations
 
 import json
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,19 +20,9 @@ from tuner.cli import main
 from tuner.collect.http import get
 from tuner.config import parse_config
 from tuner.daemon import Daemon
-from realservers import run_load_process
+from realservers import run_load_process, running
 
 
-@contextmanager
-def running(daemon: Daemon):
-    thread = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False}, daemon=True)
-    thread.start()
-    try:
-        yield daemon
-    finally:
-        daemon.stop()
-        thread.join(30)
-        assert not thread.is_alive(), "daemon did not stop"
 
 
 def _config(tmp_path: Path, store_url: str, name: str, backend: str, url: str, interval: str) -> str:

@@ -7,9 +7,7 @@ Servers: vLLM 0.32 CPU build on the tiny model (max-num-seqs 8), llama-server on
 from __future__ import annotations
 
 import math
-import threading
 import time
-from contextlib import contextmanager
 
 import pytest
 from prometheus_api_client import PrometheusConnect
@@ -18,23 +16,12 @@ from tuner.collect.promsource import raw_snapshots, scrape_via_prometheus
 from tuner.collect.vllm import scrape as scrape_vllm
 from tuner.config import parse_config
 from tuner.daemon import Daemon
-from realservers import run_load_process
+from realservers import run_load_process, running
 from tuner.signals.derive import LATENCY_HISTOGRAMS, compute_signals, quantile
 from tuner.store.db import open_engine, upgrade
 from tuner.store.store import Store
 
 
-@contextmanager
-def running(daemon: Daemon):
-    """The daemon's scheduler in a thread, as `tuner run` runs it; stopped (cleanly) on exit."""
-    thread = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False}, daemon=True)
-    thread.start()
-    try:
-        yield daemon
-    finally:
-        daemon.stop()
-        thread.join(30)
-        assert not thread.is_alive(), "daemon did not stop"
 
 
 def _points(store: Store, target: str, metric: str, start: float, end: float):
