@@ -69,11 +69,18 @@ def test_vllm_kv_saturation_recommends_fewer_seqs_and_memory_model_matches(vllm_
     with running(Daemon(parse_config(Path(config).read_text()), store)):
         time.sleep(2)
         # 8 distinct ~300-token prompts x 600 generated tokens = ~8 blocks each; 64 blocks wanted, 45 exist.
-        # 32 requests: the cache stays saturated across many 1 s scrapes, not just one or two.
-        load = run_load_process(server.url, model=server.model_name, n_requests=32, concurrency=8, prompt_tokens_approx=300,
-                        max_tokens=600, timeout_s=300)
-        time.sleep(2)
-    assert load.ok == 32, load.errors
+        # The rule acts on what tuner observed: KV use swings while the scheduler preempts, and a busy CPU
+        # vLLM answers some scrapes late, so drive the load again (at most 3 rounds) until a stored scrape
+        # has caught the peak. Only the observation is retried; every assertion below stays as it is.
+        for _ in range(3):
+            load = run_load_process(server.url, model=server.model_name, n_requests=32, concurrency=8,
+                                    prompt_tokens_approx=300, max_tokens=600, timeout_s=300)
+            assert load.ok == 32, load.errors
+            time.sleep(2)
+            peak = max(v for (name, _), pts in store.window("vllm", time.time() - 600, time.time()).engines[0]
+                       .series.items() if name == "vllm:kv_cache_usage_perc" for _, v in pts)
+            if peak >= 0.9:
+                break
     after = value_of(_metrics(server.url), "vllm:num_preemptions_total")
     assert after - before >= 1, "the workload did not preempt: the test needs a smaller KV space"
 
