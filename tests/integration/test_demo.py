@@ -25,5 +25,6 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     assert len(rows) >= 3 and rows[-1][0] == "up"
     engine = json.loads(out.split("--window 1m --json\n", 1)[1].split("\n\n===", 1)[0])
     assert engine["requests_waiting_max"] >= 1  # 16 concurrent against --max-num-seqs 4
+    assert engine["queue_p99"] > 0  # and the queue-time histogram says they waited
     assert engine["e2e_p99"] > 0 and engine["generation_tokens_per_s"] > 0 and engine["goodput_ratio"] is not None
     assert 'tuner_target_up{target="tiny-llama"} 1.0' in out

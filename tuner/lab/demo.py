@@ -73,9 +73,10 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         time.sleep(3)
         _show(config, "status", "--window", "1m")
 
-        # Long answers (256 tokens) keep each phase going across many 2 s scrapes.
+        # Long answers (256 tokens) keep each phase going across many 2 s scrapes. The heavy phase queues for
+        # ~25 s: on 2 cores a loaded vLLM can miss a scrape's deadline, and several scrapes must see the queue.
         for phase, n, conc in (("light load: 12 requests, 2 at a time", 12, 2),
-                               ("heavy load: 64 requests, 16 at a time (max-num-seqs is 4)", 64, 16)):
+                               ("heavy load: 128 requests, 16 at a time (max-num-seqs is 4)", 128, 16)):
             _say(phase)
             box: dict[str, LoadResult] = {}
             worker = threading.Thread(target=lambda: box.setdefault("r", run_load(
