@@ -4,6 +4,7 @@ from alembic import context
 from sqlalchemy import engine_from_config, pool
 
 import tuner.store.alerts  # noqa: F401  (registers its tables on Base)
+import tuner.store.journal  # noqa: F401
 import tuner.store.recommendations  # noqa: F401
 from tuner.store.models import Base
 

@@ -1,0 +1,270 @@
+"""The apply journal and the managed servers' state: what tuner did to which server, step by step.
+
+An apply row moves through ``STATES`` and ends ``done`` with an ``outcome``; every step is also a row of
+``apply_steps`` written *before* the action it names, so a tuner killed at any point leaves a journal that says
+where it was (``tuner/apply/reconcile.py`` reads it on restart). An apply whose state is not ``done`` holds the
+target: no second apply, restart or supervisor action touches that server meanwhile.
+
+``managed_servers`` holds, per managed target, the process tuner started (pid + its kernel start time, so a
+reused pid is never mistaken for it), its argv and the flags in force. Migration:
+migrations/versions/0004_apply_journal.py. Timestamps are integer milliseconds since the epoch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, Index, Integer, String, Text, delete, insert, select, update
+from sqlalchemy.orm import Mapped, mapped_column
+
+from tuner.errors import StoreError
+from tuner.store.models import Base
+from tuner.store.recommendations import _Tx
+
+__all__ = ["ApplyRow", "ApplyStepRow", "ManagedServerRow", "StoredApply", "ManagedState", "STATES", "OUTCOMES",
+           "KPI_KEYS", "begin_apply", "step", "finish", "set_kpis", "get_apply", "list_applies", "open_applies",
+           "outcome_counts", "get_managed", "save_managed", "forget_managed"]
+
+STATES = ("planned", "draining", "starting", "health_check", "observing", "awaiting_manual", "done")
+OUTCOMES = ("kept", "rolled_back", "failed")
+KPI_KEYS = ("goodput_ratio", "ttft_p99", "e2e_p99", "tokens_per_s_per_running", "requests_per_s")
+
+
+class ApplyRow(Base):
+    __tablename__ = "applies"
+    __table_args__ = (Index("ix_applies_target_state", "target", "state"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target: Mapped[str] = mapped_column(String(63))
+    recommendation_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    kind: Mapped[str] = mapped_column(String(16))  # apply | rollback | restore
+    mode: Mapped[str] = mapped_column(String(16))  # manual | auto | reconcile
+    created_ms: Mapped[int] = mapped_column(Integer)
+    updated_ms: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    outcome: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    diff: Mapped[str] = mapped_column(Text)  # JSON flag -> new value
+    old_flags: Mapped[str] = mapped_column(Text)  # JSON: every tunable flag in force before
+    new_flags: Mapped[str] = mapped_column(Text)  # JSON: every tunable flag after
+    old_argv: Mapped[str] = mapped_column(Text)  # JSON list ([] for unmanaged targets)
+    new_argv: Mapped[str] = mapped_column(Text)
+    baseline: Mapped[str] = mapped_column(Text)  # JSON KPI -> number | null, the window before
+    after: Mapped[str] = mapped_column(Text)  # JSON KPI -> number | null, the observed window after
+    note: Mapped[str] = mapped_column(Text)
+    owner_pid: Mapped[int] = mapped_column(Integer)  # the tuner process doing it
+    owner_start: Mapped[int] = mapped_column(Integer)  # its kernel start time (clock ticks since boot)
+
+
+class ApplyStepRow(Base):
+    __tablename__ = "apply_steps"
+    __table_args__ = (Index("ix_apply_steps_apply", "apply_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    apply_id: Mapped[int] = mapped_column(Integer)
+    ts_ms: Mapped[int] = mapped_column(Integer)
+    step: Mapped[str] = mapped_column(String(32))
+    detail: Mapped[str] = mapped_column(Text)
+
+
+class ManagedServerRow(Base):
+    __tablename__ = "managed_servers"
+    target: Mapped[str] = mapped_column(String(63), primary_key=True)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    proc_start: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    argv: Mapped[str] = mapped_column(Text)  # JSON list
+    flags: Mapped[str] = mapped_column(Text)  # JSON: tunable flags in force
+    config_flags: Mapped[str] = mapped_column(Text)  # JSON: the config file's flags these were derived from
+    started_ms: Mapped[int] = mapped_column(Integer)
+    restarts: Mapped[str] = mapped_column(Text)  # JSON list of ms timestamps of automatic restarts
+    state: Mapped[str] = mapped_column(String(16))  # running | stopped | crashed | given_up
+    updated_ms: Mapped[int] = mapped_column(Integer)
+    note: Mapped[str] = mapped_column(Text)
+
+
+@dataclass(frozen=True)
+class StoredApply:
+    id: int
+    target: str
+    recommendation_id: int | None
+    kind: str
+    mode: str
+    created_ms: int
+    updated_ms: int
+    state: str
+    outcome: str | None
+    diff: dict[str, Any]
+    old_flags: dict[str, Any]
+    new_flags: dict[str, Any]
+    old_argv: list[str]
+    new_argv: list[str]
+    baseline: dict[str, Any]
+    after: dict[str, Any]
+    note: str
+    owner_pid: int
+    owner_start: int
+    steps: list[dict[str, Any]] = field(default_factory=list)  # {ts_ms, step, detail}, oldest first
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class ManagedState:
+    target: str
+    pid: int | None
+    proc_start: int | None
+    argv: list[str]
+    flags: dict[str, Any]
+    config_flags: dict[str, Any]
+    started_ms: int
+    restarts: list[int]
+    state: str
+    updated_ms: int
+    note: str
+
+
+def _ms(ts: float) -> int:
+    return int(round(ts * 1000))
+
+
+def _stored(r: Any, steps: list[dict[str, Any]]) -> StoredApply:
+    return StoredApply(
+        id=r.id, target=r.target, recommendation_id=r.recommendation_id, kind=r.kind, mode=r.mode,
+        created_ms=r.created_ms, updated_ms=r.updated_ms, state=r.state, outcome=r.outcome, diff=json.loads(r.diff),
+        old_flags=json.loads(r.old_flags), new_flags=json.loads(r.new_flags), old_argv=json.loads(r.old_argv),
+        new_argv=json.loads(r.new_argv), baseline=json.loads(r.baseline), after=json.loads(r.after), note=r.note,
+        owner_pid=r.owner_pid, owner_start=r.owner_start, steps=steps)
+
+
+def begin_apply(engine: Engine, *, target: str, recommendation_id: int | None, kind: str, mode: str, now: float,
+                diff: dict[str, Any], old_flags: dict[str, Any], new_flags: dict[str, Any], old_argv: list[str],
+                new_argv: list[str], owner_pid: int, owner_start: int) -> int:
+    """Open an apply in state ``planned``; StoreError when the target already has an open one (the lock)."""
+    with _Tx(engine) as conn:
+        busy = conn.execute(select(ApplyRow.id).where(ApplyRow.target == target, ApplyRow.state != "done")).first()
+        if busy is not None:
+            raise StoreError(f"target {target!r} has apply #{busy[0]} in progress; wait for it or run "
+                             f"`tuner reconcile` if the tuner doing it died")
+        apply_id = int(conn.execute(insert(ApplyRow).values(
+            target=target, recommendation_id=recommendation_id, kind=kind, mode=mode, created_ms=_ms(now),
+            updated_ms=_ms(now), state="planned", outcome=None, diff=json.dumps(diff), old_flags=json.dumps(old_flags),
+            new_flags=json.dumps(new_flags), old_argv=json.dumps(old_argv), new_argv=json.dumps(new_argv),
+            baseline="{}", after="{}", note="", owner_pid=owner_pid, owner_start=owner_start)).inserted_primary_key[0])
+        conn.execute(insert(ApplyStepRow).values(apply_id=apply_id, ts_ms=_ms(now), step="planned",
+                                                 detail=json.dumps(diff)))
+    return apply_id
+
+
+def step(engine: Engine, apply_id: int, name: str, detail: str = "", *, now: float, state: str | None = None,
+         owner: tuple[int, int] | None = None) -> None:
+    """Journal one step (and move the apply to ``state`` when given). Written before the action it names."""
+    values: dict[str, Any] = {"updated_ms": _ms(now)}
+    if state is not None:
+        if state not in STATES:
+            raise ValueError(f"state {state!r}: expected one of {', '.join(STATES)}")
+        values["state"] = state
+    if owner is not None:
+        values["owner_pid"], values["owner_start"] = owner
+    with _Tx(engine) as conn:
+        conn.execute(update(ApplyRow).where(ApplyRow.id == apply_id).values(**values))
+        conn.execute(insert(ApplyStepRow).values(apply_id=apply_id, ts_ms=_ms(now), step=name, detail=detail))
+
+
+def set_kpis(engine: Engine, apply_id: int, *, now: float, baseline: dict[str, Any] | None = None,
+             after: dict[str, Any] | None = None) -> None:
+    values: dict[str, Any] = {"updated_ms": _ms(now)}
+    if baseline is not None:
+        values["baseline"] = json.dumps(baseline)
+    if after is not None:
+        values["after"] = json.dumps(after)
+    with _Tx(engine) as conn:
+        conn.execute(update(ApplyRow).where(ApplyRow.id == apply_id).values(**values))
+
+
+def finish(engine: Engine, apply_id: int, outcome: str, note: str, *, now: float) -> None:
+    """Close the apply with its outcome (kept | rolled_back | failed); the target is free again."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome {outcome!r}: expected one of {', '.join(OUTCOMES)}")
+    with _Tx(engine) as conn:
+        conn.execute(update(ApplyRow).where(ApplyRow.id == apply_id).values(
+            state="done", outcome=outcome, note=note, updated_ms=_ms(now)))
+        conn.execute(insert(ApplyStepRow).values(apply_id=apply_id, ts_ms=_ms(now), step=f"done: {outcome}",
+                                                 detail=note))
+
+
+def _steps(conn: Any, ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
+    if not ids:
+        return out
+    q = select(ApplyStepRow).where(ApplyStepRow.apply_id.in_(ids)).order_by(ApplyStepRow.id)
+    for s in conn.execute(q):
+        out[s.apply_id].append({"ts_ms": s.ts_ms, "step": s.step, "detail": s.detail})
+    return out
+
+
+def list_applies(engine: Engine, *, target: str | None = None, since_ms: int | None = None,
+                 limit: int | None = None) -> list[StoredApply]:
+    """Newest first, each with its steps."""
+    q = select(ApplyRow).order_by(ApplyRow.id.desc())
+    if target is not None:
+        q = q.where(ApplyRow.target == target)
+    if since_ms is not None:
+        q = q.where(ApplyRow.updated_ms >= since_ms)
+    if limit is not None:
+        q = q.limit(limit)
+    with engine.connect() as conn:
+        rows = list(conn.execute(q))
+        steps = _steps(conn, [r.id for r in rows])
+    return [_stored(r, steps[r.id]) for r in rows]
+
+
+def open_applies(engine: Engine) -> list[StoredApply]:
+    """Applies not done (in progress, or left behind by a tuner that died), oldest first."""
+    with engine.connect() as conn:
+        rows = list(conn.execute(select(ApplyRow).where(ApplyRow.state != "done").order_by(ApplyRow.id)))
+        steps = _steps(conn, [r.id for r in rows])
+    return [_stored(r, steps[r.id]) for r in rows]
+
+
+def get_apply(engine: Engine, apply_id: int) -> StoredApply:
+    with engine.connect() as conn:
+        r = conn.execute(select(ApplyRow).where(ApplyRow.id == apply_id)).first()
+        if r is None:
+            raise StoreError(f"no apply #{apply_id} in the journal (see `tuner journal`)")
+        return _stored(r, _steps(conn, [r.id])[r.id])
+
+
+def outcome_counts(engine: Engine) -> dict[tuple[str, str], int]:
+    """(target, outcome) -> finished applies, for tuner's own /metrics."""
+    from sqlalchemy import func
+
+    q = select(ApplyRow.target, ApplyRow.outcome, func.count()).where(ApplyRow.state == "done") \
+        .group_by(ApplyRow.target, ApplyRow.outcome)
+    with engine.connect() as conn:
+        return {(t, o): int(n) for t, o, n in conn.execute(q)}
+
+
+def get_managed(engine: Engine, target: str) -> ManagedState | None:
+    with engine.connect() as conn:
+        r = conn.execute(select(ManagedServerRow).where(ManagedServerRow.target == target)).first()
+    if r is None:
+        return None
+    return ManagedState(target=r.target, pid=r.pid, proc_start=r.proc_start, argv=json.loads(r.argv),
+                        flags=json.loads(r.flags), config_flags=json.loads(r.config_flags), started_ms=r.started_ms,
+                        restarts=json.loads(r.restarts), state=r.state, updated_ms=r.updated_ms, note=r.note)
+
+
+def save_managed(engine: Engine, s: ManagedState) -> None:
+    values = {"pid": s.pid, "proc_start": s.proc_start, "argv": json.dumps(s.argv), "flags": json.dumps(s.flags),
+              "config_flags": json.dumps(s.config_flags), "started_ms": s.started_ms,
+              "restarts": json.dumps(s.restarts), "state": s.state, "updated_ms": s.updated_ms, "note": s.note}
+    with _Tx(engine) as conn:
+        done = conn.execute(update(ManagedServerRow).where(ManagedServerRow.target == s.target)
+                            .values(**values)).rowcount
+        if not done:
+            conn.execute(insert(ManagedServerRow).values(target=s.target, **values))
+
+
+def forget_managed(engine: Engine, target: str) -> None:
+    with _Tx(engine) as conn:
+        conn.execute(delete(ManagedServerRow).where(ManagedServerRow.target == target))
