@@ -157,3 +157,16 @@ class RuleFileError(TunerError, ValueError):
     def __init__(self, path: str, line: int | None, reason: str) -> None:
         self.path, self.line, self.reason = path, line, reason
         super().__init__(f"{path}:{line}: {reason}" if line else f"{path}: {reason}")
+
+
+class GrafanaError(TunerError):
+    """Raised when Grafana cannot be reached or refuses a request; names the URL and what it answered."""
+
+    exit_code = 4
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url, self.reason = url, reason
+        super().__init__(f"Grafana at {url}: {reason}")
+
+
+__all__ += ["GrafanaError"]
