@@ -281,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tuner.advise.cli import add_parsers as _advise_parsers  # plan, recommend, recommendations
 
     _advise_parsers(sub, _duration, parse_duration("5m"))
+    from tuner.dashboards.cli import add_parsers as _dashboards_parsers  # dashboards generate/push
+
+    _dashboards_parsers(sub)
     return p
 
 

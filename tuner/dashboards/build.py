@@ -1,0 +1,258 @@
+"""The Grafana dashboards, built in code with grafana-foundation-sdk (Grafana 11.6 schema).
+
+Four dashboards, each over a Prometheus datasource chosen by the ``$datasource`` variable:
+
+- ``tuner-vllm``: vLLM's own series (names of vLLM 0.32, tests/fixtures/vllm-0.32-cpu/);
+- ``tuner-gpu``: tuner's ``tuner_gpu_*`` and dcgm-exporter's ``DCGM_FI_DEV_*``;
+- ``tuner-llama-server``: llama-server's ``llamacpp:*`` plus tuner's slot view of it;
+- ``tuner-self``: tuner itself (targets, scrapes, alerts, recommendations, applies).
+
+Series are filtered by ``target`` (the label tuner's exporter puts on its series; for a server's own
+series, give Prometheus the same label, as ``tuner alerts export`` assumes) and ``model_name``. Both
+variables allow "All" (``.*``), which also matches series without the label.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DataSourceRef,
+    VariableRefresh,
+    VariableSort,
+)
+
+__all__ = ["build_dashboards", "to_json", "RATE"]
+
+DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
+RATE = "$__rate_interval"
+TARGET = 'target=~"$target"'
+VLLM = 'target=~"$target",model_name=~"$model"'  # vLLM series and tuner's per-engine series
+BY = "target, model_name"
+QUANTILES = (0.5, 0.95, 0.99)
+
+
+class _Layout:
+    """Places panels left to right on Grafana's 24-column grid, rows top to bottom."""
+
+    def __init__(self, dash: db.Dashboard) -> None:
+        self.dash, self.x, self.y, self.row_h, self.next_id = dash, 0, 0, 0, 1
+
+    def row(self, title: str) -> None:
+        self._newline()
+        self.dash.with_row(db.Row(title).id(self._id()))
+        self.y += 1
+
+    def add(self, panel: Any, w: int = 12, h: int = 8) -> None:
+        if self.x + w > 24:
+            self._newline()
+        self.dash.with_panel(panel.id(self._id()).datasource(DS).span(w).height(h))
+        self.x += w
+        self.row_h = max(self.row_h, h)
+
+    def _newline(self) -> None:
+        if self.x:
+            self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
+
+    def _id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+
+def _q(expr: str, legend: str = "", ref: str = "A") -> prometheus.Dataquery:
+    q = prometheus.Dataquery().expr(expr).ref_id(ref)
+    return q.legend_format(legend) if legend else q
+
+
+def _ts(title: str, unit: str, *queries: prometheus.Dataquery, description: str = "") -> timeseries.Panel:
+    p = timeseries.Panel().title(title).unit(unit)
+    if description:
+        p = p.description(description)
+    for q in queries:
+        p = p.with_target(q)
+    return p
+
+
+def _refs(*pairs: tuple[str, str]) -> list[prometheus.Dataquery]:
+    return [_q(expr, legend, chr(ord("A") + i)) for i, (expr, legend) in enumerate(pairs)]
+
+
+def _quantiles(histogram: str, sel: str = VLLM, by: str = BY) -> list[prometheus.Dataquery]:
+    return _refs(*[(f"histogram_quantile({q}, sum by ({by}, le) (rate({histogram}_bucket{{{sel}}}[{RATE}])))",
+                    f"P{round(q * 100)} {{{{target}}}} {{{{model_name}}}}") for q in QUANTILES])
+
+
+def _dashboard(uid: str, title: str, description: str, tags: list[str]) -> db.Dashboard:
+    return (db.Dashboard(title).uid(uid).description(description).tags(["tuner", *tags])
+            .time("now-1h", "now").refresh("30s").tooltip(DashboardCursorSync.CROSSHAIR).editable()
+            .with_variable(db.DatasourceVariable("datasource").label("Prometheus").type("prometheus")))
+
+
+def _var(name: str, label: str, query: str) -> db.QueryVariable:
+    return (db.QueryVariable(name).label(label).datasource(DS).query(query).multi(True).include_all(True)
+            .all_value(".*").refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.ALPHABETICAL_ASC))
+
+
+def _events(dash: db.Dashboard) -> db.Dashboard:
+    """Applies, rollbacks and firing alerts as annotations (from tuner's exporter)."""
+    for name, color, expr in (
+        ("Applies kept", "green", f'increase(tuner_applies_total{{{TARGET},outcome="kept"}}[2m]) > 0'),
+        ("Rollbacks", "red", f'increase(tuner_applies_total{{{TARGET},outcome=~"rolled_back|failed"}}[2m]) > 0'),
+        ("Alerts firing", "orange", f'tuner_alerts{{{TARGET},alertstate="firing"}}'),
+    ):
+        dash = dash.annotation(db.AnnotationQuery().name(name).datasource(DS).enable(True).icon_color(color)
+                               .expr(expr))
+    return dash
+
+
+def vllm_overview() -> db.Dashboard:
+    d = _dashboard("tuner-vllm", "vLLM overview", "vLLM's own /metrics: queue, KV cache, latency percentiles, "
+                   "throughput, prefix cache, preemptions, finish reasons; goodput from tuner.", ["vllm"])
+    d = _events(d.with_variable(_var("target", "Target", "label_values(vllm:num_requests_running, target)"))
+                .with_variable(_var("model", "Model",
+                                    f"label_values(vllm:num_requests_running{{{TARGET}}}, model_name)")))
+    lay = _Layout(d)
+    lay.row("Load")
+    lay.add(_ts("Requests running / waiting", "short", *_refs(
+        (f"sum by ({BY}) (vllm:num_requests_running{{{VLLM}}})", "running {{target}} {{model_name}}"),
+        (f"sum by ({BY}) (vllm:num_requests_waiting{{{VLLM}}})", "waiting {{target}} {{model_name}}"))))
+    lay.add(_ts("KV-cache use", "percentunit", _q(f"max by ({BY}) (vllm:kv_cache_usage_perc{{{VLLM}}})",
+                                                  "{{target}} {{model_name}}")).min(0).max(1))
+    lay.row("Latency")
+    lay.add(_ts("Time to first token", "s", *_quantiles("vllm:time_to_first_token_seconds")), w=8)
+    lay.add(_ts("Inter-token latency", "s", *_quantiles("vllm:inter_token_latency_seconds")), w=8)
+    lay.add(_ts("End-to-end latency", "s", *_quantiles("vllm:e2e_request_latency_seconds")), w=8)
+    lay.add(_ts("Queue time", "s", *_quantiles("vllm:request_queue_time_seconds")), w=12)
+    lay.add(_ts("Goodput (tuner, share of requests within the SLO)", "percentunit",
+                _q(f"tuner_goodput_ratio{{{VLLM}}}", "{{target}} {{model_name}}")).min(0).max(1), w=12)
+    lay.row("Throughput")
+    lay.add(_ts("Tokens per second", "short", *_refs(
+        (f"sum by ({BY}) (rate(vllm:prompt_tokens_total{{{VLLM}}}[{RATE}]))", "prompt {{target}} {{model_name}}"),
+        (f"sum by ({BY}) (rate(vllm:generation_tokens_total{{{VLLM}}}[{RATE}]))",
+         "generated {{target}} {{model_name}}"))))
+    lay.add(_ts("Finished requests per second, by reason", "reqps", _q(
+        f"sum by ({BY}, finished_reason) (rate(vllm:request_success_total{{{VLLM}}}[{RATE}]))",
+        "{{finished_reason}} {{target}} {{model_name}}")))
+    lay.add(_ts("Prefix-cache hit rate", "percentunit", _q(
+        f"sum by ({BY}) (rate(vllm:prefix_cache_hits_total{{{VLLM}}}[{RATE}])) / "
+        f"sum by ({BY}) (rate(vllm:prefix_cache_queries_total{{{VLLM}}}[{RATE}]))", "{{target}} {{model_name}}"),
+        description="Share of queried prompt tokens found in the prefix cache").min(0).max(1))
+    lay.add(_ts("Preemptions", "short", _q(
+        f"sum by ({BY}) (increase(vllm:num_preemptions_total{{{VLLM}}}[{RATE}]))", "{{target}} {{model_name}}"),
+        description="Requests preempted (KV cache full) per rate interval"))
+    return d
+
+
+def gpu() -> db.Dashboard:
+    d = _dashboard("tuner-gpu", "GPU", "GPU utilization, memory, temperature and power: tuner's tuner_gpu_* "
+                   "(NVML or dcgm-exporter, read by tuner) and dcgm-exporter's own DCGM_FI_DEV_* series.", ["gpu"])
+    d = d.with_variable(_var("gpu", "GPU", "label_values(tuner_gpu_utilization_ratio, gpu)"))
+    g = 'gpu=~"$gpu"'
+    lay = _Layout(d)
+    lay.row("Read by tuner (tuner_gpu_*)")
+    lay.add(_ts("Utilization", "percentunit", _q(f"tuner_gpu_utilization_ratio{{{g}}}", "GPU {{gpu}} {{name}}"))
+            .min(0).max(1))
+    lay.add(_ts("Memory used", "bytes", *_refs(
+        (f"tuner_gpu_memory_used_bytes{{{g}}}", "used GPU {{gpu}}"),
+        (f"tuner_gpu_memory_total_bytes{{{g}}}", "total GPU {{gpu}}"))))
+    lay.add(_ts("Temperature", "celsius", _q(f"tuner_gpu_temperature_celsius{{{g}}}", "GPU {{gpu}}")), w=8)
+    lay.add(_ts("Power", "watt", _q(f"tuner_gpu_power_watts{{{g}}}", "GPU {{gpu}}")), w=8)
+    lay.add(_ts("Processes on the GPU", "short", _q(f"tuner_gpu_processes{{{g}}}", "GPU {{gpu}}"),
+                description="More than the server itself means the GPU is shared"), w=8)
+    lay.row("dcgm-exporter (DCGM_FI_DEV_*)")
+    lay.add(_ts("Utilization", "percent", _q(f"DCGM_FI_DEV_GPU_UTIL{{{g}}}", "GPU {{gpu}} {{Hostname}}")))
+    lay.add(_ts("Framebuffer used", "decmbytes", *_refs(
+        (f"DCGM_FI_DEV_FB_USED{{{g}}}", "used GPU {{gpu}} {{Hostname}}"),
+        (f"DCGM_FI_DEV_FB_USED{{{g}}} + DCGM_FI_DEV_FB_FREE{{{g}}}", "used + free GPU {{gpu}} {{Hostname}}"))))
+    lay.add(_ts("Temperature", "celsius", _q(f"DCGM_FI_DEV_GPU_TEMP{{{g}}}", "GPU {{gpu}} {{Hostname}}")))
+    lay.add(_ts("Power", "watt", _q(f"DCGM_FI_DEV_POWER_USAGE{{{g}}}", "GPU {{gpu}} {{Hostname}}")))
+    return d
+
+
+def llama_server() -> db.Dashboard:
+    d = _dashboard("tuner-llama-server", "llama-server", "llama.cpp llama-server's --metrics series and tuner's "
+                   "view of its /slots (slots busy, KV use derived from the slots).", ["llama-server"])
+    d = _events(d.with_variable(_var("target", "Target", 'label_values(tuner_target_up, target)')))
+    lay = _Layout(d)
+    lay.row("Slots and queue")
+    lay.add(_ts("Requests processing / deferred", "short", *_refs(
+        (f"sum by (target) (llamacpp:requests_processing{{{TARGET}}})", "processing {{target}}"),
+        (f"sum by (target) (llamacpp:requests_deferred{{{TARGET}}})", "deferred {{target}}"))))
+    lay.add(_ts("Slots busy / total (tuner, from /slots)", "short", *_refs(
+        (f'tuner_slots_busy{{{TARGET},backend="llamacpp"}}', "busy {{target}}"),
+        (f'tuner_slots{{{TARGET},backend="llamacpp"}}', "total {{target}}"))))
+    lay.add(_ts("KV use (tuner, from /slots)", "percentunit",
+                _q(f'tuner_kv_cache_usage_ratio{{{TARGET},backend="llamacpp"}}', "{{target}}")).min(0).max(1))
+    lay.add(_ts("Busy slots per decode", "short",
+                _q(f"llamacpp:n_busy_slots_per_decode{{{TARGET}}}", "{{target}}")))
+    lay.row("Throughput")
+    lay.add(_ts("Tokens per second", "short", *_refs(
+        (f"sum by (target) (rate(llamacpp:prompt_tokens_total{{{TARGET}}}[{RATE}]))", "prompt {{target}}"),
+        (f"sum by (target) (rate(llamacpp:tokens_predicted_total{{{TARGET}}}[{RATE}]))", "generated {{target}}"))))
+    lay.add(_ts("Server-reported speed", "short", *_refs(
+        (f"llamacpp:prompt_tokens_seconds{{{TARGET}}}", "prompt tokens/s {{target}}"),
+        (f"llamacpp:predicted_tokens_seconds{{{TARGET}}}", "generated tokens/s {{target}}")),
+        description="llama-server's own averages since start"))
+    lay.add(_ts("Decode calls per second", "short", _q(
+        f"sum by (target) (rate(llamacpp:n_decode_total{{{TARGET}}}[{RATE}]))", "{{target}}")))
+    return d
+
+
+def tuner_self() -> db.Dashboard:
+    d = _dashboard("tuner-self", "tuner", "tuner itself: target health, scrapes, alerts, recommendations; applies "
+                   "and rollbacks as annotations.", ["self"])
+    d = _events(d.with_variable(_var("target", "Target", "label_values(tuner_target_up, target)")))
+    lay = _Layout(d)
+    lay.row("Targets")
+    lay.add(stat.Panel().title("Targets up").with_target(_q(f"sum(tuner_target_up{{{TARGET}}})")), w=6, h=4)
+    lay.add(stat.Panel().title("Targets down").with_target(_q(
+        f"count(tuner_target_up{{{TARGET}}} == 0) or vector(0)")), w=6, h=4)
+    lay.add(stat.Panel().title("Alerts firing").with_target(_q(
+        f'count(tuner_alerts{{{TARGET},alertstate="firing"}}) or vector(0)')), w=6, h=4)
+    lay.add(stat.Panel().title("Notifications queued").with_target(_q("tuner_alert_notifications_queued")), w=6, h=4)
+    lay.add(_ts("Target health", "short", _q(f"tuner_target_health{{{TARGET}}} == 1", "{{target}} {{health}}"),
+                description="One line per target in its current state: up, degraded (samples dropped) or down"))
+    lay.add(_ts("Scrape duration", "s", _q(f"tuner_scrape_duration_seconds{{{TARGET}}}", "{{target}}")))
+    lay.add(_ts("Scrapes and failures per second", "short", *_refs(
+        (f"sum by (target) (rate(tuner_scrapes_total{{{TARGET}}}[{RATE}]))", "scrapes {{target}}"),
+        (f"sum by (target) (rate(tuner_scrape_failures_total{{{TARGET}}}[{RATE}]))", "failures {{target}}"))))
+    lay.add(_ts("Consecutive failed scrapes", "short",
+                _q(f"tuner_scrape_consecutive_failures{{{TARGET}}}", "{{target}}")))
+    lay.row("Alerts")
+    lay.add(table.Panel().title("Active alerts").with_target(
+        _q(f"tuner_alerts{{{TARGET}}}").instant().format(_table_format())), w=24)
+    lay.add(_ts("Alerts by name and state", "short", _q(
+        f"count by (alertname, alertstate) (tuner_alerts{{{TARGET}}})", "{{alertname}} {{alertstate}}")))
+    lay.add(_ts("Jobs failing (rules reload, notify, store, gpu)", "short", _q(
+        "count(tuner_job_error == 1) or vector(0)", "jobs failing")))
+    lay.row("Recommendations and applies")
+    lay.add(_ts("Recommendations by status", "short", _q(
+        f"sum by (target, status) (tuner_recommendations{{{TARGET}}})", "{{status}} {{target}}")))
+    lay.add(_ts("Applies by outcome", "short", _q(
+        f"sum by (target, outcome) (increase(tuner_applies_total{{{TARGET}}}[1h]))", "{{outcome}} {{target}}"),
+        description="Applies finished in the last hour: kept, rolled_back or failed"))
+    return d
+
+
+def _table_format():  # type: ignore[no-untyped-def]
+    from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+    return PromQueryFormat.TABLE
+
+
+def build_dashboards() -> dict[str, dict[str, Any]]:
+    """uid → dashboard JSON model (plain dicts), in a stable order."""
+    out = {}
+    for make in (vllm_overview, gpu, llama_server, tuner_self):
+        model = json.loads(to_json(make().build()))
+        out[model["uid"]] = model
+    return out
+
+
+def to_json(model: Any) -> str:
+    return json.dumps(model, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
