@@ -281,9 +281,15 @@ def build_parser() -> argparse.ArgumentParser:
     from tuner.advise.cli import add_parsers as _advise_parsers  # plan, recommend, recommendations
 
     _advise_parsers(sub, _duration, parse_duration("5m"))
+    from tuner.apply.cli import add_parsers as _apply_parsers  # apply-recommendation, rollback, journal, managed
+
+    _apply_parsers(sub, {"load": _load, "open_store": _open_store, "config_path": _config_path})
     from tuner.dashboards.cli import add_parsers as _dashboards_parsers  # dashboards generate/push
 
     _dashboards_parsers(sub)
+    from tuner.report.cli import add_parsers as _report_parsers  # report -o report.html
+
+    _report_parsers(sub, {"load": _load, "open_store": _open_store}, _duration, parse_duration("24h"))
     return p
 
 
@@ -291,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    if args.log_level != "DEBUG":
+        logging.getLogger("alembic").setLevel(logging.WARNING)  # its per-command INFO lines are noise here
     try:
         return args.func(args)
     except TunerError as exc:

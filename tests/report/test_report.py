@@ -1,0 +1,193 @@
+"""``tuner report``: a store filled from recorded real vLLM expositions (through tuner's own parser and
+``Store.ingest``), alert events, and applies written through the apply journal; the HTML opened in headless
+Chromium, its screenshot checked for drawn plots and its DOM for the plots' paths, markers and table rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import fixture_text, migrated_store
+from tuner.cli import main
+from tuner.collect import vllm
+from tuner.lab.replay import ReplayExposition
+from tuner.report.html import plot_titles
+from tuner.store import journal
+from tuner.store.alerts import record_events
+
+T0 = 1_790_000_000.0  # a fixed start; scrapes 5 s apart
+STEP = 5.0
+
+
+def fill(store) -> None:  # type: ignore[no-untyped-def]
+    """One recorded server's expositions in their recorded order: 10 scrapes idle, 5 under load (8 running,
+    16 waiting), then 25 of the after-load one replayed with counters and histograms growing 4 % a scrape."""
+    idle = fixture_text("vllm-0.32-cpu/metrics_idle.txt")
+    load = fixture_text("vllm-0.32-cpu/metrics_under_load.txt")
+    after = ReplayExposition(fixture_text("vllm-0.32-cpu/metrics_after_load.txt"), growth=0.04)
+    for i in range(40):
+        text = idle if i < 10 else load if i < 15 else after.render().decode()
+        store.ingest(vllm.snapshot_from_text(text, target="chat", ts=T0 + i * STEP), url="http://127.0.0.1:8000")
+    ms = lambda t: int(t * 1000)  # noqa: E731
+    labels = {"alertname": "QueueDepthHigh", "target": "chat", "severity": "warning"}
+    record_events(store, [
+        {"ts_ms": ms(T0 + 60), "rule": "QueueDepthHigh", "fingerprint": "f1", "labels": json.dumps(labels),
+         "from_state": "inactive", "to_state": "pending", "value": 16.0},
+        {"ts_ms": ms(T0 + 90), "rule": "QueueDepthHigh", "fingerprint": "f1", "labels": json.dumps(labels),
+         "from_state": "pending", "to_state": "firing", "value": 16.0},
+        {"ts_ms": ms(T0 + 90), "rule": "TargetDown", "fingerprint": "f2",
+         "labels": json.dumps({"alertname": "TargetDown", "target": "other"}),
+         "from_state": "pending", "to_state": "firing", "value": 0.0},  # another target: not in chat's report
+    ])
+    kpis = {"goodput_ratio": 0.91, "ttft_p99": 0.8, "e2e_p99": 12.0, "tokens_per_s_per_running": 30.0,
+            "requests_per_s": 2.0}
+    for at, outcome, after in ((T0 + 120, "rolled_back", {**kpis, "ttft_p99": 1.6, "goodput_ratio": 0.7}),
+                               (T0 + 160, "kept", {**kpis, "ttft_p99": 0.4, "goodput_ratio": 0.98})):
+        aid = journal.begin_apply(store.engine, target="chat", recommendation_id=None, kind="apply", mode="manual",
+                                  now=at, diff={"max-num-seqs": 16}, old_flags={"max-num-seqs": 8},
+                                  new_flags={"max-num-seqs": 16}, old_argv=[], new_argv=[], owner_pid=os.getpid(),
+                                  owner_start=0)
+        journal.set_kpis(store.engine, aid, now=at + 1, baseline=kpis)
+        journal.step(store.engine, aid, "observing", now=at + 5, state="observing")
+        journal.set_kpis(store.engine, aid, now=at + 25, after=after)
+        journal.finish(store.engine, aid, outcome, f"P99 TTFT {kpis['ttft_p99']} -> {after['ttft_p99']}",
+                       now=at + 25)
+
+
+@pytest.fixture
+def report(tmp_path: Path, capsys) -> tuple[Path, str]:  # type: ignore[no-untyped-def]
+    store = migrated_store(tmp_path)
+    fill(store)
+    store.engine.dispose()
+    cfg = tmp_path / "tuner.yaml"
+    cfg.write_text("store: {url: 'sqlite:///tuner.db'}\ntargets:\n"
+                   "  - {name: chat, backend: vllm, url: 'http://127.0.0.1:8000', slo: {ttft_p99: 1s}}\n")
+    out = tmp_path / "report.html"
+    assert main(["--config", str(cfg), "report", "--target", "chat", "--since", "200s", "--until", str(T0 + 200),
+                 "--points", "80", "-o", str(out)]) == 0
+    return out, capsys.readouterr().out
+
+
+def chromium() -> str:
+    path = shutil.which("chromium")
+    if path:
+        return path
+    if os.environ.get("TUNER_REQUIRE_REAL_SERVERS") == "1":
+        pytest.fail("chromium not installed; run scripts/install-chromium.sh")
+    pytest.skip("chromium not installed; run scripts/install-chromium.sh")
+
+
+def run_chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            f"--user-data-dir={tmp_path / 'chromium-profile'}", "--hide-scrollbars", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
+def png_pixels(data: bytes) -> tuple[int, int, list[tuple[int, ...]]]:
+    """Decode a non-interlaced 8-bit RGB/RGBA PNG (what Chromium writes) without Pillow."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, width = 8, b"", 0
+    while pos < len(data):
+        (length,), kind = struct.unpack(">I", data[pos:pos + 4]), data[pos + 4:pos + 8]
+        chunk = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", chunk)
+            assert depth == 8 and ctype in (2, 6) and interlace == 0, (depth, ctype, interlace)
+            bpp = 3 if ctype == 2 else 4
+        elif kind == b"IDAT":
+            idat += chunk
+        pos += 12 + length
+    raw, stride, prev, pixels = zlib.decompress(idat), width * bpp, bytearray(width * bpp), []
+    for y in range(height):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        pixels.extend(tuple(line[i:i + 3]) for i in range(0, stride, bpp))
+        prev = line
+    return width, height, pixels
+
+
+# ---- tests ---------------------------------------------------------------------------------------------------
+
+
+def test_report_is_one_self_contained_file_with_plots_markers_and_tables(report):
+    out, printed = report
+    html = out.read_text()
+    assert re.search(r"\b(src|href)=|url\(|<script|<link|@import", html) is None  # nothing to fetch
+    assert "1 target(s), 5 plots, 2 alert events, 2 applies" in printed
+    for title in plot_titles():
+        assert f'data-plot="{title}"' in html
+    # Latency and throughput have data once the load starts (the first 10 scrapes are idle).
+    for legend in ("P50", "P99", "prompt", "generated", "KV use", "running", "waiting (peak)"):
+        n = [int(m) for m in re.findall(rf'data-legend="{re.escape(legend)}" data-points="(\d+)"', html)]
+        assert n and all(k >= 40 for k in n), (legend, n)
+    assert html.count('class="marker alert"') == 5  # QueueDepthHigh firing, once per plot; not the other target's
+    assert html.count('class="marker apply"') == 10 and html.count('class="marker rollback"') == 5
+    assert "TargetDown" not in html
+    assert len(re.findall(r'<tr class="kpi" data-apply="\d+" data-kpi=', html)) == 10
+    assert "+100.0%" in html and "-50.0%" in html  # TTFT P99 0.8 s -> 1.6 s (rolled back), -> 0.4 s (kept)
+
+
+def test_chromium_renders_the_plots(report, tmp_path):
+    out, _ = report
+    shot = tmp_path / "shot.png"
+    r = run_chromium(tmp_path, f"--screenshot={shot}", "--window-size=1000,1400", out.as_uri())
+    assert shot.exists(), r.stderr[-2000:]
+    width, height, pixels = png_pixels(shot.read_bytes())
+    assert (width, height) == (1000, 1400)
+    non_white = sum(1 for p in pixels if p != (255, 255, 255))
+    colours = {p for p in pixels}
+    line_blue = sum(1 for p in pixels if p == (0x1F, 0x77, 0xB4))  # the first series' stroke
+    line_red = sum(1 for p in pixels if p == (0xD6, 0x27, 0x28))
+    assert non_white > 0.05 * width * height, non_white
+    assert len(colours) > 50, len(colours)
+    assert line_blue > 500 and line_red > 300, (line_blue, line_red)
+
+    dom = run_chromium(tmp_path, "--dump-dom", out.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert dom.stdout.count('<svg class="plot"') == 5
+    assert len(re.findall(r'<path class="series"[^>]* d="M', dom.stdout)) == 9  # 2+2+1+2+2 lines
+    assert len(re.findall(r'<tr class="kpi"', dom.stdout)) == 10
+    assert len(re.findall(r'<tr class="alert-event"', dom.stdout)) == 2
+
+
+def test_png_reader_sees_a_blank_page_as_blank(tmp_path):
+    blank = tmp_path / "blank.html"
+    blank.write_text("<!DOCTYPE html><html><body style='background:#fff'></body></html>")
+    shot = tmp_path / "blank.png"
+    run_chromium(tmp_path, f"--screenshot={shot}", "--window-size=400,300", blank.as_uri())
+    _, _, pixels = png_pixels(shot.read_bytes())
+    assert {p for p in pixels} == {(255, 255, 255)}
+
+
+def test_unknown_target_and_bad_output_are_one_line_errors(tmp_path, capsys):
+    store = migrated_store(tmp_path)
+    fill(store)
+    store.engine.dispose()
+    cfg = tmp_path / "tuner.yaml"
+    cfg.write_text("store: {url: 'sqlite:///tuner.db'}\ntargets:\n  - {name: chat, backend: vllm, url: 'http://x:1'}\n")
+    assert main(["--config", str(cfg), "report", "--target", "nope", "-o", str(tmp_path / "r.html")]) == 2
+    assert "unknown target 'nope'; known targets: chat" in capsys.readouterr().err
+    assert main(["--config", str(cfg), "report", "-o", str(tmp_path / "missing-dir" / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert "missing-dir/r.html: -o: give a file path in an existing directory" in err and err.count("\n") == 1

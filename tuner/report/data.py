@@ -1,0 +1,112 @@
+"""What a report shows, read from the store: signals over sliding windows, alert events, applies.
+
+Signals come from ``compute_signals`` (the same arithmetic as ``tuner signals``) evaluated every ``step`` over
+the ``window`` before it. The store is read once per target and the points are cut per window in memory.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.config import Slo
+from tuner.signals.derive import EngineSignals, compute_signals
+from tuner.store.alerts import history
+from tuner.store.store import Store
+from tuner.store.window import EngineWindow, HistSeries, TargetWindow
+
+__all__ = ["PLOTS", "Plot", "TargetReport", "AlertEvent", "collect"]
+
+
+@dataclass(frozen=True)
+class Plot:
+    key: str
+    title: str
+    unit: str  # "s" | "ratio" | "count" | "per_s"
+    lines: tuple[tuple[str, str], ...]  # (EngineSignals field, legend)
+
+
+PLOTS = (
+    Plot("ttft", "Time to first token", "s", (("ttft_p50", "P50"), ("ttft_p99", "P99"))),
+    Plot("e2e", "End-to-end latency", "s", (("e2e_p50", "P50"), ("e2e_p99", "P99"))),
+    Plot("kv", "KV-cache use (peak in window)", "ratio", (("kv_cache_usage_max", "KV use"),)),
+    Plot("queue", "Requests running / waiting", "count",
+         (("requests_running", "running"), ("requests_waiting_max", "waiting (peak)"))),
+    Plot("throughput", "Tokens per second", "per_s",
+         (("prompt_tokens_per_s", "prompt"), ("generation_tokens_per_s", "generated"))),
+)
+
+
+@dataclass(frozen=True)
+class AlertEvent:
+    ts_ms: int
+    alertname: str
+    from_state: str
+    to_state: str
+    value: float
+    labels: dict[str, str]
+
+
+@dataclass
+class TargetReport:
+    target: str
+    backend: str
+    start_ms: int
+    end_ms: int
+    window_s: float
+    # (engine, model) -> plot key -> legend -> [(ts_ms, value | None)]
+    series: dict[tuple[str, str], dict[str, dict[str, list[tuple[int, float | None]]]]] = field(default_factory=dict)
+    alerts: list[AlertEvent] = field(default_factory=list)
+    applies: list[Any] = field(default_factory=list)  # tuner.store.journal.StoredApply, newest first
+
+
+def _cut(points: tuple[Any, ...], lo: int, hi: int, ts: Any) -> tuple[Any, ...]:
+    keys = [ts(p) for p in points]
+    return points[bisect.bisect_left(keys, lo):bisect.bisect_right(keys, hi)]
+
+
+def _slice(win: TargetWindow, lo: int, hi: int) -> TargetWindow:
+    engines = []
+    for e in win.engines:
+        series = {k: _cut(pts, lo, hi, lambda p: p[0]) for k, pts in e.series.items()}
+        hists = {k: HistSeries(h.bounds, _cut(h.points, lo, hi, lambda p: p.ts_ms)) for k, h in e.hists.items()}
+        engines.append(EngineWindow(e.engine, e.model_name, series, hists, e.config))
+    return TargetWindow(win.target, win.backend, lo, hi, tuple(engines), win.health)
+
+
+def _value(sig: EngineSignals, name: str) -> float | None:
+    v = getattr(sig, name)
+    return v if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def collect(store: Store, target: str, *, start: float, end: float, points: int = 120, window_s: float | None = None,
+            slo: Slo | None = None) -> TargetReport:
+    """Signals of ``target`` at ``points`` times from ``start`` to ``end``, its alert events and applies."""
+    step = (end - start) / max(1, points - 1)
+    window_s = window_s or max(2 * step, 10.0)
+    whole = store.window(target, start - window_s, end)
+    rep = TargetReport(target, whole.backend, int(start * 1000), int(end * 1000), window_s)
+    for i in range(points):
+        hi = int((start + i * step) * 1000)
+        sig = compute_signals(_slice(whole, hi - int(window_s * 1000), hi), slo=slo)
+        for e in sig.engines:
+            plots = rep.series.setdefault((e.engine, e.model_name), {})
+            for plot in PLOTS:
+                for name, legend in plot.lines:
+                    plots.setdefault(plot.key, {}).setdefault(legend, []).append((hi, _value(e, name)))
+    for ev in reversed(history(store, since_ms=rep.start_ms, limit=10_000)):
+        labels = json.loads(ev.labels)
+        if labels.get("target") == target and ev.ts_ms <= rep.end_ms:
+            rep.alerts.append(AlertEvent(ev.ts_ms, labels.get("alertname", ev.rule), ev.from_state, ev.to_state,
+                                         ev.value, labels))
+    rep.applies = _applies(store, target, rep.start_ms)
+    return rep
+
+
+def _applies(store: Store, target: str, since_ms: int) -> list[Any]:
+    from tuner.store.journal import list_applies
+
+    return list_applies(store.engine, target=target, since_ms=since_ms)
