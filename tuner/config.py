@@ -6,6 +6,7 @@ Every error names the file and the key (``targets[1].url``) so the operator know
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +25,7 @@ from pydantic import (
 
 from tuner.errors import ConfigError
 
-__all__ = ["Config", "Target", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
+__all__ = ["Config", "Target", "Managed", "Hook", "ApplyPolicy", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
            "parse_duration", "DEFAULT_LISTEN"]
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
@@ -36,6 +37,49 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$")
 _UNIT_B = {"B": 1, None: 1, "KB": 10**3, "MB": 10**6, "GB": 10**9,
            "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_MAX_SECONDS = 10 * 365 * 86400  # durations past ten years are typos (and timedelta overflows near 2.7 million)
+
+
+class YamlLoader(yaml.SafeLoader):
+    """SafeLoader whose value errors carry the line: PyYAML raises a bare ValueError for ``2001-02-30`` or
+    ``!!int 0xZZ`` and an AttributeError for ``!!timestamp x``; here they are YAML errors with a mark."""
+
+    def construct_object(self, node, deep=False):  # type: ignore[no-untyped-def]
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {node.value!r} as {node.tag.rsplit(':', 1)[-1]} ({exc})",
+                node.start_mark) from None
+
+
+class YamlTextError(ValueError):
+    """Raised by ``load_yaml`` for any text PyYAML cannot load; ``line`` is 1-based (None if unknown)."""
+
+    def __init__(self, line: int | None, problem: str) -> None:
+        self.line, self.problem = line, problem
+        super().__init__(f"line {line}: {problem}" if line else problem)
+
+
+def load_yaml(text: str, loader: type[YamlLoader] = YamlLoader) -> Any:
+    """Load one YAML document; every failure (bad syntax, bad characters, bad values, absurd nesting) is a
+    YamlTextError naming the line, never another exception."""
+    ld = None
+    try:
+        ld = loader(text)
+        return ld.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise YamlTextError(mark.line + 1 if mark else None, str(exc.problem or exc)) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow: found before parsing starts
+        raise YamlTextError(text.count("\n", 0, exc.position) + 1, str(exc).split("\n")[0]) from None
+    except yaml.YAMLError as exc:
+        raise YamlTextError(None, str(exc)) from None
+    except RecursionError:
+        raise YamlTextError(ld.get_mark().line + 1 if ld else None, "nested too deeply") from None
+    finally:
+        if ld is not None:
+            ld.dispose()
 
 
 def parse_duration(value: Any) -> timedelta:
@@ -45,7 +89,7 @@ def parse_duration(value: Any) -> timedelta:
     if isinstance(value, bool):
         raise ValueError(f"expected a duration like 5s or 2m, got {value!r}")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        seconds = float(value) if isinstance(value, float) or abs(value) < 2**53 else math.inf  # float(10**400) overflows
     else:
         text = str(value).strip()
         match = _DURATION.match(text)
@@ -55,8 +99,10 @@ def parse_duration(value: Any) -> timedelta:
             seconds = sum(float(n) * _UNIT_S[u] for n, u in _PART.findall(text))
         else:
             raise ValueError(f"expected a duration like 500ms, 5s, 2m, 1h30m or 7d, got {value!r}")
-    if seconds <= 0:
+    if not seconds > 0:  # also NaN
         raise ValueError(f"duration must be positive, got {value!r}")
+    if seconds > _MAX_SECONDS:
+        raise ValueError(f"duration {value!r} is longer than ten years; write a shorter one")
     return timedelta(seconds=seconds)
 
 
@@ -67,7 +113,10 @@ def _parse_size(value: Any) -> int:
         match = _SIZE.match(str(value))
         if not match:
             raise ValueError(f"expected a size like 10MiB or 500KB, got {value!r}")
-        size = int(float(match.group(1)) * _UNIT_B[match.group(2)])
+        size_f = float(match.group(1)) * _UNIT_B[match.group(2)]
+        if not math.isfinite(size_f):  # a digit string too long for a float reads as inf
+            raise ValueError(f"size {value!r} is too large")
+        size = int(size_f)
     if size <= 0:
         raise ValueError(f"size must be positive, got {value!r}")
     return size
@@ -90,11 +139,84 @@ class Slo(_Model):
     objective: float = Field(0.99, gt=0, le=1)
 
 
+_Scalar = str | int | float | bool
+
+
+class Managed(_Model):
+    """A server tuner starts and supervises itself (a "load request"): model, server, flags.
+
+    ``flags`` are tunable flags by tuner's names (tuner/flags.py) and are what applies change; ``extra_args``
+    are fixed flags tuner passes as given and never changes (e.g. ``enforce-eager: true``). Host and port come
+    from the target's url.
+    """
+
+    model: str
+    type: Literal["llm", "embedding"] = "llm"
+    # vLLM: a Python interpreter that has vllm installed; llama-server: the binary. Default: this Python / PATH.
+    executable: str | None = None
+    served_model_name: str | None = None  # vLLM; default: the target's name
+    flags: dict[str, _Scalar] = Field(default_factory=dict)
+    extra_args: dict[str, _Scalar | None] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    log_dir: str = "logs"  # relative to the config file
+    start_timeout: Duration = timedelta(minutes=10)
+    drain_timeout: Duration = timedelta(seconds=30)  # vLLM --shutdown-timeout; llama-server's grace period
+    max_restarts: int = Field(3, ge=0, le=100)  # automatic restarts after a crash, within restart_window
+    restart_window: Duration = timedelta(minutes=10)
+    gpus: list[int] = Field(default_factory=list)  # GPU indices it uses: two applies never share a GPU at once
+
+
+class Hook(_Model):
+    """How to apply flags to a server tuner does not own: an argv template, or a systemd drop-in.
+
+    ``command`` elements may contain {target}, {url}, {recommendation}; an element that is exactly {flags}
+    becomes the full rendered flag list and exactly {diff} the changed flags only. Never run through a shell.
+    """
+
+    command: list[str] | None = None
+    systemd_unit: str | None = None
+    systemd_dropin: str | None = None  # default /etc/systemd/system/<unit>.d/tuner-flags.conf
+    timeout: Duration = timedelta(minutes=10)
+
+    @model_validator(mode="after")
+    def _one(self) -> "Hook":
+        if (self.command is None) == (self.systemd_unit is None):
+            raise ValueError("set exactly one of command (an argv list) or systemd_unit")
+        if self.command is not None and not self.command:
+            raise ValueError("command: expected a non-empty argv list")
+        return self
+
+
+class ApplyPolicy(_Model):
+    """How flag changes reach this target and how tuner judges them."""
+
+    mode: Literal["manual", "auto"] = "manual"
+    hook: Hook | None = None
+    baseline: Duration = timedelta(minutes=5)  # window before the apply that the verdict compares with
+    observe: Duration = timedelta(minutes=5)  # window after the health gate
+    min_requests: int = Field(20, ge=0)  # fewer requests observed: too little traffic to judge, kept
+    # auto mode guardrails
+    min_confidence: float = Field(0.8, ge=0, le=1)
+    cooldown: Duration = timedelta(minutes=30)
+    max_restarts_per_hour: int = Field(2, ge=1)
+    maintenance_windows: list[str] = Field(default_factory=list)  # "daily 02:00-04:00", "Sat,Sun 00:00-06:00" (UTC)
+    max_consecutive_rollbacks: int = Field(2, ge=1)
+
+    @field_validator("maintenance_windows")
+    @classmethod
+    def _windows(cls, v: list[str]) -> list[str]:
+        from tuner.apply.guard import parse_window
+
+        for w in v:
+            parse_window(w)
+        return v
+
+
 class Target(_Model):
     """One inference server to watch."""
 
     name: str
-    backend: Literal["vllm", "llamacpp"]
+    backend: Literal["vllm", "llamacpp", "auto"]
     url: str
     labels: dict[str, str] = Field(default_factory=dict)
     scrape_interval: Duration | None = None
@@ -105,6 +227,8 @@ class Target(_Model):
     prometheus_selector: str | None = None
     # The flags the server runs with, as far as tuner should know them (e.g. max-num-seqs: 8).
     flags: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    managed: Managed | None = None
+    apply: ApplyPolicy = ApplyPolicy()
 
     @field_validator("name")
     @classmethod
@@ -119,6 +243,37 @@ class Target(_Model):
         if not re.match(r"^https?://[^\s/]+", v):
             raise ValueError(f"expected an http(s) base URL like http://127.0.0.1:8000, got {v!r}")
         return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _managed(self) -> "Target":
+        if self.managed is None:
+            if self.backend == "auto":
+                raise ValueError("backend auto needs managed.model to choose from (a .gguf file: llamacpp, "
+                                 "else vllm)")
+            return self
+        from tuner.errors import FlagError
+        from tuner.flags import validate
+
+        backend = self.backend
+        if backend == "auto":
+            backend = "llamacpp" if self.managed.model.endswith(".gguf") else "vllm"
+            object.__setattr__(self, "backend", backend)
+        for name, value in self.managed.flags.items():
+            try:
+                validate(backend, name, value)
+            except FlagError as exc:
+                raise ValueError(f"managed.flags.{name}: {exc}") from None
+        host = re.match(r"^https?://([^/:]+|\[[^\]]+\])(?::(\d+))?$", self.url)
+        if host is None or host.group(2) is None:
+            raise ValueError(f"a managed target's url must be http://HOST:PORT (tuner starts the server there), "
+                             f"got {self.url!r}")
+        return self
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        m = re.match(r"^https?://([^/:]+|\[[^\]]+\])(?::(\d+))?", self.url)
+        assert m is not None
+        return m.group(1).strip("[]"), int(m.group(2) or 80)
 
 
 class GpuSource(_Model):
@@ -237,11 +392,9 @@ def _key(loc: tuple[Any, ...]) -> str:
 def parse_config(text: str, path: str = "<config>") -> Config:
     """Parse and validate YAML text; any problem is a ConfigError naming ``path`` and the key."""
     try:
-        data = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(path, where, f"not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        data = load_yaml(text) if text.strip() else {}
+    except YamlTextError as exc:
+        raise ConfigError(path, f"line {exc.line}" if exc.line else "", f"not valid YAML: {exc.problem}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -256,6 +409,9 @@ def parse_config(text: str, path: str = "<config>") -> Config:
         key = _key(err["loc"])
         if msg.startswith("targets[") and ": " in msg:  # cross-check errors carry their own key
             key, _, msg = msg.partition(": ")
+        if msg.startswith(("managed.", "apply.")) and ": " in msg:  # a target check that names its sub-key
+            sub, _, msg = msg.partition(": ")
+            key = f"{key}.{sub}"
         if err["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see README 'Config')"
         raise ConfigError(path, key, msg) from None

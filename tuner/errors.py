@@ -110,8 +110,17 @@ class ServerStartError(TunerError, RuntimeError):
     def __init__(self, what: str, log_path: Path | None, log_tail: Sequence[str]) -> None:
         self.log_tail = list(log_tail)
         where = f" (log: {log_path})" if log_path else ""
+        if log_path is None and not self.log_tail:
+            super().__init__(what)
+            return
         tail = "\n".join("    " + line for line in self.log_tail) or "    <log is empty>"
         super().__init__(f"{what}{where}; last log lines:\n{tail}")
+
+
+class ApplyError(TunerError):
+    """Raised when an apply cannot go ahead or did not hold (target busy, not proposed, refused, rolled back)."""
+
+    exit_code = 8
 
 
 class FlagError(TunerError, ValueError):
@@ -146,7 +155,7 @@ class RecommendationNotFoundError(TunerError, KeyError):
         return str(self.args[0])
 
 
-__all__ += ["FlagError", "ModelFactsError", "RecommendationNotFoundError"]
+__all__ += ["FlagError", "ModelFactsError", "RecommendationNotFoundError", "ApplyError"]
 
 
 class RuleFileError(TunerError, ValueError):

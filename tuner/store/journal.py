@@ -25,7 +25,7 @@ from tuner.store.recommendations import _Tx
 
 __all__ = ["ApplyRow", "ApplyStepRow", "ManagedServerRow", "StoredApply", "ManagedState", "STATES", "OUTCOMES",
            "KPI_KEYS", "begin_apply", "step", "finish", "set_kpis", "get_apply", "list_applies", "open_applies",
-           "outcome_counts", "get_managed", "save_managed", "forget_managed"]
+           "open_applies_for", "outcome_counts", "get_managed", "save_managed", "forget_managed"]
 
 STATES = ("planned", "draining", "starting", "health_check", "observing", "awaiting_manual", "done")
 OUTCOMES = ("kept", "rolled_back", "failed")
@@ -224,6 +224,13 @@ def open_applies(engine: Engine) -> list[StoredApply]:
         rows = list(conn.execute(select(ApplyRow).where(ApplyRow.state != "done").order_by(ApplyRow.id)))
         steps = _steps(conn, [r.id for r in rows])
     return [_stored(r, steps[r.id]) for r in rows]
+
+
+def open_applies_for(engine: Engine, target: str) -> list[int]:
+    """Ids of the target's applies not done (cheap: the supervisor asks every few seconds)."""
+    with engine.connect() as conn:
+        return [r[0] for r in conn.execute(select(ApplyRow.id).where(ApplyRow.target == target,
+                                                                     ApplyRow.state != "done"))]
 
 
 def get_apply(engine: Engine, apply_id: int) -> StoredApply:

@@ -1,0 +1,176 @@
+"""``tuner apply-recommendation``, ``tuner rollback``, ``tuner journal``, ``tuner managed``, ``tuner reconcile``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from tuner.apply.flow import Applier
+from tuner.errors import ApplyError
+from tuner.store import journal as jr
+from tuner.store import recommendations as recs
+
+__all__ = ["add_parsers", "make_applier"]
+
+
+def make_applier(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]], *, quiet: bool = False) -> Applier:
+    cfg = helpers["load"](args)
+    store = helpers["open_store"](cfg)
+    say = (lambda _m: None) if quiet else (lambda m: print(m, flush=True))
+    return Applier(cfg, store, Path(helpers["config_path"](args)).resolve().parent, say=say)
+
+
+def _confirm(args: argparse.Namespace, what: str) -> None:
+    if args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise ApplyError(f"{what}: no terminal to confirm on; pass --yes to go ahead")
+    if input(f"{what}? [y/N] ").strip().lower() not in ("y", "yes"):
+        raise ApplyError(f"{what}: not confirmed")
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _print_apply(a: jr.StoredApply, *, steps: bool = True) -> None:
+    diff = ", ".join(f"{k}: {a.old_flags.get(k, '(default)')} -> {v}" for k, v in a.diff.items())
+    rec = f" rec #{a.recommendation_id}" if a.recommendation_id is not None else ""
+    print(f"apply #{a.id} {a.target} {a.kind}{rec} ({a.mode}) {_when(a.created_ms)}  {diff}")
+    print(f"    state {a.state}" + (f", outcome {a.outcome}" if a.outcome else "") + (f": {a.note}" if a.note else ""))
+    for label, k in (("before", a.baseline), ("after", a.after)):
+        if k:
+            print(f"    {label}: " + ", ".join(f"{n}={_fmt(v)}" for n, v in k.items()))
+    if steps:
+        for s in a.steps:
+            detail = s["detail"] if len(s["detail"]) < 200 else s["detail"][:200] + "…"
+            print(f"      {_when(s['ts_ms'])} {s['step']}" + (f": {detail}" if detail else ""))
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def cmd_apply(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) -> int:
+    ap = make_applier(args, helpers, quiet=args.json)
+    if args.applied or args.cancel:
+        a = ap.manual_done(args.id, cancel=args.cancel)
+    else:
+        ap.reconcile()  # an apply left half done by a dead tuner must not block (or confuse) this one
+        rec = recs.get_recommendation(ap.engine, args.id)
+        if rec.status != "proposed":
+            raise ApplyError(f"recommendation #{args.id} is {rec.status}, not proposed; only proposed ones are "
+                             "applied (see `tuner recommendations list`)")
+        plan = ap.plan(rec)
+        if args.dry_run:
+            if args.json:
+                print(json.dumps({"dry_run": True, "target": plan.target.name, "how": plan.how, "diff": plan.diff,
+                                  "old_flags": plan.old_flags, "new_flags": plan.new_flags,
+                                  "old_argv": plan.old_argv, "new_argv": plan.new_argv}))
+            else:
+                print("dry run: nothing is changed")
+                print(ap.describe(plan))
+            return 0
+        if not args.json:
+            print(ap.describe(plan))
+        _confirm(args, f"apply recommendation #{args.id} to {plan.target.name}")
+        a = ap.apply(args.id)
+    if args.json:
+        print(json.dumps(a.as_json()))
+    else:
+        _print_apply(a)
+    return 0 if a.outcome == "kept" or a.state == "awaiting_manual" else 8
+
+
+def cmd_rollback(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) -> int:
+    ap = make_applier(args, helpers)
+    ap.reconcile()
+    _confirm(args, f"roll {args.target} back to the flags before its last kept apply")
+    a = ap.rollback(args.target)
+    _print_apply(a)
+    return 0 if a.outcome == "rolled_back" else 8
+
+
+def cmd_journal(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) -> int:
+    cfg = helpers["load"](args)
+    store = helpers["open_store"](cfg)
+    rows = jr.list_applies(store.engine, target=args.target, limit=args.limit)
+    if args.json:
+        print(json.dumps([a.as_json() for a in rows]))
+        return 0
+    if not rows:
+        print("no applies yet")
+    for a in rows:
+        _print_apply(a, steps=not args.brief)
+    return 0
+
+
+def cmd_managed(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) -> int:
+    ap = make_applier(args, helpers)
+    targets = [ap.cfg.target(args.target)] if args.target else [t for t in ap.cfg.targets if t.managed]
+    if not targets:
+        print("no managed targets in the config (add a managed: section to a target)")
+        return 0
+    rc = 0
+    for t in targets:
+        if t.managed is None:
+            raise ApplyError(f"target {t.name!r} is not managed (no managed: section)")
+        if args.action == "start":
+            ap.start(t)
+        elif args.action == "stop":
+            print(f"{t.name}: {ap.stop(t)}")
+        else:
+            st = jr.get_managed(ap.engine, t.name)
+            r = ap.running(t)
+            state = "running" if r else (st.state if st else "never started")
+            print(f"{t.name:16} {state:10} pid {r.pid if r else '-':<8} flags {json.dumps(ap.flags_in_force(t))}"
+                  + (f"  note: {st.note}" if st and st.note else ""))
+            rc = rc or (0 if r else 1)
+    return rc
+
+
+def cmd_reconcile(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) -> int:
+    ap = make_applier(args, helpers)
+    lines = ap.reconcile()
+    print("\n".join(lines) if lines else "nothing to reconcile")
+    return 0
+
+
+def add_parsers(sub: Any, helpers: dict[str, Callable[..., Any]]) -> None:
+    def bind(fn: Callable[..., int]) -> Callable[[argparse.Namespace], int]:
+        return lambda args: fn(args, helpers)
+
+    a = sub.add_parser("apply-recommendation", help="apply a stored recommendation: drain, restart with the new flags, "
+                       "health gate, observe, keep or roll back (journaled)")
+    a.add_argument("id", type=int)
+    a.add_argument("--dry-run", action="store_true", help="print the flag diff and the full argv; change nothing")
+    a.add_argument("--yes", action="store_true", help="do not ask for confirmation (needed without a terminal)")
+    a.add_argument("--applied", action="store_true",
+                   help="you restarted an unmanaged server by hand as tuner asked: health-check and observe it")
+    a.add_argument("--cancel", action="store_true", help="drop an apply that waits for a restart by hand")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=bind(cmd_apply))
+
+    r = sub.add_parser("rollback", help="restore the flags a target had before its last kept apply")
+    r.add_argument("target")
+    r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    r.set_defaults(func=bind(cmd_rollback))
+
+    j = sub.add_parser("journal", help="every apply and rollback, step by step, with the verdict and its numbers")
+    j.add_argument("target", nargs="?")
+    j.add_argument("--limit", type=int, default=20)
+    j.add_argument("--brief", action="store_true", help="without the steps")
+    j.add_argument("--json", action="store_true")
+    j.set_defaults(func=bind(cmd_journal))
+
+    m = sub.add_parser("managed", help="servers tuner starts itself (targets with managed:): status, start, stop")
+    m.add_argument("action", choices=["status", "start", "stop"])
+    m.add_argument("target", nargs="?")
+    m.set_defaults(func=bind(cmd_managed))
+
+    c = sub.add_parser("reconcile", help="finish or roll back applies left half done by a tuner that died")
+    c.set_defaults(func=bind(cmd_reconcile))

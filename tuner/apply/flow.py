@@ -1,0 +1,550 @@
+"""Applying flags to a server, journaled step by step: drain, start, health gate, observe, keep or roll back.
+
+Three ways a change reaches a server:
+  * managed (tuner started it): drain the old process, start the new argv, health gate; a start that fails
+    restores the previous flags at once and records the server's own error line;
+  * a hook (``apply.hook`` in the config): an argv template or a systemd drop-in, run by tuner, then the same
+    health gate;
+  * by hand: tuner prints what to change, waits for ``tuner apply-recommendation ID --applied``, then gates
+    and observes.
+After the gate tuner observes for ``apply.observe`` and compares KPIs with the window before (verdict.py).
+Every step is journaled before it is taken (tuner/store/journal.py); ``reconcile`` finishes what a dead tuner
+left half done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tuner.apply import managed as mg
+from tuner.apply.launch import _render_flags
+from tuner.apply.verdict import judge, kpis
+from tuner.config import Config, Target
+from tuner.errors import ApplyError, ConfigError, FlagError, ServerStartError, StoreError
+from tuner.flags import render, spec, validate
+from tuner.signals.derive import compute_signals
+from tuner.store import journal as jr
+from tuner.store import recommendations as recs
+
+__all__ = ["Applier", "Plan", "flags_argv", "hook_argv"]
+
+_OBSERVE_POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    target: Target
+    how: str  # managed | hook | manual
+    diff: dict[str, Any]
+    old_flags: dict[str, Any]
+    new_flags: dict[str, Any]
+    old_argv: list[str]
+    new_argv: list[str]
+
+
+def flags_argv(backend: str, flags: dict[str, Any]) -> list[str]:
+    """Allow-listed flags (tuner's names) as argv elements, e.g. ["--max-num-seqs", "8"]."""
+    return _render_flags(render(backend, flags), dashed=backend == "llamacpp", reserved=frozenset())
+
+
+def hook_argv(target: Target, flags: dict[str, Any], diff: dict[str, Any], rec_id: int | None) -> list[str]:
+    """The hook's argv template filled in: {flags} / {diff} elements expand to several, others are substituted."""
+    hook = target.apply.hook
+    assert hook is not None and hook.command is not None
+    values = {"target": target.name, "url": target.url, "recommendation": "" if rec_id is None else str(rec_id)}
+    out: list[str] = []
+    for element in hook.command:
+        if element == "{flags}":
+            out += flags_argv(target.backend, flags)
+        elif element == "{diff}":
+            out += flags_argv(target.backend, diff)
+        else:
+            try:
+                out.append(element.format(**values))
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ConfigError("config", f"targets[{target.name}].apply.hook.command",
+                                  f"{element!r}: unknown placeholder {exc} (use {{target}}, {{url}}, "
+                                  "{recommendation}, or a whole {flags} / {diff} element)") from None
+    return out
+
+
+def _own_identity() -> tuple[int, int]:
+    return os.getpid(), mg.proc_start_time(os.getpid()) or 0
+
+
+def _canonical(backend: str, flags: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for name, value in flags.items():
+        try:
+            s = spec(backend, name)
+        except FlagError:
+            s = spec(backend, "--" + name) if not name.startswith("-") else spec(backend, name)
+        out[s.name] = validate(backend, s.name, value)
+    return out
+
+
+@dataclass
+class Applier:
+    """Does applies for one config and store. ``say`` prints progress; ``clock`` is wall time."""
+
+    cfg: Config
+    store: Any  # tuner.store.Store
+    config_dir: Path
+    say: Callable[[str], None] = print
+    clock: Callable[[], float] = time.time
+    owner: tuple[int, int] = field(default_factory=_own_identity)
+
+    @property
+    def engine(self) -> Any:
+        return self.store.engine
+
+    # ---- managed servers -----------------------------------------------------------------------
+
+    def config_flags(self, t: Target) -> dict[str, Any]:
+        assert t.managed is not None
+        return _canonical(t.backend, dict(t.managed.flags))
+
+    def flags_in_force(self, t: Target) -> dict[str, Any]:
+        """Managed: what tuner last started it with (unless the config's flags changed since). Else: the last kept
+        apply's flags, or the config's ``flags``."""
+        if t.managed is not None:
+            st = jr.get_managed(self.engine, t.name)
+            base = self.config_flags(t)
+            return dict(st.flags) if st is not None and st.config_flags == base else base
+        for a in jr.list_applies(self.engine, target=t.name):
+            if a.state == "done" and a.outcome == "kept" and a.kind == "apply":
+                return dict(a.new_flags)
+            if a.state == "done" and a.kind == "rollback" and a.outcome == "rolled_back":
+                return dict(a.new_flags)
+        return _canonical(t.backend, dict(t.flags))
+
+    def running(self, t: Target) -> mg.Running | None:
+        st = jr.get_managed(self.engine, t.name)
+        if st is None or not mg.is_alive(st.pid, st.proc_start):
+            return None
+        assert st.pid is not None and st.proc_start is not None
+        return mg.Running(st.pid, st.proc_start, st.argv, mg.log_path(t, self.config_dir))
+
+    def _save(self, t: Target, r: mg.Running | None, flags: dict[str, Any], state: str, note: str = "",
+              restarts: list[int] | None = None) -> None:
+        old = jr.get_managed(self.engine, t.name)
+        now_ms = int(self.clock() * 1000)
+        jr.save_managed(self.engine, jr.ManagedState(
+            target=t.name, pid=r.pid if r else None, proc_start=r.start if r else None,
+            argv=r.argv if r else (old.argv if old else []), flags=flags, config_flags=self.config_flags(t),
+            started_ms=now_ms if r else (old.started_ms if old else now_ms),
+            restarts=restarts if restarts is not None else (old.restarts if old else []), state=state,
+            updated_ms=now_ms, note=note))
+
+    def launch(self, t: Target, flags: dict[str, Any], *, restarts: list[int] | None = None) -> mg.Running:
+        """Start the managed server with ``flags``, record it, wait for the health gate. ServerStartError if not."""
+        assert t.managed is not None
+        argv = mg.build_argv(t, flags)
+        r = mg.start_server(argv, mg.server_env(t), mg.log_path(t, self.config_dir))
+        self._save(t, r, flags, "running", restarts=restarts)
+        took = mg.wait_healthy(r, t.url, t.managed.start_timeout.total_seconds())
+        gate = mg.health_gate(t)
+        self.say(f"{t.name}: healthy after {took:.1f}s ({gate}); pid {r.pid}")
+        return r
+
+    def start(self, t: Target) -> mg.Running:
+        if t.managed is None:
+            raise ApplyError(f"target {t.name!r} is not managed (no managed: section); tuner cannot start it")
+        r = self.running(t)
+        if r is not None:
+            self.say(f"{t.name}: already running, pid {r.pid}")
+            return r
+        flags = self.flags_in_force(t)
+        try:
+            return self.launch(t, flags)
+        except ServerStartError as exc:
+            self._save(t, None, flags, "crashed", note=str(exc).splitlines()[0])
+            raise
+
+    def stop(self, t: Target, *, state: str = "stopped") -> str:
+        r = self.running(t)
+        how = "was not running" if r is None else self._drain(t, r)
+        self._save(t, None, self.flags_in_force(t) if t.managed else {}, state)
+        return how
+
+    def _drain(self, t: Target, r: mg.Running) -> str:
+        assert t.managed is not None
+        grace = t.managed.drain_timeout.total_seconds()
+        if t.backend == "llamacpp":
+            idle = mg.drain_llama(t.url, grace)
+            return f"{idle}; " + mg.stop_server(r, grace_s=5.0)
+        # vLLM got --shutdown-timeout: on SIGTERM it finishes in-flight requests for up to that long.
+        return mg.stop_server(r, grace_s=grace + 15.0)
+
+    def supervise(self, t: Target) -> str | None:
+        """Start a managed server that should run and does not; restarts after a crash are bounded."""
+        if t.managed is None or jr.open_applies_for(self.engine, t.name):
+            return None
+        st = jr.get_managed(self.engine, t.name)
+        if st is not None and st.state in ("stopped", "given_up"):
+            return None
+        if st is not None and mg.is_alive(st.pid, st.proc_start):
+            return None
+        now = self.clock()
+        window_ms = t.managed.restart_window.total_seconds() * 1000
+        restarts = [ms for ms in (st.restarts if st else []) if ms >= now * 1000 - window_ms]
+        if st is not None and st.state in ("running", "crashed"):
+            why = mg.error_line(mg.log_path(t, self.config_dir))
+            if len(restarts) >= t.managed.max_restarts:
+                self._save(t, None, st.flags, "given_up", note=f"{len(restarts)} restarts in "
+                           f"{t.managed.restart_window.total_seconds():.0f}s; last error: {why}", restarts=restarts)
+                return f"{t.name}: gave up after {len(restarts)} restarts (last error: {why})"
+            restarts.append(int(now * 1000))
+            self.say(f"{t.name}: server died ({why}); restart {len(restarts)} of {t.managed.max_restarts}")
+        try:
+            self.launch(t, self.flags_in_force(t), restarts=restarts)
+        except ServerStartError as exc:
+            self._save(t, None, self.flags_in_force(t), "crashed", note=str(exc).splitlines()[0], restarts=restarts)
+            return f"{t.name}: start failed: {str(exc).splitlines()[0]}"
+        return f"{t.name}: started"
+
+    # ---- planning ------------------------------------------------------------------------------
+
+    def plan(self, rec: recs.StoredRecommendation) -> Plan:
+        t = self.cfg.target(rec.target)
+        if "backend" in rec.diff:
+            raise ApplyError(f"recommendation #{rec.id} changes the backend to {rec.diff['backend']}: that is a "
+                             "migration to another server, not a flag change; tuner does not apply it")
+        diff = {name: validate(t.backend, name, value) for name, value in rec.diff.items()}
+        return self._plan(t, diff)
+
+    def _plan(self, t: Target, diff: dict[str, Any]) -> Plan:
+        old = self.flags_in_force(t)
+        new = {**old, **diff}
+        if t.managed is not None:
+            return Plan(t, "managed", diff, old, new, mg.build_argv(t, old), mg.build_argv(t, new))
+        if t.apply.hook is not None and t.apply.hook.command is not None:
+            return Plan(t, "hook", diff, old, new, hook_argv(t, old, old, None), hook_argv(t, new, diff, None))
+        if t.apply.hook is not None:
+            return Plan(t, "hook", diff, old, new, ["systemctl", "restart", t.apply.hook.systemd_unit or ""],
+                        ["systemctl", "restart", t.apply.hook.systemd_unit or ""])
+        return Plan(t, "manual", diff, old, new, flags_argv(t.backend, old), flags_argv(t.backend, new))
+
+    def describe(self, p: Plan) -> str:
+        lines = [f"target {p.target.name} ({p.target.backend}, {p.how})"]
+        for name, value in p.diff.items():
+            lines.append(f"  {name}: {p.old_flags.get(name, '(default)')} -> {value}")
+        if p.how == "managed":
+            lines.append("new argv: " + json.dumps(p.new_argv))
+        elif p.how == "hook" and p.target.apply.hook and p.target.apply.hook.command:
+            lines.append("hook argv: " + json.dumps(p.new_argv))
+        elif p.how == "hook":
+            lines.append(f"systemd: drop-in {self._dropin_path(p.target)} with TUNER_FLAGS="
+                         f"{' '.join(flags_argv(p.target.backend, p.new_flags))}, then systemctl daemon-reload "
+                         f"and systemctl restart {p.target.apply.hook.systemd_unit}")  # type: ignore[union-attr]
+        else:
+            lines.append("flags after: " + " ".join(p.new_argv))
+        return "\n".join(lines)
+
+    # ---- apply -----------------------------------------------------------------------------------
+
+    def apply(self, rec_id: int, *, mode: str = "manual") -> jr.StoredApply:
+        rec = recs.get_recommendation(self.engine, rec_id)
+        if rec.status != "proposed":
+            raise ApplyError(f"recommendation #{rec_id} is {rec.status}, not proposed; only proposed ones are applied "
+                             "(see `tuner recommendations list`)")
+        p = self.plan(rec)
+        aid = self._begin(p, rec.id, "apply", mode)
+        if p.how == "manual":
+            return self._await_manual(aid, p, rec.id)
+        return self._carry_out(aid, p, rec.id)
+
+    def rollback(self, target: str, *, mode: str = "manual") -> jr.StoredApply:
+        t = self.cfg.target(target)
+        last = next((a for a in jr.list_applies(self.engine, target=target)
+                     if a.state == "done" and a.kind == "apply" and a.outcome == "kept"), None)
+        if last is None:
+            raise ApplyError(f"{target}: no kept apply to roll back (see `tuner journal {target}`)")
+        current = self.flags_in_force(t)
+        diff = {k: v for k, v in last.old_flags.items() if current.get(k) != v}
+        for k in current:
+            if k not in last.old_flags:
+                raise ApplyError(f"{target}: flag {k} was not set before apply #{last.id}; set it in the config")
+        p = self._plan(t, diff)
+        aid = self._begin(p, last.recommendation_id, "rollback", mode)
+        return self._carry_out(aid, p, last.recommendation_id, rollback_of=last.id)
+
+    def _begin(self, p: Plan, rec_id: int | None, kind: str, mode: str) -> int:
+        try:
+            return jr.begin_apply(self.engine, target=p.target.name, recommendation_id=rec_id, kind=kind, mode=mode,
+                                  now=self.clock(), diff=p.diff, old_flags=p.old_flags, new_flags=p.new_flags,
+                                  old_argv=p.old_argv, new_argv=p.new_argv, owner_pid=self.owner[0],
+                                  owner_start=self.owner[1])
+        except StoreError as exc:
+            raise ApplyError(str(exc)) from None
+
+    def _step(self, aid: int, name: str, detail: str = "", state: str | None = None) -> None:
+        jr.step(self.engine, aid, name, detail, now=self.clock(), state=state)
+        self.say(f"[apply #{aid}] {name}" + (f": {detail}" if detail else ""))
+
+    def _kpis(self, t: Target, start: float, end: float) -> dict[str, Any]:
+        if t.name not in self.store.target_names():
+            return {}  # never scraped (no `tuner run` yet): no KPIs to compare
+        window = self.store.window(t.name, start, end)
+        return kpis(compute_signals(window, slo=t.slo), window)
+
+    def _carry_out(self, aid: int, p: Plan, rec_id: int | None, *, rollback_of: int | None = None) -> jr.StoredApply:
+        t = p.target
+        now = self.clock()
+        base = self._kpis(t, now - t.apply.baseline.total_seconds(), now)
+        jr.set_kpis(self.engine, aid, now=now, baseline=base)
+        self._step(aid, "baseline", json.dumps(base, default=str))
+        try:
+            self._switch(aid, p, p.new_flags, p.diff)
+        except (ServerStartError, ApplyError) as exc:
+            line = str(exc).splitlines()[0]
+            if p.how == "managed":
+                line = mg.error_line(mg.log_path(t, self.config_dir)) if "exited" in line else line
+            self._step(aid, "start_failed", line)
+            restored = self._restore(aid, p)
+            note = f"the server did not take the new flags: {line}; " + restored
+            jr.finish(self.engine, aid, "failed", note, now=self.clock())
+            if rec_id is not None and rollback_of is None:
+                recs.set_status(self.engine, rec_id, "failed", now=self.clock(), note=line)
+            return jr.get_apply(self.engine, aid)
+        if rollback_of is not None:
+            note = f"restored the flags from before apply #{rollback_of}"
+            jr.finish(self.engine, aid, "rolled_back", note, now=self.clock())
+            if rec_id is not None:
+                recs.set_status(self.engine, rec_id, "rolled_back", now=self.clock(), note=f"tuner rollback {t.name}")
+            return jr.get_apply(self.engine, aid)
+        return self._observe_and_judge(aid, p, rec_id, base)
+
+    def _observe_and_judge(self, aid: int, p: Plan, rec_id: int | None, base: dict[str, Any],
+                           prefix: str = "") -> jr.StoredApply:
+        t = p.target
+        observe_s = t.apply.observe.total_seconds()
+        self._step(aid, "observing", f"{observe_s:g}s", state="observing")
+        t0 = self.clock()
+        died = self._watch(t, observe_s)
+        after = self._kpis(t, t0, self.clock())
+        jr.set_kpis(self.engine, aid, now=self.clock(), after=after)
+        if died:
+            outcome, reason = "rolled_back", f"the server died while observed: {died}"
+        else:
+            v = judge(base, after, min_requests=t.apply.min_requests)
+            outcome, reason = v.outcome, v.reason
+        self._step(aid, "verdict", f"{outcome}: {reason}")
+        if outcome == "kept":
+            jr.finish(self.engine, aid, "kept", prefix + reason, now=self.clock())
+            if rec_id is not None:
+                recs.set_status(self.engine, rec_id, "applied", now=self.clock(), note=prefix + reason)
+            return jr.get_apply(self.engine, aid)
+        if p.how == "manual":
+            note = (f"{prefix}{reason}; tuner does not restart this server: restart it by hand with "
+                    f"{' '.join(flags_argv(t.backend, p.old_flags))}")
+            jr.finish(self.engine, aid, "failed", note, now=self.clock())
+        else:
+            restored = self._restore(aid, p)
+            jr.finish(self.engine, aid, "rolled_back", f"{prefix}{reason}; {restored}", now=self.clock())
+        if rec_id is not None:
+            recs.set_status(self.engine, rec_id, "rolled_back", now=self.clock(), note=prefix + reason)
+        return jr.get_apply(self.engine, aid)
+
+    def _watch(self, t: Target, seconds: float) -> str | None:
+        """Sleep through the observation; the server's error line if a managed server dies meanwhile."""
+        deadline = self.clock() + seconds
+        while self.clock() < deadline:
+            if t.managed is not None and self.running(t) is None:
+                return mg.error_line(mg.log_path(t, self.config_dir))
+            time.sleep(min(_OBSERVE_POLL_S, max(0.0, deadline - self.clock())))
+        return None
+
+    def _switch(self, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
+        """Take the server to ``flags`` and through the health gate (raises ServerStartError / ApplyError)."""
+        t = p.target
+        if p.how == "managed":
+            r = self.running(t)
+            self._step(aid, "draining", f"pid {r.pid}" if r else "no server running", state="draining")
+            if r is not None:
+                self._step(aid, "stopped", self._drain(t, r))
+            argv = mg.build_argv(t, flags)
+            self._step(aid, "starting", json.dumps(argv), state="starting")
+            self._step(aid, "health_check", "", state="health_check")
+            self.launch(t, flags)
+            self._step(aid, "healthy", f"/health 200 and one real request; pid {self.running(t).pid}")  # type: ignore
+            return
+        self._step(aid, "starting", "", state="starting")
+        self._run_hook(aid, t, flags, diff)
+        self._step(aid, "health_check", "", state="health_check")
+        timeout = 600.0
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                gate = mg.health_gate(t, timeout_s=30)
+                self._step(aid, "healthy", gate)
+                return
+            except ServerStartError as exc:
+                last = str(exc)
+                time.sleep(1.0)
+        raise ServerStartError(f"not healthy {timeout:.0f}s after the hook: {last}", None, [])
+
+    def _run_hook(self, aid: int, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> None:
+        hook = t.apply.hook
+        assert hook is not None
+        commands: list[list[str]]
+        if hook.command is not None:
+            commands = [hook_argv(t, flags, diff, None)]
+        else:
+            path = self._dropin_path(t)
+            text = ("# written by tuner: the flags it applied; the unit's ExecStart must use $TUNER_FLAGS\n"
+                    f"[Service]\nEnvironment=\"TUNER_FLAGS={' '.join(flags_argv(t.backend, flags))}\"\n")
+            self._step(aid, "dropin", f"{path}")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(text)
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise ApplyError(f"cannot write the systemd drop-in {path}: {exc.strerror}; write it by hand:\n"
+                                 f"{text}then run: systemctl daemon-reload && systemctl restart "
+                                 f"{hook.systemd_unit}") from None
+            commands = [["systemctl", "daemon-reload"], ["systemctl", "restart", str(hook.systemd_unit)]]
+        for argv in commands:
+            self._step(aid, "hook", json.dumps(argv))
+            try:
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=hook.timeout.total_seconds(),
+                                      stdin=subprocess.DEVNULL)
+            except FileNotFoundError:
+                raise ApplyError(f"hook {argv[0]!r} not found; apply by hand: restart {t.name} with "
+                                 f"{' '.join(flags_argv(t.backend, flags))}") from None
+            except subprocess.TimeoutExpired:
+                raise ApplyError(f"hook {json.dumps(argv)} did not finish in {hook.timeout.total_seconds():.0f}s")
+            if proc.returncode != 0:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+                raise ApplyError(f"hook {json.dumps(argv)} exited {proc.returncode}: {tail[0]}")
+
+    def _dropin_path(self, t: Target) -> Path:
+        hook = t.apply.hook
+        assert hook is not None
+        return Path(hook.systemd_dropin or f"/etc/systemd/system/{hook.systemd_unit}.d/tuner-flags.conf")
+
+    def _restore(self, aid: int, p: Plan) -> str:
+        """Back to the old flags; a description for the note."""
+        t = p.target
+        self._step(aid, "restoring", json.dumps(p.old_argv), state="starting")
+        try:
+            if p.how == "managed":
+                r = self.running(t)
+                if r is not None:
+                    self._step(aid, "stopped", self._drain(t, r))
+                self.launch(t, p.old_flags)
+            elif p.how == "hook":
+                self._run_hook(aid, t, p.old_flags, p.old_flags)
+                mg.health_gate(t, timeout_s=60)
+            else:
+                return "restore it by hand"
+        except (ServerStartError, ApplyError) as exc:
+            first = str(exc).splitlines()[0]
+            self._step(aid, "restore_failed", first)
+            if t.managed is not None:
+                self._save(t, None, p.old_flags, "crashed", note=first)
+            return f"restoring the previous flags FAILED too: {first}"
+        self._step(aid, "restored", "previous flags, healthy")
+        return "previous flags restored and healthy"
+
+    # ---- by hand ---------------------------------------------------------------------------------
+
+    def _await_manual(self, aid: int, p: Plan, rec_id: int) -> jr.StoredApply:
+        t = p.target
+        text = (f"tuner does not manage {t.name} and it has no apply hook: restart it by hand with "
+                f"{' '.join(flags_argv(t.backend, p.diff))} (all tunable flags: {' '.join(p.new_argv)}); then run "
+                f"`tuner apply-recommendation {rec_id} --applied` and tuner health-checks and observes it "
+                f"(or --cancel)")
+        self._step(aid, "awaiting_manual", text, state="awaiting_manual")
+        now = self.clock()
+        base = self._kpis(t, now - t.apply.baseline.total_seconds(), now)
+        jr.set_kpis(self.engine, aid, now=now, baseline=base)
+        return jr.get_apply(self.engine, aid)
+
+    def manual_done(self, rec_id: int, *, cancel: bool = False) -> jr.StoredApply:
+        a = next((a for a in jr.open_applies(self.engine)
+                  if a.recommendation_id == rec_id and a.state == "awaiting_manual"), None)
+        if a is None:
+            raise ApplyError(f"recommendation #{rec_id} has no apply waiting for a restart by hand")
+        t = self.cfg.target(a.target)
+        p = Plan(t, "manual", a.diff, a.old_flags, a.new_flags, a.old_argv, a.new_argv)
+        if cancel:
+            jr.finish(self.engine, a.id, "failed", "cancelled before it was applied", now=self.clock())
+            return jr.get_apply(self.engine, a.id)
+        jr.step(self.engine, a.id, "applied_by_hand", "", now=self.clock(), state="health_check", owner=self.owner)
+        try:
+            self._step(a.id, "healthy", mg.health_gate(t))
+        except ServerStartError as exc:
+            jr.finish(self.engine, a.id, "failed", f"the server does not pass the health gate: {exc}; restart it "
+                      f"by hand with {' '.join(flags_argv(t.backend, a.old_flags))}", now=self.clock())
+            recs.set_status(self.engine, rec_id, "failed", now=self.clock(), note=str(exc))
+            return jr.get_apply(self.engine, a.id)
+        return self._observe_and_judge(a.id, p, rec_id, a.baseline)
+
+    # ---- crash safety ------------------------------------------------------------------------------
+
+    def reconcile(self) -> list[str]:
+        """Finish or roll back every apply whose tuner died; what was done, one line each."""
+        done: list[str] = []
+        for a in jr.open_applies(self.engine):
+            if a.state == "awaiting_manual":
+                continue
+            if (a.owner_pid, a.owner_start) != self.owner and mg.is_alive(a.owner_pid, a.owner_start):
+                continue  # another live tuner is doing it
+            done.append(self._reconcile_one(a))
+        return done
+
+    def _reconcile_one(self, a: jr.StoredApply) -> str:
+        now = self.clock()
+        jr.step(self.engine, a.id, "reconcile", f"tuner pid {a.owner_pid} stopped at step {a.state}", now=now,
+                owner=self.owner)
+        try:
+            t = self.cfg.target(a.target)
+        except Exception:  # noqa: BLE001  (UnknownTargetError: the config no longer has it)
+            jr.finish(self.engine, a.id, "failed", "reconciled: the target is no longer configured", now=now)
+            return f"apply #{a.id}: target {a.target} no longer configured; closed as failed"
+        how = "managed" if t.managed else ("hook" if t.apply.hook else "manual")
+        p = Plan(t, how, a.diff, a.old_flags, a.new_flags, a.old_argv, a.new_argv)
+        found, healthy = "unknown", False
+        if t.managed is not None:
+            st = jr.get_managed(self.engine, t.name)
+            r = self.running(t)
+            argv = mg.proc_argv(r.pid) if r else None
+            found = "no server running" if r is None else (
+                "the new flags" if argv == a.new_argv else "the old flags" if argv == a.old_argv else "other flags")
+            if r is not None:
+                try:
+                    mg.health_gate(t, timeout_s=30)
+                    healthy = True
+                except ServerStartError:
+                    healthy = False
+            del st
+        where = f"tuner died at step {a.state}; server found with {found}" + (
+            " and healthy" if healthy else "" if found == "no server running" else " but not healthy")
+        self._step(a.id, "reconcile_found", where)
+        if found == "the new flags" and healthy and a.kind == "apply":
+            self.say(f"apply #{a.id}: {where}: observing again")
+            return self._line(self._observe_and_judge(a.id, p, a.recommendation_id, a.baseline,
+                                                      prefix="reconciled: " + where + "; "))
+        if found == "the old flags" and healthy:
+            jr.finish(self.engine, a.id, "rolled_back", f"reconciled: {where}; nothing was changed", now=self.clock())
+            return self._line(jr.get_apply(self.engine, a.id))
+        restored = self._restore(a.id, p)
+        outcome = "rolled_back" if "FAILED" not in restored else "failed"
+        jr.finish(self.engine, a.id, outcome, f"reconciled: {where}; {restored}", now=self.clock())
+        if a.recommendation_id is not None and a.kind == "apply":
+            recs.set_status(self.engine, a.recommendation_id, "rolled_back", now=self.clock(),
+                            note=f"reconciled after tuner died: {where}")
+        return self._line(jr.get_apply(self.engine, a.id))
+
+    @staticmethod
+    def _line(a: jr.StoredApply) -> str:
+        return f"apply #{a.id} {a.target}: {a.outcome}: {a.note}"

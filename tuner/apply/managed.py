@@ -1,0 +1,304 @@
+"""Managed servers: tuner starts them from the target's ``managed:`` section, finds them again, drains and stops them.
+
+A managed server runs in its own session, logging to ``<log_dir>/<target>.log``, and outlives the tuner process
+that started it: a tuner restarted (or killed) finds it again by pid *and* kernel start time, so a recycled pid
+is never mistaken for it. The argv is built from the allow-listed flags (tuner/flags.py) and the fixed
+``extra_args`` with the argv builders of tuner/apply/launch.py — a list handed to the OS, never a shell.
+
+The health gate is ``/health`` answering 200 and then one real request (a 4-token completion, or an embedding
+for ``type: embedding``): a server that loads but cannot serve does not pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from tuner.apply.launch import ServerProcess, llama_server_argv, vllm_argv
+from tuner.config import Target
+from tuner.errors import ConfigError, ServerStartError
+from tuner.flags import FLAGS, render
+
+__all__ = ["build_argv", "server_env", "log_path", "proc_start_time", "proc_argv", "is_alive", "Running",
+           "start_server", "stop_server", "wait_healthy", "health_gate", "error_line", "drain_llama"]
+
+_TUNABLE_CLI = {cli.removeprefix("--") for f in FLAGS for cli in f.cli.values()} | \
+               {cli for f in FLAGS for cli in f.cli.values()}
+
+
+def _check_model(target: Target) -> str:
+    assert target.managed is not None
+    path = Path(target.managed.model)
+    if not path.exists():
+        raise ConfigError("config", f"targets[{target.name}].managed.model", f"{path}: no such file or directory")
+    if target.backend == "llamacpp" and not path.is_file():
+        raise ConfigError("config", f"targets[{target.name}].managed.model", f"{path}: llama-server needs a .gguf file")
+    return str(path.resolve())
+
+
+def build_argv(target: Target, flags: Mapping[str, Any]) -> list[str]:
+    """The full argv for ``target`` with the tunable ``flags`` (tuner's names); validated, never a shell string."""
+    m = target.managed
+    if m is None:
+        raise ConfigError("config", f"targets[{target.name}].managed", "the target is not managed by tuner")
+    for key in m.extra_args:
+        if key in _TUNABLE_CLI or key.replace("-", "_") in {f.name for f in FLAGS}:
+            raise ConfigError("config", f"targets[{target.name}].managed.extra_args.{key}",
+                              "a tunable flag belongs in managed.flags, where tuner can change it")
+    model = _check_model(target)
+    host, port = target.host_port
+    backend = target.backend
+    try:
+        tunable = render(backend, flags)
+        if backend == "vllm":
+            fixed: dict[str, Any] = {"shutdown-timeout": int(m.drain_timeout.total_seconds())}
+            if m.type == "embedding":
+                fixed["runner"] = "pooling"
+            fixed.update(m.extra_args)
+            return vllm_argv(m.executable or sys.executable, model, host=host, port=port,
+                             served_model_name=m.served_model_name or target.name, flags={**fixed, **tunable})
+        fixed = {"--metrics": True}  # tuner reads /metrics; without it llama-server answers 501
+        if m.type == "embedding":
+            fixed["--embedding"] = True
+        fixed.update(m.extra_args)
+        return llama_server_argv(m.executable or "llama-server", model, host=host, port=port,
+                                 flags={**fixed, **tunable})
+    except ValueError as exc:  # FlagError is one; so are the builders' refusals
+        raise ConfigError("config", f"targets[{target.name}].managed", str(exc)) from None
+
+
+def server_env(target: Target) -> dict[str, str]:
+    assert target.managed is not None
+    env = dict(os.environ)
+    env.update({"PYTHONUNBUFFERED": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+    env.update(target.managed.env)
+    return env
+
+
+def log_path(target: Target, config_dir: Path) -> Path:
+    assert target.managed is not None
+    return (config_dir / target.managed.log_dir / f"{target.name}.log").resolve()
+
+
+# ---- finding processes ---------------------------------------------------------------------------
+
+def proc_start_time(pid: int) -> int | None:
+    """The kernel's start time of pid (clock ticks since boot), or None when it does not exist or is a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def proc_argv(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [a.decode(errors="replace") for a in raw.split(b"\0")[:-1]]
+
+
+def is_alive(pid: int | None, start: int | None) -> bool:
+    return pid is not None and start is not None and proc_start_time(pid) == start
+
+
+@dataclass
+class Running:
+    """A server process: started here (``popen`` set, so it can be reaped) or found again by pid."""
+
+    pid: int
+    start: int
+    argv: list[str]
+    log: Path
+    proc: ServerProcess | None = None
+
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.is_running()
+        return is_alive(self.pid, self.start)
+
+    def exit_code(self) -> int | None:
+        return self.proc.returncode if self.proc is not None else None
+
+
+def start_server(argv: list[str], env: Mapping[str, str], log: Path) -> Running:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as f:
+        f.write(f"\n==== tuner {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {json.dumps(argv)}\n".encode())
+    proc = ServerProcess.start(argv, env, log)
+    start = proc_start_time(proc.pid)
+    return Running(proc.pid, start or 0, list(argv), log, proc)
+
+
+def _gone(r: Running) -> bool:
+    if r.proc is not None:
+        return r.proc.returncode is not None
+    return not is_alive(r.pid, r.start)
+
+
+def _wait_gone(r: Running, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _gone(r):
+            return True
+        time.sleep(0.1)
+    return _gone(r)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def stop_server(r: Running, *, grace_s: float, second_signal_after_s: float = 5.0) -> str:
+    """SIGTERM, wait ``grace_s`` (vLLM drains for --shutdown-timeout meanwhile), SIGINT, then SIGKILL the group.
+
+    Returns what it took, for the journal ("exited after SIGTERM in 3.1s", ...).
+    """
+    t0 = time.monotonic()
+    how = "was not running"
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGINT, second_signal_after_s)):
+        if _gone(r):
+            break
+        try:
+            os.kill(r.pid, sig)
+        except ProcessLookupError:
+            break
+        if _wait_gone(r, wait_s):
+            how = f"exited after {sig.name} in {time.monotonic() - t0:.1f}s"
+            break
+    else:
+        how = f"killed (SIGKILL) after {time.monotonic() - t0:.1f}s"
+    if not _gone(r):
+        try:
+            os.killpg(r.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        _wait_gone(r, 10)
+    deadline = time.monotonic() + 5  # the engine core and other workers follow the leader out
+    while _group_alive(r.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _group_alive(r.pid):
+        try:
+            os.killpg(r.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return how
+
+
+def drain_llama(url: str, grace_s: float) -> str:
+    """llama-server has no drain: wait (up to grace_s) until /slots shows no slot processing, then stop it."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            slots = _get_json(url + "/slots", 2.0)
+        except OSError:
+            return "no /slots answer; stopping now"
+        if isinstance(slots, list) and not any(s.get("is_processing") for s in slots if isinstance(s, dict)):
+            return f"idle after {grace_s - (deadline - time.monotonic()):.1f}s"
+        time.sleep(0.2)
+    return f"still busy after {grace_s:.0f}s grace; stopping anyway"
+
+
+# ---- health ----------------------------------------------------------------------------------------
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+
+
+def _get_json(url: str, timeout: float) -> Any:
+    with _OPENER.open(url, timeout=timeout) as resp:
+        return json.loads(resp.read(2**20) or b"null")
+
+
+def _post_json(url: str, body: dict[str, Any], timeout: float) -> tuple[int, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with _OPENER.open(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read(2**20) or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(2000).decode(errors="replace")
+
+
+def wait_healthy(r: Running, url: str, timeout_s: float) -> float:
+    """Poll /health until 200; seconds waited. ServerStartError (with the log's error line) on exit or timeout."""
+    t0 = time.monotonic()
+    last = "no answer yet"
+    while True:
+        if _gone(r):
+            code = r.exit_code()
+            raise ServerStartError(f"server exited{'' if code is None else f' with code {code}'} before /health "
+                                   f"answered 200: {error_line(r.log)}", r.log, _tail(r.log))
+        try:
+            with _OPENER.open(url + "/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return time.monotonic() - t0
+                last = f"HTTP {resp.status}"
+        except urllib.error.HTTPError as e:
+            last = f"HTTP {e.code}"
+        except (urllib.error.URLError, OSError) as e:
+            last = str(getattr(e, "reason", e))
+        if time.monotonic() - t0 > timeout_s:
+            raise ServerStartError(f"{url}/health not healthy after {timeout_s:.0f}s (last: {last})", r.log,
+                                   _tail(r.log))
+        time.sleep(0.25)
+
+
+def health_gate(target: Target, timeout_s: float = 60.0) -> str:
+    """One real request through the server. Returns a short description; ServerStartError when it fails."""
+    m = target.managed
+    kind = m.type if m is not None else "llm"
+    model = (m.served_model_name if m is not None else None) or target.name
+    if kind == "embedding":
+        path, body = "/v1/embeddings", {"model": model, "input": "tuner health check"}
+    else:
+        path, body = "/v1/completions", {"model": model, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+    if target.backend == "llamacpp":
+        body.pop("model")
+    try:
+        status, answer = _post_json(target.url + path, body, timeout_s)
+    except OSError as exc:
+        raise ServerStartError(f"health gate: POST {target.url}{path} failed: {exc}", None, []) from None
+    ok = status == 200 and isinstance(answer, dict) and (
+        bool(answer.get("data")) if kind == "embedding" else bool(answer.get("choices")))
+    if not ok:
+        raise ServerStartError(f"health gate: POST {target.url}{path} answered {status}: {str(answer)[:300]}",
+                               None, [])
+    return f"POST {path} answered 200"
+
+
+def _tail(log: Path, n: int = 8) -> list[str]:
+    try:
+        return log.read_bytes()[-16384:].decode(errors="replace").splitlines()[-n:]
+    except OSError:
+        return []
+
+
+def error_line(log: Path, *, since_marker: bool = True) -> str:
+    """The server's own reason for failing: the last error-looking line of its log since tuner's last start."""
+    try:
+        text = log.read_bytes()[-256 * 1024:].decode(errors="replace")
+    except OSError:
+        return "(no log)"
+    if since_marker and "==== tuner " in text:
+        text = text[text.rindex("==== tuner "):]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    keys = ("Error", "error:", "ERROR", "Exception", "invalid", "failed", "must be")
+    for ln in reversed(lines):
+        if any(k in ln for k in keys) and not ln.startswith("Traceback"):
+            return ln[-500:]
+    return lines[-1][-500:] if lines else "(empty log)"
