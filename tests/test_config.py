@@ -126,7 +126,7 @@ TARGET = "targets:\n  - name: a\n    backend: vllm\n    url: http://127.0.0.1:80
         pytest.param("defaults:\n  max_body_bytes: 3 lightyears\n",
                      "defaults.max_body_bytes", "3 lightyears", id="bad-size"),
         pytest.param("targets:\n  - {name: a, backend: tgi, url: 'http://127.0.0.1:8000'}\n",
-                     "targets[0].backend", "'vllm' or 'llamacpp'", id="bad-backend"),
+                     "targets[0].backend", "'vllm', 'llamacpp' or 'auto'", id="bad-backend"),
         pytest.param(TARGET + "  - {name: a, backend: llamacpp, url: 'http://127.0.0.1:8080'}\n",
                      "targets[1].name", "duplicate target name 'a'", id="duplicate-name"),
         pytest.param("gpu:\n  source: dcgm\n", "gpu", "gpu.url", id="dcgm-without-url"),

@@ -36,8 +36,10 @@ def default_rule_files() -> list[str]:
 
 
 class Alerting:
-    def __init__(self, cfg: Config, store: Store, *, clock: Callable[[], float]) -> None:
+    def __init__(self, cfg: Config, store: Store, *, clock: Callable[[], float],
+                 target_signal: Callable[[str, str], float | None] | None = None) -> None:
         self.cfg, self.store, self.clock = cfg, store, clock
+        self.target_signal = target_signal  # apply-side target signals (auto_apply_halted), from the daemon
         self.files = cfg.alerting.rule_files or default_rule_files()
         self.rules: RuleSet = load_rule_files(self.files, cfg.alerting.evaluation_interval)
         self.lock = threading.Lock()
@@ -84,7 +86,7 @@ class Alerting:
             events, outgoing = [], []
             for rule in group.rules:
                 key = group.key(rule)
-                result = vector(rule, self.cfg.targets, signals, gpus)
+                result = vector(rule, self.cfg.targets, signals, gpus, target_signal=self.target_signal)
                 self.state[key], ev = evaluate(rule, result, self.state.get(key, {}), now_ms, key=key)
                 events += ev
                 due = to_send(self.state[key].values(), now_ms, resend_delay=self.cfg.alerting.resend_delay,

@@ -50,7 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     store = _open_store(cfg)
-    daemon = Daemon(cfg, store)
+    daemon = Daemon(cfg, store, config_dir=Path(_config_path(args)).resolve().parent)
     host, port = cfg.listen_host_port
     server, _thread = serve_metrics(daemon.state, host, port)
     log = logging.getLogger("tuner")

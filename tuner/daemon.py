@@ -13,7 +13,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -47,11 +48,21 @@ class DaemonState:
     job_errors: dict[str, str] = field(default_factory=dict)  # job name -> last error ("" when fine)
     targets: dict[str, Target] = field(default_factory=dict)
     alerting: Alerting | None = None
+    # apply side, refreshed by the apply-status job: (target, status) -> recommendations; (target, outcome) ->
+    # finished applies; target -> managed server up; target -> auto mode halted; target -> last auto decision
+    recommendations: dict[tuple[str, str], int] = field(default_factory=dict)
+    applies: dict[tuple[str, str], int] = field(default_factory=dict)
+    managed_up: dict[str, bool] = field(default_factory=dict)
+    auto_halted: dict[str, bool] = field(default_factory=dict)
+    auto_decision: dict[str, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class Daemon:
-    def __init__(self, cfg: Config, store: Store, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, cfg: Config, store: Store, *, clock: Callable[[], float] = time.time,
+                 config_dir: Path | None = None) -> None:
+        from tuner.apply.flow import Applier
+
         self.cfg = cfg
         self.store = store
         self.clock = clock
@@ -65,7 +76,9 @@ class Daemon:
             store.ensure_target(t.name, t.backend, t.url, t.labels)
         self.state.targets = {t.name: t for t in cfg.targets}
         # Invalid rule files stop the daemon here: it never runs with a half-loaded rule set.
-        self.alerting = self.state.alerting = Alerting(cfg, store, clock=clock)
+        self.alerting = self.state.alerting = Alerting(cfg, store, clock=clock,
+                                                       target_signal=self._target_signal)
+        self.applier = Applier(cfg, store, (config_dir or Path.cwd()).resolve(), say=log.info, clock=clock)
 
     # ---- jobs: each one records its failures and returns ----------------------------------------
 
@@ -179,6 +192,102 @@ class Daemon:
             sched.add_job(self.evaluate_once, IntervalTrigger(seconds=g.interval.total_seconds()), args=[g.name],
                           id=f"rules:{g.name}", next_run_time=now + g.interval)
 
+    # ---- apply side: managed servers, auto mode, crash recovery ----------------------------------
+
+    def reconcile_once(self) -> None:
+        """Finish or roll back applies a previous tuner left half done (runs once at start)."""
+        try:
+            for line in self.applier.reconcile():
+                log.warning("reconcile: %s", line)
+        except TunerError as exc:
+            self._job_error("reconcile", str(exc))
+
+    def manage_once(self, target: Target) -> None:
+        """Keep a managed server running: start it, or restart it after a crash (bounded)."""
+        try:
+            what = self.applier.supervise(target)
+        except TunerError as exc:
+            self._job_error(f"manage:{target.name}", str(exc))
+            return
+        except Exception as exc:  # a bug must not kill the supervisor
+            log.exception("supervising %s failed", target.name)
+            self._job_error(f"manage:{target.name}", f"internal error: {exc!r}")
+            return
+        with self.state.lock:
+            self.state.job_errors.pop(f"manage:{target.name}", None)
+        if what:
+            log.warning("%s", what)
+
+    def auto_once(self, target: Target) -> None:
+        """Auto mode: refresh the target's recommendations, then apply the best one if the guardrails allow."""
+        from tuner.advise.cli import recommend_target
+        from tuner.apply.guard import decide
+        from tuner.store import journal as jr
+        from tuner.store import recommendations as recs
+
+        now = self.clock()
+        try:
+            self.applier.reconcile()
+            flags = self.applier.flags_in_force(target)
+            recommend_target(self.cfg, self.store, target.name, now=now, window=target.apply.baseline,
+                             flags=flags, model=target.managed.model if target.managed else None)
+            busy = {g for t in self.cfg.targets if t.name != target.name and t.managed
+                    and jr.open_applies_for(self.store.engine, t.name) for g in t.managed.gpus}
+            d = decide(now=now, policy=target.apply, history=jr.list_applies(self.store.engine, target=target.name,
+                                                                           limit=50),
+                       proposals=recs.proposed_for(self.store.engine, target.name),
+                       gpus=target.managed.gpus if target.managed else (), busy_gpus=busy)
+            with self.state.lock:
+                self.state.auto_decision[target.name] = d.reason
+                self.state.auto_halted[target.name] = d.halted
+            if not d.go or d.recommendation is None:
+                log.info("auto %s: not now: %s", target.name, d.reason)
+                return
+            log.warning("auto %s: applying %s", target.name, d.reason)
+            a = self.applier.apply(d.recommendation.id, mode="auto")
+            log.warning("auto %s: apply #%d %s: %s", target.name, a.id, a.outcome, a.note)
+        except TunerError as exc:
+            self._job_error(f"auto:{target.name}", str(exc))
+        except Exception as exc:  # noqa: BLE001
+            log.exception("auto mode for %s failed", target.name)
+            self._job_error(f"auto:{target.name}", f"internal error: {exc!r}")
+
+    def apply_status_once(self) -> None:
+        """Refresh the apply side of /metrics from the store (counts only: cheap)."""
+        from tuner.apply.guard import rollback_streak
+        from tuner.store import journal as jr
+        from tuner.store import recommendations as recs
+
+        try:
+            counts: dict[tuple[str, str], int] = {}
+            for r in recs.list_recommendations(self.store.engine):
+                counts[(r.target, r.status)] = counts.get((r.target, r.status), 0) + 1
+            applies = jr.outcome_counts(self.store.engine)
+            now = self.clock()
+            halted = {t.name: rollback_streak(jr.list_applies(self.store.engine, target=t.name, limit=50), now)
+                      >= t.apply.max_consecutive_rollbacks for t in self.cfg.targets if t.apply.mode == "auto"}
+            up = {t.name: self.applier.running(t) is not None for t in self.cfg.targets if t.managed}
+        except TunerError as exc:
+            self._job_error("apply-status", str(exc))
+            return
+        with self.state.lock:
+            self.state.recommendations, self.state.applies = counts, applies
+            self.state.auto_halted.update(halted)
+            self.state.managed_up = up
+
+    def _target_signal(self, name: str, signal_name: str) -> float | None:
+        """Target signals that come from the apply side rather than from scrapes (for alert rules)."""
+        if signal_name == "auto_apply_halted":
+            t = self.state.targets.get(name)
+            if t is None or t.apply.mode != "auto":
+                return None
+            from tuner.apply.guard import rollback_streak
+            from tuner.store import journal as jr
+
+            streak = rollback_streak(jr.list_applies(self.store.engine, target=name, limit=50), self.clock())
+            return 1.0 if streak >= t.apply.max_consecutive_rollbacks else 0.0
+        return None
+
     def retention_once(self) -> None:
         try:
             apply_retention(self.store, self.cfg.store.retention, now=self.clock())
@@ -188,7 +297,8 @@ class Daemon:
     # ---- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        workers = max(4, min(32, len(self.cfg.targets) + 2))
+        apply_jobs = sum((t.managed is not None) + (t.apply.mode == "auto") for t in self.cfg.targets)
+        workers = max(4, min(32, len(self.cfg.targets) + 2)) + apply_jobs + 2  # + reconcile, apply-status
         sched = BackgroundScheduler(executors={"default": ThreadPoolExecutor(workers)},
                                     job_defaults={"max_instances": 1, "coalesce": True},
                                     timezone=timezone.utc)
@@ -210,6 +320,16 @@ class Daemon:
         signals_every = max(1.0, step.total_seconds(), len(self.cfg.targets) * _SIGNALS_COST_S / 0.2)
         sched.add_job(self.signals_once, IntervalTrigger(seconds=signals_every),
                       id="signals", next_run_time=now + step)
+        sched.add_job(self.reconcile_once, id="reconcile", next_run_time=now)  # once, before any apply job
+        for t in self.cfg.targets:
+            if t.managed is not None:
+                sched.add_job(self.manage_once, IntervalTrigger(seconds=5), args=[t], id=f"manage:{t.name}",
+                              next_run_time=now + timedelta(seconds=1))
+            if t.apply.mode == "auto":
+                every = max(30.0, self.cfg.interval(t).total_seconds())
+                sched.add_job(self.auto_once, IntervalTrigger(seconds=every), args=[t], id=f"auto:{t.name}",
+                              next_run_time=now + timedelta(seconds=every))
+        sched.add_job(self.apply_status_once, IntervalTrigger(seconds=5), id="apply-status", next_run_time=now)
         sched.add_job(self.retention_once, IntervalTrigger(minutes=10), id="retention",
                       next_run_time=now + timedelta(seconds=30))
         self._schedule_rules(sched)

@@ -36,6 +36,36 @@ SIGNAL_GAUGES = {
 _HEALTH = ("up", "degraded", "down")
 
 
+def _apply_families(targets: list[str], rec_counts: dict[tuple[str, str], int],
+                    apply_counts: dict[tuple[str, str], int], managed_up: dict[str, bool],
+                    auto_halted: dict[str, bool]) -> Iterator[Metric]:
+    from tuner.store.journal import OUTCOMES
+    from tuner.store.recommendations import STATUSES
+
+    recs = GaugeMetricFamily("tuner_recommendations", "Stored recommendations by status",
+                             labels=["target", "status"])
+    for t in targets:
+        for status in STATUSES:
+            recs.add_metric([t, status], float(rec_counts.get((t, status), 0)))
+    yield recs
+    applies = CounterMetricFamily("tuner_applies", "Finished applies by outcome (kept, rolled_back, failed)",
+                                  labels=["target", "outcome"])
+    for t in targets:
+        for outcome in OUTCOMES:
+            applies.add_metric([t, outcome], float(apply_counts.get((t, outcome), 0)))
+    yield applies
+    up = GaugeMetricFamily("tuner_managed_server_up", "1 if the server tuner manages is running",
+                           labels=["target"])
+    for t, v in sorted(managed_up.items()):
+        up.add_metric([t], float(v))
+    yield up
+    halted = GaugeMetricFamily("tuner_auto_apply_halted", "1 when auto mode stopped after rollbacks in a row",
+                               labels=["target"])
+    for t, v in sorted(auto_halted.items()):
+        halted.add_metric([t], float(v))
+    yield halted
+
+
 class TunerCollector(Collector):
     def __init__(self, state: DaemonState) -> None:
         self.state = state
@@ -50,6 +80,10 @@ class TunerCollector(Collector):
             targets = dict(self.state.targets)
             alerting = self.state.alerting
             job_errors = dict(self.state.job_errors)
+            rec_counts = dict(self.state.recommendations)
+            apply_counts = dict(self.state.applies)
+            managed_up = dict(self.state.managed_up)
+            auto_halted = dict(self.state.auto_halted)
         up = GaugeMetricFamily("tuner_target_up", "1 if the last scrape of the target stored data", labels=["target"])
         health = GaugeMetricFamily("tuner_target_health", "1 for the target's current health state",
                                    labels=["target", "health"])
@@ -108,6 +142,8 @@ class TunerCollector(Collector):
         yield from gauges.values()
         yield queue
         yield from lat.values()
+
+        yield from _apply_families(list(targets), rec_counts, apply_counts, managed_up, auto_halted)
 
         if alerting is not None:
             alerts = GaugeMetricFamily("tuner_alerts", "Active alerts (1 per alert), like Prometheus's ALERTS",

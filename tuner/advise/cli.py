@@ -26,7 +26,8 @@ from tuner.flags import help_flags, parse_version, validate
 from tuner.signals.derive import compute_signals
 from tuner.store import recommendations as recs
 
-__all__ = ["cmd_plan", "cmd_recommend", "cmd_recommendations", "add_parsers", "persist", "gather_inputs"]
+__all__ = ["cmd_plan", "cmd_recommend", "cmd_recommendations", "add_parsers", "persist", "gather_inputs",
+           "recommend_target"]
 
 _HTTP_TIMEOUT_S = 3.0
 
@@ -114,7 +115,11 @@ def gather_inputs(args: argparse.Namespace, cfg: Any, store: Any, now: float) ->
     """One Inputs per engine of the target, from the store, the live server and the command line."""
     target = cfg.target(args.target)
     window_s = args.window.total_seconds()
-    given = dict(_parse_flag(target.backend, f) for f in args.flag or ())
+    from tuner.apply.flow import flags_in_force
+
+    # What tuner knows is in force (a managed server's flags, the last apply's), then --flag on top.
+    given = {**flags_in_force(store.engine, target),
+             **dict(_parse_flag(target.backend, f) for f in args.flag or ())}
     start_ms, end_ms = int(round((now - window_s) * 1000)), int(round(now * 1000))
     pairs: list[tuple[Any, Any]] = []
     if target.name in store.target_names():  # never scraped: only a start-up log can be evaluated
@@ -126,7 +131,7 @@ def gather_inputs(args: argparse.Namespace, cfg: Any, store: Any, now: float) ->
             server = ServerFacts(server.version, help_flags(Path(args.help_file).read_text(errors="replace")))
         except OSError as exc:
             raise ConfigError("tuner recommend", "--help-file", f"cannot read {args.help_file}: {exc}") from None
-    model_path = args.model or (live.get("model_path") if live.get("model_path", "").endswith(".gguf") else None)
+    model_path = args.model or (target.managed.model if target.managed else None) or (live.get("model_path") if live.get("model_path", "").endswith(".gguf") else None)
     model = load_model(model_path) if model_path and Path(model_path).exists() else None
     if args.model and model is None:
         raise ModelFactsError(args.model, "no such file or directory")
@@ -180,19 +185,12 @@ def persist(engine: Any, target: str, outcome: Outcome, now: float) -> list[int]
 
 # ---- recommend / recommendations -----------------------------------------------------------------
 
-def cmd_recommend(args: argparse.Namespace) -> int:
-    from tuner.cli import _load, _open_store
-
-    cfg = _load(args)
-    store = _open_store(cfg)
-    now = time.time()
+def _recommend(args: argparse.Namespace, cfg: Any, store: Any, now: float) -> dict[str, Any]:
+    """Evaluate one target and persist the outcome; the result as `tuner recommend --json` prints it."""
     inputs = gather_inputs(args, cfg, store, now)
     previous = [Previous(r.id, r.diff_key) for r in recs.proposed_for(store.engine, args.target)]
-    result = {"target": args.target, "at": now, "window_s": args.window.total_seconds(), "recommendations": [],
-              "suppressed": [], "expired": []}
-    if not inputs:
-        print(f"tuner: warning: {args.target} has no samples in the last {args.window.total_seconds():g}s; "
-              "nothing to evaluate (is `tuner run` running?)", file=sys.stderr)
+    result: dict[str, Any] = {"target": args.target, "at": now, "window_s": args.window.total_seconds(),
+                              "recommendations": [], "suppressed": [], "expired": [], "evaluated": bool(inputs)}
     outcomes = [(inp, evaluate(inp, previous)) for inp in inputs]
     # A stored proposal expires only when every engine that has data no longer proposes it: one engine's
     # recovery must not expire what another engine's symptom still calls for.
@@ -204,6 +202,28 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         result["recommendations"] += [recs.get_recommendation(store.engine, i).as_json() for i in ids]
         result["suppressed"] += [s.__dict__ for s in outcome.suppressed]
         result["expired"] += list(outcome.expired)
+    return result
+
+
+def recommend_target(cfg: Any, store: Any, target: str, *, now: float, window: Any, flags: dict[str, Any],
+                     model: str | None = None) -> dict[str, Any]:
+    """`tuner recommend TARGET` for auto mode: the flags tuner knows are in force, the managed model's facts."""
+    args = argparse.Namespace(target=target, window=window, flag=[f"{k}={v}" for k, v in flags.items()],
+                              model=model if model and Path(model).exists() else None, gpu_vendor=None,
+                              startup_log=None, help_file=None, repeated_prefix_share=None)
+    return _recommend(args, cfg, store, now)
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from tuner.cli import _load, _open_store
+
+    cfg = _load(args)
+    store = _open_store(cfg)
+    now = time.time()
+    result = _recommend(args, cfg, store, now)
+    if not result.pop("evaluated"):
+        print(f"tuner: warning: {args.target} has no samples in the last {args.window.total_seconds():g}s; "
+              "nothing to evaluate (is `tuner run` running?)", file=sys.stderr)
     if args.json:
         print(json.dumps(result, default=str))
         return 0

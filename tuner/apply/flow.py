@@ -32,7 +32,7 @@ from tuner.signals.derive import compute_signals
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 
-__all__ = ["Applier", "Plan", "flags_argv", "hook_argv"]
+__all__ = ["Applier", "Plan", "flags_argv", "hook_argv", "flags_in_force"]
 
 _OBSERVE_POLL_S = 1.0
 
@@ -79,14 +79,33 @@ def _own_identity() -> tuple[int, int]:
 
 
 def _canonical(backend: str, flags: dict[str, Any]) -> dict[str, Any]:
+    """Flags by tuner's names, validated; names not on the allow-list are not tuner's business and are left out."""
     out = {}
     for name, value in flags.items():
-        try:
-            s = spec(backend, name)
-        except FlagError:
-            s = spec(backend, "--" + name) if not name.startswith("-") else spec(backend, name)
-        out[s.name] = validate(backend, s.name, value)
+        for candidate in (name, "--" + name):
+            try:
+                s = spec(backend, candidate)
+            except FlagError:
+                continue
+            out[s.name] = validate(backend, s.name, value)
+            break
     return out
+
+
+def flags_in_force(engine: Any, t: Target) -> dict[str, Any]:
+    """The tunable flags the target runs with, as tuner knows them (tuner's names).
+
+    Managed: what tuner last started it with, unless the config's flags changed since (then the config's).
+    Otherwise: the flags of the last kept apply or rollback, else the config's ``flags``.
+    """
+    if t.managed is not None:
+        st = jr.get_managed(engine, t.name)
+        base = _canonical(t.backend, dict(t.managed.flags))
+        return dict(st.flags) if st is not None and st.config_flags == base else base
+    for a in jr.list_applies(engine, target=t.name):
+        if a.state == "done" and (a.kind, a.outcome) in (("apply", "kept"), ("rollback", "rolled_back")):
+            return dict(a.new_flags)
+    return _canonical(t.backend, dict(t.flags))
 
 
 @dataclass
@@ -111,18 +130,7 @@ class Applier:
         return _canonical(t.backend, dict(t.managed.flags))
 
     def flags_in_force(self, t: Target) -> dict[str, Any]:
-        """Managed: what tuner last started it with (unless the config's flags changed since). Else: the last kept
-        apply's flags, or the config's ``flags``."""
-        if t.managed is not None:
-            st = jr.get_managed(self.engine, t.name)
-            base = self.config_flags(t)
-            return dict(st.flags) if st is not None and st.config_flags == base else base
-        for a in jr.list_applies(self.engine, target=t.name):
-            if a.state == "done" and a.outcome == "kept" and a.kind == "apply":
-                return dict(a.new_flags)
-            if a.state == "done" and a.kind == "rollback" and a.outcome == "rolled_back":
-                return dict(a.new_flags)
-        return _canonical(t.backend, dict(t.flags))
+        return flags_in_force(self.engine, t)
 
     def running(self, t: Target) -> mg.Running | None:
         st = jr.get_managed(self.engine, t.name)

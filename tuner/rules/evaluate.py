@@ -42,8 +42,13 @@ def _engine_value(rule: Rule, target: Target, e) -> float | None:  # type: ignor
 
 
 def vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timedelta], TargetSignals | None],
-           gpus: Iterable[GpuLatest] = ()) -> list[Sample]:
-    """The rule's query result: every (labels, value) whose value satisfies the condition."""
+           gpus: Iterable[GpuLatest] = (), *,
+           target_signal: Callable[[str, str], float | None] | None = None) -> list[Sample]:
+    """The rule's query result: every (labels, value) whose value satisfies the condition.
+
+    ``target_signal(target, signal)`` gives the target signals that do not come from scrapes
+    (APPLY_SIGNALS: the apply journal's), None when the target has none.
+    """
     op = OPS[rule.op]
     out: list[Sample] = []
     if rule.scope == "gpu":
@@ -58,6 +63,11 @@ def vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timede
         return out
     for t in targets:
         if rule.backend != "any" and t.backend != rule.backend:
+            continue
+        if rule.signal in APPLY_SIGNALS:
+            v = target_signal(t.name, rule.signal) if target_signal is not None else None
+            if v is not None and op(v, rule.threshold):
+                out.append(({"target": t.name}, v))
             continue
         sig = signals(t.name, rule.window)
         if sig is None:
@@ -75,6 +85,9 @@ def vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timede
             if v is not None and op(v, threshold):
                 out.append(({"target": t.name, "engine": e.engine, "model_name": e.model_name}, float(v)))
     return out
+
+
+APPLY_SIGNALS = frozenset({"auto_apply_halted"})
 
 
 def _target_value(rule: Rule, sig: TargetSignals) -> float | None:

@@ -75,6 +75,9 @@ _SPECS: list[SignalSpec] = [
                {"any": "max by (target) (tuner_target_server_healthy{sel})"}),
     SignalSpec("restarts", "target", "count", "times the server's process start time changed in the window",
                {"vllm": "max by (target) (changes(process_start_time_seconds{sel}[{w}]))"}),
+    SignalSpec("auto_apply_halted", "target", "bool",
+               "1 when auto mode stopped applying to the target after max_consecutive_rollbacks in a row",
+               {"any": "max by (target) (tuner_auto_apply_halted{sel})"}),
     SignalSpec("gpu_memory_used_ratio", "gpu", "ratio", "GPU memory used / total",
                {"any": "max by (gpu, uuid) (tuner_gpu_memory_used_bytes{sel}) / "
                        "max by (gpu, uuid) (tuner_gpu_memory_total_bytes{sel})"}),
