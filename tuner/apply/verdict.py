@@ -2,7 +2,8 @@
 
 KPIs (load-normalized where they can be): goodput under the SLO, P99 TTFT and E2E, generation tokens per second
 per running request, and requests per second (the load itself). The rule, in order:
-  * fewer than ``min_requests`` finished after the apply: too little traffic to judge -> kept, and said so;
+  * fewer than ``min_requests`` finished after the apply (llama-server counts no requests: fewer than that many
+    generated tokens): too little traffic to judge -> kept, and said so;
   * goodput fell by more than 0.05 -> roll back;
   * tokens/s per running request fell below 0.8x -> roll back;
   * P99 TTFT or E2E rose above 1.25x + 50 ms -> roll back, unless the load itself changed by more than 2x
@@ -61,7 +62,7 @@ def kpis(signals: TargetSignals, window: TargetWindow) -> dict[str, Any]:
             "e2e_p99": worst("e2e_p99", max),
             "tokens_per_s_per_running": gen / running if gen is not None and running else None,
             "requests_per_s": total("requests_per_s"), "requests": total("requests_in_window"),
-            "mean_running": running}
+            "generated_tokens": gen * signals.window_s if gen is not None else None, "mean_running": running}
 
 
 def _num(d: Mapping[str, Any], k: str) -> float | None:
@@ -70,9 +71,11 @@ def _num(d: Mapping[str, Any], k: str) -> float | None:
 
 
 def judge(before: Mapping[str, Any], after: Mapping[str, Any], *, min_requests: int) -> Verdict:
-    n = _num(after, "requests") or 0.0
+    n, unit = _num(after, "requests"), "requests finished"
+    if n is None:
+        n, unit = _num(after, "generated_tokens") or 0.0, "tokens generated (the server counts no requests)"
     if n < min_requests:
-        return Verdict("kept", f"too little traffic to judge: {n:.0f} requests finished in the observation window "
+        return Verdict("kept", f"too little traffic to judge: {n:.0f} {unit} in the observation window "
                                f"(min_requests {min_requests}); kept")
     bad, good, notes = [], [], []
     g0, g1 = _num(before, "goodput_ratio"), _num(after, "goodput_ratio")
