@@ -177,3 +177,24 @@ def test_parse_config_without_a_file_uses_a_placeholder_name() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config("defaults:\n  scrape_timeout: -1s\n")
     assert str(info.value).startswith("<config>: defaults.scrape_timeout: ")
+
+
+@pytest.mark.parametrize(("text", "key", "reason"), [
+    pytest.param("defaults: {scrape_interval: " + "9" * 400 + "}", "defaults.scrape_interval", "longer than ten years",
+                 id="huge-int-duration"),
+    pytest.param("defaults: {scrape_interval: 99999999999d}", "defaults.scrape_interval", "longer than ten years",
+                 id="huge-duration"),
+    pytest.param("defaults: {max_body_bytes: " + "9" * 400 + "GiB}", "defaults.max_body_bytes", "too large",
+                 id="huge-size"),
+    pytest.param("defaults: {scrape_interval: .nan}", "defaults.scrape_interval", "must be positive", id="nan"),
+    pytest.param("listen: 2001-02-30", "line 1", "cannot read '2001-02-30' as timestamp", id="bad-date"),
+    pytest.param("listen: 1\nstore: !!int 0xZZ", "line 2", "cannot read '0xZZ' as int", id="bad-int-tag"),
+    pytest.param("listen: 1\ngpu: \x1f", "line 2", "unacceptable character", id="control-char"),
+    pytest.param("targets: " + "[" * 600, "line 1", "nested too deeply", id="nested-too-deeply"),
+])
+def test_values_that_crashed_the_loader_are_config_errors(text: str, key: str, reason: str) -> None:
+    """Found by tests/reliability/test_fuzz.py: OverflowError, ValueError or RecursionError escaped parse_config,
+    so `tuner run` printed a traceback instead of the key to fix."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "c.yaml")
+    assert info.value.key == key and reason in info.value.reason, info.value

@@ -212,3 +212,16 @@ def test_slot_tokens_count_generated_tokens_once(slot: dict[str, Any], held: int
     state = llamacpp.parse_slots([slot, {"n_ctx": 512, "is_processing": False, "n_prompt_tokens": 480}])
     assert state.kv_tokens_in_use == held
     assert state.kv_cache_usage == held / 1024
+
+
+@pytest.mark.parametrize(("data", "names"), [
+    pytest.param(json.dumps([{**_variant(n_ctx=512)[0], "is_processing": True, "next_token": 1}]),
+                 "/slots[0].next_token: expected a list, got int", id="next_token-not-a-list"),
+    pytest.param("[" * 100_000, "/slots is not JSON tuner can read (nested too deeply)", id="nested-too-deeply"),
+])
+def test_slots_that_crashed_the_parser_are_named(data: str, names: str) -> None:
+    """Found by tests/reliability/test_fuzz.py: these raised TypeError / RecursionError, so a scrape with a fine
+    /metrics was recorded as an internal error instead of a snapshot with a /slots problem."""
+    with pytest.raises(ExpositionError) as info:
+        llamacpp.parse_slots(data)
+    assert names in str(info.value)

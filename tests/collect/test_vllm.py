@@ -221,3 +221,16 @@ def test_scrape_with_unhealthy_health_endpoint_still_returns_metrics() -> None:
         snap = vllm.scrape(url, target="gpu-box", timeout_s=5, max_bytes=len(body))
     assert snap.healthy is False
     assert len(snap.engines) == 1
+
+
+def test_a_bucket_whose_le_is_not_a_number_is_dropped_as_a_problem() -> None:
+    """Found by tests/reliability/test_fuzz.py: ``le="NaN1.0"`` raised a bare ValueError from the assembler, which
+    the daemon records as an internal error (target down). Now the bucket is dropped and named."""
+    text = (VLLM_DIR / "metrics_after_load.txt").read_text(encoding="utf-8")
+    line = next(x for x in text.split("\n") if x.startswith("vllm:time_to_first_token_seconds_bucket{"))
+    bad = text.replace(line, line.replace('le="', 'le="NaN1.0', 1), 1)
+    snap = vllm.snapshot_from_text(bad, target="t", ts=0.0)
+    line_no = bad.split("\n").index(line.replace('le="', 'le="NaN1.0', 1)) + 1
+    assert f"line {line_no}: vllm:time_to_first_token_seconds_bucket has le='NaN1.0" in "; ".join(snap.problems)
+    good = vllm.snapshot_from_text(text, target="t", ts=0.0)
+    assert len(snap.engines[0].histograms) == len(good.engines[0].histograms)  # the other buckets still make one

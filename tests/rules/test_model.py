@@ -72,3 +72,24 @@ def test_overrides_and_slo_thresholds():
     assert (a.threshold_for(cfg.targets[0]), a.threshold_for(cfg.targets[1])) == (0.9, 0.5)
     assert a.hold_for("b").total_seconds() == 120 and a.hold_for("a").total_seconds() == 0
     assert (t.threshold_for(cfg.targets[0]), t.threshold_for(cfg.targets[1])) == (0.25, None)
+
+
+_RULE = "      - {alert: A, signal: kv_cache_usage, op: '>', threshold: %s}\n"
+
+
+@pytest.mark.parametrize(("text", "line", "reason"), [
+    pytest.param("groups:\n  - name: [1]\n    rules: []\n", 2, "group name must be a string", id="list-name"),
+    pytest.param("groups:\n  - name: g\n    rules:\n" + _RULE % ("9" * 400), 4, "threshold " + "9" * 400 + " is too large",
+                 id="huge-threshold"),
+    pytest.param("groups:\n  - name: g\n    interval: 99999999999d\n    rules: []\n", 2, "longer than ten years",
+                 id="huge-interval"),
+    pytest.param("groups:\n  - name: g\n    rules: []\n  - 7\n", 1, "groups[1]: each group needs a name",
+                 id="group-not-a-mapping"),
+    pytest.param("groups:\n  - name: 2001-02-30\n    rules: []\n", 2, "cannot read '2001-02-30'", id="bad-date"),
+])
+def test_files_that_crashed_the_loader_name_their_line(text: str, line: int, reason: str) -> None:
+    """Found by tests/reliability/test_fuzz.py: TypeError (unhashable name), OverflowError and ValueError escaped
+    the loader, and a group that is not a mapping had no line."""
+    with pytest.raises(RuleFileError) as info:
+        parse_rules(text, "r.yaml")
+    assert info.value.line == line and reason in info.value.reason, info.value

@@ -25,8 +25,15 @@ def _extra(labels: dict[str, str]) -> Labels:
     return tuple(sorted((k, v) for k, v in labels.items() if k not in _IGNORED_LABELS))
 
 
-def _le(value: str) -> float:
-    return float("inf") if value in ("+Inf", "Inf", "inf") else float(value)
+def _le(value: str) -> float | None:
+    """A bucket's upper bound; None when ``le`` is not a number (such a bucket is dropped, as a problem)."""
+    if value in ("+Inf", "Inf", "inf"):
+        return float("inf")
+    try:
+        bound = float(value)
+    except ValueError:
+        return None
+    return None if bound != bound else bound  # NaN bounds nothing
 
 
 def assemble_engines(samples: Iterable[CatalogueSample], backend: Literal["vllm", "llamacpp"],
@@ -62,7 +69,12 @@ def assemble_engines(samples: Iterable[CatalogueSample], backend: Literal["vllm"
                 if "le" not in s.labels:
                     problems.append(f"line {s.line_no}: {s.spec.name}_bucket has no le label; dropped")
                     continue
-                parts[owner][key]["buckets"][_le(s.labels["le"])] = s.value  # type: ignore[index]
+                le = _le(s.labels["le"])
+                if le is None:
+                    problems.append(f"line {s.line_no}: {s.spec.name}_bucket has le={s.labels['le']!r}, "
+                                    "not a number; dropped")
+                    continue
+                parts[owner][key]["buckets"][le] = s.value  # type: ignore[index]
             else:
                 parts[owner][key][s.part] = s.value
 

@@ -27,6 +27,8 @@ def parse_slots(data: Any) -> SlotsState:
             data = json.loads(data)
         except ValueError as exc:
             raise ExpositionError(f"/slots is not JSON ({exc})") from None
+        except RecursionError:
+            raise ExpositionError("/slots is not JSON tuner can read (nested too deeply)") from None
     if not isinstance(data, list) or not data:
         raise ExpositionError(f"/slots: expected a non-empty JSON list of slots, got {type(data).__name__}")
     busy = in_use = 0
@@ -53,8 +55,11 @@ def _slot_tokens(slot: dict[str, Any], i: int, n_ctx: int) -> int:
     tokens, so the larger of the two readings is right for both.
     """
     n_prompt = _int(slot.get("n_prompt_tokens"), f"/slots[{i}].n_prompt_tokens")
+    next_token = slot.get("next_token") or []
+    if not isinstance(next_token, list):
+        raise ExpositionError(f"/slots[{i}].next_token: expected a list, got {type(next_token).__name__}")
     decoded = sum(_int(nt.get("n_decoded"), f"/slots[{i}].next_token.n_decoded")
-                  for nt in slot.get("next_token") or [] if isinstance(nt, dict))
+                  for nt in next_token if isinstance(nt, dict))
     if "n_prompt_tokens_processed" in slot or "n_prompt_tokens_cache" in slot:
         prompt = (_int(slot.get("n_prompt_tokens_processed"), f"/slots[{i}].n_prompt_tokens_processed")
                   + _int(slot.get("n_prompt_tokens_cache"), f"/slots[{i}].n_prompt_tokens_cache"))

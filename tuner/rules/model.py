@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import yaml
 
-from tuner.config import Target, parse_duration
+from tuner.config import Target, YamlLoader, YamlTextError, load_yaml, parse_duration
 from tuner.errors import RuleFileError
 from tuner.rules.signals import SIGNALS, known_signals
 from tuner.rules.templates import check
@@ -113,7 +113,7 @@ class RuleSet:
         return tuple(r for g in self.groups for r in g.rules)
 
 
-class _LineLoader(yaml.SafeLoader):
+class _LineLoader(YamlLoader):
     """SafeLoader that remembers the line of every mapping (as the key ``__line__``)."""
 
 
@@ -180,6 +180,8 @@ def _rule(raw: Any, path: str, group_line: int) -> Rule:
         threshold = math.nan  # taken from each target's slo
     elif isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
         raise _err(path, line, f"{alert}: threshold must be a number or 'slo', got {threshold!r}")
+    elif isinstance(threshold, int) and abs(threshold) >= 2**1023:  # float() would overflow
+        raise _err(path, line, f"{alert}: threshold {threshold} is too large")
     spec = SIGNALS[signal]
     backend = str(raw.get("backend", "vllm" if spec.scope == "engine" else "any"))
     if backend not in spec.promql and not (backend == "any" and spec.scope != "engine"):
@@ -195,7 +197,8 @@ def _rule(raw: Any, path: str, group_line: int) -> Rule:
         if not isinstance(o, dict) or set(o) - {"threshold", "for", "__line__"}:
             raise _err(path, raw_over.get("__line__", line), f"{alert}: overrides.{target} may set threshold and for")
         t = o.get("threshold")
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))):
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
+                              or (isinstance(t, int) and abs(t) >= 2**1023)):
             raise _err(path, o["__line__"], f"{alert}: overrides.{target}.threshold must be a number")
         f = _duration(o["for"], path, o["__line__"], f"overrides.{target}.for", allow_zero=True) if "for" in o else None
         overrides[str(target)] = Override(None if t is None else float(t), f)
@@ -217,20 +220,21 @@ def _rule(raw: Any, path: str, group_line: int) -> Rule:
 
 def parse_rules(text: str, path: str = "<rules>", default_interval: timedelta = timedelta(seconds=15)) -> RuleSet:
     try:
-        doc = yaml.load(text, Loader=_LineLoader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise _err(path, mark.line + 1 if mark else None, f"not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        doc = load_yaml(text, _LineLoader)
+    except YamlTextError as exc:
+        raise _err(path, exc.line, f"not valid YAML: {exc.problem}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("groups"), list):
         raise _err(path, 1, "expected a top-level 'groups:' list")
     groups, names = [], set()
-    for g in doc["groups"]:
+    for i, g in enumerate(doc["groups"]):
         if not isinstance(g, dict) or "name" not in g or not isinstance(g.get("rules"), list):
-            raise _err(path, g.get("__line__") if isinstance(g, dict) else None,
-                       "each group needs a name and a rules list")
-        if g["name"] in names:
+            raise _err(path, g["__line__"] if isinstance(g, dict) else doc["__line__"],  # a list item has no line
+                       f"groups[{i}]: each group needs a name and a rules list")
+        if isinstance(g["name"], (dict, list)) or g["name"] is None:
+            raise _err(path, g["__line__"], f"group name must be a string, got {g['name']!r}")
+        if str(g["name"]) in names:
             raise _err(path, g["__line__"], f"duplicate group name {g['name']!r}")
-        names.add(g["name"])
+        names.add(str(g["name"]))
         extra = set(g) - {"name", "interval", "rules", "__line__"}
         if extra:
             raise _err(path, g["__line__"], f"unknown group key {sorted(extra)[0]!r} (name, interval, rules)")
