@@ -525,11 +525,19 @@ class Applier:
         if t.managed is not None:
             st = jr.get_managed(self.engine, t.name)
             r = self.running(t)
+            if r is None:  # killed between starting a server and recording it: find it by its argv
+                for candidate in (a.new_argv, a.old_argv):
+                    pid = mg.find_by_argv(candidate)
+                    if pid is not None:
+                        r = mg.Running(pid, mg.proc_start_time(pid) or 0, candidate, mg.log_path(t, self.config_dir))
+                        self._save(t, r, a.new_flags if candidate == a.new_argv else a.old_flags, "running")
+                        break
             argv = mg.proc_argv(r.pid) if r else None
             found = "no server running" if r is None else (
                 "the new flags" if argv == a.new_argv else "the old flags" if argv == a.old_argv else "other flags")
             if r is not None:
-                try:
+                try:  # a server still starting (tuner died during the health check) gets its full start time
+                    mg.wait_healthy(r, t.url, t.managed.start_timeout.total_seconds())
                     mg.health_gate(t, timeout_s=30)
                     healthy = True
                 except ServerStartError:

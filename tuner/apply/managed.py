@@ -28,7 +28,7 @@ from tuner.errors import ConfigError, ServerStartError
 from tuner.flags import FLAGS, render
 
 __all__ = ["build_argv", "server_env", "log_path", "proc_start_time", "proc_argv", "is_alive", "Running",
-           "start_server", "stop_server", "wait_healthy", "health_gate", "error_line", "drain_llama"]
+           "find_by_argv", "start_server", "stop_server", "wait_healthy", "health_gate", "error_line", "drain_llama"]
 
 _TUNABLE_CLI = {cli.removeprefix("--") for f in FLAGS for cli in f.cli.values()} | \
                {cli for f in FLAGS for cli in f.cli.values()}
@@ -108,6 +108,16 @@ def proc_argv(pid: int) -> list[str] | None:
     except OSError:
         return None
     return [a.decode(errors="replace") for a in raw.split(b"\0")[:-1]]
+
+
+def find_by_argv(argv: list[str]) -> int | None:
+    """A live process running exactly ``argv`` (a server started by a tuner killed before it could record it)."""
+    if not argv:
+        return None
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and proc_argv(int(entry.name)) == argv and proc_start_time(int(entry.name)):
+            return int(entry.name)
+    return None
 
 
 def is_alive(pid: int | None, start: int | None) -> bool:
