@@ -98,8 +98,14 @@ class Daemon:
         except StoreError as exc:
             self._job_error(f"store:{target.name}", str(exc))
             return False
+        self._store_ok(target.name)
         self._count(target.name, ok=True, duration=snap.duration_s)
         return True
+
+    def _store_ok(self, name: str) -> None:
+        """A write went through again (the lock was released, space was freed): the store error is over."""
+        with self.state.lock:
+            self.state.job_errors.pop(f"store:{name}", None)
 
     def _failed(self, target: Target, now: float, duration: float, error: str) -> bool:
         log.warning("scrape %s: %s", target.name, error)
@@ -109,6 +115,8 @@ class Daemon:
                                       target.labels)
         except StoreError as exc:
             self._job_error(f"store:{target.name}", str(exc))
+            return False
+        self._store_ok(target.name)
         return False
 
     def _count(self, name: str, *, ok: bool, duration: float) -> None:

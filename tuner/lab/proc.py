@@ -1,0 +1,139 @@
+"""A real `tuner run` child process for reliability tests and benches: config, start, its /metrics, `tuner status --json`."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+__all__ = ["free_port", "TunerProcess", "AlertSink", "wait_for"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(0.1)
+
+
+class TunerProcess:
+    """Writes a config, migrates the store, runs `tuner run` as a child process with its log in the work dir."""
+
+    def __init__(self, work: Path, targets: dict[str, tuple[str, str]], *, interval: str = "500ms",
+                 timeout: str = "1s", max_body: str = "10MiB", rules: str | None = None,
+                 alertmanagers: Sequence[str] = (), evaluation_interval: str = "1s") -> None:
+        self.work = work
+        self.port = free_port()
+        self.db = work / "tuner.db"
+        lines = [f"store: {{url: 'sqlite:///{self.db}'}}", f"listen: 127.0.0.1:{self.port}",
+                 f"defaults: {{scrape_interval: {interval}, scrape_timeout: {timeout}, max_body_bytes: {max_body}}}",
+                 "gpu: {source: none}", "targets:"]
+        lines += [f"  - {{name: {n}, backend: {b}, url: '{u}'}}" for n, (b, u) in targets.items()]
+        alerting: dict[str, Any] = {"evaluation_interval": evaluation_interval, "resend_delay": "1m",
+                                    "alertmanagers": list(alertmanagers)}
+        if rules is not None:
+            (work / "rules.yaml").write_text(rules)
+            alerting["rule_files"] = ["rules.yaml"]
+        lines.append(f"alerting: {json.dumps(alerting)}")  # JSON is YAML
+        self.config = work / "tuner.yaml"
+        self.config.write_text("\n".join(lines) + "\n")
+        self.log = work / "tuner.log"
+        self.proc: subprocess.Popen | None = None
+        self.cli("db", "upgrade")
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(self.config), *args],
+                              capture_output=True, text=True, timeout=60, check=check)
+
+    def start(self, **popen: Any) -> "TunerProcess":
+        self.proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(self.config), "run"],
+                                     stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"), **popen)
+        wait_for(lambda: self.metrics_text() is not None or self.proc.poll() is not None, 30, "tuner's /metrics")
+        assert self.proc.poll() is None, self.log_tail()
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+    def log_tail(self, n: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:]) if self.log.exists() else ""
+
+    def metrics_text(self) -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as resp:
+                return resp.read().decode()
+        except OSError:
+            return None
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """The value of one sample of tuner's own /metrics (None when absent)."""
+        text = self.metrics_text() or ""
+        for line in text.splitlines():
+            m = re.match(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
+            if m and all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
+                return float(m.group(2))
+        return None
+
+    def status(self) -> dict[str, dict]:
+        """`tuner status --json`, by target name."""
+        out = self.cli("status", "--json", "--window", "1m")
+        return {t["target"]: t for t in json.loads(out.stdout)["targets"]}
+
+
+class AlertSink:
+    """Stands in for Alertmanager's API v2 on a given port: keeps every alert POSTed to /api/v2/alerts."""
+
+    def __init__(self, port: int = 0) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        import threading
+
+        self.posts: list[list[dict]] = []
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                sink.posts.append(json.loads(body))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def alerts(self) -> list[dict]:
+        return [a for post in list(self.posts) for a in post]
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
