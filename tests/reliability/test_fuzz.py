@@ -1,8 +1,9 @@
 """Fuzzing the four inputs tuner reads from outside: expositions, llama-server /slots and /health, rule files, config.
 
-Each surface gets at least ``EXAMPLES`` generated inputs, half near-valid (recorded real expositions and
-/slots from tests/fixtures/ with a few mutations; rule and config documents with wrong types, unknown keys
-and odd YAML) and half raw bytes / text. The property is the same everywhere: the input parses, or it
+Each surface gets at least ``EXAMPLES`` generated inputs: near-valid ones (recorded real expositions and
+/slots from tests/fixtures/ with a few mutations; rule and config documents, a third of them valid, the rest
+with wrong types, unknown keys and odd YAML, also mutated as text) and raw bytes / text (a half of the
+exposition inputs, two thirds of the /slots ones, a quarter of the rule and config ones). The property is the same everywhere: the input parses, or it
 raises one of tuner's typed errors (TunerError) whose message names the line or the key. Anything else
 (a TypeError, an OverflowError, a RecursionError...) is a crash the daemon would log as an internal error.
 
