@@ -25,6 +25,7 @@ THRESHOLDS = {
     "max_model_len_far_below": 4.0,  # max_model_len >= this x observed P99 prompt+output: far below
     "gpu_headroom": 0.05,  # free GPU memory (fraction of total) worth handing to vLLM
     "ttft_p99_s": 1.0,  # slow TTFT without an SLO, seconds
+    "queue_p99_s": 0.25,  # P99 time in vLLM's queue at or above which requests counted as waiting, seconds
     "long_prompt_tokens": 1024,  # a P99 prompt at least this long is "long"
     "itl_spike_ratio": 3.0,  # ITL P99 >= this x ITL P50: spikes
     "repeated_prefix_share": 0.3,  # share of prompt tokens in repeated prefixes worth caching
@@ -168,19 +169,34 @@ def kv_saturated(inp: Inputs) -> list[Candidate]:
 
 
 def queue_with_kv_room(inp: Inputs) -> list[Candidate]:
-    """Requests wait while the KV cache has room and the scheduler runs its maximum: raise max-num-seqs."""
+    """Requests wait while the KV cache has room and the scheduler runs its maximum: raise max-num-seqs.
+
+    Waiting is seen in the waiting gauge, or, when no scrape caught the queue (a loaded server can answer
+    /metrics late exactly then), in the queue-time histogram, whose counts no missed scrape loses.
+    """
     o = inp.observed
-    if not o.waiting_max or o.waiting_max < 1 or o.kv_usage_max is None or not o.running_max:
+    queue_p99 = inp.signals.queue_p99
+    by_histogram = (not o.waiting_max or o.waiting_max < 1) and queue_p99 is not None and \
+        queue_p99 >= THRESHOLDS["queue_p99_s"]
+    if (not o.waiting_max or o.waiting_max < 1) and not by_histogram:
+        return []
+    if o.kv_usage_max is None or not o.running_max:
         return []
     if o.kv_usage_max >= THRESHOLDS["kv_room"]:
         return []
     seqs = _current(inp, "max_num_seqs")
     inferred = seqs is None
     cap = o.running_max if inferred else seqs
-    if o.running_max < cap:
+    # Seen in the gauges, the scheduler must have run its maximum. Seen only in the histogram, the gauges
+    # missed the busy moments too: long queue times while the KV cache had room mean admission was capped.
+    if by_histogram and inferred:  # no gauge saw the plateau: nothing to infer max-num-seqs from
         return []
-    new = int(min(2 * cap, cap + math.ceil(o.waiting_max)))
-    crossed = [_crossed("requests_waiting_max", o.waiting_max, ">=", 1),
+    if o.running_max < cap and not by_histogram:
+        return []
+    new = int(2 * cap if by_histogram else min(2 * cap, cap + math.ceil(o.waiting_max or 0)))
+    waited = _crossed("queue_p99", queue_p99, ">=", THRESHOLDS["queue_p99_s"]) if by_histogram else \
+        _crossed("requests_waiting_max", o.waiting_max, ">=", 1)
+    crossed = [waited,
                _crossed("kv_cache_usage_max", o.kv_usage_max, "<", THRESHOLDS["kv_room"]),
                _crossed("requests_running_max", o.running_max, ">=", cap)]
     ev = _evidence(inp, crossed, requests_waiting_max=o.waiting_max, requests_running_max=o.running_max,
