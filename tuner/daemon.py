@@ -33,6 +33,7 @@ from tuner.store.store import Store
 __all__ = ["Daemon", "DaemonState"]
 
 log = logging.getLogger("tuner.daemon")
+_CLOCK_STEP_S = 2.0  # a wall-clock jump larger than this (against the monotonic clock) is a step, not drift
 _SIGNALS_COST_S = 0.015  # one target's window + derive over a full 5-minute window (bench/RESULTS.md)
 
 
@@ -345,6 +346,26 @@ class Daemon:
             sched.add_job(self.notify_once, IntervalTrigger(seconds=1), id="notify", next_run_time=now)
         sched.start()
         self.scheduler = sched
+        threading.Thread(target=self._watch_clock, name="clock-watch", daemon=True).start()
+
+    def _watch_clock(self) -> None:
+        """APScheduler times its jobs by the wall clock: after the clock steps back an hour it would wait that
+        hour before the next scrape. Measured against the monotonic clock, a step back reschedules every job
+        stranded in the future to run now (a step forward needs nothing: late jobs run once, coalesced)."""
+        skew = time.time() - time.monotonic()
+        while not self._stop.wait(1.0):
+            step, skew = time.time() - time.monotonic() - skew, time.time() - time.monotonic()
+            if step > -_CLOCK_STEP_S or self.scheduler is None:
+                continue
+            log.warning("wall clock stepped back %.0f s; rescheduling jobs from now", -step)
+            now = datetime.now(timezone.utc)
+            for job in self.scheduler.get_jobs():
+                every = getattr(job.trigger, "interval", None)
+                if every is not None and job.next_run_time is not None and job.next_run_time > now + every:
+                    try:
+                        job.modify(next_run_time=now)
+                    except Exception as exc:  # removed meanwhile (a rules reload): nothing to reschedule
+                        log.debug("reschedule %s: %r", job.id, exc)
 
     def stop(self) -> None:
         self._stop.set()

@@ -3,19 +3,22 @@
 Each fault is injected for real: targets that refuse, hang, trickle, send 100 MB, answer 500 or garbage, an
 Alertmanager that is down, the SQLite file held by another process's ``BEGIN EXCLUSIVE``, and a full disk
 (RLIMIT_FSIZE on the daemon process: the kernel refuses writes past the limit with EFBIG, as a full
-filesystem refuses them with ENOSPC; no mount needed). Healthy targets replay recorded real vLLM expositions
+filesystem refuses them with ENOSPC; no mount needed), and the wall clock stepping back and forward (an
+LD_PRELOAD shim, tests/reliability/clockshift.c, offsets CLOCK_REALTIME of the running process only). Healthy targets replay recorded real vLLM expositions
 and must keep being stored, and each fault must show up as target health + last error (`tuner status --json`)
 or as tuner_job_error on tuner's own /metrics. tests/test_daemon.py covers the same bad targets in-process.
 """
 
 from __future__ import annotations
 
+import os
 import resource
 import sqlite3
 import subprocess
 import sys
 import time
 from contextlib import ExitStack
+from pathlib import Path
 
 from tests.helpers import VLLM_DIR, Route, serve
 from tuner.lab.proc import AlertSink, TunerProcess, free_port, wait_for
@@ -150,3 +153,47 @@ def test_disk_full(tmp_path):
         finally:
             assert tuner.stop() == 0
     assert _integrity(tuner.db) == "ok"
+
+
+def _clockshift(tmp_path) -> str:
+    """Build tests/reliability/clockshift.c (an LD_PRELOAD shim that offsets CLOCK_REALTIME) with gcc.
+
+    libfaketime 0.9.10 (Debian 12) was tried first: under it Python 3.11's time.sleep fails with EINVAL
+    (or hangs with the monotonic clock faked too), so it cannot run tuner at all.
+    """
+    from tests.conftest import require_tool
+
+    cc = require_tool("gcc")  # scripts/install-llama-server.sh installs it
+    lib = tmp_path / "libclockshift.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(lib), str(Path(__file__).with_name("clockshift.c")),
+                    "-ldl"], check=True, capture_output=True)
+    return str(lib)
+
+
+def test_wall_clock_steps_back_and_forward(tmp_path):
+    """The wall clock of the running daemon steps back an hour, then forward two: scraping never stops."""
+    offset = tmp_path / "clock-offset"
+    offset.write_text("0\n")
+    env = {**os.environ, "LD_PRELOAD": _clockshift(tmp_path), "CLOCKSHIFT_FILE": str(offset)}
+    with ReplayServer(ReplayExposition(GOOD)) as server:
+        tuner = TunerProcess(tmp_path, {"good": ("vllm", server.url)}).start(env=env)
+        try:
+            wait_for(lambda: server.exposition.scrapes >= 3, 20, "first scrapes")
+            for step in (-3600, +7200):
+                offset.write_text(f"{tuner_offset(offset) + step}\n")
+                before = server.exposition.scrapes
+                # 500 ms scrapes: ~8 in 4 s; a scheduler waiting on the old wall clock would do none for an hour
+                wait_for(lambda: server.exposition.scrapes >= before + 5, 8, f"scrapes after a {step:+d} s step")
+                assert tuner.alive(), tuner.log_tail()
+            with sqlite3.connect(tuner.db) as conn:
+                ts = [t for (t,) in conn.execute("SELECT ts_ms FROM scrapes ORDER BY id")]
+            assert any(b < a - 3_000_000 for a, b in zip(ts, ts[1:])), "no scrape stored at the stepped-back time"
+            assert tuner.status()["good"]["health"]["health"] == "up"
+            assert tuner.stop() == 0, tuner.log_tail()
+        finally:
+            tuner.stop()
+    assert _integrity(tuner.db) == "ok"
+
+
+def tuner_offset(path) -> float:
+    return float(path.read_text().strip() or 0)

@@ -61,8 +61,12 @@ class TunerProcess:
     def start(self, **popen: Any) -> "TunerProcess":
         self.proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(self.config), "run"],
                                      stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"), **popen)
-        wait_for(lambda: self.metrics_text() is not None or self.proc.poll() is not None, 30, "tuner's /metrics")
-        assert self.proc.poll() is None, self.log_tail()
+        try:
+            wait_for(lambda: self.metrics_text() is not None or self.proc.poll() is not None, 60, "tuner's /metrics")
+            assert self.proc.poll() is None, self.log_tail()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def alive(self) -> bool:
