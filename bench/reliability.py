@@ -1,6 +1,8 @@
 """kill -9 a real `tuner run` at random moments, over and over; after each kill check that nothing was lost.
 
-    python bench/reliability.py --kills 100 [--seed 1] [--surface ingest] [--work DIR] [--json]
+    python bench/reliability.py --kills 100 [--fuzz] [--seed 1] [--surface ingest] [--work DIR] [--json]
+
+``--fuzz`` first runs the fuzzers of tests/reliability/test_fuzz.py (the same inputs as CI) and prints their counts.
 
 Surface ``ingest``: two targets replay a recorded vLLM exposition (counters advancing), a third flaps between
 200 and HTTP 500 every ~2 s; scrapes every 200 ms; two rules evaluated every second, one that fires once
@@ -321,9 +323,21 @@ def run(kills: int, *, seed: int = 1, surface: str = "ingest", work: Path | None
     return result
 
 
+def fuzz(log=print) -> dict[str, dict]:  # type: ignore[no-untyped-def]
+    """Run the fuzzers of tests/reliability/test_fuzz.py (same inputs as CI) and return their counts."""
+    from tests.reliability import test_fuzz
+
+    for name in sorted(dir(test_fuzz)):
+        if name.startswith("test_fuzz_"):
+            getattr(test_fuzz, name)()
+            log(f"{name}: done")
+    return dict(test_fuzz.RESULTS)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kills", type=int, default=100)
+    ap.add_argument("--fuzz", action="store_true", help="first run the fuzzers (tests/reliability/test_fuzz.py)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--surface", choices=sorted(SURFACES), default="ingest")
     ap.add_argument("--work", type=Path, help="keep the database and logs here (default: a temp dir)")
@@ -331,9 +345,15 @@ def main() -> int:
     args = ap.parse_args()
     if args.work:
         args.work.mkdir(parents=True, exist_ok=True)
-    result = run(args.kills, seed=args.seed, surface=args.surface, work=args.work,
-                 log=lambda m: print(m, file=sys.stderr, flush=True))
-    print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    fuzzed = fuzz(log) if args.fuzz else {}
+    result = run(args.kills, seed=args.seed, surface=args.surface, work=args.work, log=log)
+    if args.json:
+        print(json.dumps({"fuzz": fuzzed, "kill9": result}))
+    else:
+        for surface, counts in fuzzed.items():
+            print(f"fuzz {surface}: " + ", ".join(f"{k} {v:g}" for k, v in counts.items()))
+        print("\n".join(f"{k}: {v}" for k, v in result.items()))
     bad = (result["integrity_failures"] or result["samples_lost_total"] or result["duplicate_transitions"]
            or result["missing_transitions"] or result["firings_not_notified"] or result["firings_notified_twice"])
     return 1 if bad else 0
