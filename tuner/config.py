@@ -164,6 +164,8 @@ class Managed(_Model):
     max_restarts: int = Field(3, ge=0, le=100)  # automatic restarts after a crash, within restart_window
     restart_window: Duration = timedelta(minutes=10)
     gpus: list[int] = Field(default_factory=list)  # GPU indices it uses: two applies never share a GPU at once
+    # CPU priority (0-19, like nice(1)): on a small CPU-only host a niced server leaves tuner's scrapes on time.
+    nice: int = Field(0, ge=0, le=19)
 
 
 class Hook(_Model):

@@ -18,13 +18,20 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
                           capture_output=True, text=True, timeout=900)
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr[-3000:] + out[-3000:]
-    assert "vLLM healthy after" in out and "stopped vLLM (exit 0)" in out
+    assert "vLLM healthy after" in out and "tiny-llama: exited after SIGTERM" in out  # tuner stopped its vLLM
     # A status table after each phase; the last one has the target up. (Mid-load, a loaded CPU vLLM can
     # answer /metrics slower than the scrape timeout: such a scrape is recorded down, as it should be.)
     rows = re.findall(r"^tiny-llama\s+vllm\s+(\S+)\s+0/tiny-llama\s+\S+\s+(\d+)/(\d+)", out, re.M)
     assert len(rows) >= 3 and rows[-1][0] == "up"
     engine = json.loads(out.split("--window 1m --json\n", 1)[1].split("\n\n===", 1)[0])
-    assert engine["requests_waiting_max"] >= 1  # 16 concurrent against --max-num-seqs 4
-    assert engine["queue_p99"] > 0  # and the queue-time histogram says they waited
+    # 16 concurrent against --max-num-seqs 4: the queue-time histogram says requests waited. (The waiting gauge
+    # may or may not be caught: a loaded CPU vLLM answers /metrics late exactly while its queue is longest.)
+    assert engine["queue_p99"] >= 0.25
     assert engine["e2e_p99"] > 0 and engine["generation_tokens_per_s"] > 0 and engine["goodput_ratio"] is not None
     assert 'tuner_target_up{target="tiny-llama"} 1.0' in out
+    # ... so tuner proposes more sequences, applies it under load and judges it
+    assert "max_num_seqs: 4 -> 8" in out and "--max-num-seqs\", \"8\"" in out
+    verdict = re.search(r"^\[apply #1\] verdict: (kept|rolled_back): (.+)$", out, re.M)
+    assert verdict, out[-4000:]
+    assert "too little traffic" not in verdict.group(2)  # clients kept coming through the restart
+    assert f'tuner_applies_total{{outcome="{verdict.group(1)}",target="tiny-llama"}} 1.0' in out

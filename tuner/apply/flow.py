@@ -154,7 +154,7 @@ class Applier:
         """Start the managed server with ``flags``, record it, wait for the health gate. ServerStartError if not."""
         assert t.managed is not None
         argv = mg.build_argv(t, flags)
-        r = mg.start_server(argv, mg.server_env(t), mg.log_path(t, self.config_dir))
+        r = mg.start_server(argv, mg.server_env(t), mg.log_path(t, self.config_dir), nice=t.managed.nice)
         self._save(t, r, flags, "running", restarts=restarts)
         took = mg.wait_healthy(r, t.url, t.managed.start_timeout.total_seconds())
         gate = mg.health_gate(t)

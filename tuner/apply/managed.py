@@ -143,11 +143,16 @@ class Running:
         return self.proc.returncode if self.proc is not None else None
 
 
-def start_server(argv: list[str], env: Mapping[str, str], log: Path) -> Running:
+def start_server(argv: list[str], env: Mapping[str, str], log: Path, *, nice: int = 0) -> Running:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as f:
         f.write(f"\n==== tuner {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {json.dumps(argv)}\n".encode())
     proc = ServerProcess.start(argv, env, log)
+    if nice:  # set before the server forks its workers, which inherit it
+        try:
+            os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
+        except OSError:
+            pass
     start = proc_start_time(proc.pid)
     return Running(proc.pid, start or 0, list(argv), log, proc)
 

@@ -1,24 +1,25 @@
-"""``tuner demo``: tuner's main job, end to end, against a real vLLM it starts itself.
+"""``tuner demo``: tuner's whole loop, end to end, against a real vLLM it starts and manages itself.
 
-Starts vLLM (CPU build) on a tiny local model, runs ``tuner run`` against it, drives a light then a
-heavy load (more concurrent requests than --max-num-seqs, so requests queue), and prints
-``tuner status`` and ``tuner signals`` as the numbers move. Everything binds to 127.0.0.1 and
-stops by itself.
+Writes a config whose one target is a *managed* vLLM (CPU build, tiny local model, ``--max-num-seqs 4``),
+runs ``tuner run`` (which starts vLLM), drives a light then a heavy load (more concurrent requests than
+--max-num-seqs, so requests queue) while showing ``tuner status`` and ``tuner signals``, asks
+``tuner recommend`` for a flag change, applies it with ``tuner apply-recommendation`` under load (drain,
+restart, health gate, observe, verdict), and shows ``tuner journal`` and tuner's own /metrics. Everything binds
+to 127.0.0.1 and stops by itself.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-from tuner.apply.launch import ServerProcess, free_port, vllm_argv, vllm_cpu_env
+from tuner.apply.launch import free_port
 from tuner.collect import http
-from tuner.lab.load import LoadResult, run_load
 
 __all__ = ["run_demo"]
 
@@ -29,14 +30,52 @@ def _say(msg: str) -> None:
     print(f"\n=== {msg}", flush=True)
 
 
-def _tuner(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(config), *args],
-                          capture_output=True, text=True, timeout=120)
+def _tuner(config: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(config), "--log-level", "WARNING",
+                           *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def _show(config: Path, *args: str) -> None:
-    proc = _tuner(config, *args)
+def _show(config: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    proc = _tuner(config, *args, timeout=timeout)
     print(proc.stdout.rstrip() or proc.stderr.rstrip(), flush=True)
+    return proc
+
+
+def _load_process(url: str, n: int, conc: int, max_tokens: int = 256, *, for_s: float = 0.0) -> subprocess.Popen[str]:
+    """The load generator in a process of its own, as clients are: it never competes with tuner for a lock.
+
+    With ``for_s`` it keeps sending batches of n for that long and, like real clients, retries after a pause
+    while the server restarts.
+    """
+    script = ("import json, sys, time; from tuner.lab.load import run_load\n"
+              "url, model, n, conc, max_tokens, for_s = sys.argv[1], sys.argv[2], *map(float, sys.argv[3:])\n"
+              "end, lat, ok, failed, errors = time.monotonic() + for_s, [], 0, 0, []\n"
+              "while True:\n"
+              "    r = run_load(url, model=model, n_requests=int(n), concurrency=int(conc), prompt_tokens_approx=200,\n"
+              "                 max_tokens=int(max_tokens), timeout_s=max(5.0, min(300.0, end - time.monotonic())) if for_s else 300.0)\n"
+              "    ok, failed, lat, errors = ok + r.ok, failed + r.failed, lat + list(r.latencies_s), errors + list(r.errors)\n"
+              "    if time.monotonic() >= end: break\n"
+              "    if r.failed: time.sleep(1.0)\n"
+              "lat.sort(); q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else 0\n"
+              "print(json.dumps([ok, failed, q(0.5), q(0.99), errors[:2]]))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, url, MODEL_NAME, str(n), str(conc), str(max_tokens),
+                             str(for_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:  # the clients are niced: on a small host tuner keeps its share of the CPU
+        os.setpriority(os.PRIO_PROCESS, proc.pid, 10)
+    except OSError:
+        pass
+    return proc
+
+
+def _finish_load(proc: subprocess.Popen[str]) -> None:
+    out, err = proc.communicate(timeout=400)
+    try:
+        ok, failed, p50, p99, errors = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        print(f"-- load generator failed: {err.strip()[-500:]}")
+        return
+    print(f"-- load done: {ok} ok, {failed} failed, client P50 {p50:.2f}s P99 {p99:.2f}s"
+          + (f" (e.g. {errors[0]})" if errors else ""), flush=True)
 
 
 def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float = 1.0) -> int:
@@ -52,24 +91,33 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         "gpu: {source: nvml}\n"
         "targets:\n"
         f"  - name: {MODEL_NAME}\n    backend: vllm\n    url: {url}\n"
-        "    slo: {ttft_p99: 2s, e2e_p99: 10s}\n")
+        "    slo: {ttft_p99: 2s, e2e_p99: 10s}\n"
+        "    managed:                       # tuner starts, supervises and restarts this vLLM itself\n"
+        f"      model: {model}\n"
+        f"      executable: {vllm_python}\n"
+        "      flags: {max_num_seqs: 4, max_model_len: 1024}\n"
+        "      extra_args: {enforce-eager: true}\n"
+        f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{workdir / 'vllm-cache'}'}}\n"
+        "      drain_timeout: 30s\n"
+
+        "    apply: {baseline: 1m, observe: 25s, min_requests: 5}\n")
     _say(f"config {config}")
     print(config.read_text(), end="")
     _say("tuner db upgrade")
     _show(config, "db", "upgrade")
 
-    argv = vllm_argv(vllm_python, model, port=port, served_model_name=MODEL_NAME,
-                     flags={"max-model-len": 1024, "max-num-seqs": 4, "enforce-eager": True})
-    _say("starting vLLM: " + " ".join(argv))
-    server = ServerProcess.start(argv, vllm_cpu_env(workdir / "vllm-cache"), workdir / "vllm.log")
-    tuner = None
+    _say(f"tuner run: starts the managed vLLM, scrapes it every 2s (own metrics on http://127.0.0.1:{own_port}/metrics)")
+    daemon = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(config), "--log-level", "WARNING",
+                               "run"], stdout=open(workdir / "tuner.log", "w"), stderr=subprocess.STDOUT)
     try:
-        took = server.wait_healthy(url, timeout=600)
-        print(f"vLLM healthy after {took:.0f}s (log: {workdir / 'vllm.log'})")
-        _say(f"tuner run (own metrics on http://127.0.0.1:{own_port}/metrics)")
-        tuner = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(config), "--log-level",
-                                  "WARNING", "run"], stdout=open(workdir / "tuner.log", "w"),
-                                 stderr=subprocess.STDOUT)
+        t0 = time.monotonic()
+        while _tuner(config, "managed", "status").returncode != 0 or not _healthy(url):
+            if daemon.poll() is not None or time.monotonic() - t0 > 600:
+                print(f"vLLM did not come up; see {workdir / 'tuner.log'} and {workdir / 'logs'}")
+                return 7
+            time.sleep(1)
+        print(f"vLLM healthy after {time.monotonic() - t0:.0f}s (started by tuner; log: {workdir / 'logs'})")
+        _show(config, "managed", "status")
         time.sleep(3)
         _show(config, "status", "--window", "1m")
 
@@ -78,37 +126,60 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         for phase, n, conc in (("light load: 12 requests, 2 at a time", 12, 2),
                                ("heavy load: 128 requests, 16 at a time (max-num-seqs is 4)", 128, 16)):
             _say(phase)
-            box: dict[str, LoadResult] = {}
-            worker = threading.Thread(target=lambda: box.setdefault("r", run_load(
-                url, model=MODEL_NAME, n_requests=max(1, int(n * load_scale)), concurrency=conc,
-                prompt_tokens_approx=200, max_tokens=256, timeout_s=300)))
-            worker.start()
+            load = _load_process(url, max(1, int(n * load_scale)), conc)
             time.sleep(5)
-            if worker.is_alive():
+            if load.poll() is None:
                 print("-- while the load runs:")
                 _show(config, "status", "--window", "1m")
-            worker.join()
-            result = box["r"]
-            print(f"-- load done: {result.ok} ok, {result.failed} failed, "
-                  f"client P50 {result.quantile(0.5) or 0:.2f}s P99 {result.quantile(0.99) or 0:.2f}s")
+            _finish_load(load)
             time.sleep(2.5)  # two more scrapes see the end of the phase
             _show(config, "status", "--window", "1m")
 
         _say("tuner signals tiny-llama --window 1m --json")
         sig = json.loads(_tuner(config, "signals", MODEL_NAME, "--window", "1m", "--json").stdout)
         print(json.dumps(sig["engines"][0], indent=1))
+
+        _say("tuner recommend tiny-llama --window 1m")
+        out = _tuner(config, "recommend", MODEL_NAME, "--window", "1m", "--json")
+        recs = json.loads(out.stdout)["recommendations"] if out.returncode == 0 else []
+        _show(config, "recommendations", "list")
+        flag_changes = [r for r in recs if "backend" not in r["diff"]]  # a backend change is not applied
+        rec = next((r for r in flag_changes if "max_num_seqs" in r["diff"]), flag_changes[0] if flag_changes else None)
+        if rec is None:
+            print("no recommendation this time (the load did not queue long enough); the apply step is skipped")
+        else:
+            _say(f"tuner apply-recommendation {rec['id']} --dry-run")
+            _show(config, "apply-recommendation", str(rec["id"]), "--dry-run")
+            _say(f"tuner apply-recommendation {rec['id']} --yes   (under load: drain, restart, health gate, "
+                 "observe 25s, verdict)")
+            # Clients keep coming through the restart (retrying while it is down) and the observation window.
+            load = _load_process(url, 16, 8, max_tokens=128, for_s=90 * load_scale)
+            time.sleep(8)  # the baseline window sees the load too
+            _show(config, "apply-recommendation", str(rec["id"]), "--yes", timeout=900)
+            _finish_load(load)
+            _say("tuner journal --brief")
+            _show(config, "journal", "--brief")
+
+        time.sleep(5.5)  # tuner refreshes the apply side of its /metrics every 5 s
         _say("tuner's own /metrics (excerpt)")
         body = http.get(f"http://127.0.0.1:{own_port}/metrics", timeout_s=5, max_bytes=2**20).body.decode()
         print("\n".join(line for line in body.splitlines()
                         if line.startswith(("tuner_target_up", "tuner_kv_cache", "tuner_ttft_seconds",
-                                            "tuner_requests_waiting", "tuner_goodput", "tuner_gpu_telemetry"))))
+                                            "tuner_requests_waiting", "tuner_goodput", "tuner_gpu_telemetry",
+                                            "tuner_applies_total", "tuner_managed_server_up"))))
         return 0
     finally:
-        if tuner is not None:
-            tuner.send_signal(signal.SIGTERM)
-            try:
-                tuner.wait(15)
-            except subprocess.TimeoutExpired:
-                tuner.kill()
-        code = server.stop(grace_s=20)
-        _say(f"stopped vLLM (exit {code}) and tuner; data kept in {workdir}")
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(15)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+        stopped = _tuner(config, "managed", "stop", timeout=120)
+        _say(f"stopped tuner, then vLLM ({stopped.stdout.strip() or stopped.stderr.strip()}); data kept in {workdir}")
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return http.get(url + "/health", timeout_s=3, max_bytes=1024).status == 200
+    except Exception:  # noqa: BLE001 (not up yet)
+        return False
