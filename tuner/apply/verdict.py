@@ -77,7 +77,7 @@ def judge(before: Mapping[str, Any], after: Mapping[str, Any], *, min_requests: 
     if n < min_requests:
         return Verdict("kept", f"too little traffic to judge: {n:.0f} {unit} in the observation window "
                                f"(min_requests {min_requests}); kept")
-    bad, good, notes = [], [], []
+    bad, good, notes, skipped = [], [], [], []
     g0, g1 = _num(before, "goodput_ratio"), _num(after, "goodput_ratio")
     if g0 is not None and g1 is not None:
         (bad if g1 < g0 - GOODPUT_DROP else good if g1 > g0 else notes).append(f"goodput {g0:.3f} -> {g1:.3f}")
@@ -93,15 +93,18 @@ def judge(before: Mapping[str, Any], after: Mapping[str, Any], *, min_requests: 
             continue
         text = f"{label} {a:.3f}s -> {b:.3f}s"
         if not comparable:
-            notes.append(f"{text} (load changed {r0:.2f} -> {r1:.2f} req/s: not compared)")
+            skipped.append(text)
         elif b > LATENCY_FACTOR * a + LATENCY_SLACK_S:
             bad.append(text)
         else:
             (good if b < a else notes).append(text)
+    tail = f"; not compared, the load changed {r0:.2f} -> {r1:.2f} req/s: " + "; ".join(skipped) if skipped else ""
     if not (bad or good or notes):
+        if skipped:
+            return Verdict("kept", "nothing comparable regressed" + tail)
         return Verdict("kept", "no baseline KPIs to compare with (no traffic before the apply); kept")
     if bad:
         return Verdict("rolled_back", "regressed: " + "; ".join(bad) + (
-            "; other: " + "; ".join(good + notes) if good or notes else ""))
+            "; other: " + "; ".join(good + notes) if good or notes else "") + tail)
     return Verdict("kept", ("improved: " + "; ".join(good) if good else "no regression") + (
-        "; unchanged: " + "; ".join(notes) if notes else ""))
+        "; within tolerance: " + "; ".join(notes) if notes else "") + tail)
