@@ -1,0 +1,49 @@
+"""The apply journal: an open apply holds its target, steps are kept in order, outcomes are counted."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.errors import StoreError
+from tuner.store import journal as jr
+
+
+def begin(store, target="t", now=100.0):
+    return jr.begin_apply(store.engine, target=target, recommendation_id=7, kind="apply", mode="manual", now=now,
+                          diff={"max_num_seqs": 8}, old_flags={"max_num_seqs": 4}, new_flags={"max_num_seqs": 8},
+                          old_argv=["a"], new_argv=["b"], owner_pid=1, owner_start=2)
+
+
+def test_an_open_apply_holds_the_target_until_done(store):
+    first = begin(store)
+    with pytest.raises(StoreError, match=f"apply #{first} in progress"):
+        begin(store, now=101)
+    other = begin(store, target="u")  # other targets are free
+    jr.step(store.engine, first, "draining", "pid 9", now=102, state="draining")
+    assert jr.open_applies_for(store.engine, "t") == [first]
+    jr.finish(store.engine, first, "kept", "fine", now=103)
+    assert jr.open_applies_for(store.engine, "t") == []
+    again = begin(store, now=104)
+    assert again > first and [a.id for a in jr.open_applies(store.engine)] == [other, again]
+    a = jr.get_apply(store.engine, first)
+    assert [s["step"] for s in a.steps] == ["planned", "draining", "done: kept"]
+    assert a.state == "done" and a.outcome == "kept" and a.old_argv == ["a"]
+    assert jr.outcome_counts(store.engine) == {("t", "kept"): 1}
+
+
+def test_states_and_outcomes_are_checked(store):
+    a = begin(store)
+    with pytest.raises(ValueError, match="state 'half'"):
+        jr.step(store.engine, a, "x", now=1, state="half")
+    with pytest.raises(ValueError, match="outcome 'maybe'"):
+        jr.finish(store.engine, a, "maybe", "", now=1)
+
+
+def test_managed_state_round_trips(store):
+    s = jr.ManagedState(target="t", pid=5, proc_start=6, argv=["x"], flags={"parallel": 2},
+                        config_flags={"parallel": 2}, started_ms=1, restarts=[2, 3], state="running",
+                        updated_ms=4, note="")
+    jr.save_managed(store.engine, s)
+    jr.save_managed(store.engine, s.__class__(**{**s.__dict__, "state": "stopped", "pid": None}))
+    got = jr.get_managed(store.engine, "t")
+    assert got.state == "stopped" and got.pid is None and got.restarts == [2, 3]
