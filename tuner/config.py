@@ -198,6 +198,7 @@ class ApplyPolicy(_Model):
     observe: Duration = timedelta(minutes=5)  # window after the health gate
     min_requests: int = Field(20, ge=0)  # fewer requests observed: too little traffic to judge, kept
     # auto mode guardrails
+    auto_interval: Duration = timedelta(seconds=30)  # how often auto mode re-evaluates and may apply
     min_confidence: float = Field(0.8, ge=0, le=1)
     cooldown: Duration = timedelta(minutes=30)
     max_restarts_per_hour: int = Field(2, ge=1)
