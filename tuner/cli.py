@@ -50,9 +50,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     store = _open_store(cfg)
-    daemon = Daemon(cfg, store, config_dir=Path(_config_path(args)).resolve().parent)
+    config_dir = Path(_config_path(args)).resolve().parent
+    daemon = Daemon(cfg, store, config_dir=config_dir)
     host, port = cfg.listen_host_port
-    server, _thread = serve_metrics(daemon.state, host, port)
+    server, _thread = serve_metrics(daemon.state, host, port, daemon=daemon, token=cfg.api.token(config_dir))
     log = logging.getLogger("tuner")
     log.info("tuner %d target(s); own metrics on http://%s:%d/metrics; store %s", len(cfg.targets), host, port,
              cfg.store.url)

@@ -335,6 +335,28 @@ class Alerting(_Model):
         return [u.rstrip("/") for u in v]
 
 
+class Api(_Model):
+    """tuner's HTTP actions (apply, rollback): off unless a token is configured (here or $TUNER_API_TOKEN)."""
+
+    token_file: str | None = None  # relative to the config file; the file holds the token alone
+
+    def token(self, config_dir: Path | None = None) -> str | None:
+        import os
+
+        if self.token_file is None:
+            return os.environ.get("TUNER_API_TOKEN") or None
+        path = Path(self.token_file)
+        if not path.is_absolute() and config_dir is not None:
+            path = config_dir / path
+        try:
+            text = path.read_text().strip()
+        except OSError as exc:
+            raise ConfigError("config", "api.token_file", f"cannot read {path}: {exc.strerror}") from None
+        if len(text) < 16:
+            raise ConfigError("config", "api.token_file", f"{path}: the token must be at least 16 characters")
+        return text
+
+
 class Config(_Model):
     """The whole file."""
 
@@ -345,6 +367,7 @@ class Config(_Model):
     defaults: Defaults = Defaults()
     prometheus: PrometheusSource | None = None
     alerting: Alerting = Alerting()
+    api: Api = Api()
 
     @field_validator("listen")
     @classmethod

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -181,8 +181,14 @@ class TunerCollector(Collector):
             yield procs
 
 
-def serve_metrics(state: DaemonState, host: str, port: int) -> tuple[object, object]:
-    """Start the /metrics server in a thread; returns (server, thread) for shutdown."""
+def serve_metrics(state: DaemonState, host: str, port: int, *, daemon: object | None = None,
+                  token: str | None = None) -> tuple[object, object]:
+    """Start tuner's listener (/metrics; with ``daemon`` also /api/v1, see tuner/api.py) in a thread.
+
+    Returns (server, thread) for shutdown.
+    """
+    from tuner.api import serve
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TunerCollector(state))
-    return start_http_server(port, addr=host, registry=registry)
+    return serve(registry, host, port, daemon=daemon, token=token)

@@ -1,0 +1,170 @@
+"""tuner's HTTP listener: ``/metrics``, a read-only JSON view of the journal, and token-protected actions.
+
+    GET  /metrics                                   tuner's own exposition (tuner/exporter.py)
+    GET  /api/v1/journal[?target=T]                 the apply journal, newest first (read-only)
+    GET  /api/v1/recommendations[?target=T]         stored recommendations (read-only)
+    POST /api/v1/recommendations/{id}/apply         apply one (202: started; `tuner journal` follows it)
+    POST /api/v1/targets/{name}/rollback            roll a target back (202)
+
+Anything that changes state needs ``Authorization: Bearer <token>``; the token comes from ``api.token_file`` or
+``$TUNER_API_TOKEN`` and is compared in constant time. Without a configured token those endpoints answer 403:
+tuner never runs unauthenticated actions. The listener binds to 127.0.0.1 unless ``listen`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from tuner.errors import TunerError
+
+__all__ = ["serve", "ApiServer"]
+
+log = logging.getLogger("tuner.api")
+_MAX_BODY = 64 * 1024
+_APPLY = re.compile(r"^/api/v1/recommendations/(\d{1,12})/apply$")
+_ROLLBACK = re.compile(r"^/api/v1/targets/([A-Za-z0-9][A-Za-z0-9_.-]{0,62})/rollback$")
+
+
+class ApiServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, addr: tuple[str, int], registry: CollectorRegistry, daemon: Any | None,
+                 token: str | None) -> None:
+        super().__init__(addr, _Handler)
+        self.registry, self.tuner, self.token = registry, daemon, token
+        self.actions: list[threading.Thread] = []
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ApiServer
+    server_version = "tuner"
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        log.debug("%s " + fmt, self.client_address[0], *args)
+
+    def _send(self, status: int, body: bytes, ctype: str = "application/json", headers: dict[str, str] | None = None
+              ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
+        self._send(status, (json.dumps(obj, default=str) + "\n").encode(), headers=headers)
+
+    def do_GET(self) -> None:  # noqa: N802
+        url = urlsplit(self.path)
+        target = (parse_qs(url.query).get("target") or [None])[0]
+        if url.path == "/metrics":
+            self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+            return
+        d = self.server.tuner
+        if d is None or not url.path.startswith("/api/v1/"):
+            self._json(404, {"error": f"no such endpoint: {url.path}"})
+            return
+        from tuner.store import journal as jr
+        from tuner.store import recommendations as recs
+
+        try:
+            if url.path == "/api/v1/journal":
+                self._json(200, [a.as_json() for a in jr.list_applies(d.store.engine, target=target, limit=100)])
+            elif url.path == "/api/v1/recommendations":
+                self._json(200, [r.as_json() for r in recs.list_recommendations(d.store.engine, target=target)])
+            elif _APPLY.match(url.path) or _ROLLBACK.match(url.path):
+                self._json(405, {"error": "use POST"}, {"Allow": "POST"})
+            else:
+                self._json(404, {"error": f"no such endpoint: {url.path}"})
+        except TunerError as exc:
+            self._json(500, {"error": str(exc)})
+
+    do_HEAD = do_GET
+
+    def _authorized(self) -> bool:
+        token = self.server.token
+        if not token:
+            self._json(403, {"error": "state-changing endpoints are disabled: set api.token_file in the config "
+                                      "or TUNER_API_TOKEN, then send Authorization: Bearer <token>"})
+            return False
+        given = self.headers.get("Authorization", "")
+        if not given.startswith("Bearer "):
+            self._json(401, {"error": "missing Authorization: Bearer <token>"}, {"WWW-Authenticate": "Bearer"})
+            return False
+        if not hmac.compare_digest(given[7:].strip().encode(), token.encode()):
+            self._json(403, {"error": "wrong token"})
+            return False
+        return True
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > _MAX_BODY:
+            self._json(413, {"error": f"body over {_MAX_BODY} bytes"})
+            return
+        if length:
+            self.rfile.read(length)  # no endpoint takes a body; drained so the connection stays sane
+        path = urlsplit(self.path).path
+        apply, rollback = _APPLY.match(path), _ROLLBACK.match(path)
+        if not (apply or rollback) or self.server.tuner is None:
+            self._json(404, {"error": f"no such endpoint: {path}"})
+            return
+        if not self._authorized():
+            return
+        d = self.server.tuner
+        from tuner.store import journal as jr
+        from tuner.store import recommendations as recs
+
+        try:
+            if apply:
+                rec = recs.get_recommendation(d.store.engine, int(apply.group(1)))
+                target, what = rec.target, f"apply of recommendation #{rec.id}"
+                if rec.status != "proposed":
+                    self._json(409, {"error": f"recommendation #{rec.id} is {rec.status}, not proposed"})
+                    return
+                action: Callable[[], Any] = lambda: d.applier.apply(rec.id, mode="api")  # noqa: E731
+            else:
+                target = d.cfg.target(rollback.group(1)).name  # type: ignore[union-attr]
+                what = f"rollback of {target}"
+                action = lambda: d.applier.rollback(target, mode="api")  # noqa: E731
+        except TunerError as exc:
+            self._json(404, {"error": str(exc)})
+            return
+        busy = jr.open_applies_for(d.store.engine, target)
+        if busy:
+            self._json(409, {"error": f"target {target} has apply #{busy[0]} in progress"})
+            return
+        thread = threading.Thread(target=_run, args=(what, action), name=what, daemon=True)
+        self.server.actions.append(thread)
+        thread.start()
+        log.warning("api: %s started by %s", what, self.client_address[0])
+        self._json(202, {"started": what, "follow": f"/api/v1/journal?target={target}"})
+
+
+def _run(what: str, action: Callable[[], Any]) -> None:
+    try:
+        a = action()
+        log.warning("api: %s: %s %s", what, a.outcome, a.note)
+    except TunerError as exc:
+        log.error("api: %s: %s", what, exc)
+    except Exception:  # noqa: BLE001
+        log.exception("api: %s failed", what)
+
+
+def serve(registry: CollectorRegistry, host: str, port: int, *, daemon: Any | None = None,
+          token: str | None = None) -> tuple[ApiServer, threading.Thread]:
+    """Start the listener in a thread; returns (server, thread). ``daemon`` enables the /api/v1 endpoints."""
+    httpd = ApiServer((host, port), registry, daemon, token)
+    thread = threading.Thread(target=httpd.serve_forever, name="tuner-http", daemon=True)
+    thread.start()
+    return httpd, thread
