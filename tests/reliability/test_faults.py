@@ -139,6 +139,8 @@ def test_disk_full(tmp_path):
             wait_for(lambda: tuner.metric("tuner_job_error", job="store:good") == 1.0, 30, "the disk-full error")
             stored = _stored_scrapes(tuner.db, "good")
             assert stored >= 1 and tuner.alive(), tuner.log_tail()
+            errors = [x for x in tuner.log_tail(200).splitlines() if "store:good:" in x]
+            assert errors and ("disk I/O error" in errors[-1] or "disk is full" in errors[-1]), errors
             time.sleep(2)  # it keeps running, and keeps failing to write, without dying
             assert tuner.alive() and tuner.metric("tuner_job_error", job="store:good") == 1.0
             assert tuner.stop() == 0, tuner.log_tail()
