@@ -294,3 +294,29 @@ def test_unmanaged_target_applies_through_its_hook_and_by_hand(tmp_path):
             os.killpg(int(pidfile.read_text()), signal.SIGKILL)
         except (OSError, ValueError):
             pass
+
+
+def test_auto_mode_applies_by_itself_within_its_guardrails(tmp_path):
+    require(realservers.LLAMA_SERVER, realservers.TINY_GGUF)
+    port = free_port()
+    cfg = write_config(tmp_path, port, observe="3s", extra=", mode: auto, auto_interval: 2s, min_confidence: 0.5, "
+                                                         "cooldown: 1h, max_restarts_per_hour: 3")
+    daemon = start_daemon(cfg, tmp_path / "run.log")
+    engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
+    try:
+        wait_for(lambda: managed_pid(cfg), 60, "the daemon to start the managed llama-server")
+        load = background_load(port, 40)
+        a = wait_for(lambda: next((a for a in jr.list_applies(engine) if a.state == "done"), None), 60,
+                     "auto mode to apply a recommendation")
+        assert a.mode == "auto" and a.kind == "apply" and "parallel" in a.diff
+        rec = recs.get_recommendation(engine, a.recommendation_id)
+        assert rec.confidence >= 0.5 and rec.status in ("applied", "rolled_back")
+        assert slots(port) == (a.new_flags["parallel"] if a.outcome == "kept" else 2)
+        # The load goes on and the advisor may propose more, but the 1 h cooldown holds.
+        time.sleep(8)
+        assert len(jr.list_applies(engine)) == 1
+        load.communicate(timeout=60)
+        assert "auto llama: not now: cooldown" in (tmp_path / "run.log").read_text()
+    finally:
+        stop_daemon(daemon)
+        tuner(cfg, "managed", "stop", check=False)

@@ -150,12 +150,18 @@ class Applier:
             restarts=restarts if restarts is not None else (old.restarts if old else []), state=state,
             updated_ms=now_ms, note=note))
 
-    def launch(self, t: Target, flags: dict[str, Any], *, restarts: list[int] | None = None) -> mg.Running:
-        """Start the managed server with ``flags``, record it, wait for the health gate. ServerStartError if not."""
+    def launch(self, t: Target, flags: dict[str, Any], *, restarts: list[int] | None = None,
+               spawned: Callable[[mg.Running], None] | None = None) -> mg.Running:
+        """Start the managed server with ``flags``, record it, wait for the health gate. ServerStartError if not.
+
+        ``spawned`` is told as soon as the process exists (the journal's health_check step starts there).
+        """
         assert t.managed is not None
         argv = mg.build_argv(t, flags)
         r = mg.start_server(argv, mg.server_env(t), mg.log_path(t, self.config_dir), nice=t.managed.nice)
         self._save(t, r, flags, "running", restarts=restarts)
+        if spawned is not None:
+            spawned(r)
         took = mg.wait_healthy(r, t.url, t.managed.start_timeout.total_seconds())
         gate = mg.health_gate(t)
         self.say(f"{t.name}: healthy after {took:.1f}s ({gate}); pid {r.pid}")
@@ -379,8 +385,8 @@ class Applier:
                 self._step(aid, "stopped", self._drain(t, r))
             argv = mg.build_argv(t, flags)
             self._step(aid, "starting", json.dumps(argv), state="starting")
-            self._step(aid, "health_check", "", state="health_check")
-            self.launch(t, flags)
+            self.launch(t, flags, spawned=lambda r: self._step(aid, "health_check", f"pid {r.pid} started",
+                                                                  state="health_check"))
             self._step(aid, "healthy", f"/health 200 and one real request; pid {self.running(t).pid}")  # type: ignore
             return
         self._step(aid, "starting", "", state="starting")

@@ -173,11 +173,19 @@ def _wait_gone(r: Running, seconds: float) -> bool:
 
 
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+    """Whether any process of the group still runs. An exited leader nobody has reaped yet (tuner is often not
+    its parent) is a zombie that ``killpg(pgid, 0)`` still finds: only members that are not zombies count."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def stop_server(r: Running, *, grace_s: float, second_signal_after_s: float = 5.0) -> str:
