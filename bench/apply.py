@@ -164,7 +164,7 @@ def write_config(root: Path, backend: str, port: int, drain_s: int) -> Path:
                         "extra_args": b["extra_args"], "env": env, "drain_timeout": f"{drain_s}s",
                         "start_timeout": f"{b['start_timeout_s']}s"},
             # observe 1 s: the observation is not what is measured here (reported apart, excluded from totals)
-            "apply": {"observe": "1s", "baseline": "30s", "min_requests": 0},
+            "apply": {"observe": "1s", "baseline": "30s", "min_requests": 0, "max_restarts_per_hour": 1000},
         }],
     }
     cfg = root / "tuner.yaml"

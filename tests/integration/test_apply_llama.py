@@ -45,7 +45,8 @@ def write_config(tmp_path: Path, port: int, *, observe: str = "6s", extra: str =
                  f"      executable: {realservers.LLAMA_SERVER.path()}\n"
                  "      flags: {parallel: 2, ctx_size: 512}\n      extra_args: {'-t': 1}\n"
                  "      drain_timeout: 5s\n      max_restarts: 2\n      restart_window: 5m\n")
-    body += f"    apply: {{observe: {observe}, baseline: 30s, min_requests: 1{extra}}}\n"
+    budget = "" if "max_restarts_per_hour" in extra else ", max_restarts_per_hour: 50"
+    body += f"    apply: {{observe: {observe}, baseline: 30s, min_requests: 1{budget}{extra}}}\n"
     cfg.write_text(body)
     tuner(cfg, "db", "upgrade")
     return cfg

@@ -68,7 +68,7 @@ def managed_vllm(tmp_path_factory: pytest.TempPathFactory):
         "      extra_args: {enforce-eager: true}\n"
         f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{m.root / 'vllm-cache'}'}}\n"
         "      drain_timeout: 20s\n      start_timeout: 5m\n"
-        "    apply: {observe: 10s, baseline: 1m, min_requests: 1}\n")
+        "    apply: {observe: 10s, baseline: 1m, min_requests: 1, max_restarts_per_hour: 50}\n")
     tuner(m.cfg, "db", "upgrade")
     daemon = start_daemon(m.cfg, m.root / "run.log")
     try:

@@ -78,7 +78,7 @@ def cmd_apply(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) 
         if not args.json:
             print(ap.describe(plan))
         _confirm(args, f"apply recommendation #{args.id} to {plan.target.name}")
-        a = ap.apply(args.id)
+        a = ap.apply(args.id, force=args.force)
     if args.json:
         print(json.dumps(a.as_json()))
     else:
@@ -90,7 +90,7 @@ def cmd_rollback(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]
     ap = make_applier(args, helpers)
     ap.reconcile()
     _confirm(args, f"roll {args.target} back to the flags before its last kept apply")
-    a = ap.rollback(args.target)
+    a = ap.rollback(args.target, force=args.force)
     _print_apply(a)
     return 0 if a.outcome == "rolled_back" else 8
 
@@ -152,12 +152,14 @@ def add_parsers(sub: Any, helpers: dict[str, Callable[..., Any]]) -> None:
     a.add_argument("--applied", action="store_true",
                    help="you restarted an unmanaged server by hand as tuner asked: health-check and observe it")
     a.add_argument("--cancel", action="store_true", help="drop an apply that waits for a restart by hand")
+    a.add_argument("--force", action="store_true", help="apply even past apply.max_restarts_per_hour")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=bind(cmd_apply))
 
     r = sub.add_parser("rollback", help="restore the flags a target had before its last kept apply")
     r.add_argument("target")
     r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    r.add_argument("--force", action="store_true", help="roll back even past apply.max_restarts_per_hour")
     r.set_defaults(func=bind(cmd_rollback))
 
     j = sub.add_parser("journal", help="every apply and rollback, step by step, with the verdict and its numbers")

@@ -263,19 +263,32 @@ class Applier:
 
     # ---- apply -----------------------------------------------------------------------------------
 
-    def apply(self, rec_id: int, *, mode: str = "manual") -> jr.StoredApply:
+    def check_restart_budget(self, t: Target) -> None:
+        """ApplyError when the target's server was started max_restarts_per_hour times in the last hour."""
+        since = (self.clock() - 3600) * 1000
+        starts = sum(1 for a in jr.list_applies(self.engine, target=t.name, limit=200) for s in a.steps
+                     if s["step"] in ("starting", "restoring") and s["ts_ms"] >= since)
+        if starts >= t.apply.max_restarts_per_hour:
+            raise ApplyError(f"{t.name}: {starts} server starts by applies in the last hour (apply.max_restarts_per_"
+                             f"hour {t.apply.max_restarts_per_hour}); wait, or pass --force")
+
+    def apply(self, rec_id: int, *, mode: str = "manual", force: bool = False) -> jr.StoredApply:
         rec = recs.get_recommendation(self.engine, rec_id)
         if rec.status != "proposed":
             raise ApplyError(f"recommendation #{rec_id} is {rec.status}, not proposed; only proposed ones are applied "
                              "(see `tuner recommendations list`)")
         p = self.plan(rec)
+        if p.how != "manual" and not force:
+            self.check_restart_budget(p.target)
         aid = self._begin(p, rec.id, "apply", mode)
         if p.how == "manual":
             return self._await_manual(aid, p, rec.id)
         return self._carry_out(aid, p, rec.id)
 
-    def rollback(self, target: str, *, mode: str = "manual") -> jr.StoredApply:
+    def rollback(self, target: str, *, mode: str = "manual", force: bool = False) -> jr.StoredApply:
         t = self.cfg.target(target)
+        if not force:
+            self.check_restart_budget(t)
         last = next((a for a in jr.list_applies(self.engine, target=target)
                      if a.state == "done" and a.kind == "apply" and a.outcome == "kept"), None)
         if last is None:

@@ -93,7 +93,7 @@ def rollback_streak(history: Sequence[StoredApply], now: float) -> int:
 
 
 def _starts(history: Iterable[StoredApply], since_ms: float) -> int:
-    return sum(1 for a in history for s in a.steps if s["step"] == "starting" and s["ts_ms"] >= since_ms)
+    return sum(1 for a in history for s in a.steps if s["step"] in ("starting", "restoring") and s["ts_ms"] >= since_ms)
 
 
 def decide(*, now: float, policy: object, history: Sequence[StoredApply], proposals: Sequence[StoredRecommendation],
