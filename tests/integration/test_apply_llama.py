@@ -189,10 +189,13 @@ def test_a_crashed_managed_server_is_restarted_a_bounded_number_of_times(tmp_pat
         tuner(cfg, "managed", "stop", check=False)
 
 
-# Killed as soon as the journal shows kill_at: by then the apply may be one step further (draining has
-# stopped the old server: "no server running"); each finding has its own right answer.
-@pytest.mark.parametrize("kill_at, findings", [("baseline", ("the old flags", "no server running")),
-                                               ("observing", ("the new flags",))])
+# Killed as soon as the journal shows kill_at: on a loaded machine the apply may be a step or two further by
+# then (draining stopped the old server: "no server running"; the new one already up: "the new flags"); each
+# finding has its own right answer, checked below.
+_ANY = ("the old flags", "no server running", "the new flags")
+
+
+@pytest.mark.parametrize("kill_at, findings", [("baseline", _ANY), ("observing", ("the new flags",))])
 def test_tuner_killed_mid_apply_is_reconciled(tmp_path, kill_at, findings):
     require(realservers.LLAMA_SERVER, realservers.TINY_GGUF)
     port = free_port()
