@@ -110,3 +110,30 @@ def test_flags_argv_validates_every_value():
     assert flags_argv("llamacpp", {"parallel": 2, "flash_attn": "on"}) == ["--parallel", "2", "-fa", "on"]
     with pytest.raises(ValueError):
         flags_argv("llamacpp", {"parallel": "-1"})
+
+
+def test_systemd_hook_writes_the_dropin_and_says_what_to_do_without_systemctl(tmp_path, monkeypatch, store):
+    """No systemd on these machines: the drop-in is written, and a missing systemctl is a clear, failed apply."""
+    import time
+
+    from tuner.apply.flow import Applier
+    from tuner.store import journal as jr
+    from tuner.store import recommendations as recs
+
+    dropin = tmp_path / "vllm.service.d" / "tuner-flags.conf"
+    cfg = parse_config("targets:\n  - name: t\n    backend: vllm\n    url: http://127.0.0.1:9\n"
+                       "    flags: {max-num-seqs: 4}\n"
+                       f"    apply: {{hook: {{systemd_unit: vllm.service, systemd_dropin: '{dropin}'}}}}\n")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no systemctl on PATH, for certain
+    ap = Applier(cfg, store, tmp_path, say=lambda m: None)
+    rid = recs.add_recommendation(store.engine, target="t", now=time.time(), rules=["r"], diff_key="{}",
+                                  diff={"max_num_seqs": 8}, current={}, evidence=[], expected_effect="", risk="",
+                                  confidence=0.9, rank=1, memory_check={"ok": True})
+    a = ap.apply(rid)
+    assert a.outcome == "failed" and "hook 'systemctl' not found; apply by hand" in a.note, a.note
+    # restoring wrote the old flags back, so the unit would start as before
+    assert dropin.read_text().endswith('[Service]\nEnvironment="TUNER_FLAGS=--max-num-seqs 4"\n')
+    steps = [s["step"] for s in a.steps]
+    assert steps.count("dropin") == 2 and "start_failed" in steps and "restore_failed" in steps
+    assert recs.get_recommendation(store.engine, rid).status == "failed"
+    assert jr.open_applies(store.engine) == []
