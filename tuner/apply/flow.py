@@ -191,8 +191,10 @@ class Applier:
         assert t.managed is not None
         grace = t.managed.drain_timeout.total_seconds()
         if t.backend == "llamacpp":
+            # llama-server stops decoding at the first signal but exits only at the second (bench/RESULTS.md,
+            # Apply): waiting longer in between only keeps connections hanging.
             idle = mg.drain_llama(t.url, grace)
-            return f"{idle}; " + mg.stop_server(r, grace_s=5.0)
+            return f"{idle}; " + mg.stop_server(r, grace_s=0.5)
         # vLLM got --shutdown-timeout: on SIGTERM it finishes in-flight requests for up to that long.
         return mg.stop_server(r, grace_s=grace + 15.0)
 
