@@ -324,3 +324,23 @@ def test_auto_mode_applies_by_itself_within_its_guardrails(tmp_path):
     finally:
         stop_daemon(daemon)
         tuner(cfg, "managed", "stop", check=False)
+
+
+def test_an_embedding_server_is_started_and_gated_with_a_real_embedding(tmp_path):
+    require(realservers.LLAMA_SERVER, realservers.TINY_GGUF)
+    port = free_port()
+    cfg = write_config(tmp_path, port)
+    cfg.write_text(cfg.read_text().replace("      flags: {parallel: 2", "      type: embedding\n      flags: {parallel: 2"))
+    try:
+        # The tiny GGUF is a causal LM without a pooling type: llama-server starts and answers /health, but
+        # cannot embed. The gate's real request catches what /health alone would pass.
+        bad = tuner(cfg, "managed", "start", check=False)
+        assert bad.returncode == 7 and "/v1/embeddings answered 400" in bad.stderr and "Pooling" in bad.stderr
+        tuner(cfg, "managed", "stop", check=False)
+        cfg.write_text(cfg.read_text().replace("extra_args: {'-t': 1}", "extra_args: {'-t': 1, '--pooling': mean}"))
+        out = tuner(cfg, "managed", "start").stdout
+        assert "POST /v1/embeddings answered 200" in out
+        argv = proc_argv(managed_pid(cfg))
+        assert "--embedding" in argv and argv[argv.index("--pooling") + 1] == "mean"
+    finally:
+        tuner(cfg, "managed", "stop", check=False)

@@ -162,8 +162,14 @@ class Applier:
         self._save(t, r, flags, "running", restarts=restarts)
         if spawned is not None:
             spawned(r)
-        took = mg.wait_healthy(r, t.url, t.managed.start_timeout.total_seconds())
-        gate = mg.health_gate(t)
+        try:
+            took = mg.wait_healthy(r, t.url, t.managed.start_timeout.total_seconds())
+            gate = mg.health_gate(t)
+        except ServerStartError:
+            # Up but not serving (or never up): stop it, or it would hold the port against the next start.
+            mg.stop_server(r, grace_s=5.0)
+            self._save(t, None, flags, "crashed", restarts=restarts)
+            raise
         self.say(f"{t.name}: healthy after {took:.1f}s ({gate}); pid {r.pid}")
         return r
 
