@@ -52,6 +52,13 @@ def write_config(tmp_path: Path, port: int, *, observe: str = "6s", extra: str =
     return cfg
 
 
+def propose(engine, target: str, diff: dict, current: dict) -> int:  # type: ignore[no-untyped-def]
+    """Store a recommendation as the advisor would (for tests whose point is the apply, not the advice)."""
+    return recs.add_recommendation(engine, target=target, now=time.time(), rules=["test"],
+                                   diff_key=json.dumps(diff, sort_keys=True), diff=diff, current=current, evidence=[],
+                                   expected_effect="", risk="", confidence=0.9, rank=1, memory_check={"ok": True})
+
+
 def start_daemon(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "INFO", "run"],
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -203,10 +210,7 @@ def test_tuner_killed_mid_apply_is_reconciled(tmp_path, kill_at, findings):
     tuner(cfg, "managed", "start")
     engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
     try:
-        rid = recs.add_recommendation(engine, target="llama", now=time.time(), rules=["test"],
-                                      diff_key='{"parallel":3}', diff={"parallel": 3}, current={"parallel": 2},
-                                      evidence=[], expected_effect="", risk="", confidence=0.9, rank=1,
-                                      memory_check={"ok": True})
+        rid = propose(engine, "llama", {"parallel": 3}, {"parallel": 2})
         proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(cfg), "apply-recommendation",
                                  str(rid), "--yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: any(s["step"] == kill_at for a in jr.list_applies(engine) for s in a.steps), 60,
@@ -269,10 +273,7 @@ def test_unmanaged_target_applies_through_its_hook_and_by_hand(tmp_path):
         engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
         wait_for(lambda: subprocess.run(["curl", "-sf", f"http://127.0.0.1:{port}/health"],
                                         capture_output=True).returncode == 0, 30, "the operator's server")
-        rid = recs.add_recommendation(engine, target="llama", now=time.time(), rules=["test"],
-                                      diff_key='{"parallel":4}', diff={"parallel": 4}, current={"parallel": 2},
-                                      evidence=[], expected_effect="", risk="", confidence=0.9, rank=1,
-                                      memory_check={"ok": True})
+        rid = propose(engine, "llama", {"parallel": 4}, {"parallel": 2})
         a = json.loads(tuner(cfg, "apply-recommendation", str(rid), "--yes", "--json").stdout)
         assert a["outcome"] == "kept" and slots(port) == 4
         call = json.loads((tmp_path / "llama.pid.calls").read_text().splitlines()[-1])
@@ -280,10 +281,7 @@ def test_unmanaged_target_applies_through_its_hook_and_by_hand(tmp_path):
 
         # Without a hook tuner says what to do by hand, waits, then gates and observes.
         cfg.write_text(cfg.read_text().split(", hook:")[0] + "}\n")
-        rid2 = recs.add_recommendation(engine, target="llama", now=time.time(), rules=["test"],
-                                       diff_key='{"parallel":3}', diff={"parallel": 3}, current={"parallel": 4},
-                                       evidence=[], expected_effect="", risk="", confidence=0.9, rank=1,
-                                       memory_check={"ok": True})
+        rid2 = propose(engine, "llama", {"parallel": 3}, {"parallel": 4})
         wait = tuner(cfg, "apply-recommendation", str(rid2), "--yes").stdout
         assert "restart it by hand with --parallel 3" in wait and f"apply-recommendation {rid2} --applied" in wait
         assert slots(port) == 4  # tuner did not touch it

@@ -20,7 +20,7 @@ import requests
 
 import realservers
 from conftest import require
-from test_apply_llama import start_daemon, stop_daemon, tuner, wait_for
+from test_apply_llama import propose, start_daemon, stop_daemon, tuner, wait_for
 from tuner.apply.launch import free_port
 from tuner.apply.managed import proc_argv
 from tuner.store import journal as jr
@@ -123,11 +123,8 @@ def test_a_flag_combination_vllm_refuses_is_restored_with_its_error_line(managed
     m = managed_vllm
     before = m.pid()
     argv_before = proc_argv(before)
-    rid = recs.add_recommendation(  # the advisor would never propose this: vLLM refuses it at start-up
-        m.engine, target="tiny", now=time.time(), rules=["test"], diff_key='{"max_num_batched_tokens":64,'
-        '"max_num_seqs":128}', diff={"max_num_seqs": 128, "max_num_batched_tokens": 64},
-        current={"max_num_seqs": 2}, evidence=[], expected_effect="", risk="", confidence=0.9, rank=1,
-        memory_check={"ok": True})
+    # the advisor would never propose this: vLLM refuses it at start-up
+    rid = propose(m.engine, "tiny", {"max_num_seqs": 128, "max_num_batched_tokens": 64}, {"max_num_seqs": 2})
     proc = tuner(m.cfg, "apply-recommendation", str(rid), "--yes", "--json", check=False, timeout=600)
     assert proc.returncode == 8
     a = json.loads(proc.stdout)
@@ -144,10 +141,7 @@ def test_a_flag_combination_vllm_refuses_is_restored_with_its_error_line(managed
 def test_tuner_killed_while_the_new_vllm_starts_is_reconciled(managed_vllm):
     m = managed_vllm
     argv_before = proc_argv(m.pid())
-    rid = recs.add_recommendation(
-        m.engine, target="tiny", now=time.time(), rules=["test"], diff_key='{"max_num_seqs":4}',
-        diff={"max_num_seqs": 4}, current={"max_num_seqs": 2}, evidence=[], expected_effect="", risk="",
-        confidence=0.9, rank=1, memory_check={"ok": True})
+    rid = propose(m.engine, "tiny", {"max_num_seqs": 4}, {"max_num_seqs": 2})
     apply = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(m.cfg), "apply-recommendation",
                               str(rid), "--yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     def new_server_started() -> bool:
