@@ -52,9 +52,17 @@ def test_vllm_signals_move_with_load_and_bad_targets_stay_recorded(vllm_server, 
     idle = compute_signals(store.window("vllm", t_load - 3, t_load - 0.5)).engines[0]
     busy = compute_signals(store.window("vllm", t_load, t_done)).engines[0]
     assert idle.requests_running == 0 and idle.requests_waiting_max == 0
-    assert _max(store, "vllm", "vllm:num_requests_running", t_load, t_done) >= 1
-    assert _max(store, "vllm", "vllm:num_requests_waiting", t_load, t_done) >= 1
-    assert busy.kv_cache_usage_max > 0
+    # The load is asserted through counters and histograms, not the running/waiting gauges: a loaded CPU vLLM
+    # answers /metrics late exactly while its queue is longest (1 s scrapes time out then), so whether any
+    # stored sample caught the queue is chance. Counts are cumulative: no missed scrape loses them.
+    assert _increase(store, "vllm", "vllm:request_success_total", t_load - 3, t_end) == 48
+    whole_queue = compute_signals(store.window("vllm", t_load - 2, t_end)).engines[0]
+    # 16 clients against 8 slots: the second eight wait for a whole 320-token answer, far over 0.3 s.
+    assert whole_queue.queued_over_s == 0.3 and whole_queue.requests_queued >= 8
+    # KV use is a gauge too: every stored sample taken while a request ran must show KV blocks in use.
+    for (ts, running), (ts_kv, kv) in zip(_points(store, "vllm", "vllm:num_requests_running", t_load, t_done),
+                                          _points(store, "vllm", "vllm:kv_cache_usage_perc", t_load, t_done)):
+        assert ts == ts_kv and (kv > 0 or running == 0), (ts, running, kv)
     assert busy.generation_tokens_per_s > 0 and busy.prompt_tokens_per_s > 0
 
     # Counters: the stored increase is exactly what the load generated (the server served nothing else).
@@ -79,6 +87,12 @@ def test_vllm_signals_move_with_load_and_bad_targets_stay_recorded(vllm_server, 
     assert store.health("vllm").health == "up"
 
 
+def _increase(store: Store, target: str, metric: str, start: float, end: float) -> float:
+    """The raw increase of a counter between the first and last stored sample, summed over its label sets."""
+    engine = store.window(target, start, end).engines[0]
+    return sum(pts[-1][1] - pts[0][1] for (name, _), pts in engine.series.items() if name == metric and pts)
+
+
 def _max(store: Store, target: str, metric: str, start: float, end: float) -> float:
     return max(v for _, v in _points(store, target, metric, start, end))
 
@@ -96,6 +110,18 @@ def test_llama_server_deferred_slots_and_kv_use_are_recorded(llama_server, store
         t1 = time.time()
         time.sleep(1.5)
     assert load.ok == 32, load.errors
+    # Both slots busy, from counters no scrape can miss: n_busy_slots_per_decode is the running average
+    # busy slots / decodes since start, so over the load it is (a1*n1 - a0*n0) / (n1 - n0).
+    end = time.time()
+    busy_avg = _points(store, "llama", "llamacpp:n_busy_slots_per_decode", t0 - 1.5, end)
+    decodes = _points(store, "llama", "llamacpp:n_decode_total", t0 - 1.5, end)
+    (a0, a1), (n0, n1) = (busy_avg[0][1], busy_avg[-1][1]), (decodes[0][1], decodes[-1][1])
+    assert (a1 * n1 - a0 * n0) / (n1 - n0) >= 1.5  # 8 clients for 2 slots: both decode together nearly always
+    # The gauges below are samples; they hold here because llama-server answers /metrics between decode steps
+    # of a few ms on the tiny GGUF, and 6 of the 8 clients wait for a slot for the whole load: every one of the
+    # many 200 ms scrapes in it sees the queue. (A loaded vLLM is different: see the test above.)
+    up_scrapes = len(_points(store, "llama", "llamacpp:requests_deferred", t0, t1))
+    assert up_scrapes >= 5, f"only {up_scrapes} scrapes stored during the load"
     assert _max(store, "llama", "llamacpp:requests_deferred", t0, t1) >= 1
     assert _max(store, "llama", "tuner:slots_busy", t0, t1) == 2
     assert _max(store, "llama", "tuner:slots_total", t0, t1) == 2

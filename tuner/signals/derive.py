@@ -13,7 +13,7 @@ from tuner.config import Slo
 from tuner.signals.promql import bucket_increase, fraction_le, histogram_quantile, increase, rate
 from tuner.store.window import EngineWindow, Point, TargetHealth, TargetWindow
 
-__all__ = ["EngineSignals", "TargetSignals", "compute_signals", "QUANTILES", "LATENCY_HISTOGRAMS"]
+__all__ = ["EngineSignals", "TargetSignals", "compute_signals", "queue_ratio", "QUANTILES", "LATENCY_HISTOGRAMS"]
 
 QUANTILES = (0.5, 0.95, 0.99)
 # signal prefix → histogram (seconds)
@@ -72,6 +72,8 @@ class EngineSignals:
     queue_p95: float | None = None
     queue_p99: float | None = None
     requests_in_window: float | None = None  # observations of the E2E histogram
+    requests_queued: float | None = None  # requests that waited longer than the queue histogram's first bound
+    queued_over_s: float | None = None  # that bound in seconds (0.3 on vLLM 0.32)
     goodput_ratio: float | None = None  # fraction 0-1 of requests within every SLO budget (lower bound)
     goodput_ratio_upper: float | None = None  # the same, upper bound (bucket resolution)
     restarts: int = 0  # process start time changed within the window
@@ -188,10 +190,24 @@ def _engine_signals(e: EngineWindow, backend: str, slo: Slo | None, lo: int, hi:
         e2e = e.hists.get((LATENCY_HISTOGRAMS["e2e"], ()))
         inc = bucket_increase(e2e, lo, hi) if e2e else None
         values["requests_in_window"] = inc[-1] if inc else None
+        # Queueing from the queue-time histogram: its counts are cumulative, so no missed scrape loses them
+        # (the waiting gauge is only a sample, and a loaded server answers /metrics late exactly then).
+        queue = e.hists.get((LATENCY_HISTOGRAMS["queue"], ()))
+        q_inc = bucket_increase(queue, lo, hi) if queue else None
+        if queue is not None and q_inc:
+            values["requests_queued"] = max(0.0, q_inc[-1] - q_inc[0])
+            values["queued_over_s"] = queue.bounds[0]
         values["goodput_ratio"], values["goodput_ratio_upper"] = _goodput(e, slo, lo, hi)
     return EngineSignals(engine=e.engine, model_name=e.model_name,
                          samples=sum(len(p) for p in e.series.values()) + sum(len(h.points) for h in e.hists.values()),
                          restarts=_restarts(e), **values)
+
+
+def queue_ratio(e: EngineSignals, max_num_seqs: float | None) -> float | None:
+    """Requests waiting / the max-num-seqs the server runs with (the flags in force, not the config's key)."""
+    if e.requests_waiting is None or not max_num_seqs:
+        return None
+    return e.requests_waiting / float(max_num_seqs)
 
 
 def compute_signals(window: TargetWindow, *, slo: Slo | None = None) -> TargetSignals:

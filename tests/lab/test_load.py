@@ -1,0 +1,67 @@
+"""tuner.lab.load against a real local HTTP/1.1 server that keeps connections alive."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import requests
+
+from tuner.lab.load import run_load
+
+
+class _Completions(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keeps connections alive unless the client says close
+    seen: list[tuple[str, int]] = []  # (path, client port) per request
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        with self.lock:
+            self.seen.append((self.path, self.client_address[1]))
+        if self.path == "/tokenize":
+            body = json.dumps({"count": 200}).encode()
+        else:
+            body = json.dumps({"choices": [{"text": "x"}],
+                               "usage": {"prompt_tokens": 10, "completion_tokens": 4}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _server() -> ThreadingHTTPServer:
+    _Completions.seen = []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Completions)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def test_every_request_goes_on_a_fresh_connection():
+    """A kept-alive connection can cross the server's idle close under load (test_realservers_smoke.py):
+    the load generator never reuses one."""
+    httpd = _server()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        # The server does keep connections alive: a plain session reuses one for all its requests.
+        with requests.Session() as s:
+            for _ in range(3):
+                assert s.post(url + "/v1/completions", json={}, timeout=5).status_code == 200
+        assert len({port for _, port in _Completions.seen}) == 1
+
+        _Completions.seen = []
+        result = run_load(url, model="m", n_requests=12, concurrency=3, prompt_tokens_approx=10, max_tokens=4,
+                          timeout_s=30)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert result.ok == 12 and result.failed == 0, result.errors
+    assert result.completion_tokens == 12 * 4
+    ports = [port for path, port in _Completions.seen if path == "/v1/completions"]
+    assert len(ports) == 12 and len(set(ports)) == 12  # one connection per request
