@@ -53,3 +53,48 @@ def test_exports_health_and_signals_per_target(store):
     # No GPU on this machine and gpu.source is none: telemetry reported unavailable, no GPU series.
     assert got[("tuner_gpu_telemetry_available", (("source", "none"),))] == 0.0
     assert not any(name.startswith("tuner_gpu_memory") for name, _ in got)
+
+
+def test_queue_ratio_uses_the_max_num_seqs_in_force_not_the_config_key(store, tmp_path):
+    """A managed target's snake_case flags (as the demo writes them) and a kept apply both count; the raw
+    ``flags["max-num-seqs"]`` key of old saw neither, so QueueDepthHighRelative could not fire."""
+    from tuner.rules.evaluate import vector
+    from tuner.store import journal as jr
+
+    text = fixture_text("vllm-0.32-cpu/metrics_under_load.txt")
+    waiting = _line_value(text, "vllm:num_requests_waiting")
+    assert waiting >= 2
+    (tmp_path / "model").mkdir()
+    with ReplayServer(ReplayExposition(text, growth=0.05)) as server:
+        cfg = parse_config(f"targets:\n  - name: v\n    backend: vllm\n    url: '{server.url}'\n"
+                           f"    managed: {{model: '{tmp_path / 'model'}', executable: /opt/vllm/bin/python, "
+                           "flags: {max_num_seqs: 4}}\n")
+        daemon = Daemon(cfg, store, config_dir=tmp_path)
+        for _ in range(2):
+            daemon.scrape_once(cfg.targets[0])
+        daemon.signals_once()
+
+    def exported() -> float | None:
+        daemon.apply_status_once()
+        httpd, _ = serve_metrics(daemon.state, "127.0.0.1", 0)
+        try:
+            body = http.get(f"http://127.0.0.1:{httpd.server_address[1]}/metrics", timeout_s=5,
+                            max_bytes=2**22).body.decode()
+        finally:
+            httpd.shutdown()
+        eng = (("backend", "vllm"), ("engine", "0"), ("model_name", "tiny-llama"), ("target", "v"))
+        return _samples(body).get(("tuner_queue_to_max_num_seqs_ratio", eng))
+
+    [rule] = [r for g in daemon.alerting.rules.groups for r in g.rules if r.alert == "QueueDepthHighRelative"]
+    sig = daemon.state.signals["v"]
+
+    def alert_value() -> float:
+        [(_, v)] = vector(rule, cfg.targets, lambda name, window: sig, max_num_seqs=daemon.alerting.max_num_seqs)
+        return v
+
+    assert exported() == waiting / 4 and alert_value() == waiting / 4  # the managed config's max_num_seqs: 4
+    # An apply raised it to 8 and was kept: the limit in force is now 8, whatever the config says.
+    jr.save_managed(store.engine, jr.ManagedState(
+        target="v", pid=None, proc_start=None, argv=[], flags={"max_num_seqs": 8}, config_flags={"max_num_seqs": 4},
+        started_ms=0, restarts=[], state="running", updated_ms=0, note=""))
+    assert exported() == waiting / 8 and alert_value() == waiting / 8

@@ -15,10 +15,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Callable
 
-from tuner.config import Config
+from tuner.config import Config, Target
 from tuner.errors import TunerError
 from tuner.notify import FlushResult, Notifier
-from tuner.rules.evaluate import evaluate, payload, to_send, vector
+from tuner.rules.evaluate import configured_max_num_seqs, evaluate, payload, to_send, vector
 from tuner.rules.model import RuleGroup, RuleSet, load_rule_files
 from tuner.signals.derive import TargetSignals, compute_signals
 from tuner.store.alerts import StoredAlert, load_states, save_states
@@ -37,9 +37,11 @@ def default_rule_files() -> list[str]:
 
 class Alerting:
     def __init__(self, cfg: Config, store: Store, *, clock: Callable[[], float],
-                 target_signal: Callable[[str, str], float | None] | None = None) -> None:
+                 target_signal: Callable[[str, str], float | None] | None = None,
+                 max_num_seqs: Callable[[Target], float | None] | None = None) -> None:
         self.cfg, self.store, self.clock = cfg, store, clock
         self.target_signal = target_signal  # apply-side target signals (auto_apply_halted), from the daemon
+        self.max_num_seqs = max_num_seqs or configured_max_num_seqs  # the daemon's: the flags in force
         self.files = cfg.alerting.rule_files or default_rule_files()
         self.rules: RuleSet = load_rule_files(self.files, cfg.alerting.evaluation_interval)
         self.lock = threading.Lock()
@@ -86,7 +88,8 @@ class Alerting:
             events, outgoing = [], []
             for rule in group.rules:
                 key = group.key(rule)
-                result = vector(rule, self.cfg.targets, signals, gpus, target_signal=self.target_signal)
+                result = vector(rule, self.cfg.targets, signals, gpus, target_signal=self.target_signal,
+                                max_num_seqs=self.max_num_seqs)
                 self.state[key], ev = evaluate(rule, result, self.state.get(key, {}), now_ms, key=key)
                 events += ev
                 due = to_send(self.state[key].values(), now_ms, resend_delay=self.cfg.alerting.resend_delay,

@@ -56,6 +56,7 @@ class DaemonState:
     managed_up: dict[str, bool] = field(default_factory=dict)
     auto_halted: dict[str, bool] = field(default_factory=dict)
     auto_decision: dict[str, str] = field(default_factory=dict)
+    max_num_seqs: dict[str, float] = field(default_factory=dict)  # target -> the max-num-seqs in force (vLLM)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -78,7 +79,8 @@ class Daemon:
         self.state.targets = {t.name: t for t in cfg.targets}
         # Invalid rule files stop the daemon here: it never runs with a half-loaded rule set.
         self.alerting = self.state.alerting = Alerting(cfg, store, clock=clock,
-                                                       target_signal=self._target_signal)
+                                                       target_signal=self._target_signal,
+                                                       max_num_seqs=self._max_num_seqs)
         self.applier = Applier(cfg, store, (config_dir or Path.cwd()).resolve(), say=log.info, clock=clock)
 
     # ---- jobs: each one records its failures and returns ----------------------------------------
@@ -276,6 +278,7 @@ class Daemon:
             halted = {t.name: rollback_streak(jr.list_applies(self.store.engine, target=t.name, limit=50), now)
                       >= t.apply.max_consecutive_rollbacks for t in self.cfg.targets if t.apply.mode == "auto"}
             up = {t.name: self.applier.running(t) is not None for t in self.cfg.targets if t.managed}
+            limits = {t.name: v for t in self.cfg.targets if (v := self._max_num_seqs(t)) is not None}
         except TunerError as exc:
             self._job_error("apply-status", str(exc))
             return
@@ -283,6 +286,15 @@ class Daemon:
             self.state.recommendations, self.state.applies = counts, applies
             self.state.auto_halted.update(halted)
             self.state.managed_up = up
+            self.state.max_num_seqs = limits
+
+    def _max_num_seqs(self, target: Target) -> float | None:
+        """The max-num-seqs a vLLM target runs with: the flags in force (managed, or after an apply), not the
+        config's raw key (which a managed target, a snake_case config or a kept apply leaves stale)."""
+        if target.backend != "vllm":
+            return None
+        value = self.applier.flags_in_force(target).get("max_num_seqs")
+        return float(value) if value is not None else None
 
     def _target_signal(self, name: str, signal_name: str) -> float | None:
         """Target signals that come from the apply side rather than from scrapes (for alert rules)."""

@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from tuner.daemon import DaemonState
-from tuner.signals.derive import LATENCY_HISTOGRAMS, QUANTILES
+from tuner.signals.derive import LATENCY_HISTOGRAMS, QUANTILES, queue_ratio
 from tuner.store.alerts import outbox_size
 
 __all__ = ["TunerCollector", "serve_metrics", "SIGNAL_GAUGES"]
@@ -84,6 +84,7 @@ class TunerCollector(Collector):
             apply_counts = dict(self.state.applies)
             managed_up = dict(self.state.managed_up)
             auto_halted = dict(self.state.auto_halted)
+            max_num_seqs = dict(self.state.max_num_seqs)
         up = GaugeMetricFamily("tuner_target_up", "1 if the last scrape of the target stored data", labels=["target"])
         health = GaugeMetricFamily("tuner_target_health", "1 for the target's current health state",
                                    labels=["target", "health"])
@@ -121,19 +122,19 @@ class TunerCollector(Collector):
         labels = ["target", "engine", "model_name", "backend"]
         gauges = {f: GaugeMetricFamily(m, h, labels=labels) for f, (m, h) in SIGNAL_GAUGES.items()}
         queue = GaugeMetricFamily("tuner_queue_to_max_num_seqs_ratio",
-                                  "Requests waiting / the target's configured max-num-seqs", labels=labels)
+                                  "Requests waiting / the max-num-seqs the target runs with", labels=labels)
         lat = {p: GaugeMetricFamily(f"tuner_{p}_seconds", f"{p.upper()} quantile over the window, from {h}",
                                     labels=[*labels, "quantile"]) for p, h in LATENCY_HISTOGRAMS.items()}
         for name, sig in sorted(signals.items()):
-            limit = targets[name].flags.get("max-num-seqs") if name in targets else None
+            limit = max_num_seqs.get(name)  # the flags in force, refreshed by the daemon's apply-status job
             for e in sig.engines:
                 key = [name, e.engine, e.model_name, sig.backend]
                 for f, fam in gauges.items():
                     v = getattr(e, f)
                     if v is not None:
                         fam.add_metric(key, v)
-                if limit and e.requests_waiting is not None:
-                    queue.add_metric(key, e.requests_waiting / float(limit))
+                if (ratio := queue_ratio(e, limit)) is not None:
+                    queue.add_metric(key, ratio)
                 for p, fam in lat.items():
                     for q in QUANTILES:
                         v = getattr(e, f"{p}_p{round(q * 100)}")

@@ -20,11 +20,11 @@ from typing import Callable, Iterable, Mapping
 from tuner.config import Target
 from tuner.rules.model import OPS, Rule
 from tuner.rules.templates import render
-from tuner.signals.derive import TargetSignals
+from tuner.signals.derive import TargetSignals, queue_ratio
 from tuner.store.alerts import StoredAlert
 from tuner.store.window import GpuLatest
 
-__all__ = ["Sample", "fingerprint", "vector", "evaluate", "to_send", "payload", "RESOLVED_RETENTION"]
+__all__ = ["Sample", "fingerprint", "vector", "configured_max_num_seqs", "evaluate", "to_send", "payload", "RESOLVED_RETENTION"]
 
 RESOLVED_RETENTION = timedelta(minutes=15)
 Sample = tuple[dict[str, str], float]  # (labels, value) of one query result
@@ -34,20 +34,30 @@ def fingerprint(labels: Mapping[str, str]) -> str:
     return hashlib.sha1(json.dumps(sorted(labels.items())).encode()).hexdigest()[:16]
 
 
-def _engine_value(rule: Rule, target: Target, e) -> float | None:  # type: ignore[no-untyped-def]
+def configured_max_num_seqs(target: Target) -> float | None:
+    """max-num-seqs from the config alone (managed flags first), in any spelling of the flag."""
+    for flags in ((target.managed.flags if target.managed else {}), target.flags):
+        for key in ("max_num_seqs", "max-num-seqs", "--max-num-seqs"):
+            if flags.get(key) is not None:
+                return float(flags[key])
+    return None
+
+
+def _engine_value(rule: Rule, target: Target, e, limit: float | None) -> float | None:  # type: ignore[no-untyped-def]
     if rule.signal == "queue_to_max_num_seqs":
-        limit = target.flags.get("max-num-seqs")
-        return None if e.requests_waiting is None or not limit else e.requests_waiting / float(limit)
+        return queue_ratio(e, limit)
     return getattr(e, rule.signal)
 
 
 def vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timedelta], TargetSignals | None],
            gpus: Iterable[GpuLatest] = (), *,
-           target_signal: Callable[[str, str], float | None] | None = None) -> list[Sample]:
+           target_signal: Callable[[str, str], float | None] | None = None,
+           max_num_seqs: Callable[[Target], float | None] = configured_max_num_seqs) -> list[Sample]:
     """The rule's query result: every (labels, value) whose value satisfies the condition.
 
     ``target_signal(target, signal)`` gives the target signals that do not come from scrapes
-    (APPLY_SIGNALS: the apply journal's), None when the target has none.
+    (APPLY_SIGNALS: the apply journal's), None when the target has none. ``max_num_seqs(target)`` is the
+    limit the server runs with (the daemon passes the flags in force; by default the config's).
     """
     op = OPS[rule.op]
     out: list[Sample] = []
@@ -80,8 +90,9 @@ def vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timede
             if v is not None and op(v, threshold):
                 out.append(({"target": t.name}, v))
             continue
+        limit = max_num_seqs(t) if rule.signal == "queue_to_max_num_seqs" else None
         for e in sig.engines:
-            v = _engine_value(rule, t, e)
+            v = _engine_value(rule, t, e, limit)
             if v is not None and op(v, threshold):
                 out.append(({"target": t.name, "engine": e.engine, "model_name": e.model_name}, float(v)))
     return out

@@ -52,7 +52,7 @@ _SPECS: list[SignalSpec] = [
                {"vllm": f"sum by ({ENGINE_BY}) (vllm:num_requests_waiting{{sel}})",
                 "llamacpp": _tuner("tuner_requests_waiting")}),
     SignalSpec("queue_to_max_num_seqs", "engine", "ratio",
-               "requests waiting / the target's configured max-num-seqs (flags.max-num-seqs)",
+               "requests waiting / the max-num-seqs the target runs with (the flags in force, not the config key)",
                {"vllm": _tuner("tuner_queue_to_max_num_seqs_ratio")}),
     SignalSpec("preemptions_per_s", "engine", "per_second", "preemptions per second over the window",
                {"vllm": f"sum by ({ENGINE_BY}) (rate(vllm:num_preemptions_total{{sel}}[{{w}}]))"}),
