@@ -6,7 +6,7 @@ value, starts ``tuner apply-recommendation ID --yes`` and SIGKILLs it 0-``max_de
 baseline, the drain, the start, the health gate or the observation — then runs ``tuner reconcile`` (what
 ``tuner run`` does at start) and checks:
   - the database opens and ``PRAGMA integrity_check`` says ok;
-  - no apply is left open, and every apply ended kept, rolled_back or failed;
+  - no apply is left open, and every apply ended kept, rolled_back, inconclusive or failed;
   - exactly one server runs on the port, healthy, and its argv is what the journal says is in force
     (the apply's new argv if kept, else the old one); the managed state records that process;
   - the recommendation's status matches the apply's outcome.
@@ -74,7 +74,7 @@ class ApplySurface:
             f"  - name: llama\n    backend: llamacpp\n    url: {self.url}\n"
             f"    managed: {{model: '{gguf}', executable: '{binary}', flags: {{parallel: 2, ctx_size: 512}}, "
             "extra_args: {'-t': 1}, drain_timeout: 2s, start_timeout: 60s}\n"
-            "    apply: {observe: 2s, baseline: 30s, min_requests: 0, max_restarts_per_hour: 100000}\n")
+            "    apply: {observe: 2s, observe_max: 2s, baseline: 30s, min_requests: 0, max_restarts_per_hour: 100000}\n")
         self._cli("db", "upgrade")
         self._cli("managed", "start")
         self.engine = open_engine(f"sqlite:///{self.db}")
@@ -147,7 +147,8 @@ class ApplySurface:
             if servers and proc_argv(servers[0]) != want:
                 problems.append(f"server argv is not the journal's ({a0.outcome})")
             status = recs.get_recommendation(self.engine, self.current).status
-            expected = {"kept": ("applied",), "rolled_back": ("rolled_back", "proposed"), "failed": ("failed",)}
+            expected = {"kept": ("applied",), "rolled_back": ("rolled_back", "proposed"),
+                        "inconclusive": ("rolled_back", "proposed"), "failed": ("failed",)}
             if status not in expected.get(a0.outcome or "", ()):
                 problems.append(f"recommendation {status} after outcome {a0.outcome}")
         if problems:

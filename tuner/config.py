@@ -196,7 +196,11 @@ class ApplyPolicy(_Model):
     hook: Hook | None = None
     baseline: Duration = timedelta(minutes=5)  # window before the apply that the verdict compares with
     observe: Duration = timedelta(minutes=5)  # window after the health gate
-    min_requests: int = Field(20, ge=0)  # fewer requests observed: too little traffic to judge, kept
+    # an inconclusive verdict keeps observing, in steps of `observe`, up to this long (default 3 x observe)
+    observe_max: Duration | None = None
+    # what an apply still inconclusive at observe_max does: restore the previous flags, or keep the new ones
+    on_inconclusive: Literal["keep_previous", "keep_new"] = "keep_previous"
+    min_requests: int = Field(20, ge=0)  # fewer finished on either side: too little traffic, inconclusive
     # auto mode guardrails
     auto_interval: Duration = timedelta(seconds=30)  # how often auto mode re-evaluates and may apply
     min_confidence: float = Field(0.8, ge=0, le=1)

@@ -48,7 +48,7 @@ def _apply_families(targets: list[str], rec_counts: dict[tuple[str, str], int],
         for status in STATUSES:
             recs.add_metric([t, status], float(rec_counts.get((t, status), 0)))
     yield recs
-    applies = CounterMetricFamily("tuner_applies", "Finished applies by outcome (kept, rolled_back, failed)",
+    applies = CounterMetricFamily("tuner_applies", "Finished applies by outcome (kept, rolled_back, inconclusive, failed)",
                                   labels=["target", "outcome"])
     for t in targets:
         for outcome in OUTCOMES:

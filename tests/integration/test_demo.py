@@ -34,7 +34,25 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     raised = re.search(r"^  max_num_seqs: 4 -> (\d+)$", out, re.M)
     assert raised and 4 < int(raised.group(1)) <= 8, out[-4000:]
     assert f'"--max-num-seqs", "{raised.group(1)}"' in out
-    verdict = re.search(r"^\[apply #1\] verdict: (kept|rolled_back): (.+)$", out, re.M)
+    verdict = re.search(r"^\[apply #1\] verdict: (kept|rolled_back|inconclusive): (.+)$", out, re.M)
     assert verdict, out[-4000:]
     assert "too little traffic" not in verdict.group(2)  # clients kept coming through the restart
     assert f'tuner_applies_total{{outcome="{verdict.group(1)}",target="tiny-llama"}} 1.0' in out
+
+    # The verdict is right: it agrees with the numbers measured in the same run (the journal's before/after).
+    journal = subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(tmp_path / "demo" / "tuner.yaml"),
+                              "journal", "--json"], capture_output=True, text=True, timeout=60)
+    [a] = [a for a in json.loads(journal.stdout) if a["kind"] == "apply"]
+    before, after, outcome = a["baseline"], a["after"], a["outcome"]
+    assert outcome == verdict.group(1)
+    assert before["saturated"], before  # 8 clients against --max-num-seqs 4: they queued
+    served_more = after["served_rps"] > before["capacity_rps"] * 1.05  # more than the old config could
+    attainment_held = None in (before["slo_attainment"], after["slo_attainment"]) or \
+        after["slo_attainment"] >= before["slo_attainment"] - 0.02
+    if served_more and attainment_held:
+        assert outcome == "kept", (before, after, verdict.group(2))
+    if outcome == "rolled_back":  # only for a measured loss
+        assert after["capacity_rps"] < before["capacity_rps"] or not attainment_held, (before, after)
+    # No client request is lost to the apply: they are sent again while the server drains and restarts.
+    apply_load = re.findall(r"^-- load done: (\d+) ok, (\d+) failed, (\d+) attempts sent again", out, re.M)[-1]
+    assert int(apply_load[0]) > 0 and apply_load[1] == "0", apply_load

@@ -14,12 +14,18 @@ from tuner.lab.load import run_load
 class _Completions(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keeps connections alive unless the client says close
     seen: list[tuple[str, int]] = []  # (path, client port) per request
+    answers: list[int] = []  # statuses to answer completions with first (then 200)
     lock = threading.Lock()
 
     def do_POST(self) -> None:  # noqa: N802
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
         with self.lock:
             self.seen.append((self.path, self.client_address[1]))
+        with self.lock:
+            status = self.answers.pop(0) if self.answers and self.path != "/tokenize" else 200
+        if status != 200:
+            self.send_error(status)
+            return
         if self.path == "/tokenize":
             body = json.dumps({"count": 200}).encode()
         else:
@@ -65,3 +71,26 @@ def test_every_request_goes_on_a_fresh_connection():
     assert result.completion_tokens == 12 * 4
     ports = [port for path, port in _Completions.seen if path == "/v1/completions"]
     assert len(ports) == 12 and len(set(ports)) == 12  # one connection per request
+
+
+def test_retries_only_what_the_server_did_not_take():
+    httpd = _server()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    kw = {"model": "m", "n_requests": 1, "concurrency": 1, "prompt_tokens_approx": 10, "max_tokens": 4,
+          "timeout_s": 30}
+    try:
+        _Completions.answers = [500, 503]  # draining, then restarting: not taken, sent again
+        r = run_load(url, retry_for_s=10, **kw)
+        assert (r.ok, r.failed, r.retried) == (1, 0, 2), r.errors
+        _Completions.answers = [500]
+        r = run_load(url, **kw)  # no retries asked for: the 500 is a failure
+        assert (r.ok, r.failed, r.retried) == (0, 1, 0)
+        _Completions.answers = [400]  # the server took it and said no: never sent twice
+        r = run_load(url, retry_for_s=10, **kw)
+        assert (r.ok, r.failed, r.retried) == (0, 1, 0)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    # Nothing listens: refused connections are retried until the budget runs out, then counted as failed.
+    r = run_load(url, retry_for_s=1.2, **{**kw, "timeout_s": 5})
+    assert r.ok == 0 and r.failed == 1 and r.retried >= 1

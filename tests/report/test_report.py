@@ -48,10 +48,10 @@ def fill(store) -> None:  # type: ignore[no-untyped-def]
          "labels": json.dumps({"alertname": "TargetDown", "target": "other"}),
          "from_state": "pending", "to_state": "firing", "value": 0.0},  # another target: not in chat's report
     ])
-    kpis = {"goodput_ratio": 0.91, "ttft_p99": 0.8, "e2e_p99": 12.0, "tokens_per_s_per_running": 30.0,
-            "requests_per_s": 2.0}
-    for at, outcome, after in ((T0 + 120, "rolled_back", {**kpis, "ttft_p99": 1.6, "goodput_ratio": 0.7}),
-                               (T0 + 160, "kept", {**kpis, "ttft_p99": 0.4, "goodput_ratio": 0.98})):
+    kpis = {"offered_rps": 2.0, "capacity_rps": 2.1, "slo_goodput_rps": 1.9, "slo_attainment": 0.91, "ttft_p99": 0.8,
+            "e2e_p99": 12.0, "capacity_tokens_per_s": 130.0, "saturated": False}
+    for at, outcome, after in ((T0 + 120, "rolled_back", {**kpis, "ttft_p99": 1.6, "slo_attainment": 0.7}),
+                               (T0 + 160, "kept", {**kpis, "ttft_p99": 0.4, "slo_attainment": 0.98})):
         aid = journal.begin_apply(store.engine, target="chat", recommendation_id=None, kind="apply", mode="manual",
                                   now=at, diff={"max-num-seqs": 16}, old_flags={"max-num-seqs": 8},
                                   new_flags={"max-num-seqs": 16}, old_argv=[], new_argv=[], owner_pid=os.getpid(),
@@ -144,7 +144,7 @@ def test_report_is_one_self_contained_file_with_plots_markers_and_tables(report)
     assert html.count('class="marker alert"') == 5  # QueueDepthHigh firing, once per plot; not the other target's
     assert html.count('class="marker apply"') == 10 and html.count('class="marker rollback"') == 5
     assert "TargetDown" not in html
-    assert len(re.findall(r'<tr class="kpi" data-apply="\d+" data-kpi=', html)) == 10
+    assert len(re.findall(r'<tr class="kpi" data-apply="\d+" data-kpi=', html)) == 14  # 7 KPIs x 2 applies
     assert "+100.0%" in html and "-50.0%" in html  # TTFT P99 0.8 s -> 1.6 s (rolled back), -> 0.4 s (kept)
 
 
@@ -167,7 +167,7 @@ def test_chromium_renders_the_plots(report, tmp_path):
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert dom.stdout.count('<svg class="plot"') == 5
     assert len(re.findall(r'<path class="series"[^>]* d="M', dom.stdout)) == 9  # 2+2+1+2+2 lines
-    assert len(re.findall(r'<tr class="kpi"', dom.stdout)) == 10
+    assert len(re.findall(r'<tr class="kpi"', dom.stdout)) == 14
     assert len(re.findall(r'<tr class="alert-event"', dom.stdout)) == 2
 
 

@@ -1,4 +1,4 @@
-"""``tuner apply-recommendation``, ``tuner rollback``, ``tuner journal``, ``tuner managed``, ``tuner reconcile``."""
+"""``tuner apply-recommendation``, ``rollback``, ``journal``, ``judge``, ``managed``, ``reconcile``."""
 
 from __future__ import annotations
 
@@ -77,13 +77,20 @@ def cmd_apply(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) 
             return 0
         if not args.json:
             print(ap.describe(plan))
-        _confirm(args, f"apply recommendation #{args.id} to {plan.target.name}")
+        outage = ap.expected_outage(plan.target) if plan.how != "manual" else None
+        cost = (f"; {plan.target.name} will serve nothing for about {outage[0]:.0f}s (median of {outage[1]} earlier "
+                "applies: drain, restart, health gate)" if outage else
+                f"; {plan.target.name} serves nothing while it drains and restarts" if plan.how != "manual" else "")
+        if args.yes and not args.json:  # without --yes the question below says it
+            print(f"apply recommendation #{args.id} to {plan.target.name}{cost}", flush=True)
+        _confirm(args, f"apply recommendation #{args.id} to {plan.target.name}{cost}")
         a = ap.apply(args.id, force=args.force)
     if args.json:
         print(json.dumps(a.as_json()))
     else:
         _print_apply(a)
-    return 0 if a.outcome == "kept" or a.state == "awaiting_manual" else 8
+    kept_new = a.outcome == "inconclusive" and ap.cfg.target(a.target).apply.on_inconclusive == "keep_new"
+    return 0 if a.outcome == "kept" or kept_new or a.state == "awaiting_manual" else 8
 
 
 def cmd_rollback(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) -> int:
@@ -93,6 +100,46 @@ def cmd_rollback(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]
     a = ap.rollback(args.target, force=args.force)
     _print_apply(a)
     return 0 if a.outcome == "rolled_back" else 8
+
+
+def cmd_judge(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) -> int:
+    import time
+
+    from tuner.app.judge import judge_dirs, parse_range
+    from tuner.config import Slo, parse_duration
+    from tuner.errors import ConfigError
+
+    if args.before is None or args.after is None:
+        raise ConfigError("command line", "--before/--after", "both are needed: two directories of expositions, or "
+                          "with TARGET two time ranges START..END")
+    if args.target:
+        cfg = helpers["load"](args)
+        t = cfg.target(args.target)
+        ap = Applier(cfg, helpers["open_store"](cfg), Path(helpers["config_path"](args)).resolve().parent,
+                     say=lambda _m: None)
+        now = time.time()
+        v = ap.judge_windows(t, parse_range(args.before, now=now, what="--before"),
+                             parse_range(args.after, now=now, what="--after"))
+    else:
+        if args.backend is None:
+            raise ConfigError("command line", "--backend", "needed with directories: vllm or llamacpp")
+        slo = None
+        if args.slo_ttft_p99 or args.slo_e2e_p99:
+            slo = Slo(ttft_p99=parse_duration(args.slo_ttft_p99) if args.slo_ttft_p99 else None,
+                      e2e_p99=parse_duration(args.slo_e2e_p99) if args.slo_e2e_p99 else None,
+                      objective=args.objective)
+        v = judge_dirs(Path(args.before), Path(args.after), backend=args.backend, slo=slo,
+                       min_requests=args.min_requests)
+    if args.json:
+        print(json.dumps(v.as_json()))
+        return 0
+    print(f"{v.outcome} (confidence {v.confidence:.2f}): {v.reason}")
+    print(f"test: {v.test}")
+    keys = [k for k in jr.KPI_KEYS if k in v.before or k in v.after]
+    print(f"{'':24}{'before':>12}{'after':>12}")
+    for k in keys:
+        print(f"{k:24}{_fmt(v.before.get(k)):>12}{_fmt(v.after.get(k)):>12}")
+    return 0
 
 
 def cmd_journal(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) -> int:
@@ -168,6 +215,24 @@ def add_parsers(sub: Any, helpers: dict[str, Callable[..., Any]]) -> None:
     j.add_argument("--brief", action="store_true", help="without the steps")
     j.add_argument("--json", action="store_true")
     j.set_defaults(func=bind(cmd_journal))
+
+    v = sub.add_parser("judge", help="the apply verdict (kept | rolled_back | inconclusive) on recorded data: two "
+                       "directories of expositions named <unix_ms>.txt, or two time ranges of TARGET's store",
+                       description="With directories no config is needed: `tuner judge --before DIR --after DIR "
+                       "--backend vllm --json`. With TARGET: `tuner judge TARGET --before 20m..10m --after 10m..now` "
+                       "(unix seconds, durations ago, or now).")
+    v.add_argument("target", nargs="?", help="a configured target: --before/--after are then START..END ranges")
+    v.add_argument("--before", help="directory (or with TARGET a range START..END) before the change")
+    v.add_argument("--after", help="directory (or with TARGET a range START..END) after the change")
+    v.add_argument("--backend", choices=["vllm", "llamacpp"], help="the server that wrote the expositions")
+    v.add_argument("--slo-ttft-p99", help="TTFT budget, e.g. 500ms (directories only; a target has its slo)")
+    v.add_argument("--slo-e2e-p99", help="end-to-end budget, e.g. 10s")
+    v.add_argument("--objective", type=float, default=0.99, help="share of requests that must meet the budgets")
+    v.add_argument("--min-requests", type=int, default=20,
+                   help="fewer finished on either side (llama-server: tokens): inconclusive")
+    v.add_argument("--json", action="store_true", help="one JSON object: outcome, reason, confidence, test, "
+                   "before, after")
+    v.set_defaults(func=bind(cmd_judge))
 
     m = sub.add_parser("managed", help="servers tuner starts itself (targets with managed:): status, start, stop")
     m.add_argument("action", choices=["status", "start", "stop"])

@@ -24,11 +24,11 @@ from typing import Any, Callable
 
 from tuner.apply import managed as mg
 from tuner.apply.launch import _render_flags
-from tuner.apply.verdict import judge, kpis
+from tuner.apply.verdict import Verdict, judge
 from tuner.config import Config, Target
 from tuner.errors import ApplyError, ConfigError, FlagError, ServerStartError, StoreError
 from tuner.flags import render, spec, validate
-from tuner.signals.derive import compute_signals
+from tuner.signals.load import LoadProfile, profile
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 
@@ -323,11 +323,19 @@ class Applier:
         jr.step(self.engine, aid, name, detail, now=self.clock(), state=state)
         self.say(f"[apply #{aid}] {name}" + (f": {detail}" if detail else ""))
 
-    def _kpis(self, t: Target, start: float, end: float) -> dict[str, Any]:
+    def _profile(self, t: Target, start: float, end: float) -> LoadProfile | None:
         if t.name not in self.store.target_names():
-            return {}  # never scraped (no `tuner run` yet): no KPIs to compare
-        window = self.store.window(t.name, start, end)
-        return kpis(compute_signals(window, slo=t.slo), window)
+            return None  # never scraped (no `tuner run` yet): nothing to judge with
+        return profile(self.store.window(t.name, start, end), slo=t.slo)
+
+    def _kpis(self, t: Target, start: float, end: float) -> dict[str, Any]:
+        """The window's load profile for the journal, with the window itself so the verdict can read it again."""
+        prof = self._profile(t, start, end)
+        return {"window": [start, end], **(prof.summary() if prof else {})}
+
+    def judge_windows(self, t: Target, before: tuple[float, float], after: tuple[float, float]) -> Verdict:
+        """The verdict on two windows of a target's stored data (what `tuner judge TARGET` prints)."""
+        return judge(self._profile(t, *before), self._profile(t, *after), min_requests=t.apply.min_requests)
 
     def _carry_out(self, aid: int, p: Plan, rec_id: int | None, *, rollback_of: int | None = None) -> jr.StoredApply:
         t = p.target
@@ -360,32 +368,63 @@ class Applier:
                            prefix: str = "") -> jr.StoredApply:
         t = p.target
         observe_s = t.apply.observe.total_seconds()
-        self._step(aid, "observing", f"{observe_s:g}s", state="observing")
+        limit_s = t.apply.observe_max.total_seconds() if t.apply.observe_max else 3 * observe_s
+        self._step(aid, "observing", f"{observe_s:g}s (up to {limit_s:g}s while inconclusive)", state="observing")
         t0 = self.clock()
-        died = self._watch(t, observe_s)
-        after = self._kpis(t, t0, self.clock())
-        jr.set_kpis(self.engine, aid, now=self.clock(), after=after)
+        now = t0
+        before = tuple(base.get("window") or (t0 - t.apply.baseline.total_seconds(), t0))
+        while True:
+            died = self._watch(t, min(observe_s, t0 + limit_s - self.clock()))
+            now = self.clock()
+            if died:
+                break
+            v = self.judge_windows(t, (float(before[0]), float(before[1])), (t0, now))
+            if v.outcome != "inconclusive" or now - t0 >= limit_s - 0.5:
+                break
+            self._step(aid, "observing", f"inconclusive after {now - t0:.0f}s ({v.reason}); observing on")
+        after = self._kpis(t, t0, now)
+        outage = self._outage(jr.get_apply(self.engine, aid))
+        if outage is not None:
+            after["outage_s"] = round(outage, 1)  # drain start -> health gate passed: no new request served
+        jr.set_kpis(self.engine, aid, now=now, after=after)
         if died:
             outcome, reason = "rolled_back", f"the server died while observed: {died}"
         else:
-            v = judge(base, after, min_requests=t.apply.min_requests)
-            outcome, reason = v.outcome, v.reason
+            outcome, reason = v.outcome, f"{v.reason} (confidence {v.confidence:.2f}; {v.test})"
         self._step(aid, "verdict", f"{outcome}: {reason}")
-        if outcome == "kept":
-            jr.finish(self.engine, aid, "kept", prefix + reason, now=self.clock())
+        if outcome == "kept" or (outcome == "inconclusive" and t.apply.on_inconclusive == "keep_new"):
+            jr.finish(self.engine, aid, outcome, prefix + reason, now=self.clock())
             if rec_id is not None:
                 recs.set_status(self.engine, rec_id, "applied", now=self.clock(), note=prefix + reason)
             return jr.get_apply(self.engine, aid)
+        if outcome == "inconclusive":
+            reason += "; the previous flags are restored (apply.on_inconclusive: keep_previous)"
         if p.how == "manual":
             note = (f"{prefix}{reason}; tuner does not restart this server: restart it by hand with "
                     f"{' '.join(flags_argv(t.backend, p.old_flags))}")
             jr.finish(self.engine, aid, "failed", note, now=self.clock())
         else:
             restored = self._restore(aid, p)
-            jr.finish(self.engine, aid, "rolled_back", f"{prefix}{reason}; {restored}", now=self.clock())
+            jr.finish(self.engine, aid, outcome, f"{prefix}{reason}; {restored}", now=self.clock())
         if rec_id is not None:
             recs.set_status(self.engine, rec_id, "rolled_back", now=self.clock(), note=prefix + reason)
         return jr.get_apply(self.engine, aid)
+
+    @staticmethod
+    def _outage(a: jr.StoredApply) -> float | None:
+        """Seconds from the start of the drain until the new server passed its health gate."""
+        ts = {}
+        for st in a.steps:
+            ts.setdefault(st["step"], st["ts_ms"])
+        if "draining" in ts and "healthy" in ts and ts["healthy"] >= ts["draining"]:
+            return (ts["healthy"] - ts["draining"]) / 1000
+        return None
+
+    def expected_outage(self, t: Target) -> tuple[float, int] | None:
+        """(median outage in seconds, how many earlier applies it is from) for this target, if any."""
+        seen = sorted(o for a in jr.list_applies(self.engine, target=t.name, limit=50)
+                      if (o := self._outage(a)) is not None)
+        return (seen[len(seen) // 2], len(seen)) if seen else None
 
     def _watch(self, t: Target, seconds: float) -> str | None:
         """Sleep through the observation; the server's error line if a managed server dies meanwhile."""

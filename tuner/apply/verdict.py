@@ -1,110 +1,304 @@
-"""Keep or roll back: the KPIs of the window after an apply against the window before it. Pure.
+"""Keep, roll back, or say "inconclusive": the window after a change against the window before it. Pure.
 
-KPIs (load-normalized where they can be): goodput under the SLO, P99 TTFT and E2E, generation tokens per second
-per running request, and requests per second (the load itself). The rule, in order:
-  * fewer than ``min_requests`` finished after the apply (llama-server counts no requests: fewer than that many
-    generated tokens): too little traffic to judge -> kept, and said so;
-  * goodput fell by more than 0.05 -> roll back;
-  * tokens/s per running request fell below 0.8x -> roll back;
-  * P99 TTFT or E2E rose above 1.25x + 50 ms -> roll back, unless the load itself changed by more than 2x
-    either way (latency percentiles are not comparable across such a change; said so);
-  * otherwise kept, with what improved.
+Like is compared with like (tuner/signals/load.py says how each window is read):
+
+* **Before saturated** (requests waited for the server): what it served was its capacity, so capacity is the
+  KPI and more is better. Capacity is finished requests/s over the busy scrape intervals (llama-server:
+  generated tokens/s), with SLO goodput (requests/s within every budget) beside it.
+  - after saturated too: capacity up -> kept, down -> rolled_back;
+  - after no longer saturated: the queue is gone, and the new capacity is at least what it served. Served as
+    much as before or more -> kept; less -> inconclusive (the load fell, so the new capacity is unknown).
+* **Before below capacity, after saturated**: a queue appeared. If the after window served less than the before
+  window was offered, the new capacity is below a load the old config handled -> rolled_back. If the offered load
+  also rose, the queue may be the load's doing -> inconclusive, never a rollback.
+* **Both below capacity**: SLO attainment and the latency distributions (TTFT, E2E; llama-server: seconds per
+  generated token) at matched offered load. If the loads differ by more than LOAD_MATCH, a verdict is given only
+  where it holds whatever the load did: worse under less load -> rolled_back, better under more load -> kept;
+  otherwise inconclusive, saying by how much the load differed.
+
+Every difference must be beyond the noise before it decides anything. Capacity: a bootstrap over the windows'
+scrape intervals (BOOTSTRAP replicates, seeded, so the same data gives the same verdict), giving the probability
+that after > before. Latency: a Mann-Whitney rank test over the histogram's buckets (ties within a bucket). An
+effect counts when that probability reaches CONFIDENT and the change is at least MIN_EFFECT (capacity) or
+LATENCY_EFFECT (P99). Too little traffic (fewer than ``min_requests`` finished on either side; llama-server:
+tokens) is inconclusive. No KPI here falls by construction when concurrency rises: per-request throughput is not
+one. A change that improved every KPI it could be judged on is never rolled back.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Mapping
+import random
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
-from tuner.signals.derive import TargetSignals
-from tuner.store.window import TargetWindow
+from tuner.signals.load import Interval, LoadProfile
 
-__all__ = ["Verdict", "kpis", "judge", "GOODPUT_DROP", "THROUGHPUT_FLOOR", "LATENCY_FACTOR", "LATENCY_SLACK_S",
-           "LOAD_RATIO"]
+__all__ = ["Verdict", "judge", "CONFIDENT", "MIN_EFFECT", "LATENCY_EFFECT", "LOAD_MATCH", "BOOTSTRAP"]
 
-GOODPUT_DROP = 0.05
-THROUGHPUT_FLOOR = 0.8
-LATENCY_FACTOR = 1.25
-LATENCY_SLACK_S = 0.05
-LOAD_RATIO = 2.0
-
-_RUNNING = {"vllm": "vllm:num_requests_running", "llamacpp": "llamacpp:requests_processing"}
+CONFIDENT = 0.95
+MIN_EFFECT = 0.05  # relative capacity change that matters
+LATENCY_EFFECT = 0.10  # relative P99 change that matters (besides the rank test)
+LOAD_MATCH = 1.25  # offered loads within this ratio are "matched"
+BOOTSTRAP = 2000
+_SEED = 20261122
 
 
 @dataclass(frozen=True)
 class Verdict:
-    outcome: str  # kept | rolled_back
+    outcome: str  # kept | rolled_back | inconclusive
     reason: str
+    confidence: float  # probability that the deciding KPI moved as the outcome says (inconclusive: the best found)
+    test: str  # the method that decided
+    before: dict[str, Any] = field(default_factory=dict)
+    after: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"outcome": self.outcome, "reason": self.reason, "confidence": round(self.confidence, 4),
+                "test": self.test, "before": self.before, "after": self.after}
 
 
-def _mean_running(window: TargetWindow, backend: str) -> float | None:
-    metric = _RUNNING.get(backend)
-    values = [v for e in window.engines for (name, _), pts in e.series.items() if name == metric for _, v in pts]
-    return math.fsum(values) / len(values) if values else None
+@dataclass(frozen=True)
+class _Effect:
+    name: str
+    before: float | None
+    after: float | None
+    p_up: float  # probability that after > before
+    rel: float  # after / before - 1
+    higher_is_better: bool
+
+    @property
+    def better(self) -> bool:
+        up = self.p_up >= CONFIDENT and self.rel >= self._min
+        down = 1 - self.p_up >= CONFIDENT and self.rel <= -self._min
+        return up if self.higher_is_better else down
+
+    @property
+    def worse(self) -> bool:
+        up = self.p_up >= CONFIDENT and self.rel >= self._min
+        down = 1 - self.p_up >= CONFIDENT and self.rel <= -self._min
+        return down if self.higher_is_better else up
+
+    @property
+    def _min(self) -> float:
+        return MIN_EFFECT if self.higher_is_better else LATENCY_EFFECT
+
+    @property
+    def confidence(self) -> float:
+        return max(self.p_up, 1 - self.p_up)
+
+    def text(self, unit: str = "") -> str:
+        def f(v: float | None) -> str:
+            return "n/a" if v is None else f"{v:.3f}{unit}"
+        return f"{self.name} {f(self.before)} -> {f(self.after)} ({self.rel:+.0%}, P(up) {self.p_up:.2f})"
 
 
-def kpis(signals: TargetSignals, window: TargetWindow) -> dict[str, Any]:
-    """The verdict's KPIs over one window, summed over engines (rates) or worst of them (latency, goodput)."""
-    engines = [e for e in signals.engines if e.samples]
+# ---- the statistics -------------------------------------------------------------------------------------------
 
-    def worst(attr: str, pick: Any) -> float | None:
-        vals = [getattr(e, attr) for e in engines if getattr(e, attr) is not None]
-        return pick(vals) if vals else None
-
-    def total(attr: str) -> float | None:
-        vals = [getattr(e, attr) for e in engines if getattr(e, attr) is not None]
-        return math.fsum(vals) if vals else None
-
-    gen = total("generation_tokens_per_s")
-    running = _mean_running(window, signals.backend)
-    return {"goodput_ratio": worst("goodput_ratio", min), "ttft_p99": worst("ttft_p99", max),
-            "e2e_p99": worst("e2e_p99", max),
-            "tokens_per_s_per_running": gen / running if gen is not None and running else None,
-            "requests_per_s": total("requests_per_s"), "requests": total("requests_in_window"),
-            "generated_tokens": gen * signals.window_s if gen is not None else None, "mean_running": running}
+def _ratio(intervals: Sequence[Interval], attr: str) -> float:
+    secs = math.fsum(iv.seconds for iv in intervals)
+    return math.fsum(getattr(iv, attr) for iv in intervals) / secs if secs else 0.0
 
 
-def _num(d: Mapping[str, Any], k: str) -> float | None:
-    v = d.get(k)
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+def bootstrap_p_up(before: Sequence[Interval], after: Sequence[Interval], attr: str, *, before_scale: float = 1.0,
+                   after_scale: float = 1.0, replicates: int = BOOTSTRAP) -> float:
+    """P(after's rate > before's) by resampling each side's busy scrape intervals with replacement (each side's
+    rate times its scale, e.g. its SLO attainment for goodput)."""
+    if not before or not after:
+        return 0.5
+    rng = random.Random(_SEED)
+    up = 0.0
+    for _ in range(replicates):
+        b = before_scale * _ratio([before[rng.randrange(len(before))] for _ in before], attr)
+        a = after_scale * _ratio([after[rng.randrange(len(after))] for _ in after], attr)
+        up += 1.0 if a > b else 0.5 if a == b else 0.0
+    return up / replicates
 
 
-def judge(before: Mapping[str, Any], after: Mapping[str, Any], *, min_requests: int) -> Verdict:
-    n, unit = _num(after, "requests"), "requests finished"
-    if n is None:
-        n, unit = _num(after, "generated_tokens") or 0.0, "tokens generated (the server counts no requests)"
-    if n < min_requests:
-        return Verdict("kept", f"too little traffic to judge: {n:.0f} {unit} in the observation window "
-                               f"(min_requests {min_requests}); kept")
-    bad, good, notes, skipped = [], [], [], []
-    g0, g1 = _num(before, "goodput_ratio"), _num(after, "goodput_ratio")
-    if g0 is not None and g1 is not None:
-        (bad if g1 < g0 - GOODPUT_DROP else good if g1 > g0 else notes).append(f"goodput {g0:.3f} -> {g1:.3f}")
-    t0, t1 = _num(before, "tokens_per_s_per_running"), _num(after, "tokens_per_s_per_running")
-    if t0 is not None and t1 is not None:
-        (bad if t1 < THROUGHPUT_FLOOR * t0 else good if t1 > t0 else notes).append(
-            f"tokens/s per running request {t0:.1f} -> {t1:.1f}")
-    r0, r1 = _num(before, "requests_per_s"), _num(after, "requests_per_s")
-    comparable = not (r0 and r1) or 1 / LOAD_RATIO <= r1 / r0 <= LOAD_RATIO
-    for key, label in (("ttft_p99", "P99 TTFT"), ("e2e_p99", "P99 E2E")):
-        a, b = _num(before, key), _num(after, key)
-        if a is None or b is None:
+def rank_p_up(bounds: Sequence[float], before_cum: Sequence[float], after_cum: Sequence[float]) -> float:
+    """P(after's observations are stochastically larger), Mann-Whitney U over histogram buckets (ties within a
+    bucket, normal approximation with the tie correction): Phi(z)."""
+    del bounds  # only the order of the buckets matters
+    x = [b - a for a, b in zip((0.0, *before_cum), before_cum)]
+    y = [b - a for a, b in zip((0.0, *after_cum), after_cum)]
+    nx, ny = math.fsum(x), math.fsum(y)
+    if nx < 1 or ny < 1:
+        return 0.5
+    u, below = 0.0, 0.0
+    for xk, yk in zip(x, y):
+        u += yk * (below + 0.5 * xk)
+        below += xk
+    n = nx + ny
+    ties = math.fsum((xk + yk) ** 3 - (xk + yk) for xk, yk in zip(x, y))
+    var = nx * ny / 12 * ((n + 1) - ties / (n * (n - 1))) if n > 1 else 0.0
+    if var <= 0:
+        return 0.5
+    z = (u - nx * ny / 2) / math.sqrt(var)
+    return 0.5 * (1 + math.erf(z / math.sqrt(2)))
+
+
+def _rel(before: float | None, after: float | None) -> float:
+    if before is None or after is None:
+        return 0.0
+    if before == 0:
+        return math.inf if after > 0 else 0.0
+    return after / before - 1
+
+
+def _capacity(b: LoadProfile, a: LoadProfile) -> _Effect:
+    if b.backend == "vllm":
+        attr, name, bv, av = "finished", "capacity (req/s)", b.capacity_rps, a.capacity_rps
+    else:
+        attr, name, bv, av = "generated", "capacity (tokens/s)", b.capacity_tokens_per_s, a.capacity_tokens_per_s
+    p = bootstrap_p_up([iv for iv in b.intervals if iv.busy], [iv for iv in a.intervals if iv.busy], attr)
+    return _Effect(name, bv, av, p, _rel(bv, av), True)
+
+
+def _goodput(b: LoadProfile, a: LoadProfile) -> _Effect | None:
+    if b.slo_goodput_rps is None or a.slo_goodput_rps is None or b.slo_attainment is None or \
+            a.slo_attainment is None:
+        return None
+    p = bootstrap_p_up([iv for iv in b.intervals if iv.busy], [iv for iv in a.intervals if iv.busy], "finished",
+                       before_scale=b.slo_attainment, after_scale=a.slo_attainment)
+    return _Effect("SLO goodput (req/s)", b.slo_goodput_rps, a.slo_goodput_rps, p,
+                   _rel(b.slo_goodput_rps, a.slo_goodput_rps), True)
+
+
+def _latencies(b: LoadProfile, a: LoadProfile) -> list[_Effect]:
+    out = []
+    for key, label in (("ttft", "P99 TTFT (s)"), ("e2e", "P99 E2E (s)")):
+        hb, ha = b.hists.get(key), a.hists.get(key)
+        if hb is None or ha is None or hb[0] != ha[0] or not hb[1][-1] or not ha[1][-1]:
             continue
-        text = f"{label} {a:.3f}s -> {b:.3f}s"
-        if not comparable:
-            skipped.append(text)
-        elif b > LATENCY_FACTOR * a + LATENCY_SLACK_S:
-            bad.append(text)
-        else:
-            (good if b < a else notes).append(text)
-    tail = f"; not compared, the load changed {r0:.2f} -> {r1:.2f} req/s: " + "; ".join(skipped) if skipped else ""
-    if not (bad or good or notes):
-        if skipped:
-            return Verdict("kept", "nothing comparable regressed" + tail)
-        return Verdict("kept", "no baseline KPIs to compare with (no traffic before the apply); kept")
-    if bad:
-        return Verdict("rolled_back", "regressed: " + "; ".join(bad) + (
-            "; other: " + "; ".join(good + notes) if good or notes else "") + tail)
-    return Verdict("kept", ("improved: " + "; ".join(good) if good else "no regression") + (
-        "; within tolerance: " + "; ".join(notes) if notes else "") + tail)
+        vb, va = getattr(b, f"{key}_p99"), getattr(a, f"{key}_p99")
+        out.append(_Effect(label, vb, va, rank_p_up(hb[0], hb[1], ha[1]), _rel(vb, va), False))
+    if b.seconds_per_token is not None and a.seconds_per_token is not None:
+        # llama-server: mean decode seconds per token, resampled as generated tokens per busy second
+        p_faster = bootstrap_p_up([iv for iv in b.intervals if iv.busy], [iv for iv in a.intervals if iv.busy],
+                                  "generated")
+        out.append(_Effect("seconds per generated token", b.seconds_per_token, a.seconds_per_token, 1 - p_faster,
+                           _rel(b.seconds_per_token, a.seconds_per_token), False))
+    return out
+
+
+def _attainment(b: LoadProfile, a: LoadProfile) -> _Effect | None:
+    """Two-proportion z-test on the share of requests within every SLO budget."""
+    pb, pa, nb, na = b.slo_attainment, a.slo_attainment, b.finished or 0, a.finished or 0
+    if pb is None or pa is None or nb < 1 or na < 1:
+        return None
+    pooled = (pb * nb + pa * na) / (nb + na)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / nb + 1 / na))
+    p_up = 0.5 if se == 0 else 0.5 * (1 + math.erf((pa - pb) / se / math.sqrt(2)))
+    if se == 0 and pa != pb:
+        p_up = 1.0 if pa > pb else 0.0
+    return _Effect("SLO attainment", pb, pa, p_up, pa - pb if pb else _rel(pb, pa), True)
+
+
+# ---- the verdict ----------------------------------------------------------------------------------------------
+
+def _traffic(p: LoadProfile) -> tuple[float, str]:
+    if p.finished is not None:
+        return p.finished, "requests finished"
+    return p.generated_tokens or 0.0, "tokens generated (the server counts no requests)"
+
+
+def judge(before: LoadProfile | None, after: LoadProfile | None, *, min_requests: int) -> Verdict:
+    """The verdict on a change, from the window before it and the window after it."""
+    bs = before.summary() if before else {}
+    as_ = after.summary() if after else {}
+
+    def v(outcome: str, reason: str, confidence: float, test: str) -> Verdict:
+        return Verdict(outcome, reason, confidence, test, bs, as_)
+
+    if before is None or after is None:
+        side = "before" if before is None else "after"
+        return v("inconclusive", f"too little traffic to judge: fewer than two scrapes {side} the change", 0.0,
+                 "none")
+    for side, p in (("before", before), ("after", after)):
+        n, unit = _traffic(p)
+        if n < min_requests:
+            return v("inconclusive", f"too little traffic to judge: {n:.0f} {unit} {side} the change "
+                     f"(min_requests {min_requests})", 0.0, "none")
+
+    cap = _capacity(before, after)
+    load = _load_text(before, after)
+    if before.saturated:
+        good = _goodput(before, after)
+        effects = [cap] + ([good] if good else [])
+        worse = [e for e in effects if e.worse]
+        better = [e for e in effects if e.better]
+        test = "capacity: bootstrap over busy scrape intervals"
+        detail = "; ".join(e.text() for e in effects)
+        if after.saturated:
+            if better and not worse:
+                return v("kept", f"capacity rose (both windows saturated): {detail}", cap.confidence, test)
+            if worse and not better:
+                return v("rolled_back", f"capacity fell (both windows saturated): {detail}", cap.confidence, test)
+            return v("inconclusive", f"capacity did not change beyond the noise (both windows saturated): {detail}",
+                     max((e.confidence for e in effects), default=0.5), test)
+        vllm = before.backend == "vllm"
+        served_after = (after.served_rps if vllm else after.tokens_per_s) or 0.0
+        capacity_before = (before.capacity_rps if vllm else before.capacity_tokens_per_s) or 0.0
+        if cap.better or (not cap.worse and served_after >= capacity_before * (1 - MIN_EFFECT)):
+            return v("kept", f"the queue is gone and it serves at least as much: {detail}; queued share "
+                     f"{_pct(before.queued_share)} -> {_pct(after.queued_share)}", cap.confidence, test)
+        return v("inconclusive", f"the queue is gone but the load fell, so the new capacity is unknown: {detail}; "
+                 f"{load}", cap.confidence, test)
+
+    if after.saturated:
+        offered_before = before.offered_rps if before.backend == "vllm" else before.tokens_per_s
+        served_after = after.capacity_rps if after.backend == "vllm" else after.capacity_tokens_per_s
+        ratio = _load_ratio(before, after)
+        if offered_before and served_after is not None and served_after < offered_before * (1 - MIN_EFFECT) and \
+                (ratio is None or ratio <= LOAD_MATCH):
+            return v("rolled_back", f"a queue appeared and the server now sustains {served_after:.3f} "
+                     f"{'req' if before.backend == 'vllm' else 'tokens'}/s, less than the {offered_before:.3f} the "
+                     f"old flags served without one; {load}", cap.confidence,
+                     "capacity after vs offered load before")
+        return v("inconclusive", f"a queue appeared, but the offered load rose too; {load}; {cap.text()}",
+                 cap.confidence, "offered load")
+
+    effects = [e for e in [_attainment(before, after), *_latencies(before, after)] if e is not None]
+    test = "latency: Mann-Whitney U over histogram buckets; attainment: two-proportion z-test"
+    if not effects:
+        return v("inconclusive", f"below capacity on both sides and no latency to compare; {load}", 0.5, test)
+    worse = [e for e in effects if e.worse]
+    better = [e for e in effects if e.better]
+    detail = "; ".join(e.text() for e in effects)
+    ratio = _load_ratio(before, after)
+    matched = ratio is None or 1 / LOAD_MATCH <= ratio <= LOAD_MATCH
+    best = max(e.confidence for e in effects)
+    if worse and (matched or (ratio is not None and ratio < 1)):
+        return v("rolled_back", f"worse below capacity{'' if matched else ' under less load'}: "
+                 + "; ".join(e.text() for e in worse) + f"; {load}", max(e.confidence for e in worse), test)
+    if better and not worse and (matched or (ratio is not None and ratio > 1)):
+        return v("kept", f"better below capacity{'' if matched else ' under more load'}: "
+                 + "; ".join(e.text() for e in better) + f"; {load}", max(e.confidence for e in better), test)
+    if not matched:
+        return v("inconclusive", f"the offered load differed too much to compare latencies: {load}; {detail}", best,
+                 test)
+    return v("inconclusive", f"no difference beyond the noise at matched load: {detail}; {load}", best, test)
+
+
+def _load_ratio(b: LoadProfile, a: LoadProfile) -> float | None:
+    if b.backend == "vllm":
+        if b.offered_rps and a.offered_rps is not None:
+            return a.offered_rps / b.offered_rps
+        return None
+    if b.tokens_per_s and a.tokens_per_s is not None:
+        return a.tokens_per_s / b.tokens_per_s
+    return None
+
+
+def _load_text(b: LoadProfile, a: LoadProfile) -> str:
+    if b.backend == "vllm":
+        return f"offered load {_num(b.offered_rps)} -> {_num(a.offered_rps)} req/s"
+    return f"generated {_num(b.tokens_per_s)} -> {_num(a.tokens_per_s)} tokens/s"
+
+
+def _num(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0%}"

@@ -44,20 +44,21 @@ def _show(config: Path, *args: str, timeout: float = 120) -> subprocess.Complete
 def _load_process(url: str, n: int, conc: int, max_tokens: int = 256, *, for_s: float = 0.0) -> subprocess.Popen[str]:
     """The load generator in a process of its own, as clients are: it never competes with tuner for a lock.
 
-    With ``for_s`` it keeps sending batches of n for that long and, like real clients, retries after a pause
-    while the server restarts.
+    With ``for_s`` it keeps sending batches of n for that long and, like real clients, sends a request again
+    while the server restarts (refused, or HTTP 500 while vLLM drains): none of its requests is lost to an apply.
     """
     script = ("import json, sys, time; from tuner.lab.load import run_load\n"
               "url, model, n, conc, max_tokens, for_s = sys.argv[1], sys.argv[2], *map(float, sys.argv[3:])\n"
-              "end, lat, ok, failed, errors = time.monotonic() + for_s, [], 0, 0, []\n"
+              "end, lat, ok, failed, retried, errors = time.monotonic() + for_s, [], 0, 0, 0, []\n"
               "while True:\n"
               "    r = run_load(url, model=model, n_requests=int(n), concurrency=int(conc), prompt_tokens_approx=200,\n"
-              "                 max_tokens=int(max_tokens), timeout_s=max(5.0, min(300.0, end - time.monotonic())) if for_s else 300.0)\n"
-              "    ok, failed, lat, errors = ok + r.ok, failed + r.failed, lat + list(r.latencies_s), errors + list(r.errors)\n"
+              "                 max_tokens=int(max_tokens), retry_for_s=120.0 if for_s else 0.0,\n"
+              "                 timeout_s=max(130.0, min(300.0, end - time.monotonic())) if for_s else 300.0)\n"
+              "    ok, failed, retried = ok + r.ok, failed + r.failed, retried + r.retried\n"
+              "    lat, errors = lat + list(r.latencies_s), errors + list(r.errors)\n"
               "    if time.monotonic() >= end: break\n"
-              "    if r.failed: time.sleep(1.0)\n"
               "lat.sort(); q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else 0\n"
-              "print(json.dumps([ok, failed, q(0.5), q(0.99), errors[:2]]))\n")
+              "print(json.dumps([ok, failed, retried, q(0.5), q(0.99), errors[:2]]))\n")
     proc = subprocess.Popen([sys.executable, "-c", script, url, MODEL_NAME, str(n), str(conc), str(max_tokens),
                              str(for_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:  # the clients are niced: on a small host tuner keeps its share of the CPU
@@ -70,12 +71,12 @@ def _load_process(url: str, n: int, conc: int, max_tokens: int = 256, *, for_s: 
 def _finish_load(proc: subprocess.Popen[str]) -> None:
     out, err = proc.communicate(timeout=400)
     try:
-        ok, failed, p50, p99, errors = json.loads(out.strip().splitlines()[-1])
+        ok, failed, retried, p50, p99, errors = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
         print(f"-- load generator failed: {err.strip()[-500:]}")
         return
-    print(f"-- load done: {ok} ok, {failed} failed, client P50 {p50:.2f}s P99 {p99:.2f}s"
-          + (f" (e.g. {errors[0]})" if errors else ""), flush=True)
+    print(f"-- load done: {ok} ok, {failed} failed, {retried} attempts sent again while the server restarted, "
+          f"client P50 {p50:.2f}s P99 {p99:.2f}s" + (f" (e.g. {errors[0]})" if errors else ""), flush=True)
 
 
 def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float = 1.0) -> int:
@@ -100,7 +101,7 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{workdir / 'vllm-cache'}'}}\n"
         "      drain_timeout: 30s\n"
 
-        "    apply: {baseline: 1m, observe: 25s, min_requests: 5}\n")
+        "    apply: {baseline: 1m, observe: 25s, observe_max: 50s, min_requests: 5}\n")
     _say(f"config {config}")
     print(config.read_text(), end="")
     _say("tuner db upgrade")
@@ -151,9 +152,9 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
             _say(f"tuner apply-recommendation {rec['id']} --dry-run")
             _show(config, "apply-recommendation", str(rec["id"]), "--dry-run")
             _say(f"tuner apply-recommendation {rec['id']} --yes   (under load: drain, restart, health gate, "
-                 "observe 25s, verdict)")
+                 "observe 25s (up to 50s while inconclusive), verdict)")
             # Clients keep coming through the restart (retrying while it is down) and the observation window.
-            load = _load_process(url, 16, 8, max_tokens=128, for_s=90 * load_scale)
+            load = _load_process(url, 16, 8, max_tokens=128, for_s=110 * load_scale)
             time.sleep(8)  # the baseline window sees the load too
             _show(config, "apply-recommendation", str(rec["id"]), "--yes", timeout=900)
             _finish_load(load)

@@ -57,6 +57,7 @@ class LoadResult:
     completion_tokens: int  # sum of usage.completion_tokens (or tokens_predicted) where reported
     wall_s: float  # from the first request to the last answer
     errors: tuple[str, ...] = field(default=())  # first few error descriptions, for messages
+    retried: int = 0  # attempts sent again (retry_for_s): refused connections, HTTP 500/502/503 while restarting
 
     def quantile(self, q: float) -> float | None:
         """Latency quantile (nearest rank) in seconds; None when nothing succeeded."""
@@ -79,6 +80,21 @@ def _check_loopback(base_url: str) -> str:
         if not loopback:
             raise ValueError(f"base_url {base_url!r}: load is only sent to loopback servers (127.0.0.0/8, ::1)")
     return base_url.rstrip("/")
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a ConnectionRefusedError is behind ``exc`` (requests wraps it in urllib3's errors)."""
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        if isinstance(e, ConnectionRefusedError):
+            return True
+        seen.add(id(e))
+        todo += [e.__cause__, e.__context__, getattr(e, "reason", None), *e.args]
+    return False
 
 
 def make_prompt(index: int, n_words: int, *, distinct: bool) -> str:
@@ -115,12 +131,18 @@ def run_load(
     distinct_prompts: bool = True,
     timeout_s: float,
     path: str = "/v1/completions",
+    retry_for_s: float = 0.0,
 ) -> LoadResult:
     """Send n_requests completions, at most `concurrency` at a time, and stop sending after timeout_s.
 
     path "/v1/completions" (vLLM, llama-server) sends an OpenAI body; "/completion" sends llama-server's
     native body. Prompts are sized to about prompt_tokens_approx tokens of this server's tokenizer.
     Generation ignores end-of-sequence so every request produces max_tokens tokens.
+
+    With ``retry_for_s`` a request the server did not take is sent again every 0.5 s, for up to that long, as
+    clients of a restarting server do: a refused connection (nothing listens while it restarts) or HTTP
+    500/502/503 (vLLM answers 500 "cannot schedule new futures after shutdown" while it drains). Nothing else
+    is retried: a request that may have run is never sent twice.
     """
     base = _check_loopback(base_url)
     if not 1 <= n_requests <= MAX_REQUESTS:
@@ -145,7 +167,7 @@ def run_load(
     next_index = 0
     latencies: list[float] = []
     errors: list[str] = []
-    counts = {"ok": 0, "failed": 0, "not_sent": 0, "prompt": 0, "completion": 0}
+    counts = {"ok": 0, "failed": 0, "not_sent": 0, "prompt": 0, "completion": 0, "retried": 0}
 
     def body_for(i: int) -> dict[str, object]:
         prompt = make_prompt(i, n_words, distinct=distinct_prompts)
@@ -189,13 +211,28 @@ def run_load(
                     counts["not_sent"] += 1
                     continue
             t0 = time.monotonic()
-            try:
-                resp = session.post(base + path, json=body_for(i), timeout=remaining)
-                elapsed = time.monotonic() - t0
-                data = resp.json() if resp.status_code == 200 else None
-            except (requests.RequestException, ValueError) as e:
+            retry_until = t0 + retry_for_s
+            while True:
+                try:
+                    resp = session.post(base + path, json=body_for(i), timeout=max(0.1, deadline - time.monotonic()))
+                    elapsed = time.monotonic() - t0
+                    data = resp.json() if resp.status_code == 200 else None
+                    not_taken = resp.status_code in (500, 502, 503)
+                    error = None
+                except requests.ConnectionError as e:  # refused, or closed without an answer
+                    resp, data, error = None, None, e
+                    not_taken = _refused(e)
+                except (requests.RequestException, ValueError) as e:
+                    resp, data, error, not_taken = None, None, e, False
+                if not_taken and time.monotonic() + 0.5 < min(retry_until, deadline):
+                    with lock:
+                        counts["retried"] += 1
+                    time.sleep(0.5)
+                    continue
+                break
+            if resp is None:
                 with lock:
-                    fail(f"request {i}: {type(e).__name__}: {e}"[:300])
+                    fail(f"request {i}: {type(error).__name__}: {error}"[:300])
                 continue
             with lock:
                 if resp.status_code == 200 and isinstance(data, dict):
@@ -219,4 +256,5 @@ def run_load(
         completion_tokens=counts["completion"],
         wall_s=time.monotonic() - start,
         errors=tuple(errors),
+        retried=counts["retried"],
     )

@@ -19,9 +19,13 @@ __all__ = ["render_html", "svg_plot"]
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
 MARKER_COLORS = {"alert": "#ff7f0e", "apply": "#2ca02c", "rollback": "#d62728"}
 W, H, LEFT, RIGHT, TOP, BOTTOM = 900, 240, 70, 36, 28, 36
-KPI_LABELS = {"goodput_ratio": ("Goodput", "ratio"), "ttft_p99": ("TTFT P99", "s"), "e2e_p99": ("E2E P99", "s"),
-              "tokens_per_s_per_running": ("Tokens/s per running request", "per_s"),
-              "requests_per_s": ("Requests/s", "per_s")}
+# The verdict's KPIs (tuner/apply/verdict.py), each with the direction that is better.
+KPI_LABELS = {"offered_rps": ("Offered load, req/s (the load, not a KPI)", "per_s"),
+              "capacity_rps": ("Capacity, req/s (higher is better)", "per_s"),
+              "slo_goodput_rps": ("SLO goodput, req/s (higher is better)", "per_s"),
+              "slo_attainment": ("SLO attainment (higher is better)", "ratio"),
+              "ttft_p99": ("TTFT P99 (lower is better)", "s"), "e2e_p99": ("E2E P99 (lower is better)", "s"),
+              "capacity_tokens_per_s": ("Capacity, tokens/s (higher is better)", "per_s")}
 
 
 def _fmt(v: float | None, unit: str, scale: float = 1.0) -> str:
@@ -112,7 +116,7 @@ def _markers(rep: TargetReport) -> list[tuple[int, str, str]]:
              for a in rep.alerts if a.to_state == "firing"]
     for ap in rep.applies:
         marks.append((ap.created_ms, "apply", f"apply #{ap.id} {_diff(ap.diff)}"))
-        if ap.outcome in ("rolled_back", "failed"):
+        if ap.outcome in ("rolled_back", "inconclusive", "failed"):
             marks.append((ap.updated_ms, "rollback", f"apply #{ap.id} {ap.outcome}: {ap.note}"))
     return marks
 

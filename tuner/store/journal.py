@@ -28,8 +28,9 @@ __all__ = ["ApplyRow", "ApplyStepRow", "ManagedServerRow", "StoredApply", "Manag
            "open_applies_for", "outcome_counts", "get_managed", "save_managed", "forget_managed"]
 
 STATES = ("planned", "draining", "starting", "health_check", "observing", "awaiting_manual", "done")
-OUTCOMES = ("kept", "rolled_back", "failed")
-KPI_KEYS = ("goodput_ratio", "ttft_p99", "e2e_p99", "tokens_per_s_per_running", "requests_per_s")
+OUTCOMES = ("kept", "rolled_back", "inconclusive", "failed")
+KPI_KEYS = ("saturated", "offered_rps", "capacity_rps", "slo_goodput_rps", "slo_attainment", "ttft_p99", "e2e_p99",
+            "capacity_tokens_per_s")
 
 
 class ApplyRow(Base):
@@ -182,7 +183,7 @@ def set_kpis(engine: Engine, apply_id: int, *, now: float, baseline: dict[str, A
 
 
 def finish(engine: Engine, apply_id: int, outcome: str, note: str, *, now: float) -> None:
-    """Close the apply with its outcome (kept | rolled_back | failed); the target is free again."""
+    """Close the apply with its outcome (kept | rolled_back | inconclusive | failed); the target is free again."""
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome {outcome!r}: expected one of {', '.join(OUTCOMES)}")
     with _Tx(engine) as conn:

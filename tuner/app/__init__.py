@@ -1,0 +1,1 @@
+"""Use cases: what the CLI, the daemon and the HTTP API call. (Started with ``judge``; the rest moves here.)"""

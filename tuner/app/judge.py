@@ -1,0 +1,112 @@
+"""``tuner judge``: the apply verdict on recorded data, so anyone can check it.
+
+Two directories, each a series of expositions named ``<unix_ms>.txt`` (or ``.txt.gz``; llama-server: an optional
+``<unix_ms>.slots.json`` beside each), are read through tuner's own ingest into a throwaway store, and the
+window of each is judged exactly as an apply is (tuner/apply/verdict.py). Or two time ranges of a configured
+target's store.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import tempfile
+from pathlib import Path
+
+from tuner.apply.verdict import Verdict, judge
+from tuner.collect import llamacpp, vllm
+from tuner.config import Slo
+from tuner.errors import ConfigError, ExpositionError, ScrapeError
+from tuner.signals.load import profile
+from tuner.store.db import open_engine, upgrade
+from tuner.store.store import Store
+
+__all__ = ["judge_dirs", "read_series", "parse_range"]
+
+_NAME = re.compile(r"^(\d{10,16})\.txt(\.gz)?$")
+
+
+def read_series(directory: Path) -> list[tuple[float, str, object | None]]:
+    """(unix seconds, exposition text, llama-server slots or None) per file, in time order."""
+    if not directory.is_dir():
+        raise ConfigError(str(directory), "", "not a directory of expositions named <unix_ms>.txt")
+    out = []
+    for path in sorted(directory.iterdir()):
+        m = _NAME.match(path.name)
+        if not m:
+            continue
+        try:
+            raw = path.read_bytes()
+            text = (gzip.decompress(raw) if m.group(2) else raw).decode("utf-8")
+        except (OSError, UnicodeDecodeError, gzip.BadGzipFile) as exc:
+            raise ExpositionError(f"{path}: cannot be read: {exc}") from None
+        slots_path = directory / f"{m.group(1)}.slots.json"
+        slots = None
+        if slots_path.exists():
+            try:
+                slots = llamacpp.parse_slots(json.loads(slots_path.read_text()))
+            except (ValueError, OSError) as exc:
+                raise ExpositionError(f"{slots_path}: {exc}") from None
+        out.append((int(m.group(1)) / 1000, text, slots))
+    return sorted(out, key=lambda x: x[0])
+
+
+def _ingest(store: Store, name: str, backend: str, directory: Path) -> tuple[float, float]:
+    series = read_series(directory)
+    count = 0
+    for ts, text, slots in series:
+        try:
+            snap = (vllm.snapshot_from_text(text, target=name, ts=ts) if backend == "vllm" else
+                    llamacpp.snapshot_from_text(text, target=name, ts=ts, slots=slots))  # type: ignore[arg-type]
+        except (ExpositionError, ScrapeError) as exc:
+            raise ExpositionError(f"{directory}/{int(ts * 1000)}.txt: {exc}") from None
+        store.ingest(snap)
+        count += 1
+    if count < 2:
+        raise ExpositionError(f"{directory}: {count} readable exposition(s) named <unix_ms>.txt; the verdict needs "
+                              "at least two to read counters as differences")
+    return series[0][0], series[-1][0]
+
+
+def judge_dirs(before: Path, after: Path, *, backend: str, slo: Slo | None, min_requests: int) -> Verdict:
+    with tempfile.TemporaryDirectory(prefix="tuner-judge-") as tmp:
+        engine = open_engine(f"sqlite:///{Path(tmp) / 'judge.db'}")
+        try:
+            upgrade(engine)
+            store = Store(engine)
+            windows = {}
+            for side, directory in (("before", before), ("after", after)):
+                store.ensure_target(side, backend, "")
+                windows[side] = _ingest(store, side, backend, directory)
+            profiles = {side: profile(store.window(side, *windows[side]), slo=slo) for side in windows}
+        finally:
+            engine.dispose()
+    return judge(profiles["before"], profiles["after"], min_requests=min_requests)
+
+
+def parse_range(text: str, *, now: float, what: str) -> tuple[float, float]:
+    """``START..END``: unix seconds, or a duration before now (``10m..5m``), or ``now``."""
+    from tuner.config import parse_duration
+
+    parts = text.split("..")
+    if len(parts) != 2:
+        raise ConfigError("command line", what, f"{text!r}: expected START..END (unix seconds, or durations ago)")
+
+    def one(p: str) -> float:
+        p = p.strip()
+        if p == "now":
+            return now
+        try:
+            return float(p)
+        except ValueError:
+            pass
+        try:
+            return now - parse_duration(p).total_seconds()
+        except (ValueError, TypeError):
+            raise ConfigError("command line", what, f"{p!r}: not unix seconds, a duration ago, or now") from None
+
+    start, end = one(parts[0]), one(parts[1])
+    if end <= start:
+        raise ConfigError("command line", what, f"{text!r}: the end must come after the start")
+    return start, end

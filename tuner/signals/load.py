@@ -1,0 +1,226 @@
+"""What one window of a target really saw: offered load, served capacity, saturation, SLO attainment. Pure.
+
+Everything here is read from what no missed scrape loses: counters and histograms, as raw differences between
+the window's first and last stored sample (no extrapolation), and gauges only at the window's two ends or as a
+share of samples. A loaded CPU vLLM answers /metrics late exactly while its queue is longest, so a sampled gauge
+alone can miss a queue that was there.
+
+vLLM, per window (summed over engines):
+  served_rps      finished requests per second (``request_success_total``, every finished_reason)
+  offered_rps     arrivals per second: finished + the change in running + waiting between the two ends
+  capacity_rps    finished requests per second over the *busy* scrape intervals only (something ran, waited or
+                  finished in them): what the server sustains while it has work, idle gaps left out
+  queued_share    share of finished requests that waited longer than the queue histogram's first bound (0.3 s)
+  saturated       queued_share >= SATURATED_QUEUED_SHARE, or waiting > 0 in >= SATURATED_WAITING_SHARE of the
+                  samples: requests wait for the server, so what it serves is its capacity, not the load
+  slo_attainment  share of finished requests within every SLO budget (a lower bound at bucket resolution;
+                  aborted or failed requests count as misses); slo_goodput_rps = served_rps x slo_attainment
+llama-server exports no request counter and no latency histogram: its capacity is generated tokens per second
+over busy intervals, saturation is ``requests_deferred`` > 0 in that share of samples, and its latency is the
+mean seconds per generated token from its two time counters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from tuner.config import Slo
+from tuner.store.window import EngineWindow, HistSeries, Point, TargetWindow
+
+__all__ = ["LoadProfile", "Interval", "profile", "SATURATED_QUEUED_SHARE", "SATURATED_WAITING_SHARE"]
+
+SATURATED_QUEUED_SHARE = 0.10
+SATURATED_WAITING_SHARE = 0.25
+
+_VLLM = {"finished": "vllm:request_success_total", "generated": "vllm:generation_tokens_total",
+         "running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+         "ttft": "vllm:time_to_first_token_seconds", "e2e": "vllm:e2e_request_latency_seconds",
+         "itl": "vllm:inter_token_latency_seconds", "queue": "vllm:request_queue_time_seconds"}
+_LLAMA = {"generated": "llamacpp:tokens_predicted_total", "gen_seconds": "llamacpp:tokens_predicted_seconds_total",
+          "running": "llamacpp:requests_processing", "waiting": "llamacpp:requests_deferred"}
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Between two consecutive stored scrapes: the resampling unit of the verdict."""
+
+    seconds: float
+    finished: float  # requests (vLLM); 0 for llama-server
+    generated: float  # tokens
+    busy: bool  # something ran, waited or finished in it
+
+
+@dataclass(frozen=True)
+class LoadProfile:
+    backend: str
+    start: float  # unix seconds of the first and last stored sample used
+    end: float
+    samples: int
+    finished: float | None  # requests finished in the window (None: the server counts no requests)
+    aborted: float | None  # finished as abort or error: SLO misses
+    generated_tokens: float | None
+    served_rps: float | None
+    offered_rps: float | None
+    capacity_rps: float | None
+    tokens_per_s: float | None
+    capacity_tokens_per_s: float | None
+    queued_share: float | None
+    waiting_share: float | None  # share of samples with requests waiting (deferred on llama-server)
+    saturated: bool
+    slo_attainment: float | None
+    slo_goodput_rps: float | None
+    ttft_p99: float | None
+    e2e_p99: float | None
+    seconds_per_token: float | None  # llama-server's mean decode time per generated token
+    intervals: tuple[Interval, ...] = field(default=(), repr=False)
+    hists: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict, repr=False)
+
+    def summary(self) -> dict[str, Any]:
+        """The numbers a person and the journal read (JSON-ready)."""
+        keys = ("start", "end", "samples", "saturated", "offered_rps", "served_rps", "capacity_rps",
+                "slo_goodput_rps", "slo_attainment", "ttft_p99", "e2e_p99", "tokens_per_s", "capacity_tokens_per_s",
+                "queued_share", "waiting_share", "finished", "aborted", "generated_tokens", "seconds_per_token")
+        return {k: _finite(getattr(self, k)) for k in keys}
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, float):
+        return round(v, 6) if math.isfinite(v) else None
+    return v
+
+
+def _by_ts(e: EngineWindow, metric: str) -> dict[int, float]:
+    """The metric summed over its label sets, per scrape timestamp."""
+    out: dict[int, float] = {}
+    for (name, _), pts in e.series.items():
+        if name == metric:
+            for ts, v in pts:
+                out[ts] = out.get(ts, 0.0) + v
+    return out
+
+
+def _deltas(values: Sequence[float]) -> list[float]:
+    """Counter increases between consecutive samples; a decrease is a reset (the new value counts whole)."""
+    return [b - a if b >= a else b for a, b in zip(values, values[1:])]
+
+
+def _hist_increase(h: HistSeries) -> tuple[float, ...] | None:
+    if len(h.points) < 2:
+        return None
+    first, last = h.points[0], h.points[-1]
+    if last.count < first.count:  # reset inside the window: what the new process counted
+        return last.counts
+    return tuple(max(0.0, b - a) for a, b in zip(first.counts, last.counts))
+
+
+def _quantile(bounds: Sequence[float], cum: Sequence[float], q: float) -> float | None:
+    from tuner.signals.promql import histogram_quantile
+
+    if not cum or not cum[-1]:
+        return None
+    v = histogram_quantile(q, bounds, cum)
+    return None if math.isnan(v) else v
+
+
+def _within(bounds: Sequence[float], cum: Sequence[float], budget: float) -> float | None:
+    from tuner.signals.promql import fraction_le
+
+    got = fraction_le(budget, bounds, cum)
+    return got[0] if got else None
+
+
+def _sum_hists(engines: Sequence[EngineWindow], metric: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    total: list[float] | None = None
+    bounds: tuple[float, ...] = ()
+    for e in engines:
+        h = e.hists.get((metric, ()))
+        inc = _hist_increase(h) if h is not None else None
+        if inc is None:
+            continue
+        if total is None:
+            total, bounds = list(inc), h.bounds  # type: ignore[union-attr]
+        elif h.bounds == bounds:  # type: ignore[union-attr]
+            total = [a + b for a, b in zip(total, inc)]
+    return (bounds, tuple(total)) if total is not None else None
+
+
+def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | None:
+    """The window's load profile; None when it holds fewer than two scrapes of the server."""
+    names = _VLLM if window.backend == "vllm" else _LLAMA
+    engines = [e for e in window.engines if e.series]
+    stamps = sorted({ts for e in engines for ts in _by_ts(e, names["generated"])})
+    if len(stamps) < 2:
+        return None
+    t0, t1 = stamps[0], stamps[-1]
+    secs = (t1 - t0) / 1000
+
+    def series(key: str) -> list[float]:
+        """Summed over engines at each common timestamp (a scrape stores every series at once)."""
+        per = [_by_ts(e, names[key]) for e in engines] if key in names else []
+        return [math.fsum(p.get(ts, 0.0) for p in per) for ts in stamps]
+
+    generated = series("generated")
+    gen_d = _deltas(generated)
+    finished_d = _deltas(series("finished")) if "finished" in names else [0.0] * len(gen_d)
+    running, waiting = series("running"), series("waiting")
+    in_flight = [r + w for r, w in zip(running, waiting)]
+    intervals = tuple(Interval((b - a) / 1000, f, g, bool(f or g or in_flight[i] or in_flight[i + 1]))
+                      for i, (a, b, f, g) in enumerate(zip(stamps, stamps[1:], finished_d, gen_d)))
+    busy = [iv for iv in intervals if iv.busy]
+    busy_s = math.fsum(iv.seconds for iv in busy)
+    gen_total = math.fsum(gen_d)
+    waiting_share = sum(1 for w in waiting if w > 0) / len(waiting)
+
+    if window.backend != "vllm":
+        gs = series("gen_seconds")
+        gen_seconds = math.fsum(_deltas(gs))
+        return LoadProfile(
+            backend=window.backend, start=t0 / 1000, end=t1 / 1000, samples=len(stamps), finished=None, aborted=None,
+            generated_tokens=gen_total, served_rps=None, offered_rps=None, capacity_rps=None,
+            tokens_per_s=gen_total / secs if secs else None,
+            capacity_tokens_per_s=math.fsum(iv.generated for iv in busy) / busy_s if busy_s else None,
+            queued_share=None, waiting_share=waiting_share, saturated=waiting_share >= SATURATED_WAITING_SHARE,
+            slo_attainment=None, slo_goodput_rps=None, ttft_p99=None, e2e_p99=None,
+            seconds_per_token=gen_seconds / gen_total if gen_total else None, intervals=intervals)
+
+    finished = math.fsum(finished_d)
+    aborted = 0.0
+    for e in engines:
+        for (name, labels), pts in e.series.items():
+            reason = dict(labels or ()).get("finished_reason")
+            if name == names["finished"] and reason in ("abort", "error") and len(pts) >= 2:
+                aborted += math.fsum(_deltas([v for _, v in pts]))
+    hists = {k: h for k in ("ttft", "e2e", "itl", "queue") if (h := _sum_hists(engines, names[k])) is not None}
+    queued_share = None
+    if "queue" in hists and hists["queue"][1][-1]:
+        bounds, cum = hists["queue"]
+        queued_share = 1.0 - cum[0] / cum[-1]
+    attainment = None
+    if slo is not None and finished:
+        shares = []
+        for key in ("ttft", "itl", "e2e"):
+            budget = getattr(slo, f"{key}_p99")
+            if budget is not None and key in hists:
+                share = _within(*hists[key], budget.total_seconds())
+                if share is not None:
+                    shares.append(share)
+        if shares:  # requests are not linked across histograms: at least sum(shares) - (n - 1) met them all
+            joint = max(0.0, math.fsum(shares) - (len(shares) - 1))
+            attainment = joint * max(0.0, finished - aborted) / finished
+    served = finished / secs if secs else None
+    return LoadProfile(
+        backend=window.backend, start=t0 / 1000, end=t1 / 1000, samples=len(stamps), finished=finished,
+        aborted=aborted, generated_tokens=gen_total, served_rps=served,
+        offered_rps=(finished + in_flight[-1] - in_flight[0]) / secs if secs else None,
+        capacity_rps=math.fsum(iv.finished for iv in busy) / busy_s if busy_s else None,
+        tokens_per_s=gen_total / secs if secs else None,
+        capacity_tokens_per_s=math.fsum(iv.generated for iv in busy) / busy_s if busy_s else None,
+        queued_share=queued_share, waiting_share=waiting_share,
+        saturated=(queued_share or 0.0) >= SATURATED_QUEUED_SHARE or waiting_share >= SATURATED_WAITING_SHARE,
+        slo_attainment=attainment, slo_goodput_rps=served * attainment if served is not None and attainment is not None
+        else None,
+        ttft_p99=_quantile(*hists["ttft"], 0.99) if "ttft" in hists else None,
+        e2e_p99=_quantile(*hists["e2e"], 0.99) if "e2e" in hists else None,
+        seconds_per_token=None, intervals=intervals, hists=hists)
