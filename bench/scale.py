@@ -14,7 +14,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.parse
 import urllib.request

@@ -18,6 +18,9 @@ exports="$(bash scripts/setup-real-servers.sh | grep '^export ')"
 eval "$exports"
 export TUNER_REQUIRE_REAL_SERVERS=1  # a missing real part fails the run instead of skipping
 
+log "ruff: pyflakes checks (unused or undefined names, names used before they are bound)"
+.venv/bin/python -m ruff check --select F --output-format concise tuner tests scripts bench
+
 set +e
 .venv/bin/python -m pytest -q "$@"
 rc=$?

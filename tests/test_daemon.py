@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from sqlalchemy import text
 
 from tests.helpers import Route, fixture_text, serve

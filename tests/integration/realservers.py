@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tuner.apply.launch import (
     FlagValue,
@@ -25,6 +26,9 @@ from tuner.apply.launch import (
     vllm_argv,
     vllm_cpu_env,
 )
+
+if TYPE_CHECKING:
+    from tuner.lab.load import LoadResult
 
 CACHE = Path(os.environ.get("TUNER_CACHE") or Path.home() / ".cache" / "tuner")
 TINY_MODEL_NAME = "tiny-llama"

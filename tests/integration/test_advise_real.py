@@ -10,7 +10,6 @@ import json
 import time
 from pathlib import Path
 
-import pytest
 
 import realservers
 from tests.helpers import value_of
@@ -129,15 +128,17 @@ def test_vllm_queue_with_kv_room_recommends_more_seqs(vllm_server_factory, store
     out = _recommend(capsys, config, "vllm", "--window", "10m", "--flag", "max_num_seqs=2")
     [rec] = [r for r in out["recommendations"] if "vllm.queue_with_kv_room" in r["rules"]]
     ev = rec["evidence"][0]
-    # running_max is a sampled gauge: the rule itself needs one sample of the plateau (it infers nothing without
-    # it), and this load keeps 2 running through dozens of 2 s scrapes, so a sample of 2 is certain to land.
-    assert ev["signals"]["requests_running_max"] == 2
-    waiting = ev["signals"]["requests_waiting_max"] or 0
+    # running, waiting and KV use are sampled gauges, and a loaded CPU vLLM answers /metrics late exactly while its
+    # queue is longest: in one CI run no scrape of the loaded server was stored at all. So each is asserted only as
+    # far as a scrape caught it; the queue itself is certain from the queue-time histogram.
+    n_running = ev["signals"].get("requests_running_max") or 0
+    waiting = ev["signals"].get("requests_waiting_max") or 0
+    assert n_running <= 2  # never above max-num-seqs
     if waiting >= 1:  # a scrape caught the queue (8 clients, 2 running: at most 6 wait): raised by the queue
-        assert waiting <= 6 and rec["diff"] == {"max_num_seqs": min(4, 2 + int(waiting))}
-    else:  # no scrape caught it (a loaded vLLM answers /metrics late then): the queue-time histogram did
+        assert n_running == 2 and waiting <= 6 and rec["diff"] == {"max_num_seqs": min(4, 2 + int(waiting))}
+    else:  # no scrape caught it: the queue-time histogram did, and the limit is known, so it is doubled
         assert ev["signals"]["queue_p99"] >= 0.25 and rec["diff"] == {"max_num_seqs": 4}
-    assert ev["signals"]["kv_cache_usage_max"] < 0.8
+    assert (ev["signals"].get("kv_cache_usage_max") or 0) < 0.8
     assert rec["memory_check"]["ok"] is True
     assert not [r for r in out["recommendations"] if "vllm.kv_saturated" in r["rules"]]
 

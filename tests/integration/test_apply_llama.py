@@ -92,10 +92,14 @@ def managed_pid(cfg: Path) -> int | None:
     return st.pid
 
 
-def slots(port: int) -> int:
+def slots(port: int) -> int | None:
+    """How many slots the server has; None while it is not serving them (a server still loading answers 503 with
+    an error object, whose len() once passed for "1 slot")."""
     import requests
 
-    return len(requests.get(f"http://127.0.0.1:{port}/slots", timeout=5, proxies={"http": ""}).json())
+    resp = requests.get(f"http://127.0.0.1:{port}/slots", timeout=5, proxies={"http": ""})
+    body = resp.json() if resp.status_code == 200 else None
+    return len(body) if isinstance(body, list) else None
 
 
 def background_load(port: int, seconds: float) -> subprocess.Popen[str]:
@@ -119,7 +123,7 @@ def test_managed_llama_recommend_apply_verdict_rollback(tmp_path):
     daemon = start_daemon(cfg, tmp_path / "run.log")
     try:
         first = wait_for(lambda: managed_pid(cfg), 60, "the daemon to start the managed llama-server")
-        assert slots(port) == 2
+        assert wait_for(lambda: slots(port), 30, "the managed llama-server to serve its slots") == 2
         # 12 at a time against --parallel 2 for several 1 s scrapes: requests are deferred and the advisor says so.
         realservers.run_load_process(f"http://127.0.0.1:{port}", model="x", n_requests=240, concurrency=12,
                                      prompt_tokens_approx=100, max_tokens=96, timeout_s=120)
@@ -187,7 +191,8 @@ def test_a_crashed_managed_server_is_restarted_a_bounded_number_of_times(tmp_pat
         for n in (1, 2):  # max_restarts: 2
             os.kill(pids[-1], signal.SIGKILL)
             pids.append(wait_for(lambda: (p := managed_pid(cfg)) not in (None, *pids) and p, 30, f"restart {n}"))
-            assert slots(port) == 2
+            # the new pid is recorded as soon as the process exists: wait until it serves its slots
+            assert wait_for(lambda: slots(port), 30, f"restart {n} to serve its slots") == 2
         os.kill(pids[-1], signal.SIGKILL)
         st = wait_for(lambda: (s := jr.get_managed(open_engine(f"sqlite:///{tmp_path / 'tuner.db'}"), "llama"))
                       and s.state == "given_up" and s, 30, "the supervisor to give up")

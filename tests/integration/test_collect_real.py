@@ -60,9 +60,9 @@ def test_vllm_signals_move_with_load_and_bad_targets_stay_recorded(vllm_server, 
     # 16 clients against 8 slots: the second eight wait for a whole 320-token answer, far over 0.3 s.
     assert whole_queue.queued_over_s == 0.3 and whole_queue.requests_queued >= 8
     # KV use is a gauge too: every stored sample taken while a request ran must show KV blocks in use.
-    for (ts, running), (ts_kv, kv) in zip(_points(store, "vllm", "vllm:num_requests_running", t_load, t_done),
-                                          _points(store, "vllm", "vllm:kv_cache_usage_perc", t_load, t_done)):
-        assert ts == ts_kv and (kv > 0 or running == 0), (ts, running, kv)
+    for (ts, n_running), (ts_kv, kv) in zip(_points(store, "vllm", "vllm:num_requests_running", t_load, t_done),
+                                            _points(store, "vllm", "vllm:kv_cache_usage_perc", t_load, t_done)):
+        assert ts == ts_kv and (kv > 0 or n_running == 0), (ts, n_running, kv)
     assert busy.generation_tokens_per_s > 0 and busy.prompt_tokens_per_s > 0
 
     # Counters: the stored increase is exactly what the load generated (the server served nothing else).

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +28,7 @@ from tuner.collect import llamacpp, vllm
 from tuner.collect.exposition import decode_body
 from tuner.collect.snapshots import TargetSnapshot
 from tuner.config import Config, parse_config
-from tuner.errors import ConfigError, ExpositionError, RuleFileError, ScrapeError, TunerError
+from tuner.errors import ConfigError, ExpositionError, RuleFileError, ScrapeError
 from tuner.rules.model import RuleSet, parse_rules
 
 EXAMPLES = 10_000

@@ -172,7 +172,8 @@ def queue_with_kv_room(inp: Inputs) -> list[Candidate]:
     """Requests wait while the KV cache has room and the scheduler runs its maximum: raise max-num-seqs.
 
     Waiting is seen in the waiting gauge, or, when no scrape caught the queue (a loaded server can answer
-    /metrics late exactly then), in the queue-time histogram, whose counts no missed scrape loses.
+    /metrics late exactly then), in the queue-time histogram, whose counts no missed scrape loses. KV room is seen
+    in the KV gauge, or, when no scrape of the loaded server was stored at all, in a preemption count of 0.
     """
     o = inp.observed
     queue_p99 = inp.signals.queue_p99
@@ -180,9 +181,12 @@ def queue_with_kv_room(inp: Inputs) -> list[Candidate]:
         queue_p99 >= THRESHOLDS["queue_p99_s"]
     if (not o.waiting_max or o.waiting_max < 1) and not by_histogram:
         return []
-    if o.kv_usage_max is None or not o.running_max:
+    if o.kv_usage_max is not None and o.kv_usage_max >= THRESHOLDS["kv_room"]:
         return []
-    if o.kv_usage_max >= THRESHOLDS["kv_room"]:
+    # No stored scrape of the loaded server at all (it answered /metrics late the whole time): the KV cache's room
+    # is then read from the preemption counter, which no missed scrape loses (a full KV cache preempts).
+    no_loaded_sample = o.kv_usage_max is None or not o.running_max
+    if no_loaded_sample and (not by_histogram or o.preemptions is None or o.preemptions > 0):
         return []
     seqs = _current(inp, "max_num_seqs")
     inferred = seqs is None
@@ -191,16 +195,16 @@ def queue_with_kv_room(inp: Inputs) -> list[Candidate]:
     # missed the busy moments too: long queue times while the KV cache had room mean admission was capped.
     if by_histogram and inferred:  # no gauge saw the plateau: nothing to infer max-num-seqs from
         return []
-    if o.running_max < cap and not by_histogram:
+    if (o.running_max or 0) < cap and not by_histogram:
         return []
     new = int(2 * cap if by_histogram else min(2 * cap, cap + math.ceil(o.waiting_max or 0)))
     waited = _crossed("queue_p99", queue_p99, ">=", THRESHOLDS["queue_p99_s"]) if by_histogram else \
         _crossed("requests_waiting_max", o.waiting_max, ">=", 1)
-    crossed = [waited,
-               _crossed("kv_cache_usage_max", o.kv_usage_max, "<", THRESHOLDS["kv_room"]),
-               _crossed("requests_running_max", o.running_max, ">=", cap)]
+    crossed = [waited] + ([_crossed("preemptions", o.preemptions, "==", 0)] if no_loaded_sample else
+                          [_crossed("kv_cache_usage_max", o.kv_usage_max, "<", THRESHOLDS["kv_room"]),
+                           _crossed("requests_running_max", o.running_max, ">=", cap)])
     ev = _evidence(inp, crossed, requests_waiting_max=o.waiting_max, requests_running_max=o.running_max,
-                   kv_cache_usage_max=o.kv_usage_max, queue_p99=inp.signals.queue_p99,
+                   kv_cache_usage_max=o.kv_usage_max, queue_p99=inp.signals.queue_p99, preemptions=o.preemptions,
                    mean_request_tokens=o.mean_request_tokens, kv_capacity_tokens=inp.kv_capacity_tokens)
     if inferred:
         ev["basis"] = "max-num-seqs not given: inferred from the running plateau while requests waited"

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.errors import ConfigError, RuleFileError
+from tuner.errors import ConfigError
 
 __all__ = ["add_parsers"]
 

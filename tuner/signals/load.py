@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tuner.config import Slo
-from tuner.store.window import EngineWindow, HistSeries, Point, TargetWindow
+from tuner.store.window import EngineWindow, HistSeries, TargetWindow
 
 __all__ = ["LoadProfile", "Interval", "profile", "SATURATED_QUEUED_SHARE", "SATURATED_WAITING_SHARE"]
 
