@@ -44,9 +44,11 @@ def _profile(*, rate: float, saturated: bool, e2e: list[float], ttft: list[float
         backend="vllm", start=0.0, end=secs, samples=n_intervals + 1, finished=finished, aborted=0.0,
         generated_tokens=finished * 64, served_rps=finished / secs, offered_rps=offered or finished / secs,
         capacity_rps=finished / secs, tokens_per_s=finished * 64 / secs, capacity_tokens_per_s=finished * 64 / secs,
-        queued_share=0.5 if saturated else 0.0, waiting_share=0.5 if saturated else 0.0, saturated=saturated,
+        queued_share=0.5 if saturated else 0.0, queue_time_share=0.5 if saturated else 0.0,
+        waiting_share=0.5 if saturated else 0.0, saturated=saturated,
         slo_attainment=attainment, slo_goodput_rps=finished / secs * attainment if attainment is not None else None,
         ttft_p99=histogram_quantile(0.99, *hists["ttft"]), e2e_p99=histogram_quantile(0.99, *hists["e2e"]),
+        ttft_p50=histogram_quantile(0.5, *hists["ttft"]), e2e_p50=histogram_quantile(0.5, *hists["e2e"]),
         seconds_per_token=None,
         intervals=intervals, hists=hists)
 

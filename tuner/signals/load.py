@@ -11,8 +11,12 @@ vLLM, per window (summed over engines):
   capacity_rps    finished requests per second over the *busy* scrape intervals only (something ran, waited or
                   finished in them): what the server sustains while it has work, idle gaps left out
   queued_share    share of finished requests that waited longer than the queue histogram's first bound (0.3 s)
-  saturated       queued_share >= SATURATED_QUEUED_SHARE, or waiting > 0 in >= SATURATED_WAITING_SHARE of the
-                  samples: requests wait for the server, so what it serves is its capacity, not the load
+  queue_time_share  share of all request time spent waiting for the scheduler: the queue histogram's sum over
+                  the E2E histogram's (0.00 below capacity here; 0.19-0.82 with more clients than sequences)
+  saturated       queue_time_share >= SATURATED_QUEUE_TIME_SHARE, or queued_share >= SATURATED_QUEUED_SHARE, or
+                  waiting > 0 in >= SATURATED_WAITING_SHARE of the samples: requests wait for the server, so
+                  what it serves is its capacity, not the load. (The gauges alone would not do: vLLM answers
+                  /metrics between engine steps, and most samples of a saturated server showed 0 running.)
   slo_attainment  share of finished requests within every SLO budget (a lower bound at bucket resolution;
                   aborted or failed requests count as misses); slo_goodput_rps = served_rps x slo_attainment
 llama-server exports no request counter and no latency histogram: its capacity is generated tokens per second
@@ -29,8 +33,10 @@ from typing import Any, Sequence
 from tuner.config import Slo
 from tuner.store.window import EngineWindow, HistSeries, TargetWindow
 
-__all__ = ["LoadProfile", "Interval", "profile", "SATURATED_QUEUED_SHARE", "SATURATED_WAITING_SHARE"]
+__all__ = ["LoadProfile", "Interval", "profile", "SATURATED_QUEUED_SHARE", "SATURATED_WAITING_SHARE",
+           "SATURATED_QUEUE_TIME_SHARE"]
 
+SATURATED_QUEUE_TIME_SHARE = 0.10
 SATURATED_QUEUED_SHARE = 0.10
 SATURATED_WAITING_SHARE = 0.25
 
@@ -67,12 +73,15 @@ class LoadProfile:
     tokens_per_s: float | None
     capacity_tokens_per_s: float | None
     queued_share: float | None
+    queue_time_share: float | None
     waiting_share: float | None  # share of samples with requests waiting (deferred on llama-server)
     saturated: bool
     slo_attainment: float | None
     slo_goodput_rps: float | None
     ttft_p99: float | None
     e2e_p99: float | None
+    ttft_p50: float | None
+    e2e_p50: float | None
     seconds_per_token: float | None  # llama-server's mean decode time per generated token
     intervals: tuple[Interval, ...] = field(default=(), repr=False)
     hists: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict, repr=False)
@@ -81,7 +90,7 @@ class LoadProfile:
         """The numbers a person and the journal read (JSON-ready)."""
         keys = ("start", "end", "samples", "saturated", "offered_rps", "served_rps", "capacity_rps",
                 "slo_goodput_rps", "slo_attainment", "ttft_p99", "e2e_p99", "tokens_per_s", "capacity_tokens_per_s",
-                "queued_share", "waiting_share", "finished", "aborted", "generated_tokens", "seconds_per_token")
+                "queued_share", "queue_time_share", "waiting_share", "ttft_p50", "e2e_p50", "finished", "aborted", "generated_tokens", "seconds_per_token")
         return {k: _finite(getattr(self, k)) for k in keys}
 
 
@@ -146,6 +155,19 @@ def _sum_hists(engines: Sequence[EngineWindow], metric: str) -> tuple[tuple[floa
     return (bounds, tuple(total)) if total is not None else None
 
 
+def _sum_seconds(engines: Sequence[EngineWindow], metric: str) -> float | None:
+    """Seconds observed by a histogram over the window (its _sum's increase), summed over engines."""
+    total, found = 0.0, False
+    for e in engines:
+        h = e.hists.get((metric, ()))
+        if h is None or len(h.points) < 2:
+            continue
+        first, last = h.points[0], h.points[-1]
+        total += last.sum if last.count < first.count else max(0.0, last.sum - first.sum)
+        found = True
+    return total if found else None
+
+
 def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | None:
     """The window's load profile; None when it holds fewer than two scrapes of the server."""
     names = _VLLM if window.backend == "vllm" else _LLAMA
@@ -181,8 +203,9 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
             generated_tokens=gen_total, served_rps=None, offered_rps=None, capacity_rps=None,
             tokens_per_s=gen_total / secs if secs else None,
             capacity_tokens_per_s=math.fsum(iv.generated for iv in busy) / busy_s if busy_s else None,
-            queued_share=None, waiting_share=waiting_share, saturated=waiting_share >= SATURATED_WAITING_SHARE,
-            slo_attainment=None, slo_goodput_rps=None, ttft_p99=None, e2e_p99=None,
+            queued_share=None, queue_time_share=None, waiting_share=waiting_share,
+            saturated=waiting_share >= SATURATED_WAITING_SHARE, slo_attainment=None, slo_goodput_rps=None,
+            ttft_p99=None, e2e_p99=None, ttft_p50=None, e2e_p50=None,
             seconds_per_token=gen_seconds / gen_total if gen_total else None, intervals=intervals)
 
     finished = math.fsum(finished_d)
@@ -193,6 +216,8 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
             if name == names["finished"] and reason in ("abort", "error") and len(pts) >= 2:
                 aborted += math.fsum(_deltas([v for _, v in pts]))
     hists = {k: h for k in ("ttft", "e2e", "itl", "queue") if (h := _sum_hists(engines, names[k])) is not None}
+    queue_s, e2e_s = _sum_seconds(engines, names["queue"]), _sum_seconds(engines, names["e2e"])
+    queue_time_share = queue_s / e2e_s if queue_s is not None and e2e_s else None
     queued_share = None
     if "queue" in hists and hists["queue"][1][-1]:
         bounds, cum = hists["queue"]
@@ -217,10 +242,13 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
         capacity_rps=math.fsum(iv.finished for iv in busy) / busy_s if busy_s else None,
         tokens_per_s=gen_total / secs if secs else None,
         capacity_tokens_per_s=math.fsum(iv.generated for iv in busy) / busy_s if busy_s else None,
-        queued_share=queued_share, waiting_share=waiting_share,
-        saturated=(queued_share or 0.0) >= SATURATED_QUEUED_SHARE or waiting_share >= SATURATED_WAITING_SHARE,
+        queued_share=queued_share, queue_time_share=queue_time_share, waiting_share=waiting_share,
+        saturated=(queue_time_share or 0.0) >= SATURATED_QUEUE_TIME_SHARE or (queued_share or 0.0) >=
+        SATURATED_QUEUED_SHARE or waiting_share >= SATURATED_WAITING_SHARE,
         slo_attainment=attainment, slo_goodput_rps=served * attainment if served is not None and attainment is not None
         else None,
         ttft_p99=_quantile(*hists["ttft"], 0.99) if "ttft" in hists else None,
         e2e_p99=_quantile(*hists["e2e"], 0.99) if "e2e" in hists else None,
+        ttft_p50=_quantile(*hists["ttft"], 0.5) if "ttft" in hists else None,
+        e2e_p50=_quantile(*hists["e2e"], 0.5) if "e2e" in hists else None,
         seconds_per_token=None, intervals=intervals, hists=hists)
