@@ -194,3 +194,35 @@ def test_judge_names_what_is_missing(tmp_path, capsys):
     assert "0 readable exposition(s)" in capsys.readouterr().err
     assert main(["judge", "--before", str(tmp_path / "nope"), "--after", str(tmp_path / "after"), "--backend",
                  "vllm"]) == 2
+
+
+def test_judge_a_configured_target_over_two_ranges_of_its_store(tmp_path, capsys):
+    """`tuner judge TARGET --before A..B --after C..D`: the same verdict from the store tuner run filled."""
+    from tuner.app.judge import read_series
+    from tuner.collect import vllm
+    from tuner.store.db import open_engine, upgrade
+    from tuner.store.store import Store
+
+    case = CASES / "queue_more_seqs"
+    cfg = tmp_path / "tuner.yaml"
+    cfg.write_text(f"store: {{url: 'sqlite:///{tmp_path / 'tuner.db'}'}}\n"
+                   "targets:\n  - {name: chat, backend: vllm, url: 'http://127.0.0.1:9',"
+                   " slo: {ttft_p99: 2s, e2e_p99: 10s}}\n")
+    engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
+    upgrade(engine)
+    store = Store(engine)
+    store.ensure_target("chat", "vllm", "http://127.0.0.1:9")
+    ranges = {}
+    for side in ("before", "after"):  # recorded minutes apart, with a restart between: as tuner run stores them
+        series = read_series(case / side)
+        for ts, text, _ in series:
+            store.ingest(vllm.snapshot_from_text(text, target="chat", ts=ts))
+        ranges[side] = f"{series[0][0]:.3f}..{series[-1][0]:.3f}"
+    engine.dispose()
+    capsys.readouterr()
+    assert main(["--config", str(cfg), "judge", "chat", "--before", ranges["before"], "--after", ranges["after"],
+                 "--json"]) == 0
+    v = json.loads(capsys.readouterr().out)
+    assert v["outcome"] == "kept" and v["after"]["capacity_rps"] > v["before"]["capacity_rps"] * 2, v
+    assert main(["--config", str(cfg), "judge", "chat", "--before", "oops", "--after", ranges["after"]]) == 2
+    assert "--before" in capsys.readouterr().err
