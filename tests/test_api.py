@@ -72,7 +72,9 @@ def test_the_token_is_required_and_checked(api, store):
     r = post(url, TOKEN)
     assert r.status_code == 202 and r.json()["follow"] == "/api/v1/journal?target=t"
     deadline = time.monotonic() + 10
-    while not jr.list_applies(store.engine) and time.monotonic() < deadline:
+    # the row appears as "planned" and moves to awaiting_manual a step later: wait for that state, not the row
+    while not any(a.state == "awaiting_manual" for a in jr.list_applies(store.engine)) and \
+            time.monotonic() < deadline:
         time.sleep(0.05)
     (a,) = jr.list_applies(store.engine)
     assert a.mode == "api" and a.state == "awaiting_manual" and a.diff == {"max_num_seqs": 8}

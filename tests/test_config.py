@@ -189,6 +189,9 @@ def test_parse_config_without_a_file_uses_a_placeholder_name() -> None:
     pytest.param("defaults: {scrape_interval: .nan}", "defaults.scrape_interval", "must be positive", id="nan"),
     pytest.param("listen: 2001-02-30", "line 1", "cannot read '2001-02-30' as timestamp", id="bad-date"),
     pytest.param("listen: 1\nstore: !!int 0xZZ", "line 2", "cannot read '0xZZ' as int", id="bad-int-tag"),
+    # found by the config fuzzer: an empty !!float or !!int made PyYAML raise IndexError
+    pytest.param("0: !!float", "line 1", "cannot read '' as float", id="empty-float-tag"),
+    pytest.param("listen: 1\nstore: !!int", "line 2", "cannot read '' as int", id="empty-int-tag"),
     pytest.param("listen: 1\ngpu: \x1f", "line 2", "unacceptable character", id="control-char"),
     pytest.param("targets: " + "[" * 600, "line 1", "nested too deeply", id="nested-too-deeply"),
 ])

@@ -42,12 +42,13 @@ _MAX_SECONDS = 10 * 365 * 86400  # durations past ten years are typos (and timed
 
 class YamlLoader(yaml.SafeLoader):
     """SafeLoader whose value errors carry the line: PyYAML raises a bare ValueError for ``2001-02-30`` or
-    ``!!int 0xZZ`` and an AttributeError for ``!!timestamp x``; here they are YAML errors with a mark."""
+    ``!!int 0xZZ``, an AttributeError for ``!!timestamp x`` and an IndexError for an empty ``!!float`` or
+    ``!!int``; here they are YAML errors with a mark."""
 
     def construct_object(self, node, deep=False):  # type: ignore[no-untyped-def]
         try:
             return super().construct_object(node, deep)
-        except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+        except (ValueError, TypeError, AttributeError, OverflowError, IndexError) as exc:
             raise yaml.constructor.ConstructorError(
                 None, None, f"cannot read {node.value!r} as {node.tag.rsplit(':', 1)[-1]} ({exc})",
                 node.start_mark) from None
