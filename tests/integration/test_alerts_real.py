@@ -60,14 +60,21 @@ def test_kv_pressure_on_real_vllm_fires_alerts_that_reach_the_webhook(vllm_serve
             time.sleep(2)
             # ~3 MB of KV holds ~5,800 tokens; 8 running sequences of ~1,000 tokens each do not fit, so the
             # scheduler preempts, and the cache stays near full for the whole load.
-            load = run_load_process(server.url, model=server.model_name, n_requests=32, concurrency=16,
-                            prompt_tokens_approx=600, max_tokens=380, distinct_prompts=True, timeout_s=300)
-            assert load.ok >= 24, load.errors
-
             def fired(w, name):
                 return any(a["labels"]["alertname"] == name for a in w.alerts("firing"))
 
-            ok = hook.wait_for(lambda w: fired(w, "KVCacheHigh") and fired(w, "PreemptionsHigh"), 30)
+            # KVCacheHigh reads the KV gauge, a sample: a loaded CPU vLLM answers /metrics late exactly while its
+            # cache is fullest, and a CI run once stored a 0.95 peak that no evaluation saw. So the load is driven
+            # again (at most 3 rounds) until both alerts fired; only the observation is retried, every assertion
+            # below stays as it is.
+            for _ in range(3):
+                load = run_load_process(server.url, model=server.model_name, n_requests=32, concurrency=16,
+                                        prompt_tokens_approx=600, max_tokens=380, distinct_prompts=True,
+                                        timeout_s=300)
+                assert load.ok == 32, load.errors
+                ok = hook.wait_for(lambda w: fired(w, "KVCacheHigh") and fired(w, "PreemptionsHigh"), 30)
+                if ok:
+                    break
             assert ok, _diagnosis(store, hook, daemon)
         finally:
             daemon.stop()

@@ -154,7 +154,9 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
             _say(f"tuner apply-recommendation {rec['id']} --yes   (under load: drain, restart, health gate, "
                  "observe 25s (up to 50s while inconclusive), verdict)")
             # Clients keep coming through the restart (retrying while it is down) and the observation window.
-            load = _load_process(url, 16, 8, max_tokens=128, for_s=110 * load_scale)
+            # 256-token answers: each request is more work for the server than for the (niced) clients, so the
+            # clients can keep --max-num-seqs 4 saturated on 2 cores and the verdict sees its capacity.
+            load = _load_process(url, 16, 8, max_tokens=256, for_s=110 * load_scale)
             time.sleep(8)  # the baseline window sees the load too
             _show(config, "apply-recommendation", str(rec["id"]), "--yes", timeout=900)
             _finish_load(load)
