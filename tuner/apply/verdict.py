@@ -70,16 +70,20 @@ class _Effect:
     higher_is_better: bool
 
     @property
+    def _up(self) -> bool:  # rose, beyond the noise
+        return self.p_up >= CONFIDENT and self.rel >= self._min
+
+    @property
+    def _down(self) -> bool:  # fell, beyond the noise
+        return 1 - self.p_up >= CONFIDENT and self.rel <= -self._min
+
+    @property
     def better(self) -> bool:
-        up = self.p_up >= CONFIDENT and self.rel >= self._min
-        down = 1 - self.p_up >= CONFIDENT and self.rel <= -self._min
-        return up if self.higher_is_better else down
+        return self._up if self.higher_is_better else self._down
 
     @property
     def worse(self) -> bool:
-        up = self.p_up >= CONFIDENT and self.rel >= self._min
-        down = 1 - self.p_up >= CONFIDENT and self.rel <= -self._min
-        return down if self.higher_is_better else up
+        return self._down if self.higher_is_better else self._up
 
     @property
     def _min(self) -> float:
@@ -168,13 +172,13 @@ def _goodput(b: LoadProfile, a: LoadProfile) -> _Effect | None:
 
 def _latencies(b: LoadProfile, a: LoadProfile) -> list[_Effect]:
     out = []
-    for key, label in (("ttft", "P99 TTFT (s)"), ("e2e", "P99 E2E (s)")):  # labels name P50 below
+    for key, label in (("ttft", "P50 TTFT (s)"), ("e2e", "P50 E2E (s)")):
         hb, ha = b.hists.get(key), a.hists.get(key)
         if hb is None or ha is None or hb[0] != ha[0] or not hb[1][-1] or not ha[1][-1]:
             continue
         # the effect size is the median's shift (robust); the P99s are shown beside it
         vb, va = getattr(b, f"{key}_p50"), getattr(a, f"{key}_p50")
-        out.append(_Effect(label.replace("P99", "P50"), vb, va, rank_p_up(hb[0], hb[1], ha[1]), _rel(vb, va), False))
+        out.append(_Effect(label, vb, va, rank_p_up(hb[0], hb[1], ha[1]), _rel(vb, va), False))
     if b.seconds_per_token is not None and a.seconds_per_token is not None:
         # llama-server: mean decode seconds per token, resampled as generated tokens per busy second
         p_faster = bootstrap_p_up([iv for iv in b.intervals if iv.busy], [iv for iv in a.intervals if iv.busy],
