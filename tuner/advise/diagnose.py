@@ -107,14 +107,18 @@ def _current(inp: Inputs, name: str, default: Any = None) -> Any:
 # ---- vLLM ---------------------------------------------------------------------------------------
 
 def kv_saturated(inp: Inputs) -> list[Candidate]:
-    """KV cache full with preemptions: fewer sequences, more memory, fp8 KV, or a shorter max-model-len."""
+    """KV cache full with preemptions: fewer sequences, more memory, fp8 KV, or a shorter max-model-len.
+
+    The preemption counter is the proof: vLLM preempts a running sequence only when the KV cache cannot give it
+    another block, and no missed scrape loses a count. The KV-use gauge is sampled, and a loaded CPU vLLM answers
+    /metrics late exactly while it preempts, so its peak is evidence where a scrape caught it, never a condition.
+    """
     o = inp.observed
-    if o.kv_usage_max is None or o.preemptions is None:
+    if o.preemptions is None or o.preemptions <= 0:
         return []
-    if o.kv_usage_max < THRESHOLDS["kv_saturated"] or o.preemptions <= 0:
-        return []
-    crossed = [_crossed("kv_cache_usage_max", o.kv_usage_max, ">=", THRESHOLDS["kv_saturated"]),
-               _crossed("preemptions", o.preemptions, ">", 0)]
+    crossed = [_crossed("preemptions", o.preemptions, ">", 0)]
+    if o.kv_usage_max is not None and o.kv_usage_max >= THRESHOLDS["kv_saturated"]:
+        crossed.insert(0, _crossed("kv_cache_usage_max", o.kv_usage_max, ">=", THRESHOLDS["kv_saturated"]))
     ev = _evidence(inp, crossed, kv_cache_usage_max=o.kv_usage_max, preemptions=o.preemptions,
                    preemptions_per_s=inp.signals.preemptions_per_s, requests_running_max=o.running_max,
                    mean_request_tokens=o.mean_request_tokens, request_p99_tokens=o.request_p99_tokens,
@@ -177,9 +181,13 @@ def queue_with_kv_room(inp: Inputs) -> list[Candidate]:
     """
     o = inp.observed
     queue_p99 = inp.signals.queue_p99
-    by_histogram = (not o.waiting_max or o.waiting_max < 1) and queue_p99 is not None and \
-        queue_p99 >= THRESHOLDS["queue_p99_s"]
-    if (not o.waiting_max or o.waiting_max < 1) and not by_histogram:
+    seqs = _current(inp, "max_num_seqs")
+    # The gauges saw the plateau: requests waited while the scheduler ran its maximum. Otherwise (a scrape missed
+    # the queue, or the running plateau: a loaded CPU vLLM answers /metrics between engine steps) the histogram.
+    cap_seen = seqs if seqs is not None else o.running_max
+    by_gauges = bool(o.waiting_max and o.waiting_max >= 1 and cap_seen and (o.running_max or 0) >= cap_seen)
+    by_histogram = not by_gauges and queue_p99 is not None and queue_p99 >= THRESHOLDS["queue_p99_s"]
+    if not by_gauges and not by_histogram:
         return []
     if o.kv_usage_max is not None and o.kv_usage_max >= THRESHOLDS["kv_room"]:
         return []
@@ -188,21 +196,19 @@ def queue_with_kv_room(inp: Inputs) -> list[Candidate]:
     no_loaded_sample = o.kv_usage_max is None or not o.running_max
     if no_loaded_sample and (not by_histogram or o.preemptions is None or o.preemptions > 0):
         return []
-    seqs = _current(inp, "max_num_seqs")
     inferred = seqs is None
     cap = o.running_max if inferred else seqs
-    # Seen in the gauges, the scheduler must have run its maximum. Seen only in the histogram, the gauges
-    # missed the busy moments too: long queue times while the KV cache had room mean admission was capped.
+    # Seen only in the histogram, the gauges missed the busy moments: long queue times while the KV cache had
+    # room mean admission was capped.
     if by_histogram and inferred:  # no gauge saw the plateau: nothing to infer max-num-seqs from
-        return []
-    if (o.running_max or 0) < cap and not by_histogram:
         return []
     new = int(2 * cap if by_histogram else min(2 * cap, cap + math.ceil(o.waiting_max or 0)))
     waited = _crossed("queue_p99", queue_p99, ">=", THRESHOLDS["queue_p99_s"]) if by_histogram else \
         _crossed("requests_waiting_max", o.waiting_max, ">=", 1)
     crossed = [waited] + ([_crossed("preemptions", o.preemptions, "==", 0)] if no_loaded_sample else
-                          [_crossed("kv_cache_usage_max", o.kv_usage_max, "<", THRESHOLDS["kv_room"]),
-                           _crossed("requests_running_max", o.running_max, ">=", cap)])
+                          [_crossed("kv_cache_usage_max", o.kv_usage_max, "<", THRESHOLDS["kv_room"])])
+    if by_gauges:
+        crossed.append(_crossed("requests_running_max", o.running_max, ">=", cap))
     ev = _evidence(inp, crossed, requests_waiting_max=o.waiting_max, requests_running_max=o.running_max,
                    kv_cache_usage_max=o.kv_usage_max, queue_p99=inp.signals.queue_p99, preemptions=o.preemptions,
                    mean_request_tokens=o.mean_request_tokens, kv_capacity_tokens=inp.kv_capacity_tokens)
