@@ -123,6 +123,31 @@ def test_below_capacity_latency_at_matched_and_unmatched_load():
     assert judge(slow, double_fast, min_requests=20).outcome == "kept"
 
 
+def test_a_latency_shift_too_small_for_the_slo_does_not_count():
+    """The demo's real case: 2.4x the load served at 100% attainment, the E2E median down, and the TTFT median
+    up by a few milliseconds, significant to the rank test. Under a 2 s TTFT budget that shift changes nothing."""
+    import dataclasses
+
+    tiny = (0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, math.inf)
+    before = _profile(rate=1.3, saturated=False, e2e=SLOW, attainment=0.94)
+    after = _profile(rate=3.2, saturated=False, e2e=FAST, attainment=1.0)
+    ttft_b, ttft_a = (tiny, _cum([40, 40, 10, 5, 3, 2, 0, 0, 0])), (tiny, _cum([10, 60, 20, 5, 3, 2, 0, 0, 0]))
+
+    def with_ttft(p: LoadProfile, hist, budgets) -> LoadProfile:
+        return dataclasses.replace(p, hists={**p.hists, "ttft": hist}, ttft_p50=histogram_quantile(0.5, *hist),
+                                   slo_budgets=budgets)
+
+    no_slo = judge(with_ttft(before, ttft_b, {}), with_ttft(after, ttft_a, {}), min_requests=20)
+    assert no_slo.outcome == "inconclusive" and "P50 TTFT" in no_slo.reason  # without a budget: +50% is a shift
+    slo = {"ttft": 2.0, "e2e": 10.0}
+    v = judge(with_ttft(before, ttft_b, slo), with_ttft(after, ttft_a, slo), min_requests=20)
+    assert v.outcome == "kept" and "under more load" in v.reason, v
+    # a shift of a whole 5% of the budget still counts
+    tight = {"ttft": 0.05, "e2e": 10.0}  # 5% of 50 ms = 2.5 ms < the 4.2 ms shift of the median
+    assert judge(with_ttft(before, ttft_b, tight), with_ttft(after, ttft_a, tight), min_requests=20).outcome == \
+        "inconclusive"
+
+
 def test_too_little_traffic_is_inconclusive_with_zero_confidence():
     v = judge(_profile(rate=0.1, saturated=False, e2e=[1, 0, 0, 0, 0, 0, 0, 0]),
               _profile(rate=5.0, saturated=False, e2e=FAST), min_requests=20)

@@ -20,7 +20,9 @@ Every difference must be beyond the noise before it decides anything. Capacity: 
 scrape intervals (BOOTSTRAP replicates, seeded, so the same data gives the same verdict), giving the probability
 that after > before. Latency: a Mann-Whitney rank test over the histogram's buckets (ties within a bucket). An
 effect counts when that probability reaches CONFIDENT and the change is at least MIN_EFFECT (capacity) or
-LATENCY_EFFECT (the median): both floors are the noise of a restart of the same config, measured. Too little traffic (fewer than ``min_requests`` finished on either side; llama-server:
+LATENCY_EFFECT (the median): both floors are the noise of a restart of the same config, measured. A latency shift
+must also be at least LATENCY_SLO_SHARE of its SLO budget, where one is set: smaller ones change nothing the SLO
+measures. Too little traffic (fewer than ``min_requests`` finished on either side; llama-server:
 tokens) is inconclusive. No KPI here falls by construction when concurrency rises: per-request throughput is not
 one. A change that improved every KPI it could be judged on is never rolled back.
 """
@@ -34,13 +36,17 @@ from typing import Any, Sequence
 
 from tuner.signals.load import Interval, LoadProfile
 
-__all__ = ["Verdict", "judge", "CONFIDENT", "MIN_EFFECT", "LATENCY_EFFECT", "LOAD_MATCH", "BOOTSTRAP"]
+__all__ = ["Verdict", "judge", "CONFIDENT", "MIN_EFFECT", "LATENCY_EFFECT", "LATENCY_SLO_SHARE", "LOAD_MATCH",
+           "BOOTSTRAP"]
 
 CONFIDENT = 0.95
 # Noise floors, measured: the same vLLM config restarted under the same load on a 2-core host served 11% less and
 # its median E2E rose 28% (tests/fixtures/verdict/same_restart). Smaller differences are not the flags' doing.
 MIN_EFFECT = 0.15  # relative capacity change that matters
 LATENCY_EFFECT = 0.25  # relative change of the median (P50) that matters, besides the rank test
+# A latency shift smaller than this share of its SLO budget changes nothing the SLO measures (a TTFT median
+# moving 12 -> 18 ms under a 2 s budget is significant to a rank test over 150 requests, and irrelevant).
+LATENCY_SLO_SHARE = 0.05
 LOAD_MATCH = 1.25  # offered loads within this ratio are "matched"
 BOOTSTRAP = 2000
 _SEED = 20261122
@@ -68,14 +74,19 @@ class _Effect:
     p_up: float  # probability that after > before
     rel: float  # after / before - 1
     higher_is_better: bool
+    abs_min: float = 0.0  # the smallest absolute change that matters (latency: a share of its SLO budget)
+
+    @property
+    def _large(self) -> bool:
+        return self.before is None or self.after is None or abs(self.after - self.before) >= self.abs_min
 
     @property
     def _up(self) -> bool:  # rose, beyond the noise
-        return self.p_up >= CONFIDENT and self.rel >= self._min
+        return self.p_up >= CONFIDENT and self.rel >= self._min and self._large
 
     @property
     def _down(self) -> bool:  # fell, beyond the noise
-        return 1 - self.p_up >= CONFIDENT and self.rel <= -self._min
+        return 1 - self.p_up >= CONFIDENT and self.rel <= -self._min and self._large
 
     @property
     def better(self) -> bool:
@@ -178,7 +189,9 @@ def _latencies(b: LoadProfile, a: LoadProfile) -> list[_Effect]:
             continue
         # the effect size is the median's shift (robust); the P99s are shown beside it
         vb, va = getattr(b, f"{key}_p50"), getattr(a, f"{key}_p50")
-        out.append(_Effect(label, vb, va, rank_p_up(hb[0], hb[1], ha[1]), _rel(vb, va), False))
+        budget = b.slo_budgets.get(key) or a.slo_budgets.get(key)
+        out.append(_Effect(label, vb, va, rank_p_up(hb[0], hb[1], ha[1]), _rel(vb, va), False,
+                           abs_min=LATENCY_SLO_SHARE * budget if budget else 0.0))
     if b.seconds_per_token is not None and a.seconds_per_token is not None:
         # llama-server: mean decode seconds per token, resampled as generated tokens per busy second
         p_faster = bootstrap_p_up([iv for iv in b.intervals if iv.busy], [iv for iv in a.intervals if iv.busy],

@@ -84,6 +84,7 @@ class LoadProfile:
     e2e_p50: float | None
     seconds_per_token: float | None  # llama-server's mean decode time per generated token
     intervals: tuple[Interval, ...] = field(default=(), repr=False)
+    slo_budgets: dict[str, float] = field(default_factory=dict, repr=False)  # ttft/itl/e2e -> P99 budget, seconds
     hists: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict, repr=False)
 
     def summary(self) -> dict[str, Any]:
@@ -92,6 +93,13 @@ class LoadProfile:
                 "slo_goodput_rps", "slo_attainment", "ttft_p99", "e2e_p99", "tokens_per_s", "capacity_tokens_per_s",
                 "queued_share", "queue_time_share", "waiting_share", "ttft_p50", "e2e_p50", "finished", "aborted", "generated_tokens", "seconds_per_token")
         return {k: _finite(getattr(self, k)) for k in keys}
+
+
+def _budgets(slo: Slo | None) -> dict[str, float]:
+    if slo is None:
+        return {}
+    return {key: budget.total_seconds() for key in ("ttft", "itl", "e2e")
+            if (budget := getattr(slo, f"{key}_p99", None)) is not None}
 
 
 def _finite(v: Any) -> Any:
@@ -251,4 +259,4 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
         e2e_p99=_quantile(*hists["e2e"], 0.99) if "e2e" in hists else None,
         ttft_p50=_quantile(*hists["ttft"], 0.5) if "ttft" in hists else None,
         e2e_p50=_quantile(*hists["e2e"], 0.5) if "e2e" in hists else None,
-        seconds_per_token=None, intervals=intervals, hists=hists)
+        seconds_per_token=None, intervals=intervals, hists=hists, slo_budgets=_budgets(slo))
