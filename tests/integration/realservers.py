@@ -195,12 +195,16 @@ def start_prometheus(
     return server
 
 
-def run_load_process(base_url: str, **kwargs: object) -> "LoadResult":
+def run_load_process(base_url: str, *, ahead: bool = False, **kwargs: object) -> "LoadResult":
     """tuner.lab.load.run_load in a child process, and its LoadResult back.
 
     The daemon under test runs in a thread of pytest's process: a load generator in that process too would
     take the interpreter lock from the scrape thread, and its scrapes would time out. tuner runs in a
-    process of its own in production, so the load does here.
+    process of its own in production, so the load does here. ``ahead``: the clients run at a higher priority
+    where they may (tuner.lab.load.raise_priority). Starved for 5 s between connecting and sending, a client
+    finds its new connection closed by llama-server's idle timer (test_realservers_smoke.py), so a count of lost
+    requests would measure the machine, not the server. Not the default: clients ahead of the servers also take
+    CPU from the servers' /metrics answers that the tests read.
     """
     import dataclasses
     import subprocess
@@ -208,9 +212,11 @@ def run_load_process(base_url: str, **kwargs: object) -> "LoadResult":
 
     from tuner.lab.load import LoadResult
 
-    script = ("import dataclasses, json, sys; from tuner.lab.load import run_load; "
+    script = ("import dataclasses, json, sys; from tuner.lab.load import raise_priority, run_load\n"
+              "if sys.argv[3] == '1': raise_priority()\n"
               "r = run_load(sys.argv[1], **json.loads(sys.argv[2])); print(json.dumps(dataclasses.asdict(r)))")
-    proc = subprocess.run([sys.executable, "-c", script, base_url, json.dumps(kwargs)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", script, base_url, json.dumps(kwargs), str(int(ahead))],
+                          capture_output=True,
                           text=True, timeout=float(kwargs.get("timeout_s", 300)) + 60)  # type: ignore[arg-type]
     if proc.returncode != 0:
         raise RuntimeError(f"load generator failed: {proc.stderr[-2000:]}")

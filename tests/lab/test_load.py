@@ -6,6 +6,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
 import requests
 
 from tuner.lab.load import run_load
@@ -15,6 +16,7 @@ class _Completions(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keeps connections alive unless the client says close
     seen: list[tuple[str, int]] = []  # (path, client port) per request
     answers: list[int] = []  # statuses to answer completions with first (then 200)
+    hold: threading.Event | None = None  # completions wait for it when set
     lock = threading.Lock()
 
     def do_POST(self) -> None:  # noqa: N802
@@ -23,9 +25,14 @@ class _Completions(BaseHTTPRequestHandler):
             self.seen.append((self.path, self.client_address[1]))
         with self.lock:
             status = self.answers.pop(0) if self.answers and self.path != "/tokenize" else 200
+        if status == 0:  # close the connection without a byte of answer, as a draining vLLM does
+            self.close_connection = True
+            return
         if status != 200:
             self.send_error(status)
             return
+        if self.hold is not None and self.path != "/tokenize":
+            self.hold.wait(30)
         if self.path == "/tokenize":
             body = json.dumps({"count": 200}).encode()
         else:
@@ -85,6 +92,12 @@ def test_retries_only_what_the_server_did_not_take():
         _Completions.answers = [500]
         r = run_load(url, **kw)  # no retries asked for: the 500 is a failure
         assert (r.ok, r.failed, r.retried) == (0, 1, 0)
+        _Completions.answers = [0, 0]  # closed unanswered, twice: sent again, as the OpenAI SDK does
+        r = run_load(url, retry_for_s=10, **kw)
+        assert (r.ok, r.failed, r.retried) == (1, 0, 2), r.errors
+        _Completions.answers = [0]
+        r = run_load(url, **kw)  # no retries asked for: lost, and said so
+        assert (r.ok, r.failed, r.retried) == (0, 1, 0) and "Remote end closed" in r.errors[0], r.errors
         _Completions.answers = [400]  # the server took it and said no: never sent twice
         r = run_load(url, retry_for_s=10, **kw)
         assert (r.ok, r.failed, r.retried) == (0, 1, 0)
@@ -94,3 +107,36 @@ def test_retries_only_what_the_server_did_not_take():
     # Nothing listens: refused connections are retried until the budget runs out, then counted as failed.
     r = run_load(url, retry_for_s=1.2, **{**kw, "timeout_s": 5})
     assert r.ok == 0 and r.failed == 1 and r.retried >= 1
+
+
+@pytest.mark.parametrize("by", ["send_for_s", "stop"])
+def test_a_steady_load_keeps_the_clients_busy_then_lets_what_is_in_flight_finish(by):
+    """A steady closed loop for a while (the demo's load across an apply), ended by time or by the caller:
+    requests in flight then are answered, and nothing new starts."""
+    import time
+
+    httpd = _server()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    _Completions.hold = threading.Event()
+    stop = threading.Event()
+    out = []
+    try:
+        worker = threading.Thread(target=lambda: out.append(run_load(
+            url, model="m", n_requests=10_000, concurrency=3, prompt_tokens_approx=10, max_tokens=4, timeout_s=30,
+            send_for_s=0.3 if by == "send_for_s" else None, stop=stop)))
+        worker.start()
+        while len([p for p, _ in _Completions.seen if p == "/v1/completions"]) < 3:  # all three clients busy
+            time.sleep(0.01)
+        if by == "stop":
+            stop.set()
+        seen = time.monotonic()  # run_load started before this, so its sending time ends before seen + 0.3
+        while by == "send_for_s" and time.monotonic() < seen + 0.3:  # the time is over while all three are held
+            time.sleep(0.01)
+        _Completions.hold.set()
+        worker.join(30)
+    finally:
+        _Completions.hold = None
+        httpd.shutdown()
+        httpd.server_close()
+    [r] = out
+    assert (r.requested, r.ok, r.failed, r.not_sent) == (3, 3, 0, 0), r

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-__all__ = ["LoadResult", "make_prompt", "run_load", "MAX_REQUESTS", "MAX_CONCURRENCY", "MAX_TIMEOUT_S"]
+__all__ = ["LoadResult", "make_prompt", "raise_priority", "run_load", "MAX_REQUESTS", "MAX_CONCURRENCY", "MAX_TIMEOUT_S"]
 
 MAX_REQUESTS = 10_000
 MAX_CONCURRENCY = 64
@@ -48,7 +48,7 @@ _WORDS = (
 class LoadResult:
     """Outcome of one run_load call. Latencies are whole-request wall times in seconds, sorted."""
 
-    requested: int  # requests asked for
+    requested: int  # requests asked for (with send_for_s: started)
     ok: int  # HTTP 200 with a JSON body
     failed: int  # errors, timeouts and non-200 answers
     not_sent: int  # skipped because the overall time limit passed first
@@ -57,7 +57,7 @@ class LoadResult:
     completion_tokens: int  # sum of usage.completion_tokens (or tokens_predicted) where reported
     wall_s: float  # from the first request to the last answer
     errors: tuple[str, ...] = field(default=())  # first few error descriptions, for messages
-    retried: int = 0  # attempts sent again (retry_for_s): refused connections, HTTP 500/502/503 while restarting
+    retried: int = 0  # attempts sent again (retry_for_s): refused, closed unanswered, HTTP 500/502/503
 
     def quantile(self, q: float) -> float | None:
         """Latency quantile (nearest rank) in seconds; None when nothing succeeded."""
@@ -91,6 +91,51 @@ def _refused(exc: BaseException) -> bool:
         if not isinstance(e, BaseException) or id(e) in seen:
             continue
         if isinstance(e, ConnectionRefusedError):
+            return True
+        seen.add(id(e))
+        todo += [e.__cause__, e.__context__, getattr(e, "reason", None), *e.args]
+    return False
+
+
+def raise_priority(nice: int = -5) -> bool:
+    """Run this process's clients ahead of the servers on a shared host, where allowed (root); else a no-op.
+
+    Clients of a server normally run on other machines. Here they share 2 cores with it, and a client starved for
+    5 s between connecting and sending (or between two requests on one connection) finds the connection closed by
+    the server's idle timer: cpp-httplib's 5 s wait guards even a new connection's first request, uvicorn's 5 s
+    keep-alive the next one. Call it before any thread starts: threads inherit it.
+    """
+    import os
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def _closed_unanswered(exc: BaseException) -> bool:
+    """Whether the server closed the connection without a byte of answer (http.client.RemoteDisconnected).
+
+    A draining vLLM closes connections it accepted but has not read; so do idle timers (raise_priority). Clients
+    of a restarting server send such a request again, as the OpenAI SDK does by default (max_retries=2): it can
+    only run twice if the server ran it and then closed without answering.
+    """
+    import http.client
+
+    import urllib3
+
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        if isinstance(e, http.client.RemoteDisconnected):
+            return True
+        # urllib3-future (installed beside requests by some of our dependencies) has its own HTTP backend and
+        # raises a bare ProtocolError with http.client's words instead of RemoteDisconnected
+        if isinstance(e, urllib3.exceptions.ProtocolError) and "closed connection without response" in str(e):
             return True
         seen.add(id(e))
         todo += [e.__cause__, e.__context__, getattr(e, "reason", None), *e.args]
@@ -132,6 +177,8 @@ def run_load(
     timeout_s: float,
     path: str = "/v1/completions",
     retry_for_s: float = 0.0,
+    send_for_s: float | None = None,
+    stop: threading.Event | None = None,
 ) -> LoadResult:
     """Send n_requests completions, at most `concurrency` at a time, and stop sending after timeout_s.
 
@@ -141,8 +188,14 @@ def run_load(
 
     With ``retry_for_s`` a request the server did not take is sent again every 0.5 s, for up to that long, as
     clients of a restarting server do: a refused connection (nothing listens while it restarts) or HTTP
-    500/502/503 (vLLM answers 500 "cannot schedule new futures after shutdown" while it drains). Nothing else
-    is retried: a request that may have run is never sent twice.
+    500/502/503 (vLLM answers 500 "cannot schedule new futures after shutdown" while it drains), or a connection
+    the server closed without a byte of answer (a draining vLLM closes the connections it has not read yet), as
+    the OpenAI SDK retries by default. Nothing else is retried. Without ``retry_for_s`` nothing is retried.
+
+    With ``send_for_s`` the clients keep ``concurrency`` requests in flight for that long and then stop starting
+    new ones (``requested`` is then the number started), as a steady closed-loop load: no batch ends with a tail
+    of idle clients. Requests in flight finish, within timeout_s. ``stop``, once set, ends the sending the same
+    way (a caller that does not know in advance how long the load must last).
     """
     base = _check_loopback(base_url)
     if not 1 <= n_requests <= MAX_REQUESTS:
@@ -155,9 +208,12 @@ def run_load(
         raise ValueError("prompt_tokens_approx and max_tokens must be >= 1")
     if path not in ("/v1/completions", "/completion"):
         raise ValueError(f"path must be /v1/completions or /completion, got {path!r}")
+    if send_for_s is not None and not 0 < send_for_s <= timeout_s:
+        raise ValueError(f"send_for_s must be in (0, timeout_s={timeout_s}], got {send_for_s}")
 
     start = time.monotonic()
     deadline = start + timeout_s
+    stop_sending = start + send_for_s if send_for_s is not None else math.inf
     with requests.Session() as probe:
         probe.trust_env = False  # loopback: never through a proxy from the environment
         per_word = _tokens_per_word(probe, base, model or "", min(10.0, timeout_s))
@@ -202,7 +258,7 @@ def run_load(
         nonlocal next_index
         while True:
             with lock:
-                if next_index >= n_requests:
+                if next_index >= n_requests or time.monotonic() >= stop_sending or (stop is not None and stop.is_set()):
                     return
                 i = next_index
                 next_index += 1
@@ -221,7 +277,7 @@ def run_load(
                     error = None
                 except requests.ConnectionError as e:  # refused, or closed without an answer
                     resp, data, error = None, None, e
-                    not_taken = _refused(e)
+                    not_taken = _refused(e) or _closed_unanswered(e)
                 except (requests.RequestException, ValueError) as e:
                     resp, data, error, not_taken = None, None, e, False
                 if not_taken and time.monotonic() + 0.5 < min(retry_until, deadline):
@@ -247,7 +303,7 @@ def run_load(
             f.result()
 
     return LoadResult(
-        requested=n_requests,
+        requested=next_index,
         ok=counts["ok"],
         failed=counts["failed"],
         not_sent=counts["not_sent"],
