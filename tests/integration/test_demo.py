@@ -45,13 +45,17 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     [a] = [a for a in json.loads(journal.stdout) if a["kind"] == "apply"]
     before, after, outcome = a["baseline"], a["after"], a["outcome"]
     assert outcome == verdict.group(1)
-    # Capacity is known only where requests queued (a saturated window). The demo's clients are niced on 2 cores
-    # and may not saturate the server: then the verdict compares latency at the offered loads instead.
-    served_more = after["served_rps"] > before["capacity_rps"] * 1.05  # more than the old config could serve
+    # 16 clients against max-num-seqs 4 through the whole 60 s baseline: the window before is saturated, and
+    # its capacity is what the old flags could serve.
+    assert before["saturated"] and before["queue_time_share"] > 0.05, before
+    served_more = after["served_rps"] > before["capacity_rps"] * 1.15  # beyond the noise floor of a restart
     attainment_held = None in (before["slo_attainment"], after["slo_attainment"]) or \
         after["slo_attainment"] >= before["slo_attainment"] - 0.02
-    if before["saturated"] and served_more and attainment_held:
+    if served_more and attainment_held:  # a real improvement, measured by the server's own counters
         assert outcome == "kept", (before, after, verdict.group(2))
+    if outcome == "kept":  # only for a measured gain
+        assert after["capacity_rps"] > before["capacity_rps"] or after["served_rps"] >= before["capacity_rps"], \
+            (before, after)
     if outcome == "rolled_back":  # only for a measured loss
         assert (before["saturated"] and after["capacity_rps"] < before["capacity_rps"]) or not attainment_held or \
             after["e2e_p50"] > before["e2e_p50"], (before, after)

@@ -11,7 +11,6 @@ to 127.0.0.1 and stops by itself.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -24,10 +23,11 @@ from tuner.collect import http
 __all__ = ["run_demo"]
 
 MODEL_NAME = "tiny-llama"
+BASELINE_S = 60  # the apply's baseline window; the demo's clients fill it before the apply starts
 
 
 def _say(msg: str) -> None:
-    print(f"\n=== {msg}", flush=True)
+    print(f"\n=== {time.strftime('%H:%M:%S')} {msg}", flush=True)
 
 
 def _tuner(config: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -41,35 +41,31 @@ def _show(config: Path, *args: str, timeout: float = 120) -> subprocess.Complete
     return proc
 
 
-def _load_process(url: str, n: int, conc: int, max_tokens: int = 256, *, for_s: float = 0.0) -> subprocess.Popen[str]:
+def _load_process(url: str, n: int, conc: int, max_tokens: int = 256, *, steady: bool = False) -> subprocess.Popen[str]:
     """The load generator in a process of its own, as clients are: it never competes with tuner for a lock.
 
-    With ``for_s`` it keeps sending batches of n for that long and, like real clients, sends a request again
-    while the server restarts (refused, or HTTP 500 while vLLM drains): none of its requests is lost to an apply.
+    ``steady``: it keeps ``conc`` requests in flight (a closed loop, ``n`` ignored) until it gets SIGUSR1 (at most
+    10 minutes) and, like real clients, sends a request again while the server restarts (refused, HTTP 500 or a
+    connection closed unanswered while vLLM drains): none of its requests is lost to an apply. The clients run
+    ahead of vLLM where they may (root): a niced client on 2 cores beside a busy vLLM waited seconds for the CPU
+    between an answer and its next request, offered less load than its concurrency, and the verdict saw the load
+    fall, not the server's capacity.
     """
-    script = ("import json, sys, time; from tuner.lab.load import run_load\n"
-              "url, model, n, conc, max_tokens, for_s = sys.argv[1], sys.argv[2], *map(float, sys.argv[3:])\n"
-              "end, lat, ok, failed, retried, errors = time.monotonic() + for_s, [], 0, 0, 0, []\n"
-              "while True:\n"
-              "    r = run_load(url, model=model, n_requests=int(n), concurrency=int(conc), prompt_tokens_approx=200,\n"
-              "                 max_tokens=int(max_tokens), retry_for_s=120.0 if for_s else 0.0,\n"
-              "                 timeout_s=max(130.0, min(300.0, end - time.monotonic())) if for_s else 300.0)\n"
-              "    ok, failed, retried = ok + r.ok, failed + r.failed, retried + r.retried\n"
-              "    lat, errors = lat + list(r.latencies_s), errors + list(r.errors)\n"
-              "    if time.monotonic() >= end: break\n"
-              "lat.sort(); q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else 0\n"
-              "print(json.dumps([ok, failed, retried, q(0.5), q(0.99), errors[:2]]))\n")
-    proc = subprocess.Popen([sys.executable, "-c", script, url, MODEL_NAME, str(n), str(conc), str(max_tokens),
-                             str(for_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:  # the clients are niced: on a small host tuner keeps its share of the CPU
-        os.setpriority(os.PRIO_PROCESS, proc.pid, 10)
-    except OSError:
-        pass
-    return proc
+    script = ("import json, signal, sys, threading; from tuner.lab.load import raise_priority, run_load\n"
+              "raise_priority()  # clients usually run elsewhere; here they share 2 cores with vLLM\n"
+              "url, model, n, conc, max_tokens, steady = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])\n"
+              "stop = threading.Event(); signal.signal(signal.SIGUSR1, lambda *_: stop.set())\n"
+              "r = run_load(url, model=model, n_requests=10_000 if steady else n, concurrency=conc,\n"
+              "             prompt_tokens_approx=200, max_tokens=max_tokens, retry_for_s=120.0 if steady else 0.0,\n"
+              "             send_for_s=600.0 if steady else None, stop=stop, timeout_s=900.0 if steady else 300.0)\n"
+              "lat = r.latencies_s; q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else 0\n"
+              "print(json.dumps([r.ok, r.failed, r.retried, q(0.5), q(0.99), list(r.errors[:2])]))\n")
+    return subprocess.Popen([sys.executable, "-c", script, url, MODEL_NAME, str(n), str(conc), str(max_tokens),
+                             str(int(steady))], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _finish_load(proc: subprocess.Popen[str]) -> None:
-    out, err = proc.communicate(timeout=400)
+    out, err = proc.communicate(timeout=600)
     try:
         ok, failed, retried, p50, p99, errors = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -101,7 +97,7 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{workdir / 'vllm-cache'}'}}\n"
         "      drain_timeout: 30s\n"
 
-        "    apply: {baseline: 1m, observe: 25s, observe_max: 50s, min_requests: 5}\n")
+        f"    apply: {{baseline: {BASELINE_S}s, observe: 30s, observe_max: 60s, min_requests: 5}}\n")
     _say(f"config {config}")
     print(config.read_text(), end="")
     _say("tuner db upgrade")
@@ -151,14 +147,18 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         else:
             _say(f"tuner apply-recommendation {rec['id']} --dry-run")
             _show(config, "apply-recommendation", str(rec["id"]), "--dry-run")
-            _say(f"tuner apply-recommendation {rec['id']} --yes   (under load: drain, restart, health gate, "
-                 "observe 25s (up to 50s while inconclusive), verdict)")
-            # Clients keep coming through the restart (retrying while it is down) and the observation window.
-            # 256-token answers: each request is more work for the server than for the (niced) clients, so the
-            # clients can keep --max-num-seqs 4 saturated on 2 cores and the verdict sees its capacity.
-            load = _load_process(url, 16, 8, max_tokens=256, for_s=110 * load_scale)
-            time.sleep(8)  # the baseline window sees the load too
+            _say(f"tuner apply-recommendation {rec['id']} --yes   (under a steady load of 16 clients: baseline "
+                 f"{BASELINE_S}s, drain, restart, health gate, observe 30s (up to 60s while inconclusive), verdict)")
+            # 16 clients keep 16 requests in flight through the baseline, the restart (retrying while the server is
+            # down) and the observation: more than the old and the new --max-num-seqs, so both windows are
+            # saturated and the verdict compares what matters, the server's capacity, like with like.
+            # 512-token answers: more of each second goes to the engine's own core, less to HTTP and clients.
+            load = _load_process(url, 0, 16, max_tokens=512, steady=True)
+            print(f"-- 16 clients until the apply is done; the baseline window ({BASELINE_S}s) fills before it "
+                  "starts", flush=True)
+            time.sleep(BASELINE_S + 2)
             _show(config, "apply-recommendation", str(rec["id"]), "--yes", timeout=900)
+            load.send_signal(signal.SIGUSR1)  # stop sending; what is in flight finishes
             _finish_load(load)
             _say("tuner journal --brief")
             _show(config, "journal", "--brief")
