@@ -24,6 +24,7 @@ __all__ = ["run_demo"]
 
 MODEL_NAME = "tiny-llama"
 BASELINE_S = 60  # the apply's baseline window; the demo's clients fill it before the apply starts
+MIN_BASELINE_SCRAPES = 6  # stored scrapes the baseline must hold before the apply starts (every 5 s: 12 due)
 
 
 def _say(msg: str) -> None:
@@ -46,13 +47,12 @@ def _load_process(url: str, n: int, conc: int, max_tokens: int = 256, *, steady:
 
     ``steady``: it keeps ``conc`` requests in flight (a closed loop, ``n`` ignored) until it gets SIGUSR1 (at most
     10 minutes) and, like real clients, sends a request again while the server restarts (refused, HTTP 500 or a
-    connection closed unanswered while vLLM drains): none of its requests is lost to an apply. The clients run
-    ahead of vLLM where they may (root): a niced client on 2 cores beside a busy vLLM waited seconds for the CPU
-    between an answer and its next request, offered less load than its concurrency, and the verdict saw the load
-    fall, not the server's capacity.
+    connection closed unanswered while vLLM drains): none of its requests is lost to an apply. The clients are
+    not niced: niced on 2 cores beside a busy vLLM they offered less load than their concurrency, and the
+    verdict saw the load fall, not the server's capacity. Nor are they put ahead of vLLM: then its HTTP server,
+    which answers /metrics, starved, and a 60 s baseline held fewer than two scrapes.
     """
-    script = ("import json, signal, sys, threading; from tuner.lab.load import raise_priority, run_load\n"
-              "raise_priority()  # clients usually run elsewhere; here they share 2 cores with vLLM\n"
+    script = ("import json, signal, sys, threading; from tuner.lab.load import run_load\n"
               "url, model, n, conc, max_tokens, steady = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])\n"
               "stop = threading.Event(); signal.signal(signal.SIGUSR1, lambda *_: stop.set())\n"
               "r = run_load(url, model=model, n_requests=10_000 if steady else n, concurrency=conc,\n"
@@ -84,7 +84,7 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         "# written by `tuner demo`\n"
         f"store: {{url: 'sqlite:///{workdir / 'tuner.db'}'}}\n"
         f"listen: 127.0.0.1:{own_port}\n"
-        "defaults: {scrape_interval: 2s, scrape_timeout: 2s, signal_window: 1m}\n"
+        "defaults: {scrape_interval: 5s, scrape_timeout: 5s, signal_window: 1m}\n"
         "gpu: {source: nvml}\n"
         "targets:\n"
         f"  - name: {MODEL_NAME}\n    backend: vllm\n    url: {url}\n"
@@ -103,7 +103,7 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
     _say("tuner db upgrade")
     _show(config, "db", "upgrade")
 
-    _say(f"tuner run: starts the managed vLLM, scrapes it every 2s (own metrics on http://127.0.0.1:{own_port}/metrics)")
+    _say(f"tuner run: starts the managed vLLM, scrapes it every 5s (own metrics on http://127.0.0.1:{own_port}/metrics)")
     daemon = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(config), "--log-level", "WARNING",
                                "run"], stdout=open(workdir / "tuner.log", "w"), stderr=subprocess.STDOUT)
     try:
@@ -118,7 +118,7 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         time.sleep(3)
         _show(config, "status", "--window", "1m")
 
-        # Long answers (256 tokens) keep each phase going across many 2 s scrapes. The heavy phase queues for
+        # Long answers (256 tokens) keep each phase going across many 5 s scrapes. The heavy phase queues for
         # ~25 s: on 2 cores a loaded vLLM can miss a scrape's deadline, and several scrapes must see the queue.
         for phase, n, conc in (("light load: 12 requests, 2 at a time", 12, 2),
                                ("heavy load: 128 requests, 16 at a time (max-num-seqs is 4)", 128, 16)):
@@ -129,7 +129,7 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
                 print("-- while the load runs:")
                 _show(config, "status", "--window", "1m")
             _finish_load(load)
-            time.sleep(2.5)  # two more scrapes see the end of the phase
+            time.sleep(5.5)  # one more scrape sees the end of the phase
             _show(config, "status", "--window", "1m")
 
         _say("tuner signals tiny-llama --window 1m --json")
@@ -157,6 +157,9 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
             print(f"-- 16 clients until the apply is done; the baseline window ({BASELINE_S}s) fills before it "
                   "starts", flush=True)
             time.sleep(BASELINE_S + 2)
+            scrapes = _wait_for_scrapes(config, BASELINE_S, MIN_BASELINE_SCRAPES, limit_s=180)
+            print(f"-- the last {BASELINE_S}s hold {scrapes} stored scrapes (a loaded CPU vLLM answers /metrics "
+                  "late: the apply waits for a baseline it can judge)", flush=True)
             _show(config, "apply-recommendation", str(rec["id"]), "--yes", timeout=900)
             load.send_signal(signal.SIGUSR1)  # stop sending; what is in flight finishes
             _finish_load(load)
@@ -179,6 +182,24 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
             daemon.kill()
         stopped = _tuner(config, "managed", "stop", timeout=120)
         _say(f"stopped tuner, then vLLM ({stopped.stdout.strip() or stopped.stderr.strip()}); data kept in {workdir}")
+
+
+def _wait_for_scrapes(config: Path, window_s: float, want: int, *, limit_s: float) -> int:
+    """Wait (at most limit_s) until the last window_s seconds hold ``want`` stored scrapes; how many they hold."""
+    from tuner.config import load_config
+    from tuner.store.db import open_engine
+    from tuner.store.store import Store
+
+    store = Store(open_engine(load_config(config).store.url))
+    deadline = time.monotonic() + limit_s
+    while True:
+        now = time.time()
+        w = store.window(MODEL_NAME, now - window_s, now)
+        stamps = {ts for e in w.engines for (name, _), pts in e.series.items()
+                  if name == "vllm:request_success_total" for ts, _ in pts}
+        if len(stamps) >= want or time.monotonic() >= deadline:
+            return len(stamps)
+        time.sleep(2.5)
 
 
 def _healthy(url: str) -> bool:
