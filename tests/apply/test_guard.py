@@ -14,9 +14,10 @@ from tuner.store.recommendations import StoredRecommendation
 NOW = datetime(2026, 11, 21, 3, 0, tzinfo=timezone.utc).timestamp()  # a Saturday, 03:00 UTC
 
 
-def rec(id_, confidence=0.9, rank=1, status="proposed"):
+def rec(id_, confidence=0.9, rank=1, status="proposed", diff=None):
     return StoredRecommendation(id=id_, target="t", created_ms=0, updated_ms=0, status=status, rules=["r"],
-                                diff_key="{}", diff={"max_num_seqs": 8}, current={}, evidence=[], expected_effect="",
+                                diff_key="{}", diff=diff or {"max_num_seqs": 8}, current={}, evidence=[],
+                                expected_effect="",
                                 risk="", confidence=confidence, rank=rank, memory_check={}, note="")
 
 
@@ -39,8 +40,20 @@ def test_takes_the_best_ranked_confident_proposal():
     assert d.go and d.recommendation.id == 2
 
 
+def test_a_backend_change_is_never_taken():
+    """backend_choice proposes a migration (confidence 0.5) that the applier refuses: with a low bar, auto mode
+    must take the flag change ranked behind it, or nothing, never the migration."""
+    low = ApplyPolicy(mode="auto", cooldown="30m", max_restarts_per_hour=2, max_consecutive_rollbacks=2,
+                      min_confidence=0.5)
+    migration = rec(1, 0.5, rank=1, diff={"backend": "llamacpp"})
+    d = decide(now=NOW, policy=low, history=[], proposals=[migration, rec(2, 0.6, rank=2)])
+    assert d.go and d.recommendation.id == 2
+    d = decide(now=NOW, policy=low, history=[], proposals=[migration])
+    assert not d.go and "no flag change reaches" in d.reason
+
+
 @pytest.mark.parametrize("history, proposals, kwargs, reason", [
-    ([], [rec(1, 0.5)], {}, "no proposal reaches confidence 0.8"),
+    ([], [rec(1, 0.5)], {}, "no flag change reaches confidence 0.8"),
     ([], [], {}, "nothing proposed"),
     ([applied(9, ago_s=10, state="observing")], [rec(1)], {}, "apply #9 is in progress"),
     ([], [rec(1)], {"gpus": [0, 1], "busy_gpus": [1]}, "another server on GPU 1"),

@@ -123,8 +123,10 @@ def decide(*, now: float, policy: object, history: Sequence[StoredApply], propos
         return Decision(False, f"{starts} server starts in the last hour (max_restarts_per_hour "
                                f"{policy.max_restarts_per_hour})")  # type: ignore[attr-defined]
     bar = policy.min_confidence  # type: ignore[attr-defined]
-    good = [r for r in proposals if r.status == "proposed" and r.confidence >= bar]
+    # a backend change is a migration to another server, never applied (Applier.plan refuses it): were it taken
+    # here, every auto tick would pick it and fail again instead of the flag changes behind it
+    good = [r for r in proposals if r.status == "proposed" and r.confidence >= bar and "backend" not in r.diff]
     if not good:
-        return Decision(False, f"no proposal reaches confidence {bar:g}" if proposals else "nothing proposed")
+        return Decision(False, f"no flag change reaches confidence {bar:g}" if proposals else "nothing proposed")
     best = min(good, key=lambda r: (r.rank, -r.confidence, r.id))
     return Decision(True, f"#{best.id} (rank {best.rank}, confidence {best.confidence:.2f})", best)
