@@ -51,7 +51,7 @@ START = 2
 CLIENTS = 16
 MAX_TOKENS = 256
 WARMUP_S, W_S = 10.0, 30.0
-BUDGET_S, IDLE_S = 720.0, 60.0
+BUDGET_S, IDLE_S = 900.0, 150.0  # idle: longer than cooldown + baseline + two auto ticks
 
 
 def write_config(root: Path, port: int, seqs: int) -> Path:
@@ -140,7 +140,8 @@ def auto(root: Path) -> tuple[list[dict[str, Any]], Load]:
             time.sleep(1)
         load = Load(port, TARGET, CLIENTS, MAX_TOKENS)
         load.start()
-        started, last_done = time.monotonic(), time.monotonic()
+        started = time.monotonic()
+        last_done = started + 120  # the first apply needs a baseline window of queueing first
         seen: set[int] = set()
         while time.monotonic() - started < BUDGET_S:
             time.sleep(5)
