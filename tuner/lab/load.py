@@ -24,6 +24,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 from urllib.parse import urlsplit
 
 import requests
@@ -82,19 +83,24 @@ def _check_loopback(base_url: str) -> str:
     return base_url.rstrip("/")
 
 
-def _refused(exc: BaseException) -> bool:
-    """Whether a ConnectionRefusedError is behind ``exc`` (requests wraps it in urllib3's errors)."""
+def _in_chain(exc: BaseException, found: Callable[[BaseException], bool]) -> bool:
+    """Whether ``found`` holds for ``exc`` or any error behind it (requests wraps urllib3's, which wrap the OS's)."""
     seen: set[int] = set()
     todo: list[object] = [exc]
     while todo:
         e = todo.pop()
         if not isinstance(e, BaseException) or id(e) in seen:
             continue
-        if isinstance(e, ConnectionRefusedError):
+        if found(e):
             return True
         seen.add(id(e))
         todo += [e.__cause__, e.__context__, getattr(e, "reason", None), *e.args]
     return False
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a ConnectionRefusedError is behind ``exc``."""
+    return _in_chain(exc, lambda e: isinstance(e, ConnectionRefusedError))
 
 
 def raise_priority(nice: int = -5) -> bool:
@@ -125,21 +131,10 @@ def _closed_unanswered(exc: BaseException) -> bool:
 
     import urllib3
 
-    seen: set[int] = set()
-    todo: list[object] = [exc]
-    while todo:
-        e = todo.pop()
-        if not isinstance(e, BaseException) or id(e) in seen:
-            continue
-        if isinstance(e, http.client.RemoteDisconnected):
-            return True
-        # urllib3-future (installed beside requests by some of our dependencies) has its own HTTP backend and
-        # raises a bare ProtocolError with http.client's words instead of RemoteDisconnected
-        if isinstance(e, urllib3.exceptions.ProtocolError) and "closed connection without response" in str(e):
-            return True
-        seen.add(id(e))
-        todo += [e.__cause__, e.__context__, getattr(e, "reason", None), *e.args]
-    return False
+    # urllib3-future (installed beside requests by some of our dependencies) has its own HTTP backend and raises
+    # a bare ProtocolError with http.client's words instead of RemoteDisconnected
+    return _in_chain(exc, lambda e: isinstance(e, http.client.RemoteDisconnected) or (
+        isinstance(e, urllib3.exceptions.ProtocolError) and "closed connection without response" in str(e)))
 
 
 def make_prompt(index: int, n_words: int, *, distinct: bool) -> str:
