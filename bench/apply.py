@@ -167,8 +167,13 @@ def write_config(root: Path, backend: str, port: int, drain_s: int) -> Path:
             "apply": {"observe": "1s", "baseline": "30s", "min_requests": 0, "max_restarts_per_hour": 1000},
         }],
     }
+    return save_config(root, doc)
+
+
+def save_config(root: Path, doc: dict[str, Any]) -> Path:
+    """Write a tuner config (JSON is YAML) into root and migrate its store; its path."""
     cfg = root / "tuner.yaml"
-    cfg.write_text(json.dumps(doc, indent=1))  # JSON is YAML
+    cfg.write_text(json.dumps(doc, indent=1))
     proc = tuner_cli(cfg, "db", "upgrade")
     if proc.returncode != 0:
         raise SystemExit(f"tuner db upgrade failed: {proc.stderr.strip()}")

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from apply import Load, tuner_cli  # noqa: E402  (bench/apply.py: the recording closed-loop client)
+from apply import Load, save_config, tuner_cli  # noqa: E402  (bench/apply.py: the recording closed-loop client)
 
 from tuner.apply import managed as mg  # noqa: E402
 from tuner.apply.launch import ServerProcess, free_port  # noqa: E402
@@ -75,12 +75,7 @@ def write_config(root: Path, port: int, seqs: int) -> Path:
                       "max_restarts_per_hour": 30, "max_consecutive_rollbacks": 2},
         }],
     }
-    cfg = root / "tuner.yaml"
-    cfg.write_text(json.dumps(doc, indent=1))  # JSON is YAML
-    proc = tuner_cli(cfg, "db", "upgrade")
-    if proc.returncode != 0:
-        raise SystemExit(f"tuner db upgrade failed: {proc.stderr.strip()}")
-    return cfg
+    return save_config(root, doc)
 
 
 def finished_total(port: int) -> float:
