@@ -23,7 +23,6 @@ Usage: eval "$(bash scripts/setup-real-servers.sh | grep ^export)"; .venv/bin/py
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
