@@ -110,13 +110,15 @@ def flags_in_force(engine: Any, t: Target) -> dict[str, Any]:
 
 @dataclass
 class Applier:
-    """Does applies for one config and store. ``say`` prints progress; ``clock`` is wall time."""
+    """Does applies for one config and store. ``say`` prints progress; ``clock`` is wall time and ``sleep``
+    waits on it (tests inject both)."""
 
     cfg: Config
     store: Any  # tuner.store.Store
     config_dir: Path
     say: Callable[[str], None] = print
     clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
     owner: tuple[int, int] = field(default_factory=_own_identity)
 
     @property
@@ -432,7 +434,7 @@ class Applier:
         while self.clock() < deadline:
             if t.managed is not None and self.running(t) is None:
                 return mg.error_line(mg.log_path(t, self.config_dir))
-            time.sleep(min(_OBSERVE_POLL_S, max(0.0, deadline - self.clock())))
+            self.sleep(min(_OBSERVE_POLL_S, max(0.0, deadline - self.clock())))
         return None
 
     def _switch(self, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
@@ -453,16 +455,16 @@ class Applier:
         self._run_hook(aid, t, flags, diff)
         self._step(aid, "health_check", "", state="health_check")
         timeout = 600.0
-        deadline = time.monotonic() + timeout
+        deadline = self.clock() + timeout
         last = ""
-        while time.monotonic() < deadline:
+        while self.clock() < deadline:
             try:
                 gate = mg.health_gate(t, timeout_s=30)
                 self._step(aid, "healthy", gate)
                 return
             except ServerStartError as exc:
                 last = str(exc)
-                time.sleep(1.0)
+                self.sleep(1.0)
         raise ServerStartError(f"not healthy {timeout:.0f}s after the hook: {last}", None, [])
 
     def _run_hook(self, aid: int, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> None:

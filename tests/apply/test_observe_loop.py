@@ -1,0 +1,83 @@
+"""The observe loop after an apply: an inconclusive verdict observes on, in steps of ``apply.observe``, up to
+``apply.observe_max``; then ``apply.on_inconclusive`` decides. Time moves on an injected clock; the data the
+verdict reads is a real vLLM CPU run (tests/fixtures/verdict/queue_more_seqs: max-num-seqs 2 -> 8 under a queue)
+stored as tuner's scrapes would have stored it, with the first after-scrape landing late in the first step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tuner.app.judge import read_series
+from tuner.apply.flow import Applier, Plan
+from tuner.collect import vllm
+from tuner.config import parse_config
+from tuner.store import journal as jr
+
+CASE = Path(__file__).resolve().parents[1] / "fixtures" / "verdict" / "queue_more_seqs"
+LATE_S = 4.5  # the first after-scrape comes this long after the health gate: one scrape in the first 5 s step
+
+
+class FakeClock:
+    """Wall time that moves only when the code under test sleeps."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+        self.slept = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        assert s >= 0
+        self.t += s
+        self.slept += s
+
+
+def _run(store, tmp_path, apply_yaml: str) -> tuple[jr.StoredApply, FakeClock]:
+    cfg = parse_config("targets:\n  - name: chat\n    backend: vllm\n    url: http://127.0.0.1:9\n"
+                       "    slo: {ttft_p99: 2s, e2e_p99: 10s}\n"
+                       f"    apply: {{baseline: 30s, observe: 5s, {apply_yaml}}}\n")
+    store.ensure_target("chat", "vllm", "http://127.0.0.1:9")
+    before, after = read_series(CASE / "before"), read_series(CASE / "after")
+    for ts, text, _ in before + after:
+        store.ingest(vllm.snapshot_from_text(text, target="chat", ts=ts))
+    clock = FakeClock(after[0][0] - LATE_S)  # the health gate passed LATE_S before the first after-scrape
+    ap = Applier(cfg, store, Path(tmp_path), say=lambda m: None, clock=clock, sleep=clock.sleep)
+    t = cfg.targets[0]
+    old, new = {"max_num_seqs": 2}, {"max_num_seqs": 8}
+    plan = Plan(t, "manual", {"max_num_seqs": 8}, old, new, [], [])
+    aid = jr.begin_apply(store.engine, target="chat", recommendation_id=None, kind="apply", mode="manual",
+                         now=clock(), diff=plan.diff, old_flags=old, new_flags=new, old_argv=[], new_argv=[],
+                         owner_pid=1, owner_start=1)
+    base = {"window": [before[0][0], before[-1][0]]}
+    return ap._observe_and_judge(aid, plan, None, base), clock
+
+
+def _details(a: jr.StoredApply, step: str) -> list[str]:
+    return [s["detail"] for s in a.steps if s["step"] == step]
+
+
+def test_inconclusive_first_step_observes_on_until_the_verdict_is_sure(store, tmp_path):
+    a, clock = _run(store, tmp_path, "observe_max: 60s")
+    on = [d for d in _details(a, "observing") if "observing on" in d]
+    # The first 5 s hold one after-scrape: too little to judge; the loop went on instead of giving up...
+    assert on and on[0].startswith("inconclusive after 5s"), a.steps
+    # ...and stopped as soon as the verdict was sure, long before observe_max: 2 -> 8 under a queue is kept.
+    assert a.outcome == "kept", (a.note, a.steps)
+    assert 10.0 <= clock.slept < 60.0, clock.slept
+    assert a.after["window"][1] - a.after["window"][0] == clock.slept  # judged on everything it observed
+    assert a.note.startswith("capacity rose"), a.note  # the client saw it too: 227 -> 613 requests in 25 s
+
+
+def test_still_inconclusive_at_observe_max_keeps_the_previous_flags(store, tmp_path):
+    a, clock = _run(store, tmp_path, "observe_max: 5s")
+    assert clock.slept == 5.0 and not any("observing on" in d for d in _details(a, "observing"))
+    assert _details(a, "verdict")[0].startswith("inconclusive"), a.steps
+    # by hand: tuner cannot restart the server, so the apply fails with the command that restores the old flags
+    assert a.outcome == "failed" and "previous flags are restored" in a.note and "--max-num-seqs 2" in a.note
+
+
+def test_still_inconclusive_at_observe_max_with_keep_new_keeps_the_change(store, tmp_path):
+    a, clock = _run(store, tmp_path, "observe_max: 5s, on_inconclusive: keep_new")
+    assert clock.slept == 5.0
+    assert a.outcome == "inconclusive" and "restore" not in a.note, a.note
