@@ -45,10 +45,29 @@ def _print_apply(a: jr.StoredApply, *, steps: bool = True) -> None:
     for label, k in (("before", a.baseline), ("after", a.after)):
         if k:
             print(f"    {label}: " + ", ".join(f"{n}={_fmt(v)}" for n, v in k.items()))
+    if (cost := _cost_line(a)) is not None:
+        print(f"    cost: {cost}")
     if steps:
         for s in a.steps:
             detail = s["detail"] if len(s["detail"]) < 200 else s["detail"][:200] + "…"
             print(f"      {_when(s['ts_ms'])} {s['step']}" + (f": {detail}" if detail else ""))
+
+
+def _cost_line(a: jr.StoredApply) -> str | None:
+    """What the apply cost the clients, in words, from what the journal holds (see Applier._cost)."""
+    outage = a.after.get("outage_s")
+    if outage is None:
+        return None
+    parts = [f"served nothing for {outage:g}s (drain, restart, health gate)"]
+    held = a.baseline.get("in_flight_at_drain")
+    if held is not None:
+        parts.append(f"{held} request(s) in flight when the drain began (the 'stopped' step says how the old "
+                     "server exited)")
+    arrivals, offered = a.after.get("arrivals_during_outage"), a.baseline.get("offered_rps")
+    if arrivals is not None and offered:
+        parts.append(f"about {arrivals:g} request(s) arrived meanwhile at {offered:.3g} req/s: refused, or sent "
+                     "again by clients that retry (only the clients or a load balancer in front can tell which)")
+    return "; ".join(parts)
 
 
 def _fmt(v: Any) -> str:

@@ -25,8 +25,9 @@ from typing import Any, Callable
 from tuner.apply import managed as mg
 from tuner.apply.launch import _render_flags
 from tuner.apply.verdict import Verdict, judge
+from tuner.collect.scrape import scrape_target
 from tuner.config import Config, Target
-from tuner.errors import ApplyError, ConfigError, FlagError, ServerStartError, StoreError
+from tuner.errors import ApplyError, ConfigError, FlagError, ServerStartError, StoreError, TunerError
 from tuner.flags import render, spec, validate
 from tuner.signals.load import LoadProfile, profile
 from tuner.store import journal as jr
@@ -35,6 +36,7 @@ from tuner.store import recommendations as recs
 __all__ = ["Applier", "Plan", "flags_argv", "hook_argv", "flags_in_force"]
 
 _OBSERVE_POLL_S = 1.0
+_IN_FLIGHT_TIMEOUT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -343,6 +345,8 @@ class Applier:
         t = p.target
         now = self.clock()
         base = self._kpis(t, now - t.apply.baseline.total_seconds(), now)
+        if p.how == "managed" and rollback_of is None:
+            base["in_flight_at_drain"] = self._in_flight(t)  # None: its /metrics did not answer in time
         jr.set_kpis(self.engine, aid, now=now, baseline=base)
         self._step(aid, "baseline", json.dumps(base, default=str))
         try:
@@ -385,9 +389,7 @@ class Applier:
                 break
             self._step(aid, "observing", f"inconclusive after {now - t0:.0f}s ({v.reason}); observing on")
         after = self._kpis(t, t0, now)
-        outage = self._outage(jr.get_apply(self.engine, aid))
-        if outage is not None:
-            after["outage_s"] = round(outage, 1)  # drain start -> health gate passed: no new request served
+        after.update(self._cost(jr.get_apply(self.engine, aid), base))
         jr.set_kpis(self.engine, aid, now=now, after=after)
         if died:
             outcome, reason = "rolled_back", f"the server died while observed: {died}"
@@ -411,6 +413,37 @@ class Applier:
         if rec_id is not None:
             recs.set_status(self.engine, rec_id, "rolled_back", now=self.clock(), note=prefix + reason)
         return jr.get_apply(self.engine, aid)
+
+    def _in_flight(self, t: Target) -> int | None:
+        """Requests running or waiting on the server now, from one scrape of its /metrics (None: no answer).
+
+        A loaded vLLM CPU answers /metrics in 4-10 s (its HTTP server shares cores with the engine), so this one
+        read waits longer than a scrape does; the server keeps serving meanwhile."""
+        try:
+            snap = scrape_target(t, self.cfg, now=self.clock(),
+                                 timeout_s=max(_IN_FLIGHT_TIMEOUT_S, self.cfg.timeout(t).total_seconds()))
+        except TunerError:
+            return None
+        return round(sum((e.requests_running or 0.0) + (e.requests_waiting or 0.0) for e in snap.engines))
+
+    @classmethod
+    def _cost(cls, a: jr.StoredApply, base: dict[str, Any]) -> dict[str, Any]:
+        """What the apply cost the clients, as far as the server side shows it (the journal's ``after``).
+
+        ``outage_s``: drain start -> health gate passed, no new request served. ``arrivals_during_outage``: the
+        baseline's offered load times the outage, an estimate of the requests that reached a server that was not
+        serving: refused, or sent again by clients that retry; which of the two, only the clients (or a load
+        balancer in front) can tell. The baseline holds ``in_flight_at_drain``, read from the server's /metrics
+        just before the drain: vLLM finishes those within --shutdown-timeout, llama-server is drained idle first.
+        """
+        out: dict[str, Any] = {}
+        outage = cls._outage(a)
+        if outage is not None:
+            out["outage_s"] = round(outage, 1)
+            offered = base.get("offered_rps")
+            if isinstance(offered, (int, float)):
+                out["arrivals_during_outage"] = round(offered * outage, 1)
+        return out
 
     @staticmethod
     def _outage(a: jr.StoredApply) -> float | None:

@@ -9,9 +9,10 @@ from tuner.config import Config, Target
 __all__ = ["scrape_target"]
 
 
-def scrape_target(target: Target, cfg: Config, *, now: float) -> TargetSnapshot:
-    """Raise ScrapeError / ExpositionError on failure; the caller records it."""
-    timeout = cfg.timeout(target).total_seconds()
+def scrape_target(target: Target, cfg: Config, *, now: float, timeout_s: float | None = None) -> TargetSnapshot:
+    """Raise ScrapeError / ExpositionError on failure; the caller records it. ``timeout_s`` overrides the
+    configured scrape timeout."""
+    timeout = cfg.timeout(target).total_seconds() if timeout_s is None else timeout_s
     max_bytes = cfg.defaults.max_body_bytes
     if target.source == "prometheus":
         from tuner.collect.promsource import scrape_via_prometheus
