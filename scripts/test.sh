@@ -20,6 +20,8 @@ export TUNER_REQUIRE_REAL_SERVERS=1  # a missing real part fails the run instead
 
 log "ruff: pyflakes checks (unused or undefined names, names used before they are bound)"
 .venv/bin/python -m ruff check --select F --output-format concise tuner tests scripts bench
+log "mypy: types of tuner/ ([tool.mypy] in pyproject.toml)"
+.venv/bin/python -m mypy --no-error-summary
 
 set +e
 .venv/bin/python -m pytest -q "$@"

@@ -67,7 +67,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         url = urlsplit(self.path)
-        target = (parse_qs(url.query).get("target") or [None])[0]
+        named = parse_qs(url.query).get("target")
+        target = named[0] if named else None
         if url.path == "/metrics":
             self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
             return

@@ -32,7 +32,7 @@ def _load(args: argparse.Namespace) -> Config:
     return load_config(path)
 
 
-def _open_store(cfg: Config, *, check: bool = True):  # type: ignore[no-untyped-def]
+def _open_store(cfg: Config, *, check: bool = True):
     from tuner.store.db import check_schema, open_engine
     from tuner.store.store import Store
 
@@ -221,7 +221,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # ---- parser ------------------------------------------------------------------------------------
 
-def _duration(text: str):  # type: ignore[no-untyped-def]
+def _duration(text: str):
     try:
         return parse_duration(text)
     except ValueError as exc:

@@ -45,7 +45,7 @@ class YamlLoader(yaml.SafeLoader):
     ``!!int 0xZZ``, an AttributeError for ``!!timestamp x`` and an IndexError for an empty ``!!float`` or
     ``!!int``; here they are YAML errors with a mark."""
 
-    def construct_object(self, node, deep=False):  # type: ignore[no-untyped-def]
+    def construct_object(self, node, deep=False):
         try:
             return super().construct_object(node, deep)
         except (ValueError, TypeError, AttributeError, OverflowError, IndexError) as exc:

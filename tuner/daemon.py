@@ -347,9 +347,9 @@ class Daemon:
                 sched.add_job(self.manage_once, IntervalTrigger(seconds=5), args=[t], id=f"manage:{t.name}",
                               next_run_time=now + timedelta(seconds=1))
             if t.apply.mode == "auto":
-                every = max(t.apply.auto_interval.total_seconds(), self.cfg.interval(t).total_seconds())
-                sched.add_job(self.auto_once, IntervalTrigger(seconds=every), args=[t], id=f"auto:{t.name}",
-                              next_run_time=now + timedelta(seconds=every))
+                auto_s = max(t.apply.auto_interval.total_seconds(), self.cfg.interval(t).total_seconds())
+                sched.add_job(self.auto_once, IntervalTrigger(seconds=auto_s), args=[t], id=f"auto:{t.name}",
+                              next_run_time=now + timedelta(seconds=auto_s))
         sched.add_job(self.apply_status_once, IntervalTrigger(seconds=5), id="apply-status", next_run_time=now)
         sched.add_job(self.retention_once, IntervalTrigger(minutes=10), id="retention",
                       next_run_time=now + timedelta(seconds=30))

@@ -86,7 +86,7 @@ class Candidate:
     kv_tokens_needed: int | None = None  # the memory check must find at least this many KV tokens after
 
 
-def _crossed(signal: str, value: float, op: str, threshold: float) -> dict[str, Any]:
+def _crossed(signal: str, value: float | None, op: str, threshold: float | None) -> dict[str, Any]:
     return {"signal": signal, "value": value, "op": op, "threshold": threshold}
 
 
@@ -198,6 +198,7 @@ def queue_with_kv_room(inp: Inputs) -> list[Candidate]:
         return []
     inferred = seqs is None
     cap = o.running_max if inferred else seqs
+    assert cap is not None  # inferred only when the gauges saw the plateau (by_gauges: running_max > 0)
     # Seen only in the histogram, the gauges missed the busy moments: long queue times while the KV cache had
     # room mean admission was capped.
     if by_histogram and inferred:  # no gauge saw the plateau: nothing to infer max-num-seqs from

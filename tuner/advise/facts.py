@@ -242,7 +242,8 @@ def gpu_facts(latest: list[GpuLatest], server_pids: frozenset[int] = frozenset()
 
 def model_from_config(cfg: Mapping[str, Any], source: str, checkpoint_bytes: int | None = None) -> ModelFacts:
     """ModelFacts from a Hugging Face config.json mapping; ModelFactsError names the missing key."""
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    inner = cfg.get("text_config")
+    text: Mapping[str, Any] = inner if isinstance(inner, dict) else cfg
 
     def need(*keys: str) -> int:
         for k in keys:

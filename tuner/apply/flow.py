@@ -448,7 +448,7 @@ class Applier:
     @staticmethod
     def _outage(a: jr.StoredApply) -> float | None:
         """Seconds from the start of the drain until the new server passed its health gate."""
-        ts = {}
+        ts: dict[str, int] = {}
         for st in a.steps:
             ts.setdefault(st["step"], st["ts_ms"])
         if "draining" in ts and "healthy" in ts and ts["healthy"] >= ts["draining"]:

@@ -286,6 +286,7 @@ def health_gate(target: Target, timeout_s: float = 60.0) -> str:
     m = target.managed
     kind = m.type if m is not None else "llm"
     model = (m.served_model_name if m is not None else None) or target.name
+    body: dict[str, Any]
     if kind == "embedding":
         path, body = "/v1/embeddings", {"model": model, "input": "tuner health check"}
     else:

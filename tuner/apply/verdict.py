@@ -257,9 +257,9 @@ def judge(before: LoadProfile | None, after: LoadProfile | None, *, min_requests
             return v("inconclusive", f"capacity did not change beyond the noise (both windows saturated): {detail}",
                      max((e.confidence for e in effects), default=0.5), test)
         vllm = before.backend == "vllm"
-        served_after = (after.served_rps if vllm else after.tokens_per_s) or 0.0
+        served_now = (after.served_rps if vllm else after.tokens_per_s) or 0.0
         capacity_before = (before.capacity_rps if vllm else before.capacity_tokens_per_s) or 0.0
-        if cap.better or (not cap.worse and served_after >= capacity_before * (1 - MIN_EFFECT)):
+        if cap.better or (not cap.worse and served_now >= capacity_before * (1 - MIN_EFFECT)):
             return v("kept", f"the queue is gone and it serves at least as much: {detail}; queued share "
                      f"{_pct(before.queued_share)} -> {_pct(after.queued_share)}", cap.confidence, test)
         return v("inconclusive", f"the queue is gone but the load fell, so the new capacity is unknown: {detail}; "

@@ -114,10 +114,11 @@ _HEADS_MAX = 200_000  # bounds the cache when series churn (cleared, not evicted
 _LOOKUPS: dict[str, tuple[MetricSpec, Part] | None] = {}  # sample name -> catalogue answer (the catalogue is fixed)
 
 
-class _Labels(dict):  # type: ignore[type-arg]
+class _Labels(dict):
     """A fast-path label set that carries its sorted items, the duplicate check's key, computed once."""
 
     __slots__ = ("sorted_items",)
+    sorted_items: tuple[tuple[str, str], ...]
 
 
 def _lookup(name: str) -> tuple[MetricSpec, Part] | None:

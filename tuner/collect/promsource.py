@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
@@ -77,6 +77,11 @@ def _problems_for(values: list[tuple[dict[str, str], float]]) -> tuple[list[tupl
     return kept, problems
 
 
+def _backend(target: Target) -> Literal["vllm", "llamacpp"]:
+    assert target.backend != "auto"  # a validated config has resolved auto from managed.model
+    return target.backend
+
+
 def scrape_via_prometheus(prom_url: str, target: Target, *, timeout_s: float, now: float | None = None) -> TargetSnapshot:
     """The target's latest values as Prometheus has them at ``now``."""
     at = time.time() if now is None else now
@@ -91,8 +96,8 @@ def scrape_via_prometheus(prom_url: str, target: Target, *, timeout_s: float, no
         raise ScrapeError(f"Prometheus at {prom_url} has no {target.backend} series matching {{{sel}}}; "
                           "is it scraping the server? (set the target's prometheus_selector)")
     values, problems = _problems_for([(r["metric"], float(r["value"][1])) for r in result])
-    engines = assemble_engines(_to_samples(values), target.backend, target.name, problems)
-    return TargetSnapshot(target=target.name, backend=target.backend, ts=at, duration_s=time.monotonic() - start,
+    engines = assemble_engines(_to_samples(values), _backend(target), target.name, problems)
+    return TargetSnapshot(target=target.name, backend=_backend(target), ts=at, duration_s=time.monotonic() - start,
                           engines=engines, problems=tuple(problems), healthy=None)
 
 
@@ -111,7 +116,7 @@ def raw_snapshots(prom_url: str, target: Target, *, start: float, end: float,
     out = []
     for ts in sorted(by_ts):
         values, problems = _problems_for(by_ts[ts])
-        engines = assemble_engines(_to_samples(values), target.backend, target.name, problems)
-        out.append(TargetSnapshot(target=target.name, backend=target.backend, ts=ts, duration_s=0.0,
+        engines = assemble_engines(_to_samples(values), _backend(target), target.name, problems)
+        out.append(TargetSnapshot(target=target.name, backend=_backend(target), ts=ts, duration_s=0.0,
                                   engines=engines, problems=tuple(problems)))
     return out

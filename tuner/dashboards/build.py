@@ -243,7 +243,7 @@ def tuner_self() -> db.Dashboard:
     return d
 
 
-def _table_format():  # type: ignore[no-untyped-def]
+def _table_format():
     from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
     return PromQueryFormat.TABLE

@@ -63,7 +63,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("dashboards", help="Grafana dashboards built from code: generate the JSON, push to Grafana")
     dsub = d.add_subparsers(dest="dashboards_command", required=True, metavar="SUBCOMMAND")
     g = dsub.add_parser("generate", help="write every dashboard as JSON (vLLM, GPU, llama-server, tuner)")

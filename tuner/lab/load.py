@@ -24,7 +24,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import requests
@@ -231,10 +231,11 @@ def run_load(
             body["model"] = model
         return body
 
-    def record_usage(data: dict[str, object]) -> None:
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        prompt = usage.get("prompt_tokens", data.get("tokens_evaluated", 0))  # type: ignore[union-attr]
-        completion = usage.get("completion_tokens", data.get("tokens_predicted", 0))  # type: ignore[union-attr]
+    def record_usage(data: dict[str, Any]) -> None:
+        usage = data.get("usage")
+        usage = usage if isinstance(usage, dict) else {}
+        prompt = usage.get("prompt_tokens", data.get("tokens_evaluated", 0))
+        completion = usage.get("completion_tokens", data.get("tokens_predicted", 0))
         counts["prompt"] += int(prompt or 0)
         counts["completion"] += int(completion or 0)
 
@@ -264,6 +265,7 @@ def run_load(
             t0 = time.monotonic()
             retry_until = t0 + retry_for_s
             while True:
+                error: Exception | None
                 try:
                     resp = session.post(base + path, json=body_for(i), timeout=max(0.1, deadline - time.monotonic()))
                     elapsed = time.monotonic() - t0

@@ -59,11 +59,11 @@ class TunerProcess:
                               capture_output=True, text=True, timeout=60, check=check)
 
     def start(self, **popen: Any) -> "TunerProcess":
-        self.proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(self.config), "run"],
-                                     stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"), **popen)
+        self.proc = proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(self.config), "run"],
+                                            stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"), **popen)
         try:
-            wait_for(lambda: self.metrics_text() is not None or self.proc.poll() is not None, 60, "tuner's /metrics")
-            assert self.proc.poll() is None, self.log_tail()
+            wait_for(lambda: self.metrics_text() is not None or proc.poll() is not None, 60, "tuner's /metrics")
+            assert proc.poll() is None, self.log_tail()
         except BaseException:
             self.stop()
             raise

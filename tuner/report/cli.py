@@ -12,7 +12,7 @@ from tuner.errors import ConfigError, UnknownTargetError
 __all__ = ["add_parsers"]
 
 
-def add_parsers(sub: argparse._SubParsersAction, helpers: dict[str, Callable[..., Any]],  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction, helpers: dict[str, Callable[..., Any]],
                 duration: Callable[[str], Any], default_since: Any) -> None:
     def cmd_report(args: argparse.Namespace) -> int:
         from tuner.report.data import collect

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from html import escape
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from tuner.report.data import PLOTS, Plot, TargetReport
 
@@ -53,7 +53,7 @@ def _nice_max(v: float) -> float:
     return next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= v)
 
 
-def svg_plot(title: str, unit: str, lines: dict[str, Sequence[tuple[int, float | None]]], start_ms: int, end_ms: int,
+def svg_plot(title: str, unit: str, lines: Mapping[str, Sequence[tuple[int, float | None]]], start_ms: int, end_ms: int,
              markers: Iterable[tuple[int, str, str]] = ()) -> str:
     """A line chart: ``lines`` legend -> [(ts_ms, value or None for a gap)]; markers (ts_ms, kind, label)."""
     values = [v for pts in lines.values() for _, v in pts if v is not None]
@@ -89,11 +89,11 @@ def svg_plot(title: str, unit: str, lines: dict[str, Sequence[tuple[int, float |
     for i, (legend, pts) in enumerate(lines.items()):
         color = COLORS[i % len(COLORS)]
         d, pen = [], "M"
-        for t, v in pts:
-            if v is None:
+        for t, point in pts:
+            if point is None:
                 pen = "M"
                 continue
-            d.append(f"{pen}{x(t):.1f},{y(v):.1f}")
+            d.append(f"{pen}{x(t):.1f},{y(point):.1f}")
             pen = "L"
         n = sum(1 for _, v in pts if v is not None)
         if d:

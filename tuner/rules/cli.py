@@ -20,7 +20,7 @@ def _when(ms: int | None) -> str:
     return "-" if ms is None else datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _rules(args: argparse.Namespace, load_config: Callable[[argparse.Namespace], Any]):  # type: ignore[no-untyped-def]
+def _rules(args: argparse.Namespace, load_config: Callable[[argparse.Namespace], Any]):
     from tuner.alerting import default_rule_files
     from tuner.rules.model import load_rule_files
 
@@ -126,7 +126,7 @@ def add_parsers(sub: Any, ctx: dict) -> None:
     a = sub.add_parser("alerts", help="alert rules: current alerts, history, check, export for Prometheus, scenario tests")
     asub = a.add_subparsers(dest="alerts_command", required=True, metavar="ALERTS_COMMAND")
 
-    def wrap(fn):  # type: ignore[no-untyped-def]
+    def wrap(fn):
         return lambda args: fn(args, ctx)
 
     p = asub.add_parser("list", help="current pending and firing alerts")

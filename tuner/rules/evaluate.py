@@ -43,7 +43,7 @@ def configured_max_num_seqs(target: Target) -> float | None:
     return None
 
 
-def _engine_value(rule: Rule, target: Target, e, limit: float | None) -> float | None:  # type: ignore[no-untyped-def]
+def _engine_value(rule: Rule, target: Target, e, limit: float | None) -> float | None:
     if rule.signal == "queue_to_max_num_seqs":
         return queue_ratio(e, limit)
     return getattr(e, rule.signal)

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import yaml
 
@@ -118,7 +118,7 @@ class _LineLoader(YamlLoader):
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
-    mapping = loader.construct_mapping(node, deep=True)
+    mapping: dict[str, Any] = loader.construct_mapping(node, deep=True)  # type: ignore[assignment]  # YAML keys
     mapping["__line__"] = node.start_mark.line + 1
     return mapping
 
@@ -248,9 +248,10 @@ def parse_rules(text: str, path: str = "<rules>", default_interval: timedelta = 
     return RuleSet(tuple(groups), (path,))
 
 
-def load_rule_files(paths: list[str | Path], default_interval: timedelta = timedelta(seconds=15)) -> RuleSet:
+def load_rule_files(paths: Sequence[str | Path], default_interval: timedelta = timedelta(seconds=15)) -> RuleSet:
     """Load every file or none: any error raises, so a caller keeps its last good set."""
-    groups, files = [], []
+    groups: list[RuleGroup] = []
+    files: list[str] = []
     seen: dict[str, str] = {}
     for p in paths:
         path = Path(p)

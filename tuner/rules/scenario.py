@@ -153,7 +153,7 @@ def run(sc: Scenario) -> tuple[list[str], dict[int, dict[str, list[dict]]]]:
     for ts in range(0, end + 1, step):
         cache: dict[timedelta, Any] = {}
 
-        def signals(_name: str, window: timedelta):  # type: ignore[no-untyped-def]
+        def signals(_name: str, window: timedelta):
             if window not in cache:
                 w = int(window.total_seconds() * 1000)
                 cache[window] = compute_signals(_window(sc, ts - w, ts), slo=sc.target.slo)
@@ -174,9 +174,9 @@ def run(sc: Scenario) -> tuple[list[str], dict[int, dict[str, list[dict]]]]:
     for t in sc.tests:
         ts = _ms(t["eval_time"])
         got = firing.get(ts, {}).get(t["alertname"], [])
-        got_labels = sorted(_strip(a["labels"], sc.target.name) for a in got)
+        got_labels = sorted((_strip(a["labels"], sc.target.name) for a in got), key=_key)  # dicts do not order
         exp = t.get("exp_alerts") or []
-        exp_labels = sorted({str(k): str(v) for k, v in e.get("exp_labels", {}).items()} for e in exp)
+        exp_labels = sorted(({str(k): str(v) for k, v in e.get("exp_labels", {}).items()} for e in exp), key=_key)
         if sorted(map(_key, got_labels)) != sorted(map(_key, exp_labels)):
             failures.append(f"{sc.path}: at {t['eval_time']} {t['alertname']}: tuner has {got_labels or 'nothing'} "
                             f"firing, expected {exp_labels or 'nothing'}")
@@ -200,7 +200,7 @@ def _strip(labels: dict[str, str], target: str) -> dict[str, str]:
     return {k: v for k, v in labels.items() if k != "alertname" and not (k == "target" and v == target)}
 
 
-def _key(labels: dict[str, str]) -> tuple:
+def _key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(labels.items()))
 
 

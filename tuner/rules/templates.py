@@ -30,6 +30,7 @@ def go_float(v: float) -> str:
     d = Decimal(repr(v)).normalize()
     sign, digits, exp = d.as_tuple()
     s = "".join(map(str, digits))
+    assert isinstance(exp, int)  # finite: not "n", "N" or "F"
     point = len(s) + exp  # position of the decimal point in the digit string
     e = point - 1
     if e < -4 or e >= 6:  # strconv 'g' with shortest digits decides with precision 6

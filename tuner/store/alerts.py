@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 from sqlalchemy import Float, Index, Integer, String, Text, UniqueConstraint, delete, insert, select, update
 from sqlalchemy.orm import Mapped, mapped_column
@@ -137,7 +137,8 @@ def record_events(store: Store, events: Iterable[dict]) -> None:
             conn.execute(insert(AlertEventRow), ev)
 
 
-def history(store: Store, *, since_ms: int = 0, limit: int = 200) -> list[AlertEventRow]:
+def history(store: Store, *, since_ms: int = 0, limit: int = 200) -> list[Any]:
+    """Rows with AlertEventRow's columns, newest first."""
     with store.engine.connect() as conn:
         return list(conn.execute(select(AlertEventRow).where(AlertEventRow.ts_ms >= since_ms)
                                  .order_by(AlertEventRow.ts_ms.desc(), AlertEventRow.id.desc()).limit(limit)).all())

@@ -27,7 +27,7 @@ def migrations_dir() -> Path:
     return path
 
 
-def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     # WAL: readers (CLI, exporter) never block the scraper's writes; NORMAL is durable at checkpoints.
     cur.execute("PRAGMA journal_mode=WAL")

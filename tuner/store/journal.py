@@ -249,7 +249,7 @@ def outcome_counts(engine: Engine) -> dict[tuple[str, str], int]:
     q = select(ApplyRow.target, ApplyRow.outcome, func.count()).where(ApplyRow.state == "done") \
         .group_by(ApplyRow.target, ApplyRow.outcome)
     with engine.connect() as conn:
-        return {(t, o): int(n) for t, o, n in conn.execute(q)}
+        return {(t, o or ""): int(n) for t, o, n in conn.execute(q)}  # done: never without an outcome
 
 
 def get_managed(engine: Engine, target: str) -> ManagedState | None:

@@ -85,13 +85,13 @@ class _Tx:
     def __init__(self, engine: Engine) -> None:
         self.engine, self.ctx = engine, engine.begin()
 
-    def __enter__(self):  # type: ignore[no-untyped-def]
+    def __enter__(self):
         try:
             return self.ctx.__enter__()
         except OperationalError as exc:
             raise StoreError(f"{self.engine.url}: {exc.orig}") from None
 
-    def __exit__(self, et, ev, tb):  # type: ignore[no-untyped-def]
+    def __exit__(self, et, ev, tb):
         try:
             result = self.ctx.__exit__(et, ev, tb)
         except OperationalError as exc:

@@ -80,7 +80,7 @@ class Store:
         with self._lock, self._write() as conn:
             return self._target_id(conn, name, backend, url, labels or {})
 
-    def _target_id(self, conn, name: str, backend: str, url: str, labels: dict[str, str]) -> int:  # type: ignore[no-untyped-def]
+    def _target_id(self, conn, name: str, backend: str, url: str, labels: dict[str, str]) -> int:
         if name in self._targets:
             return self._targets[name]
         row = conn.execute(select(TargetRow.id, TargetRow.backend, TargetRow.url)
@@ -96,7 +96,7 @@ class Store:
         self._targets[name] = tid
         return tid
 
-    def _series_id(self, conn, ident: _SeriesIdentity, kind: str) -> int:  # type: ignore[no-untyped-def]
+    def _series_id(self, conn, ident: _SeriesIdentity, kind: str) -> int:
         sid = self._series.get(ident)
         if sid is not None:
             return sid
@@ -112,7 +112,7 @@ class Store:
         self._series[ident] = sid
         return sid
 
-    def _write(self):  # type: ignore[no-untyped-def]
+    def _write(self):
         return _WriteTx(self)
 
     def ingest(self, snap: TargetSnapshot, *, url: str = "", labels: dict[str, str] | None = None) -> int:
@@ -157,14 +157,14 @@ class Store:
             tid = self._target_id(conn, target, backend, url, labels or {})
             self._record(conn, tid, _ms(ts), duration_s, "down", error, 0, 0, None)
 
-    def _record(self, conn, tid: int, ts: int, duration_s: float, health: str, error: str,  # type: ignore[no-untyped-def]
+    def _record(self, conn, tid: int, ts: int, duration_s: float, health: str, error: str,
                 body_bytes: int, n: int, server_healthy: bool | None) -> None:
         conn.exec_driver_sql(_INSERT_SCRAPE, (tid, ts, duration_s, health, error, body_bytes, n))
         conn.exec_driver_sql(_UPSERT_HEALTH, (tid, health, error, ts, None if health == "down" else ts, duration_s,
                                               1 if health == "down" else 0,
                                               None if server_healthy is None else int(server_healthy)))
 
-    def _config_seen(self, conn, tid: int, engine: str, model: str, config: dict[str, str], ts: int) -> None:  # type: ignore[no-untyped-def]
+    def _config_seen(self, conn, tid: int, engine: str, model: str, config: dict[str, str], ts: int) -> None:
         key = (tid, engine, model)
         config_json = json.dumps(config, sort_keys=True)
         cached = self._configs.get(key)
@@ -296,13 +296,13 @@ class _WriteTx:
         self.store = store
         self.ctx = store.engine.begin()
 
-    def __enter__(self):  # type: ignore[no-untyped-def]
+    def __enter__(self):
         try:
             return self.ctx.__enter__()
         except OperationalError as exc:
             raise StoreError(f"{self.store.engine.url}: {exc.orig}") from None
 
-    def __exit__(self, et, ev, tb):  # type: ignore[no-untyped-def]
+    def __exit__(self, et, ev, tb):
         try:
             result = self.ctx.__exit__(et, ev, tb)
         except OperationalError as exc:
@@ -311,7 +311,7 @@ class _WriteTx:
         if et is not None:
             self._forget()
             if issubclass(et, OperationalError):
-                raise StoreError(f"{self.store.engine.url}: {ev.orig}") from None  # type: ignore[union-attr]
+                raise StoreError(f"{self.store.engine.url}: {ev.orig}") from None
         return result
 
     def _forget(self) -> None:
