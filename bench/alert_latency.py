@@ -33,7 +33,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tuner.alerting import default_rule_files  # noqa: E402
+from tuner.rules.model import default_rule_files  # noqa: E402
 from tuner.apply.launch import ServerProcess, free_port, vllm_argv, vllm_cpu_env  # noqa: E402
 from tuner.lab.load import run_load  # noqa: E402
 

@@ -278,7 +278,7 @@ _STAGES = (  # (stage, frame substring); a stack counts for the first stage it c
     ("signals: store.window", "window (tuner/store/store.py"),
     ("signals: compute_signals", "compute_signals (tuner/signals/derive.py"),
     ("retention", "apply_retention (tuner/store/retention.py"),
-    ("exporter /metrics", "tuner/exporter.py"),
+    ("exporter /metrics", "tuner/daemon/metrics.py"),
     ("scheduler (APScheduler)", "apscheduler/"),
 )
 

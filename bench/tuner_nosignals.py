@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from tuner import daemon
+from tuner.daemon import jobs as daemon
 from tuner.cli import main
 
 daemon.Daemon.signals_once = lambda self: None  # type: ignore[method-assign]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.alerting import Alerting
+from tuner.app.alerting import Alerting
 from tuner.collect.snapshots import EngineSnapshot, TargetSnapshot
 from tuner.config import parse_config
 from tuner.daemon import Daemon

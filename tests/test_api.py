@@ -1,4 +1,4 @@
-"""tuner's HTTP listener: read-only views for anyone on it, actions only with the token (tuner/api.py).
+"""tuner's HTTP listener: read-only views for anyone on it, actions only with the token (tuner/daemon/http_api.py).
 
 A real listener, a real daemon and store; the action applied is a by-hand apply (an unmanaged target without a
 hook), so it changes the journal without needing a server: tests/integration/test_apply_*.py drive real ones.
@@ -14,7 +14,7 @@ import requests
 from tuner.config import DEFAULT_LISTEN, parse_config
 from tuner.daemon import Daemon
 from tuner.errors import ConfigError
-from tuner.exporter import serve_metrics
+from tuner.daemon.metrics import serve_metrics
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 

@@ -11,7 +11,7 @@ from tests.test_cli import _line_value
 from tuner.collect import http
 from tuner.config import parse_config
 from tuner.daemon import Daemon
-from tuner.exporter import serve_metrics
+from tuner.daemon.metrics import serve_metrics
 from tuner.lab.replay import ReplayExposition, ReplayServer
 
 

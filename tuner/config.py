@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -23,9 +24,10 @@ from pydantic import (
     model_validator,
 )
 
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, FlagError, UnknownTargetError
+from tuner.flags import validate
 
-__all__ = ["Config", "Target", "Managed", "Hook", "ApplyPolicy", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
+__all__ = ["Window", "parse_window", "in_window", "Config", "Target", "Managed", "Hook", "ApplyPolicy", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
            "parse_duration", "DEFAULT_LISTEN"]
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
@@ -190,6 +192,56 @@ class Hook(_Model):
         return self
 
 
+# ---- maintenance windows (apply.maintenance_windows) ---------------------------------------------
+
+_DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_WINDOW = re.compile(r"^\s*(daily|[A-Za-z]{3}(?:-[A-Za-z]{3})?(?:,[A-Za-z]{3}(?:-[A-Za-z]{3})?)*)\s+"
+                     r"(\d{2}):(\d{2})-(\d{2}):(\d{2})\s*$")
+
+
+@dataclass(frozen=True)
+class Window:
+    """Days (0 = Monday) on which the window opens, and its minutes of the day, UTC; end < start wraps midnight."""
+
+    days: frozenset[int]
+    start_min: int
+    end_min: int
+
+
+def parse_window(text: str) -> Window:
+    """``daily 02:00-04:00``, ``Mon-Fri 22:00-02:00``, ``Sat,Sun 00:00-06:00`` (UTC); ValueError names the text."""
+    m = _WINDOW.match(text)
+    if not m:
+        raise ValueError(f"maintenance window {text!r}: expected e.g. 'daily 02:00-04:00' or 'Mon-Fri 22:00-02:00' "
+                         "(UTC)")
+    spec, h1, m1, h2, m2 = m.groups()
+    if int(h1) > 23 or int(h2) > 23 or int(m1) > 59 or int(m2) > 59:
+        raise ValueError(f"maintenance window {text!r}: times must be 00:00..23:59")
+    days: set[int] = set()
+    if spec.lower() == "daily":
+        days = set(range(7))
+    else:
+        for part in spec.lower().split(","):
+            first, _, last = part.partition("-")
+            if first not in _DAYS or (last and last not in _DAYS):
+                raise ValueError(f"maintenance window {text!r}: unknown day in {part!r} (use Mon..Sun)")
+            a, b = _DAYS.index(first), _DAYS.index(last or first)
+            days.update(range(a, b + 1) if a <= b else [*range(a, 7), *range(0, b + 1)])
+    start, end = int(h1) * 60 + int(m1), int(h2) * 60 + int(m2)
+    if start == end:
+        raise ValueError(f"maintenance window {text!r}: start and end are equal")
+    return Window(frozenset(days), start, end)
+
+
+def in_window(w: Window, ts: float) -> bool:
+    t = datetime.fromtimestamp(ts, timezone.utc)
+    minute, day = t.hour * 60 + t.minute, t.weekday()
+    if w.start_min < w.end_min:
+        return day in w.days and w.start_min <= minute < w.end_min
+    # wraps midnight: opens on a listed day, closes the next morning
+    return (day in w.days and minute >= w.start_min) or ((day - 1) % 7 in w.days and minute < w.end_min)
+
+
 class ApplyPolicy(_Model):
     """How flag changes reach this target and how tuner judges them."""
 
@@ -213,8 +265,6 @@ class ApplyPolicy(_Model):
     @field_validator("maintenance_windows")
     @classmethod
     def _windows(cls, v: list[str]) -> list[str]:
-        from tuner.apply.guard import parse_window
-
         for w in v:
             parse_window(w)
         return v
@@ -259,8 +309,6 @@ class Target(_Model):
                 raise ValueError("backend auto needs managed.model to choose from (a .gguf file: llamacpp, "
                                  "else vllm)")
             return self
-        from tuner.errors import FlagError
-        from tuner.flags import validate
 
         backend = self.backend
         if backend == "auto":
@@ -394,7 +442,6 @@ class Config(_Model):
         return self
 
     def target(self, name: str) -> Target:
-        from tuner.errors import UnknownTargetError
 
         for t in self.targets:
             if t.name == name:

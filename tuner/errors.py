@@ -123,6 +123,24 @@ class ApplyError(TunerError):
     exit_code = 8
 
 
+class NotProposedError(ApplyError):
+    """Raised when asked to apply a recommendation that is not (or no longer) proposed."""
+
+    def __init__(self, rec_id: int, status: str) -> None:
+        self.rec_id, self.status = rec_id, status
+        super().__init__(f"recommendation #{rec_id} is {status}, not proposed; only proposed ones are applied "
+                         "(see `tuner recommendations list`)")
+
+
+class TargetBusyError(ApplyError):
+    """Raised when a target already has an apply in progress (one at a time per target)."""
+
+    def __init__(self, target: str, apply_id: int) -> None:
+        self.target, self.apply_id = target, apply_id
+        super().__init__(f"target {target!r} has apply #{apply_id} in progress; wait for it or run "
+                         "`tuner reconcile` if the tuner doing it died")
+
+
 class FlagError(TunerError, ValueError):
     """Raised when a flag is not on tuner's allow-list, or its value has the wrong type or is out of bounds."""
 
@@ -155,7 +173,8 @@ class RecommendationNotFoundError(TunerError, KeyError):
         return str(self.args[0])
 
 
-__all__ += ["FlagError", "ModelFactsError", "RecommendationNotFoundError", "ApplyError"]
+__all__ += ["FlagError", "ModelFactsError", "RecommendationNotFoundError", "ApplyError", "NotProposedError",
+            "TargetBusyError"]
 
 
 class RuleFileError(TunerError, ValueError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tuner.apply.cli import _cost_line
+from tuner.cli.apply import _cost_line
 from tuner.apply.flow import Applier
 from tuner.store import journal as jr
 

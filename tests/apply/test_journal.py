@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.errors import StoreError
+from tuner.errors import TargetBusyError
 from tuner.store import journal as jr
 
 
@@ -16,7 +16,7 @@ def begin(store, target="t", now=100.0):
 
 def test_an_open_apply_holds_the_target_until_done(store):
     first = begin(store)
-    with pytest.raises(StoreError, match=f"apply #{first} in progress"):
+    with pytest.raises(TargetBusyError, match=f"apply #{first} in progress"):
         begin(store, now=101)
     other = begin(store, target="u")  # other targets are free
     jr.step(store.engine, first, "draining", "pid 9", now=102, state="draining")

@@ -57,9 +57,9 @@ def test_proc_readers_see_this_process() -> None:
 
 def test_profile_summary_attributes_each_stack_to_its_first_stage(tmp_path: Path) -> None:
     raw = tmp_path / "spy.txt"
-    raw.write_text("run (apscheduler/executors/base.py:1);scrape_once (tuner/daemon.py:2);"
+    raw.write_text("run (apscheduler/executors/base.py:1);scrape_once (tuner/daemon/jobs.py:2);"
                    "ingest (tuner/store/store.py:3) 30\n"
-                   "run (apscheduler/executors/base.py:1);signals_once (tuner/daemon.py:4);"
+                   "run (apscheduler/executors/base.py:1);signals_once (tuner/daemon/jobs.py:4);"
                    "window (tuner/store/store.py:5) 10\n"
                    "main (x.py:1) 10\n")
     assert dict(profile_summary(raw)) == {"scrape: store.ingest": 0.6, "signals: store.window": 0.2, "other": 0.2}

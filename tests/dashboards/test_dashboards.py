@@ -23,7 +23,7 @@ from tuner.config import parse_config
 from tuner.daemon import Daemon
 from tuner.dashboards import build_dashboards, metric_names, queries, substitute, to_json
 from tuner.dashboards.build import PENDING_SERIES
-from tuner.exporter import TunerCollector
+from tuner.daemon.metrics import TunerCollector
 from tuner.lab.replay import ReplayExposition, ReplayServer
 
 DASHBOARDS = ROOT / "dashboards"

@@ -9,7 +9,7 @@ import yaml
 
 from tests.notify.conftest import Alertmanager, Webhook
 from tests.conftest import require_tool
-from tuner.alerting import default_rule_files
+from tuner.rules.model import default_rule_files
 from tuner.config import parse_config
 from tuner.daemon import Daemon
 from realservers import run_load_process

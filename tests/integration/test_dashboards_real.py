@@ -29,7 +29,7 @@ from tuner.config import parse_config
 from tuner.daemon import Daemon
 from tuner.dashboards import build_dashboards, metric_names, queries, substitute
 from tuner.dashboards.build import PENDING_SERIES
-from tuner.exporter import serve_metrics
+from tuner.daemon.metrics import serve_metrics
 from tuner.dashboards.queries import DEFAULT_VARIABLES
 from tuner.lab.replay import ReplayExposition, ReplayServer
 

@@ -59,7 +59,7 @@ def test_firing_then_resolved_reach_the_webhook_with_labels_and_annotations(tmp_
     assert firing["annotations"] == {"summary": "KV cache 97% on chat"}
     assert firing["generatorURL"].startswith("http://127.0.0.1:9464/metrics#alert=am-test/KVCacheHigh")
 
-    time.sleep(1.1)
+    time.sleep(1.1)  # real time: Alertmanager reads startsAt/endsAt against its own clock, not an injected one
     _scrape(store, 0.2)
     _cycle(alerting)
     assert webhook.wait_for(lambda w: w.alerts("resolved")), webhook.bodies
@@ -88,7 +88,7 @@ def test_alertmanager_down_then_up_every_alert_delivered_once(tmp_path, store, a
     result = restarted.flush()
     assert result.sent == 1 and outbox_size(store) == 0
     assert webhook.wait_for(lambda w: len(w.alerts("firing")) >= 2), webhook.bodies
-    time.sleep(2.5)  # several group intervals: Alertmanager would re-notify a duplicate by now
+    time.sleep(2.5)  # real time: several of Alertmanager's group intervals, when it would re-notify a duplicate
     per_alert = Counter(a["fingerprint"] for a in webhook.alerts("firing"))
     assert sorted(per_alert.values()) == [1, 1]
 
@@ -99,7 +99,7 @@ def test_resolved_never_overtakes_firing_while_an_alertmanager_is_down(tmp_path,
     alerting = Alerting(_setup(tmp_path, store, [am.url]), store, clock=time.time)
     _scrape(store, 0.97)
     _cycle(alerting)  # firing queued, send fails
-    time.sleep(1.1)
+    time.sleep(1.1)  # real time: Alertmanager reads startsAt/endsAt against its own clock, not an injected one
     _scrape(store, 0.1)
     alerting.evaluate_group(alerting.rules.groups[0])  # resolved queued behind it
     assert outbox_size(store) == 2

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from tests.conftest import require_tool
-from tuner.alerting import default_rule_files
+from tuner.rules.model import default_rule_files
 from tuner.config import parse_config
 from tuner.rules.export import prometheus_rules
 from tuner.rules.model import load_rule_files, parse_rules

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.alerting import default_rule_files
+from tuner.rules.model import default_rule_files
 from tuner.errors import RuleFileError
 from tuner.rules.model import load_rule_files, parse_rules
 

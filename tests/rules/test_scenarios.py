@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import require_tool
-from tuner.rules.scenario import check_files, load_scenario, run
+from tuner.app.alert_scenarios import check_files, load_scenario, run
 
 SCENARIOS = sorted(p for p in (Path(__file__).parent / "scenarios").glob("*.yaml") if not p.name.endswith(".rules.yaml"))
 

@@ -14,15 +14,16 @@ import re
 import tempfile
 from pathlib import Path
 
+from tuner.app.session import Session
 from tuner.apply.verdict import Verdict, judge
 from tuner.collect import llamacpp, vllm
-from tuner.config import Slo
+from tuner.config import Slo, parse_duration
 from tuner.errors import ConfigError, ExpositionError, ScrapeError
 from tuner.signals.load import profile
 from tuner.store.db import open_engine, upgrade
 from tuner.store.store import Store
 
-__all__ = ["judge_dirs", "read_series", "parse_range"]
+__all__ = ["judge_dirs", "judge_target", "read_series", "parse_range"]
 
 _NAME = re.compile(r"^(\d{10,16})\.txt(\.gz)?$")
 
@@ -87,8 +88,6 @@ def judge_dirs(before: Path, after: Path, *, backend: str, slo: Slo | None, min_
 
 def parse_range(text: str, *, now: float, what: str) -> tuple[float, float]:
     """``START..END``: unix seconds, or a duration before now (``10m..5m``), or ``now``."""
-    from tuner.config import parse_duration
-
     parts = text.split("..")
     if len(parts) != 2:
         raise ConfigError("command line", what, f"{text!r}: expected START..END (unix seconds, or durations ago)")
@@ -110,3 +109,10 @@ def parse_range(text: str, *, now: float, what: str) -> tuple[float, float]:
     if end <= start:
         raise ConfigError("command line", what, f"{text!r}: the end must come after the start")
     return start, end
+
+
+def judge_target(session: Session, target: str, before: str, after: str, *, now: float) -> Verdict:
+    """The verdict on two time ranges (``START..END``) of a configured target's store, as an apply judges."""
+    t = session.cfg.target(target)
+    return session.applier(lambda _m: None).judge_windows(t, parse_range(before, now=now, what="--before"),
+                                                         parse_range(after, now=now, what="--after"))

@@ -27,13 +27,14 @@ from tuner.apply.launch import _render_flags
 from tuner.apply.verdict import Verdict, judge
 from tuner.collect.scrape import scrape_target
 from tuner.config import Config, Target
-from tuner.errors import ApplyError, ConfigError, FlagError, ServerStartError, StoreError, TunerError
+from tuner.errors import (ApplyError, ConfigError, FlagError, NotProposedError, ServerStartError, StoreError,
+                          TunerError)
 from tuner.flags import render, spec, validate
 from tuner.signals.load import LoadProfile, profile
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 
-__all__ = ["Applier", "Plan", "flags_argv", "hook_argv", "flags_in_force"]
+__all__ = ["Applier", "Plan", "flags_argv", "hook_argv", "flags_in_force", "proposed"]
 
 _OBSERVE_POLL_S = 1.0
 _IN_FLIGHT_TIMEOUT_S = 15.0
@@ -92,6 +93,14 @@ def _canonical(backend: str, flags: dict[str, Any]) -> dict[str, Any]:
             out[s.name] = validate(backend, s.name, value)
             break
     return out
+
+
+def proposed(engine: Any, rec_id: int) -> recs.StoredRecommendation:
+    """The recommendation, if it may be applied: NotProposedError unless it is still proposed."""
+    rec = recs.get_recommendation(engine, rec_id)
+    if rec.status != "proposed":
+        raise NotProposedError(rec_id, rec.status)
+    return rec
 
 
 def flags_in_force(engine: Any, t: Target) -> dict[str, Any]:
@@ -285,10 +294,7 @@ class Applier:
                              f"hour {t.apply.max_restarts_per_hour}); wait, or pass --force")
 
     def apply(self, rec_id: int, *, mode: str = "manual", force: bool = False) -> jr.StoredApply:
-        rec = recs.get_recommendation(self.engine, rec_id)
-        if rec.status != "proposed":
-            raise ApplyError(f"recommendation #{rec_id} is {rec.status}, not proposed; only proposed ones are applied "
-                             "(see `tuner recommendations list`)")
+        rec = proposed(self.engine, rec_id)
         p = self.plan(rec)
         if p.how != "manual" and not force:
             self.check_restart_budget(p.target)

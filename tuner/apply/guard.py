@@ -12,63 +12,16 @@ A target in auto mode gets a recommendation applied only when all hold:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Iterable, Sequence
 
+from tuner.config import Window, in_window, parse_window
 from tuner.store.journal import StoredApply
 from tuner.store.recommendations import StoredRecommendation
 
 __all__ = ["Window", "parse_window", "in_window", "Decision", "decide", "rollback_streak", "HALT_PERIOD_S"]
 
-_DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
-_WINDOW = re.compile(r"^\s*(daily|[A-Za-z]{3}(?:-[A-Za-z]{3})?(?:,[A-Za-z]{3}(?:-[A-Za-z]{3})?)*)\s+"
-                     r"(\d{2}):(\d{2})-(\d{2}):(\d{2})\s*$")
 HALT_PERIOD_S = 24 * 3600
-
-
-@dataclass(frozen=True)
-class Window:
-    """Days (0 = Monday) on which the window opens, and its minutes of the day, UTC; end < start wraps midnight."""
-
-    days: frozenset[int]
-    start_min: int
-    end_min: int
-
-
-def parse_window(text: str) -> Window:
-    """``daily 02:00-04:00``, ``Mon-Fri 22:00-02:00``, ``Sat,Sun 00:00-06:00`` (UTC); ValueError names the text."""
-    m = _WINDOW.match(text)
-    if not m:
-        raise ValueError(f"maintenance window {text!r}: expected e.g. 'daily 02:00-04:00' or 'Mon-Fri 22:00-02:00' "
-                         "(UTC)")
-    spec, h1, m1, h2, m2 = m.groups()
-    if int(h1) > 23 or int(h2) > 23 or int(m1) > 59 or int(m2) > 59:
-        raise ValueError(f"maintenance window {text!r}: times must be 00:00..23:59")
-    days: set[int] = set()
-    if spec.lower() == "daily":
-        days = set(range(7))
-    else:
-        for part in spec.lower().split(","):
-            first, _, last = part.partition("-")
-            if first not in _DAYS or (last and last not in _DAYS):
-                raise ValueError(f"maintenance window {text!r}: unknown day in {part!r} (use Mon..Sun)")
-            a, b = _DAYS.index(first), _DAYS.index(last or first)
-            days.update(range(a, b + 1) if a <= b else [*range(a, 7), *range(0, b + 1)])
-    start, end = int(h1) * 60 + int(m1), int(h2) * 60 + int(m2)
-    if start == end:
-        raise ValueError(f"maintenance window {text!r}: start and end are equal")
-    return Window(frozenset(days), start, end)
-
-
-def in_window(w: Window, ts: float) -> bool:
-    t = datetime.fromtimestamp(ts, timezone.utc)
-    minute, day = t.hour * 60 + t.minute, t.weekday()
-    if w.start_min < w.end_min:
-        return day in w.days and w.start_min <= minute < w.end_min
-    # wraps midnight: opens on a listed day, closes the next morning
-    return (day in w.days and minute >= w.start_min) or ((day - 1) % 7 in w.days and minute < w.end_min)
 
 
 @dataclass(frozen=True)

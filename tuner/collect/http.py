@@ -7,14 +7,16 @@ trickles bytes still hits the deadline (requests' per-read timeout would wait fo
 from __future__ import annotations
 
 import http.client
+import json
 import socket
 import time
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from tuner.errors import ScrapeError
 
-__all__ = ["Response", "get"]
+__all__ = ["Response", "get", "get_json"]
 
 _USER_AGENT = "tuner/0.1 (+https://github.com/tuner)"
 
@@ -73,3 +75,15 @@ def get(url: str, *, timeout_s: float, max_bytes: int,
         if resp is not None:  # its file object keeps the socket open after conn.close()
             resp.close()
         conn.close()
+
+
+def get_json(url: str, *, timeout_s: float, max_bytes: int = 2**20) -> Any | None:
+    """GET a JSON document: the parsed body on 200, None on any other status or a body that is not JSON;
+    ScrapeError when the server cannot be reached in time (as ``get``)."""
+    resp = get(url, timeout_s=timeout_s, max_bytes=max_bytes, accept="application/json")
+    if resp.status != 200:
+        return None
+    try:
+        return json.loads(resp.body)
+    except ValueError:
+        return None

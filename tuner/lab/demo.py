@@ -19,6 +19,9 @@ from pathlib import Path
 
 from tuner.apply.launch import free_port
 from tuner.collect import http
+from tuner.config import load_config
+from tuner.store.db import open_engine
+from tuner.store.store import Store
 
 __all__ = ["run_demo"]
 
@@ -186,9 +189,6 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
 
 def _wait_for_scrapes(config: Path, window_s: float, want: int, *, limit_s: float) -> int:
     """Wait (at most limit_s) until the last window_s seconds hold ``want`` stored scrapes; how many they hold."""
-    from tuner.config import load_config
-    from tuner.store.db import open_engine
-    from tuner.store.store import Store
 
     store = Store(open_engine(load_config(config).store.url))
     deadline = time.monotonic() + limit_s

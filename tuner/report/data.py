@@ -15,6 +15,7 @@ from typing import Any
 from tuner.config import Slo
 from tuner.signals.derive import EngineSignals, compute_signals
 from tuner.store.alerts import history
+from tuner.store.journal import list_applies
 from tuner.store.store import Store
 from tuner.store.window import EngineWindow, HistSeries, TargetWindow
 
@@ -107,6 +108,5 @@ def collect(store: Store, target: str, *, start: float, end: float, points: int 
 
 
 def _applies(store: Store, target: str, since_ms: int) -> list[Any]:
-    from tuner.store.journal import list_applies
 
     return list_applies(store.engine, target=target, since_ms=since_ms)

@@ -19,9 +19,9 @@ from typing import Callable, Iterable, Mapping
 
 from tuner.config import Target
 from tuner.rules.model import OPS, Rule
+from tuner.rules.state import Alert
 from tuner.rules.templates import render
 from tuner.signals.derive import TargetSignals, queue_ratio
-from tuner.store.alerts import StoredAlert
 from tuner.store.window import GpuLatest
 
 __all__ = ["Sample", "fingerprint", "vector", "configured_max_num_seqs", "evaluate", "to_send", "payload", "RESOLVED_RETENTION"]
@@ -112,8 +112,8 @@ def _target_value(rule: Rule, sig: TargetSignals) -> float | None:
     raise KeyError(rule.signal)
 
 
-def evaluate(rule: Rule, result: Iterable[Sample], prev: Mapping[str, StoredAlert], now_ms: int, *,
-             key: str | None = None) -> tuple[dict[str, StoredAlert], list[dict]]:
+def evaluate(rule: Rule, result: Iterable[Sample], prev: Mapping[str, Alert], now_ms: int, *,
+             key: str | None = None) -> tuple[dict[str, Alert], list[dict]]:
     """One evaluation: (the rule's alerts after it, state-change events). ``prev`` is not modified.
 
     ``key`` names the rule's state (group/alert); the alert name alone by default.
@@ -122,7 +122,7 @@ def evaluate(rule: Rule, result: Iterable[Sample], prev: Mapping[str, StoredAler
     active = {fp: replace(a) for fp, a in prev.items()}
     events: list[dict] = []
 
-    def changed(a: StoredAlert, old: str) -> None:
+    def changed(a: Alert, old: str) -> None:
         if a.state != old:
             events.append({"ts_ms": now_ms, "rule": key, "fingerprint": a.fingerprint,
                            "labels": json.dumps(a.labels, sort_keys=True), "from_state": old,
@@ -138,7 +138,7 @@ def evaluate(rule: Rule, result: Iterable[Sample], prev: Mapping[str, StoredAler
         if a is not None and a.state != "inactive":
             a.value, a.annotations = value, annotations
             continue
-        active[fp] = StoredAlert(rule=key, fingerprint=fp, labels=labels, annotations=annotations,
+        active[fp] = Alert(rule=key, fingerprint=fp, labels=labels, annotations=annotations,
                                  state="pending", value=value, active_at_ms=now_ms)
         changed(active[fp], "inactive")
 
@@ -168,8 +168,8 @@ def evaluate(rule: Rule, result: Iterable[Sample], prev: Mapping[str, StoredAler
     return active, events
 
 
-def to_send(alerts: Iterable[StoredAlert], now_ms: int, *, resend_delay: timedelta, interval: timedelta
-            ) -> list[StoredAlert]:
+def to_send(alerts: Iterable[Alert], now_ms: int, *, resend_delay: timedelta, interval: timedelta
+            ) -> list[Alert]:
     """Alerts due for (re)sending; marks them sent and sets ValidUntil, as Prometheus does."""
     delta_ms = int(max(resend_delay, interval).total_seconds() * 1000)
     resend_ms = int(resend_delay.total_seconds() * 1000)
@@ -190,7 +190,7 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def payload(a: StoredAlert, generator_url: str) -> dict:
+def payload(a: Alert, generator_url: str) -> dict:
     """An Alertmanager API v2 alert (postableAlert)."""
     ends = a.resolved_at_ms if a.resolved_at_ms is not None else a.valid_until_ms
     body = {"labels": a.labels, "annotations": a.annotations, "generatorURL": generator_url,

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -34,7 +35,7 @@ from tuner.errors import RuleFileError
 from tuner.rules.signals import SIGNALS, known_signals
 from tuner.rules.templates import check
 
-__all__ = ["Rule", "RuleGroup", "RuleSet", "load_rule_files", "parse_rules", "OPS", "SLO_FIELDS"]
+__all__ = ["Rule", "RuleGroup", "RuleSet", "default_rule_files", "load_rule_files", "parse_rules", "OPS", "SLO_FIELDS"]
 
 # Signals whose threshold can be each target's SLO (`threshold: slo`), and the SLO field it reads.
 SLO_FIELDS = {"ttft_p99": "ttft_p99", "itl_p99": "itl_p99", "e2e_p99": "e2e_p99", "goodput_ratio": "objective"}
@@ -246,6 +247,12 @@ def parse_rules(text: str, path: str = "<rules>", default_interval: timedelta = 
                        f"alert {dup[0].alert!r} appears twice in group {g['name']!r}")
         groups.append(RuleGroup(str(g["name"]), interval, rules))
     return RuleSet(tuple(groups), (path,))
+
+
+def default_rule_files() -> list[str]:
+    """alerts/default.yaml beside the package (checkout / editable install), or $TUNER_ALERTS_DIR."""
+    base = Path(os.environ.get("TUNER_ALERTS_DIR") or Path(__file__).resolve().parents[2] / "alerts")
+    return [str(base / "default.yaml")]
 
 
 def load_rule_files(paths: Sequence[str | Path], default_interval: timedelta = timedelta(seconds=15)) -> RuleSet:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tuner.config import Slo
+from tuner.signals.promql import fraction_le, histogram_quantile
 from tuner.store.window import EngineWindow, HistSeries, TargetWindow
 
 __all__ = ["LoadProfile", "Interval", "profile", "SATURATED_QUEUED_SHARE", "SATURATED_WAITING_SHARE",
@@ -133,8 +134,6 @@ def _hist_increase(h: HistSeries) -> tuple[float, ...] | None:
 
 
 def _quantile(bounds: Sequence[float], cum: Sequence[float], q: float) -> float | None:
-    from tuner.signals.promql import histogram_quantile
-
     if not cum or not cum[-1]:
         return None
     v = histogram_quantile(q, bounds, cum)
@@ -142,8 +141,6 @@ def _quantile(bounds: Sequence[float], cum: Sequence[float], q: float) -> float 
 
 
 def _within(bounds: Sequence[float], cum: Sequence[float], budget: float) -> float | None:
-    from tuner.signals.promql import fraction_le
-
     got = fraction_le(budget, bounds, cum)
     return got[0] if got else None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from sqlalchemy import Float, Index, Integer, String, Text, UniqueConstraint, delete, insert, select, update
 from sqlalchemy.orm import Mapped, mapped_column
@@ -17,7 +17,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from tuner.store.models import Base
 from tuner.store.store import Store
 
-__all__ = ["AlertStateRow", "AlertEventRow", "OutboxRow", "StoredAlert", "OutboxItem", "load_states",
+__all__ = ["AlertStateRow", "AlertEventRow", "OutboxRow", "OutboxItem", "load_states",
            "save_states", "record_events", "history", "enqueue", "due", "mark_sent", "mark_failed",
            "outbox_size"]
 
@@ -67,24 +67,6 @@ class OutboxRow(Base):
     last_error: Mapped[str] = mapped_column(Text, default="")
 
 
-@dataclass
-class StoredAlert:
-    """Prometheus's Alert, as persisted. Times are unix ms; None where Prometheus has a zero time."""
-
-    rule: str
-    fingerprint: str
-    labels: dict[str, str]
-    annotations: dict[str, str]
-    state: str
-    value: float
-    active_at_ms: int
-    fired_at_ms: int | None = None
-    resolved_at_ms: int | None = None
-    last_sent_at_ms: int | None = None
-    valid_until_ms: int | None = None
-    keep_firing_since_ms: int | None = None
-
-
 @dataclass(frozen=True)
 class OutboxItem:
     id: int
@@ -97,28 +79,30 @@ _FIELDS = ("labels", "annotations", "state", "value", "active_at_ms", "fired_at_
            "last_sent_at_ms", "valid_until_ms", "keep_firing_since_ms")
 
 
-def _row(a: StoredAlert) -> dict:
-    d = {f: getattr(a, f) for f in _FIELDS}
-    d["labels"], d["annotations"] = json.dumps(a.labels, sort_keys=True), json.dumps(a.annotations, sort_keys=True)
+def _row(a: Mapping[str, Any]) -> dict:
+    d = {f: a[f] for f in _FIELDS}
+    d["labels"] = json.dumps(a["labels"], sort_keys=True)
+    d["annotations"] = json.dumps(a["annotations"], sort_keys=True)
     return d
 
 
-def load_states(store: Store) -> dict[tuple[str, str], StoredAlert]:
+def load_states(store: Store) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every stored alert as a plain row ((rule, fingerprint) -> its fields); the rules own the type."""
     with store.engine.connect() as conn:
         rows = conn.execute(select(AlertStateRow)).all()
-    return {(r.rule, r.fingerprint): StoredAlert(
-        rule=r.rule, fingerprint=r.fingerprint, labels=json.loads(r.labels), annotations=json.loads(r.annotations),
-        state=r.state, value=r.value, active_at_ms=r.active_at_ms, fired_at_ms=r.fired_at_ms,
-        resolved_at_ms=r.resolved_at_ms, last_sent_at_ms=r.last_sent_at_ms, valid_until_ms=r.valid_until_ms,
-        keep_firing_since_ms=r.keep_firing_since_ms) for r in rows}
+    return {(r.rule, r.fingerprint): {
+        "rule": r.rule, "fingerprint": r.fingerprint, "labels": json.loads(r.labels),
+        "annotations": json.loads(r.annotations), "state": r.state, "value": r.value, "active_at_ms": r.active_at_ms,
+        "fired_at_ms": r.fired_at_ms, "resolved_at_ms": r.resolved_at_ms, "last_sent_at_ms": r.last_sent_at_ms,
+        "valid_until_ms": r.valid_until_ms, "keep_firing_since_ms": r.keep_firing_since_ms} for r in rows}
 
 
-def save_states(store: Store, alerts: Iterable[StoredAlert], *, events: Iterable[dict] = (),
+def save_states(store: Store, alerts: Iterable[Mapping[str, Any]], *, events: Iterable[dict] = (),
                 outbox: Iterable[tuple[str, list[dict]]] = (), now_ms: int = 0) -> None:
     """Replace the stored alert set, append events and enqueue notifications: one transaction."""
     with store._lock, store._write() as conn:
         conn.execute(delete(AlertStateRow))
-        rows = [{"rule": a.rule, "fingerprint": a.fingerprint, **_row(a)} for a in alerts]
+        rows = [{"rule": a["rule"], "fingerprint": a["fingerprint"], **_row(a)} for a in alerts]
         if rows:
             conn.execute(insert(AlertStateRow), rows)
         ev = list(events)

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import Engine, Index, Integer, String, Text, delete, insert, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
-from tuner.errors import StoreError
+from tuner.errors import StoreError, TargetBusyError
 from tuner.store.models import Base
 from tuner.store.recommendations import _Tx
 
@@ -140,12 +140,11 @@ def _stored(r: Any, steps: list[dict[str, Any]]) -> StoredApply:
 def begin_apply(engine: Engine, *, target: str, recommendation_id: int | None, kind: str, mode: str, now: float,
                 diff: dict[str, Any], old_flags: dict[str, Any], new_flags: dict[str, Any], old_argv: list[str],
                 new_argv: list[str], owner_pid: int, owner_start: int) -> int:
-    """Open an apply in state ``planned``; StoreError when the target already has an open one (the lock)."""
+    """Open an apply in state ``planned``; TargetBusyError when the target already has an open one (the lock)."""
     with _Tx(engine) as conn:
         busy = conn.execute(select(ApplyRow.id).where(ApplyRow.target == target, ApplyRow.state != "done")).first()
         if busy is not None:
-            raise StoreError(f"target {target!r} has apply #{busy[0]} in progress; wait for it or run "
-                             f"`tuner reconcile` if the tuner doing it died")
+            raise TargetBusyError(target, int(busy[0]))
         apply_id = int(conn.execute(insert(ApplyRow).values(
             target=target, recommendation_id=recommendation_id, kind=kind, mode=mode, created_ms=_ms(now),
             updated_ms=_ms(now), state="planned", outcome=None, diff=json.dumps(diff), old_flags=json.dumps(old_flags),

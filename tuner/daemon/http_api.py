@@ -1,6 +1,6 @@
 """tuner's HTTP listener: ``/metrics``, a read-only JSON view of the journal, and token-protected actions.
 
-    GET  /metrics                                   tuner's own exposition (tuner/exporter.py)
+    GET  /metrics                                   tuner's own exposition (metrics.py)
     GET  /api/v1/journal[?target=T]                 the apply journal, newest first (read-only)
     GET  /api/v1/recommendations[?target=T]         stored recommendations (read-only)
     POST /api/v1/recommendations/{id}/apply         apply one (202: started; `tuner journal` follows it)
@@ -24,7 +24,9 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from tuner.errors import TunerError
+from tuner.app import apply as apply_app
+from tuner.app.recommend import stored
+from tuner.errors import NotProposedError, TargetBusyError, TunerError
 
 __all__ = ["serve", "ApiServer"]
 
@@ -76,14 +78,11 @@ class _Handler(BaseHTTPRequestHandler):
         if d is None or not url.path.startswith("/api/v1/"):
             self._json(404, {"error": f"no such endpoint: {url.path}"})
             return
-        from tuner.store import journal as jr
-        from tuner.store import recommendations as recs
-
         try:
             if url.path == "/api/v1/journal":
-                self._json(200, [a.as_json() for a in jr.list_applies(d.store.engine, target=target, limit=100)])
+                self._json(200, [a.as_json() for a in apply_app.journal(d.session, target, limit=100)])
             elif url.path == "/api/v1/recommendations":
-                self._json(200, [r.as_json() for r in recs.list_recommendations(d.store.engine, target=target)])
+                self._json(200, [r.as_json() for r in stored(d.store, target=target)])
             elif _APPLY.match(url.path) or _ROLLBACK.match(url.path):
                 self._json(405, {"error": "use POST"}, {"Allow": "POST"})
             else:
@@ -123,27 +122,23 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             return
         d = self.server.tuner
-        from tuner.store import journal as jr
-        from tuner.store import recommendations as recs
-
+        action: Callable[[], Any]
         try:
             if apply:
-                rec = recs.get_recommendation(d.store.engine, int(apply.group(1)))
-                target, what = rec.target, f"apply of recommendation #{rec.id}"
-                if rec.status != "proposed":
-                    self._json(409, {"error": f"recommendation #{rec.id} is {rec.status}, not proposed"})
-                    return
-                action: Callable[[], Any] = lambda: d.applier.apply(rec.id, mode="api")  # noqa: E731
+                rec_id = int(apply.group(1))
+                target = apply_app.check_startable(d.session, rec_id=rec_id)
+                what = f"apply of recommendation #{rec_id}"
+                action = lambda: d.applier.apply(rec_id, mode="api")  # noqa: E731
             else:
-                target = d.cfg.target(rollback.group(1)).name  # type: ignore[union-attr]
+                assert rollback is not None
+                target = apply_app.check_startable(d.session, target=rollback.group(1))
                 what = f"rollback of {target}"
                 action = lambda: d.applier.rollback(target, mode="api")  # noqa: E731
+        except (NotProposedError, TargetBusyError) as exc:
+            self._json(409, {"error": str(exc)})
+            return
         except TunerError as exc:
             self._json(404, {"error": str(exc)})
-            return
-        busy = jr.open_applies_for(d.store.engine, target)
-        if busy:
-            self._json(409, {"error": f"target {target} has apply #{busy[0]} in progress"})
             return
         thread = threading.Thread(target=_run, args=(what, action), name=what, daemon=True)
         self.server.actions.append(thread)

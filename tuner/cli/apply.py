@@ -1,46 +1,28 @@
-"""``tuner apply-recommendation``, ``rollback``, ``journal``, ``judge``, ``managed``, ``reconcile``."""
+"""``tuner apply-recommendation``, ``rollback``, ``journal``, ``judge``, ``managed``, ``reconcile`` (use cases:
+tuner/app/apply.py and tuner/app/judge.py)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from datetime import datetime, timezone
+import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.apply.flow import Applier
-from tuner.errors import ApplyError
+from tuner.app import apply as apply_app
+from tuner.app.judge import judge_dirs, judge_target
+from tuner.cli.common import confirm, session, when
+from tuner.config import Slo, parse_duration
+from tuner.errors import ConfigError
 from tuner.store import journal as jr
-from tuner.store import recommendations as recs
 
-__all__ = ["add_parsers", "make_applier"]
-
-
-def make_applier(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]], *, quiet: bool = False) -> Applier:
-    cfg = helpers["load"](args)
-    store = helpers["open_store"](cfg)
-    say = (lambda _m: None) if quiet else (lambda m: print(m, flush=True))
-    return Applier(cfg, store, Path(helpers["config_path"](args)).resolve().parent, say=say)
-
-
-def _confirm(args: argparse.Namespace, what: str) -> None:
-    if args.yes:
-        return
-    if not sys.stdin.isatty():
-        raise ApplyError(f"{what}: no terminal to confirm on; pass --yes to go ahead")
-    if input(f"{what}? [y/N] ").strip().lower() not in ("y", "yes"):
-        raise ApplyError(f"{what}: not confirmed")
-
-
-def _when(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+__all__ = ["add_parsers"]
 
 
 def _print_apply(a: jr.StoredApply, *, steps: bool = True) -> None:
     diff = ", ".join(f"{k}: {a.old_flags.get(k, '(default)')} -> {v}" for k, v in a.diff.items())
     rec = f" rec #{a.recommendation_id}" if a.recommendation_id is not None else ""
-    print(f"apply #{a.id} {a.target} {a.kind}{rec} ({a.mode}) {_when(a.created_ms)}  {diff}")
+    print(f"apply #{a.id} {a.target} {a.kind}{rec} ({a.mode}) {when(a.created_ms)}  {diff}")
     print(f"    state {a.state}" + (f", outcome {a.outcome}" if a.outcome else "") + (f": {a.note}" if a.note else ""))
     for label, k in (("before", a.baseline), ("after", a.after)):
         if k:
@@ -50,7 +32,7 @@ def _print_apply(a: jr.StoredApply, *, steps: bool = True) -> None:
     if steps:
         for s in a.steps:
             detail = s["detail"] if len(s["detail"]) < 200 else s["detail"][:200] + "…"
-            print(f"      {_when(s['ts_ms'])} {s['step']}" + (f": {detail}" if detail else ""))
+            print(f"      {when(s['ts_ms'])} {s['step']}" + (f": {detail}" if detail else ""))
 
 
 def _cost_line(a: jr.StoredApply) -> str | None:
@@ -74,17 +56,17 @@ def _fmt(v: Any) -> str:
     return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def cmd_apply(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) -> int:
-    ap = make_applier(args, helpers, quiet=args.json)
+def _say(quiet: bool) -> Callable[[str], None]:
+    return (lambda _m: None) if quiet else (lambda m: print(m, flush=True))
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    s = session(args)
     if args.applied or args.cancel:
-        a = ap.manual_done(args.id, cancel=args.cancel)
+        a = apply_app.applied_by_hand(s, args.id, cancel=args.cancel, say=_say(args.json))
     else:
-        ap.reconcile()  # an apply left half done by a dead tuner must not block (or confuse) this one
-        rec = recs.get_recommendation(ap.engine, args.id)
-        if rec.status != "proposed":
-            raise ApplyError(f"recommendation #{args.id} is {rec.status}, not proposed; only proposed ones are "
-                             "applied (see `tuner recommendations list`)")
-        plan = ap.plan(rec)
+        pending = apply_app.plan(s, args.id, say=_say(args.json))
+        plan = pending.plan
         if args.dry_run:
             if args.json:
                 print(json.dumps({"dry_run": True, "target": plan.target.name, "how": plan.how, "diff": plan.diff,
@@ -92,53 +74,40 @@ def cmd_apply(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) 
                                   "old_argv": plan.old_argv, "new_argv": plan.new_argv}))
             else:
                 print("dry run: nothing is changed")
-                print(ap.describe(plan))
+                print(pending.describe())
             return 0
         if not args.json:
-            print(ap.describe(plan))
-        outage = ap.expected_outage(plan.target) if plan.how != "manual" else None
+            print(pending.describe())
+        outage = pending.expected_outage()
         cost = (f"; {plan.target.name} will serve nothing for about {outage[0]:.0f}s (median of {outage[1]} earlier "
                 "applies: drain, restart, health gate)" if outage else
                 f"; {plan.target.name} serves nothing while it drains and restarts" if plan.how != "manual" else "")
         if args.yes and not args.json:  # without --yes the question below says it
             print(f"apply recommendation #{args.id} to {plan.target.name}{cost}", flush=True)
-        _confirm(args, f"apply recommendation #{args.id} to {plan.target.name}{cost}")
-        a = ap.apply(args.id, force=args.force)
+        confirm(args, f"apply recommendation #{args.id} to {plan.target.name}{cost}")
+        a = pending.go(force=args.force)
     if args.json:
         print(json.dumps(a.as_json()))
     else:
         _print_apply(a)
-    kept_new = a.outcome == "inconclusive" and ap.cfg.target(a.target).apply.on_inconclusive == "keep_new"
-    return 0 if a.outcome == "kept" or kept_new or a.state == "awaiting_manual" else 8
+    return 0 if apply_app.held(s, a) else 8
 
 
-def cmd_rollback(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) -> int:
-    ap = make_applier(args, helpers)
-    ap.reconcile()
-    _confirm(args, f"roll {args.target} back to the flags before its last kept apply")
-    a = ap.rollback(args.target, force=args.force)
+def cmd_rollback(args: argparse.Namespace) -> int:
+    s = session(args)
+    confirm(args, f"roll {args.target} back to the flags before its last kept apply")
+    a = apply_app.rollback(s, args.target, force=args.force, say=_say(False))
     _print_apply(a)
     return 0 if a.outcome == "rolled_back" else 8
 
 
-def cmd_judge(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) -> int:
-    import time
-
-    from tuner.app.judge import judge_dirs, parse_range
-    from tuner.config import Slo, parse_duration
-    from tuner.errors import ConfigError
-
+def cmd_judge(args: argparse.Namespace) -> int:
+    """With directories no config is needed; with TARGET, its store's ranges."""
     if args.before is None or args.after is None:
         raise ConfigError("command line", "--before/--after", "both are needed: two directories of expositions, or "
                           "with TARGET two time ranges START..END")
     if args.target:
-        cfg = helpers["load"](args)
-        t = cfg.target(args.target)
-        ap = Applier(cfg, helpers["open_store"](cfg), Path(helpers["config_path"](args)).resolve().parent,
-                     say=lambda _m: None)
-        now = time.time()
-        v = ap.judge_windows(t, parse_range(args.before, now=now, what="--before"),
-                             parse_range(args.after, now=now, what="--after"))
+        v = judge_target(session(args), args.target, args.before, args.after, now=time.time())
     else:
         if args.backend is None:
             raise ConfigError("command line", "--backend", "needed with directories: vllm or llamacpp")
@@ -161,10 +130,8 @@ def cmd_judge(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) 
     return 0
 
 
-def cmd_journal(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) -> int:
-    cfg = helpers["load"](args)
-    store = helpers["open_store"](cfg)
-    rows = jr.list_applies(store.engine, target=args.target, limit=args.limit)
+def cmd_journal(args: argparse.Namespace) -> int:
+    rows = apply_app.journal(session(args), args.target, limit=args.limit)
     if args.json:
         print(json.dumps([a.as_json() for a in rows]))
         return 0
@@ -175,16 +142,15 @@ def cmd_journal(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]
     return 0
 
 
-def cmd_managed(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) -> int:
-    ap = make_applier(args, helpers)
-    targets = [ap.cfg.target(args.target)] if args.target else [t for t in ap.cfg.targets if t.managed]
+def cmd_managed(args: argparse.Namespace) -> int:
+    s = session(args)
+    targets = apply_app.managed_targets(s, args.target)
     if not targets:
         print("no managed targets in the config (add a managed: section to a target)")
         return 0
+    ap = s.applier(_say(False))
     rc = 0
     for t in targets:
-        if t.managed is None:
-            raise ApplyError(f"target {t.name!r} is not managed (no managed: section)")
         if args.action == "start":
             ap.start(t)
         elif args.action == "stop":
@@ -199,17 +165,13 @@ def cmd_managed(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]
     return rc
 
 
-def cmd_reconcile(args: argparse.Namespace, helpers: dict[str, Callable[..., Any]]) -> int:
-    ap = make_applier(args, helpers)
-    lines = ap.reconcile()
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    lines = apply_app.reconcile(session(args))
     print("\n".join(lines) if lines else "nothing to reconcile")
     return 0
 
 
-def add_parsers(sub: Any, helpers: dict[str, Callable[..., Any]]) -> None:
-    def bind(fn: Callable[..., int]) -> Callable[[argparse.Namespace], int]:
-        return lambda args: fn(args, helpers)
-
+def add_parsers(sub: Any) -> None:
     a = sub.add_parser("apply-recommendation", help="apply a stored recommendation: drain, restart with the new flags, "
                        "health gate, observe, keep or roll back (journaled)")
     a.add_argument("id", type=int)
@@ -220,20 +182,20 @@ def add_parsers(sub: Any, helpers: dict[str, Callable[..., Any]]) -> None:
     a.add_argument("--cancel", action="store_true", help="drop an apply that waits for a restart by hand")
     a.add_argument("--force", action="store_true", help="apply even past apply.max_restarts_per_hour")
     a.add_argument("--json", action="store_true")
-    a.set_defaults(func=bind(cmd_apply))
+    a.set_defaults(func=cmd_apply)
 
     r = sub.add_parser("rollback", help="restore the flags a target had before its last kept apply")
     r.add_argument("target")
     r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     r.add_argument("--force", action="store_true", help="roll back even past apply.max_restarts_per_hour")
-    r.set_defaults(func=bind(cmd_rollback))
+    r.set_defaults(func=cmd_rollback)
 
     j = sub.add_parser("journal", help="every apply and rollback, step by step, with the verdict and its numbers")
     j.add_argument("target", nargs="?")
     j.add_argument("--limit", type=int, default=20)
     j.add_argument("--brief", action="store_true", help="without the steps")
     j.add_argument("--json", action="store_true")
-    j.set_defaults(func=bind(cmd_journal))
+    j.set_defaults(func=cmd_journal)
 
     v = sub.add_parser("judge", help="the apply verdict (kept | rolled_back | inconclusive) on recorded data: two "
                        "directories of expositions named <unix_ms>.txt, or two time ranges of TARGET's store",
@@ -251,12 +213,12 @@ def add_parsers(sub: Any, helpers: dict[str, Callable[..., Any]]) -> None:
                    help="fewer finished on either side (llama-server: tokens): inconclusive")
     v.add_argument("--json", action="store_true", help="one JSON object: outcome, reason, confidence, test, "
                    "before, after")
-    v.set_defaults(func=bind(cmd_judge))
+    v.set_defaults(func=cmd_judge)
 
     m = sub.add_parser("managed", help="servers tuner starts itself (targets with managed:): status, start, stop")
     m.add_argument("action", choices=["status", "start", "stop"])
     m.add_argument("target", nargs="?")
-    m.set_defaults(func=bind(cmd_managed))
+    m.set_defaults(func=cmd_managed)
 
     c = sub.add_parser("reconcile", help="finish or roll back applies left half done by a tuner that died")
-    c.set_defaults(func=bind(cmd_reconcile))
+    c.set_defaults(func=cmd_reconcile)

@@ -12,9 +12,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tuner.daemon import DaemonState
+from tuner.daemon.http_api import serve
+from tuner.daemon.state import DaemonState
 from tuner.signals.derive import LATENCY_HISTOGRAMS, QUANTILES, queue_ratio
 from tuner.store.alerts import outbox_size
+from tuner.store.journal import OUTCOMES
+from tuner.store.recommendations import STATUSES
 
 __all__ = ["TunerCollector", "serve_metrics", "SIGNAL_GAUGES"]
 
@@ -39,8 +42,6 @@ _HEALTH = ("up", "degraded", "down")
 def _apply_families(targets: list[str], rec_counts: dict[tuple[str, str], int],
                     apply_counts: dict[tuple[str, str], int], managed_up: dict[str, bool],
                     auto_halted: dict[str, bool]) -> Iterator[Metric]:
-    from tuner.store.journal import OUTCOMES
-    from tuner.store.recommendations import STATUSES
 
     recs = GaugeMetricFamily("tuner_recommendations", "Stored recommendations by status",
                              labels=["target", "status"])
@@ -184,12 +185,10 @@ class TunerCollector(Collector):
 
 def serve_metrics(state: DaemonState, host: str, port: int, *, daemon: object | None = None,
                   token: str | None = None) -> tuple[object, object]:
-    """Start tuner's listener (/metrics; with ``daemon`` also /api/v1, see tuner/api.py) in a thread.
+    """Start tuner's listener (/metrics; with ``daemon`` also /api/v1, see http_api.py) in a thread.
 
     Returns (server, thread) for shutdown.
     """
-    from tuner.api import serve
-
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TunerCollector(state))
     return serve(registry, host, port, daemon=daemon, token=token)

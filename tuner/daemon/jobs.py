@@ -11,7 +11,6 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable
@@ -20,51 +19,33 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from tuner.alerting import Alerting
+from tuner.app.alerting import Alerting
+from tuner.app.auto import auto_step
+from tuner.app.session import Session
+from tuner.apply.flow import Applier
+from tuner.apply.guard import Decision, rollback_streak
 from tuner.collect.gpu import GpuCollector
 from tuner.collect.scrape import scrape_target
-from tuner.collect.snapshots import GpuReading
 from tuner.config import Config, Target
+from tuner.daemon.metrics import serve_metrics
+from tuner.daemon.state import DaemonState
 from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
-from tuner.signals.derive import TargetSignals, compute_signals
+from tuner.signals.derive import compute_signals
 from tuner.store.retention import apply_retention
+from tuner.store import journal as jr
+from tuner.store import recommendations as recs
 from tuner.store.store import Store
 
-__all__ = ["Daemon", "DaemonState"]
+__all__ = ["Daemon", "serve_daemon"]
 
 log = logging.getLogger("tuner.daemon")
 _CLOCK_STEP_S = 2.0  # a wall-clock jump larger than this (against the monotonic clock) is a step, not drift
 _SIGNALS_COST_S = 0.015  # one target's window + derive over a full 5-minute window (bench/RESULTS.md)
 
 
-@dataclass
-class DaemonState:
-    """What the exporter and the CLI read: latest signals per target, latest GPU reading, job errors."""
-
-    signals: dict[str, TargetSignals] = field(default_factory=dict)
-    gpu: GpuReading | None = None
-    scrapes_total: dict[str, int] = field(default_factory=dict)
-    scrape_failures_total: dict[str, int] = field(default_factory=dict)
-    last_duration_s: dict[str, float] = field(default_factory=dict)
-    job_errors: dict[str, str] = field(default_factory=dict)  # job name -> last error ("" when fine)
-    targets: dict[str, Target] = field(default_factory=dict)
-    alerting: Alerting | None = None
-    # apply side, refreshed by the apply-status job: (target, status) -> recommendations; (target, outcome) ->
-    # finished applies; target -> managed server up; target -> auto mode halted; target -> last auto decision
-    recommendations: dict[tuple[str, str], int] = field(default_factory=dict)
-    applies: dict[tuple[str, str], int] = field(default_factory=dict)
-    managed_up: dict[str, bool] = field(default_factory=dict)
-    auto_halted: dict[str, bool] = field(default_factory=dict)
-    auto_decision: dict[str, str] = field(default_factory=dict)
-    max_num_seqs: dict[str, float] = field(default_factory=dict)  # target -> the max-num-seqs in force (vLLM)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
 class Daemon:
     def __init__(self, cfg: Config, store: Store, *, clock: Callable[[], float] = time.time,
                  config_dir: Path | None = None) -> None:
-        from tuner.apply.flow import Applier
-
         self.cfg = cfg
         self.store = store
         self.clock = clock
@@ -81,7 +62,8 @@ class Daemon:
         self.alerting = self.state.alerting = Alerting(cfg, store, clock=clock,
                                                        target_signal=self._target_signal,
                                                        max_num_seqs=self._max_num_seqs)
-        self.applier = Applier(cfg, store, (config_dir or Path.cwd()).resolve(), say=log.info, clock=clock)
+        self.session = Session(cfg, (config_dir or Path.cwd()).resolve(), store)
+        self.applier = Applier(cfg, store, self.session.config_dir, say=log.info, clock=clock)
 
     # ---- jobs: each one records its failures and returns ----------------------------------------
 
@@ -231,31 +213,17 @@ class Daemon:
 
     def auto_once(self, target: Target) -> None:
         """Auto mode: refresh the target's recommendations, then apply the best one if the guardrails allow."""
-        from tuner.advise.cli import recommend_target
-        from tuner.apply.guard import decide
-        from tuner.store import journal as jr
-        from tuner.store import recommendations as recs
-
-        now = self.clock()
-        try:
-            self.applier.reconcile()
-            flags = self.applier.flags_in_force(target)
-            recommend_target(self.cfg, self.store, target.name, now=now, window=target.apply.baseline,
-                             flags=flags, model=target.managed.model if target.managed else None)
-            busy = {g for t in self.cfg.targets if t.name != target.name and t.managed
-                    and jr.open_applies_for(self.store.engine, t.name) for g in t.managed.gpus}
-            d = decide(now=now, policy=target.apply, history=jr.list_applies(self.store.engine, target=target.name,
-                                                                           limit=50),
-                       proposals=recs.proposed_for(self.store.engine, target.name),
-                       gpus=target.managed.gpus if target.managed else (), busy_gpus=busy)
+        def decided(d: Decision) -> None:
             with self.state.lock:
                 self.state.auto_decision[target.name] = d.reason
                 self.state.auto_halted[target.name] = d.halted
-            if not d.go or d.recommendation is None:
-                log.info("auto %s: not now: %s", target.name, d.reason)
+            log.log(logging.WARNING if d.go else logging.INFO, "auto %s: %s%s", target.name,
+                    "applying " if d.go else "not now: ", d.reason)
+
+        try:
+            a = auto_step(self.cfg, self.store, self.applier, target, now=self.clock(), decided=decided).applied
+            if a is None:
                 return
-            log.warning("auto %s: applying %s", target.name, d.reason)
-            a = self.applier.apply(d.recommendation.id, mode="auto")
             log.warning("auto %s: apply #%d %s: %s", target.name, a.id, a.outcome, a.note)
         except TunerError as exc:
             self._job_error(f"auto:{target.name}", str(exc))
@@ -265,9 +233,6 @@ class Daemon:
 
     def apply_status_once(self) -> None:
         """Refresh the apply side of /metrics from the store (counts only: cheap)."""
-        from tuner.apply.guard import rollback_streak
-        from tuner.store import journal as jr
-        from tuner.store import recommendations as recs
 
         try:
             counts: dict[tuple[str, str], int] = {}
@@ -302,8 +267,6 @@ class Daemon:
             t = self.state.targets.get(name)
             if t is None or t.apply.mode != "auto":
                 return None
-            from tuner.apply.guard import rollback_streak
-            from tuner.store import journal as jr
 
             streak = rollback_streak(jr.list_applies(self.store.engine, target=name, limit=50), self.clock())
             return 1.0 if streak >= t.apply.max_consecutive_rollbacks else 0.0
@@ -395,3 +358,18 @@ class Daemon:
             assert self.scheduler is not None
             self.scheduler.shutdown(wait=True)
             log.info("stopped")
+
+
+def serve_daemon(session: Session, *, max_seconds: float | None, log: logging.Logger = log) -> int:
+    """`tuner run`: the daemon and its listener (/metrics, /api/v1) until SIGTERM/SIGINT or ``max_seconds``."""
+    cfg = session.cfg
+    daemon = Daemon(cfg, session.store, config_dir=session.config_dir)
+    host, port = cfg.listen_host_port
+    server, _thread = serve_metrics(daemon.state, host, port, daemon=daemon, token=cfg.api.token(session.config_dir))
+    log.info("tuner %d target(s); own metrics on http://%s:%d/metrics; store %s", len(cfg.targets), host, port,
+             cfg.store.url)
+    try:
+        daemon.run_forever(max_seconds=max_seconds)
+    finally:
+        server.shutdown()  # type: ignore[attr-defined]
+    return 0

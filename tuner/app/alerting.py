@@ -9,30 +9,23 @@ A rule reload that fails keeps the last good rule set.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from datetime import timedelta
-from pathlib import Path
 from typing import Callable
 
 from tuner.config import Config, Target
 from tuner.errors import TunerError
 from tuner.notify import FlushResult, Notifier
 from tuner.rules.evaluate import configured_max_num_seqs, evaluate, payload, to_send, vector
-from tuner.rules.model import RuleGroup, RuleSet, load_rule_files
+from tuner.rules.model import RuleGroup, RuleSet, default_rule_files, load_rule_files
 from tuner.signals.derive import TargetSignals, compute_signals
-from tuner.store.alerts import StoredAlert, load_states, save_states
+from tuner.rules.state import Alert, from_row, to_row
+from tuner.store.alerts import load_states, save_states
 from tuner.store.store import Store
 
-__all__ = ["Alerting", "default_rule_files"]
+__all__ = ["Alerting"]
 
 log = logging.getLogger("tuner.alerting")
-
-
-def default_rule_files() -> list[str]:
-    """alerts/default.yaml beside the package (checkout / editable install), or $TUNER_ALERTS_DIR."""
-    base = Path(os.environ.get("TUNER_ALERTS_DIR") or Path(__file__).resolve().parents[1] / "alerts")
-    return [str(base / "default.yaml")]
 
 
 class Alerting:
@@ -45,9 +38,9 @@ class Alerting:
         self.files = cfg.alerting.rule_files or default_rule_files()
         self.rules: RuleSet = load_rule_files(self.files, cfg.alerting.evaluation_interval)
         self.lock = threading.Lock()
-        self.state: dict[str, dict[str, StoredAlert]] = {}
-        for (key, fp), alert in load_states(store).items():
-            self.state.setdefault(key, {})[fp] = alert
+        self.state: dict[str, dict[str, Alert]] = {}
+        for (key, fp), row in load_states(store).items():
+            self.state.setdefault(key, {})[fp] = from_row(row)
         self.notifier = Notifier(store)
         host, port = cfg.listen_host_port
         self.base_url = (cfg.alerting.external_url or f"http://{host}:{port}").rstrip("/")
@@ -96,7 +89,7 @@ class Alerting:
                               interval=group.interval)
                 outgoing += [payload(a, f"{self.base_url}/metrics#alert={key}") for a in due]
             batches = [(am, outgoing) for am in self.cfg.alerting.alertmanagers] if outgoing else []
-            save_states(self.store, [a for alerts in self.state.values() for a in alerts.values()],
+            save_states(self.store, [to_row(a) for alerts in self.state.values() for a in alerts.values()],
                         events=events, outbox=batches, now_ms=now_ms)
         for e in events:
             log.info("alert %s %s -> %s (%s)", e["rule"], e["from_state"], e["to_state"], e["labels"])
@@ -104,6 +97,6 @@ class Alerting:
     def flush(self) -> FlushResult:
         return self.notifier.flush(int(self.clock() * 1000))
 
-    def active(self) -> list[StoredAlert]:
+    def active(self) -> list[Alert]:
         with self.lock:
             return [a for alerts in self.state.values() for a in alerts.values() if a.state != "inactive"]

@@ -1,0 +1,99 @@
+"""Apply, roll back, finish by hand, reconcile, read the journal: the apply use cases behind the CLI and the API.
+
+The flow itself (drain, start, health gate, observe, verdict) is tuner/apply/flow.py; this decides what may start
+and says what an outcome means to the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from tuner.app.session import Session
+from tuner.config import Target
+from tuner.apply.flow import Applier, Plan, proposed
+from tuner.errors import ApplyError, TargetBusyError
+from tuner.store import journal as jr
+
+__all__ = ["PendingApply", "plan", "apply", "applied_by_hand", "rollback", "reconcile", "journal", "held",
+           "check_startable", "managed_targets"]
+
+
+@dataclass
+class PendingApply:
+    """An apply planned and not started: what it would change, and what it would cost."""
+
+    applier: Applier
+    rec_id: int
+    plan: Plan
+
+    def describe(self) -> str:
+        return self.applier.describe(self.plan)
+
+    def expected_outage(self) -> tuple[float, int] | None:
+        """(median seconds without service, how many earlier applies that is from); None by hand or unknown."""
+        return None if self.plan.how == "manual" else self.applier.expected_outage(self.plan.target)
+
+    def go(self, *, mode: str = "manual", force: bool = False) -> jr.StoredApply:
+        return self.applier.apply(self.rec_id, mode=mode, force=force)
+
+
+def plan(session: Session, rec_id: int, say: Callable[[str], None] = print) -> PendingApply:
+    """What applying a proposed recommendation would do (NotProposedError otherwise); nothing changes yet.
+
+    An apply left half done by a dead tuner is reconciled first: it must not block, or confuse, this one."""
+    ap = session.applier(say)
+    ap.reconcile()
+    return PendingApply(ap, rec_id, ap.plan(proposed(ap.engine, rec_id)))
+
+
+def check_startable(session: Session, rec_id: int | None = None, target: str | None = None) -> str:
+    """The target an apply (of ``rec_id``) or a rollback (of ``target``) would change, if it may start now:
+    NotProposedError, UnknownTargetError or TargetBusyError otherwise. (The journal's lock is the final word.)"""
+    name = proposed(session.store.engine, rec_id).target if rec_id is not None else session.cfg.target(str(target)).name
+    busy = jr.open_applies_for(session.store.engine, name)
+    if busy:
+        raise TargetBusyError(name, busy[0])
+    return name
+
+
+def apply(session: Session, rec_id: int, *, mode: str = "manual", force: bool = False,
+          say: Callable[[str], None] = print) -> jr.StoredApply:
+    return plan(session, rec_id, say).go(mode=mode, force=force)
+
+
+def applied_by_hand(session: Session, rec_id: int, *, cancel: bool = False,
+                    say: Callable[[str], None] = print) -> jr.StoredApply:
+    return session.applier(say).manual_done(rec_id, cancel=cancel)
+
+
+def rollback(session: Session, target: str, *, mode: str = "manual", force: bool = False,
+             say: Callable[[str], None] = print) -> jr.StoredApply:
+    ap = session.applier(say)
+    ap.reconcile()
+    return ap.rollback(target, mode=mode, force=force)
+
+
+def reconcile(session: Session, say: Callable[[str], None] = print) -> list[str]:
+    return session.applier(say).reconcile()
+
+
+def journal(session: Session, target: str | None = None, limit: int = 20) -> list[jr.StoredApply]:
+    return jr.list_applies(session.store.engine, target=target, limit=limit)
+
+
+def held(session: Session, a: jr.StoredApply) -> bool:
+    """Whether the change stands as the caller asked: kept, inconclusive under ``on_inconclusive: keep_new``, or
+    waiting for a restart by hand."""
+    keep_new = a.outcome == "inconclusive" and session.cfg.target(a.target).apply.on_inconclusive == "keep_new"
+    return a.outcome == "kept" or keep_new or a.state == "awaiting_manual"
+
+
+def managed_targets(session: Session, name: str | None) -> list[Target]:
+    """The named target (ApplyError unless it is managed), else every managed one."""
+    if name is None:
+        return [t for t in session.cfg.targets if t.managed]
+    t = session.cfg.target(name)
+    if t.managed is None:
+        raise ApplyError(f"target {t.name!r} is not managed (no managed: section)")
+    return [t]

@@ -1,0 +1,189 @@
+"""Recommend: gather the advisor's inputs, let the pure advisor decide, persist what it proposes.
+
+Here, and only here, the advisor's inputs are gathered: the stored window, the GPU reading, the server's version
+and live config over HTTP, model files, /proc/meminfo. Then ``tuner.advise.recommend.evaluate`` decides and this
+persists. `tuner recommend`, auto mode and `tuner tune` all come through ``recommend``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.advise.diagnose import Inputs
+from tuner.advise.facts import ServerFacts, flags_from_live_config, gpu_facts, load_model, observe
+from tuner.advise.recommend import Outcome, Previous, evaluate
+from tuner.apply.flow import flags_in_force
+from tuner.collect import http
+from tuner.config import Config
+from tuner.errors import ConfigError, ModelFactsError, ScrapeError
+from tuner.flags import help_flags, parse_version, spec, validate
+from tuner.signals.derive import EngineSignals, compute_signals
+from tuner.store import recommendations as recs
+from tuner.store.store import Store
+from tuner.store.window import EngineWindow
+
+__all__ = ["RecommendRequest", "gather_inputs", "persist", "recommend", "stored", "one"]
+
+_HTTP_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class RecommendRequest:
+    """What to evaluate: one target over a window, with what the server cannot report given by the caller."""
+
+    target: str
+    window_s: float
+    flags: tuple[str, ...] = ()  # NAME=VALUE: current flags the server does not report, on top of those in force
+    model: str | None = None  # model dir / config.json / .gguf for the memory model (else the managed model)
+    gpu_vendor: str | None = None  # nvidia | amd | none: overrides what NVML implies
+    startup_log: str | None = None  # the log of a start that failed
+    help_file: str | None = None  # the server's --help output: which flags it supports
+    repeated_prefix_share: float | None = None
+
+
+# ---- gathering live facts ------------------------------------------------------------------------
+
+def _get_json(url: str) -> Any | None:
+    try:
+        return http.get_json(url, timeout_s=_HTTP_TIMEOUT_S)
+    except ScrapeError:
+        return None
+
+
+def _live_server(backend: str, url: str) -> tuple[ServerFacts, dict[str, str]]:
+    """The server's version and what its own endpoints say about its flags (empty when it does not answer)."""
+    live: dict[str, str] = {}
+    if backend == "vllm":
+        version = _get_json(f"{url}/version") or {}
+        models = _get_json(f"{url}/v1/models") or {}
+        data = models.get("data") or [{}]
+        if isinstance(data[0], dict) and data[0].get("max_model_len"):
+            live["max_model_len"] = str(data[0]["max_model_len"])
+        return ServerFacts(version=parse_version(str(version.get("version") or ""))), live
+    props = _get_json(f"{url}/props") or {}
+    settings = props.get("default_generation_settings") or {}
+    for key, value in (("total_slots", props.get("total_slots")), ("n_ctx", settings.get("n_ctx")),
+                       ("model_path", props.get("model_path"))):
+        if value is not None:
+            live[key] = str(value)
+    return ServerFacts(version=parse_version(str(props.get("build_info") or ""))), live
+
+
+def _host_available_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _parse_flag(backend: str, text: str) -> tuple[str, Any]:
+    name, sep, value = text.partition("=")
+    if not sep:
+        raise ConfigError("tuner recommend", "--flag", f"expected NAME=VALUE (e.g. max_num_seqs=8), got {text!r}")
+    s = spec(backend, name.strip())
+    return s.name, validate(backend, s.name, value.strip())
+
+
+def _read(path: str, what: str, limit: int | None = None) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as exc:
+        raise ConfigError("tuner recommend", what, f"cannot read {path}: {exc}") from None
+    return text if limit is None else text[-limit:]
+
+
+def gather_inputs(req: RecommendRequest, cfg: Config, store: Store, now: float) -> list[Inputs]:
+    """One Inputs per engine of the target, from the store, the live server and the request."""
+    target = cfg.target(req.target)
+    window_s = req.window_s
+    # What tuner knows is in force (a managed server's flags, the last apply's), then the request's on top.
+    given = {**flags_in_force(store.engine, target), **dict(_parse_flag(target.backend, f) for f in req.flags)}
+    start_ms, end_ms = int(round((now - window_s) * 1000)), int(round(now * 1000))
+    pairs: list[tuple[Any, Any]] = []
+    if target.name in store.target_names():  # never scraped: only a start-up log can be evaluated
+        window = store.window(target.name, now - window_s, now)
+        pairs = list(zip(window.engines, compute_signals(window, slo=target.slo).engines))
+    server, live = _live_server(target.backend, target.url)
+    if req.help_file:
+        server = ServerFacts(server.version, help_flags(_read(req.help_file, "--help-file")))
+    live_gguf = live.get("model_path") if live.get("model_path", "").endswith(".gguf") else None
+    model_path = req.model or (target.managed.model if target.managed else None) or live_gguf
+    model = load_model(model_path) if model_path and Path(model_path).exists() else None
+    if req.model and model is None:
+        raise ModelFactsError(req.model, "no such file or directory")
+    gpu = gpu_facts(store.gpu_latest(max_age_s=max(60.0, 3 * cfg.gpu.interval.total_seconds()), now=now),
+                    vendor=req.gpu_vendor)
+    startup = _read(req.startup_log, "--startup-log", limit=20000) if req.startup_log else None
+    if not pairs and startup:  # a server that never started has no samples; its log is the evidence
+        pairs = [(EngineWindow(engine="0", model_name="", series={}, hists={}),
+                  EngineSignals(engine="0", model_name="", samples=0))]
+    out = []
+    for e_win, e_sig in pairs:
+        flags = flags_from_live_config(target.backend, {**e_win.config, **live})
+        if live.get("max_model_len"):
+            flags["max_model_len"] = int(live["max_model_len"])
+        flags.update(given)
+        out.append(Inputs(target=target.name, backend=target.backend, now=now, window_s=window_s, signals=e_sig,
+                          observed=observe(e_win, target.backend, start_ms, end_ms), flags=flags,
+                          model=model, gpu=gpu, server=server, live=dict(e_win.config), slo=target.slo,
+                          startup_error=startup, repeated_prefix_share=req.repeated_prefix_share,
+                          host_memory_available_bytes=_host_available_bytes()))
+    return out
+
+
+def persist(engine: Any, target: str, outcome: Outcome, now: float) -> list[int]:
+    """Write an outcome: new proposals added, seen ones renewed, recovered ones expired. Returns emitted ids."""
+    ids = []
+    for r in outcome.emitted:
+        evidence = [dict(e) for e in r.evidence]
+        if r.key in outcome.refreshed:
+            rid = outcome.refreshed[r.key]
+            recs.renew_recommendation(engine, rid, now=now, rules=r.rules, evidence=evidence,
+                                      confidence=r.confidence, memory_check=r.memory.as_json())
+        else:
+            rid = recs.add_recommendation(engine, target=target, now=now, rules=r.rules, diff_key=r.key,
+                                          diff=dict(r.diff), current=dict(r.current), evidence=evidence,
+                                          expected_effect=r.expected_effect, risk=r.risk, confidence=r.confidence,
+                                          rank=r.rank, memory_check=r.memory.as_json())
+        ids.append(rid)
+    for rid in outcome.expired:
+        recs.set_status(engine, rid, "expired", now=now, note="the symptom is gone (signals recovered)")
+    return ids
+
+
+def recommend(cfg: Config, store: Store, req: RecommendRequest, now: float) -> dict[str, Any]:
+    """Evaluate one target and persist the outcome; the result as `tuner recommend --json` prints it."""
+    inputs = gather_inputs(req, cfg, store, now)
+    previous = [Previous(r.id, r.diff_key) for r in recs.proposed_for(store.engine, req.target)]
+    result: dict[str, Any] = {"target": req.target, "at": now, "window_s": req.window_s,
+                              "recommendations": [], "suppressed": [], "expired": [], "evaluated": bool(inputs)}
+    outcomes = [(inp, evaluate(inp, previous)) for inp in inputs]
+    # A stored proposal expires only when every engine that has data no longer proposes it: one engine's
+    # recovery must not expire what another engine's symptom still calls for.
+    with_data = [set(o.expired) for inp, o in outcomes if inp.signals.samples > 0]
+    expired = set.intersection(*with_data) if with_data else set()
+    for i, (inp, outcome) in enumerate(outcomes):
+        outcome = dataclasses.replace(outcome, expired=tuple(sorted(expired)) if i == 0 else ())
+        ids = persist(store.engine, req.target, outcome, now)
+        result["recommendations"] += [recs.get_recommendation(store.engine, rid).as_json() for rid in ids]
+        result["suppressed"] += [s.__dict__ for s in outcome.suppressed]
+        result["expired"] += list(outcome.expired)
+    return result
+
+
+def stored(store: Store, *, target: str | None = None, status: str | None = None) -> list[recs.StoredRecommendation]:
+    """Stored recommendations, newest first; ConfigError naming --status when it is not a status."""
+    if status is not None and status not in recs.STATUSES:
+        raise ConfigError("tuner recommendations list", "--status",
+                          f"{status!r}: expected one of {', '.join(recs.STATUSES)}")
+    return recs.list_recommendations(store.engine, target=target, status=status)
+
+
+def one(store: Store, rec_id: int) -> recs.StoredRecommendation:
+    return recs.get_recommendation(store.engine, rec_id)

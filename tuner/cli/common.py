@@ -1,0 +1,56 @@
+"""What every command module shares: the session from --config, argparse types, tables, times."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from tuner.app.session import Session
+from tuner.config import parse_duration
+from tuner.errors import ApplyError
+
+__all__ = ["session", "optional_session", "duration", "table", "when", "fmt", "confirm"]
+
+
+def session(args: argparse.Namespace) -> Session:
+    return Session.load(args.config)
+
+
+def optional_session(args: argparse.Namespace) -> Session | None:
+    """For commands that work without a config: None when none was named and ./tuner.yaml is absent."""
+    return Session.optional(args.config)
+
+
+def duration(text: str) -> timedelta:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def when(ms: int | None) -> str:
+    return "-" if ms is None else datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def fmt(v: Any, scale: float = 1.0, unit: str = "", digits: int = 2) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return f"{v * scale:.{digits}f}{unit}"
+
+
+def confirm(args: argparse.Namespace, what: str) -> None:
+    """Ask on the terminal unless --yes; without a terminal, refuse (never act unasked)."""
+    if args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise ApplyError(f"{what}: no terminal to confirm on; pass --yes to go ahead")
+    if input(f"{what}? [y/N] ").strip().lower() not in ("y", "yes"):
+        raise ApplyError(f"{what}: not confirmed")
