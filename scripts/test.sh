@@ -22,6 +22,9 @@ log "ruff: pyflakes checks (unused or undefined names, names used before they ar
 .venv/bin/python -m ruff check --select F --output-format concise tuner tests scripts bench
 log "mypy: types of tuner/ ([tool.mypy] in pyproject.toml)"
 .venv/bin/python -m mypy --no-error-summary
+log "import-linter: the layering ([tool.importlinter] in pyproject.toml; function-level imports count)"
+layering="$(.venv/bin/lint-imports --no-cache 2>&1)" || { echo "$layering"; exit 1; }
+echo "$layering" | tail -n 1
 
 set +e
 .venv/bin/python -m pytest -q "$@"
