@@ -115,3 +115,24 @@ def test_status_and_signals_read_what_the_daemon_stored(tmp_path, store):
     assert engine["prompt_tokens_per_s"] > 0 and engine["e2e_p99"] > 0 and engine["goodput_ratio"] is not None
     unknown = tuner("--config", str(tmp_path / "tuner.yaml"), "signals", "nope")
     assert unknown.returncode == 2 and "known targets: v, gone" in unknown.stderr
+
+
+def test_commands_that_need_no_config_work_without_one(tmp_path):
+    """Run where there is no tuner.yaml and no $TUNER_CONFIG, as a new user might."""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TUNER_CONFIG"}
+    run = lambda *a: tuner(*a, cwd=tmp_path, env=env)  # noqa: E731
+    exported = run("alerts", "export")
+    assert exported.returncode == 0, exported.stderr
+    assert "alert: KVCacheHigh" in exported.stdout  # the default pack
+    checked = run("alerts", "check")
+    assert checked.returncode == 0 and "alerts/default.yaml" in checked.stdout, checked.stderr
+    verdict = FIXTURES / "verdict" / "trickle"
+    judged = run("judge", "--before", str(verdict / "before"), "--after", str(verdict / "after"), "--backend", "vllm",
+                 "--json")
+    assert judged.returncode == 0 and json.loads(judged.stdout)["outcome"] == "inconclusive", judged.stderr
+    assert run("snapshot", "--file", str(VLLM / "metrics_idle.txt"), "--backend", "vllm").returncode == 0
+    # a config that is named but missing is still an error that names it; so is one a command needs
+    named = run("--config", "nope.yaml", "alerts", "export")
+    assert named.returncode == 2 and "nope.yaml: no such file" in named.stderr
+    needed = run("status")
+    assert needed.returncode == 2 and "tuner.yaml: no such file; pass --config PATH" in needed.stderr

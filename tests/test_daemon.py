@@ -14,6 +14,7 @@ from sqlalchemy import text
 from tests.helpers import Route, fixture_text, serve
 from tuner.config import parse_config
 from tuner.daemon import Daemon
+from tuner.lab.proc import wait_for
 from tuner.lab.replay import ReplayExposition, ReplayServer
 
 VLLM_FIXTURE = "vllm-0.32-cpu/metrics_after_load.txt"
@@ -99,8 +100,15 @@ def test_every_bad_target_is_recorded_and_the_good_one_still_stored(tmp_path, st
 
 
 def test_no_overlapping_scrapes_of_one_target(tmp_path, store):
-    """A scrape job slower than its interval (e.g. a slow store write) never runs twice at once."""
+    """A scrape job slower than its interval (e.g. a slow store write) never runs twice at once.
+
+    The first scrape blocks until the scheduler has come back for the same target three times and refused each
+    (APScheduler's max-instances event); then it is released. Conditions, not wall time, move the test."""
     import threading
+
+    from apscheduler.events import EVENT_JOB_MAX_INSTANCES
+
+    release, refused = threading.Event(), threading.Semaphore(0)
 
     class SlowDaemon(Daemon):
         inflight = peak = runs = 0
@@ -112,7 +120,7 @@ def test_no_overlapping_scrapes_of_one_target(tmp_path, store):
                 SlowDaemon.runs += 1
                 SlowDaemon.peak = max(SlowDaemon.peak, SlowDaemon.inflight)
             try:
-                time.sleep(0.9)
+                release.wait(30)
                 return super().scrape_once(target)
             finally:
                 with self.lock:
@@ -121,10 +129,19 @@ def test_no_overlapping_scrapes_of_one_target(tmp_path, store):
     with ReplayServer(ReplayExposition(fixture_text(VLLM_FIXTURE))) as server:
         cfg = parse_config(_config(tmp_path, {"slow": server.url}, interval="200ms"))
         daemon = SlowDaemon(cfg, store)
-        daemon.run_forever(install_signal_handlers=False, max_seconds=2.5)
+        runner = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False})
+        runner.start()
+        try:
+            wait_for(lambda: daemon.scheduler is not None, 10, "the scheduler")
+            daemon.scheduler.add_listener(lambda _e: refused.release(), EVENT_JOB_MAX_INSTANCES)
+            for _ in range(3):
+                assert refused.acquire(timeout=30), "the scheduler never came back for the busy target"
+            assert SlowDaemon.runs == 1  # three due runs came and went while the first was in flight
+        finally:
+            release.set()
+            daemon.stop()
+            runner.join(30)
     assert SlowDaemon.peak == 1
-    # 2.5 s of 0.9 s runs one after another: 2-3 runs (overlapping runs would give ~12).
-    assert 2 <= SlowDaemon.runs <= 3
 
 
 def _run_tuner(config: Path, *args: str, **kw) -> subprocess.Popen:
