@@ -26,6 +26,7 @@ TUNER_TINY_GGUF).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import http.client
 import json
 import os
@@ -74,11 +75,13 @@ class Req:
     end: float
     outcome: str  # ok | refused | reset | http NNN | timeout | bad body | error
     detail: str = ""
+    request: tuple[int, int] = (0, 0)  # (client, its n-th request): a retry is another attempt of the same request
 
 
 @dataclass
 class Load:
-    """C client threads, one request each at a time, recording every request; a failure is retried after 0.2 s."""
+    """C client threads, one request each at a time, recording every attempt; a failed request is sent again
+    after 0.2 s (``Req.request`` tells attempts of one request apart from requests)."""
 
     port: int
     model: str
@@ -103,12 +106,15 @@ class Load:
     def _client(self) -> None:
         body = json.dumps({"model": self.model, "prompt": PROMPT, "max_tokens": self.max_tokens,
                            "temperature": 0, "ignore_eos": True}).encode()
+        me, n = threading.get_ident(), 0
         while not self._stop.is_set():
-            r = self._one(body)
+            r = dataclasses.replace(self._one(body), request=(me, n))
             with self._lock:
                 self.done.append(r)
             if r.outcome != "ok":
-                time.sleep(0.2)
+                time.sleep(0.2)  # the same request again
+            else:
+                n += 1
 
     def _one(self, body: bytes) -> Req:
         t0 = time.time()
@@ -522,3 +528,15 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def requests_summary(attempts: list[Req]) -> dict[str, int]:
+    """Per request, not per attempt: how many requests, how many needed more than one attempt (they met the
+    outage and were sent again), how many never got an answer (still failing when the load stopped)."""
+    by_request: dict[tuple[int, int], list[Req]] = {}
+    for r in attempts:
+        by_request.setdefault(r.request, []).append(r)
+    return {"requests": len(by_request),
+            "retried": sum(1 for rs in by_request.values() if len(rs) > 1),
+            "lost": sum(1 for rs in by_request.values() if not any(r.outcome == "ok" for r in rs)),
+            "attempts_failed": sum(1 for r in attempts if r.outcome != "ok")}

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from apply import Load, save_config, tuner_cli  # noqa: E402  (bench/apply.py: the recording closed-loop client)
+from apply import Load, requests_summary, save_config, tuner_cli  # noqa: E402  (bench/apply.py: the recording closed-loop client)
 
 from tuner.apply import managed as mg  # noqa: E402
 from tuner.apply.launch import ServerProcess, free_port  # noqa: E402
@@ -173,20 +173,24 @@ def main() -> int:
     caps = {} if args.skip_grid else grid(root)
     applies, load = auto(root)
     best = max(caps.values()) if caps else None
-    print("\n| apply | diff | verdict | capacity before -> after (req/s) | outage (s) | client requests failed |")
-    print("|---|---|---|---|---:|---:|")
+    print("\n| apply | diff | verdict | capacity before -> after (req/s) | outage (s) | journal: in flight at drain, "
+          "arrivals during outage | client requests sent again / lost (attempts failed) |")
+    print("|---|---|---|---|---:|---|---|")
     within = None
     for n, a in enumerate(applies, 1):
         lo, hi = a["created_ms"] / 1000, a["updated_ms"] / 1000 + 1
-        failed = sum(1 for r in load.done if r.outcome != "ok" and lo <= r.start <= hi)
+        c = requests_summary([r for r in load.done if lo <= r.start <= hi])
         b, af = a.get("baseline") or {}, a.get("after") or {}
         cap_after = af.get("capacity_rps")
         print(f"| {n} (#{a['id']}) | {a['diff']} | {a['outcome']} | {b.get('capacity_rps')} -> {cap_after} | "
-              f"{af.get('outage_s')} | {failed} |")
+              f"{af.get('outage_s')} | {b.get('in_flight_at_drain')}, {af.get('arrivals_during_outage')} | "
+              f"{c['retried']} / {c['lost']} ({c['attempts_failed']}) |")
         if within is None and best and a["outcome"] == "kept" and cap_after and cap_after >= 0.9 * best:
             within = n
     print(f"\ngrid best: {best} req/s; came within 10% after {within} apply(s)" if best else "")
-    print(f"client requests during the auto phase: {len(load.done)}, failed {sum(r.outcome != 'ok' for r in load.done)}")
+    whole = requests_summary(load.done)
+    print(f"client requests during the auto phase: {whole['requests']}, sent again {whole['retried']}, lost "
+          f"{whole['lost']} ({whole['attempts_failed']} failed attempts)")
     print(f"data: {root}")
     return 0
 

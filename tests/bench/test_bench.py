@@ -63,3 +63,15 @@ def test_profile_summary_attributes_each_stack_to_its_first_stage(tmp_path: Path
                    "window (tuner/store/store.py:5) 10\n"
                    "main (x.py:1) 10\n")
     assert dict(profile_summary(raw)) == {"scrape: store.ingest": 0.6, "signals: store.window": 0.2, "other": 0.2}
+
+
+def test_the_apply_bench_counts_requests_not_attempts() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench.apply import Req, requests_summary
+
+    attempts = [Req(0, 1, "ok", request=(1, 0)),
+                Req(1, 2, "refused", request=(1, 1)), Req(2, 3, "refused", request=(1, 1)),
+                Req(3, 4, "ok", request=(1, 1)),  # one request, three attempts, answered
+                Req(0, 5, "ok", request=(2, 0)),
+                Req(5, 6, "http 500", request=(2, 1))]  # still failing when the load stopped
+    assert requests_summary(attempts) == {"requests": 4, "retried": 1, "lost": 1, "attempts_failed": 3}
