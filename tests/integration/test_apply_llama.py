@@ -93,11 +93,15 @@ def managed_pid(cfg: Path) -> int | None:
 
 
 def slots(port: int) -> int | None:
-    """How many slots the server has; None while it is not serving them (a server still loading answers 503 with
-    an error object, whose len() once passed for "1 slot")."""
+    """How many slots the server has; None while it is not serving them: not listening yet (a restarted process
+    exists before it binds its port: refused), or still loading (503 with an error object, whose len() once passed
+    for "1 slot")."""
     import requests
 
-    resp = requests.get(f"http://127.0.0.1:{port}/slots", timeout=5, proxies={"http": ""})
+    try:
+        resp = requests.get(f"http://127.0.0.1:{port}/slots", timeout=5, proxies={"http": ""})
+    except requests.ConnectionError:
+        return None
     body = resp.json() if resp.status_code == 200 else None
     return len(body) if isinstance(body, list) else None
 
