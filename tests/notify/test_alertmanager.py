@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from tuner.alerting import Alerting
+from tuner.app.alerting import Alerting
 from tuner.collect.snapshots import EngineSnapshot, TargetSnapshot
 from tuner.config import parse_config
 from tuner.store.alerts import outbox_size
