@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from tuner.cli.apply import _cost_line
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import fixture_text
 from tuner.apply.flow import Applier
+from tuner.cli.apply import _cost_line
+from tuner.config import parse_config
+from tuner.lab.replay import ReplayExposition, ReplayServer
 from tuner.store import journal as jr
 
 T0 = 1_790_000_000.0
@@ -40,3 +48,23 @@ def test_no_cost_line_without_a_measured_outage(store):
     # an unknown offered load (too few scrapes before) still gives the outage, without an arrivals estimate
     aid2 = _apply(store, [("draining", 100.0), ("healthy", 130.0)])
     assert Applier._cost(jr.get_apply(store.engine, aid2), {}) == {"outage_s": 30.0}
+
+
+@pytest.mark.parametrize("backend, fixture, running, waiting", [
+    ("vllm", "vllm-0.32-cpu/metrics_under_load.txt", "vllm:num_requests_running", "vllm:num_requests_waiting"),
+    ("llamacpp", "llama-server/metrics_mid_load.txt", "llamacpp:requests_processing", "llamacpp:requests_deferred"),
+])
+def test_in_flight_at_the_drain_is_read_from_the_server_for_either_backend(store, tmp_path, backend, fixture, running,
+                                                                          waiting):
+    """A recorded loaded exposition served over HTTP: in flight = running + waiting as the server exports them
+    (llama-server: processing + deferred). A llama-server apply once died here on a vLLM-only field name."""
+    text = fixture_text(fixture)
+    expected = sum(float(m.group(1)) for name in (running, waiting)
+                   for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+    with ReplayServer(ReplayExposition(text, growth=0.0)) as server:
+        cfg = parse_config(f"targets:\n  - {{name: t, backend: {backend}, url: '{server.url}'}}\n")
+        ap = Applier(cfg, store, Path(tmp_path), say=lambda m: None)
+        assert ap._in_flight(cfg.targets[0]) == round(expected) and expected > 0
+    # nobody answering: unknown, not an error that stops the apply
+    cfg = parse_config("targets:\n  - {name: t, backend: llamacpp, url: 'http://127.0.0.1:9'}\n")
+    assert Applier(cfg, store, Path(tmp_path), say=lambda m: None)._in_flight(cfg.targets[0]) is None

@@ -20,6 +20,8 @@ SeriesKey = tuple[str, Labels]  # (canonical metric name, labels other than engi
 # Snapshot field → canonical metric, per backend (both backends have e.g. prompt_tokens_total).
 _FIELDS = {"vllm": {s.field: s.name for s in VLLM if s.field},
            "llamacpp": {s.field: s.name for s in LLAMACPP + SLOTS if s.field}}
+_IN_FLIGHT = {"vllm": ("requests_running", "requests_waiting"),
+              "llamacpp": ("requests_processing", "requests_deferred")}
 
 
 @dataclass(frozen=True)
@@ -64,11 +66,13 @@ class EngineSnapshot:
 
     @property
     def requests_running(self) -> float | None:
-        return self.field("requests_running")
+        """Requests being decoded now (llama-server: processing), as the signals name them."""
+        return self.field(_IN_FLIGHT[self.backend][0])
 
     @property
     def requests_waiting(self) -> float | None:
-        return self.field("requests_waiting")
+        """Requests queued for a slot (llama-server: deferred)."""
+        return self.field(_IN_FLIGHT[self.backend][1])
 
     def as_json(self) -> dict[str, Any]:
         """The ``tuner snapshot --json`` object: every catalogue field this backend served."""
