@@ -65,3 +65,31 @@ def test_each_apply_records_its_outage_and_the_next_one_is_told_the_median(store
         jr.finish(store.engine, aid, "kept", "", now=1000.0 * (i + 1) + 100)
         assert Applier._outage(jr.get_apply(store.engine, aid)) == secs
     assert ap.expected_outage(cfg.targets[0]) == (20.0, 3)
+
+
+def test_which_applies_leave_their_new_flags_standing(store):
+    """An inconclusive verdict under on_inconclusive: keep_new keeps the new flags as surely as `kept` does: the
+    flags in force and `tuner rollback` must see them (a clean-clone run found rollback refusing one)."""
+    from tuner.apply.flow import flags_in_force
+    from tuner.config import parse_config
+
+    t = parse_config("targets:\n  - {name: t, backend: vllm, url: 'http://127.0.0.1:9', "
+                     "flags: {max-num-seqs: 4}}\n").targets[0]
+    outcomes = {}
+    for i, (outcome, restored) in enumerate([("inconclusive", False), ("inconclusive", True), ("kept", False),
+                                             ("rolled_back", True), ("failed", False)]):
+        aid = begin(store, now=200 + 10 * i)
+        if restored:
+            jr.step(store.engine, aid, "restoring", "[]", now=201 + 10 * i, state="starting")
+            jr.step(store.engine, aid, "restored", "previous flags, healthy", now=202 + 10 * i)
+        jr.finish(store.engine, aid, outcome, "", now=203 + 10 * i)
+        outcomes[(outcome, restored)] = jr.new_flags_stand(jr.get_apply(store.engine, aid))
+    assert outcomes == {("inconclusive", False): True, ("inconclusive", True): False, ("kept", False): True,
+                        ("rolled_back", True): False, ("failed", False): False}
+    # newest first: the failed and rolled-back ones changed nothing; the kept one (max_num_seqs 8) is in force
+    assert flags_in_force(store.engine, t) == {"max_num_seqs": 8}
+    only = begin(store, target="u", now=300)
+    jr.finish(store.engine, only, "inconclusive", "kept under keep_new", now=301)
+    u = parse_config("targets:\n  - {name: u, backend: vllm, url: 'http://127.0.0.1:9', "
+                     "flags: {max-num-seqs: 4}}\n").targets[0]
+    assert flags_in_force(store.engine, u) == {"max_num_seqs": 8}  # was 4 before: the inconclusive one was ignored

@@ -107,14 +107,15 @@ def flags_in_force(engine: Any, t: Target) -> dict[str, Any]:
     """The tunable flags the target runs with, as tuner knows them (tuner's names).
 
     Managed: what tuner last started it with, unless the config's flags changed since (then the config's).
-    Otherwise: the flags of the last kept apply or rollback, else the config's ``flags``.
+    Otherwise: the flags of the last apply whose new flags stand (kept, or inconclusive under keep_new) or of the
+    last rollback, else the config's ``flags``.
     """
     if t.managed is not None:
         st = jr.get_managed(engine, t.name)
         base = _canonical(t.backend, dict(t.managed.flags))
         return dict(st.flags) if st is not None and st.config_flags == base else base
     for a in jr.list_applies(engine, target=t.name):
-        if a.state == "done" and (a.kind, a.outcome) in (("apply", "kept"), ("rollback", "rolled_back")):
+        if jr.new_flags_stand(a) or (a.state == "done" and (a.kind, a.outcome) == ("rollback", "rolled_back")):
             return dict(a.new_flags)
     return _canonical(t.backend, dict(t.flags))
 
@@ -307,8 +308,7 @@ class Applier:
         t = self.cfg.target(target)
         if not force:
             self.check_restart_budget(t)
-        last = next((a for a in jr.list_applies(self.engine, target=target)
-                     if a.state == "done" and a.kind == "apply" and a.outcome == "kept"), None)
+        last = next((a for a in jr.list_applies(self.engine, target=target) if jr.new_flags_stand(a)), None)
         if last is None:
             raise ApplyError(f"{target}: no kept apply to roll back (see `tuner journal {target}`)")
         current = self.flags_in_force(t)

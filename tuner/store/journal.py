@@ -23,7 +23,7 @@ from tuner.errors import StoreError, TargetBusyError
 from tuner.store.models import Base
 from tuner.store.recommendations import _Tx
 
-__all__ = ["ApplyRow", "ApplyStepRow", "ManagedServerRow", "StoredApply", "ManagedState", "STATES", "OUTCOMES",
+__all__ = ["ApplyRow", "ApplyStepRow", "ManagedServerRow", "StoredApply", "ManagedState", "STATES", "OUTCOMES", "new_flags_stand",
            "KPI_KEYS", "begin_apply", "step", "finish", "set_kpis", "get_apply", "list_applies", "open_applies",
            "open_applies_for", "outcome_counts", "get_managed", "save_managed", "forget_managed"]
 
@@ -200,6 +200,15 @@ def _steps(conn: Any, ids: list[int]) -> dict[int, list[dict[str, Any]]]:
     for s in conn.execute(q):
         out[s.apply_id].append({"ts_ms": s.ts_ms, "step": s.step, "detail": s.detail})
     return out
+
+
+def new_flags_stand(a: StoredApply) -> bool:
+    """Whether a finished apply left its new flags in force: kept, or inconclusive and kept under
+    ``apply.on_inconclusive: keep_new`` (then no step restored the old ones)."""
+    if a.state != "done" or a.kind != "apply":
+        return False
+    restored = any(st["step"] in ("restoring", "restored") for st in a.steps)
+    return a.outcome == "kept" or (a.outcome == "inconclusive" and not restored)
 
 
 def list_applies(engine: Engine, *, target: str | None = None, since_ms: int | None = None,
