@@ -60,11 +60,13 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
         assert (before["saturated"] and after["capacity_rps"] < before["capacity_rps"]) or not attainment_held or \
             after["e2e_p50"] > before["e2e_p50"], (before, after)
     # The journal counts what the apply cost the clients: the outage, the requests in flight when the drain
-    # began (16 clients, each with one request in flight or about to send one: at most 16; None when the loaded
-    # server's /metrics did not answer within 15 s), and the arrivals the outage met at the baseline's load.
+    # began, and the arrivals the outage met at the baseline's load. In flight is one read of vLLM's running and
+    # waiting gauges, which a loaded CPU vLLM can report as 0 between engine steps (clean-clone run 15 read 0
+    # with 16 clients busy): only its upper bound is certain (16 clients, one request each), or None when the
+    # loaded server's /metrics did not answer within 15 s.
     assert after["outage_s"] > 0, after
     assert abs(after["arrivals_during_outage"] - before["offered_rps"] * after["outage_s"]) <= 0.1, (before, after)
-    assert before["in_flight_at_drain"] is None or 0 < before["in_flight_at_drain"] <= 16, before
+    assert before["in_flight_at_drain"] is None or 0 <= before["in_flight_at_drain"] <= 16, before
     assert f"cost: served nothing for {after['outage_s']:g}s" in out
     # No client request is lost to the apply: they are sent again while the server drains and restarts.
     apply_load = re.findall(r"^-- load done: (\d+) ok, (\d+) failed, (\d+) attempts sent again", out, re.M)[-1]
