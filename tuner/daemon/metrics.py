@@ -42,7 +42,6 @@ _HEALTH = ("up", "degraded", "down")
 def _apply_families(targets: list[str], rec_counts: dict[tuple[str, str], int],
                     apply_counts: dict[tuple[str, str], int], managed_up: dict[str, bool],
                     auto_halted: dict[str, bool]) -> Iterator[Metric]:
-
     recs = GaugeMetricFamily("tuner_recommendations", "Stored recommendations by status",
                              labels=["target", "status"])
     for t in targets:

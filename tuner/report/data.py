@@ -108,5 +108,4 @@ def collect(store: Store, target: str, *, start: float, end: float, points: int 
 
 
 def _applies(store: Store, target: str, since_ms: int) -> list[Any]:
-
     return list_applies(store.engine, target=target, since_ms=since_ms)
