@@ -6,7 +6,7 @@ Alertmanager that is down, the SQLite file held by another process's ``BEGIN EXC
 filesystem refuses them with ENOSPC; no mount needed), and the wall clock stepping back and forward (an
 LD_PRELOAD shim, tests/reliability/clockshift.c, offsets CLOCK_REALTIME of the running process only). Healthy targets replay recorded real vLLM expositions
 and must keep being stored, and each fault must show up as target health + last error (`tuner status --json`)
-or as tuner_job_error on tuner's own /metrics. tests/test_daemon.py covers the same bad targets in-process.
+or as tuner_job_error on tuner's own /metrics. tests/daemon/test_daemon.py covers the same bad targets in-process.
 """
 
 from __future__ import annotations
