@@ -17,7 +17,7 @@ from tuner.collect.snapshots import EngineSnapshot, Histogram, TargetSnapshot
 from tuner.config import Retention
 from tuner.errors import SchemaOutdatedError, StoreError
 from tuner.signals.promql import increase
-from tuner.store.db import check_schema, current_revision, head_revision, open_engine, upgrade
+from tuner.store.db import Tx, check_schema, current_revision, head_revision, open_engine, upgrade
 from tuner.store.retention import apply_retention
 from tuner.store.store import Store
 
@@ -59,6 +59,30 @@ def test_a_file_that_is_not_a_database_is_a_store_error(tmp_path: Path) -> None:
     path.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(StoreError, match="cannot open"):
         check_schema(open_engine(f"sqlite:///{path}"))
+
+
+def test_one_transaction_helper_names_the_database_and_undoes_what_the_store_cached(tmp_path: Path) -> None:
+    """Store, journal and recommendations write through one helper (store.db.Tx)."""
+    store = migrated_store(tmp_path)
+    store.ingest(_snapshot("metrics_idle.txt", T))
+    # A storage error inside a write: StoreError naming the database; the row and the id cached with it go.
+    with pytest.raises(StoreError, match=str(tmp_path / "tuner.db")) as err:
+        with store._lock, store._write() as conn:
+            store._target_id(conn, "new-target", "vllm", "http://127.0.0.1:9", {})
+            assert "new-target" in store._targets
+            conn.execute(text("INSERT INTO no_such_table VALUES (1)"))
+    assert "no such table" in str(err.value)
+    assert "new-target" not in store._targets and store.target_names() == ["gpu-box"]
+    # Any other error rolls back too, is told to on_rollback, and propagates as it was.
+    told: list[str] = []
+    with pytest.raises(ValueError, match="boom"):
+        with Tx(store.engine, on_rollback=lambda: told.append("rolled back")) as conn:
+            conn.execute(text("UPDATE targets SET name = 'renamed'"))
+            raise ValueError("boom")
+    assert told == ["rolled back"] and store.target_names() == ["gpu-box"]
+    with Tx(store.engine, on_rollback=lambda: told.append("not this time")):
+        pass
+    assert told == ["rolled back"]
 
 
 # ---- ingest and window ------------------------------------------------------------------------------------

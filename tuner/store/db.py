@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -14,7 +15,7 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 
 from tuner.errors import SchemaOutdatedError, StoreError
 
-__all__ = ["open_engine", "upgrade", "current_revision", "head_revision", "check_schema", "migrations_dir"]
+__all__ = ["Tx", "open_engine", "upgrade", "current_revision", "head_revision", "check_schema", "migrations_dir"]
 
 
 def migrations_dir() -> Path:
@@ -49,6 +50,37 @@ def open_engine(url: str) -> Engine:
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     return engine
+
+
+class Tx:
+    """``engine.begin()`` whose storage errors become a StoreError naming the database.
+
+    ``on_rollback`` runs when the transaction did not commit (the store drops ids it cached from inside it)."""
+
+    def __init__(self, engine: Engine, on_rollback: Callable[[], None] | None = None) -> None:
+        self.engine, self.ctx, self.on_rollback = engine, engine.begin(), on_rollback
+
+    def __enter__(self):
+        try:
+            return self.ctx.__enter__()
+        except OperationalError as exc:
+            raise StoreError(f"{self.engine.url}: {exc.orig}") from None
+
+    def __exit__(self, et, ev, tb):
+        try:
+            result = self.ctx.__exit__(et, ev, tb)
+        except OperationalError as exc:
+            self._rolled_back()
+            raise StoreError(f"{self.engine.url}: {exc.orig}") from None
+        if et is not None:
+            self._rolled_back()
+            if issubclass(et, OperationalError):
+                raise StoreError(f"{self.engine.url}: {ev.orig}") from None
+        return result
+
+    def _rolled_back(self) -> None:
+        if self.on_rollback is not None:
+            self.on_rollback()
 
 
 def _alembic_config(engine: Engine) -> AlembicConfig:

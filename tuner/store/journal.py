@@ -20,8 +20,8 @@ from sqlalchemy import Engine, Index, Integer, String, Text, delete, insert, sel
 from sqlalchemy.orm import Mapped, mapped_column
 
 from tuner.errors import StoreError, TargetBusyError
+from tuner.store.db import Tx
 from tuner.store.models import Base
-from tuner.store.recommendations import _Tx
 
 __all__ = ["ApplyRow", "ApplyStepRow", "ManagedServerRow", "StoredApply", "ManagedState", "STATES", "OUTCOMES", "new_flags_stand",
            "KPI_KEYS", "begin_apply", "step", "finish", "set_kpis", "get_apply", "list_applies", "open_applies",
@@ -141,7 +141,7 @@ def begin_apply(engine: Engine, *, target: str, recommendation_id: int | None, k
                 diff: dict[str, Any], old_flags: dict[str, Any], new_flags: dict[str, Any], old_argv: list[str],
                 new_argv: list[str], owner_pid: int, owner_start: int) -> int:
     """Open an apply in state ``planned``; TargetBusyError when the target already has an open one (the lock)."""
-    with _Tx(engine) as conn:
+    with Tx(engine) as conn:
         busy = conn.execute(select(ApplyRow.id).where(ApplyRow.target == target, ApplyRow.state != "done")).first()
         if busy is not None:
             raise TargetBusyError(target, int(busy[0]))
@@ -165,7 +165,7 @@ def step(engine: Engine, apply_id: int, name: str, detail: str = "", *, now: flo
         values["state"] = state
     if owner is not None:
         values["owner_pid"], values["owner_start"] = owner
-    with _Tx(engine) as conn:
+    with Tx(engine) as conn:
         conn.execute(update(ApplyRow).where(ApplyRow.id == apply_id).values(**values))
         conn.execute(insert(ApplyStepRow).values(apply_id=apply_id, ts_ms=_ms(now), step=name, detail=detail))
 
@@ -177,7 +177,7 @@ def set_kpis(engine: Engine, apply_id: int, *, now: float, baseline: dict[str, A
         values["baseline"] = json.dumps(baseline)
     if after is not None:
         values["after"] = json.dumps(after)
-    with _Tx(engine) as conn:
+    with Tx(engine) as conn:
         conn.execute(update(ApplyRow).where(ApplyRow.id == apply_id).values(**values))
 
 
@@ -185,7 +185,7 @@ def finish(engine: Engine, apply_id: int, outcome: str, note: str, *, now: float
     """Close the apply with its outcome (kept | rolled_back | inconclusive | failed); the target is free again."""
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome {outcome!r}: expected one of {', '.join(OUTCOMES)}")
-    with _Tx(engine) as conn:
+    with Tx(engine) as conn:
         conn.execute(update(ApplyRow).where(ApplyRow.id == apply_id).values(
             state="done", outcome=outcome, note=note, updated_ms=_ms(now)))
         conn.execute(insert(ApplyStepRow).values(apply_id=apply_id, ts_ms=_ms(now), step=f"done: {outcome}",
@@ -274,7 +274,7 @@ def save_managed(engine: Engine, s: ManagedState) -> None:
     values = {"pid": s.pid, "proc_start": s.proc_start, "argv": json.dumps(s.argv), "flags": json.dumps(s.flags),
               "config_flags": json.dumps(s.config_flags), "started_ms": s.started_ms,
               "restarts": json.dumps(s.restarts), "state": s.state, "updated_ms": s.updated_ms, "note": s.note}
-    with _Tx(engine) as conn:
+    with Tx(engine) as conn:
         done = conn.execute(update(ManagedServerRow).where(ManagedServerRow.target == s.target)
                             .values(**values)).rowcount
         if not done:
@@ -282,5 +282,5 @@ def save_managed(engine: Engine, s: ManagedState) -> None:
 
 
 def forget_managed(engine: Engine, target: str) -> None:
-    with _Tx(engine) as conn:
+    with Tx(engine) as conn:
         conn.execute(delete(ManagedServerRow).where(ManagedServerRow.target == target))

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from sqlalchemy import Engine, Float, Index, Integer, String, Text, insert, select, update
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Mapped, mapped_column
 
-from tuner.errors import RecommendationNotFoundError, StoreError
+from tuner.errors import RecommendationNotFoundError
+from tuner.store.db import Tx
 from tuner.store.models import Base
 
 __all__ = ["RecommendationRow", "StoredRecommendation", "STATUSES", "add_recommendation", "renew_recommendation",
@@ -79,34 +79,12 @@ def _ms(ts: float) -> int:
     return int(round(ts * 1000))
 
 
-class _Tx:
-    """engine.begin() whose storage errors become a StoreError naming the database."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine, self.ctx = engine, engine.begin()
-
-    def __enter__(self):
-        try:
-            return self.ctx.__enter__()
-        except OperationalError as exc:
-            raise StoreError(f"{self.engine.url}: {exc.orig}") from None
-
-    def __exit__(self, et, ev, tb):
-        try:
-            result = self.ctx.__exit__(et, ev, tb)
-        except OperationalError as exc:
-            raise StoreError(f"{self.engine.url}: {exc.orig}") from None
-        if et is not None and issubclass(et, OperationalError):
-            raise StoreError(f"{self.engine.url}: {ev.orig}") from None
-        return result
-
-
 def add_recommendation(engine: Engine, *, target: str, now: float, rules: Iterable[str], diff_key: str,
                        diff: dict[str, Any], current: dict[str, Any], evidence: list[dict[str, Any]],
                        expected_effect: str, risk: str, confidence: float, rank: int,
                        memory_check: dict[str, Any]) -> int:
     """Store a new proposal; returns its id."""
-    with _Tx(engine) as conn:
+    with Tx(engine) as conn:
         return int(conn.execute(insert(RecommendationRow).values(
             target=target, created_ms=_ms(now), updated_ms=_ms(now), status="proposed",
             rules=json.dumps(list(rules)), diff_key=diff_key, diff=json.dumps(diff), current=json.dumps(current),
@@ -118,7 +96,7 @@ def add_recommendation(engine: Engine, *, target: str, now: float, rules: Iterab
 def renew_recommendation(engine: Engine, rec_id: int, *, now: float, rules: Iterable[str],
                          evidence: list[dict[str, Any]], confidence: float, memory_check: dict[str, Any]) -> None:
     """A proposal seen again: fresh evidence and memory check, same id."""
-    with _Tx(engine) as conn:
+    with Tx(engine) as conn:
         conn.execute(update(RecommendationRow).where(RecommendationRow.id == rec_id).values(
             updated_ms=_ms(now), rules=json.dumps(list(rules)), evidence=json.dumps(evidence, default=str),
             confidence=confidence, memory_check=json.dumps(memory_check, default=str)))
@@ -127,7 +105,7 @@ def renew_recommendation(engine: Engine, rec_id: int, *, now: float, rules: Iter
 def set_status(engine: Engine, rec_id: int, status: str, *, now: float, note: str = "") -> None:
     if status not in STATUSES:
         raise ValueError(f"status {status!r}: expected one of {', '.join(STATUSES)}")
-    with _Tx(engine) as conn:
+    with Tx(engine) as conn:
         done = conn.execute(update(RecommendationRow).where(RecommendationRow.id == rec_id)
                             .values(status=status, updated_ms=_ms(now), note=note)).rowcount
     if not done:

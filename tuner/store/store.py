@@ -8,13 +8,13 @@ import threading
 from collections import defaultdict
 from typing import Iterable
 
-from sqlalchemy import Engine, delete, insert, select, update
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import Engine, delete, func, insert, select, update
 
 from tuner.collect.snapshots import GpuReading, SeriesKey, TargetSnapshot
-from tuner.errors import StoreError, UnknownTargetError
+from tuner.errors import UnknownTargetError
+from tuner.store.db import Tx
 from tuner.store.models import (EngineConfigRow, GpuProcessRow, GpuSampleRow, HistSampleRow, SampleRow,
-                                SeriesRow, TargetHealthRow, TargetRow)
+                                ScrapeRow, SeriesRow, TargetHealthRow, TargetRow)
 from tuner.store.window import (EngineWindow, GpuLatest, HistPoint, HistSeries, TargetHealth,
                                 TargetWindow)
 
@@ -73,6 +73,11 @@ class Store:
         self._series: dict[_SeriesIdentity, int] = {}
         self._series_by_key: dict[tuple, int] = {}  # (target, engine, model, metric, labels, bounds) as scraped
         self._configs: dict[tuple[int, str, str], tuple[int, str]] = {}  # -> (row id, json)
+        self._scrapes: dict[str, int] = {}  # target -> scrapes stored or recorded failed by this process
+
+    def scrapes(self, target: str) -> int:
+        """How many scrapes of ``target`` this Store has written (a failed one too): a change means new data."""
+        return self._scrapes.get(target, 0)
 
     # ---- writing -------------------------------------------------------------------------------
 
@@ -112,8 +117,15 @@ class Store:
         self._series[ident] = sid
         return sid
 
-    def _write(self):
-        return _WriteTx(self)
+    def _write(self) -> Tx:
+        return Tx(self.engine, on_rollback=self._forget_ids)
+
+    def _forget_ids(self) -> None:
+        """A rolled-back transaction may have created ids we cached: drop the caches."""
+        self._targets.clear()
+        self._series.clear()
+        self._series_by_key.clear()
+        self._configs.clear()
 
     def ingest(self, snap: TargetSnapshot, *, url: str = "", labels: dict[str, str] | None = None) -> int:
         """Store one successful scrape; returns the number of samples written."""
@@ -148,6 +160,7 @@ class Store:
             health = "degraded" if snap.problems else "up"
             self._record(conn, tid, ts, snap.duration_s, health, "; ".join(snap.problems), snap.body_bytes,
                          n, snap.healthy)
+            self._scrapes[snap.target] = self._scrapes.get(snap.target, 0) + 1
             return n
 
     def record_failure(self, target: str, backend: str, url: str, ts: float, duration_s: float,
@@ -156,6 +169,7 @@ class Store:
         with self._lock, self._write() as conn:
             tid = self._target_id(conn, target, backend, url, labels or {})
             self._record(conn, tid, _ms(ts), duration_s, "down", error, 0, 0, None)
+            self._scrapes[target] = self._scrapes.get(target, 0) + 1
 
     def _record(self, conn, tid: int, ts: int, duration_s: float, health: str, error: str,
                 body_bytes: int, n: int, server_healthy: bool | None) -> None:
@@ -201,6 +215,17 @@ class Store:
             return len(rows)
 
     # ---- reading -------------------------------------------------------------------------------
+
+    def data_span(self, target: str, start: float, end: float) -> tuple[float, float] | None:
+        """(first, last) unix seconds of the target's scrapes that stored samples within [start, end]; None if none."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(func.min(ScrapeRow.ts_ms), func.max(ScrapeRow.ts_ms))
+                               .join(TargetRow, TargetRow.id == ScrapeRow.target_id)
+                               .where(TargetRow.name == target, ScrapeRow.samples > 0,
+                                      ScrapeRow.ts_ms >= _ms(start), ScrapeRow.ts_ms <= _ms(end))).first()
+        if row is None or row[0] is None:
+            return None
+        return row[0] / 1000, row[1] / 1000
 
     def target_names(self) -> list[str]:
         with self.engine.connect() as conn:
@@ -283,40 +308,4 @@ class Store:
         """Not used by the daemon (history is kept when a target leaves the config); for tests/tools."""
         with self._lock, self._write() as conn:
             conn.execute(delete(TargetRow).where(TargetRow.name.not_in(list(keep))))
-            self._targets.clear()
-            self._series.clear()
-            self._series_by_key.clear()
-            self._configs.clear()
-
-
-class _WriteTx:
-    """A write transaction whose storage errors become a StoreError naming the database."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.ctx = store.engine.begin()
-
-    def __enter__(self):
-        try:
-            return self.ctx.__enter__()
-        except OperationalError as exc:
-            raise StoreError(f"{self.store.engine.url}: {exc.orig}") from None
-
-    def __exit__(self, et, ev, tb):
-        try:
-            result = self.ctx.__exit__(et, ev, tb)
-        except OperationalError as exc:
-            self._forget()
-            raise StoreError(f"{self.store.engine.url}: {exc.orig}") from None
-        if et is not None:
-            self._forget()
-            if issubclass(et, OperationalError):
-                raise StoreError(f"{self.store.engine.url}: {ev.orig}") from None
-        return result
-
-    def _forget(self) -> None:
-        # A rolled-back transaction may have created ids we cached: drop the caches.
-        self.store._targets.clear()
-        self.store._series.clear()
-        self.store._series_by_key.clear()
-        self.store._configs.clear()
+            self._forget_ids()
