@@ -55,7 +55,8 @@ class ExpositionError(TunerError, ValueError):
 
 
 class ScrapeError(TunerError):
-    """Raised when a target cannot be scraped (refused, timed out, HTTP error, body too large)."""
+    """Raised when a target cannot be scraped (refused, timed out, HTTP error, body too large); tuner's one HTTP
+    client (collect/http.py) raises it for any peer it cannot reach in time (a server's /health, Alertmanager)."""
 
     exit_code = 4
 
@@ -103,12 +104,15 @@ class UnknownTargetError(TunerError, KeyError):
 
 
 class ServerStartError(TunerError, RuntimeError):
-    """Raised when a server process exits or stays unhealthy while starting; carries the log's last lines."""
+    """Raised when a server process exits or stays unhealthy while starting; carries the log's last lines.
+
+    ``exited``: the process itself ended (its log says why), as opposed to one that runs but never got healthy."""
 
     exit_code = 7
 
-    def __init__(self, what: str, log_path: Path | None, log_tail: Sequence[str]) -> None:
+    def __init__(self, what: str, log_path: Path | None, log_tail: Sequence[str], *, exited: bool = False) -> None:
         self.log_tail = list(log_tail)
+        self.exited = exited
         where = f" (log: {log_path})" if log_path else ""
         if log_path is None and not self.log_tail:
             super().__init__(what)

@@ -15,18 +15,20 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
-from tuner.errors import ServerStartError
+from tuner.collect import http
+from tuner.errors import ScrapeError, ServerStartError
 
 __all__ = [
     "FlagValue",
     "ServerStartError",
     "ServerProcess",
+    "Supervised",
+    "error_line",
     "free_port",
     "llama_server_argv",
     "vllm_argv",
@@ -172,6 +174,68 @@ def _check_port(port: int) -> int:
     return port
 
 
+class Supervised(Protocol):
+    """A server process tuner waits on: one it started (ServerProcess) or one found again by pid (managed)."""
+
+    @property
+    def log_path(self) -> Path: ...
+
+    def gone(self) -> bool: ...
+
+    def exit_code(self) -> int | None: ...  # None: unknown (not our child) or still running
+
+
+def wait_healthy(proc: Supervised, health_url: str, timeout_s: float, *, interval: float = 0.25) -> float:
+    """Poll GET ``health_url`` until it answers 200; seconds waited. ServerStartError when the process exits
+    first (with the log's own error line, ``exited``) or ``timeout_s`` passes (with the last answer)."""
+    t0 = time.monotonic()
+    last = "no answer yet"
+    while True:
+        if proc.gone():
+            code = proc.exit_code()
+            raise ServerStartError(f"server exited{'' if code is None else f' with code {code}'} before "
+                                   f"{health_url} answered 200: {error_line(proc.log_path)}", proc.log_path,
+                                   log_tail(proc.log_path, 8), exited=True)
+        try:
+            status = http.get(health_url, timeout_s=5, max_bytes=65536, accept="*/*").status
+            if status == 200:
+                return time.monotonic() - t0
+            last = f"HTTP {status}"
+        except ScrapeError as exc:
+            last = str(exc).removeprefix(f"{health_url}: ")
+        if time.monotonic() - t0 > timeout_s:
+            raise ServerStartError(f"{health_url} not healthy after {timeout_s:.0f}s (last: {last})", proc.log_path,
+                                   log_tail(proc.log_path, 8))
+        time.sleep(interval)
+
+
+def log_tail(log: Path, n: int = 20) -> list[str]:
+    """The last n lines of a server log (decoded leniently: servers print progress bars and odd bytes)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 64 * 1024))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    return list(collections.deque(lines, maxlen=n))
+
+
+def error_line(log: Path, *, since_marker: bool = True) -> str:
+    """The server's own reason for failing: the last error-looking line of its log since tuner's last start."""
+    try:
+        text = log.read_bytes()[-256 * 1024:].decode(errors="replace")
+    except OSError:
+        return "(no log)"
+    if since_marker and "==== tuner " in text:
+        text = text[text.rindex("==== tuner "):]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    keys = ("Error", "error:", "ERROR", "Exception", "invalid", "failed", "must be")
+    for ln in reversed(lines):
+        if any(k in ln for k in keys) and not ln.startswith("Traceback"):
+            return ln[-500:]
+    return lines[-1][-500:] if lines else "(empty log)"
+
+
 class ServerProcess:
     """A server started in its own session (process group), logging to a file, stoppable as a whole.
 
@@ -218,14 +282,8 @@ class ServerProcess:
         return self._popen.poll() is None
 
     def log_tail(self, n: int = 20) -> list[str]:
-        """The last n lines of the log (decoded leniently: servers print progress bars and odd bytes)."""
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - 64 * 1024))
-                lines = f.read().decode("utf-8", "replace").splitlines()
-        except OSError:
-            return []
-        return list(collections.deque(lines, maxlen=n))
+        """The last n lines of the log."""
+        return log_tail(self.log_path, n)
 
     def wait_healthy(self, url: str, timeout: float, *, path: str = "/health", interval: float = 0.25) -> float:
         """Poll GET {url}{path} until 200; returns seconds since start. Raises ServerStartError on exit/timeout.
@@ -233,28 +291,14 @@ class ServerProcess:
         url is the server's base URL; llama-server answers 503 while loading, vLLM refuses until it listens.
         Prometheus and Alertmanager use path="/-/ready".
         """
-        health = url.rstrip("/") + path
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
-        deadline = time.monotonic() + timeout
-        last = "no answer yet"
-        while True:
-            code = self._popen.poll()
-            if code is not None:
-                raise ServerStartError(f"server exited with code {code} before {health} answered 200",
-                                       self.log_path, self.log_tail())
-            try:
-                with opener.open(health, timeout=5) as resp:
-                    if resp.status == 200:
-                        return time.monotonic() - self.started_at
-                    last = f"HTTP {resp.status}"
-            except urllib.error.HTTPError as e:
-                last = f"HTTP {e.code}"
-            except (urllib.error.URLError, OSError) as e:
-                last = str(getattr(e, "reason", e))
-            if time.monotonic() >= deadline:
-                raise ServerStartError(f"{health} not healthy after {timeout:.0f} s (last: {last})",
-                                       self.log_path, self.log_tail())
-            time.sleep(interval)
+        wait_healthy(self, url.rstrip("/") + path, timeout, interval=interval)
+        return time.monotonic() - self.started_at
+
+    def gone(self) -> bool:
+        return self._popen.poll() is not None
+
+    def exit_code(self) -> int | None:
+        return self._popen.poll()
 
     def stop(self, grace_s: float = 20.0) -> int:
         """Stop the server and everything in its process group; returns its exit code.

@@ -1,7 +1,9 @@
-"""One bounded HTTP GET: a total deadline and a body cap, so a slow or huge target costs a bounded amount.
+"""tuner's one HTTP client: bounded requests with a total deadline and a body cap, so a slow or huge peer costs a
+bounded amount. Scrapes, health checks, health gates, drains and Alertmanager notifications all go through it.
 
 http.client rather than requests: its ``read1`` returns whatever has arrived, so a server that
-trickles bytes still hits the deadline (requests' per-read timeout would wait forever).
+trickles bytes still hits the deadline (requests' per-read timeout would wait forever). No proxy is ever used:
+targets, servers and Alertmanagers are addressed directly.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from urllib.parse import urlsplit
 
 from tuner.errors import ScrapeError
 
-__all__ = ["Response", "get", "get_json"]
+__all__ = ["Response", "get", "get_json", "post_json"]
 
 _USER_AGENT = "tuner/0.1 (+https://github.com/tuner)"
 
@@ -31,6 +33,18 @@ class Response:
 def get(url: str, *, timeout_s: float, max_bytes: int,
         accept: str = "text/plain;version=0.0.4;q=1,*/*;q=0.1") -> Response:
     """GET ``url``; raise ScrapeError on refusal, timeout, or a body over ``max_bytes``."""
+    return _request("GET", url, None, {"Accept": accept}, timeout_s=timeout_s, max_bytes=max_bytes)
+
+
+def post_json(url: str, payload: Any, *, timeout_s: float, max_bytes: int = 2**20) -> Response:
+    """POST ``payload`` as JSON; any status comes back as a Response; ScrapeError as ``get``."""
+    return _request("POST", url, json.dumps(payload).encode(),
+                    {"Accept": "application/json", "Content-Type": "application/json"},
+                    timeout_s=timeout_s, max_bytes=max_bytes)
+
+
+def _request(method: str, url: str, body: bytes | None, headers: dict[str, str], *, timeout_s: float,
+             max_bytes: int) -> Response:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ScrapeError(f"{url}: not an http(s) URL")
@@ -40,7 +54,7 @@ def get(url: str, *, timeout_s: float, max_bytes: int,
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     resp: http.client.HTTPResponse | None = None
     try:
-        conn.request("GET", path, headers={"Accept": accept, "User-Agent": _USER_AGENT})
+        conn.request(method, path, body=body, headers={**headers, "User-Agent": _USER_AGENT})
         resp = conn.getresponse()
         declared = resp.getheader("Content-Length")
         if declared and declared.isdigit() and int(declared) > max_bytes:

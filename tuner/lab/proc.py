@@ -4,21 +4,17 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from tuner.apply.launch import free_port
+from tuner.collect import http
+from tuner.errors import ScrapeError
+
 __all__ = ["free_port", "TunerProcess", "AlertSink", "wait_for"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str = "condition") -> None:
@@ -88,9 +84,8 @@ class TunerProcess:
 
     def metrics_text(self) -> str | None:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as resp:
-                return resp.read().decode()
-        except OSError:
+            return http.get(f"http://127.0.0.1:{self.port}/metrics", timeout_s=5, max_bytes=2**24).body.decode()
+        except ScrapeError:
             return None
 
     def metric(self, name: str, **labels: str) -> float | None:

@@ -9,14 +9,12 @@ same bytes cannot help; that is logged).
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 
-import requests
-from sqlalchemy import select
-
-from tuner.store.alerts import OutboxRow, mark_failed, mark_sent
+from tuner.collect import http
+from tuner.errors import ScrapeError
+from tuner.store.alerts import mark_failed, mark_sent, queued
 from tuner.store.store import Store
 
 __all__ = ["Notifier", "FlushResult"]
@@ -32,34 +30,39 @@ class FlushResult:
     errors: dict[str, str] = field(default_factory=dict)  # alertmanager -> last error
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What one POST to Alertmanager came to: delivered (no error), or why not and whether retrying can help."""
+
+    error: str | None = None
+    rejected: bool = False  # a 4xx other than 408/429: the same bytes will be refused again
+
+
 class Notifier:
     def __init__(self, store: Store, *, timeout_s: float = 5.0, max_backoff_s: float = 300.0) -> None:
         self.store = store
         self.timeout_s = timeout_s
         self.max_backoff_s = max_backoff_s
-        self.session = requests.Session()
-        self.session.trust_env = False  # Alertmanager is addressed directly, not through an env proxy
 
     def _backoff_ms(self, attempts: int) -> int:
         return int(min(self.max_backoff_s, 2.0 ** attempts) * 1000)
 
     def flush(self, now_ms: int, *, limit: int = 200) -> FlushResult:
         result = FlushResult()
-        with self.store.engine.connect() as conn:
-            rows = conn.execute(select(OutboxRow).order_by(OutboxRow.id).limit(limit)).all()
         blocked: set[str] = set()
-        for row in rows:
+        for row in queued(self.store, limit):
             am = row.alertmanager
             if am in blocked:
                 continue
             if row.next_attempt_ms > now_ms:  # waiting out a backoff: later items of this AM wait too
                 blocked.add(am)
                 continue
-            error = self._post(am, json.loads(row.payload))
+            answer = self._post(am, row.payload)
+            error = answer.error
             if error is None:
                 mark_sent(self.store, row.id)
                 result.sent += 1
-            elif error.startswith("rejected"):
+            elif answer.rejected:
                 log.error("alertmanager %s %s; dropping notification %d", am, error, row.id)
                 mark_sent(self.store, row.id)
                 result.dropped += 1
@@ -71,15 +74,14 @@ class Notifier:
                 blocked.add(am)
         return result
 
-    def _post(self, am: str, payload: list[dict]) -> str | None:
-        """None on success, else why (prefixed "rejected" for a 4xx that retrying cannot fix)."""
-        try:
-            resp = self.session.post(f"{am}/api/v2/alerts", json=payload, timeout=self.timeout_s)
-        except requests.RequestException as exc:
-            return f"{type(exc).__name__}: {exc}"[:300]
-        if 200 <= resp.status_code < 300:
-            return None
-        text = resp.text[:200].strip()
-        if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
-            return f"rejected with HTTP {resp.status_code}: {text}"
-        return f"HTTP {resp.status_code}: {text}"
+    def _post(self, am: str, payload: list[dict]) -> Answer:
+        try:  # addressed directly, never through an env proxy
+            resp = http.post_json(f"{am}/api/v2/alerts", payload, timeout_s=self.timeout_s)
+        except ScrapeError as exc:
+            return Answer(str(exc)[:300])
+        if 200 <= resp.status < 300:
+            return Answer()
+        text = resp.body[:200].decode(errors="replace").strip()
+        if 400 <= resp.status < 500 and resp.status not in (408, 429):
+            return Answer(f"rejected with HTTP {resp.status}: {text}", rejected=True)
+        return Answer(f"HTTP {resp.status}: {text}")

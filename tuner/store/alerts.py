@@ -18,7 +18,7 @@ from tuner.store.models import Base
 from tuner.store.store import Store
 
 __all__ = ["AlertStateRow", "AlertEventRow", "OutboxRow", "OutboxItem", "load_states",
-           "save_states", "record_events", "history", "enqueue", "due", "mark_sent", "mark_failed",
+           "save_states", "record_events", "history", "enqueue", "queued", "mark_sent", "mark_failed",
            "outbox_size"]
 
 
@@ -73,6 +73,7 @@ class OutboxItem:
     alertmanager: str
     payload: list[dict]
     attempts: int
+    next_attempt_ms: int
 
 
 _FIELDS = ("labels", "annotations", "state", "value", "active_at_ms", "fired_at_ms", "resolved_at_ms",
@@ -135,11 +136,11 @@ def enqueue(store: Store, alertmanager: str, payload: list[dict], now_ms: int) -
                                               last_error=""))
 
 
-def due(store: Store, now_ms: int, limit: int = 50) -> list[OutboxItem]:
+def queued(store: Store, limit: int = 200) -> list[OutboxItem]:
+    """The outbox, oldest first, including items still waiting out a backoff (they hold back later ones)."""
     with store.engine.connect() as conn:
-        rows = conn.execute(select(OutboxRow).where(OutboxRow.next_attempt_ms <= now_ms)
-                            .order_by(OutboxRow.id).limit(limit)).all()
-    return [OutboxItem(r.id, r.alertmanager, json.loads(r.payload), r.attempts) for r in rows]
+        rows = conn.execute(select(OutboxRow).order_by(OutboxRow.id).limit(limit)).all()
+    return [OutboxItem(r.id, r.alertmanager, json.loads(r.payload), r.attempts, r.next_attempt_ms) for r in rows]
 
 
 def mark_sent(store: Store, item_id: int) -> None:
