@@ -12,13 +12,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
+from tuner.backends import BACKENDS as _KNOWN
+from tuner.backends import backend as backend_of
 from tuner.errors import FlagError
 
 __all__ = ["FlagSpec", "FLAGS", "FlagValue", "spec", "validate", "cli_name", "render", "supported",
-           "parse_version", "help_flags", "BACKENDS"]
+           "parse_version", "help_flags", "takes", "BACKENDS"]
 
-Backend = Literal["vllm", "llamacpp"]
-BACKENDS: tuple[Backend, ...] = ("vllm", "llamacpp")
+BACKENDS: tuple[str, ...] = tuple(_KNOWN)
 FlagValue = int | float | bool | str
 
 
@@ -87,6 +88,12 @@ def spec(backend: str, name: str) -> FlagSpec:
     return found
 
 
+def takes(backend: str, name: str) -> bool:
+    """Whether ``backend`` has the flag ``name`` (tuner's name) at all."""
+    found = _BY_NAME.get(name)
+    return found is not None and backend in found.cli
+
+
 def validate(backend: str, name: str, value: object) -> FlagValue:
     """The value as its declared type, or FlagError naming the flag, the value and what is accepted."""
     s = spec(backend, name)
@@ -146,7 +153,7 @@ def render(backend: str, diff: Mapping[str, object]) -> dict[str, FlagValue]:
         if name == "backend":
             continue
         cli = cli_name(backend, name)
-        out[cli.removeprefix("--") if backend == "vllm" else cli] = validate(backend, name, value)
+        out[cli if backend_of(backend).dashed_flags else cli.removeprefix("--")] = validate(backend, name, value)
     return out
 
 
@@ -187,10 +194,10 @@ def supported(backend: str, name: str, version: tuple[int, ...] | None,
     need = s.min_version.get(backend)
     if need is None:
         return True, f"{cli} has been accepted by every {backend} release tuner supports"
-    shown = ".".join(map(str, need)) if backend == "vllm" else f"build {need[0]}"
+    shown = backend_of(backend).version_text(need)
     if version is None:
         return False, f"{cli} needs {backend} {shown} or newer and the server's version is unknown"
     if version < need:
-        have = ".".join(map(str, version)) if backend == "vllm" else f"build {version[0]}"
+        have = backend_of(backend).version_text(version)
         return False, f"{cli} needs {backend} {shown} or newer; the server is {have}"
     return True, f"{cli} is accepted since {backend} {shown}"

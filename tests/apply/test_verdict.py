@@ -44,7 +44,7 @@ def _profile(*, rate: float, saturated: bool, e2e: list[float], ttft: list[float
         backend="vllm", start=0.0, end=secs, samples=n_intervals + 1, finished=finished, aborted=0.0,
         generated_tokens=finished * 64, served_rps=finished / secs, offered_rps=offered or finished / secs,
         capacity_rps=finished / secs, tokens_per_s=finished * 64 / secs, capacity_tokens_per_s=finished * 64 / secs,
-        queued_share=0.5 if saturated else 0.0, queue_time_share=0.5 if saturated else 0.0,
+        queued_share=0.5 if saturated else 0.0, mean_in_flight=None, queue_time_share=0.5 if saturated else 0.0,
         waiting_share=0.5 if saturated else 0.0, saturated=saturated,
         slo_attainment=attainment, slo_goodput_rps=finished / secs * attainment if attainment is not None else None,
         ttft_p99=histogram_quantile(0.99, *hists["ttft"]), e2e_p99=histogram_quantile(0.99, *hists["e2e"]),
@@ -199,6 +199,15 @@ def test_judge_on_recorded_real_series(case: Path, capsys):
     if v["outcome"] == "rolled_back":
         assert tput["after"] < tput["before"], (tput, v)
     assert 0.0 <= v["confidence"] <= 1.0
+    if meta["backend"] == "vllm":  # Little's law over the E2E histogram against the clients that kept it busy
+        for side in ("before", "after"):
+            mean, clients = v[side]["mean_in_flight"], meta[side]["clients"]
+            # closed-loop clients hold at most one request each; requests that finish in a window began a little
+            # before it, so a window's sum may run over by a fraction of one request's E2E. (No lower bound: on
+            # 2 cores the clients spend much of their turn outside the server, e.g. 12 clients kept 3.6 inside.)
+            assert 0.0 < mean <= 1.25 * clients, (side, mean, clients)
+        if meta["after"]["clients"] > meta["before"]["clients"] and meta["before"]["flags"] == meta["after"]["flags"]:
+            assert v["after"]["mean_in_flight"] > v["before"]["mean_in_flight"], v  # more clients, same server
 
 
 def test_recorded_cases_cover_every_outcome():

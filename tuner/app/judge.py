@@ -16,7 +16,8 @@ from pathlib import Path
 
 from tuner.app.session import Session
 from tuner.apply.verdict import Verdict, judge
-from tuner.collect import llamacpp, vllm
+from tuner.collect import llamacpp
+from tuner.collect.scrape import snapshot_from_text
 from tuner.config import Slo, parse_duration
 from tuner.errors import ConfigError, ExpositionError, ScrapeError
 from tuner.signals.load import profile
@@ -58,8 +59,7 @@ def _ingest(store: Store, name: str, backend: str, directory: Path) -> tuple[flo
     count = 0
     for ts, text, slots in series:
         try:
-            snap = (vllm.snapshot_from_text(text, target=name, ts=ts) if backend == "vllm" else
-                    llamacpp.snapshot_from_text(text, target=name, ts=ts, slots=slots))  # type: ignore[arg-type]
+            snap = snapshot_from_text(backend, text, target=name, ts=ts, slots=slots)  # type: ignore[arg-type]
         except (ExpositionError, ScrapeError) as exc:
             raise ExpositionError(f"{directory}/{int(ts * 1000)}.txt: {exc}") from None
         store.ingest(snap)

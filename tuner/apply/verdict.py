@@ -163,10 +163,7 @@ def _rel(before: float | None, after: float | None) -> float:
 
 
 def _capacity(b: LoadProfile, a: LoadProfile) -> _Effect:
-    if b.backend == "vllm":
-        attr, name, bv, av = "finished", "capacity (req/s)", b.capacity_rps, a.capacity_rps
-    else:
-        attr, name, bv, av = "generated", "capacity (tokens/s)", b.capacity_tokens_per_s, a.capacity_tokens_per_s
+    attr, name, bv, av = "finished" if b.counts_requests else "generated", f"capacity ({b.unit})", b.capacity, a.capacity
     p = bootstrap_p_up([iv for iv in b.intervals if iv.busy], [iv for iv in a.intervals if iv.busy], attr)
     return _Effect(name, bv, av, p, _rel(bv, av), True)
 
@@ -256,9 +253,8 @@ def judge(before: LoadProfile | None, after: LoadProfile | None, *, min_requests
                 return v("rolled_back", f"capacity fell (both windows saturated): {detail}", cap.confidence, test)
             return v("inconclusive", f"capacity did not change beyond the noise (both windows saturated): {detail}",
                      max((e.confidence for e in effects), default=0.5), test)
-        vllm = before.backend == "vllm"
-        served_now = (after.served_rps if vllm else after.tokens_per_s) or 0.0
-        capacity_before = (before.capacity_rps if vllm else before.capacity_tokens_per_s) or 0.0
+        served_now = after.served or 0.0
+        capacity_before = before.capacity or 0.0
         if cap.better or (not cap.worse and served_now >= capacity_before * (1 - MIN_EFFECT)):
             return v("kept", f"the queue is gone and it serves at least as much: {detail}; queued share "
                      f"{_pct(before.queued_share)} -> {_pct(after.queued_share)}", cap.confidence, test)
@@ -266,13 +262,12 @@ def judge(before: LoadProfile | None, after: LoadProfile | None, *, min_requests
                  f"{load}", cap.confidence, test)
 
     if after.saturated:
-        offered_before = before.offered_rps if before.backend == "vllm" else before.tokens_per_s
-        served_after = after.capacity_rps if after.backend == "vllm" else after.capacity_tokens_per_s
+        offered_before, served_after = before.offered, after.capacity
         ratio = _load_ratio(before, after)
         if offered_before and served_after is not None and served_after < offered_before * (1 - MIN_EFFECT) and \
                 (ratio is None or ratio <= LOAD_MATCH):
             return v("rolled_back", f"a queue appeared and the server now sustains {served_after:.3f} "
-                     f"{'req' if before.backend == 'vllm' else 'tokens'}/s, less than the {offered_before:.3f} the "
+                     f"{before.unit}, less than the {offered_before:.3f} the "
                      f"old flags served without one; {load}", cap.confidence,
                      "capacity after vs offered load before")
         return v("inconclusive", f"a queue appeared, but the offered load rose too; {load}; {cap.text()}",
@@ -301,19 +296,11 @@ def judge(before: LoadProfile | None, after: LoadProfile | None, *, min_requests
 
 
 def _load_ratio(b: LoadProfile, a: LoadProfile) -> float | None:
-    if b.backend == "vllm":
-        if b.offered_rps and a.offered_rps is not None:
-            return a.offered_rps / b.offered_rps
-        return None
-    if b.tokens_per_s and a.tokens_per_s is not None:
-        return a.tokens_per_s / b.tokens_per_s
-    return None
+    return a.offered / b.offered if b.offered and a.offered is not None else None
 
 
 def _load_text(b: LoadProfile, a: LoadProfile) -> str:
-    if b.backend == "vllm":
-        return f"offered load {_num(b.offered_rps)} -> {_num(a.offered_rps)} req/s"
-    return f"generated {_num(b.tokens_per_s)} -> {_num(a.tokens_per_s)} tokens/s"
+    return f"{'offered load' if b.counts_requests else 'generated'} {_num(b.offered)} -> {_num(a.offered)} {b.unit}"
 
 
 def _num(v: float | None) -> str:

@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
+from tuner.backends import backend as backend_of
 from tuner.config import Slo
 from tuner.signals.promql import bucket_increase, fraction_le, histogram_quantile, increase, rate
 from tuner.store.window import EngineWindow, Point, TargetHealth, TargetWindow
@@ -50,6 +51,7 @@ class EngineSignals:
     kv_cache_usage: float | None = None  # fraction 0-1, latest
     kv_cache_usage_max: float | None = None  # fraction 0-1, highest in the window
     requests_running: float | None = None  # latest
+    requests_running_max: float | None = None  # highest in the window (a loaded server's scrapes miss the latest)
     requests_waiting: float | None = None  # latest (llama-server: deferred)
     requests_waiting_max: float | None = None
     slots_total: float | None = None  # llama-server only
@@ -178,9 +180,11 @@ def _engine_signals(e: EngineWindow, backend: str, slo: Slo | None, lo: int, hi:
     values["kv_cache_usage_max"] = _max(e, kv_metric) if kv_metric else None
     waiting = _GAUGES.get(backend, {}).get("requests_waiting")
     values["requests_waiting_max"] = _max(e, waiting) if waiting else None
+    running = _GAUGES.get(backend, {}).get("requests_running")
+    values["requests_running_max"] = _max(e, running) if running else None
     for name, metric in _RATES.get(backend, {}).items():
         values[name] = _sum_rate(e, metric, lo, hi)
-    if backend == "vllm":
+    if backend_of(backend).counts_requests:  # request counters and latency histograms
         hits = _sum_increase(e, "vllm:prefix_cache_hits_total", lo, hi)
         queries = _sum_increase(e, "vllm:prefix_cache_queries_total", lo, hi)
         values["prefix_cache_hit_ratio"] = hits / queries if hits is not None and queries else None

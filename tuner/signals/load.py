@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from tuner.backends import backend
 from tuner.config import Slo
 from tuner.signals.promql import fraction_le, histogram_quantile
 from tuner.store.window import EngineWindow, HistSeries, TargetWindow
@@ -40,14 +41,6 @@ __all__ = ["LoadProfile", "Interval", "profile", "SATURATED_QUEUED_SHARE", "SATU
 SATURATED_QUEUE_TIME_SHARE = 0.10
 SATURATED_QUEUED_SHARE = 0.10
 SATURATED_WAITING_SHARE = 0.25
-
-_VLLM = {"finished": "vllm:request_success_total", "generated": "vllm:generation_tokens_total",
-         "running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
-         "ttft": "vllm:time_to_first_token_seconds", "e2e": "vllm:e2e_request_latency_seconds",
-         "itl": "vllm:inter_token_latency_seconds", "queue": "vllm:request_queue_time_seconds"}
-_LLAMA = {"generated": "llamacpp:tokens_predicted_total", "gen_seconds": "llamacpp:tokens_predicted_seconds_total",
-          "running": "llamacpp:requests_processing", "waiting": "llamacpp:requests_deferred"}
-
 
 @dataclass(frozen=True)
 class Interval:
@@ -74,6 +67,7 @@ class LoadProfile:
     tokens_per_s: float | None
     capacity_tokens_per_s: float | None
     queued_share: float | None
+    mean_in_flight: float | None  # requests in the server on average (Little's law: E2E seconds served / window)
     queue_time_share: float | None
     waiting_share: float | None  # share of samples with requests waiting (deferred on llama-server)
     saturated: bool
@@ -88,11 +82,34 @@ class LoadProfile:
     slo_budgets: dict[str, float] = field(default_factory=dict, repr=False)  # ttft/itl/e2e -> P99 budget, seconds
     hists: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict, repr=False)
 
+    # The window's rates in the unit its backend counts: requests where it counts them (vLLM), else tokens.
+    @property
+    def counts_requests(self) -> bool:
+        return backend(self.backend).counts_requests
+
+    @property
+    def unit(self) -> str:
+        return backend(self.backend).capacity_unit
+
+    @property
+    def capacity(self) -> float | None:
+        return self.capacity_rps if self.counts_requests else self.capacity_tokens_per_s
+
+    @property
+    def served(self) -> float | None:
+        return self.served_rps if self.counts_requests else self.tokens_per_s
+
+    @property
+    def offered(self) -> float | None:
+        """Offered load; llama-server counts no arrivals, so its generated tokens/s stand in for it."""
+        return self.offered_rps if self.counts_requests else self.tokens_per_s
+
     def summary(self) -> dict[str, Any]:
         """The numbers a person and the journal read (JSON-ready)."""
         keys = ("start", "end", "samples", "saturated", "offered_rps", "served_rps", "capacity_rps",
                 "slo_goodput_rps", "slo_attainment", "ttft_p99", "e2e_p99", "tokens_per_s", "capacity_tokens_per_s",
-                "queued_share", "queue_time_share", "waiting_share", "ttft_p50", "e2e_p50", "finished", "aborted", "generated_tokens", "seconds_per_token")
+                "queued_share", "queue_time_share", "waiting_share", "mean_in_flight", "ttft_p50", "e2e_p50",
+                "finished", "aborted", "generated_tokens", "seconds_per_token")
         return {k: _finite(getattr(self, k)) for k in keys}
 
 
@@ -175,7 +192,7 @@ def _sum_seconds(engines: Sequence[EngineWindow], metric: str) -> float | None:
 
 def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | None:
     """The window's load profile; None when it holds fewer than two scrapes of the server."""
-    names = _VLLM if window.backend == "vllm" else _LLAMA
+    names = backend(window.backend).load_metrics
     engines = [e for e in window.engines if e.series]
     stamps = sorted({ts for e in engines for ts in _by_ts(e, names["generated"])})
     if len(stamps) < 2:
@@ -200,7 +217,7 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
     gen_total = math.fsum(gen_d)
     waiting_share = sum(1 for w in waiting if w > 0) / len(waiting)
 
-    if window.backend != "vllm":
+    if not backend(window.backend).counts_requests:
         gs = series("gen_seconds")
         gen_seconds = math.fsum(_deltas(gs))
         return LoadProfile(
@@ -208,7 +225,7 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
             generated_tokens=gen_total, served_rps=None, offered_rps=None, capacity_rps=None,
             tokens_per_s=gen_total / secs if secs else None,
             capacity_tokens_per_s=math.fsum(iv.generated for iv in busy) / busy_s if busy_s else None,
-            queued_share=None, queue_time_share=None, waiting_share=waiting_share,
+            queued_share=None, mean_in_flight=None, queue_time_share=None, waiting_share=waiting_share,
             saturated=waiting_share >= SATURATED_WAITING_SHARE, slo_attainment=None, slo_goodput_rps=None,
             ttft_p99=None, e2e_p99=None, ttft_p50=None, e2e_p50=None,
             seconds_per_token=gen_seconds / gen_total if gen_total else None, intervals=intervals)
@@ -247,7 +264,8 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
         capacity_rps=math.fsum(iv.finished for iv in busy) / busy_s if busy_s else None,
         tokens_per_s=gen_total / secs if secs else None,
         capacity_tokens_per_s=math.fsum(iv.generated for iv in busy) / busy_s if busy_s else None,
-        queued_share=queued_share, queue_time_share=queue_time_share, waiting_share=waiting_share,
+        queued_share=queued_share, mean_in_flight=e2e_s / secs if e2e_s is not None and secs else None,
+        queue_time_share=queue_time_share, waiting_share=waiting_share,
         saturated=(queue_time_share or 0.0) >= SATURATED_QUEUE_TIME_SHARE or (queued_share or 0.0) >=
         SATURATED_QUEUED_SHARE or waiting_share >= SATURATED_WAITING_SHARE,
         slo_attainment=attainment, slo_goodput_rps=served * attainment if served is not None and attainment is not None
