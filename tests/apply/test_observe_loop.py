@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tuner.app.judge import read_series
 from tuner.apply.flow import Applier, Plan
+from tuner.apply.routes import ROUTES
 from tuner.collect import vllm
 from tuner.config import parse_config
 from tuner.store import journal as jr
@@ -45,7 +46,7 @@ def _run(store, tmp_path, apply_yaml: str) -> tuple[jr.StoredApply, FakeClock]:
     ap = Applier(cfg, store, Path(tmp_path), say=lambda m: None, clock=clock, sleep=clock.sleep)
     t = cfg.targets[0]
     old, new = {"max_num_seqs": 2}, {"max_num_seqs": 8}
-    plan = Plan(t, "manual", {"max_num_seqs": 8}, old, new, [], [])
+    plan = Plan(t, ROUTES["manual"], {"max_num_seqs": 8}, old, new, [], [])
     aid = jr.begin_apply(store.engine, target="chat", recommendation_id=None, kind="apply", mode="manual",
                          now=clock(), diff=plan.diff, old_flags=old, new_flags=new, old_argv=[], new_argv=[],
                          owner_pid=1, owner_start=1)

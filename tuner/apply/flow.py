@@ -1,13 +1,9 @@
 """Applying flags to a server, journaled step by step: drain, start, health gate, observe, keep or roll back.
 
-Three ways a change reaches a server:
-  * managed (tuner started it): drain the old process, start the new argv, health gate; a start that fails
-    restores the previous flags at once and records the server's own error line;
-  * a hook (``apply.hook`` in the config): an argv template or a systemd drop-in, run by tuner, then the same
-    health gate;
-  * by hand: tuner prints what to change, waits for ``tuner apply-recommendation ID --applied``, then gates
-    and observes.
-After the gate tuner observes for ``apply.observe`` and compares KPIs with the window before (verdict.py).
+How the change reaches the server is its route (routes.py: managed, an argv hook, a systemd drop-in, by hand);
+this module is the same for every route: plan, journal, switch, observe, judge (verdict.py), restore.
+A managed start that fails restores the previous flags at once and records the server's own error line.
+After the gate tuner observes for ``apply.observe`` and compares the window after with the window before.
 Every step is journaled before it is taken (tuner/store/journal.py); ``reconcile`` finishes what a dead tuner
 left half done.
 """
@@ -16,25 +12,25 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from tuner.apply import managed as mg
-from tuner.apply.launch import _render_flags
+from tuner.apply.routes import ROUTES, Route, flags_argv, route_for
 from tuner.apply.verdict import Verdict, judge
+from tuner.backends import backend as backend_of
 from tuner.collect.scrape import scrape_target
 from tuner.config import Config, Target
-from tuner.errors import (ApplyError, ConfigError, FlagError, NotProposedError, ServerStartError, StoreError,
+from tuner.errors import (ApplyError, FlagError, NotProposedError, ServerStartError, StoreError,
                           TunerError)
-from tuner.flags import render, spec, validate
+from tuner.flags import spec, validate
 from tuner.signals.load import LoadProfile, profile
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 
-__all__ = ["Applier", "Plan", "flags_argv", "hook_argv", "flags_in_force", "proposed"]
+__all__ = ["Applier", "Plan", "Restored", "flags_in_force", "proposed"]
 
 _OBSERVE_POLL_S = 1.0
 _IN_FLIGHT_TIMEOUT_S = 15.0
@@ -43,38 +39,28 @@ _IN_FLIGHT_TIMEOUT_S = 15.0
 @dataclass(frozen=True)
 class Plan:
     target: Target
-    how: str  # managed | hook | manual
+    route: Route  # how the flags reach the server (routes.py)
     diff: dict[str, Any]
     old_flags: dict[str, Any]
     new_flags: dict[str, Any]
     old_argv: list[str]
     new_argv: list[str]
 
+    @property
+    def how(self) -> str:
+        """The route's name: managed | hook | manual (what the journal and `--dry-run --json` say)."""
+        return self.route.name
 
-def flags_argv(backend: str, flags: dict[str, Any]) -> list[str]:
-    """Allow-listed flags (tuner's names) as argv elements, e.g. ["--max-num-seqs", "8"]."""
-    return _render_flags(render(backend, flags), dashed=backend == "llamacpp", reserved=frozenset())
 
+@dataclass(frozen=True)
+class Restored:
+    """How putting the previous flags back went: ``failed`` is what callers decide on, ``text`` goes in notes."""
 
-def hook_argv(target: Target, flags: dict[str, Any], diff: dict[str, Any], rec_id: int | None) -> list[str]:
-    """The hook's argv template filled in: {flags} / {diff} elements expand to several, others are substituted."""
-    hook = target.apply.hook
-    assert hook is not None and hook.command is not None
-    values = {"target": target.name, "url": target.url, "recommendation": "" if rec_id is None else str(rec_id)}
-    out: list[str] = []
-    for element in hook.command:
-        if element == "{flags}":
-            out += flags_argv(target.backend, flags)
-        elif element == "{diff}":
-            out += flags_argv(target.backend, diff)
-        else:
-            try:
-                out.append(element.format(**values))
-            except (KeyError, IndexError, ValueError) as exc:
-                raise ConfigError("config", f"targets[{target.name}].apply.hook.command",
-                                  f"{element!r}: unknown placeholder {exc} (use {{target}}, {{url}}, "
-                                  "{recommendation}, or a whole {flags} / {diff} element)") from None
-    return out
+    failed: bool
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
 
 
 def _own_identity() -> tuple[int, int]:
@@ -210,7 +196,7 @@ class Applier:
     def _drain(self, t: Target, r: mg.Running) -> str:
         assert t.managed is not None
         grace = t.managed.drain_timeout.total_seconds()
-        if t.backend == "llamacpp":
+        if backend_of(t.backend).drain == "slots_idle":
             # llama-server stops decoding at the first signal but exits only at the second (bench/RESULTS.md,
             # Apply): waiting longer in between only keeps connections hanging.
             idle = mg.drain_llama(t.url, grace)
@@ -258,30 +244,14 @@ class Applier:
     def _plan(self, t: Target, diff: dict[str, Any]) -> Plan:
         old = self.flags_in_force(t)
         new = {**old, **diff}
-        if t.managed is not None:
-            return Plan(t, "managed", diff, old, new, mg.build_argv(t, old), mg.build_argv(t, new))
-        if t.apply.hook is not None and t.apply.hook.command is not None:
-            return Plan(t, "hook", diff, old, new, hook_argv(t, old, old, None), hook_argv(t, new, diff, None))
-        if t.apply.hook is not None:
-            return Plan(t, "hook", diff, old, new, ["systemctl", "restart", t.apply.hook.systemd_unit or ""],
-                        ["systemctl", "restart", t.apply.hook.systemd_unit or ""])
-        return Plan(t, "manual", diff, old, new, flags_argv(t.backend, old), flags_argv(t.backend, new))
+        route = route_for(t)
+        return Plan(t, route, diff, old, new, route.argv(t, old, old), route.argv(t, new, diff))
 
     def describe(self, p: Plan) -> str:
         lines = [f"target {p.target.name} ({p.target.backend}, {p.how})"]
         for name, value in p.diff.items():
             lines.append(f"  {name}: {p.old_flags.get(name, '(default)')} -> {value}")
-        if p.how == "managed":
-            lines.append("new argv: " + json.dumps(p.new_argv))
-        elif p.how == "hook" and p.target.apply.hook and p.target.apply.hook.command:
-            lines.append("hook argv: " + json.dumps(p.new_argv))
-        elif p.how == "hook":
-            lines.append(f"systemd: drop-in {self._dropin_path(p.target)} with TUNER_FLAGS="
-                         f"{' '.join(flags_argv(p.target.backend, p.new_flags))}, then systemctl daemon-reload "
-                         f"and systemctl restart {p.target.apply.hook.systemd_unit}")  # type: ignore[union-attr]
-        else:
-            lines.append("flags after: " + " ".join(p.new_argv))
-        return "\n".join(lines)
+        return "\n".join(lines + p.route.describe(p))
 
     # ---- apply -----------------------------------------------------------------------------------
 
@@ -297,10 +267,10 @@ class Applier:
     def apply(self, rec_id: int, *, mode: str = "manual", force: bool = False) -> jr.StoredApply:
         rec = proposed(self.engine, rec_id)
         p = self.plan(rec)
-        if p.how != "manual" and not force:
+        if p.route.restarts and not force:
             self.check_restart_budget(p.target)
         aid = self._begin(p, rec.id, "apply", mode)
-        if p.how == "manual":
+        if not p.route.restarts:
             return self._await_manual(aid, p, rec.id)
         return self._carry_out(aid, p, rec.id)
 
@@ -351,19 +321,17 @@ class Applier:
         t = p.target
         now = self.clock()
         base = self._kpis(t, now - t.apply.baseline.total_seconds(), now)
-        if p.how == "managed" and rollback_of is None:
-            base["in_flight_at_drain"] = self._in_flight(t)  # None: its /metrics did not answer in time
+        if p.route.restarts and rollback_of is None:
+            base["in_flight_at_drain"] = p.route.in_flight(self, t)  # None: not read, or no answer in time
         jr.set_kpis(self.engine, aid, now=now, baseline=base)
         self._step(aid, "baseline", json.dumps(base, default=str))
         try:
-            self._switch(aid, p, p.new_flags, p.diff)
+            p.route.switch(self, aid, p, p.new_flags, p.diff)
         except (ServerStartError, ApplyError) as exc:
-            line = str(exc).splitlines()[0]
-            if p.how == "managed":
-                line = mg.error_line(mg.log_path(t, self.config_dir)) if "exited" in line else line
+            line = p.route.why_failed(self, t, exc)
             self._step(aid, "start_failed", line)
             restored = self._restore(aid, p)
-            note = f"the server did not take the new flags: {line}; " + restored
+            note = f"the server did not take the new flags: {line}; {restored}"
             jr.finish(self.engine, aid, "failed", note, now=self.clock())
             if rec_id is not None and rollback_of is None:
                 recs.set_status(self.engine, rec_id, "failed", now=self.clock(), note=line)
@@ -409,7 +377,7 @@ class Applier:
             return jr.get_apply(self.engine, aid)
         if outcome == "inconclusive":
             reason += "; the previous flags are restored (apply.on_inconclusive: keep_previous)"
-        if p.how == "manual":
+        if not p.route.restarts:
             note = (f"{prefix}{reason}; tuner does not restart this server: restart it by hand with "
                     f"{' '.join(flags_argv(t.backend, p.old_flags))}")
             jr.finish(self.engine, aid, "failed", note, now=self.clock())
@@ -476,99 +444,21 @@ class Applier:
             self.sleep(min(_OBSERVE_POLL_S, max(0.0, deadline - self.clock())))
         return None
 
-    def _switch(self, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
-        """Take the server to ``flags`` and through the health gate (raises ServerStartError / ApplyError)."""
-        t = p.target
-        if p.how == "managed":
-            r = self.running(t)
-            self._step(aid, "draining", f"pid {r.pid}" if r else "no server running", state="draining")
-            if r is not None:
-                self._step(aid, "stopped", self._drain(t, r))
-            argv = mg.build_argv(t, flags)
-            self._step(aid, "starting", json.dumps(argv), state="starting")
-            self.launch(t, flags, spawned=lambda r: self._step(aid, "health_check", f"pid {r.pid} started",
-                                                                  state="health_check"))
-            self._step(aid, "healthy", f"/health 200 and one real request; pid {self.running(t).pid}")  # type: ignore
-            return
-        self._step(aid, "starting", "", state="starting")
-        self._run_hook(aid, t, flags, diff)
-        self._step(aid, "health_check", "", state="health_check")
-        timeout = 600.0
-        deadline = self.clock() + timeout
-        last = ""
-        while self.clock() < deadline:
-            try:
-                gate = mg.health_gate(t, timeout_s=30)
-                self._step(aid, "healthy", gate)
-                return
-            except ServerStartError as exc:
-                last = str(exc)
-                self.sleep(1.0)
-        raise ServerStartError(f"not healthy {timeout:.0f}s after the hook: {last}", None, [])
-
-    def _run_hook(self, aid: int, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> None:
-        hook = t.apply.hook
-        assert hook is not None
-        commands: list[list[str]]
-        if hook.command is not None:
-            commands = [hook_argv(t, flags, diff, None)]
-        else:
-            path = self._dropin_path(t)
-            text = ("# written by tuner: the flags it applied; the unit's ExecStart must use $TUNER_FLAGS\n"
-                    f"[Service]\nEnvironment=\"TUNER_FLAGS={' '.join(flags_argv(t.backend, flags))}\"\n")
-            self._step(aid, "dropin", f"{path}")
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(text)
-                os.replace(tmp, path)
-            except OSError as exc:
-                raise ApplyError(f"cannot write the systemd drop-in {path}: {exc.strerror}; write it by hand:\n"
-                                 f"{text}then run: systemctl daemon-reload && systemctl restart "
-                                 f"{hook.systemd_unit}") from None
-            commands = [["systemctl", "daemon-reload"], ["systemctl", "restart", str(hook.systemd_unit)]]
-        for argv in commands:
-            self._step(aid, "hook", json.dumps(argv))
-            try:
-                proc = subprocess.run(argv, capture_output=True, text=True, timeout=hook.timeout.total_seconds(),
-                                      stdin=subprocess.DEVNULL)
-            except FileNotFoundError:
-                raise ApplyError(f"hook {argv[0]!r} not found; apply by hand: restart {t.name} with "
-                                 f"{' '.join(flags_argv(t.backend, flags))}") from None
-            except subprocess.TimeoutExpired:
-                raise ApplyError(f"hook {json.dumps(argv)} did not finish in {hook.timeout.total_seconds():.0f}s")
-            if proc.returncode != 0:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
-                raise ApplyError(f"hook {json.dumps(argv)} exited {proc.returncode}: {tail[0]}")
-
-    def _dropin_path(self, t: Target) -> Path:
-        hook = t.apply.hook
-        assert hook is not None
-        return Path(hook.systemd_dropin or f"/etc/systemd/system/{hook.systemd_unit}.d/tuner-flags.conf")
-
-    def _restore(self, aid: int, p: Plan) -> str:
-        """Back to the old flags; a description for the note."""
+    def _restore(self, aid: int, p: Plan) -> Restored:
+        """Back to the old flags; whether that failed, and a description for the note."""
         t = p.target
         self._step(aid, "restoring", json.dumps(p.old_argv), state="starting")
         try:
-            if p.how == "managed":
-                r = self.running(t)
-                if r is not None:
-                    self._step(aid, "stopped", self._drain(t, r))
-                self.launch(t, p.old_flags)
-            elif p.how == "hook":
-                self._run_hook(aid, t, p.old_flags, p.old_flags)
-                mg.health_gate(t, timeout_s=60)
-            else:
-                return "restore it by hand"
+            if not p.route.restore(self, aid, p):
+                return Restored(False, "restore it by hand")
         except (ServerStartError, ApplyError) as exc:
             first = str(exc).splitlines()[0]
             self._step(aid, "restore_failed", first)
             if t.managed is not None:
                 self._save(t, None, p.old_flags, "crashed", note=first)
-            return f"restoring the previous flags FAILED too: {first}"
+            return Restored(True, f"restoring the previous flags FAILED too: {first}")
         self._step(aid, "restored", "previous flags, healthy")
-        return "previous flags restored and healthy"
+        return Restored(False, "previous flags restored and healthy")
 
     # ---- by hand ---------------------------------------------------------------------------------
 
@@ -590,7 +480,7 @@ class Applier:
         if a is None:
             raise ApplyError(f"recommendation #{rec_id} has no apply waiting for a restart by hand")
         t = self.cfg.target(a.target)
-        p = Plan(t, "manual", a.diff, a.old_flags, a.new_flags, a.old_argv, a.new_argv)
+        p = Plan(t, ROUTES["manual"], a.diff, a.old_flags, a.new_flags, a.old_argv, a.new_argv)
         if cancel:
             jr.finish(self.engine, a.id, "failed", "cancelled before it was applied", now=self.clock())
             return jr.get_apply(self.engine, a.id)
@@ -626,8 +516,7 @@ class Applier:
         except Exception:  # noqa: BLE001  (UnknownTargetError: the config no longer has it)
             jr.finish(self.engine, a.id, "failed", "reconciled: the target is no longer configured", now=now)
             return f"apply #{a.id}: target {a.target} no longer configured; closed as failed"
-        how = "managed" if t.managed else ("hook" if t.apply.hook else "manual")
-        p = Plan(t, how, a.diff, a.old_flags, a.new_flags, a.old_argv, a.new_argv)
+        p = Plan(t, route_for(t), a.diff, a.old_flags, a.new_flags, a.old_argv, a.new_argv)
         found, healthy = "unknown", False
         if t.managed is not None:
             st = jr.get_managed(self.engine, t.name)
@@ -661,7 +550,7 @@ class Applier:
             jr.finish(self.engine, a.id, "rolled_back", f"reconciled: {where}; nothing was changed", now=self.clock())
             return self._line(jr.get_apply(self.engine, a.id))
         restored = self._restore(a.id, p)
-        outcome = "rolled_back" if "FAILED" not in restored else "failed"
+        outcome = "failed" if restored.failed else "rolled_back"
         jr.finish(self.engine, a.id, outcome, f"reconciled: {where}; {restored}", now=self.clock())
         if a.recommendation_id is not None and a.kind == "apply":
             recs.set_status(self.engine, a.recommendation_id, "rolled_back", now=self.clock(),

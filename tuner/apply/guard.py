@@ -19,7 +19,7 @@ from tuner.config import Window, in_window, parse_window
 from tuner.store.journal import StoredApply
 from tuner.store.recommendations import StoredRecommendation
 
-__all__ = ["Window", "parse_window", "in_window", "Decision", "decide", "rollback_streak", "HALT_PERIOD_S"]
+__all__ = ["Window", "parse_window", "in_window", "Decision", "decide", "halted", "rollback_streak", "HALT_PERIOD_S"]
 
 HALT_PERIOD_S = 24 * 3600
 
@@ -45,6 +45,12 @@ def rollback_streak(history: Sequence[StoredApply], now: float) -> int:
     return n
 
 
+def halted(history: Sequence[StoredApply], now: float, limit: int) -> bool:
+    """Whether auto mode stands halted: ``limit`` auto applies in a row rolled back or failed (see rollback_streak).
+    The one definition that the guardrails, the exporter's tuner_auto_apply_halted and the alert rule read."""
+    return rollback_streak(history, now) >= limit
+
+
 def _starts(history: Iterable[StoredApply], since_ms: float) -> int:
     return sum(1 for a in history for s in a.steps if s["step"] in ("starting", "restoring") and s["ts_ms"] >= since_ms)
 
@@ -60,7 +66,7 @@ def decide(*, now: float, policy: object, history: Sequence[StoredApply], propos
         return Decision(False, f"another server on GPU {','.join(map(str, shared))} is being applied")
     streak = rollback_streak(history, now)
     limit = policy.max_consecutive_rollbacks  # type: ignore[attr-defined]
-    if streak >= limit:
+    if halted(history, now, limit):
         return Decision(False, f"auto mode halted: the last {streak} auto applies rolled back or failed (limit "
                                f"{limit}); apply one by hand, or it resumes 24 h after the last", halted=True)
     windows = [parse_window(w) for w in policy.maintenance_windows]  # type: ignore[attr-defined]

@@ -16,15 +16,16 @@ import os
 import signal
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from tuner.apply.launch import ServerProcess, llama_server_argv, vllm_argv
+from tuner.apply import launch
+from tuner.apply.launch import ServerProcess, error_line, llama_server_argv, vllm_argv
+from tuner.backends import backend as backend_of
+from tuner.collect import http
 from tuner.config import Target
-from tuner.errors import ConfigError, ServerStartError
+from tuner.errors import ConfigError, ScrapeError, ServerStartError
 from tuner.flags import FLAGS, render
 
 __all__ = ["build_argv", "server_env", "log_path", "proc_start_time", "proc_argv", "is_alive", "Running",
@@ -39,7 +40,7 @@ def _check_model(target: Target) -> str:
     path = Path(target.managed.model)
     if not path.exists():
         raise ConfigError("config", f"targets[{target.name}].managed.model", f"{path}: no such file or directory")
-    if target.backend == "llamacpp" and not path.is_file():
+    if backend_of(target.backend).model_is_file and not path.is_file():
         raise ConfigError("config", f"targets[{target.name}].managed.model", f"{path}: llama-server needs a .gguf file")
     return str(path.resolve())
 
@@ -142,6 +143,13 @@ class Running:
     def exit_code(self) -> int | None:
         return self.proc.returncode if self.proc is not None else None
 
+    def gone(self) -> bool:
+        return not self.alive()
+
+    @property
+    def log_path(self) -> Path:
+        return self.log
+
 
 def start_server(argv: list[str], env: Mapping[str, str], log: Path, *, nice: int = 0) -> Running:
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -157,19 +165,13 @@ def start_server(argv: list[str], env: Mapping[str, str], log: Path, *, nice: in
     return Running(proc.pid, start or 0, list(argv), log, proc)
 
 
-def _gone(r: Running) -> bool:
-    if r.proc is not None:
-        return r.proc.returncode is not None
-    return not is_alive(r.pid, r.start)
-
-
 def _wait_gone(r: Running, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if _gone(r):
+        if r.gone():
             return True
         time.sleep(0.1)
-    return _gone(r)
+    return r.gone()
 
 
 def _group_alive(pgid: int) -> bool:
@@ -196,7 +198,7 @@ def stop_server(r: Running, *, grace_s: float, second_signal_after_s: float = 5.
     t0 = time.monotonic()
     how = "was not running"
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGINT, second_signal_after_s)):
-        if _gone(r):
+        if r.gone():
             break
         try:
             os.kill(r.pid, sig)
@@ -207,7 +209,7 @@ def stop_server(r: Running, *, grace_s: float, second_signal_after_s: float = 5.
             break
     else:
         how = f"killed (SIGKILL) after {time.monotonic() - t0:.1f}s"
-    if not _gone(r):
+    if not r.gone():
         try:
             os.killpg(r.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -229,8 +231,10 @@ def drain_llama(url: str, grace_s: float) -> str:
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         try:
-            slots = _get_json(url + "/slots", 2.0)
-        except OSError:
+            slots = http.get_json(url + "/slots", timeout_s=2.0)
+        except ScrapeError:
+            slots = None
+        if slots is None:  # unreachable, or /slots disabled (501) or not JSON
             return "no /slots answer; stopping now"
         if isinstance(slots, list) and not any(s.get("is_processing") for s in slots if isinstance(s, dict)):
             return f"idle after {grace_s - (deadline - time.monotonic()):.1f}s"
@@ -240,45 +244,16 @@ def drain_llama(url: str, grace_s: float) -> str:
 
 # ---- health ----------------------------------------------------------------------------------------
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
-
-
-def _get_json(url: str, timeout: float) -> Any:
-    with _OPENER.open(url, timeout=timeout) as resp:
-        return json.loads(resp.read(2**20) or b"null")
-
-
-def _post_json(url: str, body: dict[str, Any], timeout: float) -> tuple[int, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with _OPENER.open(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read(2**20) or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read(2000).decode(errors="replace")
-
-
 def wait_healthy(r: Running, url: str, timeout_s: float) -> float:
     """Poll /health until 200; seconds waited. ServerStartError (with the log's error line) on exit or timeout."""
-    t0 = time.monotonic()
-    last = "no answer yet"
-    while True:
-        if _gone(r):
-            code = r.exit_code()
-            raise ServerStartError(f"server exited{'' if code is None else f' with code {code}'} before /health "
-                                   f"answered 200: {error_line(r.log)}", r.log, _tail(r.log))
-        try:
-            with _OPENER.open(url + "/health", timeout=5) as resp:
-                if resp.status == 200:
-                    return time.monotonic() - t0
-                last = f"HTTP {resp.status}"
-        except urllib.error.HTTPError as e:
-            last = f"HTTP {e.code}"
-        except (urllib.error.URLError, OSError) as e:
-            last = str(getattr(e, "reason", e))
-        if time.monotonic() - t0 > timeout_s:
-            raise ServerStartError(f"{url}/health not healthy after {timeout_s:.0f}s (last: {last})", r.log,
-                                   _tail(r.log))
-        time.sleep(0.25)
+    return launch.wait_healthy(r, url + "/health", timeout_s)
+
+
+def _json_or_text(body: bytes) -> Any:
+    try:
+        return json.loads(body or b"null")
+    except ValueError:
+        return body[:2000].decode(errors="replace")
 
 
 def health_gate(target: Target, timeout_s: float = 60.0) -> str:
@@ -291,38 +266,16 @@ def health_gate(target: Target, timeout_s: float = 60.0) -> str:
         path, body = "/v1/embeddings", {"model": model, "input": "tuner health check"}
     else:
         path, body = "/v1/completions", {"model": model, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
-    if target.backend == "llamacpp":
+    if not backend_of(target.backend).gate_names_model:
         body.pop("model")
     try:
-        status, answer = _post_json(target.url + path, body, timeout_s)
-    except OSError as exc:
+        resp = http.post_json(target.url + path, body, timeout_s=timeout_s)
+    except ScrapeError as exc:
         raise ServerStartError(f"health gate: POST {target.url}{path} failed: {exc}", None, []) from None
+    status, answer = resp.status, _json_or_text(resp.body)
     ok = status == 200 and isinstance(answer, dict) and (
         bool(answer.get("data")) if kind == "embedding" else bool(answer.get("choices")))
     if not ok:
         raise ServerStartError(f"health gate: POST {target.url}{path} answered {status}: {str(answer)[:300]}",
                                None, [])
     return f"POST {path} answered 200"
-
-
-def _tail(log: Path, n: int = 8) -> list[str]:
-    try:
-        return log.read_bytes()[-16384:].decode(errors="replace").splitlines()[-n:]
-    except OSError:
-        return []
-
-
-def error_line(log: Path, *, since_marker: bool = True) -> str:
-    """The server's own reason for failing: the last error-looking line of its log since tuner's last start."""
-    try:
-        text = log.read_bytes()[-256 * 1024:].decode(errors="replace")
-    except OSError:
-        return "(no log)"
-    if since_marker and "==== tuner " in text:
-        text = text[text.rindex("==== tuner "):]
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    keys = ("Error", "error:", "ERROR", "Exception", "invalid", "failed", "must be")
-    for ln in reversed(lines):
-        if any(k in ln for k in keys) and not ln.startswith("Traceback"):
-            return ln[-500:]
-    return lines[-1][-500:] if lines else "(empty log)"

@@ -1,0 +1,268 @@
+"""How a change of flags reaches a server: one class per way, each with the same five answers.
+
+  * ``Managed``: tuner started the server; drain the old process, start the new argv, health gate;
+  * ``Hook``: an argv template from ``apply.hook.command``, run by tuner, then the health gate;
+  * ``Systemd``: a drop-in with ``TUNER_FLAGS`` for ``apply.hook.systemd_unit``, daemon-reload, restart, gate;
+  * ``ByHand``: tuner says what to change and waits for ``tuner apply-recommendation ID --applied``.
+
+The apply flow (flow.py) asks a route for the argv before and after, the lines of a dry run, whether tuner itself
+restarts the server (the restart budget, the outage), how to switch the server to some flags, and what the server
+said when it failed; it never asks which route it has. ``tests/apply/test_routes.py`` runs the same checks over
+every route. A rolling apply behind a load balancer is the next route.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tuner.apply import managed as mg
+from tuner.apply.launch import _render_flags
+from tuner.backends import backend as backend_of
+from tuner.config import Target
+from tuner.errors import ApplyError, ConfigError, ServerStartError
+from tuner.flags import render
+
+if TYPE_CHECKING:  # the flow hands itself in; routes never import it at run time
+    from tuner.apply.flow import Applier, Plan
+
+__all__ = ["Route", "Managed", "Hook", "Systemd", "ByHand", "ROUTES", "route_for", "flags_argv", "hook_argv"]
+
+_HOOK_HEALTH_TIMEOUT_S = 600.0
+
+
+def flags_argv(backend: str, flags: dict[str, Any]) -> list[str]:
+    """Allow-listed flags (tuner's names) as argv elements, e.g. ["--max-num-seqs", "8"]."""
+    return _render_flags(render(backend, flags), dashed=backend_of(backend).dashed_flags, reserved=frozenset())
+
+
+def hook_argv(target: Target, flags: dict[str, Any], diff: dict[str, Any], rec_id: int | None) -> list[str]:
+    """The hook's argv template filled in: {flags} / {diff} elements expand to several, others are substituted."""
+    hook = target.apply.hook
+    assert hook is not None and hook.command is not None
+    values = {"target": target.name, "url": target.url, "recommendation": "" if rec_id is None else str(rec_id)}
+    out: list[str] = []
+    for element in hook.command:
+        if element == "{flags}":
+            out += flags_argv(target.backend, flags)
+        elif element == "{diff}":
+            out += flags_argv(target.backend, diff)
+        else:
+            try:
+                out.append(element.format(**values))
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ConfigError("config", f"targets[{target.name}].apply.hook.command",
+                                  f"{element!r}: unknown placeholder {exc} (use {{target}}, {{url}}, "
+                                  "{recommendation}, or a whole {flags} / {diff} element)") from None
+    return out
+
+
+class Route(Protocol):
+    name: str  # the plan's and the journal's word for it: managed | hook | manual
+    restarts: bool  # tuner itself restarts the server: the restart budget applies, an outage is measured
+
+    def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
+        """What runs (or what to run) for ``flags``: the journal's old and new argv."""
+        ...
+
+    def describe(self, p: Plan) -> list[str]:
+        """The dry run's lines after the diff."""
+        ...
+
+    def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
+        """Take the server to ``flags`` and through the health gate; ServerStartError or ApplyError if not."""
+        ...
+
+    def restore(self, ap: Applier, aid: int, p: Plan) -> bool:
+        """Back to ``p.old_flags`` after a switch that failed or did not pay; False when only a person can."""
+        ...
+
+    def why_failed(self, ap: Applier, t: Target, exc: ServerStartError | ApplyError) -> str:
+        """The one line a failed switch is recorded with: the server's own words where the route has them."""
+        ...
+
+    def in_flight(self, ap: Applier, t: Target) -> int | None:
+        """Requests in the server just before a switch (None: not measured by this route)."""
+        ...
+
+
+class Managed:
+    name, restarts = "managed", True
+
+    def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
+        return mg.build_argv(t, flags)
+
+    def describe(self, p: Plan) -> list[str]:
+        return ["new argv: " + json.dumps(p.new_argv)]
+
+    def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
+        t = p.target
+        r = ap.running(t)
+        ap._step(aid, "draining", f"pid {r.pid}" if r else "no server running", state="draining")
+        if r is not None:
+            ap._step(aid, "stopped", ap._drain(t, r))
+        ap._step(aid, "starting", json.dumps(mg.build_argv(t, flags)), state="starting")
+        r = ap.launch(t, flags, spawned=lambda r: ap._step(aid, "health_check", f"pid {r.pid} started",
+                                                            state="health_check"))
+        ap._step(aid, "healthy", f"/health 200 and one real request; pid {r.pid}")
+
+    def restore(self, ap: Applier, aid: int, p: Plan) -> bool:
+        r = ap.running(p.target)
+        if r is not None:
+            ap._step(aid, "stopped", ap._drain(p.target, r))
+        ap.launch(p.target, p.old_flags)
+        return True
+
+    def why_failed(self, ap: Applier, t: Target, exc: ServerStartError | ApplyError) -> str:
+        if isinstance(exc, ServerStartError) and exc.exited:  # the process ended: its log says why
+            return mg.error_line(mg.log_path(t, ap.config_dir))
+        return str(exc).splitlines()[0]
+
+    def in_flight(self, ap: Applier, t: Target) -> int | None:
+        return ap._in_flight(t)
+
+
+class _Gated:
+    """Routes that restart a server tuner does not own, then wait for its health gate."""
+
+    name, restarts = "hook", True
+
+    def commands(self, ap: Applier, aid: int, t: Target, flags: dict[str, Any],
+                 diff: dict[str, Any]) -> list[list[str]]:
+        raise NotImplementedError
+
+    def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
+        t = p.target
+        ap._step(aid, "starting", "", state="starting")
+        self._run(ap, aid, t, flags, diff)
+        ap._step(aid, "health_check", "", state="health_check")
+        ap._step(aid, "healthy", self._gate(ap, t))
+
+    def restore(self, ap: Applier, aid: int, p: Plan) -> bool:
+        self._run(ap, aid, p.target, p.old_flags, p.old_flags)
+        self._gate(ap, p.target)
+        return True
+
+    @staticmethod
+    def _gate(ap: Applier, t: Target) -> str:
+        """The health gate, tried until it passes: the hook may return before the server listens again."""
+        deadline = ap.clock() + _HOOK_HEALTH_TIMEOUT_S
+        last = ""
+        while ap.clock() < deadline:
+            try:
+                return mg.health_gate(t, timeout_s=30)
+            except ServerStartError as exc:
+                last = str(exc)
+                ap.sleep(1.0)
+        raise ServerStartError(f"not healthy {_HOOK_HEALTH_TIMEOUT_S:.0f}s after the hook: {last}", None, [])
+
+    def _run(self, ap: Applier, aid: int, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> None:
+        hook = t.apply.hook
+        assert hook is not None
+        for argv in self.commands(ap, aid, t, flags, diff):
+            ap._step(aid, "hook", json.dumps(argv))
+            try:
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=hook.timeout.total_seconds(),
+                                      stdin=subprocess.DEVNULL)
+            except FileNotFoundError:
+                raise ApplyError(f"hook {argv[0]!r} not found; apply by hand: restart {t.name} with "
+                                 f"{' '.join(flags_argv(t.backend, flags))}") from None
+            except subprocess.TimeoutExpired:
+                raise ApplyError(f"hook {json.dumps(argv)} did not finish in {hook.timeout.total_seconds():.0f}s")
+            if proc.returncode != 0:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+                raise ApplyError(f"hook {json.dumps(argv)} exited {proc.returncode}: {tail[0]}")
+
+    def why_failed(self, ap: Applier, t: Target, exc: ServerStartError | ApplyError) -> str:
+        return str(exc).splitlines()[0]
+
+    def in_flight(self, ap: Applier, t: Target) -> int | None:
+        return None
+
+
+class Hook(_Gated):
+    def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
+        return hook_argv(t, flags, diff, None)
+
+    def describe(self, p: Plan) -> list[str]:
+        return ["hook argv: " + json.dumps(p.new_argv)]
+
+    def commands(self, ap: Applier, aid: int, t: Target, flags: dict[str, Any],
+                 diff: dict[str, Any]) -> list[list[str]]:
+        return [hook_argv(t, flags, diff, None)]
+
+
+class Systemd(_Gated):
+    def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
+        return ["systemctl", "restart", self._unit(t)]
+
+    def describe(self, p: Plan) -> list[str]:
+        t = p.target
+        flags = " ".join(flags_argv(t.backend, p.new_flags))
+        return [f"systemd: drop-in {self.dropin_path(t)} with TUNER_FLAGS={flags}, then systemctl daemon-reload "
+                f"and systemctl restart {self._unit(t)}"]
+
+    def commands(self, ap: Applier, aid: int, t: Target, flags: dict[str, Any],
+                 diff: dict[str, Any]) -> list[list[str]]:
+        path = self.dropin_path(t)
+        text = ("# written by tuner: the flags it applied; the unit's ExecStart must use $TUNER_FLAGS\n"
+                f"[Service]\nEnvironment=\"TUNER_FLAGS={' '.join(flags_argv(t.backend, flags))}\"\n")
+        ap._step(aid, "dropin", f"{path}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise ApplyError(f"cannot write the systemd drop-in {path}: {exc.strerror}; write it by hand:\n"
+                             f"{text}then run: systemctl daemon-reload && systemctl restart "
+                             f"{self._unit(t)}") from None
+        return [["systemctl", "daemon-reload"], ["systemctl", "restart", self._unit(t)]]
+
+    @staticmethod
+    def _unit(t: Target) -> str:
+        return (t.apply.hook.systemd_unit if t.apply.hook else None) or ""
+
+    @staticmethod
+    def dropin_path(t: Target) -> Path:
+        hook = t.apply.hook
+        assert hook is not None
+        return Path(hook.systemd_dropin or f"/etc/systemd/system/{hook.systemd_unit}.d/tuner-flags.conf")
+
+
+class ByHand:
+    name, restarts = "manual", False
+
+    def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
+        return flags_argv(t.backend, flags)
+
+    def describe(self, p: Plan) -> list[str]:
+        return ["flags after: " + " ".join(p.new_argv)]
+
+    def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
+        raise ApplyError(f"tuner does not restart {p.target.name}: restart it by hand with "
+                         f"{' '.join(flags_argv(p.target.backend, flags))}")
+
+    def restore(self, ap: Applier, aid: int, p: Plan) -> bool:
+        return False
+
+    def why_failed(self, ap: Applier, t: Target, exc: ServerStartError | ApplyError) -> str:
+        return str(exc).splitlines()[0]
+
+    def in_flight(self, ap: Applier, t: Target) -> int | None:
+        return None
+
+
+ROUTES: dict[str, Route] = {"managed": Managed(), "hook": Hook(), "systemd": Systemd(), "manual": ByHand()}
+
+
+def route_for(t: Target) -> Route:
+    """The one place that decides how a target's flags change."""
+    if t.managed is not None:
+        return ROUTES["managed"]
+    if t.apply.hook is not None:
+        return ROUTES["hook"] if t.apply.hook.command is not None else ROUTES["systemd"]
+    return ROUTES["manual"]
