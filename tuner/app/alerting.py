@@ -31,8 +31,11 @@ log = logging.getLogger("tuner.alerting")
 class Alerting:
     def __init__(self, cfg: Config, store: Store, *, clock: Callable[[], float],
                  target_signal: Callable[[str, str], float | None] | None = None,
-                 max_num_seqs: Callable[[Target], float | None] | None = None) -> None:
+                 max_num_seqs: Callable[[Target], float | None] | None = None,
+                 signals: Callable[[str, float, float], TargetSignals | None] | None = None) -> None:
         self.cfg, self.store, self.clock = cfg, store, clock
+        # (target, window seconds, now) -> signals: the daemon's SignalBook (once per tick), else derived here
+        self.signals_for = signals or self._derive
         self.target_signal = target_signal  # apply-side target signals (auto_apply_halted), from the daemon
         self.max_num_seqs = max_num_seqs or configured_max_num_seqs  # the daemon's: the flags in force
         self.files = cfg.alerting.rule_files or default_rule_files()
@@ -45,6 +48,9 @@ class Alerting:
         host, port = cfg.listen_host_port
         self.base_url = (cfg.alerting.external_url or f"http://{host}:{port}").rstrip("/")
         self.last_error = ""
+
+    def _derive(self, name: str, window_s: float, now: float) -> TargetSignals | None:
+        return compute_signals(self.store.window(name, now - window_s, now), slo=self.cfg.target(name).slo)
 
     def reload(self) -> bool:
         """Re-read the rule files; on any error keep the current set and return False."""
@@ -68,10 +74,8 @@ class Alerting:
 
         def signals(name: str, window: timedelta) -> TargetSignals | None:
             if (name, window) not in cache:
-                target = self.cfg.target(name)
                 try:
-                    w = self.store.window(name, now - window.total_seconds(), now)
-                    cache[(name, window)] = compute_signals(w, slo=target.slo)
+                    cache[(name, window)] = self.signals_for(name, window.total_seconds(), now)
                 except TunerError:
                     cache[(name, window)] = None  # never scraped yet: no data, no alert
             return cache[(name, window)]

@@ -22,15 +22,16 @@ from apscheduler.triggers.interval import IntervalTrigger
 from tuner.app.alerting import Alerting
 from tuner.app.auto import auto_step
 from tuner.app.session import Session
+from tuner.app.signalbook import SignalBook
 from tuner.apply.flow import Applier
-from tuner.apply.guard import Decision, rollback_streak
+from tuner.apply.guard import Decision, halted
 from tuner.collect.gpu import GpuCollector
 from tuner.collect.scrape import scrape_target
 from tuner.config import Config, Target
 from tuner.daemon.metrics import serve_metrics
 from tuner.daemon.state import DaemonState
 from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
-from tuner.signals.derive import compute_signals
+from tuner.flags import takes
 from tuner.store.retention import apply_retention
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
@@ -58,10 +59,11 @@ class Daemon:
         for t in cfg.targets:
             store.ensure_target(t.name, t.backend, t.url, t.labels)
         self.state.targets = {t.name: t for t in cfg.targets}
+        self.signals = SignalBook(cfg, store)
         # Invalid rule files stop the daemon here: it never runs with a half-loaded rule set.
         self.alerting = self.state.alerting = Alerting(cfg, store, clock=clock,
                                                        target_signal=self._target_signal,
-                                                       max_num_seqs=self._max_num_seqs)
+                                                       max_num_seqs=self._max_num_seqs, signals=self.signals.get)
         self.session = Session(cfg, (config_dir or Path.cwd()).resolve(), store)
         self.applier = Applier(cfg, store, self.session.config_dir, say=log.info, clock=clock)
 
@@ -131,14 +133,17 @@ class Daemon:
             self._job_error("gpu", str(exc))
 
     def signals_once(self) -> None:
-        """Recompute every target's signals over the configured window (for /metrics and status)."""
+        """Every target's signals over the configured window, for /metrics and status (from the SignalBook:
+        derived once per tick, shared with the alert rules over the same window)."""
         now = self.clock()
         window = self.cfg.defaults.signal_window.total_seconds()
         for t in self.cfg.targets:
             try:
-                sig = compute_signals(self.store.window(t.name, now - window, now), slo=t.slo)
+                sig = self.signals.get(t.name, window, now)
             except TunerError as exc:
                 self._job_error(f"signals:{t.name}", str(exc))
+                continue
+            if sig is None:  # never scraped yet
                 continue
             with self.state.lock:
                 self.state.signals[t.name] = sig
@@ -240,8 +245,7 @@ class Daemon:
                 counts[(r.target, r.status)] = counts.get((r.target, r.status), 0) + 1
             applies = jr.outcome_counts(self.store.engine)
             now = self.clock()
-            halted = {t.name: rollback_streak(jr.list_applies(self.store.engine, target=t.name, limit=50), now)
-                      >= t.apply.max_consecutive_rollbacks for t in self.cfg.targets if t.apply.mode == "auto"}
+            stopped = {t.name: self._halted(t, now) for t in self.cfg.targets if t.apply.mode == "auto"}
             up = {t.name: self.applier.running(t) is not None for t in self.cfg.targets if t.managed}
             limits = {t.name: v for t in self.cfg.targets if (v := self._max_num_seqs(t)) is not None}
         except TunerError as exc:
@@ -249,14 +253,14 @@ class Daemon:
             return
         with self.state.lock:
             self.state.recommendations, self.state.applies = counts, applies
-            self.state.auto_halted.update(halted)
+            self.state.auto_halted.update(stopped)
             self.state.managed_up = up
             self.state.max_num_seqs = limits
 
     def _max_num_seqs(self, target: Target) -> float | None:
         """The max-num-seqs a vLLM target runs with: the flags in force (managed, or after an apply), not the
         config's raw key (which a managed target, a snake_case config or a kept apply leaves stale)."""
-        if target.backend != "vllm":
+        if not takes(target.backend, "max_num_seqs"):  # llama-server has --parallel instead
             return None
         value = self.applier.flags_in_force(target).get("max_num_seqs")
         return float(value) if value is not None else None
@@ -267,10 +271,12 @@ class Daemon:
             t = self.state.targets.get(name)
             if t is None or t.apply.mode != "auto":
                 return None
-
-            streak = rollback_streak(jr.list_applies(self.store.engine, target=name, limit=50), self.clock())
-            return 1.0 if streak >= t.apply.max_consecutive_rollbacks else 0.0
+            return 1.0 if self._halted(t, self.clock()) else 0.0
         return None
+
+    def _halted(self, t: Target, now: float) -> bool:
+        return halted(jr.list_applies(self.store.engine, target=t.name, limit=50), now,
+                      t.apply.max_consecutive_rollbacks)
 
     def retention_once(self) -> None:
         try:

@@ -1,0 +1,74 @@
+"""Signals once per tick per target: the daemon's exporter and its alert rules read the same derived figures."""
+
+from __future__ import annotations
+
+from tuner.collect.snapshots import EngineSnapshot, TargetSnapshot
+from tuner.config import parse_config
+from tuner.daemon import Daemon
+from tuner.signals.derive import compute_signals
+
+T0 = 1_800_000_000.0
+# One rule over the daemon's signal window (shared with the exporter), one over a longer window (its own).
+RULES = """\
+groups:
+  - name: g
+    interval: 15s
+    rules:
+      - {alert: KVHigh, signal: kv_cache_usage, op: ">", threshold: 0.9, window: 5m, for: 0s}
+      - {alert: KVHighLong, signal: kv_cache_usage, op: ">", threshold: 0.9, window: 30m, for: 0s}
+"""
+
+
+def _scrape(store, ts: float, kv: float) -> None:
+    e = EngineSnapshot(backend="vllm", engine="0", model_name="m", values={("vllm:kv_cache_usage_perc", ()): kv},
+                       histograms={})
+    store.ingest(TargetSnapshot(target="chat", backend="vllm", ts=ts, duration_s=0.0, engines=(e,)))
+
+
+def test_the_exporter_and_the_rules_share_one_derivation_per_scrape(tmp_path, store):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    cfg = parse_config("targets:\n  - {name: chat, backend: vllm, url: 'http://127.0.0.1:1'}\n"
+                       "defaults: {scrape_interval: 5s, signal_window: 5m}\n"
+                       f"alerting: {{rule_files: ['{rules}']}}\n")
+    now = [T0]
+    daemon = Daemon(cfg, store, clock=lambda: now[0])
+    calls: list[str] = []
+
+    def derive(window, *, slo=None):  # the real derivation, counted
+        calls.append(window.target)
+        return compute_signals(window, slo=slo)
+
+    daemon.signals._derive = derive
+    _scrape(store, T0 - 5, 0.95)
+    _scrape(store, T0, 0.97)
+
+    daemon.signals_once()  # the exporter's view: one derivation over the 5 m window
+    daemon.evaluate_once("g")  # the 5 m rule reuses it; the 30 m rule derives its own window once
+    assert len(calls) == 2
+    shared = daemon.state.signals["chat"]
+    assert daemon.signals.get("chat", 300.0, now[0]) is shared
+    assert sorted(a.labels["alertname"] for a in daemon.alerting.active()) == ["KVHigh", "KVHighLong"]
+    assert all(a.state == "firing" for a in daemon.alerting.active())
+
+    # Within the tick (no new scrape, less than a scrape interval later) nothing is derived again.
+    now[0] = T0 + 2
+    daemon.evaluate_once("g")
+    daemon.signals_once()
+    assert len(calls) == 2
+
+    # A new scrape starts a new tick: the next reader derives, and the others share it again.
+    now[0] = T0 + 3
+    _scrape(store, T0 + 3, 0.10)
+    daemon.evaluate_once("g")
+    daemon.signals_once()
+    assert len(calls) == 4
+    assert daemon.state.signals["chat"] is daemon.signals.get("chat", 300.0, now[0])
+    # what was derived is the new data, not the tick before's: the alert resolved on the new scrape
+    assert daemon.state.signals["chat"].engines[0].kv_cache_usage == 0.10
+    assert daemon.alerting.active() == []  # both rules read the latest KV use: resolved
+
+    # No scrape for a whole interval (a target that stopped answering): the window slides anyway.
+    now[0] = T0 + 9
+    daemon.signals_once()
+    assert len(calls) == 5
