@@ -29,13 +29,14 @@ def _apply(store, steps: list[tuple[str, float]]) -> int:
 def test_the_cost_is_the_outage_and_the_arrivals_it_met(store):
     aid = _apply(store, [("baseline", 0), ("draining", 2.0), ("stopped", 9.5), ("starting", 9.6),
                          ("health_check", 10.0), ("healthy", 37.5)])
-    base = {"offered_rps": 3.2, "in_flight_at_drain": 14}
+    base = {"offered_rps": 3.2, "in_flight_at_drain": 14, "mean_in_flight": 15.26}
     cost = Applier._cost(jr.get_apply(store.engine, aid), base)
     assert cost == {"outage_s": 35.5, "arrivals_during_outage": 113.6}  # 3.2 req/s x 35.5 s
     jr.set_kpis(store.engine, aid, now=T0 + 70, baseline=base, after=cost)
     line = _cost_line(jr.get_apply(store.engine, aid))
     assert line is not None
-    assert line.startswith("served nothing for 35.5s") and "14 request(s) in flight when the drain began" in line
+    assert line.startswith("served nothing for 35.5s")
+    assert "request(s) in flight: 14 read from its gauges when the drain began, 15.3 on average" in line
     assert "about 113.6 request(s) arrived meanwhile at 3.2 req/s" in line
 
 
@@ -48,6 +49,11 @@ def test_no_cost_line_without_a_measured_outage(store):
     # an unknown offered load (too few scrapes before) still gives the outage, without an arrivals estimate
     aid2 = _apply(store, [("draining", 100.0), ("healthy", 130.0)])
     assert Applier._cost(jr.get_apply(store.engine, aid2), {}) == {"outage_s": 30.0}
+    # the gauges did not answer before the drain: the baseline's Little's-law mean still says how many were in
+    jr.set_kpis(store.engine, aid2, now=T0 + 140, baseline={"in_flight_at_drain": None, "mean_in_flight": 7.04},
+                after={"outage_s": 30.0})
+    line = _cost_line(jr.get_apply(store.engine, aid2))
+    assert line is not None and "request(s) in flight: 7.0 on average over the baseline" in line, line
 
 
 @pytest.mark.parametrize("backend, fixture, running, waiting", [

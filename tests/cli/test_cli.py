@@ -117,6 +117,36 @@ def test_status_and_signals_read_what_the_daemon_stored(tmp_path, store):
     assert unknown.returncode == 2 and "known targets: v, gone" in unknown.stderr
 
 
+def test_status_shows_the_peaks_a_late_scrape_missed_and_the_last_apply(tmp_path, store):
+    """Under load the last scrape of a busy server can read 0 running / 0 waiting (issue 16: RUN/WAIT 0/0 with
+    a 2.3 s queue): status shows the window's peaks, and the last apply with its outcome."""
+    from tuner.collect.snapshots import EngineSnapshot, TargetSnapshot
+    from tuner.store import journal as jr
+
+    now = time.time()
+    for ago, running, waiting, kv in ((40, 4, 12, 0.53), (20, 4, 3, 0.31), (1, 0, 0, 0.02)):
+        values = {("vllm:num_requests_running", ()): running, ("vllm:num_requests_waiting", ()): waiting,
+                  ("vllm:kv_cache_usage_perc", ()): kv}
+        e = EngineSnapshot(backend="vllm", engine="0", model_name="m", values=values, histograms={})
+        store.ingest(TargetSnapshot(target="v", backend="vllm", ts=now - ago, duration_s=0.01, engines=(e,)))
+    aid = jr.begin_apply(store.engine, target="v", recommendation_id=None, kind="apply", mode="manual", now=now - 30,
+                         diff={"max_num_seqs": 8}, old_flags={"max_num_seqs": 4}, new_flags={"max_num_seqs": 8},
+                         old_argv=[], new_argv=[], owner_pid=1, owner_start=1)
+    jr.finish(store.engine, aid, "kept", "capacity rose", now=now - 10)
+    cfg = tmp_path / "tuner.yaml"
+    cfg.write_text(f"store: {{url: '{store.engine.url}'}}\ntargets:\n  - {{name: v, backend: vllm, url: 'http://127.0.0.1:9'}}\n")
+    proc = tuner("--config", str(cfg), "status", "--window", "1m")
+    assert proc.returncode == 0, proc.stderr
+    header, row = proc.stdout.splitlines()[1], proc.stdout.splitlines()[2]
+    assert "RUN/WAIT PEAK" in header and "QUEUED P99" in header and "LAST APPLY" in header
+    assert "4/12" in row and "53.0%" in row, row  # the peaks, not the last scrape's 0/0 and 2.0%
+    assert f"#{aid} max_num_seqs=8 kept" in row, row
+    js = tuner("--config", str(cfg), "status", "--window", "1m", "--json")
+    [target] = json.loads(js.stdout)["targets"]
+    assert target["engines"][0]["requests_waiting_max"] == 12 and target["engines"][0]["requests_running_max"] == 4
+    assert target["last_apply"]["outcome"] == "kept" and target["last_apply"]["diff"] == {"max_num_seqs": 8}
+
+
 def test_commands_that_need_no_config_work_without_one(tmp_path):
     """Run where there is no tuner.yaml and no $TUNER_CONFIG, as a new user might."""
     env = {k: v for k, v in __import__("os").environ.items() if k != "TUNER_CONFIG"}

@@ -67,6 +67,9 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     assert after["outage_s"] > 0, after
     assert abs(after["arrivals_during_outage"] - before["offered_rps"] * after["outage_s"]) <= 0.1, (before, after)
     assert before["in_flight_at_drain"] is None or 0 <= before["in_flight_at_drain"] <= 16, before
+    # Little's law over the baseline (the E2E histogram's seconds / the window) misses no request: the 16 clients
+    # kept the server busy, one request each (a window's sum may run over by part of one request's E2E).
+    assert 0 < before["mean_in_flight"] <= 1.25 * 16, before
     assert f"cost: served nothing for {after['outage_s']:g}s" in out
     # No client request is lost to the apply: they are sent again while the server drains and restarts.
     apply_load = re.findall(r"^-- load done: (\d+) ok, (\d+) failed, (\d+) attempts sent again", out, re.M)[-1]

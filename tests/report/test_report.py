@@ -138,7 +138,7 @@ def test_report_is_one_self_contained_file_with_plots_markers_and_tables(report)
     for title in plot_titles():
         assert f'data-plot="{title}"' in html
     # Latency and throughput have data once the load starts (the first 10 scrapes are idle).
-    for legend in ("P50", "P99", "prompt", "generated", "KV use", "running", "waiting (peak)"):
+    for legend in ("P50", "P99", "prompt", "generated", "KV use", "running (peak)", "waiting (peak)"):
         n = [int(m) for m in re.findall(rf'data-legend="{re.escape(legend)}" data-points="(\d+)"', html)]
         assert n and all(k >= 40 for k in n), (legend, n)
     assert html.count('class="marker alert"') == 5  # QueueDepthHigh firing, once per plot; not the other target's
@@ -191,3 +191,29 @@ def test_unknown_target_and_bad_output_are_one_line_errors(tmp_path, capsys):
     assert main(["--config", str(cfg), "report", "-o", str(tmp_path / "missing-dir" / "r.html")]) == 2
     err = capsys.readouterr().err
     assert "missing-dir/r.html: -o: give a file path in an existing directory" in err and err.count("\n") == 1
+
+
+def test_a_short_run_fills_the_plots_under_the_default_24_hours(tmp_path, capsys):
+    """Issue 16: the demo's few minutes of data were a sliver at the right edge of 24-hour plots. The report's
+    range is the stored data within the period asked: every series starts near the left edge and ends near the
+    right one (3 minutes and 15 s of scrapes, asked for the 24 hours up to an hour after them)."""
+    from tuner.report.html import LEFT, RIGHT, W
+
+    store = migrated_store(tmp_path)
+    fill(store)  # 40 scrapes, 5 s apart, from T0
+    store.engine.dispose()
+    cfg = tmp_path / "tuner.yaml"
+    cfg.write_text("store: {url: 'sqlite:///tuner.db'}\ntargets:\n  - {name: chat, backend: vllm, url: 'http://x:1'}\n")
+    out = tmp_path / "r.html"
+    assert main(["--config", str(cfg), "report", "--until", str(T0 + 3600), "-o", str(out)]) == 0
+    html = out.read_text()
+    # gauges have a value at every scrape (latency quantiles only once requests finish, after the idle start)
+    paths = re.findall(r'<path class="series" data-legend="(?:KV use|running \(peak\))" data-points="(\d+)" d="([^"]+)"',
+                       html)
+    assert len(paths) == 2, "no plotted gauge series"
+    width = W - LEFT - RIGHT
+    for points, d in paths:
+        xs = [float(m) for m in re.findall(r"[ML]([\d.]+),", d)]
+        assert int(points) >= 10, (points, d[:80])
+        # from the first stored scrape to the last: most of the width (windows need a few scrapes to fill)
+        assert min(xs) - LEFT < 0.25 * width and (LEFT + width) - max(xs) < 0.05 * width, (min(xs), max(xs))

@@ -16,7 +16,16 @@ from tuner.errors import ApplyError, TargetBusyError
 from tuner.store import journal as jr
 
 __all__ = ["PendingApply", "plan", "apply", "applied_by_hand", "rollback", "reconcile", "journal", "held",
-           "check_startable", "managed_targets"]
+           "check_startable", "managed_targets", "waiting_on"]
+
+# What each journal step of a running apply waits for, in words (the CLI's progress line).
+_WAITS = {"planned": "reading the baseline window", "baseline": "about to drain",
+          "draining": "draining the old server (in-flight requests finish first)",
+          "stopped": "starting the new server", "starting": "starting the new server",
+          "health_check": "waiting for the new server's health gate (/health, then one real request)",
+          "healthy": "observing the new flags", "observing": "observing the new flags",
+          "restoring": "restoring the previous flags", "hook": "running the apply hook",
+          "reconcile": "finishing what a stopped tuner left half done"}
 
 
 @dataclass
@@ -45,6 +54,19 @@ def plan(session: Session, rec_id: int, say: Callable[[str], None] = print) -> P
     ap = session.applier(say)
     ap.reconcile()
     return PendingApply(ap, rec_id, ap.plan(proposed(ap.engine, rec_id)))
+
+
+def waiting_on(session: Session, target: str, now: float) -> str | None:
+    """What the target's running apply waits for now, and for how long (None: no apply is running)."""
+    open_ids = jr.open_applies_for(session.store.engine, target)
+    if not open_ids:
+        return None
+    a = jr.get_apply(session.store.engine, max(open_ids))
+    last = a.steps[-1] if a.steps else None
+    if last is None:
+        return None
+    since = max(0.0, now - last["ts_ms"] / 1000)
+    return f"apply #{a.id}: {_WAITS.get(last['step'], last['step'])} ({since:.0f}s)"
 
 
 def check_startable(session: Session, rec_id: int | None = None, target: str | None = None) -> str:

@@ -24,6 +24,20 @@ class ReportWritten:
     size_bytes: int
 
 
+_MIN_SPAN_S = 60.0
+
+
+def _fit(span: tuple[float, float] | None, start: float, end: float) -> tuple[float, float]:
+    """The period asked, cut to the stored data in it, so a 4-minute run fills the plots' width (issue: a
+    24-hour default left the demo's data a sliver at the right edge). At least a minute; nothing stored: as asked."""
+    if span is None:
+        return start, end
+    lo, hi = span
+    if hi - lo < _MIN_SPAN_S:
+        lo = max(start, hi - _MIN_SPAN_S)
+    return lo, hi
+
+
 def write_report(session: Session, out: Path, *, target: str | None, start: float, end: float, points: int,
                  window_s: float | None) -> ReportWritten:
     store = session.store
@@ -33,8 +47,10 @@ def write_report(session: Session, out: Path, *, target: str | None, start: floa
     if out.is_dir() or not out.parent.is_dir():
         raise ConfigError(str(out), "-o", "give a file path in an existing directory, e.g. report.html")
     slos = {t.name: t.slo for t in session.cfg.targets}
-    reports = [collect(store, name, start=start, end=end, points=points, window_s=window_s, slo=slos.get(name))
-               for name in ([target] if target else known)]
+    reports = []
+    for name in [target] if target else known:
+        lo, hi = _fit(store.data_span(name, start, end), start, end)
+        reports.append(collect(store, name, start=lo, end=hi, points=points, window_s=window_s, slo=slos.get(name)))
     html = render_html(reports, title=f"tuner report — {target or 'all targets'}", generated_at=time.time())
     out.write_text(html, encoding="utf-8")
     return ReportWritten(out, len(reports), html.count('<svg class="plot"'), sum(len(r.alerts) for r in reports),

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tuner.app.session import Session
 from tuner.collect.gpu import read_nvml
-from tuner.store.store import GpuLatest
 from tuner.config import Target
 from tuner.signals.derive import TargetSignals, compute_signals
+from tuner.store import journal as jr
+from tuner.store.store import GpuLatest
 
 __all__ = ["Status", "TargetStatus", "status", "signals"]
 
@@ -17,6 +19,15 @@ __all__ = ["Status", "TargetStatus", "status", "signals"]
 class TargetStatus:
     target: Target
     signals: TargetSignals | None  # None: never scraped
+    last_apply: jr.StoredApply | None = None  # the newest apply or rollback, finished or not
+
+    def as_json(self) -> dict[str, Any]:
+        a = self.last_apply
+        return {**(self.signals.as_json() if self.signals else {"target": self.target.name,
+                                                                 "backend": self.target.backend, "engines": []}),
+                "last_apply": None if a is None else {"id": a.id, "kind": a.kind, "state": a.state,
+                                                       "outcome": a.outcome, "diff": a.diff,
+                                                       "updated_ms": a.updated_ms}}
 
 
 @dataclass(frozen=True)
@@ -31,7 +42,9 @@ def status(session: Session, *, window_s: float, now: float) -> Status:
     store, cfg = session.store, session.cfg
     known = set(store.target_names())
     rows = [TargetStatus(t, compute_signals(store.window(t.name, now - window_s, now), slo=t.slo)
-                         if t.name in known else None) for t in cfg.targets]
+                         if t.name in known else None,
+                         next(iter(jr.list_applies(store.engine, target=t.name, limit=1)), None))
+            for t in cfg.targets]
     gpus = store.gpu_latest(max_age_s=max(60.0, 3 * cfg.gpu.interval.total_seconds()), now=now)
     note = ""
     if cfg.gpu.source == "none":

@@ -12,9 +12,11 @@ from typing import Any, Callable
 from tuner.app import apply as apply_app
 from tuner.app.judge import judge_dirs, judge_target
 from tuner.cli.common import confirm, session, when
+from tuner.cli.progress import Heartbeat
 from tuner.config import Slo, parse_duration
 from tuner.errors import ConfigError
 from tuner.store import journal as jr
+from tuner.store import recommendations as recs
 
 __all__ = ["add_parsers"]
 
@@ -41,10 +43,14 @@ def _cost_line(a: jr.StoredApply) -> str | None:
     if outage is None:
         return None
     parts = [f"served nothing for {outage:g}s (drain, restart, health gate)"]
-    held = a.baseline.get("in_flight_at_drain")
-    if held is not None:
-        parts.append(f"{held} request(s) in flight when the drain began (the 'stopped' step says how the old "
-                     "server exited)")
+    held, mean = a.baseline.get("in_flight_at_drain"), a.baseline.get("mean_in_flight")
+    if held is not None or mean is not None:
+        said = [f"{held} read from its gauges when the drain began"] if held is not None else []
+        if mean is not None:  # the gauges are sampled and a loaded vLLM CPU can report 0 while busy
+            said.append(f"{mean:.1f} on average over the baseline (Little's law: the E2E histogram's seconds / "
+                        "the window)")
+        parts.append("request(s) in flight: " + ", ".join(said) + " (the 'stopped' step says how the old server "
+                     "exited)")
     arrivals, offered = a.after.get("arrivals_during_outage"), a.baseline.get("offered_rps")
     if arrivals is not None and offered:
         parts.append(f"about {arrivals:g} request(s) arrived meanwhile at {offered:.3g} req/s: refused, or sent "
@@ -60,12 +66,20 @@ def _say(quiet: bool) -> Callable[[str], None]:
     return (lambda _m: None) if quiet else (lambda m: print(m, flush=True))
 
 
+def _waiting(s: Any, target: str) -> Callable[[], str | None]:
+    return lambda: apply_app.waiting_on(s, target, time.time())
+
+
 def cmd_apply(args: argparse.Namespace) -> int:
     s = session(args)
+    hb = Heartbeat()  # says what the apply waits for (drain, start, health gate, observation) when quiet
+    say = _say(True) if args.json else hb.say
     if args.applied or args.cancel:
-        a = apply_app.applied_by_hand(s, args.id, cancel=args.cancel, say=_say(args.json))
+        hb.what = None if args.json else _waiting(s, recs.get_recommendation(s.store.engine, args.id).target)
+        with hb:
+            a = apply_app.applied_by_hand(s, args.id, cancel=args.cancel, say=say)
     else:
-        pending = apply_app.plan(s, args.id, say=_say(args.json))
+        pending = apply_app.plan(s, args.id, say=say)
         plan = pending.plan
         if args.dry_run:
             if args.json:
@@ -85,7 +99,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
         if args.yes and not args.json:  # without --yes the question below says it
             print(f"apply recommendation #{args.id} to {plan.target.name}{cost}", flush=True)
         confirm(args, f"apply recommendation #{args.id} to {plan.target.name}{cost}")
-        a = pending.go(force=args.force)
+        hb.what = None if args.json else _waiting(s, plan.target.name)
+        with hb:
+            a = pending.go(force=args.force)
     if args.json:
         print(json.dumps(a.as_json()))
     else:
@@ -96,7 +112,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
 def cmd_rollback(args: argparse.Namespace) -> int:
     s = session(args)
     confirm(args, f"roll {args.target} back to the flags before its last kept apply")
-    a = apply_app.rollback(s, args.target, force=args.force, say=_say(False))
+    with Heartbeat(_waiting(s, args.target)) as hb:
+        a = apply_app.rollback(s, args.target, force=args.force, say=hb.say)
     _print_apply(a)
     return 0 if a.outcome == "rolled_back" else 8
 

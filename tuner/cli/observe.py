@@ -13,7 +13,8 @@ from typing import Any
 
 from tuner.app import status as status_app
 from tuner.cli.common import duration, fmt, session, table
-from tuner.collect import llamacpp, vllm
+from tuner.collect import llamacpp
+from tuner.collect.scrape import scrape_url, snapshot_from_text
 from tuner.collect.exposition import decode_body
 from tuner.collect.snapshots import TargetSnapshot
 from tuner.config import parse_duration
@@ -49,27 +50,30 @@ def cmd_status(args: argparse.Namespace) -> int:
     now = time.time()
     st = status_app.status(s, window_s=args.window.total_seconds(), now=now)
     if args.json:
-        print(json.dumps({"targets": [r.signals.as_json() for r in st.targets if r.signals is not None],
+        print(json.dumps({"targets": [r.as_json() for r in st.targets if r.signals is not None],
                           "gpus": [g.__dict__ for g in st.gpus]}, default=list))
         return 0
-    rows = [["TARGET", "BACKEND", "HEALTH", "ENGINE/MODEL", "KV%", "RUN/WAIT", "TTFT P99", "E2E P99", "LAST SCRAPE",
-             "LAST ERROR"]]
+    # Peaks over the window for the gauges a loaded server's scrapes miss; the queue from its histogram.
+    rows = [["TARGET", "BACKEND", "HEALTH", "ENGINE/MODEL", "KV% PEAK", "RUN/WAIT PEAK", "QUEUED P99", "TTFT P99",
+             "E2E P99", "IN SLO", "LAST APPLY", "LAST SCRAPE", "LAST ERROR"]]
     for r in st.targets:
         t, sig = r.target, r.signals
+        last = _last_apply(r.last_apply)
         if sig is None:
-            rows.append([t.name, t.backend, "never", "-", "-", "-", "-", "-", "-", "not scraped yet"])
+            rows.append([t.name, t.backend, "never", "-", "-", "-", "-", "-", "-", "-", last, "-", "not scraped yet"])
             continue
         h = sig.health
         age = f"{now - h.last_scrape_ms / 1000:.0f}s ago" if h else "-"
         err = (h.last_error[:60] + ("…" if len(h.last_error) > 60 else "")) if h and h.last_error else ""
         if not sig.engines:
-            rows.append([t.name, t.backend, h.health if h else "-", "-", "-", "-", "-", "-", age, err])
+            rows.append([t.name, t.backend, h.health if h else "-", "-", "-", "-", "-", "-", "-", "-", last, age, err])
         for e in sig.engines:
             rows.append([t.name, t.backend, h.health if h else "-", f"{e.engine}/{e.model_name}",
-                         fmt(e.kv_cache_usage, 100, "%", 1),
-                         f"{fmt(e.requests_running, digits=0)}/{fmt(e.requests_waiting, digits=0)}",
-                         fmt(e.ttft_p99, 1000, "ms", 0), fmt(e.e2e_p99, 1, "s", 2), age, err])
-    print(f"tuner status — window {st.window_s:g}s, store {s.cfg.store.url}")
+                         fmt(e.kv_cache_usage_max, 100, "%", 1),
+                         f"{fmt(e.requests_running_max, digits=0)}/{fmt(e.requests_waiting_max, digits=0)}",
+                         fmt(e.queue_p99, 1, "s", 2), fmt(e.ttft_p99, 1000, "ms", 0), fmt(e.e2e_p99, 1, "s", 2),
+                         fmt(e.goodput_ratio, 100, "%", 0), last, age, err])
+    print(f"tuner status — window {st.window_s:g}s (peaks and P99s over it), store {s.cfg.store.url}")
     print(table(rows))
     if st.gpu_note:
         print(f"\nGPU ({s.cfg.gpu.source}): {st.gpu_note}" if s.cfg.gpu.source != "none" else f"\nGPU: {st.gpu_note}")
@@ -83,6 +87,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     print()
     print(table(grows))
     return 0
+
+
+def _last_apply(a: Any) -> str:
+    if a is None:
+        return "-"
+    what = a.outcome or a.state  # in progress: its step
+    return f"#{a.id} {','.join(f'{k}={v}' for k, v in a.diff.items())} {what}"
 
 
 def cmd_signals(args: argparse.Namespace) -> int:
@@ -114,19 +125,13 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     snap: TargetSnapshot
     if args.file:
         text = decode_body(_read(args.file))
-        if args.backend == "vllm":
-            snap = vllm.snapshot_from_text(text, target=args.file, ts=now)
-        else:
-            slots = llamacpp.parse_slots(_read(args.slots_file)) if args.slots_file else None
-            snap = llamacpp.snapshot_from_text(text, target=args.file, ts=now, slots=slots,
-                                               model_name=args.model_name or "llama-server")
+        slots = llamacpp.parse_slots(_read(args.slots_file)) if args.slots_file else None
+        snap = snapshot_from_text(args.backend, text, target=args.file, ts=now, slots=slots,
+                                  model_name=args.model_name or "llama-server")
     else:
         url = args.url.rstrip("/").removesuffix("/metrics")
-        if args.backend == "vllm":
-            snap = vllm.scrape(url, target=url, timeout_s=args.timeout, max_bytes=args.max_bytes, now=now)
-        else:
-            snap = llamacpp.scrape(url, target=url, timeout_s=args.timeout, max_bytes=args.max_bytes,
-                                   model_name=args.model_name or "llama-server", now=now)
+        snap = scrape_url(args.backend, url, target=url, timeout_s=args.timeout, max_bytes=args.max_bytes,
+                          model_name=args.model_name or "llama-server", now=now)
     for problem in snap.problems:
         print(f"tuner: warning: {problem}", file=sys.stderr)
     for e in snap.engines:
@@ -159,7 +164,8 @@ def add_parsers(sub: Any) -> None:
     d.add_argument("db_command", choices=["upgrade", "current"])
     d.set_defaults(func=cmd_db)
 
-    s = sub.add_parser("status", help="a table per target: health, KV use, running/waiting, P99 TTFT and E2E, GPU")
+    s = sub.add_parser("status", help="a table per target: health, peak KV use and running/waiting, P99 queue time, "
+                       "TTFT and E2E, share within the SLO, last apply; GPUs")
     s.add_argument("--window", type=duration, default=parse_duration("5m"), help="signal window (default 5m)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.set_defaults(func=cmd_status)

@@ -35,7 +35,7 @@ PLOTS = (
     Plot("e2e", "End-to-end latency", "s", (("e2e_p50", "P50"), ("e2e_p99", "P99"))),
     Plot("kv", "KV-cache use (peak in window)", "ratio", (("kv_cache_usage_max", "KV use"),)),
     Plot("queue", "Requests running / waiting", "count",
-         (("requests_running", "running"), ("requests_waiting_max", "waiting (peak)"))),
+         (("requests_running_max", "running (peak)"), ("requests_waiting_max", "waiting (peak)"))),
     Plot("throughput", "Tokens per second", "per_s",
          (("prompt_tokens_per_s", "prompt"), ("generation_tokens_per_s", "generated"))),
 )
