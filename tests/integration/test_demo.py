@@ -65,7 +65,10 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     # with 16 clients busy): only its upper bound is certain (16 clients, one request each), or None when the
     # loaded server's /metrics did not answer within 15 s.
     assert after["outage_s"] > 0, after
-    assert abs(after["arrivals_during_outage"] - before["offered_rps"] * after["outage_s"]) <= 0.1, (before, after)
+    # arrivals = offered x outage, each stored rounded to 0.1 (0.1 s for the outage): allow both roundings (a run
+    # at 2.48 req/s missed a flat 0.1 by 0.04: 2.48 x 0.05 s of outage rounding alone is 0.12)
+    rounding = 0.05 + 0.05 * before["offered_rps"] + 1e-6
+    assert abs(after["arrivals_during_outage"] - before["offered_rps"] * after["outage_s"]) <= rounding, (before, after)
     assert before["in_flight_at_drain"] is None or 0 <= before["in_flight_at_drain"] <= 16, before
     # Little's law over the baseline (the E2E histogram's seconds / the window) misses no request: the 16 clients
     # kept the server busy, one request each (a window's sum may run over by part of one request's E2E).

@@ -41,7 +41,7 @@ class PendingApply:
 
     def expected_outage(self) -> tuple[float, int] | None:
         """(median seconds without service, how many earlier applies that is from); None by hand or unknown."""
-        return None if self.plan.how == "manual" else self.applier.expected_outage(self.plan.target)
+        return self.applier.expected_outage(self.plan.target) if self.plan.route.restarts else None
 
     def go(self, *, mode: str = "manual", force: bool = False) -> jr.StoredApply:
         return self.applier.apply(self.rec_id, mode=mode, force=force)

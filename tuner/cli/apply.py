@@ -95,7 +95,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         outage = pending.expected_outage()
         cost = (f"; {plan.target.name} will serve nothing for about {outage[0]:.0f}s (median of {outage[1]} earlier "
                 "applies: drain, restart, health gate)" if outage else
-                f"; {plan.target.name} serves nothing while it drains and restarts" if plan.how != "manual" else "")
+                f"; {plan.target.name} serves nothing while it drains and restarts" if plan.route.restarts else "")
         if args.yes and not args.json:  # without --yes the question below says it
             print(f"apply recommendation #{args.id} to {plan.target.name}{cost}", flush=True)
         confirm(args, f"apply recommendation #{args.id} to {plan.target.name}{cost}")
