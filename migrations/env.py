@@ -6,6 +6,7 @@ from sqlalchemy import engine_from_config, pool
 import tuner.store.alerts  # noqa: F401  (registers its tables on Base)
 import tuner.store.journal  # noqa: F401
 import tuner.store.recommendations  # noqa: F401
+import tuner.store.tuning  # noqa: F401
 from tuner.store.models import Base
 
 config = context.config

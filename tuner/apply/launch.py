@@ -29,6 +29,7 @@ __all__ = [
     "ServerProcess",
     "Supervised",
     "error_line",
+    "die_with_parent_hook",
     "free_port",
     "llama_server_argv",
     "vllm_argv",
@@ -236,6 +237,18 @@ def error_line(log: Path, *, since_marker: bool = True) -> str:
     return lines[-1][-500:] if lines else "(empty log)"
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent_hook() -> None:
+    """Run in the child before exec: SIGKILL it when the process that started it dies (Linux; elsewhere a no-op)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 class ServerProcess:
     """A server started in its own session (process group), logging to a file, stoppable as a whole.
 
@@ -256,8 +269,13 @@ class ServerProcess:
         env: Mapping[str, str] | None,
         log_path: str | os.PathLike[str],
         cwd: str | os.PathLike[str] | None = None,
+        *,
+        die_with_parent: bool = False,
     ) -> ServerProcess:
-        """Start argv (no shell) with env (None: inherit ours); stdout and stderr go to log_path."""
+        """Start argv (no shell) with env (None: inherit ours); stdout and stderr go to log_path.
+
+        ``die_with_parent``: the kernel kills the server when this process dies, even by kill -9 (Linux
+        PR_SET_PDEATHSIG), for servers that must not outlive their tuner (tuning trials)."""
         argv = [os.fspath(a) for a in argv]
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -270,6 +288,7 @@ class ServerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: stop() can reach workers the server forks
+                preexec_fn=die_with_parent_hook if die_with_parent else None,
             )
         return cls(popen, argv, log_path)
 

@@ -151,11 +151,12 @@ class Running:
         return self.log
 
 
-def start_server(argv: list[str], env: Mapping[str, str], log: Path, *, nice: int = 0) -> Running:
+def start_server(argv: list[str], env: Mapping[str, str], log: Path, *, nice: int = 0,
+                 die_with_parent: bool = False) -> Running:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as f:
         f.write(f"\n==== tuner {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {json.dumps(argv)}\n".encode())
-    proc = ServerProcess.start(argv, env, log)
+    proc = ServerProcess.start(argv, env, log, die_with_parent=die_with_parent)
     if nice:  # set before the server forks its workers, which inherit it
         try:
             os.setpriority(os.PRIO_PROCESS, proc.pid, nice)

@@ -9,7 +9,7 @@ import sys
 from typing import Sequence
 
 from tuner.app.session import DEFAULT_CONFIG
-from tuner.cli import advise, alerts, apply, dashboards, observe, report
+from tuner.cli import advise, alerts, apply, dashboards, observe, report, tune
 from tuner.errors import TunerError
 
 __all__ = ["main", "build_parser"]
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     observe.add_parsers(sub)  # run, db, status, signals, snapshot, demo
     alerts.add_parsers(sub)  # alerts list/history/check/export/test/signals
     advise.add_parsers(sub)  # plan, recommend, recommendations
+    tune.add_parsers(sub)  # workload, tune
     apply.add_parsers(sub)  # apply-recommendation, rollback, journal, judge, managed, reconcile
     dashboards.add_parsers(sub)  # dashboards generate/push
     report.add_parsers(sub)  # report -o report.html

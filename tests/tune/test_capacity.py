@@ -1,0 +1,91 @@
+"""The rate search of one config, against servers of known capacity.
+
+These servers are arithmetic, not mocks of a part: the search is pure (it only calls ``measure``), and a known
+capacity is what lets a test say the answer is right. The same search runs against real vLLM in
+tests/integration/test_tune_real.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import pytest
+
+from tuner.tune.capacity import find_capacity
+
+
+@dataclass(frozen=True)
+class Run:
+    rate_rps: float
+    sent: int
+    good: int
+    attainment: float
+    ttft_p99: float | None = None
+    e2e_p99: float | None = None
+
+    def as_json(self):
+        return asdict(self)
+
+
+def server(capacity: float, *, sent: int = 200, knee: float = 0.05):
+    """Meets the SLO for every request below ``capacity``; above it, attainment falls with the overload."""
+    calls = []
+
+    def measure(rate: float) -> Run:
+        calls.append(rate)
+        over = max(0.0, rate / capacity - 1)
+        share = 1.0 if rate <= capacity else max(0.0, 1 - over / knee * 0.2)
+        good = int(sent * share)
+        return Run(rate, sent, good, good / sent, ttft_p99=0.1 * rate, e2e_p99=rate)
+    return measure, calls
+
+
+@pytest.mark.parametrize("true_cap,start", [(7.3, 1.0), (7.3, 50.0), (0.9, 4.0), (120.0, 2.0)])
+def test_capacity_brackets_the_true_capacity_within_tolerance(true_cap, start):
+    measure, calls = server(true_cap)
+    cap = find_capacity(measure, 0.99, start_rps=start, tolerance=0.1, max_runs=12)
+    assert cap.capacity_rps <= true_cap  # never claims a rate the server cannot hold
+    assert cap.capacity_rps >= true_cap / 1.1  # and is within the tolerance below it
+    assert cap.hi_rps is not None and cap.hi_rps > true_cap and cap.hi_rps / cap.lo_rps <= 1.1
+    # bracketing: doubling/halving then bisection, never a linear walk
+    assert len(calls) <= math.ceil(abs(math.log2(true_cap / start))) + 1 + math.ceil(math.log2(math.log(2) / math.log(1.1))) + 1
+    assert cap.e2e_p99 == pytest.approx(cap.capacity_rps)  # the latencies reported are those of the capacity run
+
+
+def test_no_rate_meets_the_objective_is_capacity_zero():
+    measure, calls = server(0.01)
+    cap = find_capacity(measure, 0.99, start_rps=1.0, floor_rps=0.1, max_runs=10)
+    assert cap.capacity_rps == 0.0 and cap.lo_rps is None
+    assert min(calls) == pytest.approx(0.1) and "no rate" in cap.note
+
+
+def test_the_run_budget_bounds_the_search_and_says_so():
+    measure, calls = server(1000.0)
+    cap = find_capacity(measure, 0.99, start_rps=1.0, max_runs=3)
+    assert len(calls) == 3 and cap.capacity_rps == 4.0 and cap.hi_rps is None
+    assert "every rate up to 4" in cap.note
+
+
+def test_a_close_call_runs_again_and_pools_the_requests():
+    # 20 requests per run; at 2 req/s 19 of 20 meet it (0.95 against 0.95 +- 0.05): too close, run again.
+    answers = {2.0: [19, 20], 4.0: [10]}
+    seen = []
+
+    def measure(rate):
+        seen.append(rate)
+        good = answers.get(rate, [0]).pop(0) if answers.get(rate) else 0
+        return Run(rate, 20, good, good / 20)
+    cap = find_capacity(measure, 0.95, start_rps=2.0, max_runs=6, tolerance=1.5)
+    assert seen[:2] == [2.0, 2.0]
+    step = cap.steps[0]
+    assert step.repeated and (step.good, step.sent) == (39, 40) and step.passed
+    assert cap.capacity_rps == 2.0 and cap.hi_rps == 4.0
+
+
+def test_bad_arguments_are_named():
+    measure, _ = server(1.0)
+    with pytest.raises(ValueError, match="objective"):
+        find_capacity(measure, 1.5, start_rps=1.0)
+    with pytest.raises(ValueError, match="start"):
+        find_capacity(measure, 0.9, start_rps=0.0)

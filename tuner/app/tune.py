@@ -1,0 +1,404 @@
+"""Tune: find the flags that serve the most traffic within the SLO, by measuring candidates on trial servers.
+
+What it does, in order:
+  1. reap: a trial server journaled ``running`` by a tuner that died is stopped, its trial marked interrupted;
+  2. the workload (a file, or the stored window: tuner/signals/workload.py), the SLO (the target's), the flags in
+     force (the baseline), the memory model's facts (the model's config.json; a GPU reading, or on a CPU host
+     the KV space vLLM is given);
+  3. where trials run: shadow mode, a second server on a spare port beside production, when the memory model
+     says both fit (the host's available memory, or the GPU's free memory); otherwise it stops and says so;
+  4. the search (tuner/tune/search.py): the baseline first, then the advisor's proposals, then optuna's TPE;
+     every candidate passes the memory model and vLLM's start-up checks before it starts (tuner/tune/space.py);
+  5. each trial: journaled, started, health-gated, its capacity bracketed with vLLM's benchmark client
+     (tuner/tune/capacity.py, tuner/tune/bench.py), stopped; a crash is recorded with the server's error line;
+  6. noise: the winner is started again and measured again; the spread of the two is the run's noise;
+  7. the answer: a ranked table, and when the winner beats the baseline by more than the noise, a stored
+     recommendation whose evidence is the measurement (apply it with `tuner apply-recommendation`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tuner.advise.facts import gpu_facts, load_model
+from tuner.advise.memory import GIB, weights_bytes
+from tuner.advise.recommend import diff_key, evaluate
+from tuner.app.recommend import RecommendRequest, gather_inputs
+from tuner.apply import managed as mg
+from tuner.apply.flow import flags_in_force
+from tuner.apply.launch import free_port
+from tuner.config import Config, Target
+from tuner.errors import ConfigError, ServerStartError
+from tuner.signals.workload import Workload, dump_workload, from_window, parse_workload
+from tuner.store import recommendations as recs
+from tuner.store import tuning as tj
+from tuner.store.store import Store
+from tuner.tune.bench import BenchClient, BenchError
+from tuner.tune.capacity import find_capacity
+from tuner.tune.search import Outcome, Point, point_key, search
+from tuner.tune.space import Hardware, Verdict, canonical, feasible, vllm_axes
+
+__all__ = ["TuneRequest", "tune", "workload_of", "reap_orphans"]
+
+_CPU_SERVER_OVERHEAD = int(1.5 * GIB)  # a vLLM CPU server's own RSS beyond weights and KV (measured here: ~1.2 GiB)
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    target: str
+    workload_file: str | None = None
+    window_s: float = 3600.0
+    budget: int = 8  # trials that start a server, the noise re-run included
+    max_time_s: float = 3600.0
+    flags: tuple[str, ...] = ()  # flags to search (default: every searchable one the host has)
+    resume: bool = False
+    on_target: bool = False
+    run_s: float = 15.0  # seconds of load per rate
+    min_prompts: int = 30
+    max_runs: int = 6  # rate runs per capacity search
+    tolerance: float = 0.15  # bracket width at which a capacity search stops
+    noise_check: bool = True
+    seed: int = 0
+
+
+@dataclass
+class _Ctx:
+    cfg: Config
+    store: Store
+    target: Target
+    req: TuneRequest
+    config_dir: Path
+    say: Callable[[str], None]
+    clock: Callable[[], float]
+    run_id: int = 0
+    workload: Workload | None = None
+    best_rps: float = 0.0
+    trial_no: int = 0
+    waiting: list[str] = field(default_factory=list)  # what it waits for now (shared with the caller's progress)
+    log_dir: Path = field(default_factory=Path)
+    bench: Any = None  # the BenchClient of this run
+
+
+def _flag_text(flags: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in flags.items()) or "(server defaults)"
+
+
+def workload_of(cfg: Config, store: Store, target: str, *, window_s: float, path: str | None, now: float) -> Workload:
+    """The workload to replay: the file when given, else the target's stored window (ConfigError naming what to
+    pass when there is none)."""
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(path, "", f"cannot read the workload file: {exc.strerror or exc}") from None
+        return parse_workload(text, path)
+    t = cfg.target(target)
+    if t.backend != "vllm":
+        raise ConfigError("tuner tune", "--workload", f"{target} is {t.backend}: its metrics carry no request "
+                                                      "lengths; pass a workload file")
+    w = from_window(store.window(target, now - window_s, now)) if target in store.target_names() else None
+    if w is None:
+        raise ConfigError("tuner tune", "--workload", f"{target} finished no request in the last {window_s:g}s of "
+                                                      "stored data; pass --workload FILE or a longer --window")
+    return w
+
+
+def reap_orphans(store: Store, say: Callable[[str], None], now: float) -> int:
+    """Stop trial servers journaled running whose tuner is gone; mark their trials interrupted."""
+    n = 0
+    for t in tj.orphans(store.engine):
+        note = "its tuner stopped before the trial finished"
+        if t.pid is not None and mg.is_alive(t.pid, t.proc_start):
+            how = mg.stop_server(mg.Running(t.pid, t.proc_start or 0, [], Path("/dev/null")), grace_s=5.0)
+            note += f"; its server (pid {t.pid}) {how}"
+            say(f"stopped the trial server left by an interrupted tune (pid {t.pid}): {how}")
+            n += 1
+        tj.finish_trial(store.engine, t.id, now=now, status="interrupted", capacity_rps=None,
+                        detail={**t.detail, "note": note})
+    return n
+
+
+def _hardware(store: Store, t: Target, now: float) -> tuple[Hardware, dict[str, Any]]:
+    gpu = gpu_facts(store.gpu_latest(max_age_s=120.0, now=now))
+    if gpu.vendor != "none" and gpu.memory_total_bytes:
+        free = gpu.memory_total_bytes - (gpu.memory_used_bytes or 0)
+        return Hardware(gpu_memory_bytes=gpu.memory_total_bytes), {"kind": "gpu", "gpu": gpu.name,
+                                                                   "free_bytes": free}
+    assert t.managed is not None
+    space = t.managed.env.get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "4"
+    try:
+        kv = int(float(space) * GIB)
+    except ValueError:
+        raise ConfigError("config", f"targets[{t.name}].managed.env.VLLM_CPU_KVCACHE_SPACE",
+                          f"{space!r}: expected GiB as a number") from None
+    return Hardware(cpu_kv_cache_bytes=kv), {"kind": "cpu", "kv_cache_bytes": kv}
+
+
+def _host_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _shadow_fits(t: Target, hw: Hardware, where: dict[str, Any], model: Any) -> tuple[bool, str]:
+    """Whether a second server fits beside production (shadow mode)."""
+    if where["kind"] == "gpu":
+        return False, ("a second vLLM does not fit beside production on this GPU (each takes its "
+                       "--gpu-memory-utilization share); run with --on-target inside a maintenance window")
+    need = (weights_bytes(model) if model is not None else 0) + (hw.cpu_kv_cache_bytes or 0) + _CPU_SERVER_OVERHEAD
+    have = _host_available()
+    if have is None:
+        return False, "cannot read the host's available memory (/proc/meminfo)"
+    ok = need <= 0.8 * have
+    return ok, (f"a trial server needs ~{need / GIB:.2f} GiB (weights + KV space + {_CPU_SERVER_OVERHEAD / GIB:.1f} "
+                f"GiB of runtime); the host has {have / GIB:.2f} GiB available")
+
+
+def _advisor_seeds(cfg: Config, store: Store, t: Target, current: dict[str, Any], window_s: float,
+                   now: float) -> list[tuple[str, dict[str, Any]]]:
+    """The advisor's one-step proposals, as starting points; none when it has nothing (or no data)."""
+    seeds: list[tuple[str, dict[str, Any]]] = []
+    try:
+        inputs = gather_inputs(RecommendRequest(t.name, window_s), cfg, store, now)
+    except Exception:  # the advisor's inputs are a head start, never a reason not to search
+        return seeds
+    for inp in inputs:
+        for r in evaluate(inp).emitted:
+            seeds.append((f"advisor: {', '.join(r.rules)}", {**current, **dict(r.diff)}))
+    return seeds
+
+
+def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcome:
+    """Start one trial server with ``flags``, bracket its capacity, stop it; journaled throughout."""
+    t, req = ctx.target, ctx.req
+    assert t.managed is not None and ctx.workload is not None
+    ctx.trial_no += 1
+    port = free_port()
+    shadow = t.model_copy(update={"url": f"http://127.0.0.1:{port}"})
+    tid = tj.begin_trial(ctx.store.engine, ctx.run_id, now=ctx.clock(), flags=flags, seed=label, url=shadow.url)
+    ctx.say(f"trial {ctx.trial_no}/{req.budget}{' (' + label + ')' if label else ''}: {_flag_text(flags)}")
+    argv = mg.build_argv(shadow, flags)
+    log = ctx.log_dir / f"{t.name}-tune-{ctx.run_id}-{tid}.log"
+    ctx.waiting[:] = [f"trial {ctx.trial_no}: starting vLLM on :{port}"]
+    server = mg.start_server(argv, mg.server_env(t), log, nice=t.managed.nice, die_with_parent=True)
+    tj.trial_started(ctx.store.engine, tid, pid=server.pid, proc_start=server.start)
+    started = ctx.clock()
+    try:
+        try:
+            mg.wait_healthy(server, shadow.url, t.managed.start_timeout.total_seconds())
+        except ServerStartError as exc:
+            error = mg.error_line(log)
+            detail: dict[str, Any] = {"error": str(exc), "server_error": error, "log": str(log)}
+            tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="crashed", capacity_rps=0.0,
+                            detail=detail)
+            ctx.say(f"  crashed: {error or exc} (recorded; this region is avoided)")
+            return Outcome("crashed", 0.0, detail)
+        ctx.say(f"  healthy after {ctx.clock() - started:.0f}s; measuring capacity at the SLO")
+        cap = _capacity(ctx, shadow.url)
+    except BaseException as exc:
+        mg.stop_server(server, grace_s=5.0)
+        tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="interrupted", capacity_rps=None,
+                        detail={"error": f"{type(exc).__name__}: {exc}"})
+        raise
+    ctx.waiting[:] = [f"trial {ctx.trial_no}: stopping the trial server"]
+    mg.stop_server(server, grace_s=5.0)
+    detail = {**cap, "log": str(log), "start_s": round(ctx.clock() - started, 1)}
+    tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="measured", capacity_rps=cap["capacity_rps"],
+                    detail=detail)
+    ctx.best_rps = max(ctx.best_rps, cap["capacity_rps"])
+    ctx.say(f"  capacity {cap['capacity_rps']:.3g} req/s within the SLO ({cap['note']})")
+    return Outcome("measured", cap["capacity_rps"], detail)
+
+
+def _capacity(ctx: _Ctx, url: str) -> dict[str, Any]:
+    t, req, w = ctx.target, ctx.req, ctx.workload
+    assert t.managed is not None and w is not None and t.slo is not None
+    client = ctx.bench
+    model, tokenizer = t.managed.served_model_name or t.name, t.managed.model
+
+    def measure(rate: float) -> Any:
+        prompts = max(req.min_prompts, int(rate * req.run_s))
+        ctx.waiting[:] = [f"trial {ctx.trial_no}: {prompts} requests at {rate:.3g} req/s"]
+        run = client.run(w, url=url, model=model, tokenizer=tokenizer, rate=rate, prompts=prompts, slo=t.slo)
+        ctx.say(f"    {rate:7.3g} req/s: {run.good}/{run.sent} within the SLO ({run.attainment:.1%}), "
+                f"P99 TTFT {run.ttft_p99 or 0:.2f}s, E2E {run.e2e_p99 or 0:.2f}s")
+        return run
+    start = ctx.best_rps or w.rate_rps or 1.0
+    cap = find_capacity(measure, t.slo.objective, start_rps=start, tolerance=req.tolerance, max_runs=req.max_runs)
+    return cap.as_json()
+
+
+def _ranked(points: list[Point]) -> list[Point]:
+    return sorted(points, key=lambda p: (p.outcome.status != "measured", -p.outcome.capacity_rps))
+
+
+def _diff(current: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in best.items() if current.get(k) != v}
+
+
+def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: Callable[[str], None] = print,
+         clock: Callable[[], float] = time.time, waiting: list[str] | None = None) -> dict[str, Any]:
+    """Run a tuning session; the result as `tuner tune --json` prints it (README 'tuner tune')."""
+    now = clock()
+    reap_orphans(store, say, now)
+    t = cfg.target(req.target)
+    where = f"targets[{t.name}]"
+    if t.backend != "vllm":
+        raise ConfigError("config", f"{where}.backend", f"tuner tune searches vLLM flags; {t.backend} is not "
+                                                        "supported yet (README 'tuner tune')")
+    if t.managed is None:
+        raise ConfigError("config", f"{where}.managed", "tuner tune starts trial servers from the target's managed "
+                                                        "section (model, executable): add one")
+    if t.slo is None:
+        raise ConfigError("config", f"{where}.slo", "tuner tune measures capacity within the SLO: set ttft_p99 "
+                                                    "and/or e2e_p99 (and objective)")
+    if req.budget < 1:
+        raise ConfigError("tuner tune", "--budget", f"expected at least 1 trial, got {req.budget}")
+    if req.on_target:
+        raise ConfigError("tuner tune", "--on-target", "trials on the production server itself are not built yet; "
+                                                       "tuner tune runs them beside it (shadow mode)")
+    model = load_model(t.managed.model) if Path(t.managed.model).exists() else None
+    hw, hw_json = _hardware(store, t, now)
+    fits, why = _shadow_fits(t, hw, hw_json, model)
+    if not fits:
+        raise ConfigError("tuner tune", "--on-target", f"no room for a trial server beside {t.name}: {why}")
+    current = canonical(flags_in_force(store.engine, t))
+    previous = tj.latest_run(store.engine, t.name) if req.resume else None
+    if req.resume and previous is None:
+        raise ConfigError("tuner tune", "--resume", f"no earlier tuning run of {t.name} to resume")
+    workload = (Workload.model_validate(previous.workload) if previous is not None else
+                workload_of(cfg, store, t.name, window_s=req.window_s, path=req.workload_file, now=now))
+    axes = vllm_axes(current, longest=workload.longest, model_max_len=model.max_position_embeddings if model else None,
+                     on_gpu=hw_json["kind"] == "gpu", names=req.flags or None)
+    fixed = {k: v for k, v in current.items() if k not in {a.name for a in axes}}
+
+    def check(flags: dict[str, Any]) -> Verdict:
+        return feasible("vllm", flags, model=model, hardware=hw, longest=workload.longest)
+
+    slo_json = {k: (v.total_seconds() if hasattr(v, "total_seconds") else v)
+                for k, v in t.slo.model_dump().items() if v is not None}
+    request_json = {"budget": req.budget, "max_time_s": req.max_time_s, "flags": [a.name for a in axes],
+                    "where": "shadow", "hardware": hw_json, "shadow_fit": why}
+    history: list[Point] = []
+    if previous is not None:
+        run_id = previous.id
+        for tr in tj.trials(store.engine, run_id):
+            if tr.status in ("measured", "crashed", "pruned"):
+                history.append(Point(tr.flags, Outcome(tr.status, tr.capacity_rps or 0.0, tr.detail), tr.seed))
+        say(f"resuming tuning run {run_id} of {t.name}: {len(history)} trials done")
+    else:
+        run_id = tj.begin_run(store.engine, target=t.name, now=now, request=request_json,
+                              workload=dump_workload(workload), slo=slo_json, baseline_flags=current)
+    ctx = _Ctx(cfg, store, t, req, config_dir, say, clock, run_id=run_id, workload=workload,
+               waiting=waiting if waiting is not None else [], log_dir=(config_dir / t.managed.log_dir).resolve())
+    ctx.trial_no = sum(1 for p in history if p.outcome.status != "pruned")
+    ctx.best_rps = max((p.outcome.capacity_rps for p in history), default=0.0)
+    say(f"tuning {t.name}: workload {workload.input_len} in / {workload.output_len} out tokens "
+        f"(range {workload.range_ratio:g}, prefix {workload.prefix_len}), burstiness {workload.burstiness:g}, "
+        f"from {workload.source}; SLO {slo_json}; {why}")
+    say(f"searching {', '.join(a.name for a in axes)} around {_flag_text(current)}; budget {req.budget} trials, "
+        f"{req.max_time_s:g}s")
+    seeds = [("baseline", current)] + _advisor_seeds(cfg, store, t, current, req.window_s, now)
+    noise_budget = 1 if req.noise_check and req.budget >= 3 else 0
+    bench_python = t.managed.executable or "python3"
+    try:
+        with BenchClient(bench_python, ctx.log_dir / f"tune-{run_id}") as client:
+            ctx.bench = client
+
+            def measure(flags: dict[str, Any], label: str) -> Outcome:
+                try:
+                    return _trial(ctx, flags, label, hw)
+                except BenchError as exc:
+                    return Outcome("crashed", 0.0, {"error": str(exc)})
+
+            def pruned(flags: dict[str, Any], v: Verdict) -> None:
+                tj.begin_trial(store.engine, run_id, now=clock(), flags=flags, seed="", url="", status="pruned",
+                               capacity_rps=0.0, detail={"reason": v.reason, "memory": dict(v.memory)})
+
+            points = list(history) + search(
+                axes, fixed, measure=measure, feasible=check, seeds=seeds, budget=req.budget - noise_budget,
+                max_time_s=req.max_time_s - (clock() - now), clock=clock, history=history, on_pruned=pruned,
+                seed=req.seed)
+            measured = [p for p in points if p.outcome.status == "measured"]
+            noise = None
+            best = _ranked(measured)[0] if measured else None
+            if best is not None and noise_budget and best.outcome.capacity_rps > 0:
+                say("noise: the winner again, on a fresh server")
+                again = measure(dict(best.flags), "noise")
+                if again.status == "measured":
+                    a, b = best.outcome.capacity_rps, again.capacity_rps
+                    noise = {"first_rps": a, "second_rps": b, "spread": round(abs(a - b) / max(a, b), 4)}
+    except BaseException as exc:
+        tj.finish_run(store.engine, run_id, now=clock(), state="failed", result={},
+                      note=f"stopped: {type(exc).__name__}: {exc}")
+        raise
+    result = _result(ctx, points, current, workload, slo_json, noise, axes=[a.name for a in axes])
+    rec_id = _recommend(ctx, result, current)
+    result["recommendation_id"] = rec_id
+    tj.finish_run(store.engine, run_id, now=clock(), state="done", result=result)
+    return result
+
+
+def _trial_json(p: Point) -> dict[str, Any]:
+    d = p.outcome.detail
+    return {"flags": dict(p.flags), "capacity_rps": p.outcome.capacity_rps if p.outcome.status == "measured" else None,
+            "ttft_p99": d.get("ttft_p99"), "e2e_p99": d.get("e2e_p99"), "status": p.outcome.status,
+            "seed": p.seed, "note": d.get("note") or d.get("reason") or d.get("server_error") or d.get("error") or "",
+            "memory": d.get("memory") or {}}
+
+
+def _result(ctx: _Ctx, points: list[Point], current: dict[str, Any], workload: Workload, slo: dict[str, Any],
+            noise: dict[str, Any] | None, *, axes: list[str]) -> dict[str, Any]:
+    measured = [p for p in points if p.outcome.status == "measured"]
+    base = next((p for p in measured if point_key(p.flags) == point_key(current)), None)
+    best = _ranked(measured)[0] if measured else None
+    return {
+        "target": ctx.target.name, "run_id": ctx.run_id, "workload": dump_workload(workload), "slo": slo,
+        "searched": axes, "trials": [_trial_json(p) for p in _ranked(points)],
+        "best": {"flags": dict(best.flags), "capacity_rps": best.outcome.capacity_rps,
+                 "ttft_p99": best.outcome.detail.get("ttft_p99"),
+                 "e2e_p99": best.outcome.detail.get("e2e_p99")} if best else None,
+        "baseline": {"flags": dict(current), "capacity_rps": base.outcome.capacity_rps if base else None},
+        "noise": noise,
+        "counts": {"measured": len(measured), "crashed": sum(p.outcome.status == "crashed" for p in points),
+                   "pruned": sum(p.outcome.status == "pruned" for p in points)},
+    }
+
+
+def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> int | None:
+    """Store the winner as a recommendation when it beats the baseline by more than the noise."""
+    best, base = result["best"], result["baseline"]
+    if not best or base["capacity_rps"] is None:
+        return None
+    diff = _diff(current, best["flags"])
+    spread = (result["noise"] or {}).get("spread") or 0.0
+    margin = max(ctx.req.tolerance, spread)
+    gain = best["capacity_rps"] / base["capacity_rps"] - 1 if base["capacity_rps"] else float("inf")
+    if not diff or gain <= margin:
+        result["verdict"] = (f"keep the flags in force: the best candidate is {gain:+.0%} against them, within the "
+                             f"measurement's margin ({margin:.0%})" if diff else "the flags in force are the best found")
+        return None
+    result["verdict"] = (f"{_flag_text(diff)}: capacity {base['capacity_rps']:.3g} -> {best['capacity_rps']:.3g} req/s "
+                         f"within the SLO ({gain:+.0%}, margin {margin:.0%})")
+    winner = next(tr for tr in result["trials"] if tr["flags"] == best["flags"])
+    evidence = [{"rule": "tune", "run_id": ctx.run_id, "capacity_rps": best["capacity_rps"],
+                 "baseline_capacity_rps": base["capacity_rps"], "gain": round(gain, 4), "margin": margin,
+                 "ttft_p99": best["ttft_p99"], "e2e_p99": best["e2e_p99"], "noise": result["noise"],
+                 "trials": result["counts"], "workload": result["workload"], "slo": result["slo"]}]
+    return recs.add_recommendation(
+        ctx.store.engine, target=ctx.target.name, now=ctx.clock(), rules=["tune"], diff_key=diff_key(diff),
+        diff=diff, current={k: current.get(k) for k in diff}, evidence=evidence,
+        expected_effect=f"capacity within the SLO {base['capacity_rps']:.3g} -> {best['capacity_rps']:.3g} req/s "
+                        "(measured on a trial server with the workload replayed)",
+        risk="measured on a shadow server beside production; the live verdict judges it again after the apply",
+        confidence=0.9, rank=1,
+        memory_check={"ok": True, "reason": "passed the memory model before its trial started",
+                      "before": {}, "after": winner.get("memory") or {}})

@@ -1,0 +1,101 @@
+"""``tuner workload`` and ``tuner tune`` (use case: tuner/app/tune.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import yaml
+
+from tuner.app.tune import TuneRequest, tune, workload_of
+from tuner.cli.common import duration, session, table
+from tuner.cli.progress import Heartbeat
+from tuner.config import parse_duration
+from tuner.signals.workload import dump_workload
+
+__all__ = ["add_parsers"]
+
+
+def cmd_workload(args: argparse.Namespace) -> int:
+    s = session(args)
+    w = workload_of(s.cfg, s.store, args.target, window_s=args.window.total_seconds(), path=None, now=time.time())
+    text = ("# tuner workload: what " + args.target + " served (README 'Workload files')\n" +
+            yaml.safe_dump(dump_workload(w), sort_keys=False))
+    if args.output and args.output != "-":
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"wrote {args.output}: {w.input_len} in / {w.output_len} out tokens, "
+              f"{w.rate_rps or 0:.3g} req/s offered, burstiness {w.burstiness:g}, from {w.requests} requests")
+    else:
+        print(text, end="")
+    return 0
+
+
+def _num(v: Any, unit: str = "", digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}g}{unit}"
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    s = session(args)
+    req = TuneRequest(args.target, workload_file=args.workload, window_s=args.window.total_seconds(),
+                      budget=args.budget, max_time_s=args.max_time.total_seconds(),
+                      flags=tuple(f.strip() for f in (args.flags or "").split(",") if f.strip()), resume=args.resume,
+                      on_target=args.on_target, run_s=args.run_seconds, max_runs=args.max_runs,
+                      noise_check=not args.no_noise_check, seed=args.seed)
+    waiting: list[str] = []
+    hb = Heartbeat(lambda: waiting[0] if waiting else None, out=sys.stderr if args.json else None)
+    with hb:
+        result = tune(s.cfg, s.store, req, config_dir=s.config_dir, say=hb.say, waiting=waiting)
+    if args.json:
+        print(json.dumps(result, default=str))
+        return 0
+    rows = [["#", "flags", "capacity@SLO", "P99 TTFT", "P99 E2E", "status", "note"]]
+    for i, tr in enumerate(result["trials"], 1):
+        flags = " ".join(f"{k}={v}" for k, v in tr["flags"].items())
+        rows.append([str(i), flags, _num(tr["capacity_rps"], " req/s"), _num(tr["ttft_p99"], "s"),
+                     _num(tr["e2e_p99"], "s"), tr["status"] + (f" ({tr['seed']})" if tr["seed"] else ""),
+                     tr["note"][:60]])
+    print(table(rows))
+    base, best = result["baseline"], result["best"]
+    print(f"baseline: {_num(base['capacity_rps'], ' req/s')} within the SLO; best: "
+          f"{_num(best['capacity_rps'] if best else None, ' req/s')}")
+    if result.get("noise"):
+        n = result["noise"]
+        print(f"noise: the winner measured twice on fresh servers: {n['first_rps']:.3g} and {n['second_rps']:.3g} "
+              f"req/s ({n['spread']:.0%} apart)")
+    print(f"verdict: {result.get('verdict', '-')}")
+    if result.get("recommendation_id"):
+        print(f"stored as recommendation #{result['recommendation_id']}: "
+              f"tuner apply-recommendation {result['recommendation_id']}")
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    w = sub.add_parser("workload", help="the workload a vLLM target served, as a file tuner tune replays")
+    w.add_argument("target")
+    w.add_argument("--window", type=duration, default=parse_duration("1h"), help="stored window (default 1h)")
+    w.add_argument("-o", "--output", help="write here (default: print)")
+    w.set_defaults(func=cmd_workload)
+
+    t = sub.add_parser("tune", help="measure candidate flags on trial servers and find the most traffic within "
+                                    "the SLO (README 'tuner tune')")
+    t.add_argument("target")
+    t.add_argument("--workload", metavar="FILE", help="workload file (default: what the target served in --window)")
+    t.add_argument("--window", type=duration, default=parse_duration("1h"), help="stored window the workload is "
+                   "read from (default 1h)")
+    t.add_argument("--budget", type=int, default=8, help="trials that start a server, the noise re-run included "
+                   "(default 8)")
+    t.add_argument("--max-time", type=duration, default=parse_duration("1h"), help="stop starting trials after "
+                   "this long (default 1h)")
+    t.add_argument("--flags", help="comma-separated flags to search (default: every searchable one on this host)")
+    t.add_argument("--run-seconds", type=float, default=15.0, help="seconds of load per rate tried (default 15)")
+    t.add_argument("--max-runs", type=int, default=6, help="rate runs per trial's capacity search (default 6)")
+    t.add_argument("--no-noise-check", action="store_true", help="do not measure the winner a second time")
+    t.add_argument("--resume", action="store_true", help="continue the target's last tuning run")
+    t.add_argument("--on-target", action="store_true", help="run trials on the production server (not built yet)")
+    t.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
+    t.add_argument("--json", action="store_true", help="the result as JSON on stdout (progress on stderr)")
+    t.set_defaults(func=cmd_tune)

@@ -1,0 +1,175 @@
+"""The tuning journal: one row per `tuner tune` run, one per trial, each written before what it names happens.
+
+A trial is journaled ``running`` with its server's pid and kernel start time before tuner waits on that server, so
+a tuner killed at any moment leaves a record of what it started: the next `tuner tune` stops it (``orphans``), and
+``--resume`` continues the run from its finished trials. Migration: migrations/versions/0005_tuning.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, Float, Index, Integer, String, Text, insert, select, update
+from sqlalchemy.orm import Mapped, mapped_column
+
+from tuner.store.db import Tx
+from tuner.store.models import Base
+
+__all__ = ["TuneRunRow", "TuneTrialRow", "StoredRun", "StoredTrial", "begin_run", "finish_run", "begin_trial",
+           "trial_started", "finish_trial", "get_run", "latest_run", "trials", "orphans", "TRIAL_STATUSES"]
+
+TRIAL_STATUSES = ("running", "measured", "crashed", "pruned", "interrupted")
+
+
+class TuneRunRow(Base):
+    __tablename__ = "tune_runs"
+    __table_args__ = (Index("ix_tune_runs_target", "target"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target: Mapped[str] = mapped_column(String(63))
+    created_ms: Mapped[int] = mapped_column(Integer)
+    updated_ms: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))  # running | done | failed
+    request: Mapped[str] = mapped_column(Text)  # JSON: budget, max_time_s, flags searched, where
+    workload: Mapped[str] = mapped_column(Text)  # JSON
+    slo: Mapped[str] = mapped_column(Text)  # JSON
+    baseline_flags: Mapped[str] = mapped_column(Text)  # JSON
+    result: Mapped[str] = mapped_column(Text)  # JSON ({} until done)
+    note: Mapped[str] = mapped_column(Text)
+
+
+class TuneTrialRow(Base):
+    __tablename__ = "tune_trials"
+    __table_args__ = (Index("ix_tune_trials_run", "run_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Integer)  # 1, 2, ... within the run
+    flags: Mapped[str] = mapped_column(Text)  # JSON, canonical
+    seed: Mapped[str] = mapped_column(Text)  # "baseline", "advisor: <rule>", "noise", "" (the sampler's)
+    status: Mapped[str] = mapped_column(String(16))
+    capacity_rps: Mapped[float | None] = mapped_column(Float, nullable=True)
+    detail: Mapped[str] = mapped_column(Text)  # JSON: the capacity search's steps and runs, or the error
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    proc_start: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    url: Mapped[str] = mapped_column(Text)
+    started_ms: Mapped[int] = mapped_column(Integer)
+    finished_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+@dataclass(frozen=True)
+class StoredTrial:
+    id: int
+    run_id: int
+    seq: int
+    flags: dict[str, Any]
+    seed: str
+    status: str
+    capacity_rps: float | None
+    detail: dict[str, Any]
+    pid: int | None
+    proc_start: int | None
+    url: str
+    started_ms: int
+    finished_ms: int | None
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    id: int
+    target: str
+    created_ms: int
+    updated_ms: int
+    state: str
+    request: dict[str, Any]
+    workload: dict[str, Any]
+    slo: dict[str, Any]
+    baseline_flags: dict[str, Any]
+    result: dict[str, Any]
+    note: str
+
+
+def _ms(ts: float) -> int:
+    return int(round(ts * 1000))
+
+
+def begin_run(engine: Engine, *, target: str, now: float, request: dict[str, Any], workload: dict[str, Any],
+              slo: dict[str, Any], baseline_flags: dict[str, Any]) -> int:
+    with Tx(engine) as conn:
+        return int(conn.execute(insert(TuneRunRow).values(
+            target=target, created_ms=_ms(now), updated_ms=_ms(now), state="running", request=json.dumps(request),
+            workload=json.dumps(workload), slo=json.dumps(slo), baseline_flags=json.dumps(baseline_flags),
+            result="{}", note="")).inserted_primary_key[0])
+
+
+def finish_run(engine: Engine, run_id: int, *, now: float, state: str, result: dict[str, Any], note: str = "") -> None:
+    with Tx(engine) as conn:
+        conn.execute(update(TuneRunRow).where(TuneRunRow.id == run_id).values(
+            state=state, updated_ms=_ms(now), result=json.dumps(result), note=note))
+
+
+def begin_trial(engine: Engine, run_id: int, *, now: float, flags: dict[str, Any], seed: str, url: str,
+                status: str = "running", capacity_rps: float | None = None, detail: dict[str, Any] | None = None) -> int:
+    """Journal a trial before its server starts (``running``), or a pruned one with its reason."""
+    with Tx(engine) as conn:
+        seq = len(conn.execute(select(TuneTrialRow.id).where(TuneTrialRow.run_id == run_id)).all()) + 1
+        return int(conn.execute(insert(TuneTrialRow).values(
+            run_id=run_id, seq=seq, flags=json.dumps(flags), seed=seed, status=status, capacity_rps=capacity_rps,
+            detail=json.dumps(detail or {}), pid=None, proc_start=None, url=url, started_ms=_ms(now),
+            finished_ms=None if status == "running" else _ms(now))).inserted_primary_key[0])
+
+
+def trial_started(engine: Engine, trial_id: int, *, pid: int, proc_start: int) -> None:
+    with Tx(engine) as conn:
+        conn.execute(update(TuneTrialRow).where(TuneTrialRow.id == trial_id).values(pid=pid, proc_start=proc_start))
+
+
+def finish_trial(engine: Engine, trial_id: int, *, now: float, status: str, capacity_rps: float | None,
+                 detail: dict[str, Any]) -> None:
+    if status not in TRIAL_STATUSES:
+        raise ValueError(f"trial status {status!r}: expected one of {', '.join(TRIAL_STATUSES)}")
+    with Tx(engine) as conn:
+        conn.execute(update(TuneTrialRow).where(TuneTrialRow.id == trial_id).values(
+            status=status, capacity_rps=capacity_rps, detail=json.dumps(detail), finished_ms=_ms(now)))
+        run_id = conn.execute(select(TuneTrialRow.run_id).where(TuneTrialRow.id == trial_id)).scalar_one()
+        conn.execute(update(TuneRunRow).where(TuneRunRow.id == run_id).values(updated_ms=_ms(now)))
+
+
+def _run(r: Any) -> StoredRun:
+    return StoredRun(id=r.id, target=r.target, created_ms=r.created_ms, updated_ms=r.updated_ms, state=r.state,
+                     request=json.loads(r.request), workload=json.loads(r.workload), slo=json.loads(r.slo),
+                     baseline_flags=json.loads(r.baseline_flags), result=json.loads(r.result), note=r.note)
+
+
+def _trial(r: Any) -> StoredTrial:
+    return StoredTrial(id=r.id, run_id=r.run_id, seq=r.seq, flags=json.loads(r.flags), seed=r.seed, status=r.status,
+                       capacity_rps=r.capacity_rps, detail=json.loads(r.detail), pid=r.pid, proc_start=r.proc_start,
+                       url=r.url, started_ms=r.started_ms, finished_ms=r.finished_ms)
+
+
+def get_run(engine: Engine, run_id: int) -> StoredRun | None:
+    with Tx(engine) as conn:
+        r = conn.execute(select(TuneRunRow).where(TuneRunRow.id == run_id)).first()
+    return _run(r[0]) if r else None
+
+
+def latest_run(engine: Engine, target: str, *, state: str | None = None) -> StoredRun | None:
+    q = select(TuneRunRow).where(TuneRunRow.target == target)
+    if state is not None:
+        q = q.where(TuneRunRow.state == state)
+    with Tx(engine) as conn:
+        r = conn.execute(q.order_by(TuneRunRow.id.desc()).limit(1)).first()
+    return _run(r[0]) if r else None
+
+
+def trials(engine: Engine, run_id: int) -> list[StoredTrial]:
+    with Tx(engine) as conn:
+        rows = conn.execute(select(TuneTrialRow).where(TuneTrialRow.run_id == run_id).order_by(TuneTrialRow.seq))
+        return [_trial(r[0]) for r in rows]
+
+
+def orphans(engine: Engine) -> list[StoredTrial]:
+    """Trials journaled running: their tuner died (or is still at work) with their server possibly up."""
+    with Tx(engine) as conn:
+        rows = conn.execute(select(TuneTrialRow).where(TuneTrialRow.status == "running"))
+        return [_trial(r[0]) for r in rows]

@@ -1,0 +1,239 @@
+"""Load from vLLM's own benchmark client (``vllm.benchmarks.serve``), one request rate per run, parsed from its JSON.
+
+The client runs in the vLLM install's Python (the ``vllm`` console script of the CPU build fails on its package
+metadata, so the module is called): one process per tuning session, which imports vLLM once (~12 s here) and then
+runs ``vllm.benchmarks.serve.main`` for each rate it is sent, as ``vllm bench serve`` would with the same arguments.
+What the client prints goes to a log; each run's result is its ``--save-result --save-detailed`` JSON file.
+
+SLO attainment of a run = requests that met every budget / requests sent (failed requests are misses): TTFT and
+E2E per request against their budgets, and the request's mean time per output token against the ITL budget
+(vLLM's own ``--goodput`` uses the same three per-request figures; its ``request_goodput`` is reported beside).
+Warm-up requests (``--num-warmups``) are not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any, Mapping
+
+from tuner.apply.launch import die_with_parent_hook
+from tuner.config import Slo
+from tuner.errors import TunerError
+from tuner.signals.workload import Workload
+
+__all__ = ["RateRun", "BenchClient", "BenchError", "attainment", "bench_args", "read_result"]
+
+# Runs vLLM's client in a loop: one JSON list of CLI arguments per stdin line, one JSON answer per stdout line.
+# The client's own output goes to stderr (the log). A constant: no data ever becomes code here.
+_RUNNER = r"""
+import json, os, sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+answer = os.fdopen(os.dup(1), "w", buffering=1)
+os.dup2(2, 1)
+answer.write(json.dumps({"ready": True}) + "\n")
+for line in sys.stdin:
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    try:
+        main(parser.parse_args(json.loads(line)))
+        answer.write(json.dumps({"ok": True}) + "\n")
+    except BaseException as exc:
+        answer.write(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}) + "\n")
+"""
+
+
+class BenchError(TunerError, RuntimeError):
+    """vLLM's benchmark client could not start or could not run."""
+
+    exit_code = 6
+
+
+@dataclass(frozen=True)
+class RateRun:
+    """One run of the client at one request rate."""
+
+    rate_rps: float
+    sent: int
+    completed: int
+    good: int  # completed within every budget
+    attainment: float  # good / sent
+    duration_s: float
+    throughput_rps: float
+    goodput_rps: float | None  # vLLM's own request_goodput (with --goodput)
+    ttft_p99: float | None  # seconds
+    e2e_p99: float | None
+    itl_p99: float | None
+    result_file: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _budgets(slo: Slo) -> dict[str, float]:
+    return {k: getattr(slo, f"{k}_p99").total_seconds() for k in ("ttft", "itl", "e2e")
+            if getattr(slo, f"{k}_p99") is not None}
+
+
+def bench_args(workload: Workload, *, url: str, model: str, tokenizer: str, rate: float, prompts: int,
+               slo: Slo, result_dir: Path, result_file: str, warmups: int = 2, seed: int = 0) -> list[str]:
+    """The client's arguments for one run (what ``vllm bench serve`` takes)."""
+    budgets = _budgets(slo)
+    goodput = [f"{'e2el' if k == 'e2e' else 'tpot' if k == 'itl' else k}:{v * 1000:g}" for k, v in budgets.items()]
+    args = ["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
+            "--tokenizer", tokenizer, "--dataset-name", "random",
+            "--random-input-len", str(workload.input_len - workload.prefix_len),
+            "--random-output-len", str(workload.output_len),
+            "--random-range-ratio", f"{workload.range_ratio:g}", "--random-prefix-len", str(workload.prefix_len),
+            "--num-prompts", str(prompts), "--request-rate", f"{rate:.6g}", "--burstiness", f"{workload.burstiness:g}",
+            "--ignore-eos", "--seed", str(seed), "--num-warmups", str(warmups), "--disable-tqdm",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "99",
+            "--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", result_file,
+            "--ready-check-timeout-sec", "0"]
+    if goodput:
+        args += ["--goodput", *goodput]
+    return args
+
+
+def attainment(result: Mapping[str, Any], slo: Slo) -> tuple[int, int]:
+    """(good, sent) from a detailed result: a request is good when it finished and met every budget."""
+    budgets = _budgets(slo)
+    sent = int(result.get("num_prompts") or 0)
+    ttfts, e2es = result.get("ttfts") or [], result.get("latencies") or []
+    outs, errors = result.get("output_lens") or [], result.get("errors") or []
+    good = 0
+    for i, e2e in enumerate(e2es):
+        if i < len(errors) and errors[i]:
+            continue
+        ttft = ttfts[i] if i < len(ttfts) else None
+        out = outs[i] if i < len(outs) else 0
+        if not out or ttft is None or not e2e:
+            continue  # a request that produced nothing failed
+        if "ttft" in budgets and ttft > budgets["ttft"]:
+            continue
+        if "e2e" in budgets and e2e > budgets["e2e"]:
+            continue
+        if "itl" in budgets and out > 1 and (e2e - ttft) / (out - 1) > budgets["itl"]:
+            continue
+        good += 1
+    return good, sent
+
+
+def read_result(path: Path, slo: Slo, rate: float) -> RateRun:
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"vLLM's benchmark client left no readable result at {path}: {exc}") from None
+    good, sent = attainment(result, slo)
+    sent = sent or int(result.get("completed") or 0)
+
+    def ms(key: str) -> float | None:
+        v = result.get(key)
+        return v / 1000 if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+    return RateRun(rate_rps=rate, sent=sent, completed=int(result.get("completed") or 0), good=good,
+                   attainment=good / sent if sent else 0.0, duration_s=float(result.get("duration") or 0.0),
+                   throughput_rps=float(result.get("request_throughput") or 0.0),
+                   goodput_rps=result.get("request_goodput"), ttft_p99=ms("p99_ttft_ms"), e2e_p99=ms("p99_e2el_ms"),
+                   itl_p99=ms("p99_itl_ms"), result_file=str(path))
+
+
+class BenchClient:
+    """vLLM's benchmark client, kept running between runs. Use as a context manager."""
+
+    def __init__(self, python: str, workdir: Path, *, env: Mapping[str, str] | None = None,
+                 start_timeout_s: float = 180.0) -> None:
+        self.python, self.workdir = python, workdir
+        self.results = workdir / "bench-results"
+        self.results.mkdir(parents=True, exist_ok=True)
+        self.log_path = workdir / "bench-client.log"
+        self._env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+                     "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._start_timeout_s = start_timeout_s
+        self._proc: subprocess.Popen[str] | None = None
+        self._runs = 0
+
+    def __enter__(self) -> BenchClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _start(self) -> subprocess.Popen[str]:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        log: IO[bytes] = open(self.log_path, "ab")
+        try:
+            self._proc = subprocess.Popen([self.python, "-c", _RUNNER], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=log, text=True, env=self._env,
+                                          start_new_session=True, preexec_fn=die_with_parent_hook)
+        except OSError as exc:
+            raise BenchError(f"cannot start vLLM's benchmark client with {self.python}: {exc}") from None
+        finally:
+            log.close()
+        line = self._read_answer(self._start_timeout_s)
+        if not line.get("ready"):
+            raise BenchError(f"vLLM's benchmark client did not start: {line}; see {self.log_path}")
+        return self._proc
+
+    def _read_answer(self, timeout_s: float) -> dict[str, Any]:
+        assert self._proc is not None and self._proc.stdout is not None
+        import selectors
+        sel = selectors.DefaultSelector()
+        sel.register(self._proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if sel.select(timeout=min(1.0, max(0.0, deadline - time.monotonic()))):
+                    line = self._proc.stdout.readline()
+                    if not line:
+                        break
+                    return dict(json.loads(line))
+                if self._proc.poll() is not None:
+                    break
+        finally:
+            sel.close()
+        code = self._proc.poll()
+        self.close()
+        raise BenchError(f"vLLM's benchmark client {'exited ' + str(code) if code is not None else 'timed out'}; "
+                         f"see {self.log_path}")
+
+    def run(self, workload: Workload, *, url: str, model: str, tokenizer: str, rate: float, prompts: int,
+            slo: Slo, warmups: int = 2, timeout_s: float = 600.0) -> RateRun:
+        """One run at ``rate`` requests/s of ``prompts`` requests (plus warm-ups, not counted)."""
+        proc = self._start()
+        self._runs += 1
+        name = f"run-{os.getpid()}-{self._runs}-{time.time_ns()}.json"
+        args = bench_args(workload, url=url, model=model, tokenizer=tokenizer, rate=rate, prompts=prompts, slo=slo,
+                          result_dir=self.results, result_file=name, warmups=warmups, seed=self._runs)
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(args) + "\n")
+        proc.stdin.flush()
+        answer = self._read_answer(timeout_s)
+        if not answer.get("ok"):
+            raise BenchError(f"vLLM's benchmark client failed at {rate:g} req/s: {answer.get('error')}; "
+                             f"see {self.log_path}")
+        return read_result(self.results / name, slo, rate)
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

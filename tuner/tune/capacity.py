@@ -1,0 +1,136 @@
+"""Capacity of one config: the highest request rate whose SLO attainment reaches the objective. Pure.
+
+A bracketing search over the rate, never a linear step-down: from a start rate (the workload's, or the best
+capacity found so far) it doubles while runs pass and halves while they fail, until one rate passes and one fails
+(or the floor/ceiling is reached), then bisects geometrically (sqrt(lo x hi)) until hi / lo <= 1 + tolerance or the
+run budget is spent. Capacity is the highest rate that passed.
+
+Noise: a run's attainment is a share of n requests, with a binomial standard error sqrt(p (1 - p) / n). A run
+whose attainment lies within ``z`` standard errors of the objective is too close to call: the same rate runs again
+(once) and the two runs pool their requests. Attainment is assumed to fall as the rate rises; a pass above a
+failure (noise) is recorded in ``nonmonotone`` and the bracket keeps its invariant (lo passed, hi failed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+__all__ = ["Capacity", "Measured", "find_capacity"]
+
+
+class Measured(Protocol):
+    rate_rps: float
+    sent: int
+    good: int
+    attainment: float
+    ttft_p99: float | None
+    e2e_p99: float | None
+
+    def as_json(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Step:
+    rate_rps: float
+    good: int
+    sent: int
+    attainment: float
+    passed: bool
+    repeated: bool
+
+
+@dataclass
+class Capacity:
+    capacity_rps: float  # 0.0: not even the floor rate met the objective
+    lo_rps: float | None  # highest rate that passed
+    hi_rps: float | None  # lowest rate that failed (None: the ceiling passed)
+    objective: float
+    steps: list[Step] = field(default_factory=list)
+    runs: list[Any] = field(default_factory=list)  # the Measured runs, in order
+    nonmonotone: bool = False
+    ttft_p99: float | None = None  # at the capacity rate
+    e2e_p99: float | None = None
+    note: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {"capacity_rps": self.capacity_rps, "lo_rps": self.lo_rps, "hi_rps": self.hi_rps,
+                "objective": self.objective, "nonmonotone": self.nonmonotone, "ttft_p99": self.ttft_p99,
+                "e2e_p99": self.e2e_p99, "note": self.note,
+                "steps": [s.__dict__ for s in self.steps], "runs": [r.as_json() for r in self.runs]}
+
+
+def _close_call(good: int, sent: int, objective: float, z: float) -> bool:
+    if sent <= 0:
+        return False
+    p = good / sent
+    se = math.sqrt(max(p * (1 - p), objective * (1 - objective)) / sent)
+    return abs(p - objective) < z * se
+
+
+def find_capacity(measure: Callable[[float], Measured], objective: float, *, start_rps: float,
+                  floor_rps: float = 0.05, ceiling_rps: float = 1000.0, tolerance: float = 0.15,
+                  max_runs: int = 8, z: float = 1.0) -> Capacity:
+    """Bracket then bisect the rate; ``measure(rate)`` runs the load once. See the module docstring."""
+    if not 0 < objective <= 1:
+        raise ValueError(f"objective must be in (0, 1], got {objective}")
+    if start_rps <= 0 or floor_rps <= 0 or ceiling_rps < floor_rps:
+        raise ValueError(f"rates must be positive with floor <= ceiling: start {start_rps}, floor {floor_rps}, "
+                         f"ceiling {ceiling_rps}")
+    cap = Capacity(0.0, None, None, objective)
+    best_at: dict[float, Measured] = {}
+
+    def test(rate: float) -> bool:
+        run = measure(rate)
+        cap.runs.append(run)
+        good, sent, repeated = run.good, run.sent, False
+        if _close_call(good, sent, objective, z) and len(cap.runs) < max_runs:
+            again = measure(rate)
+            cap.runs.append(again)
+            good, sent, repeated = good + again.good, sent + again.sent, True
+        passed = sent > 0 and good / sent >= objective
+        cap.steps.append(Step(rate, good, sent, good / sent if sent else 0.0, passed, repeated))
+        if passed:
+            best_at[rate] = run
+            if cap.hi_rps is not None and rate >= cap.hi_rps:
+                cap.nonmonotone = True
+        elif cap.lo_rps is not None and rate <= cap.lo_rps:
+            cap.nonmonotone = True
+        return passed
+
+    rate = min(max(start_rps, floor_rps), ceiling_rps)
+    while len(cap.runs) < max_runs:
+        if test(rate):
+            cap.lo_rps = max(rate, cap.lo_rps or 0.0)
+            if cap.hi_rps is not None and cap.hi_rps <= cap.lo_rps:
+                cap.hi_rps = None
+            if cap.hi_rps is not None or rate >= ceiling_rps:
+                break
+            rate = min(rate * 2, ceiling_rps)
+        else:
+            cap.hi_rps = rate if cap.hi_rps is None else min(rate, cap.hi_rps)
+            if cap.lo_rps is not None or rate <= floor_rps:
+                break
+            rate = max(rate / 2, floor_rps)
+    while (cap.lo_rps is not None and cap.hi_rps is not None and cap.hi_rps / cap.lo_rps > 1 + tolerance
+           and len(cap.runs) < max_runs):
+        mid = math.sqrt(cap.lo_rps * cap.hi_rps)
+        if test(mid):
+            cap.lo_rps = mid
+        else:
+            cap.hi_rps = mid
+    if cap.lo_rps is not None:
+        cap.capacity_rps = cap.lo_rps
+        at = best_at.get(cap.lo_rps)
+        if at is not None:
+            cap.ttft_p99, cap.e2e_p99 = at.ttft_p99, at.e2e_p99
+    if cap.lo_rps is None:
+        cap.note = f"no rate down to {cap.steps[-1].rate_rps:g} req/s met the objective" if cap.steps else "no run"
+    elif cap.hi_rps is None:
+        cap.note = f"every rate up to {cap.lo_rps:g} req/s met the objective (the run budget or ceiling stopped it)"
+    elif cap.hi_rps / cap.lo_rps > 1 + tolerance:
+        cap.note = f"bracket {cap.lo_rps:.3g}-{cap.hi_rps:.3g} req/s left wider than {tolerance:.0%} by the run budget"
+    else:
+        cap.note = f"between {cap.lo_rps:.3g} (met) and {cap.hi_rps:.3g} req/s (missed)"
+    return cap

@@ -1,0 +1,133 @@
+"""The search over a space of flags: optuna's TPE sampler, seeded, budgeted, with infeasible and crashed points as data.
+
+  * Seeds first, in order: the flags in force (the baseline every answer is compared with), then the advisor's
+    one-step proposals, as optuna enqueued trials.
+  * Each point the sampler asks for goes through ``feasible`` first (the memory model and vLLM's start-up checks,
+    tuner/tune/space.py). An infeasible point is told to optuna as violating a constraint, costs no budget and
+    never starts a server.
+  * A point already measured (or refused) is not measured again: its recorded result is told once more.
+  * A trial that crashes is recorded as data (capacity 0, constraint violated): the sampler learns the region,
+    and the same point is never retried.
+  * Stops at ``budget`` measured trials or ``max_time_s`` (checked before each trial starts), or when the sampler
+    keeps proposing known points (the space is exhausted).
+Trials journaled by an earlier, interrupted run come back through ``history`` and count against the budget.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from tuner.tune.space import Axis, Verdict, canonical
+
+__all__ = ["Outcome", "Point", "search", "point_key"]
+
+_EXHAUSTED_AFTER = 60  # consecutive asks that bring nothing new
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What measuring one point gave: its capacity, or why it has none."""
+
+    status: str  # measured | crashed | pruned
+    capacity_rps: float
+    detail: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Point:
+    flags: Mapping[str, Any]  # canonical: unset flags left out
+    outcome: Outcome
+    seed: str = ""  # "baseline", "advisor: <rule>", or "" for the sampler's own
+
+
+def point_key(flags: Mapping[str, Any]) -> str:
+    return json.dumps(canonical(flags), sort_keys=True)
+
+
+def _params(axes: Sequence[Axis], flags: Mapping[str, Any]) -> dict[str, Any] | None:
+    """optuna params (the index of each value on its axis) of ``flags``; None if a value is off its axis."""
+    out = {}
+    for a in axes:
+        v = flags.get(a.name)
+        if v not in a.values:
+            return None
+        out[a.name] = a.values.index(v)
+    return out
+
+
+def search(axes: Sequence[Axis], fixed: Mapping[str, Any], *, measure: Callable[[dict[str, Any], str], Outcome],
+           feasible: Callable[[dict[str, Any]], Verdict], seeds: Sequence[tuple[str, Mapping[str, Any]]],
+           budget: int, max_time_s: float, clock: Callable[[], float], history: Sequence[Point] = (),
+           on_pruned: Callable[[dict[str, Any], Verdict], None] | None = None, seed: int = 0) -> list[Point]:
+    """Search ``axes`` (other flags held at ``fixed``); returns every point measured or refused, in order."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    dists: dict[str, Any] = {
+        a.name: (IntDistribution(0, len(a.values) - 1) if len(a.values) > 1 else CategoricalDistribution([0]))
+        for a in axes}
+
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(2, min(5, budget // 3)),
+                                         multivariate=True)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    known: dict[str, Point] = {}
+    points: list[Point] = []
+    t0 = clock()
+
+    def tell(params: dict[str, Any], point: Point) -> None:
+        bad = 0.0 if point.outcome.status == "measured" else 1.0
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
+                                                  value=point.outcome.capacity_rps,
+                                                  constraints={"runs": bad}))
+
+    for p in history:
+        known[point_key(p.flags)] = p
+        params = _params(axes, p.flags)
+        if params is not None:
+            tell(params, p)
+    spent = sum(1 for p in history if p.outcome.status != "pruned")
+
+    def flags_of(params: Mapping[str, int]) -> dict[str, Any]:
+        return canonical({**fixed, **{a.name: a.values[int(params[a.name])] for a in axes}})
+
+    def visit(flags: dict[str, Any], label: str) -> bool:
+        """Measure or refuse ``flags``; False when it was known already."""
+        nonlocal spent
+        key = point_key(flags)
+        if key in known:
+            return False
+        verdict = feasible(flags)
+        if not verdict.ok:
+            point = Point(flags, Outcome("pruned", 0.0, {"reason": verdict.reason, "memory": dict(verdict.memory)}),
+                          label)
+            if on_pruned is not None:
+                on_pruned(flags, verdict)
+        else:
+            point = Point(flags, measure(flags, label), label)
+            spent += 1
+        known[key] = point
+        points.append(point)
+        params = _params(axes, flags)
+        if params is not None:
+            tell(params, point)
+        return True
+
+    for label, s in seeds:
+        if spent >= budget or clock() - t0 >= max_time_s:
+            return points
+        visit(canonical({**fixed, **s}), label)
+    idle = 0
+    while spent < budget and clock() - t0 < max_time_s and idle < _EXHAUSTED_AFTER:
+        trial = study.ask(dists)
+        flags = flags_of(trial.params)
+        key = point_key(flags)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)  # asked only for its params; the told copy counts
+        if key in known:
+            idle += 1
+            continue
+        idle = 0
+        visit(flags, "")
+    return points

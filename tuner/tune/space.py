@@ -1,0 +1,140 @@
+"""What `tuner tune` may try: the allow-listed flags as ordered axes, and which points can start at all. Pure.
+
+Every candidate passes ``feasible`` before any server starts with it:
+  * each value is valid for its flag (tuner/flags.py: type and bounds);
+  * vLLM's own start-up checks: max-num-batched-tokens >= max-num-seqs, and >= max-model-len when chunked prefill
+    is off (vLLM refuses both at start);
+  * max-model-len holds the longest request of the workload (else the replay's requests are refused);
+  * the memory model (tuner/advise/memory.py) says the KV cache holds one max-model-len sequence: on a GPU from
+    its memory and --gpu-memory-utilization, on a CPU host from the KV space vLLM is given
+    (VLLM_CPU_KVCACHE_SPACE).
+A point that fails is never started; it is recorded as pruned, with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from tuner.advise.facts import ModelFacts
+from tuner.advise.memory import MemoryPlan, plan, weights_bytes
+from tuner.errors import FlagError
+from tuner.flags import FlagValue, validate
+
+__all__ = ["Axis", "Hardware", "Verdict", "vllm_axes", "feasible", "canonical", "SEARCHABLE_VLLM"]
+
+SEARCHABLE_VLLM = ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill",
+                   "gpu_memory_utilization", "kv_cache_dtype", "max_model_len")
+_GPU_ONLY = ("gpu_memory_utilization", "kv_cache_dtype")
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One flag and the values the search may give it, in order (None: the server's default, flag left out)."""
+
+    name: str
+    values: tuple[FlagValue | None, ...]
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the memory model needs: one GPU's memory, or (CPU host) the KV space vLLM is given."""
+
+    gpu_memory_bytes: int | None = None
+    cpu_kv_cache_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    reason: str
+    memory: Mapping[str, Any]
+
+
+def _with(values: Sequence[Any], current: Any) -> tuple[Any, ...]:
+    """``values`` with ``current`` added; without None (the server's default) when a value is set: a recommendation
+    can change a flag but not unset it."""
+    out = [v for v in dict.fromkeys(values) if v is not None or current is None]
+    if current is not None and current not in out:
+        out.append(current)
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in out if v is not None):
+        out = sorted(out, key=lambda v: -1 if v is None else v)
+    return tuple(out)
+
+
+def vllm_axes(current: Mapping[str, Any], *, longest: int, model_max_len: int | None, on_gpu: bool,
+              names: Sequence[str] | None = None) -> tuple[Axis, ...]:
+    """The axes of a vLLM search around ``current`` (its values always included). ``names`` picks flags."""
+    chosen = tuple(names) if names else tuple(n for n in SEARCHABLE_VLLM if on_gpu or n not in _GPU_ONLY)
+    for n in chosen:
+        if n not in SEARCHABLE_VLLM:
+            raise FlagError("vllm", n, f"not a flag tuner tune searches (choose from {', '.join(SEARCHABLE_VLLM)})")
+    top = int(current.get("max_model_len") or model_max_len or 4096)
+    lens = [top]
+    size = 128
+    while size < top:
+        if size >= longest:
+            lens.append(size)
+        size *= 2
+    axes = {
+        "max_num_seqs": _with([1, 2, 4, 8, 16, 32, 64, 128, 256], current.get("max_num_seqs")),
+        "max_num_batched_tokens": _with([None, 256, 512, 1024, 2048, 4096, 8192, 16384],
+                                        current.get("max_num_batched_tokens")),
+        "enable_prefix_caching": (False, True),
+        "enable_chunked_prefill": (True, False),
+        "gpu_memory_utilization": _with([0.8, 0.85, 0.9, 0.95], current.get("gpu_memory_utilization")),
+        "kv_cache_dtype": ("auto", "fp8"),
+        "max_model_len": _with(lens, current.get("max_model_len")),
+    }
+    return tuple(Axis(n, axes[n]) for n in chosen)
+
+
+def canonical(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The flags with unset (None) entries left out, in a stable order: what a trial is keyed by."""
+    return {k: flags[k] for k in sorted(flags) if flags[k] is not None}
+
+
+def feasible(backend: str, flags: Mapping[str, Any], *, model: ModelFacts | None, hardware: Hardware,
+             longest: int, default_batched_tokens: int = 8192) -> Verdict:
+    """Whether a server could start with ``flags`` and serve the workload; see the module docstring."""
+    f = canonical(flags)
+    for name, value in f.items():
+        try:
+            validate(backend, name, value)
+        except FlagError as exc:
+            return Verdict(False, str(exc), {})
+    if backend != "vllm":
+        return Verdict(True, "no start-up model for this backend's flags beyond their bounds", {})
+    seqs = int(f.get("max_num_seqs") or 256)
+    length = int(f.get("max_model_len") or (model.max_position_embeddings if model else None) or 4096)
+    batched = int(f.get("max_num_batched_tokens") or default_batched_tokens)
+    chunked = bool(f.get("enable_chunked_prefill", True))
+    if batched < seqs:
+        return Verdict(False, f"max-num-batched-tokens {batched} < max-num-seqs {seqs}: vLLM refuses to start", {})
+    if not chunked and batched < length:
+        return Verdict(False, f"max-num-batched-tokens {batched} < max-model-len {length} without chunked prefill: "
+                              "vLLM refuses to start", {})
+    if length < longest:
+        return Verdict(False, f"max-model-len {length} < the workload's longest request ({longest} tokens)", {})
+    if model is None:
+        return Verdict(True, "no model facts: the start-up checks pass, memory unchecked", {})
+    memory: MemoryPlan
+    try:
+        if hardware.gpu_memory_bytes:
+            memory = plan(model, gpu_memory_bytes=hardware.gpu_memory_bytes,
+                          gpu_memory_utilization=float(f.get("gpu_memory_utilization") or 0.9), max_model_len=length,
+                          kv_cache_dtype=str(f.get("kv_cache_dtype") or "auto"), max_num_batched_tokens=batched)
+        elif hardware.cpu_kv_cache_bytes:
+            memory = plan(model, gpu_memory_bytes=hardware.cpu_kv_cache_bytes + weights_bytes(model),
+                          max_model_len=length,
+                          kv_cache_dtype=str(f.get("kv_cache_dtype") or "auto"),
+                          kv_cache_memory_bytes=hardware.cpu_kv_cache_bytes)
+        else:
+            return Verdict(True, "no memory facts (no GPU reading, no CPU KV space): memory unchecked", {})
+    except ValueError as exc:
+        return Verdict(False, f"memory model cannot plan it: {exc}", {})
+    brief = {"kv_capacity_tokens": memory.kv_capacity_tokens, "max_concurrency": round(memory.max_concurrency, 3),
+             "weights_bytes": memory.weights_bytes, "kv_budget_bytes": memory.kv_budget_bytes}
+    if not memory.fits:
+        return Verdict(False, f"memory model: {memory.reason}", brief)
+    return Verdict(True, memory.reason, brief)
