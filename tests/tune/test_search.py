@@ -140,5 +140,30 @@ def test_axes_keep_the_current_values_and_the_workloads_longest_request():
                                          model_max_len=2048, on_gpu=False)}
     assert 6 in axes["max_num_seqs"].values and "gpu_memory_utilization" not in axes
     assert axes["max_model_len"].values == (512, 1024)  # 128 and 256 cannot hold a 300-token request
+    axes = vllm_axes({"max_num_seqs": 2}, longest=1, model_max_len=None, on_gpu=False,
+                     names=["max_num_seqs=8/1/4", "enable_prefix_caching"])
+    assert [(a.name, a.values) for a in axes] == [("max_num_seqs", (1, 2, 4, 8)),
+                                                  ("enable_prefix_caching", (False, True))]
+    with pytest.raises(Exception, match="max_num_seqs"):
+        vllm_axes({}, longest=1, model_max_len=None, on_gpu=False, names=["max_num_seqs=4/x"])
     with pytest.raises(Exception, match="not a flag tuner tune searches"):
         vllm_axes({}, longest=1, model_max_len=None, on_gpu=True, names=["n_gpu_layers"])
+
+
+def test_grid_visits_every_feasible_point_once_and_random_uses_no_seeds_beyond_those_given():
+    seen = []
+
+    def measure(flags, label):
+        seen.append(point_key(flags))
+        return Outcome("measured", landscape(flags), {})
+    points = search(AXES, FIXED, measure=measure, feasible=is_feasible, seeds=[], budget=10**6, max_time_s=1e9,
+                    clock=Clock(), sampler="grid")
+    assert sorted(seen) == sorted(point_key(p) for p in grid())
+    assert {p.outcome.status for p in points} == {"measured", "pruned"}
+    seen.clear()
+    search(AXES, FIXED, measure=measure, feasible=is_feasible, seeds=[], budget=5, max_time_s=1e9, clock=Clock(),
+           sampler="random")
+    assert len(seen) == len(set(seen)) == 5
+    with pytest.raises(ValueError, match="sampler"):
+        search(AXES, FIXED, measure=measure, feasible=is_feasible, seeds=[], budget=1, max_time_s=1, clock=Clock(),
+               sampler="bayes")

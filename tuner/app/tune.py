@@ -63,6 +63,7 @@ class TuneRequest:
     tolerance: float = 0.15  # bracket width at which a capacity search stops
     noise_check: bool = True
     seed: int = 0
+    sampler: str = "tpe"  # tpe | random (seeded with the baseline only) | grid (every feasible point)
 
 
 @dataclass
@@ -260,6 +261,8 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     if t.slo is None:
         raise ConfigError("config", f"{where}.slo", "tuner tune measures capacity within the SLO: set ttft_p99 "
                                                     "and/or e2e_p99 (and objective)")
+    if req.sampler not in ("tpe", "random", "grid"):
+        raise ConfigError("tuner tune", "--sampler", f"{req.sampler!r}: expected tpe, random or grid")
     if req.budget < 1:
         raise ConfigError("tuner tune", "--budget", f"expected at least 1 trial, got {req.budget}")
     if req.on_target:
@@ -286,6 +289,7 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     slo_json = {k: (v.total_seconds() if hasattr(v, "total_seconds") else v)
                 for k, v in t.slo.model_dump().items() if v is not None}
     request_json = {"budget": req.budget, "max_time_s": req.max_time_s, "flags": [a.name for a in axes],
+                    "sampler": req.sampler,
                     "where": "shadow", "hardware": hw_json, "shadow_fit": why}
     history: list[Point] = []
     if previous is not None:
@@ -306,7 +310,11 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
         f"from {workload.source}; SLO {slo_json}; {why}")
     say(f"searching {', '.join(a.name for a in axes)} around {_flag_text(current)}; budget {req.budget} trials, "
         f"{req.max_time_s:g}s")
-    seeds = [("baseline", current)] + _advisor_seeds(cfg, store, t, current, req.window_s, now)
+    seeds = [("baseline", current)]
+    if req.sampler == "tpe":
+        seeds += _advisor_seeds(cfg, store, t, current, req.window_s, now)
+    elif req.sampler == "grid":
+        seeds = []
     noise_budget = 1 if req.noise_check and req.budget >= 3 else 0
     bench_python = t.managed.executable or "python3"
     try:
@@ -326,7 +334,7 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
             points = list(history) + search(
                 axes, fixed, measure=measure, feasible=check, seeds=seeds, budget=req.budget - noise_budget,
                 max_time_s=req.max_time_s - (clock() - now), clock=clock, history=history, on_pruned=pruned,
-                seed=req.seed)
+                seed=req.seed, sampler=req.sampler)
             measured = [p for p in points if p.outcome.status == "measured"]
             noise = None
             best = _ranked(measured)[0] if measured else None

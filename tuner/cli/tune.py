@@ -44,7 +44,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                       budget=args.budget, max_time_s=args.max_time.total_seconds(),
                       flags=tuple(f.strip() for f in (args.flags or "").split(",") if f.strip()), resume=args.resume,
                       on_target=args.on_target, run_s=args.run_seconds, max_runs=args.max_runs,
-                      noise_check=not args.no_noise_check, seed=args.seed)
+                      noise_check=not args.no_noise_check, seed=args.seed, sampler=args.sampler)
     waiting: list[str] = []
     hb = Heartbeat(lambda: waiting[0] if waiting else None, out=sys.stderr if args.json else None)
     with hb:
@@ -90,12 +90,16 @@ def add_parsers(sub: Any) -> None:
                    "(default 8)")
     t.add_argument("--max-time", type=duration, default=parse_duration("1h"), help="stop starting trials after "
                    "this long (default 1h)")
-    t.add_argument("--flags", help="comma-separated flags to search (default: every searchable one on this host)")
+    t.add_argument("--flags", help="comma-separated flags to search, each NAME or NAME=V1/V2/... (default: every "
+                   "searchable one on this host, over tuner's own value ladders)")
     t.add_argument("--run-seconds", type=float, default=15.0, help="seconds of load per rate tried (default 15)")
     t.add_argument("--max-runs", type=int, default=6, help="rate runs per trial's capacity search (default 6)")
     t.add_argument("--no-noise-check", action="store_true", help="do not measure the winner a second time")
     t.add_argument("--resume", action="store_true", help="continue the target's last tuning run")
     t.add_argument("--on-target", action="store_true", help="run trials on the production server (not built yet)")
+    t.add_argument("--sampler", choices=["tpe", "random", "grid"], default="tpe",
+                   help="tpe: optuna's TPE seeded with the flags in force and the advisor's proposals (default); "
+                        "random: optuna's random sampler; grid: every feasible point (budget permitting)")
     t.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
     t.add_argument("--json", action="store_true", help="the result as JSON on stdout (progress on stderr)")
     t.set_defaults(func=cmd_tune)

@@ -9,8 +9,8 @@ From one stored window of a vLLM target (its request histograms and counters, th
   rate_rps                offered arrivals per second (signals/load.py: finished + the change in in-flight)
   burstiness              the gamma shape of inter-arrival times (vLLM bench's --burstiness: 1 is Poisson, below
                           1 burstier). Counts of a renewal process over long intervals have an index of dispersion
-                          (variance / mean) of CV^2 = 1 / shape, so shape = mean / variance of the per-scrape
-                          arrivals, within [0.1, 10]
+                          (variance / mean) of CV^2 = 1 / shape, so shape = mean / variance of the requests finished
+                          per scrape interval (arrivals are not counted apart from finishes), within [0.1, 10]
   prefix_hit_ratio        prefix-cache hits / queries (tokens)
   prefix_len              shared prompt prefix the replay should carry: prefix_hit_ratio x input_len
   max_prompt_tokens, max_output_tokens   the longest request seen: the upper bound of the highest bucket used
@@ -129,8 +129,8 @@ def from_window(window: TargetWindow) -> Workload | None:
         if len(arrivals) >= 4:
             mean = math.fsum(arrivals) / len(arrivals)
             var = math.fsum((a - mean) ** 2 for a in arrivals) / (len(arrivals) - 1)
-            if mean > 0 and var > 0:
-                burstiness = round(min(10.0, max(0.1, mean / var)), 3)
+            if mean > 0:
+                burstiness = round(min(10.0, max(0.1, mean / var)), 3) if var > 0 else 10.0
 
     hits = math.fsum(_counter_increase(e, "vllm:prefix_cache_hits_total") for e in engines)
     queries = math.fsum(_counter_increase(e, "vllm:prefix_cache_queries_total") for e in engines)

@@ -150,7 +150,7 @@ def _trial(r: Any) -> StoredTrial:
 def get_run(engine: Engine, run_id: int) -> StoredRun | None:
     with Tx(engine) as conn:
         r = conn.execute(select(TuneRunRow).where(TuneRunRow.id == run_id)).first()
-    return _run(r[0]) if r else None
+    return _run(r) if r else None
 
 
 def latest_run(engine: Engine, target: str, *, state: str | None = None) -> StoredRun | None:
@@ -159,17 +159,17 @@ def latest_run(engine: Engine, target: str, *, state: str | None = None) -> Stor
         q = q.where(TuneRunRow.state == state)
     with Tx(engine) as conn:
         r = conn.execute(q.order_by(TuneRunRow.id.desc()).limit(1)).first()
-    return _run(r[0]) if r else None
+    return _run(r) if r else None
 
 
 def trials(engine: Engine, run_id: int) -> list[StoredTrial]:
     with Tx(engine) as conn:
         rows = conn.execute(select(TuneTrialRow).where(TuneTrialRow.run_id == run_id).order_by(TuneTrialRow.seq))
-        return [_trial(r[0]) for r in rows]
+        return [_trial(r) for r in rows]
 
 
 def orphans(engine: Engine) -> list[StoredTrial]:
     """Trials journaled running: their tuner died (or is still at work) with their server possibly up."""
     with Tx(engine) as conn:
         rows = conn.execute(select(TuneTrialRow).where(TuneTrialRow.status == "running"))
-        return [_trial(r[0]) for r in rows]
+        return [_trial(r) for r in rows]

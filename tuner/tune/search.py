@@ -60,8 +60,14 @@ def _params(axes: Sequence[Axis], flags: Mapping[str, Any]) -> dict[str, Any] | 
 def search(axes: Sequence[Axis], fixed: Mapping[str, Any], *, measure: Callable[[dict[str, Any], str], Outcome],
            feasible: Callable[[dict[str, Any]], Verdict], seeds: Sequence[tuple[str, Mapping[str, Any]]],
            budget: int, max_time_s: float, clock: Callable[[], float], history: Sequence[Point] = (),
-           on_pruned: Callable[[dict[str, Any], Verdict], None] | None = None, seed: int = 0) -> list[Point]:
-    """Search ``axes`` (other flags held at ``fixed``); returns every point measured or refused, in order."""
+           on_pruned: Callable[[dict[str, Any], Verdict], None] | None = None, seed: int = 0,
+           sampler: str = "tpe") -> list[Point]:
+    """Search ``axes`` (other flags held at ``fixed``); returns every point measured or refused, in order.
+
+    ``sampler``: "tpe" (the default), "random" (optuna's RandomSampler: the baseline of the bench), or "grid"
+    (every feasible point in axis order, seeds first: the exhaustive answer the bench scores against)."""
+    if sampler not in ("tpe", "random", "grid"):
+        raise ValueError(f"sampler {sampler!r}: expected tpe, random or grid")
     import optuna
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
@@ -70,9 +76,10 @@ def search(axes: Sequence[Axis], fixed: Mapping[str, Any], *, measure: Callable[
         a.name: (IntDistribution(0, len(a.values) - 1) if len(a.values) > 1 else CategoricalDistribution([0]))
         for a in axes}
 
-    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(2, min(5, budget // 3)),
-                                         multivariate=True)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
+    chosen: Any = (optuna.samplers.RandomSampler(seed=seed) if sampler == "random" else
+                   optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(2, min(5, budget // 3)),
+                                              multivariate=True))
+    study = optuna.create_study(direction="maximize", sampler=chosen)
     known: dict[str, Point] = {}
     points: list[Point] = []
     t0 = clock()
@@ -119,6 +126,13 @@ def search(axes: Sequence[Axis], fixed: Mapping[str, Any], *, measure: Callable[
         if spent >= budget or clock() - t0 >= max_time_s:
             return points
         visit(canonical({**fixed, **s}), label)
+    if sampler == "grid":
+        import itertools
+        for values in itertools.product(*[range(len(a.values)) for a in axes]):
+            if spent >= budget or clock() - t0 >= max_time_s:
+                break
+            visit(flags_of(dict(zip([a.name for a in axes], values))), "grid")
+        return points
     idle = 0
     while spent < budget and clock() - t0 < max_time_s and idle < _EXHAUSTED_AFTER:
         trial = study.ask(dists)

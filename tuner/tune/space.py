@@ -64,8 +64,21 @@ def _with(values: Sequence[Any], current: Any) -> tuple[Any, ...]:
 
 def vllm_axes(current: Mapping[str, Any], *, longest: int, model_max_len: int | None, on_gpu: bool,
               names: Sequence[str] | None = None) -> tuple[Axis, ...]:
-    """The axes of a vLLM search around ``current`` (its values always included). ``names`` picks flags."""
-    chosen = tuple(names) if names else tuple(n for n in SEARCHABLE_VLLM if on_gpu or n not in _GPU_ONLY)
+    """The axes of a vLLM search around ``current`` (its values always included). ``names`` picks flags, each
+    ``NAME`` or ``NAME=V1/V2/...`` to give its values (validated: FlagError names a bad one)."""
+    given: dict[str, tuple[FlagValue, ...]] = {}
+    picked = []
+    for item in names or ():
+        name, sep, values = item.partition("=")
+        name = name.strip()
+        picked.append(name)
+        if sep:
+            if name not in SEARCHABLE_VLLM:
+                break
+            given[name] = tuple(validate("vllm", name, v.strip()) for v in values.split("/") if v.strip())
+            if not given[name]:
+                raise FlagError("vllm", name, f"no values after '=' in {item!r} (write NAME=V1/V2)")
+    chosen = tuple(picked) if picked else tuple(n for n in SEARCHABLE_VLLM if on_gpu or n not in _GPU_ONLY)
     for n in chosen:
         if n not in SEARCHABLE_VLLM:
             raise FlagError("vllm", n, f"not a flag tuner tune searches (choose from {', '.join(SEARCHABLE_VLLM)})")
@@ -86,7 +99,7 @@ def vllm_axes(current: Mapping[str, Any], *, longest: int, model_max_len: int | 
         "kv_cache_dtype": ("auto", "fp8"),
         "max_model_len": _with(lens, current.get("max_model_len")),
     }
-    return tuple(Axis(n, axes[n]) for n in chosen)
+    return tuple(Axis(n, _with(given[n], current.get(n)) if n in given else axes[n]) for n in chosen)
 
 
 def canonical(flags: Mapping[str, Any]) -> dict[str, Any]:

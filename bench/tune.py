@@ -1,0 +1,144 @@
+"""Score `tuner tune` against the exhaustive grid and random search, on a real vLLM CPU server, per workload.
+
+For one workload (below), three runs of the same command with the same capacity measure (vLLM's benchmark
+client, tuner/tune/bench.py; capacity bracketing, tuner/tune/capacity.py), one after another on this machine:
+  grid    `tuner tune --sampler grid`: every feasible point of the grid (the ground truth)
+  tpe     `tuner tune --sampler tpe --budget B` (tuner's default: the flags in force first, then TPE)
+  random  `tuner tune --sampler random --budget B` (the flags in force first, then optuna's random sampler)
+with B = a quarter of the grid's points (rounded down, at least 2). Scores, for tpe and random:
+  chosen/grid-best   the grid's capacity of the point the search chose / the grid's best capacity (the quality of
+                     the choice, free of the search's own measurement luck)
+  measured/grid-best the search's own measured best / the grid's best
+  trials             servers started / the grid's; crashes (servers that failed to start) must be 0
+vLLM's defaults: the grid's point with every searched flag at vLLM's default, where the grid holds it.
+
+Fairness on 2 cores: vLLM's CPU backend binds its engine to one core (reserve_cpu_num=1 leaves the other) and the
+benchmark client runs on the other; nothing else runs during a bench (no production server: trials run on
+spare ports). Every config in all three searches is measured with that same client under the same contention.
+
+  python bench/tune.py --workload chat            # all three, prints the table; ~40 min for a 12-point grid
+Needs TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (scripts/setup-real-servers.sh prints them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WORKLOADS = {
+    # name: (workload file, SLO, flags searched with their values, the flags in force)
+    "chat": ({"input_len": 128, "output_len": 128, "range_ratio": 0.3, "burstiness": 1.0, "rate_rps": 2.0},
+             "{ttft_p99: 1s, e2e_p99: 4s, objective: 0.95}",
+             "max_num_seqs=1/2/4/8/16/32,max_num_batched_tokens=256/2048",
+             {"max_num_seqs": 2, "max_num_batched_tokens": 2048}),
+    "long-prompt": ({"input_len": 768, "output_len": 32, "range_ratio": 0.2, "burstiness": 1.0, "rate_rps": 1.0},
+                    "{ttft_p99: 2s, e2e_p99: 4s, objective: 0.95}",
+                    "max_num_seqs=1/2/4/8/16/32,max_num_batched_tokens=256/2048",
+                    {"max_num_seqs": 2, "max_num_batched_tokens": 2048}),
+    "shared-prefix": ({"input_len": 640, "prefix_len": 576, "output_len": 32, "range_ratio": 0.0, "burstiness": 1.0,
+                       "rate_rps": 1.0},
+                      "{ttft_p99: 2s, e2e_p99: 4s, objective: 0.95}",
+                      "max_num_seqs=1/2/4/8/16/32,enable_prefix_caching=false/true",
+                      {"max_num_seqs": 2, "enable_prefix_caching": False}),
+    "bursty-chat": ({"input_len": 128, "output_len": 128, "range_ratio": 0.3, "burstiness": 0.25, "rate_rps": 2.0},
+                    "{ttft_p99: 1s, e2e_p99: 4s, objective: 0.95}",
+                    "max_num_seqs=1/2/4/8/16/32,max_num_batched_tokens=256/2048",
+                    {"max_num_seqs": 2, "max_num_batched_tokens": 2048}),
+}
+
+
+def write_config(work: Path, workload: str, python: str, model: str) -> Path:
+    wl, slo, _, current = WORKLOADS[workload]
+    (work / "workload.yaml").write_text("".join(f"{k}: {v}\n" for k, v in wl.items()))
+    flags = ", ".join(f"{k}: {json.dumps(v)}" for k, v in current.items())
+    cfg = work / "tuner.yaml"
+    cfg.write_text(
+        f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\n"
+        "targets:\n"
+        f"  - name: tiny\n    backend: vllm\n    url: http://127.0.0.1:1\n    slo: {slo}\n"
+        "    managed:\n"
+        f"      model: {model}\n      executable: {python}\n"
+        f"      flags: {{{flags}, max_model_len: 1024}}\n"
+        "      extra_args: {enforce-eager: true}\n"
+        f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{work / 'vllm-cache'}'}}\n")
+    return cfg
+
+
+def tune(cfg: Path, work: Path, sampler: str, budget: int, flags: str, args: argparse.Namespace) -> dict:
+    argv = [sys.executable, "-m", "tuner.cli", "-c", str(cfg), "tune", "tiny", "--workload",
+            str(work / "workload.yaml"), "--sampler", sampler, "--budget", str(budget), "--flags", flags,
+            "--no-noise-check", "--run-seconds", str(args.run_seconds), "--max-runs", str(args.max_runs),
+            "--max-time", "4h", "--seed", str(args.seed), "--json"]
+    t0 = time.monotonic()
+    with open(work / f"{sampler}.log", "w") as log:
+        out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True, check=False)
+    if out.returncode != 0:
+        sys.exit(f"{sampler}: tuner tune exited {out.returncode}; see {work / (sampler + '.log')}")
+    result = json.loads(out.stdout)
+    result["wall_s"] = round(time.monotonic() - t0, 1)
+    (work / f"{sampler}.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def key(flags: dict) -> str:
+    return json.dumps(flags, sort_keys=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="chat")
+    ap.add_argument("--run-seconds", type=float, default=12.0)
+    ap.add_argument("--max-runs", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip", action="append", default=[], choices=["grid", "tpe", "random"])
+    ap.add_argument("--workdir", help="default: a new temporary directory")
+    args = ap.parse_args()
+    python, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
+    if not python or not model:
+        sys.exit("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (eval the exports of scripts/setup-real-servers.sh)")
+    work = Path(args.workdir or tempfile.mkdtemp(prefix=f"tune-bench-{args.workload}-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = write_config(work, args.workload, python, model)
+    subprocess.run([sys.executable, "-m", "tuner.cli", "-c", str(cfg), "db", "upgrade"], check=True,
+                   stdout=subprocess.DEVNULL)
+    flags = WORKLOADS[args.workload][2]
+    print(f"workload {args.workload}: {WORKLOADS[args.workload][0]}; SLO {WORKLOADS[args.workload][1]}; "
+          f"grid {flags}; workdir {work}; load average {os.getloadavg()[0]:.2f}", flush=True)
+    results = {}
+    for sampler in ("grid", "tpe", "random"):
+        if sampler in args.skip and (work / f"{sampler}.json").exists():
+            results[sampler] = json.loads((work / f"{sampler}.json").read_text())
+            continue
+        grid_n = sum(t["status"] != "pruned" for t in results["grid"]["trials"]) if "grid" in results else 0
+        budget = 10_000 if sampler == "grid" else max(2, grid_n // 4)
+        results[sampler] = tune(cfg, work, sampler, budget, flags, args)
+        print(f"{sampler}: {results[sampler]['counts']} in {results[sampler]['wall_s']:.0f}s", flush=True)
+    grid = {key(t["flags"]): t for t in results["grid"]["trials"] if t["status"] == "measured"}
+    best = max(t["capacity_rps"] for t in grid.values())
+    print(f"\ngrid ({len(grid)} points measured, {results['grid']['counts']['pruned']} pruned, "
+          f"{results['grid']['wall_s']:.0f}s):")
+    for t in sorted(grid.values(), key=lambda t: -t["capacity_rps"]):
+        print(f"  {t['capacity_rps']:6.3g} req/s  {' '.join(f'{k}={v}' for k, v in t['flags'].items())}")
+    print(f"\n{'search':8} {'trials':>8} {'crashes':>8} {'chosen/grid-best':>17} {'measured/grid-best':>19}  chosen")
+    for sampler in ("tpe", "random"):
+        r = results[sampler]
+        chosen = r["best"]["flags"]
+        in_grid = grid.get(key(chosen), {}).get("capacity_rps")
+        trials = r["counts"]["measured"] + r["counts"]["crashed"]
+        print(f"{sampler:8} {trials:>4}/{len(grid):<3} {r['counts']['crashed']:>8} "
+              f"{(in_grid or 0) / best:>17.0%} {r['best']['capacity_rps'] / best:>19.0%}  "
+              f"{' '.join(f'{k}={v}' for k, v in chosen.items())}")
+    spread = (best - min(t["capacity_rps"] for t in grid.values())) / best
+    print(f"\ngrid best {best:.3g} req/s; worst is {spread:.0%} below it; baseline (the flags in force) "
+          f"{results['tpe']['baseline']['capacity_rps']} req/s; load average {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

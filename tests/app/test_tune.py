@@ -1,0 +1,82 @@
+"""`tuner tune`'s refusals and its crash safety, without a trial server: every refusal names what to fix, and a
+trial server left by a dead tuner is stopped (a real process, found again by pid and kernel start time)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tuner.app.tune import TuneRequest, reap_orphans, tune
+from tuner.apply import managed as mg
+from tuner.config import parse_config
+from tuner.errors import ConfigError
+from tuner.store import tuning as tj
+
+
+def _cfg(tmp_path, target: str) -> object:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "hidden_size": 128, '
+                                       '"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, '
+                                       '"intermediate_size": 256, "vocab_size": 4096, "max_position_embeddings": 2048}')
+    return parse_config(f"targets:\n{target.replace('MODEL', str(model))}")
+
+
+VLLM = ("  - name: v\n    backend: vllm\n    url: http://127.0.0.1:9\n    slo: {e2e_p99: 4s}\n"
+        "    managed: {model: MODEL, flags: {max_num_seqs: 2}}\n")
+
+
+@pytest.mark.parametrize("target,req,key", [
+    ("  - name: l\n    backend: llamacpp\n    url: http://127.0.0.1:9\n", TuneRequest("l"), "targets[l].backend"),
+    ("  - name: v\n    backend: vllm\n    url: http://127.0.0.1:9\n    slo: {e2e_p99: 4s}\n", TuneRequest("v"),
+     "targets[v].managed"),
+    (VLLM.replace("    slo: {e2e_p99: 4s}\n", ""), TuneRequest("v"), "targets[v].slo"),
+    (VLLM, TuneRequest("v", budget=0), "--budget"),
+    (VLLM, TuneRequest("v", on_target=True), "--on-target"),
+    (VLLM, TuneRequest("v", sampler="bayes"), "--sampler"),
+    (VLLM, TuneRequest("v", resume=True), "--resume"),
+    (VLLM, TuneRequest("v"), "--workload"),  # no stored traffic and no file
+    (VLLM, TuneRequest("v", workload_file="/nonexistent/wl.yaml"), ""),
+])
+def test_refusals_name_what_to_fix(tmp_path, store, target, req, key):
+    cfg = _cfg(tmp_path, target)
+    with pytest.raises(ConfigError) as err:
+        tune(cfg, store, req, config_dir=tmp_path, say=lambda m: None)
+    assert err.value.key == key, str(err.value)
+    assert tj.latest_run(store.engine, req.target) is None or key == ""  # nothing started, nothing journaled
+
+
+def test_a_trial_server_left_running_by_a_dead_tuner_is_stopped_and_its_trial_marked(tmp_path, store):
+    # A real process in its own session standing in for a trial server (what matters: found by pid + start time).
+    sleeper = mg.start_server([sys.executable, "-c", "import time; time.sleep(600)"], {}, tmp_path / "s.log")
+    run = tj.begin_run(store.engine, target="v", now=time.time(), request={}, workload={}, slo={},
+                       baseline_flags={})
+    tid = tj.begin_trial(store.engine, run, now=time.time(), flags={"max_num_seqs": 4}, seed="", url="u")
+    tj.trial_started(store.engine, tid, pid=sleeper.pid, proc_start=sleeper.start)
+    gone = tj.begin_trial(store.engine, run, now=time.time(), flags={"max_num_seqs": 8}, seed="", url="u")
+    tj.trial_started(store.engine, gone, pid=sleeper.pid, proc_start=sleeper.start + 1)  # a recycled pid: not ours
+    said = []
+    assert reap_orphans(store, said.append, time.time()) == 1
+    assert sleeper.gone() and "pid" in said[0]
+    assert [t.status for t in tj.trials(store.engine, run)] == ["interrupted", "interrupted"]
+    assert tj.orphans(store.engine) == []
+
+
+def test_a_trial_server_dies_with_the_tuner_that_started_it(tmp_path):
+    # The parent here is a short-lived Python that starts a server with die_with_parent and is then SIGKILLed.
+    code = ("import sys, time; from pathlib import Path; from tuner.apply import managed as mg; "
+            "r = mg.start_server([sys.executable, '-c', 'import time; time.sleep(600)'], {}, "
+            f"Path({str(tmp_path / 's.log')!r}), die_with_parent=True); print(r.pid, r.start, flush=True); "
+            "time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid, start = map(int, parent.stdout.readline().split())
+    assert mg.is_alive(pid, start)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while mg.is_alive(pid, start) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not mg.is_alive(pid, start)

@@ -1,0 +1,130 @@
+"""`tuner tune` on real vLLM CPU servers, with vLLM's own benchmark client, killed with -9 mid-trial and resumed.
+
+What must hold, from what the run itself measured:
+  * each trial's capacity is the highest rate whose runs met the objective, and every rate tried above it missed;
+  * tuner's count of requests within the SLO equals vLLM's own goodput accounting on the same result files;
+  * the winner is the trial with the highest measured capacity, and a recommendation is stored exactly when it
+    beats the flags in force by more than the margin, with the measured numbers as its evidence;
+  * kill -9 of tuner mid-trial leaves no trial server running (PR_SET_PDEATHSIG), and --resume keeps the finished
+    trial and measures only what was left.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import realservers
+from conftest import require
+
+from tuner.apply import managed as mg
+from tuner.config import Slo
+from tuner.store import recommendations as recs
+from tuner.store import tuning as tj
+from tuner.store.db import open_engine
+from tuner.tune.bench import attainment
+
+OBJECTIVE = 0.95
+
+
+def _config(tmp: Path) -> Path:
+    cfg = tmp / "tuner.yaml"
+    cfg.write_text(
+        f"store: {{url: 'sqlite:///{tmp / 'tuner.db'}'}}\n"
+        "targets:\n"
+        "  - name: tiny\n    backend: vllm\n    url: http://127.0.0.1:1\n"
+        f"    slo: {{ttft_p99: 1s, e2e_p99: 4s, objective: {OBJECTIVE}}}\n"
+        "    managed:\n"
+        f"      model: {realservers.TINY_MODEL.path()}\n      executable: {realservers.VLLM_PYTHON.path()}\n"
+        "      flags: {max_num_seqs: 1, max_model_len: 1024}\n"
+        "      extra_args: {enforce-eager: true}\n"
+        f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{tmp / 'vc'}'}}\n"
+        f"      start_timeout: {int(realservers.VLLM_START_TIMEOUT_S)}s\n")
+    (tmp / "wl.yaml").write_text("input_len: 64\noutput_len: 64\nrange_ratio: 0.2\nrate_rps: 2\n")
+    return cfg
+
+
+def _wait(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def _group_alive(pgid: int) -> bool:
+    return mg._group_alive(pgid)
+
+
+def test_tune_measures_ranks_and_recommends_right_and_survives_kill9(tmp_path):
+    require(realservers.VLLM_PYTHON, realservers.TINY_MODEL)
+    cfg = _config(tmp_path)
+    tuner = [sys.executable, "-m", "tuner.cli", "-c", str(cfg)]
+    subprocess.run(tuner + ["db", "upgrade"], check=True, capture_output=True)
+    engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
+    argv = tuner + ["tune", "tiny", "--workload", str(tmp_path / "wl.yaml"), "--flags", "max_num_seqs=1/8",
+                    "--budget", "2", "--no-noise-check", "--run-seconds", "8", "--max-runs", "4", "--json"]
+    log = open(tmp_path / "tune-1.log", "w")
+    first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
+
+    def second_trial_running():
+        run = tj.latest_run(engine, "tiny")
+        trials = tj.trials(engine, run.id) if run else []
+        started = [t for t in trials if t.seq == 2 and t.status == "running" and t.pid]
+        return started[0] if started else None
+    try:
+        trial = _wait(second_trial_running, 900, "the second trial's server to start")
+        _wait(lambda: first.poll() is not None or (tmp_path / "logs").exists(), 5, "the trial log")
+        time.sleep(1.0)  # let it be mid-start: the kill lands while tuner waits on the server
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        log.close()
+    # The trial server and its engine process die with tuner: nothing is left for anyone to find.
+    _wait(lambda: not _group_alive(trial.pid), 60, f"trial server group {trial.pid} to go with its tuner")
+    assert tj.trials(engine, trial.run_id)[1].status == "running"  # the journal shows what was cut short
+
+    out = subprocess.run(argv + ["--resume"], capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    trials = tj.trials(engine, trial.run_id)
+    assert [t.status for t in trials] == ["measured", "interrupted", "measured"], [t.status for t in trials]
+    assert trials[0].flags["max_num_seqs"] == 1 and trials[2].flags["max_num_seqs"] == 8  # trial 1 was kept
+    assert not any(_group_alive(t.pid) for t in trials if t.pid)
+    assert result["counts"] == {"measured": 2, "crashed": 0, "pruned": 0}
+
+    slo = Slo(ttft_p99="1s", e2e_p99="4s", objective=OBJECTIVE)
+    for t in (trials[0], trials[2]):
+        steps, runs = t.detail["steps"], t.detail["runs"]
+        cap = t.capacity_rps
+        assert cap > 0, t.detail["note"]
+        at_cap = [s for s in steps if s["rate_rps"] == cap]
+        assert at_cap and all(s["passed"] and s["attainment"] >= OBJECTIVE for s in at_cap)
+        assert all(not s["passed"] for s in steps if s["rate_rps"] > cap)  # every rate above it missed
+        assert max(s["rate_rps"] for s in steps if s["passed"]) == cap
+        for r in runs:  # tuner's count against vLLM's own goodput accounting, on the same file
+            data = json.loads(Path(r["result_file"]).read_text())
+            good, sent = attainment(data, slo)
+            assert (good, sent) == (r["good"], r["sent"])
+            assert good == round(data["request_goodput"] * data["duration"]), r["result_file"]
+
+    by_seqs = {t.flags["max_num_seqs"]: t.capacity_rps for t in (trials[0], trials[2])}
+    best = max(by_seqs, key=lambda k: by_seqs[k])
+    assert result["best"]["flags"]["max_num_seqs"] == best and result["best"]["capacity_rps"] == by_seqs[best]
+    assert result["baseline"]["capacity_rps"] == by_seqs[1]
+    stored = recs.list_recommendations(engine, target="tiny")
+    if best == 8 and by_seqs[8] > by_seqs[1] * 1.15:
+        assert len(stored) == 1 and stored[0].diff == {"max_num_seqs": 8}
+        ev = stored[0].evidence[0]
+        assert (ev["capacity_rps"], ev["baseline_capacity_rps"]) == (by_seqs[8], by_seqs[1])
+        assert result["recommendation_id"] == stored[0].id
+    else:
+        assert stored == [] and result["recommendation_id"] is None
+    # the session's own account of what ran and where, for whoever reads the log
+    print(json.dumps({"capacities": by_seqs, "verdict": result.get("verdict")}))
