@@ -401,6 +401,14 @@ def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> in
                  "baseline_capacity_rps": base["capacity_rps"], "gain": round(gain, 4), "margin": margin,
                  "ttft_p99": best["ttft_p99"], "e2e_p99": best["e2e_p99"], "noise": result["noise"],
                  "trials": result["counts"], "workload": result["workload"], "slo": result["slo"]}]
+    same = next((r for r in recs.proposed_for(ctx.store.engine, ctx.target.name) if r.diff_key == diff_key(diff)),
+                None)
+    if same is not None:  # the advisor proposed this very change: it now carries the measurement too
+        recs.renew_recommendation(
+            ctx.store.engine, same.id, now=ctx.clock(), rules=list(dict.fromkeys([*same.rules, "tune"])),
+            evidence=[e for e in same.evidence if e.get("rule") != "tune"] + evidence,
+            confidence=max(same.confidence, 0.9), memory_check=same.memory_check)
+        return same.id
     return recs.add_recommendation(
         ctx.store.engine, target=ctx.target.name, now=ctx.clock(), rules=["tune"], diff_key=diff_key(diff),
         diff=diff, current={k: current.get(k) for k in diff}, evidence=evidence,
