@@ -22,6 +22,7 @@ from tuner.collect import vllm
 from tuner.lab.replay import ReplayExposition
 from tuner.report.html import plot_titles
 from tuner.store import journal
+from tuner.store import tuning as tj
 from tuner.store.alerts import record_events
 
 T0 = 1_790_000_000.0  # a fixed start; scrapes 5 s apart
@@ -61,6 +62,18 @@ def fill(store) -> None:  # type: ignore[no-untyped-def]
         journal.set_kpis(store.engine, aid, now=at + 25, after=after)
         journal.finish(store.engine, aid, outcome, f"P99 TTFT {kpis['ttft_p99']} -> {after['ttft_p99']}",
                        now=at + 25)
+    # A tuning run: 2 and 8 sequences are on the capacity/latency front, 16 is dominated by 8 (less capacity,
+    # more latency), 64 crashed, 256 was pruned by the memory model.
+    run = tj.begin_run(store.engine, target="chat", now=T0 + 170, request={}, workload={"input_len": 128},
+                       slo={"e2e_p99": 4.0}, baseline_flags={"max_num_seqs": 2})
+    for seqs, status, cap, e2e in ((2, "measured", 2.0, 1.0), (8, "measured", 4.0, 1.5), (16, "measured", 3.0, 2.0),
+                                   (64, "crashed", 0.0, None), (256, "pruned", 0.0, None)):
+        tid = tj.begin_trial(store.engine, run, now=T0 + 171, flags={"max_num_seqs": seqs}, seed="", url="u",
+                             status="running" if status != "pruned" else "pruned")
+        tj.finish_trial(store.engine, tid, now=T0 + 180, status=status, capacity_rps=cap,
+                        detail={"e2e_p99": e2e, "ttft_p99": e2e and e2e / 2, "note": f"trial {seqs}"})
+    tj.finish_run(store.engine, run, now=T0 + 181, state="done",
+                  result={"best": {"flags": {"max_num_seqs": 8}, "capacity_rps": 4.0}, "verdict": "max_num_seqs=8"})
 
 
 @pytest.fixture
@@ -146,6 +159,12 @@ def test_report_is_one_self_contained_file_with_plots_markers_and_tables(report)
     assert "TargetDown" not in html
     assert len(re.findall(r'<tr class="kpi" data-apply="\d+" data-kpi=', html)) == 14  # 7 KPIs x 2 applies
     assert "+100.0%" in html and "-50.0%" in html  # TTFT P99 0.8 s -> 1.6 s (rolled back), -> 0.4 s (kept)
+    # The tuning page: one scatter of the measured trials, the front marked, every trial in the table
+    assert html.count('<svg class="plot scatter"') == 1
+    assert html.count('<circle class="trial front"') == 2 and html.count('<circle class="trial"') == 1
+    assert html.count('<path class="front"') == 1
+    rows = re.findall(r'<tr class="trial-row" data-status="(\w+)"><td>\d+</td><td>max_num_seqs=(\d+)</td>', html)
+    assert rows == [("measured", "8"), ("measured", "16"), ("measured", "2"), ("crashed", "64"), ("pruned", "256")]
 
 
 def test_chromium_renders_the_plots(report, tmp_path):
@@ -169,6 +188,7 @@ def test_chromium_renders_the_plots(report, tmp_path):
     assert len(re.findall(r'<path class="series"[^>]* d="M', dom.stdout)) == 9  # 2+2+1+2+2 lines
     assert len(re.findall(r'<tr class="kpi"', dom.stdout)) == 14
     assert len(re.findall(r'<tr class="alert-event"', dom.stdout)) == 2
+    assert len(re.findall(r'<circle class="trial', dom.stdout)) == 3 and dom.stdout.count('<tr class="trial-row"') == 5
 
 
 def test_png_reader_sees_a_blank_page_as_blank(tmp_path):
@@ -217,3 +237,10 @@ def test_a_short_run_fills_the_plots_under_the_default_24_hours(tmp_path, capsys
         assert int(points) >= 10, (points, d[:80])
         # from the first stored scrape to the last: most of the width (windows need a few scrapes to fill)
         assert min(xs) - LEFT < 0.25 * width and (LEFT + width) - max(xs) < 0.05 * width, (min(xs), max(xs))
+
+
+def test_pareto_front_of_capacity_against_latency():
+    from tuner.report.html import pareto
+    # (capacity, P99): (4, 1.5) beats (3, 2.0) on both; (2, 1.0) has the least latency; (4, 1.6) loses to (4, 1.5)
+    assert pareto([(2.0, 1.0), (4.0, 1.5), (3.0, 2.0), (4.0, 1.6)]) == [True, True, False, False]
+    assert pareto([]) == [] and pareto([(1.0, 1.0), (1.0, 1.0)]) == [True, True]  # ties both stay

@@ -1,4 +1,4 @@
-"""What a report shows, read from the store: signals over sliding windows, alert events, applies.
+"""What a report shows, read from the store: signals over sliding windows, alert events, applies, tuning runs.
 
 Signals come from ``compute_signals`` (the same arithmetic as ``tuner signals``) evaluated every ``step`` over
 the ``window`` before it. The store is read once per target and the points are cut per window in memory.
@@ -17,6 +17,7 @@ from tuner.signals.derive import EngineSignals, compute_signals
 from tuner.store.alerts import history
 from tuner.store.journal import list_applies
 from tuner.store.store import Store
+from tuner.store.tuning import runs_since, trials
 from tuner.store.window import EngineWindow, HistSeries, TargetWindow
 
 __all__ = ["PLOTS", "Plot", "TargetReport", "AlertEvent", "collect"]
@@ -62,6 +63,7 @@ class TargetReport:
     series: dict[tuple[str, str], dict[str, dict[str, list[tuple[int, float | None]]]]] = field(default_factory=dict)
     alerts: list[AlertEvent] = field(default_factory=list)
     applies: list[Any] = field(default_factory=list)  # tuner.store.journal.StoredApply, newest first
+    tunes: list[tuple[Any, list[Any]]] = field(default_factory=list)  # (StoredRun, its StoredTrials), newest first
 
 
 def _cut(points: tuple[Any, ...], lo: int, hi: int, ts: Any) -> tuple[Any, ...]:
@@ -104,6 +106,7 @@ def collect(store: Store, target: str, *, start: float, end: float, points: int 
             rep.alerts.append(AlertEvent(ev.ts_ms, labels.get("alertname", ev.rule), ev.from_state, ev.to_state,
                                          ev.value, labels))
     rep.applies = _applies(store, target, rep.start_ms)
+    rep.tunes = [(run, trials(store.engine, run.id)) for run in runs_since(store.engine, target, rep.start_ms)]
     return rep
 
 

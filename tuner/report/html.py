@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from tuner.report.data import PLOTS, Plot, TargetReport
 
-__all__ = ["render_html", "svg_plot"]
+__all__ = ["render_html", "svg_plot", "svg_scatter", "pareto"]
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
 MARKER_COLORS = {"alert": "#ff7f0e", "apply": "#2ca02c", "rollback": "#d62728"}
@@ -161,6 +161,80 @@ def _alerts_html(rep: TargetReport) -> str:
             f"<th>severity</th></tr>{rows}</table>")
 
 
+def pareto(points: Sequence[tuple[float, float]]) -> list[bool]:
+    """For (capacity, P99 latency) points: whether each is on the front (no other has more capacity and no more
+    latency, or as much capacity and less latency)."""
+    out = []
+    for c, lat in points:
+        out.append(not any((c2 > c and l2 <= lat) or (c2 >= c and l2 < lat) for c2, l2 in points))
+    return out
+
+
+def svg_scatter(title: str, pts: Sequence[tuple[float, float, bool, str]]) -> str:
+    """Capacity (y) against P99 E2E (x) per trial: ``pts`` (x, y, on the front, label); the front is joined."""
+    pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM
+    xmax = _nice_max(max((p[0] for p in pts), default=1.0))
+    ymax = _nice_max(max((p[1] for p in pts), default=1.0))
+
+    def x(v: float) -> float:
+        return LEFT + pw * v / xmax
+
+    def y(v: float) -> float:
+        return TOP + ph * (1 - v / ymax)
+    out = [f'<svg class="plot scatter" data-plot="{escape(title)}" width="{W}" height="{H}" '
+           f'viewBox="0 0 {W} {H}" role="img" aria-label="{escape(title)}">',
+           f'<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="#fafafa" stroke="#999"/>',
+           f'<text x="{LEFT}" y="18" class="title">{escape(title)}</text>']
+    for i in range(5):
+        out.append(f'<text x="{LEFT - 6}" y="{y(ymax * i / 4) + 4:.1f}" class="tick" text-anchor="end">'
+                   f'{ymax * i / 4:.3g}</text>')
+        out.append(f'<text x="{x(xmax * i / 4):.1f}" y="{H - BOTTOM + 16}" class="tick" text-anchor="middle">'
+                   f'{xmax * i / 4:.3g} s</text>')
+    out.append(f'<text x="{W - RIGHT}" y="{H - 4}" class="tick" text-anchor="end">P99 E2E at capacity</text>'
+               f'<text x="12" y="{TOP + ph / 2}" class="tick" transform="rotate(-90 12 {TOP + ph / 2})">'
+               "req/s within the SLO</text>")
+    front = sorted((p for p in pts if p[2]), key=lambda p: p[0])
+    if len(front) > 1:
+        d = " ".join(f"{'M' if i == 0 else 'L'}{x(p[0]):.1f},{y(p[1]):.1f}" for i, p in enumerate(front))
+        out.append(f'<path class="front" d="{d}" fill="none" stroke="{COLORS[2]}" stroke-width="1.5"/>')
+    for px, py, on_front, label in pts:
+        out.append(f'<circle class="trial{" front" if on_front else ""}" cx="{x(px):.1f}" cy="{y(py):.1f}" r="5" '
+                   f'fill="{COLORS[2] if on_front else COLORS[0]}"><title>{escape(label)}</title></circle>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _tuning_html(rep: TargetReport) -> str:
+    if not rep.tunes:
+        return '<p class="none">No tuning runs in this period.</p>'
+    parts = []
+    for run, trs in rep.tunes:
+        res = run.result or {}
+        measured = [t for t in trs if t.status == "measured" and t.capacity_rps is not None]
+        lat = [float(t.detail.get("e2e_p99") or 0.0) for t in measured]
+        front = pareto([(t.capacity_rps, lat[i]) for i, t in enumerate(measured)])
+        head = (f'<h4>Tuning run #{run.id} ({escape(run.state)}): {len(measured)} trials measured'
+                f'{", best " + _diff(res["best"]["flags"]) if res.get("best") else ""}</h4>'
+                f'<p>workload {escape(str(run.workload))}; SLO {escape(str(run.slo))}'
+                + (f'; {escape(res["verdict"])}' if res.get("verdict") else "") + "</p>")
+        plot = svg_scatter(f"Tuning run #{run.id}: capacity within the SLO against P99 E2E",
+                           [(lat[i], t.capacity_rps, front[i], _diff(t.flags)) for i, t in enumerate(measured)])
+        ranked = sorted(trs, key=lambda t: (t.status != "measured", -(t.capacity_rps or 0.0)))
+        on = {t.id for i, t in enumerate(measured) if front[i]}
+        rows = "".join(
+            f'<tr class="trial-row" data-status="{escape(t.status)}"><td>{t.seq}</td><td>{escape(_diff(t.flags))}</td>'
+            f'<td>{_fmt(t.capacity_rps if t.status == "measured" else None, "per_s")}</td>'
+            f'<td>{_fmt(t.detail.get("ttft_p99"), "s")}</td><td>{_fmt(t.detail.get("e2e_p99"), "s")}</td>'
+            f'<td>{escape(t.status)}{" (" + escape(t.seed) + ")" if t.seed else ""}</td>'
+            f'<td>{"yes" if t.id in on else ""}</td>'
+            f'<td>{escape(str(t.detail.get("note") or t.detail.get("reason") or t.detail.get("server_error") or ""))}'
+            "</td></tr>" for t in ranked)
+        parts.append(f'<div class="tune" data-run="{run.id}">{head}{plot}<table class="trials"><tr><th>#</th>'
+                     "<th>flags</th><th>capacity within the SLO</th><th>P99 TTFT</th><th>P99 E2E</th><th>status</th>"
+                     f"<th>Pareto front</th><th>note</th></tr>{rows}</table></div>")
+    return "".join(parts)
+
+
 def _target_html(rep: TargetReport) -> str:
     marks = _markers(rep)
     parts = [f'<section class="target" data-target="{escape(rep.target)}"><h2>{escape(rep.target)} '
@@ -173,7 +247,8 @@ def _target_html(rep: TargetReport) -> str:
             lines = plots.get(plot.key, {})
             if any(v is not None for pts in lines.values() for _, v in pts) or plot.key in ("kv", "queue"):
                 parts.append(svg_plot(plot.title, plot.unit, lines, rep.start_ms, rep.end_ms, marks))
-    parts.append(f"<h3>Alerts</h3>{_alerts_html(rep)}<h3>Applies</h3>{_applies_html(rep)}</section>")
+    parts.append(f"<h3>Alerts</h3>{_alerts_html(rep)}<h3>Applies</h3>{_applies_html(rep)}"
+                 f"<h3>Tuning</h3>{_tuning_html(rep)}</section>")
     return "".join(parts)
 
 

@@ -18,7 +18,7 @@ from tuner.store.db import Tx
 from tuner.store.models import Base
 
 __all__ = ["TuneRunRow", "TuneTrialRow", "StoredRun", "StoredTrial", "begin_run", "finish_run", "begin_trial",
-           "trial_started", "finish_trial", "get_run", "latest_run", "trials", "orphans", "TRIAL_STATUSES"]
+           "trial_started", "finish_trial", "get_run", "latest_run", "runs_since", "trials", "orphans", "TRIAL_STATUSES"]
 
 TRIAL_STATUSES = ("running", "measured", "crashed", "pruned", "interrupted")
 
@@ -160,6 +160,14 @@ def latest_run(engine: Engine, target: str, *, state: str | None = None) -> Stor
     with Tx(engine) as conn:
         r = conn.execute(q.order_by(TuneRunRow.id.desc()).limit(1)).first()
     return _run(r) if r else None
+
+
+def runs_since(engine: Engine, target: str, since_ms: int) -> list[StoredRun]:
+    """The target's tuning runs updated since ``since_ms``, newest first."""
+    with Tx(engine) as conn:
+        rows = conn.execute(select(TuneRunRow).where(TuneRunRow.target == target, TuneRunRow.updated_ms >= since_ms)
+                            .order_by(TuneRunRow.id.desc()))
+        return [_run(r) for r in rows]
 
 
 def trials(engine: Engine, run_id: int) -> list[StoredTrial]:
