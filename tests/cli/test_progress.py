@@ -71,3 +71,15 @@ def test_waiting_on_names_the_running_step_and_how_long(tmp_path, store):
     assert apply_app.waiting_on(s, "t", 1022.0) == f"apply #{aid}: observing the new flags (12s)"
     jr.finish(store.engine, aid, "kept", "", now=1040.0)
     assert apply_app.waiting_on(s, "t", 1041.0) is None
+
+
+def test_one_heartbeat_serves_several_waits_in_turn():
+    out = io.StringIO()
+    hb = Heartbeat(lambda: "waiting", every=0.0, out=out, tty=False, poll=0.01)
+    for _ in range(2):  # e.g. `tuner managed start` over two targets
+        before = out.getvalue().count("… waiting")
+        with hb:
+            deadline = time.monotonic() + 10
+            while out.getvalue().count("… waiting") == before and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert out.getvalue().count("… waiting") > before

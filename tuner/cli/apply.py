@@ -165,11 +165,16 @@ def cmd_managed(args: argparse.Namespace) -> int:
     if not targets:
         print("no managed targets in the config (add a managed: section to a target)")
         return 0
-    ap = s.applier(_say(False))
+    starting: list[str] = []
+    hb = Heartbeat(lambda: starting[0] if starting else None)
+    ap = s.applier(hb.say)
     rc = 0
     for t in targets:
         if args.action == "start":
-            ap.start(t)
+            starting[:] = [f"{t.name}: waiting for the server to start and pass the health gate"]
+            with hb:
+                ap.start(t)
+            starting.clear()
         elif args.action == "stop":
             print(f"{t.name}: {ap.stop(t)}")
         else:
@@ -183,7 +188,13 @@ def cmd_managed(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    lines = apply_app.reconcile(session(args))
+    s = session(args)
+
+    def what() -> str | None:  # a reconcile finishes or rolls back applies: say which step it waits on
+        return next((w for t in s.cfg.targets if (w := apply_app.waiting_on(s, t.name, time.time()))),
+                    "reconciling (checking open applies and managed servers)")
+    with Heartbeat(what) as hb:
+        lines = apply_app.reconcile(s, say=hb.say)
     print("\n".join(lines) if lines else "nothing to reconcile")
     return 0
 

@@ -61,6 +61,7 @@ class Heartbeat:
 
     def __enter__(self) -> Heartbeat:
         self._last = self.clock()
+        self._stop.clear()  # one Heartbeat may serve several waits in turn
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
         self._thread.start()
         return self
