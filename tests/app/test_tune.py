@@ -19,6 +19,7 @@ from tuner.store import tuning as tj
 def _cfg(tmp_path, target: str) -> object:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
+    (model / "m.gguf").write_bytes(b"")  # never read: every case is refused before the model is
     (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "hidden_size": 128, '
                                        '"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, '
                                        '"intermediate_size": 256, "vocab_size": 4096, "max_position_embeddings": 2048}')
@@ -29,8 +30,16 @@ VLLM = ("  - name: v\n    backend: vllm\n    url: http://127.0.0.1:9\n    slo: {
         "    managed: {model: MODEL, flags: {max_num_seqs: 2}}\n")
 
 
+LLAMA = ("  - name: l\n    backend: llamacpp\n    url: http://127.0.0.1:9\n    slo: {e2e_p99: 4s}\n"
+         "    managed: {model: MODEL/m.gguf, flags: {parallel: 2}}\n")
+
+
 @pytest.mark.parametrize("target,req,key", [
-    ("  - name: l\n    backend: llamacpp\n    url: http://127.0.0.1:9\n", TuneRequest("l"), "targets[l].backend"),
+    ("  - name: l\n    backend: llamacpp\n    url: http://127.0.0.1:9\n    slo: {e2e_p99: 4s}\n", TuneRequest("l"),
+     "targets[l].managed"),
+    (LLAMA, TuneRequest("l"), "--client-python"),
+    (LLAMA, TuneRequest("l", client_python=sys.executable), "--tokenizer"),
+    (LLAMA, TuneRequest("l", client_python=sys.executable, tokenizer="t"), "--workload"),  # no request lengths
     ("  - name: v\n    backend: vllm\n    url: http://127.0.0.1:9\n    slo: {e2e_p99: 4s}\n", TuneRequest("v"),
      "targets[v].managed"),
     (VLLM.replace("    slo: {e2e_p99: 4s}\n", ""), TuneRequest("v"), "targets[v].slo"),

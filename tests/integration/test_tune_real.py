@@ -99,13 +99,18 @@ def test_tune_measures_ranks_and_recommends_right_and_survives_kill9(tmp_path):
     assert not any(_group_alive(t.pid) for t in trials if t.pid)
     assert result["counts"] == {"measured": 2, "crashed": 0, "pruned": 0}
 
-    slo = Slo(ttft_p99="1s", e2e_p99="4s", objective=OBJECTIVE)
-    for t in (trials[0], trials[2]):
+    check_decisions(engine, result, [trials[0], trials[2]], "max_num_seqs", baseline=1,
+                    slo=Slo(ttft_p99="1s", e2e_p99="4s", objective=OBJECTIVE))
+
+
+def check_decisions(engine, result, measured, flag, *, baseline, slo):  # type: ignore[no-untyped-def]
+    """What a tuning run decided follows from what it measured (the checks of the module docstring)."""
+    for t in measured:
         steps, runs = t.detail["steps"], t.detail["runs"]
         cap = t.capacity_rps
         assert cap > 0, t.detail["note"]
         at_cap = [s for s in steps if s["rate_rps"] == cap]
-        assert at_cap and all(s["passed"] and s["attainment"] >= OBJECTIVE for s in at_cap)
+        assert at_cap and all(s["passed"] and s["attainment"] >= slo.objective for s in at_cap)
         assert all(not s["passed"] for s in steps if s["rate_rps"] > cap)  # every rate above it missed
         assert max(s["rate_rps"] for s in steps if s["passed"]) == cap
         for r in runs:  # tuner's count against vLLM's own goodput accounting, on the same file
@@ -114,17 +119,46 @@ def test_tune_measures_ranks_and_recommends_right_and_survives_kill9(tmp_path):
             assert (good, sent) == (r["good"], r["sent"])
             assert good == round(data["request_goodput"] * data["duration"]), r["result_file"]
 
-    by_seqs = {t.flags["max_num_seqs"]: t.capacity_rps for t in (trials[0], trials[2])}
-    best = max(by_seqs, key=lambda k: by_seqs[k])
-    assert result["best"]["flags"]["max_num_seqs"] == best and result["best"]["capacity_rps"] == by_seqs[best]
-    assert result["baseline"]["capacity_rps"] == by_seqs[1]
-    stored = recs.list_recommendations(engine, target="tiny")
-    if best == 8 and by_seqs[8] > by_seqs[1] * 1.15:
-        assert len(stored) == 1 and stored[0].diff == {"max_num_seqs": 8}
+    caps = {t.flags[flag]: t.capacity_rps for t in measured}
+    best = max(caps, key=lambda k: caps[k])
+    assert result["best"]["flags"][flag] == best and result["best"]["capacity_rps"] == caps[best]
+    assert result["baseline"]["capacity_rps"] == caps[baseline]
+    stored = recs.list_recommendations(engine, target=result["target"])
+    if best != baseline and caps[best] > caps[baseline] * 1.15:
+        assert len(stored) == 1 and stored[0].diff == {flag: best}
         ev = stored[0].evidence[0]
-        assert (ev["capacity_rps"], ev["baseline_capacity_rps"]) == (by_seqs[8], by_seqs[1])
+        assert (ev["capacity_rps"], ev["baseline_capacity_rps"]) == (caps[best], caps[baseline])
         assert result["recommendation_id"] == stored[0].id
     else:
         assert stored == [] and result["recommendation_id"] is None
     # the session's own account of what ran and where, for whoever reads the log
-    print(json.dumps({"capacities": by_seqs, "verdict": result.get("verdict")}))
+    print(json.dumps({"capacities": caps, "verdict": result.get("verdict")}))
+
+
+def test_tune_a_real_llama_server_with_the_same_client(tmp_path):
+    require(realservers.LLAMA_SERVER, realservers.TINY_GGUF, realservers.VLLM_PYTHON, realservers.TINY_MODEL)
+    cfg = tmp_path / "tuner.yaml"
+    cfg.write_text(
+        f"store: {{url: 'sqlite:///{tmp_path / 'tuner.db'}'}}\n"
+        "targets:\n"
+        "  - name: llama\n    backend: llamacpp\n    url: http://127.0.0.1:1\n"
+        f"    slo: {{e2e_p99: 4s, objective: {OBJECTIVE}}}\n"
+        f"    managed:\n      model: {realservers.TINY_GGUF.path()}\n      executable: {realservers.LLAMA_SERVER.path()}\n"
+        "      flags: {parallel: 1, ctx_size: 1024}\n      extra_args: {'-t': 1}\n")
+    # The client writes its prompts with the tiny HF model's tokenizer; the GGUF's own vocabulary reads them as
+    # more tokens, so the lengths are small enough for a 512-token slot either way.
+    (tmp_path / "wl.yaml").write_text("input_len: 16\noutput_len: 64\nrange_ratio: 0.2\nrate_rps: 2\n")
+    tuner = [sys.executable, "-m", "tuner.cli", "-c", str(cfg)]
+    subprocess.run(tuner + ["db", "upgrade"], check=True, capture_output=True)
+    out = subprocess.run(tuner + ["tune", "llama", "--workload", str(tmp_path / "wl.yaml"), "--flags", "parallel=1/2",
+                                  "--budget", "2", "--no-noise-check", "--run-seconds", "8", "--max-runs", "4",
+                                  "--client-python", str(realservers.VLLM_PYTHON.path()),
+                                  "--tokenizer", str(realservers.TINY_MODEL.path()), "--json"],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
+    trials = tj.trials(engine, result["run_id"])
+    assert [(t.flags["parallel"], t.status) for t in trials] == [(1, "measured"), (2, "measured")], \
+        [(t.flags, t.status, t.detail.get("error")) for t in trials]
+    check_decisions(engine, result, trials, "parallel", baseline=1, slo=Slo(e2e_p99="4s", objective=OBJECTIVE))

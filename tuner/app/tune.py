@@ -40,7 +40,7 @@ from tuner.store.store import Store
 from tuner.tune.bench import BenchClient, BenchError
 from tuner.tune.capacity import find_capacity
 from tuner.tune.search import Outcome, Point, point_key, search
-from tuner.tune.space import Hardware, Verdict, canonical, feasible, vllm_axes
+from tuner.tune.space import Hardware, Verdict, axes_for, canonical, feasible
 
 __all__ = ["TuneRequest", "tune", "workload_of", "reap_orphans"]
 
@@ -63,6 +63,8 @@ class TuneRequest:
     tolerance: float = 0.15  # bracket width at which a capacity search stops
     noise_check: bool = True
     seed: int = 0
+    client_python: str | None = None  # a Python with vLLM: runs its benchmark client (default: the vLLM target's)
+    tokenizer: str | None = None  # for the client's prompts (default: the vLLM target's model)
     sampler: str = "tpe"  # tpe | random (seeded with the baseline only) | grid (every feasible point)
 
 
@@ -82,6 +84,7 @@ class _Ctx:
     waiting: list[str] = field(default_factory=list)  # what it waits for now (shared with the caller's progress)
     log_dir: Path = field(default_factory=Path)
     bench: Any = None  # the BenchClient of this run
+    tokenizer: str = ""
 
 
 def _flag_text(flags: dict[str, Any]) -> str:
@@ -130,6 +133,9 @@ def _hardware(store: Store, t: Target, now: float) -> tuple[Hardware, dict[str, 
         return Hardware(gpu_memory_bytes=gpu.memory_total_bytes), {"kind": "gpu", "gpu": gpu.name,
                                                                    "free_bytes": free}
     assert t.managed is not None
+    if t.backend != "vllm":  # llama-server on the host: a trial server may take what production leaves, less a fifth
+        have = _host_available()
+        return Hardware(host_memory_bytes=int(0.8 * have) if have else None), {"kind": "cpu", "host_available": have}
     space = t.managed.env.get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "4"
     try:
         kv = int(float(space) * GIB)
@@ -154,6 +160,10 @@ def _shadow_fits(t: Target, hw: Hardware, where: dict[str, Any], model: Any) -> 
     if where["kind"] == "gpu":
         return False, ("a second vLLM does not fit beside production on this GPU (each takes its "
                        "--gpu-memory-utilization share); run with --on-target inside a maintenance window")
+    if t.backend != "vllm":  # each candidate's memory is checked on its own (tuner/tune/space.py)
+        have = where.get("host_available")
+        return (have is not None, f"the host has {have / GIB:.2f} GiB available; each candidate must fit 80% of it"
+                if have is not None else "cannot read the host's available memory (/proc/meminfo)")
     need = (weights_bytes(model) if model is not None else 0) + (hw.cpu_kv_cache_bytes or 0) + _CPU_SERVER_OVERHEAD
     have = _host_available()
     if have is None:
@@ -223,7 +233,7 @@ def _capacity(ctx: _Ctx, url: str) -> dict[str, Any]:
     t, req, w = ctx.target, ctx.req, ctx.workload
     assert t.managed is not None and w is not None and t.slo is not None
     client = ctx.bench
-    model, tokenizer = t.managed.served_model_name or t.name, t.managed.model
+    model, tokenizer = t.managed.served_model_name or t.name, ctx.tokenizer
 
     def measure(rate: float) -> Any:
         prompts = max(req.min_prompts, int(rate * req.run_s))
@@ -252,9 +262,6 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     reap_orphans(store, say, now)
     t = cfg.target(req.target)
     where = f"targets[{t.name}]"
-    if t.backend != "vllm":
-        raise ConfigError("config", f"{where}.backend", f"tuner tune searches vLLM flags; {t.backend} is not "
-                                                        "supported yet (README 'tuner tune')")
     if t.managed is None:
         raise ConfigError("config", f"{where}.managed", "tuner tune starts trial servers from the target's managed "
                                                         "section (model, executable): add one")
@@ -268,23 +275,35 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     if req.on_target:
         raise ConfigError("tuner tune", "--on-target", "trials on the production server itself are not built yet; "
                                                        "tuner tune runs them beside it (shadow mode)")
+    llama = t.backend != "vllm"
+    client_python = req.client_python or (None if llama else t.managed.executable or "python3")
+    if client_python is None:
+        raise ConfigError("tuner tune", "--client-python", "llama-server is loaded with vLLM's benchmark client too "
+                                                           "(the same client for both servers): give a Python that "
+                                                           "has vllm installed")
+    tokenizer = req.tokenizer or (None if llama else t.managed.model)
+    if tokenizer is None:
+        raise ConfigError("tuner tune", "--tokenizer", "the benchmark client writes its prompts with a Hugging Face "
+                                                       "tokenizer: give a model directory or hub name whose "
+                                                       "tokenizer matches the GGUF's")
+    previous = tj.latest_run(store.engine, t.name) if req.resume else None
+    if req.resume and previous is None:
+        raise ConfigError("tuner tune", "--resume", f"no earlier tuning run of {t.name} to resume")
+    workload = (Workload.model_validate(previous.workload) if previous is not None else
+                workload_of(cfg, store, t.name, window_s=req.window_s, path=req.workload_file, now=now))
     model = load_model(t.managed.model) if Path(t.managed.model).exists() else None
     hw, hw_json = _hardware(store, t, now)
     fits, why = _shadow_fits(t, hw, hw_json, model)
     if not fits:
         raise ConfigError("tuner tune", "--on-target", f"no room for a trial server beside {t.name}: {why}")
     current = canonical(flags_in_force(store.engine, t))
-    previous = tj.latest_run(store.engine, t.name) if req.resume else None
-    if req.resume and previous is None:
-        raise ConfigError("tuner tune", "--resume", f"no earlier tuning run of {t.name} to resume")
-    workload = (Workload.model_validate(previous.workload) if previous is not None else
-                workload_of(cfg, store, t.name, window_s=req.window_s, path=req.workload_file, now=now))
-    axes = vllm_axes(current, longest=workload.longest, model_max_len=model.max_position_embeddings if model else None,
-                     on_gpu=hw_json["kind"] == "gpu", names=req.flags or None)
+    axes = axes_for(t.backend, current, longest=workload.longest,
+                    model_max_len=model.max_position_embeddings if model else None, on_gpu=hw_json["kind"] == "gpu",
+                    names=req.flags or None)
     fixed = {k: v for k, v in current.items() if k not in {a.name for a in axes}}
 
     def check(flags: dict[str, Any]) -> Verdict:
-        return feasible("vllm", flags, model=model, hardware=hw, longest=workload.longest)
+        return feasible(t.backend, flags, model=model, hardware=hw, longest=workload.longest)
 
     slo_json = {k: (v.total_seconds() if hasattr(v, "total_seconds") else v)
                 for k, v in t.slo.model_dump().items() if v is not None}
@@ -316,10 +335,9 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     elif req.sampler == "grid":
         seeds = []
     noise_budget = 1 if req.noise_check and req.budget >= 3 else 0
-    bench_python = t.managed.executable or "python3"
     try:
-        with BenchClient(bench_python, ctx.log_dir / f"tune-{run_id}") as client:
-            ctx.bench = client
+        with BenchClient(client_python, ctx.log_dir / f"tune-{run_id}") as client:
+            ctx.bench, ctx.tokenizer = client, tokenizer
 
             def measure(flags: dict[str, Any], label: str) -> Outcome:
                 try:

@@ -44,7 +44,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                       budget=args.budget, max_time_s=args.max_time.total_seconds(),
                       flags=tuple(f.strip() for f in (args.flags or "").split(",") if f.strip()), resume=args.resume,
                       on_target=args.on_target, run_s=args.run_seconds, max_runs=args.max_runs,
-                      noise_check=not args.no_noise_check, seed=args.seed, sampler=args.sampler)
+                      noise_check=not args.no_noise_check, seed=args.seed, sampler=args.sampler,
+                      client_python=args.client_python, tokenizer=args.tokenizer)
     waiting: list[str] = []
     hb = Heartbeat(lambda: waiting[0] if waiting else None, out=sys.stderr if args.json else None)
     with hb:
@@ -95,6 +96,10 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--run-seconds", type=float, default=15.0, help="seconds of load per rate tried (default 15)")
     t.add_argument("--max-runs", type=int, default=6, help="rate runs per trial's capacity search (default 6)")
     t.add_argument("--no-noise-check", action="store_true", help="do not measure the winner a second time")
+    t.add_argument("--client-python", help="a Python with vllm installed, for vLLM's benchmark client (default: "
+                   "the vLLM target's managed.executable; needed for llama-server)")
+    t.add_argument("--tokenizer", help="Hugging Face tokenizer (directory or hub name) the client writes prompts with "
+                   "(default: the vLLM target's model; needed for llama-server)")
     t.add_argument("--resume", action="store_true", help="continue the target's last tuning run")
     t.add_argument("--on-target", action="store_true", help="run trials on the production server (not built yet)")
     t.add_argument("--sampler", choices=["tpe", "random", "grid"], default="tpe",

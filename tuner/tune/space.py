@@ -8,6 +8,9 @@ Every candidate passes ``feasible`` before any server starts with it:
   * the memory model (tuner/advise/memory.py) says the KV cache holds one max-model-len sequence: on a GPU from
     its memory and --gpu-memory-utilization, on a CPU host from the KV space vLLM is given
     (VLLM_CPU_KVCACHE_SPACE).
+llama-server: each slot's context (-c / --parallel) holds the workload's longest request (else the server
+refuses it), -ub <= -b, and weights + the f16 KV cache of -c tokens + 0.5 GiB of buffers fit the memory a trial
+server may take.
 A point that fails is never started; it is recorded as pruned, with the reason.
 """
 
@@ -17,15 +20,18 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from tuner.advise.facts import ModelFacts
-from tuner.advise.memory import MemoryPlan, plan, weights_bytes
+from tuner.advise.memory import MemoryPlan, kv_bytes_per_token, plan, weights_bytes
 from tuner.errors import FlagError
 from tuner.flags import FlagValue, validate
 
-__all__ = ["Axis", "Hardware", "Verdict", "vllm_axes", "feasible", "canonical", "SEARCHABLE_VLLM"]
+__all__ = ["Axis", "Hardware", "Verdict", "axes_for", "vllm_axes", "llama_axes", "feasible", "canonical",
+           "SEARCHABLE_VLLM", "SEARCHABLE_LLAMA"]
 
 SEARCHABLE_VLLM = ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill",
                    "gpu_memory_utilization", "kv_cache_dtype", "max_model_len")
 _GPU_ONLY = ("gpu_memory_utilization", "kv_cache_dtype")
+SEARCHABLE_LLAMA = ("parallel", "ctx_size", "batch_size", "ubatch_size", "flash_attn")
+_LLAMA_RUNTIME_BYTES = 512 * 2**20  # llama-server's own buffers beyond weights and KV (compute graph, slots)
 
 
 @dataclass(frozen=True)
@@ -38,10 +44,12 @@ class Axis:
 
 @dataclass(frozen=True)
 class Hardware:
-    """What the memory model needs: one GPU's memory, or (CPU host) the KV space vLLM is given."""
+    """What the memory model needs: one GPU's memory, or (CPU host) the KV space vLLM is given; for llama-server on
+    a CPU host, the memory a trial server may take."""
 
     gpu_memory_bytes: int | None = None
     cpu_kv_cache_bytes: int | None = None
+    host_memory_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -62,26 +70,49 @@ def _with(values: Sequence[Any], current: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def vllm_axes(current: Mapping[str, Any], *, longest: int, model_max_len: int | None, on_gpu: bool,
-              names: Sequence[str] | None = None) -> tuple[Axis, ...]:
-    """The axes of a vLLM search around ``current`` (its values always included). ``names`` picks flags, each
-    ``NAME`` or ``NAME=V1/V2/...`` to give its values (validated: FlagError names a bad one)."""
+def _picked(backend: str, names: Sequence[str] | None, searchable: Sequence[str]
+            ) -> tuple[list[str], dict[str, tuple[FlagValue, ...]]]:
+    """``names`` as given: each ``NAME`` or ``NAME=V1/V2/...`` (values validated: FlagError names a bad one)."""
     given: dict[str, tuple[FlagValue, ...]] = {}
     picked = []
     for item in names or ():
         name, sep, values = item.partition("=")
         name = name.strip()
+        if name not in searchable:
+            raise FlagError(backend, name, f"not a flag tuner tune searches (choose from {', '.join(searchable)})")
         picked.append(name)
         if sep:
-            if name not in SEARCHABLE_VLLM:
-                break
-            given[name] = tuple(validate("vllm", name, v.strip()) for v in values.split("/") if v.strip())
+            given[name] = tuple(validate(backend, name, v.strip()) for v in values.split("/") if v.strip())
             if not given[name]:
-                raise FlagError("vllm", name, f"no values after '=' in {item!r} (write NAME=V1/V2)")
+                raise FlagError(backend, name, f"no values after '=' in {item!r} (write NAME=V1/V2)")
+    return picked, given
+
+
+def axes_for(backend: str, current: Mapping[str, Any], *, longest: int, model_max_len: int | None, on_gpu: bool,
+             names: Sequence[str] | None = None) -> tuple[Axis, ...]:
+    if backend == "vllm":
+        return vllm_axes(current, longest=longest, model_max_len=model_max_len, on_gpu=on_gpu, names=names)
+    return llama_axes(current, longest=longest, names=names)
+
+
+def llama_axes(current: Mapping[str, Any], *, longest: int, names: Sequence[str] | None = None) -> tuple[Axis, ...]:
+    """The axes of a llama-server search around ``current``; ``names`` as for ``vllm_axes``."""
+    picked, given = _picked("llamacpp", names, SEARCHABLE_LLAMA)
+    chosen = tuple(picked) if picked else SEARCHABLE_LLAMA
+    axes = {"parallel": _with([1, 2, 4, 8, 16], current.get("parallel")),
+            "ctx_size": _with([c for c in (1024, 2048, 4096, 8192, 16384) if c >= longest], current.get("ctx_size")),
+            "batch_size": _with([512, 1024, 2048], current.get("batch_size")),
+            "ubatch_size": _with([128, 256, 512], current.get("ubatch_size")),
+            "flash_attn": _with(["off", "on"], current.get("flash_attn"))}
+    return tuple(Axis(n, _with(given[n], current.get(n)) if n in given else axes[n]) for n in chosen)
+
+
+def vllm_axes(current: Mapping[str, Any], *, longest: int, model_max_len: int | None, on_gpu: bool,
+              names: Sequence[str] | None = None) -> tuple[Axis, ...]:
+    """The axes of a vLLM search around ``current`` (its values always included). ``names`` picks flags, each
+    ``NAME`` or ``NAME=V1/V2/...`` to give its values (validated: FlagError names a bad one)."""
+    picked, given = _picked("vllm", names, SEARCHABLE_VLLM)
     chosen = tuple(picked) if picked else tuple(n for n in SEARCHABLE_VLLM if on_gpu or n not in _GPU_ONLY)
-    for n in chosen:
-        if n not in SEARCHABLE_VLLM:
-            raise FlagError("vllm", n, f"not a flag tuner tune searches (choose from {', '.join(SEARCHABLE_VLLM)})")
     top = int(current.get("max_model_len") or model_max_len or 4096)
     lens = [top]
     size = 128
@@ -117,7 +148,7 @@ def feasible(backend: str, flags: Mapping[str, Any], *, model: ModelFacts | None
         except FlagError as exc:
             return Verdict(False, str(exc), {})
     if backend != "vllm":
-        return Verdict(True, "no start-up model for this backend's flags beyond their bounds", {})
+        return _feasible_llama(f, model=model, hardware=hardware, longest=longest)
     seqs = int(f.get("max_num_seqs") or 256)
     length = int(f.get("max_model_len") or (model.max_position_embeddings if model else None) or 4096)
     batched = int(f.get("max_num_batched_tokens") or default_batched_tokens)
@@ -151,3 +182,21 @@ def feasible(backend: str, flags: Mapping[str, Any], *, model: ModelFacts | None
     if not memory.fits:
         return Verdict(False, f"memory model: {memory.reason}", brief)
     return Verdict(True, memory.reason, brief)
+
+
+def _feasible_llama(f: Mapping[str, Any], *, model: ModelFacts | None, hardware: Hardware, longest: int) -> Verdict:
+    parallel, ctx = int(f.get("parallel") or 1), int(f.get("ctx_size") or 4096)
+    if ctx // parallel < longest:
+        return Verdict(False, f"-c {ctx} over --parallel {parallel} gives each slot {ctx // parallel} tokens, less "
+                              f"than the workload's longest request ({longest})", {})
+    if int(f.get("ubatch_size") or 512) > int(f.get("batch_size") or 2048):
+        return Verdict(False, f"-ub {f.get('ubatch_size')} > -b {f.get('batch_size') or 2048}", {})
+    if model is None or not hardware.host_memory_bytes:
+        return Verdict(True, "no model or host memory facts: the slot checks pass, memory unchecked", {})
+    kv = ctx * kv_bytes_per_token(model, "float16")  # llama-server's default KV type
+    need = (model.checkpoint_bytes or weights_bytes(model)) + kv + _LLAMA_RUNTIME_BYTES
+    brief = {"kv_bytes": kv, "need_bytes": need, "host_memory_bytes": hardware.host_memory_bytes}
+    if need > hardware.host_memory_bytes:
+        return Verdict(False, f"weights + {ctx} tokens of KV + buffers = {need / 2**30:.2f} GiB, more than the "
+                              f"{hardware.host_memory_bytes / 2**30:.2f} GiB a trial server may take", brief)
+    return Verdict(True, f"{need / 2**30:.2f} GiB of {hardware.host_memory_bytes / 2**30:.2f} GiB", brief)
