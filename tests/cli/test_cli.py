@@ -166,3 +166,14 @@ def test_commands_that_need_no_config_work_without_one(tmp_path):
     assert named.returncode == 2 and "nope.yaml: no such file" in named.stderr
     needed = run("status")
     assert needed.returncode == 2 and "tuner.yaml: no such file; pass --config PATH" in needed.stderr
+
+
+def test_tables_are_rich_on_a_terminal_and_plain_columns_when_piped():
+    from tuner.cli.common import table
+    rows = [["target", "state", "note"], ["chat", "up", "[apply #1] kept"], ["embed", "down", "-"]]
+    plain = table(rows, tty=False)
+    assert plain.splitlines() == ["target  state  note", "chat    up     [apply #1] kept", "embed   down   -"]
+    boxed = table(rows, tty=True)
+    lines = boxed.splitlines()
+    assert len(lines) == 6 and lines[0][0] in "┏╭┌" and "[apply #1] kept" in boxed  # a cell is text, not markup
+    assert all(w in lines[1] for w in ("target", "state", "note")) and "\x1b[" not in boxed  # no colour off a TTY

@@ -83,3 +83,4 @@ def test_one_heartbeat_serves_several_waits_in_turn():
             while out.getvalue().count("… waiting") == before and time.monotonic() < deadline:
                 time.sleep(0.01)
         assert out.getvalue().count("… waiting") > before
+

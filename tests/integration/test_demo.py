@@ -15,7 +15,7 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     require(realservers.VLLM_PYTHON, realservers.TINY_MODEL)
     proc = subprocess.run([sys.executable, "-m", "tuner.cli", "demo", "--vllm-python", str(realservers.VLLM_PYTHON.path()),
                            "--model", str(realservers.TINY_MODEL.path()), "--workdir", str(tmp_path / "demo")],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=1500)
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr[-3000:] + out[-3000:]
     assert "vLLM healthy after" in out and "tiny-llama: exited after SIGTERM" in out  # tuner stopped its vLLM
@@ -77,3 +77,26 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     # No client request is lost to the apply: they are sent again while the server drains and restarts.
     apply_load = re.findall(r"^-- load done: (\d+) ok, (\d+) failed, (\d+) attempts sent again", out, re.M)[-1]
     assert int(apply_load[0]) > 0 and apply_load[1] == "0", apply_load
+
+    # The tune step measured before the apply: the flags in force and the advisor's proposal, each on a trial
+    # server, with the capacity within the SLO of each, and no trial server failed to start.
+    from tuner.store import recommendations as recs
+    from tuner.store import tuning as tj
+    from tuner.store.db import open_engine
+    engine = open_engine(f"sqlite:///{tmp_path / 'demo' / 'tuner.db'}")
+    run = tj.latest_run(engine, "tiny-llama")
+    assert run is not None and run.state == "done", out[-4000:]
+    trials = [t for t in tj.trials(engine, run.id) if t.status != "pruned"]
+    assert [t.status for t in trials] == ["measured", "measured"], [(t.status, t.detail) for t in trials]
+    assert trials[0].seed == "baseline" and trials[0].flags["max_num_seqs"] == 4
+    caps = {t.flags["max_num_seqs"]: t.capacity_rps for t in trials}
+    best = max(caps, key=lambda k: caps[k])
+    assert run.result["best"]["flags"]["max_num_seqs"] == best and run.result["best"]["capacity_rps"] == caps[best]
+    assert "capacity@SLO" in out and f"baseline: {caps[4]:.3g} req/s" in out
+    # The measurement reached the recommendation exactly when it showed a gain beyond the margin (15%).
+    with_tune = [r for r in recs.list_recommendations(engine, target="tiny-llama") if "tune" in r.rules]
+    if best != 4 and caps[best] > caps[4] * 1.15:
+        assert len(with_tune) == 1 and with_tune[0].diff == {"max_num_seqs": best}
+        assert with_tune[0].evidence[-1]["capacity_rps"] == caps[best]
+    else:
+        assert with_tune == []

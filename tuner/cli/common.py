@@ -31,7 +31,23 @@ def duration(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def table(rows: list[list[str]]) -> str:
+def table(rows: list[list[str]], *, tty: bool | None = None) -> str:
+    """The first row is the header. On a terminal, a rich table (box-drawn, fitted to the terminal's width);
+    piped, plain columns that scripts and tests can split on whitespace."""
+    if tty if tty is not None else sys.stdout.isatty():
+        import io
+        import shutil
+
+        from rich.console import Console
+        from rich.table import Table
+        from rich.text import Text
+
+        t = Table(*rows[0], header_style="bold", show_lines=False)
+        for r in rows[1:]:
+            t.add_row(*(Text(c) for c in r))  # as text: a cell's "[...]" is not markup
+        buf = io.StringIO()
+        Console(file=buf, force_terminal=tty is None, width=shutil.get_terminal_size((120, 40)).columns).print(t)
+        return buf.getvalue().rstrip("\n")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 

@@ -3,7 +3,8 @@
 Writes a config whose one target is a *managed* vLLM (CPU build, tiny local model, ``--max-num-seqs 4``),
 runs ``tuner run`` (which starts vLLM), drives a light then a heavy load (more concurrent requests than
 --max-num-seqs, so requests queue) while showing ``tuner status`` and ``tuner signals``, asks
-``tuner recommend`` for a flag change, applies it with ``tuner apply-recommendation`` under load (drain,
+``tuner recommend`` for a flag change, measures it with ``tuner tune`` (two trials on servers beside production),
+applies it with ``tuner apply-recommendation`` under load (drain,
 restart, health gate, observe, verdict), and shows ``tuner journal`` and tuner's own /metrics. Everything binds
 to 127.0.0.1 and stops by itself.
 """
@@ -145,6 +146,17 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         _show(config, "recommendations", "list")
         flag_changes = [r for r in recs if "backend" not in r["diff"]]  # a backend change is not applied
         rec = next((r for r in flag_changes if "max_num_seqs" in r["diff"]), flag_changes[0] if flag_changes else None)
+
+        # Measure before applying: the workload the server really served, replayed by vLLM's own benchmark client
+        # against trial servers beside it (the flags in force, then the advisor's proposal), each one's capacity
+        # within the SLO found by bracketing the request rate. Two trials: what fits the demo's few minutes.
+        _say("tuner workload tiny-llama --window 5m -o workload.yaml   (what it served, as a replayable workload)")
+        _show(config, "workload", MODEL_NAME, "--window", "5m", "-o", str(workdir / "workload.yaml"))
+        _say("tuner tune tiny-llama --workload workload.yaml --budget 2 --flags max_num_seqs=4/8/16   (trial "
+             "servers on spare ports; production keeps serving)")
+        _show(config, "tune", MODEL_NAME, "--workload", str(workdir / "workload.yaml"), "--window", "5m",
+              "--budget", "2", "--flags", "max_num_seqs=4/8/16", "--no-noise-check", "--run-seconds", "8",
+              "--max-runs", "4", timeout=900)
         if rec is None:
             print("no recommendation this time (the load did not queue long enough); the apply step is skipped")
         else:
