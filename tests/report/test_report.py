@@ -143,9 +143,15 @@ def png_pixels(data: bytes) -> tuple[int, int, list[tuple[int, ...]]]:
 # ---- tests ---------------------------------------------------------------------------------------------------
 
 
+def main_plots(html: str) -> str:
+    """The report without the applies' own before/after views (checked on their own)."""
+    return re.sub(r'<svg class="plot apply-view".*?</svg>', "", html, flags=re.S)
+
+
 def test_report_is_one_self_contained_file_with_plots_markers_and_tables(report):
     out, printed = report
-    html = out.read_text()
+    full = out.read_text()
+    html = main_plots(full)
     assert re.search(r"\b(src|href)=|url\(|<script|<link|@import", html) is None  # nothing to fetch
     assert "1 target(s), 5 plots, 2 alert events, 2 applies" in printed
     for title in plot_titles():
@@ -159,6 +165,16 @@ def test_report_is_one_self_contained_file_with_plots_markers_and_tables(report)
     assert "TargetDown" not in html
     assert len(re.findall(r'<tr class="kpi" data-apply="\d+" data-kpi=', html)) == 14  # 7 KPIs x 2 applies
     assert "+100.0%" in html and "-50.0%" in html  # TTFT P99 0.8 s -> 1.6 s (rolled back), -> 0.4 s (kept)
+    # Each apply's own view: E2E, queue and throughput from a baseline (5 min, the default) before it to 30 s after
+    # it, its start marked; the data (scrapes from T0 to T0 + 195 s) fills the part of the span it covers.
+    views = re.findall(r'<svg class="plot apply-view" data-plot="apply #(\d+): ([^"]+) \(engine 0\)".*?</svg>', full,
+                       flags=re.S)
+    assert sorted(views) == sorted((str(i), t) for i in (1, 2)
+                                   for t in ("End-to-end latency", "Requests running / waiting", "Tokens per second"))
+    for m in re.finditer(r'<svg class="plot apply-view".*?</svg>', full, flags=re.S):
+        assert 'class="marker apply"' in m.group(0)
+        n = [int(k) for k in re.findall(r'data-points="(\d+)"', m.group(0))]
+        assert n and max(n) >= 10, n
     # The tuning page: one scatter of the measured trials, the front marked, every trial in the table
     assert html.count('<svg class="plot scatter"') == 1
     assert html.count('<circle class="trial front"') == 2 and html.count('<circle class="trial"') == 1
@@ -185,7 +201,8 @@ def test_chromium_renders_the_plots(report, tmp_path):
     dom = run_chromium(tmp_path, "--dump-dom", out.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert dom.stdout.count('<svg class="plot"') == 5
-    assert len(re.findall(r'<path class="series"[^>]* d="M', dom.stdout)) == 9  # 2+2+1+2+2 lines
+    assert len(re.findall(r'<path class="series"[^>]* d="M', main_plots(dom.stdout))) == 9  # 2+2+1+2+2 lines
+    assert dom.stdout.count('<svg class="plot apply-view"') == 6  # 3 per apply
     assert len(re.findall(r'<tr class="kpi"', dom.stdout)) == 14
     assert len(re.findall(r'<tr class="alert-event"', dom.stdout)) == 2
     assert len(re.findall(r'<circle class="trial', dom.stdout)) == 3 and dom.stdout.count('<tr class="trial-row"') == 5
@@ -226,7 +243,7 @@ def test_a_short_run_fills_the_plots_under_the_default_24_hours(tmp_path, capsys
     cfg.write_text("store: {url: 'sqlite:///tuner.db'}\ntargets:\n  - {name: chat, backend: vllm, url: 'http://x:1'}\n")
     out = tmp_path / "r.html"
     assert main(["--config", str(cfg), "report", "--until", str(T0 + 3600), "-o", str(out)]) == 0
-    html = out.read_text()
+    html = main_plots(out.read_text())
     # gauges have a value at every scrape (latency quantiles only once requests finish, after the idle start)
     paths = re.findall(r'<path class="series" data-legend="(?:KV use|running \(peak\))" data-points="(\d+)" d="([^"]+)"',
                        html)

@@ -47,10 +47,12 @@ def write_report(session: Session, out: Path, *, target: str | None, start: floa
     if out.is_dir() or not out.parent.is_dir():
         raise ConfigError(str(out), "-o", "give a file path in an existing directory, e.g. report.html")
     slos = {t.name: t.slo for t in session.cfg.targets}
+    baselines = {t.name: t.apply.baseline.total_seconds() for t in session.cfg.targets}
     reports = []
     for name in [target] if target else known:
         lo, hi = _fit(store.data_span(name, start, end), start, end)
-        reports.append(collect(store, name, start=lo, end=hi, points=points, window_s=window_s, slo=slos.get(name)))
+        reports.append(collect(store, name, start=lo, end=hi, points=points, window_s=window_s, slo=slos.get(name),
+                               baseline_s=baselines.get(name, 300.0)))
     html = render_html(reports, title=f"tuner report — {target or 'all targets'}", generated_at=time.time())
     out.write_text(html, encoding="utf-8")
     return ReportWritten(out, len(reports), html.count('<svg class="plot"'), sum(len(r.alerts) for r in reports),

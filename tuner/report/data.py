@@ -20,7 +20,7 @@ from tuner.store.store import Store
 from tuner.store.tuning import runs_since, trials
 from tuner.store.window import EngineWindow, HistSeries, TargetWindow
 
-__all__ = ["PLOTS", "Plot", "TargetReport", "AlertEvent", "collect"]
+__all__ = ["PLOTS", "Plot", "TargetReport", "AlertEvent", "ApplyView", "APPLY_VIEW_PLOTS", "collect"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ class TargetReport:
     alerts: list[AlertEvent] = field(default_factory=list)
     applies: list[Any] = field(default_factory=list)  # tuner.store.journal.StoredApply, newest first
     tunes: list[tuple[Any, list[Any]]] = field(default_factory=list)  # (StoredRun, its StoredTrials), newest first
+    apply_views: dict[int, Any] = field(default_factory=dict)  # apply id -> ApplyView
 
 
 def _cut(points: tuple[Any, ...], lo: int, hi: int, ts: Any) -> tuple[Any, ...]:
@@ -85,27 +86,63 @@ def _value(sig: EngineSignals, name: str) -> float | None:
     return v if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
-def collect(store: Store, target: str, *, start: float, end: float, points: int = 120, window_s: float | None = None,
-            slo: Slo | None = None) -> TargetReport:
-    """Signals of ``target`` at ``points`` times from ``start`` to ``end``, its alert events and applies."""
+Series = dict[tuple[str, str], dict[str, dict[str, list[tuple[int, float | None]]]]]
+
+# Around each apply: from a baseline's length before it starts to 30 s after its last step, these plots.
+APPLY_VIEW_PLOTS = ("e2e", "queue", "throughput")
+_APPLY_VIEW_AFTER_S = 30.0
+_APPLY_VIEW_POINTS = 60
+
+
+@dataclass
+class ApplyView:
+    """One apply's own before/after view: the signals from before it started to after it ended."""
+
+    apply_id: int
+    start_ms: int
+    end_ms: int
+    window_s: float
+    series: Series = field(default_factory=dict)
+
+
+def _series(store: Store, target: str, start: float, end: float, points: int, window_s: float,
+            slo: Slo | None, keys: tuple[str, ...] | None = None) -> tuple[str, Series]:
+    """(backend, signals at ``points`` times from ``start`` to ``end``, each over the ``window_s`` before it)."""
     step = (end - start) / max(1, points - 1)
-    window_s = window_s or max(2 * step, 10.0)
     whole = store.window(target, start - window_s, end)
-    rep = TargetReport(target, whole.backend, int(start * 1000), int(end * 1000), window_s)
+    out: Series = {}
     for i in range(points):
         hi = int((start + i * step) * 1000)
         sig = compute_signals(_slice(whole, hi - int(window_s * 1000), hi), slo=slo)
         for e in sig.engines:
-            plots = rep.series.setdefault((e.engine, e.model_name), {})
+            plots = out.setdefault((e.engine, e.model_name), {})
             for plot in PLOTS:
+                if keys is not None and plot.key not in keys:
+                    continue
                 for name, legend in plot.lines:
                     plots.setdefault(plot.key, {}).setdefault(legend, []).append((hi, _value(e, name)))
+    return whole.backend, out
+
+
+def collect(store: Store, target: str, *, start: float, end: float, points: int = 120, window_s: float | None = None,
+            slo: Slo | None = None, baseline_s: float = 300.0) -> TargetReport:
+    """Signals of ``target`` at ``points`` times from ``start`` to ``end``, its alert events and applies, each
+    apply with its own view from ``baseline_s`` before it to 30 s after it."""
+    step = (end - start) / max(1, points - 1)
+    window_s = window_s or max(2 * step, 10.0)
+    backend, series = _series(store, target, start, end, points, window_s, slo)
+    rep = TargetReport(target, backend, int(start * 1000), int(end * 1000), window_s, series=series)
     for ev in reversed(history(store, since_ms=rep.start_ms, limit=10_000)):
         labels = json.loads(ev.labels)
         if labels.get("target") == target and ev.ts_ms <= rep.end_ms:
             rep.alerts.append(AlertEvent(ev.ts_ms, labels.get("alertname", ev.rule), ev.from_state, ev.to_state,
                                          ev.value, labels))
     rep.applies = _applies(store, target, rep.start_ms)
+    for ap in rep.applies[:10]:  # the newest ten
+        lo, hi = ap.created_ms / 1000 - baseline_s, ap.updated_ms / 1000 + _APPLY_VIEW_AFTER_S
+        view_window = max(2 * (hi - lo) / (_APPLY_VIEW_POINTS - 1), 10.0)
+        _, vs = _series(store, target, lo, hi, _APPLY_VIEW_POINTS, view_window, slo, APPLY_VIEW_PLOTS)
+        rep.apply_views[ap.id] = ApplyView(ap.id, int(lo * 1000), int(hi * 1000), view_window, vs)
     rep.tunes = [(run, trials(store.engine, run.id)) for run in runs_since(store.engine, target, rep.start_ms)]
     return rep
 

@@ -54,7 +54,7 @@ def _nice_max(v: float) -> float:
 
 
 def svg_plot(title: str, unit: str, lines: Mapping[str, Sequence[tuple[int, float | None]]], start_ms: int, end_ms: int,
-             markers: Iterable[tuple[int, str, str]] = ()) -> str:
+             markers: Iterable[tuple[int, str, str]] = (), css_class: str = "plot") -> str:
     """A line chart: ``lines`` legend -> [(ts_ms, value or None for a gap)]; markers (ts_ms, kind, label)."""
     values = [v for pts in lines.values() for _, v in pts if v is not None]
     ymax = _nice_max(max(values)) if values else 1.0
@@ -69,7 +69,7 @@ def svg_plot(title: str, unit: str, lines: Mapping[str, Sequence[tuple[int, floa
     def y(v: float) -> float:
         return TOP + ph - min(v, ymax) / ymax * ph
 
-    out = [f'<svg class="plot" data-plot="{escape(title)}" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
+    out = [f'<svg class="{css_class}" data-plot="{escape(title)}" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
            f'role="img" aria-label="{escape(title)}">',
            f'<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="#fafafa" stroke="#999"/>',
            f'<text x="{LEFT}" y="18" class="title">{escape(title)}</text>']
@@ -147,8 +147,26 @@ def _applies_html(rep: TargetReport) -> str:
             f'<td>{_change(ap.baseline.get(k), ap.after.get(k))}</td></tr>'
             for k, (label, unit) in KPI_LABELS.items())
         parts.append(f'<div class="apply" data-apply="{ap.id}">{head}<table class="beforeafter">'
-                     f"<tr><th>KPI</th><th>before</th><th>after</th><th>change</th></tr>{rows}</table></div>")
+                     f"<tr><th>KPI</th><th>before</th><th>after</th><th>change</th></tr>{rows}</table>"
+                     f"{_apply_view_html(rep, ap)}</div>")
     return "".join(parts)
+
+
+def _apply_view_html(rep: TargetReport, ap: Any) -> str:
+    """The apply's own before/after plots: its start and end marked, the span from a baseline before to 30 s after."""
+    view = rep.apply_views.get(ap.id)
+    if view is None:
+        return ""
+    marks = [(ap.created_ms, "apply", f"apply #{ap.id} started")]
+    if ap.outcome:
+        marks.append((ap.updated_ms, "rollback" if ap.outcome != "kept" else "apply", f"apply #{ap.id} {ap.outcome}"))
+    out = []
+    for (engine, model), plots in sorted(view.series.items()):
+        for plot in PLOTS:
+            if plot.key in plots:
+                out.append(svg_plot(f"apply #{ap.id}: {plot.title} (engine {engine})", plot.unit, plots[plot.key],
+                                    view.start_ms, view.end_ms, marks, css_class="plot apply-view"))
+    return "".join(out)
 
 
 def _alerts_html(rep: TargetReport) -> str:
