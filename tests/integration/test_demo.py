@@ -100,3 +100,24 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
         assert with_tune[0].evidence[-1]["capacity_rps"] == caps[best]
     else:
         assert with_tune == []
+
+    # What a user reads next (README): the report of the demo's few minutes, opened in headless Chromium. Its
+    # plots span the run (the range is the stored data, not 24 hours), the apply has its own before/after view,
+    # and the tuning run its page. The screenshot is kept beside the report for a person to look at.
+    from tests.report.test_report import main_plots, png_pixels, run_chromium
+    from tuner.report.html import LEFT, RIGHT, W
+    report = tmp_path / "demo" / "report.html"
+    rep = subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(tmp_path / "demo" / "tuner.yaml"),
+                          "report", "-o", str(report)], capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr
+    shot = tmp_path / "demo" / "report.png"
+    run_chromium(tmp_path, f"--screenshot={shot}", "--window-size=1000,1600", report.as_uri())
+    width, height, pixels = png_pixels(shot.read_bytes())
+    assert sum(1 for p in pixels if p == (0x1F, 0x77, 0xB4)) > 500  # the first series of each plot, drawn
+    dom = run_chromium(tmp_path, "--dump-dom", report.as_uri()).stdout
+    spans = []
+    for m in re.finditer(r'<path class="series" data-legend="[^"]+" data-points="(\d+)" d="([^"]+)"', main_plots(dom)):
+        xs = [float(v) for v in re.findall(r"[ML]([\d.]+),", m.group(2))]
+        spans.append((max(xs) - min(xs)) / (W - LEFT - RIGHT))
+    assert spans and max(spans) > 0.6, spans  # the run's data spans most of the plots' width
+    assert dom.count('<svg class="plot apply-view"') == 3 and dom.count('<svg class="plot scatter"') == 1
