@@ -103,3 +103,18 @@ def test_cli_recommend_flag_errors_name_the_flag(store, tmp_path, capsys):
     assert "max_num_seqs" in capsys.readouterr().err
     assert main(["--config", str(config), "recommend", "v", "--flag", "trust_remote_code=1"]) == 2
     assert "allow-list" in capsys.readouterr().err
+
+
+def test_renewing_a_proposal_keeps_the_measurement_tune_added(store):
+    from tuner.advise.recommend import Outcome
+    from tuner.app.recommend import persist
+    rid = _add(store.engine)
+    tune_ev = {"rule": "tune", "capacity_rps": 4.2, "baseline_capacity_rps": 2.0}
+    got = recs.get_recommendation(store.engine, rid)
+    recs.renew_recommendation(store.engine, rid, now=1500.0, rules=[*got.rules, "tune"],
+                              evidence=got.evidence + [tune_ev], confidence=0.9, memory_check=got.memory_check)
+    out = evaluate(inputs_from(QUEUE), [Previous(rid, diff_key({"max_num_seqs": 4}))])
+    assert out.refreshed  # the rule still proposes it: renewed in place
+    persist(store.engine, "t", Outcome(out.emitted, (), {diff_key({"max_num_seqs": 4}): rid}, ()), 2000.0)
+    again = recs.get_recommendation(store.engine, rid)
+    assert "tune" in again.rules and again.evidence[-1] == tune_ev and again.updated_ms == 2_000_000

@@ -144,8 +144,11 @@ def persist(engine: Any, target: str, outcome: Outcome, now: float) -> list[int]
         evidence = [dict(e) for e in r.evidence]
         if r.key in outcome.refreshed:
             rid = outcome.refreshed[r.key]
-            recs.renew_recommendation(engine, rid, now=now, rules=r.rules, evidence=evidence,
-                                      confidence=r.confidence, memory_check=r.memory.as_json())
+            # a measurement `tuner tune` added stays with it: the rules renew their own evidence only
+            measured = [e for e in recs.get_recommendation(engine, rid).evidence if e.get("rule") == "tune"]
+            recs.renew_recommendation(engine, rid, now=now, rules=[*r.rules, *(["tune"] if measured else [])],
+                                      evidence=evidence + measured, confidence=r.confidence,
+                                      memory_check=r.memory.as_json())
         else:
             rid = recs.add_recommendation(engine, target=target, now=now, rules=r.rules, diff_key=r.key,
                                           diff=dict(r.diff), current=dict(r.current), evidence=evidence,
