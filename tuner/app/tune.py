@@ -243,8 +243,13 @@ def _capacity(ctx: _Ctx, url: str) -> dict[str, Any]:
                 f"P99 TTFT {run.ttft_p99 or 0:.2f}s, E2E {run.e2e_p99 or 0:.2f}s")
         return run
     start = ctx.best_rps or w.rate_rps or 1.0
+    # A fresh server's first run is slower than the ones after it (measured here: 46/48 then 48/48 and 48/48 at the
+    # same rate, twice, even after 16 concurrent warm-up requests): one run at the start rate warms it and is
+    # discarded, as the bracket's runs' own two warm-up requests are.
+    ctx.waiting[:] = [f"trial {ctx.trial_no}: warming the server up ({req.min_prompts} requests, not counted)"]
+    warm = client.run(w, url=url, model=model, tokenizer=tokenizer, rate=start, prompts=req.min_prompts, slo=t.slo)
     cap = find_capacity(measure, t.slo.objective, start_rps=start, tolerance=req.tolerance, max_runs=req.max_runs)
-    return cap.as_json()
+    return {**cap.as_json(), "warmup": warm.as_json()}
 
 
 def _ranked(points: list[Point]) -> list[Point]:
