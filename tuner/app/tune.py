@@ -357,7 +357,7 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
             points = list(history) + search(
                 axes, fixed, measure=measure, feasible=check, seeds=seeds, budget=req.budget - noise_budget,
                 max_time_s=req.max_time_s - (clock() - now), clock=clock, history=history, on_pruned=pruned,
-                seed=req.seed, sampler=req.sampler)
+                seed=req.seed, sampler=req.sampler, gallop="max_num_seqs" if t.backend == "vllm" else "parallel")
             measured = [p for p in points if p.outcome.status == "measured"]
             noise = None
             best = _ranked(measured)[0] if measured else None

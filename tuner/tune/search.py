@@ -8,6 +8,8 @@
   * A point already measured (or refused) is not measured again: its recorded result is told once more.
   * A trial that crashes is recorded as data (capacity 0, constraint violated): the sampler learns the region,
     and the same point is never retried.
+  * Then, with ``gallop`` (max-num-seqs for vLLM, --parallel for llama-server), an exponential search along that
+    axis from the best point so far (``_gallop``), before the sampler's own proposals.
   * Stops at ``budget`` measured trials or ``max_time_s`` (checked before each trial starts), or when the sampler
     keeps proposing known points (the space is exhausted).
 Trials journaled by an earlier, interrupted run come back through ``history`` and count against the budget.
@@ -57,11 +59,39 @@ def _params(axes: Sequence[Axis], flags: Mapping[str, Any]) -> dict[str, Any] | 
     return out
 
 
+def _gallop(axis: Axis, known: dict[str, Point], visit: Callable[[dict[str, Any], str], bool],
+            may: Callable[[], bool]) -> None:
+    """Exponential search along one axis from the best point so far: steps of 1, 2, 4, ... positions up while
+    capacity rises, else the same down. Capacity against max-num-seqs (or --parallel) rises until the engine or the
+    KV cache saturates and falls after, so this reaches the region of the peak in about log2(axis) trials."""
+    measured = [p for p in known.values() if p.outcome.status == "measured"]
+    if not measured:
+        return
+    base = max(measured, key=lambda p: p.outcome.capacity_rps)
+    if base.flags.get(axis.name) not in axis.values:
+        return
+    start = axis.values.index(base.flags.get(axis.name))
+    for direction in (1, -1):
+        i, best, step, moved = start, base.outcome.capacity_rps, 1, False
+        while may():
+            j = i + direction * step
+            if not 0 <= j < len(axis.values):
+                break
+            flags = canonical({**base.flags, axis.name: axis.values[j]})
+            visit(flags, "gallop")
+            p = known.get(point_key(flags))
+            if p is None or p.outcome.status != "measured" or p.outcome.capacity_rps <= best:
+                break
+            i, best, step, moved = j, p.outcome.capacity_rps, step * 2, True
+        if moved:  # it climbed this way: the peak is not the other way
+            return
+
+
 def search(axes: Sequence[Axis], fixed: Mapping[str, Any], *, measure: Callable[[dict[str, Any], str], Outcome],
            feasible: Callable[[dict[str, Any]], Verdict], seeds: Sequence[tuple[str, Mapping[str, Any]]],
            budget: int, max_time_s: float, clock: Callable[[], float], history: Sequence[Point] = (),
            on_pruned: Callable[[dict[str, Any], Verdict], None] | None = None, seed: int = 0,
-           sampler: str = "tpe") -> list[Point]:
+           sampler: str = "tpe", gallop: str | None = None) -> list[Point]:
     """Search ``axes`` (other flags held at ``fixed``); returns every point measured or refused, in order.
 
     ``sampler``: "tpe" (the default), "random" (optuna's RandomSampler: the baseline of the bench), or "grid"
@@ -133,6 +163,9 @@ def search(axes: Sequence[Axis], fixed: Mapping[str, Any], *, measure: Callable[
                 break
             visit(flags_of(dict(zip([a.name for a in axes], values))), "grid")
         return points
+    if sampler == "tpe" and gallop is not None and any(a.name == gallop for a in axes):
+        _gallop(next(a for a in axes if a.name == gallop), known, visit,
+                lambda: spent < budget and clock() - t0 < max_time_s)
     idle = 0
     while spent < budget and clock() - t0 < max_time_s and idle < _EXHAUSTED_AFTER:
         trial = study.ask(dists)
