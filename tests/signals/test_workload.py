@@ -32,9 +32,9 @@ def _hist(bucket: int, per_step: float, mean: float, n=13) -> HistSeries:
     return HistSeries(TOKEN_BOUNDS, tuple(pts))
 
 
-def _window(finished_per_step=(15,)) -> TargetWindow:
+def _window(finished_per_step=(15,), generated_per_step=(3000,)) -> TargetWindow:
     series = {("vllm:request_success_total", (("finished_reason", "length"),)): _counter(finished_per_step),
-              ("vllm:generation_tokens_total", ()): _counter([3000]),
+              ("vllm:generation_tokens_total", ()): _counter(generated_per_step),
               ("vllm:prefix_cache_queries_total", ()): _counter([400]),
               ("vllm:prefix_cache_hits_total", ()): _counter([100])}
     hists = {("vllm:request_prompt_tokens", ()): _hist(5, 15, 100.0),  # (64, 128], 100 tokens each
@@ -63,6 +63,15 @@ def test_bursty_arrivals_give_a_gamma_shape_below_one():
     w = from_window(_window(finished_per_step=(10, 20)))
     # alternating 10 and 20: mean 15, variance 25 x 12/11 = 27.3: shape 0.55
     assert w.burstiness == pytest.approx(15 / (25 * 12 / 11), abs=0.001)
+
+
+def test_idle_gaps_between_phases_are_not_burstiness():
+    # 15 per interval while busy, and idle intervals (nothing finished, generated or in flight) in between: a
+    # load that stopped and started again, like the demo's phases. Only the busy intervals count: regular.
+    w = from_window(_window(finished_per_step=(15, 15, 0, 0), generated_per_step=(3000, 3000, 0, 0)))
+    assert w.burstiness == 10.0
+    # counted over every interval it would have read as very bursty: mean 7.5, variance 61.4 -> 0.12
+    assert from_window(_window(finished_per_step=(15, 15, 0, 0), generated_per_step=(1, 1, 1, 1))).burstiness < 0.2
 
 
 def test_no_finished_request_means_no_workload():

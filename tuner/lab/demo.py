@@ -156,7 +156,7 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
              "servers on spare ports; production keeps serving)")
         _show(config, "tune", MODEL_NAME, "--workload", str(workdir / "workload.yaml"), "--window", "5m",
               "--budget", "2", "--flags", "max_num_seqs=4/8/16", "--no-noise-check", "--run-seconds", "8",
-              "--max-runs", "4", timeout=900)
+              "--max-runs", "3", "--max-time", "4m", timeout=900)
         if rec is None:
             print("no recommendation this time (the load did not queue long enough); the apply step is skipped")
         else:
