@@ -74,6 +74,15 @@ def test_idle_gaps_between_phases_are_not_burstiness():
     assert from_window(_window(finished_per_step=(15, 15, 0, 0), generated_per_step=(1, 1, 1, 1))).burstiness < 0.2
 
 
+def test_a_saturated_window_says_nothing_of_arrivals_so_poisson_is_assumed():
+    win = _window(finished_per_step=(0, 30))  # as bursty as above ...
+    e = win.engines[0]
+    waiting = {("vllm:num_requests_waiting", ()): tuple((i * 5 * S, 6.0) for i in range(13))}  # ... but queued
+    saturated = TargetWindow("t", "vllm", 0, 60 * S, (EngineWindow("0", "m", {**e.series, **waiting}, e.hists),),
+                             None)
+    assert from_window(saturated).burstiness == 1.0
+
+
 def test_no_finished_request_means_no_workload():
     e = EngineWindow(engine="0", model_name="m", series={}, hists={})
     assert from_window(TargetWindow("t", "vllm", 0, 60 * S, (e,), None)) is None

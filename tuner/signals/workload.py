@@ -11,7 +11,9 @@ From one stored window of a vLLM target (its request histograms and counters, th
                           1 burstier). Counts of a renewal process over long intervals have an index of dispersion
                           (variance / mean) of CV^2 = 1 / shape, so shape = mean / variance of the requests finished
                           per busy scrape interval (arrivals are not counted apart from finishes; intervals in which
-                          nothing ran, waited or finished are gaps in the traffic, left out), within [0.1, 10]
+                          nothing ran, waited or finished are gaps in the traffic, left out), within [0.1, 10].
+                          When the window is saturated (signals/load.py), requests finish as batches complete, not
+                          as they arrive: then 1 (Poisson), since finishes say nothing of the arrivals
   prefix_hit_ratio        prefix-cache hits / queries (tokens)
   prefix_len              shared prompt prefix the replay should carry: prefix_hit_ratio x input_len
   max_prompt_tokens, max_output_tokens   the longest request seen: the upper bound of the highest bucket used
@@ -125,7 +127,7 @@ def from_window(window: TargetWindow) -> Workload | None:
     load = profile(window)
     rate = load.offered_rps if load is not None and load.offered_rps else None
     burstiness = 1.0
-    if load is not None:
+    if load is not None and not load.saturated:  # a saturated server's finishes follow its batches, not arrivals
         arrivals = [iv.finished for iv in load.intervals if iv.busy]  # idle gaps are no rate, not burstiness
         if len(arrivals) >= 4:
             mean = math.fsum(arrivals) / len(arrivals)
