@@ -25,7 +25,7 @@ from tuner.store import recommendations as recs
 from tuner.store.store import Store
 from tuner.store.window import EngineWindow
 
-__all__ = ["RecommendRequest", "gather_inputs", "persist", "recommend", "stored", "one"]
+__all__ = ["RecommendRequest", "gather_inputs", "persist", "recommend", "stored", "one", "host_available_bytes"]
 
 _HTTP_TIMEOUT_S = 3.0
 
@@ -72,7 +72,8 @@ def _live_server(backend: str, url: str) -> tuple[ServerFacts, dict[str, str]]:
     return ServerFacts(version=parse_version(str(props.get("build_info") or ""))), live
 
 
-def _host_available_bytes() -> int | None:
+def host_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo, bytes; None where it cannot be read."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -133,7 +134,7 @@ def gather_inputs(req: RecommendRequest, cfg: Config, store: Store, now: float) 
                           observed=observe(e_win, target.backend, start_ms, end_ms), flags=flags,
                           model=model, gpu=gpu, server=server, live=dict(e_win.config), slo=target.slo,
                           startup_error=startup, repeated_prefix_share=req.repeated_prefix_share,
-                          host_memory_available_bytes=_host_available_bytes()))
+                          host_memory_available_bytes=host_available_bytes()))
     return out
 
 

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from tuner.advise.facts import gpu_facts, load_model
 from tuner.advise.memory import GIB, weights_bytes
 from tuner.advise.recommend import diff_key, evaluate
-from tuner.app.recommend import RecommendRequest, gather_inputs
+from tuner.app.recommend import RecommendRequest, gather_inputs, host_available_bytes
 from tuner.apply import managed as mg
 from tuner.apply.flow import flags_in_force
 from tuner.apply.launch import free_port
@@ -134,7 +134,7 @@ def _hardware(store: Store, t: Target, now: float) -> tuple[Hardware, dict[str, 
                                                                    "free_bytes": free}
     assert t.managed is not None
     if t.backend != "vllm":  # llama-server on the host: a trial server may take what production leaves, less a fifth
-        have = _host_available()
+        have = host_available_bytes()
         return Hardware(host_memory_bytes=int(0.8 * have) if have else None), {"kind": "cpu", "host_available": have}
     space = t.managed.env.get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "4"
     try:
@@ -143,16 +143,6 @@ def _hardware(store: Store, t: Target, now: float) -> tuple[Hardware, dict[str, 
         raise ConfigError("config", f"targets[{t.name}].managed.env.VLLM_CPU_KVCACHE_SPACE",
                           f"{space!r}: expected GiB as a number") from None
     return Hardware(cpu_kv_cache_bytes=kv), {"kind": "cpu", "kv_cache_bytes": kv}
-
-
-def _host_available() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def _shadow_fits(t: Target, hw: Hardware, where: dict[str, Any], model: Any) -> tuple[bool, str]:
@@ -165,7 +155,7 @@ def _shadow_fits(t: Target, hw: Hardware, where: dict[str, Any], model: Any) -> 
         return (have is not None, f"the host has {have / GIB:.2f} GiB available; each candidate must fit 80% of it"
                 if have is not None else "cannot read the host's available memory (/proc/meminfo)")
     need = (weights_bytes(model) if model is not None else 0) + (hw.cpu_kv_cache_bytes or 0) + _CPU_SERVER_OVERHEAD
-    have = _host_available()
+    have = host_available_bytes()
     if have is None:
         return False, "cannot read the host's available memory (/proc/meminfo)"
     ok = need <= 0.8 * have
