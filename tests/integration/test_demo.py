@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -104,8 +106,7 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     # What a user reads next (README): the report of the demo's few minutes, opened in headless Chromium. Its
     # plots span the run (the range is the stored data, not 24 hours), the apply has its own before/after view,
     # and the tuning run its page. The screenshot is kept beside the report for a person to look at.
-    from tests.report.test_report import main_plots, png_pixels, run_chromium
-    from tuner.report.html import LEFT, RIGHT, W
+    from tests.report.test_report import drawn, png_pixels, run_chromium
     report = tmp_path / "demo" / "report.html"
     rep = subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(tmp_path / "demo" / "tuner.yaml"),
                           "report", "-o", str(report)], capture_output=True, text=True, timeout=300)
@@ -114,10 +115,12 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     run_chromium(tmp_path, f"--screenshot={shot}", "--window-size=1000,1600", report.as_uri())
     width, height, pixels = png_pixels(shot.read_bytes())
     assert sum(1 for p in pixels if p == (0x1F, 0x77, 0xB4)) > 500  # the first series of each plot, drawn
-    dom = run_chromium(tmp_path, "--dump-dom", report.as_uri()).stdout
-    spans = []
-    for m in re.finditer(r'<path class="series" data-legend="[^"]+" data-points="(\d+)" d="([^"]+)"', main_plots(dom)):
-        xs = [float(v) for v in re.findall(r"[ML]([\d.]+),", m.group(2))]
-        spans.append((max(xs) - min(xs)) / (W - LEFT - RIGHT))
+    keep = os.environ.get("TUNER_KEEP_SCREENSHOT")  # where docs/ screenshots come from
+    if keep:
+        shutil.copyfile(shot, keep)
+    charts = drawn(run_chromium(tmp_path, "--dump-dom", report.as_uri()).stdout)
+    spans = [(max(xs) - min(xs)) / w for cls, _, w, lines in charts if cls == "plot" and w
+             for xs in lines if xs]
     assert spans and max(spans) > 0.6, spans  # the run's data spans most of the plots' width
-    assert dom.count('<svg class="plot apply-view"') == 3 and dom.count('<svg class="plot scatter"') == 1
+    kinds = [c[0] for c in charts]
+    assert kinds.count("plot apply-view") == 3 and kinds.count("plot scatter") == 1

@@ -12,6 +12,7 @@ import shutil
 import struct
 import subprocess
 import zlib
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -140,46 +141,85 @@ def png_pixels(data: bytes) -> tuple[int, int, list[tuple[int, ...]]]:
     return width, height, pixels
 
 
+# ---- reading the page ------------------------------------------------------------------------------------------
+
+
+def figures(html: str) -> list[tuple[str, str, dict]]:
+    """(css class, title, plotly figure) of every chart, as the page carries them (plotly's JSON)."""
+    return [(m.group(1), unescape(m.group(2)), json.loads(m.group(3))) for m in re.finditer(
+        r'<div class="(plot[^"]*)" data-plot="([^"]*)"><script type="application/json" class="figure">(.*?)</script>',
+        html, flags=re.S)]
+
+
+def drawn(dom: str) -> list[tuple[str, str, float, list[list[float]]]]:
+    """What the browser drew, per chart: (css class, title, plot-area width, the x coordinates of each drawn line,
+    relative to the plot area; markers-only traces draw none), from Chromium's DOM after plotly.js ran."""
+    out = []
+    for m in re.finditer(r'<div class="(plot[^"]*)" data-plot="([^"]*)">(.*?)(?=<div class="plot[ "]|<h[234]|<table|'
+                         r'<footer|</section)', dom, flags=re.S):
+        chart = m.group(3).split('<g class="infolayer">')[0]  # not the legend's sample lines
+        bg = re.search(r'<rect class="bg" x="[\d.]+" y="[\d.]+" width="([\d.]+)"', chart)
+        lines = [[float(x) for d in re.findall(r'<path class="js-line" d="([^"]+)"', trace)
+                  for x in re.findall(r"[ML](-?[\d.]+),", d)]  # a line with gaps is drawn as several paths
+                 for trace in chart.split('<g class="trace scatter')[1:]]
+        out.append((m.group(1), unescape(m.group(2)), float(bg.group(1)) if bg else 0.0, [xs for xs in lines if xs]))
+    return out
+
+
+def series_points(fig: dict) -> dict[str, int]:
+    """legend -> values drawn (not gaps) of the chart's data lines (markers excluded)."""
+    return {t["name"]: sum(v is not None for v in t["y"]) for t in fig["data"] if t.get("meta") == "series"}
+
+
+def shapes(fig: dict, kind: str) -> list[dict]:
+    return [s for s in fig["layout"].get("shapes", []) if s.get("name") == kind]
+
+
 # ---- tests ---------------------------------------------------------------------------------------------------
 
 
-def main_plots(html: str) -> str:
-    """The report without the applies' own before/after views (checked on their own)."""
-    return re.sub(r'<svg class="plot apply-view".*?</svg>', "", html, flags=re.S)
-
-
 def test_report_is_one_self_contained_file_with_plots_markers_and_tables(report):
+    from tuner.report.html import plotly_js
+
     out, printed = report
     full = out.read_text()
-    html = main_plots(full)
-    assert re.search(r"\b(src|href)=|url\(|<script|<link|@import", html) is None  # nothing to fetch
+    # Nothing to fetch: the one library script is the installed plotly's own bundle, and nothing else links out.
+    lib = re.search(r'<script type="text/javascript" class="plotly-js">(.*?)</script>', full, flags=re.S)
+    assert lib is not None and lib.group(1) == plotly_js() and len(lib.group(1)) > 1_000_000
+    page = full.replace(lib.group(0), "")
+    assert re.search(r"\b(src|href)=|url\(|<link|@import|https?://", page) is None
     assert "1 target(s), 5 plots, 2 alert events, 2 applies" in printed
-    for title in plot_titles():
-        assert f'data-plot="{title}"' in html
+    figs = figures(full)
+    main = {title: fig for cls, title, fig in figs if cls == "plot"}
+    assert sorted(main) == sorted(plot_titles())
     # Latency and throughput have data once the load starts (the first 10 scrapes are idle).
+    legends = {legend: n for fig in main.values() for legend, n in series_points(fig).items()}
     for legend in ("P50", "P99", "prompt", "generated", "KV use", "running (peak)", "waiting (peak)"):
-        n = [int(m) for m in re.findall(rf'data-legend="{re.escape(legend)}" data-points="(\d+)"', html)]
-        assert n and all(k >= 40 for k in n), (legend, n)
-    assert html.count('class="marker alert"') == 5  # QueueDepthHigh firing, once per plot; not the other target's
-    assert html.count('class="marker apply"') == 10 and html.count('class="marker rollback"') == 5
-    assert "TargetDown" not in html
-    assert len(re.findall(r'<tr class="kpi" data-apply="\d+" data-kpi=', html)) == 14  # 7 KPIs x 2 applies
-    assert "+100.0%" in html and "-50.0%" in html  # TTFT P99 0.8 s -> 1.6 s (rolled back), -> 0.4 s (kept)
+        assert legends.get(legend, 0) >= 40, (legend, legends)
+    # QueueDepthHigh firing, once per plot (not the other target's TargetDown); two applies, one rolled back
+    for fig in main.values():
+        assert len(shapes(fig, "alert")) == 1 and len(shapes(fig, "apply")) == 2 and len(shapes(fig, "rollback")) == 1
+        hover = [t["text"] for t in fig["data"] if t.get("meta") == "marker alert"]
+        assert hover == [["QueueDepthHigh inactive -> firing"]] or hover == [["QueueDepthHigh pending -> firing"]]
+    assert "TargetDown" not in page
+    assert len(re.findall(r'<tr class="kpi" data-apply="\d+" data-kpi=', page)) == 14  # 7 KPIs x 2 applies
+    assert "+100.0%" in page and "-50.0%" in page  # TTFT P99 0.8 s -> 1.6 s (rolled back), -> 0.4 s (kept)
     # Each apply's own view: E2E, queue and throughput from a baseline (5 min, the default) before it to 30 s after
     # it, its start marked; the data (scrapes from T0 to T0 + 195 s) fills the part of the span it covers.
-    views = re.findall(r'<svg class="plot apply-view" data-plot="apply #(\d+): ([^"]+) \(engine 0\)".*?</svg>', full,
-                       flags=re.S)
-    assert sorted(views) == sorted((str(i), t) for i in (1, 2)
-                                   for t in ("End-to-end latency", "Requests running / waiting", "Tokens per second"))
-    for m in re.finditer(r'<svg class="plot apply-view".*?</svg>', full, flags=re.S):
-        assert 'class="marker apply"' in m.group(0)
-        n = [int(k) for k in re.findall(r'data-points="(\d+)"', m.group(0))]
-        assert n and max(n) >= 10, n
-    # The tuning page: one scatter of the measured trials, the front marked, every trial in the table
-    assert html.count('<svg class="plot scatter"') == 1
-    assert html.count('<circle class="trial front"') == 2 and html.count('<circle class="trial"') == 1
-    assert html.count('<path class="front"') == 1
-    rows = re.findall(r'<tr class="trial-row" data-status="(\w+)"><td>\d+</td><td>max_num_seqs=(\d+)</td>', html)
+    views = [(title, fig) for cls, title, fig in figs if cls == "plot apply-view"]
+    assert sorted(re.sub(r" \(engine 0\)$", "", t) for t, _ in views) == sorted(
+        f"apply #{i}: {t}" for i in (1, 2) for t in ("End-to-end latency", "Requests running / waiting",
+                                                     "Tokens per second"))
+    for title, fig in views:
+        assert shapes(fig, "apply"), title
+        assert max(series_points(fig).values()) >= 10, (title, series_points(fig))
+    # The tuning page: one scatter of the measured trials, the front joined, every trial in the table
+    scatters = [fig for cls, _, fig in figs if cls == "plot scatter"]
+    assert len(scatters) == 1
+    by_meta = {t["meta"]: t for t in scatters[0]["data"]}
+    assert by_meta["front"]["text"] == ["max_num_seqs=2", "max_num_seqs=8"]  # left to right: less latency first
+    assert by_meta["front"]["y"] == [2.0, 4.0] and by_meta["trial"]["text"] == ["max_num_seqs=16"]
+    rows = re.findall(r'<tr class="trial-row" data-status="(\w+)"><td>\d+</td><td>max_num_seqs=(\d+)</td>', page)
     assert rows == [("measured", "8"), ("measured", "16"), ("measured", "2"), ("crashed", "64"), ("pruned", "256")]
 
 
@@ -200,12 +240,14 @@ def test_chromium_renders_the_plots(report, tmp_path):
 
     dom = run_chromium(tmp_path, "--dump-dom", out.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert dom.stdout.count('<svg class="plot"') == 5
-    assert len(re.findall(r'<path class="series"[^>]* d="M', main_plots(dom.stdout))) == 9  # 2+2+1+2+2 lines
-    assert dom.stdout.count('<svg class="plot apply-view"') == 6  # 3 per apply
+    charts = drawn(dom.stdout)
+    assert [c[0] for c in charts].count("plot") == 5 and [c[0] for c in charts].count("plot apply-view") == 6
+    assert [c[0] for c in charts].count("plot scatter") == 1
+    assert all(c[2] > 500 for c in charts), [(c[1], c[2]) for c in charts]  # every chart drew its plot area
+    assert sum(len(c[3]) for c in charts if c[0] == "plot") == 9  # 2+2+1+2+2 lines drawn
     assert len(re.findall(r'<tr class="kpi"', dom.stdout)) == 14
     assert len(re.findall(r'<tr class="alert-event"', dom.stdout)) == 2
-    assert len(re.findall(r'<circle class="trial', dom.stdout)) == 3 and dom.stdout.count('<tr class="trial-row"') == 5
+    assert dom.stdout.count('<tr class="trial-row"') == 5
 
 
 def test_png_reader_sees_a_blank_page_as_blank(tmp_path):
@@ -233,9 +275,8 @@ def test_unknown_target_and_bad_output_are_one_line_errors(tmp_path, capsys):
 def test_a_short_run_fills_the_plots_under_the_default_24_hours(tmp_path, capsys):
     """Issue 16: the demo's few minutes of data were a sliver at the right edge of 24-hour plots. The report's
     range is the stored data within the period asked: every series starts near the left edge and ends near the
-    right one (3 minutes and 15 s of scrapes, asked for the 24 hours up to an hour after them)."""
-    from tuner.report.html import LEFT, RIGHT, W
-
+    right one (3 minutes and 15 s of scrapes, asked for the 24 hours up to an hour after them), in the figure's data
+    and in what Chromium drew."""
     store = migrated_store(tmp_path)
     fill(store)  # 40 scrapes, 5 s apart, from T0
     store.engine.dispose()
@@ -243,21 +284,30 @@ def test_a_short_run_fills_the_plots_under_the_default_24_hours(tmp_path, capsys
     cfg.write_text("store: {url: 'sqlite:///tuner.db'}\ntargets:\n  - {name: chat, backend: vllm, url: 'http://x:1'}\n")
     out = tmp_path / "r.html"
     assert main(["--config", str(cfg), "report", "--until", str(T0 + 3600), "-o", str(out)]) == 0
-    html = main_plots(out.read_text())
+    gauges = {"KV-cache use (peak in window)", "Requests running / waiting"}
     # gauges have a value at every scrape (latency quantiles only once requests finish, after the idle start)
-    paths = re.findall(r'<path class="series" data-legend="(?:KV use|running \(peak\))" data-points="(\d+)" d="([^"]+)"',
-                       html)
-    assert len(paths) == 2, "no plotted gauge series"
-    width = W - LEFT - RIGHT
-    for points, d in paths:
-        xs = [float(m) for m in re.findall(r"[ML]([\d.]+),", d)]
-        assert int(points) >= 10, (points, d[:80])
-        # from the first stored scrape to the last: most of the width (windows need a few scrapes to fill)
-        assert min(xs) - LEFT < 0.25 * width and (LEFT + width) - max(xs) < 0.05 * width, (min(xs), max(xs))
+    for cls, title, fig in figures(out.read_text()):
+        if cls != "plot" or title not in gauges:
+            continue
+        lo, hi = fig["layout"]["xaxis"]["range"]
+        for trace in (t for t in fig["data"] if t.get("meta") == "series"):
+            xs = [x for x, y in zip(trace["x"], trace["y"]) if y is not None]
+            assert len(xs) >= 10, (title, trace["name"], len(xs))
+            # from the first stored scrape to the last: most of the width (windows need a few scrapes to fill)
+            assert (min(xs) - lo) < 0.25 * (hi - lo) and (hi - max(xs)) < 0.05 * (hi - lo), (title, lo, hi, xs)
+        gauges.discard(title)
+    assert not gauges, f"no chart for {gauges}"
+    if shutil.which("chromium") is None:
+        return
+    dom = run_chromium(tmp_path, "--dump-dom", out.as_uri()).stdout
+    spans = [(title, (max(xs) - min(xs)) / width) for cls, title, width, lines in drawn(dom) if cls == "plot"
+             for xs in lines]
+    assert spans and all(s > 0.7 for t, s in spans if t in ("KV-cache use (peak in window)",
+                                                            "Requests running / waiting")), spans
 
 
 def test_pareto_front_of_capacity_against_latency():
-    from tuner.report.html import pareto
+    from tuner.report.figures import pareto
     # (capacity, P99): (4, 1.5) beats (3, 2.0) on both; (2, 1.0) has the least latency; (4, 1.6) loses to (4, 1.5)
     assert pareto([(2.0, 1.0), (4.0, 1.5), (3.0, 2.0), (4.0, 1.6)]) == [True, True, False, False]
     assert pareto([]) == [] and pareto([(1.0, 1.0), (1.0, 1.0)]) == [True, True]  # ties both stay

@@ -55,5 +55,5 @@ def write_report(session: Session, out: Path, *, target: str | None, start: floa
                                baseline_s=baselines.get(name, 300.0)))
     html = render_html(reports, title=f"tuner report — {target or 'all targets'}", generated_at=time.time())
     out.write_text(html, encoding="utf-8")
-    return ReportWritten(out, len(reports), html.count('<svg class="plot"'), sum(len(r.alerts) for r in reports),
+    return ReportWritten(out, len(reports), html.count('<div class="plot" '), sum(len(r.alerts) for r in reports),
                          sum(len(r.applies) for r in reports), len(html.encode()))
