@@ -27,7 +27,7 @@ from pydantic import (
 from tuner.errors import ConfigError, FlagError, UnknownTargetError
 from tuner.flags import validate
 
-__all__ = ["Window", "parse_window", "in_window", "Config", "Target", "Managed", "Hook", "ApplyPolicy", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
+__all__ = ["Window", "parse_window", "in_window", "window_left", "Config", "Target", "Balancer", "Replica", "Managed", "Hook", "ApplyPolicy", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
            "parse_duration", "DEFAULT_LISTEN"]
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
@@ -242,6 +242,18 @@ def in_window(w: Window, ts: float) -> bool:
     return (day in w.days and minute >= w.start_min) or ((day - 1) % 7 in w.days and minute < w.end_min)
 
 
+def window_left(windows: list[Window], ts: float) -> float:
+    """Seconds from ``ts`` until none of ``windows`` is open any more (0.0 when none is open at ``ts``); windows
+    that chain into each other count as one. Minute steps, at most a week."""
+    if not any(in_window(w, ts) for w in windows):
+        return 0.0
+    edge = (ts // 60 + 1) * 60  # the next minute boundary: windows open and close on minutes
+    for i in range(7 * 24 * 60):
+        if not any(in_window(w, edge + i * 60) for w in windows):
+            return edge + i * 60 - ts
+    return float(7 * 24 * 3600)
+
+
 class ApplyPolicy(_Model):
     """How flag changes reach this target and how tuner judges them."""
 
@@ -270,8 +282,47 @@ class ApplyPolicy(_Model):
         return v
 
 
+class Balancer(_Model):
+    """HAProxy in front of a replica group, driven through its runtime API (README "Replica groups")."""
+
+    kind: Literal["haproxy"] = "haproxy"
+    socket: str  # its admin socket: `stats socket PATH mode 600 level admin` in HAProxy's global section
+    backend: str  # the HAProxy backend whose servers the replicas are
+    drain_timeout: Duration = timedelta(seconds=60)  # until a drained replica's sessions are gone
+    up_timeout: Duration = timedelta(seconds=30)  # after `ready`, until HAProxy's own health check says UP
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("use letters, digits, '.', '_' or '-' (the name HAProxy's config gives the backend)")
+        return v
+
+
+class Replica(_Model):
+    """One server of a replica group: its name in the balancer's backend and its own URL."""
+
+    name: str
+    url: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("use letters, digits, '.', '_' or '-' (the server's name in the HAProxy backend)")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"^https?://([^/:\s]+|\[[^\]]+\]):\d+/?$", v):
+            raise ValueError(f"expected http://HOST:PORT of this replica (tuner scrapes and starts it there), got {v!r}")
+        return v.rstrip("/")
+
+
 class Target(_Model):
-    """One inference server to watch."""
+    """One inference server to watch; or, with ``replicas``, a group of them behind a balancer (the config
+    expands a group into one target per replica, named GROUP.REPLICA, that share everything but the URL)."""
 
     name: str
     backend: Literal["vllm", "llamacpp", "auto"]
@@ -287,6 +338,13 @@ class Target(_Model):
     flags: dict[str, str | int | float | bool] = Field(default_factory=dict)
     managed: Managed | None = None
     apply: ApplyPolicy = ApplyPolicy()
+    balancer: Balancer | None = None
+    replicas: list[Replica] = Field(default_factory=list)
+    # Set by the expansion of a group, never written in the file: the group, this replica's server name in the
+    # balancer, and the group's URL (the balancer's frontend, what clients use).
+    group: str | None = None
+    replica: str | None = None
+    group_url: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -294,6 +352,30 @@ class Target(_Model):
         if not _NAME.match(v):
             raise ValueError("use letters, digits, '.', '_' or '-' (at most 63 characters)")
         return v
+
+    @model_validator(mode="after")
+    def _group(self) -> "Target":
+        if self.replicas and self.balancer is None:
+            raise ValueError("replicas: a group needs a balancer (balancer: {socket, backend}); without one a "
+                             "restart of any replica drops its requests")
+        if self.balancer is not None and len(self.replicas) < 2:
+            raise ValueError("balancer: list at least two replicas (a rolling apply takes one out at a time)")
+        names = [r.name for r in self.replicas]
+        if len(set(names)) != len(names):
+            raise ValueError(f"replicas: duplicate replica name in {names}")
+        urls = [r.url for r in self.replicas]
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"replicas: two replicas share a URL in {urls}")
+        return self
+
+    def members(self) -> list["Target"]:
+        """The group's replicas as targets of their own (itself when it is not a group)."""
+        if not self.replicas:
+            return [self]
+        labels = lambda r: {**self.labels, "group": self.name, "replica": r.name}  # noqa: E731
+        return [self.model_copy(update={"name": f"{self.name}.{r.name}", "url": r.url, "replicas": [],
+                                        "group": self.name, "replica": r.name, "group_url": self.url,
+                                        "labels": labels(r)}) for r in self.replicas]
 
     @field_validator("url")
     @classmethod
@@ -432,6 +514,8 @@ class Config(_Model):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Config":
+        # A replica group becomes one target per replica (scraped, alerted and judged each on its own).
+        object.__setattr__(self, "targets", [m for t in self.targets for m in t.members()])
         seen: set[str] = set()
         for i, t in enumerate(self.targets):
             if t.name in seen:
@@ -440,6 +524,10 @@ class Config(_Model):
             if t.source == "prometheus" and self.prometheus is None:
                 raise ValueError(f"targets[{i}].source: 'prometheus' needs a top-level prometheus.url")
         return self
+
+    def group(self, t: Target) -> list[Target]:
+        """The replicas of ``t``'s group, in the order the file lists them (``[t]`` when it is in none)."""
+        return [m for m in self.targets if m.group == t.group] if t.group else [t]
 
     def target(self, name: str) -> Target:
 

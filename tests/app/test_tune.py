@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 
 import pytest
 
@@ -34,6 +35,9 @@ LLAMA = ("  - name: l\n    backend: llamacpp\n    url: http://127.0.0.1:9\n    s
          "    managed: {model: MODEL/m.gguf, flags: {parallel: 2}}\n")
 
 
+AT_0300 = datetime(2026, 11, 23, 3, 0, tzinfo=timezone.utc).timestamp()
+
+
 @pytest.mark.parametrize("target,req,key", [
     ("  - name: l\n    backend: llamacpp\n    url: http://127.0.0.1:9\n    slo: {e2e_p99: 4s}\n", TuneRequest("l"),
      "targets[l].managed"),
@@ -44,7 +48,11 @@ LLAMA = ("  - name: l\n    backend: llamacpp\n    url: http://127.0.0.1:9\n    s
      "targets[v].managed"),
     (VLLM.replace("    slo: {e2e_p99: 4s}\n", ""), TuneRequest("v"), "targets[v].slo"),
     (VLLM, TuneRequest("v", budget=0), "--budget"),
-    (VLLM, TuneRequest("v", on_target=True), "--on-target"),
+    (VLLM, TuneRequest("v", on_target=True), "targets[v].apply.maintenance_windows"),  # none configured
+    (VLLM.replace("    managed:", "    apply: {maintenance_windows: ['daily 04:00-05:00']}\n    managed:"),
+     TuneRequest("v", on_target=True), "targets[v].apply.maintenance_windows"),  # closed at 03:00
+    (VLLM.replace("    managed:", "    apply: {maintenance_windows: ['daily 02:00-03:10']}\n    managed:"),
+     TuneRequest("v", on_target=True), "targets[v].apply.maintenance_windows"),  # 10 min left < drain + start
     (VLLM, TuneRequest("v", sampler="bayes"), "--sampler"),
     (VLLM, TuneRequest("v", resume=True), "--resume"),
     (VLLM, TuneRequest("v"), "--workload"),  # no stored traffic and no file
@@ -53,7 +61,7 @@ LLAMA = ("  - name: l\n    backend: llamacpp\n    url: http://127.0.0.1:9\n    s
 def test_refusals_name_what_to_fix(tmp_path, store, target, req, key):
     cfg = _cfg(tmp_path, target)
     with pytest.raises(ConfigError) as err:
-        tune(cfg, store, req, config_dir=tmp_path, say=lambda m: None)
+        tune(cfg, store, req, config_dir=tmp_path, say=lambda m: None, clock=lambda: AT_0300)
     assert err.value.key == key, str(err.value)
     assert tj.latest_run(store.engine, req.target) is None or key == ""  # nothing started, nothing journaled
 

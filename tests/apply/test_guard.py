@@ -85,6 +85,19 @@ def test_maintenance_windows():
     assert in_window(parse_window("daily 02:30-03:30"), NOW)
 
 
+def test_time_left_in_the_open_windows():
+    from datetime import datetime, timezone
+
+    from tuner.config import window_left
+    at = datetime(2026, 11, 23, 3, 0, 30, tzinfo=timezone.utc).timestamp()  # a Monday, 03:00:30 UTC
+    assert window_left([parse_window("daily 02:00-04:00")], at) == 3600 - 30
+    assert window_left([parse_window("daily 04:00-05:00")], at) == 0.0  # none open
+    # chained windows count as one; one that wraps midnight closes the next morning
+    assert window_left([parse_window("daily 02:00-04:00"), parse_window("Mon 04:00-05:00")], at) == 2 * 3600 - 30
+    assert window_left([parse_window("Sun 22:00-04:00")], at) == 3600 - 30
+    assert window_left([parse_window("Sat 22:00-04:00")], at) == 0.0  # Saturday's closed on Sunday morning
+
+
 @pytest.mark.parametrize("text", ["noon", "daily 25:00-26:00", "Funday 01:00-02:00", "daily 02:00-02:00"])
 def test_bad_windows_are_named(text):
     with pytest.raises(ValueError, match="maintenance window"):

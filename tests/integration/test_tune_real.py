@@ -162,3 +162,109 @@ def test_tune_a_real_llama_server_with_the_same_client(tmp_path):
     assert [(t.flags["parallel"], t.status) for t in trials] == [(1, "measured"), (2, "measured")], \
         [(t.flags, t.status, t.detail.get("error")) for t in trials]
     check_decisions(engine, result, trials, "parallel", baseline=1, slo=Slo(e2e_p99="4s", objective=OBJECTIVE))
+
+
+def _llama_on_target_config(tmp: Path, port: int, window: str) -> Path:
+    cfg = tmp / f"tuner-{abs(hash(window))}.yaml"
+    cfg.write_text(
+        f"store: {{url: 'sqlite:///{tmp / 'tuner.db'}'}}\n"
+        "targets:\n"
+        f"  - name: llama\n    backend: llamacpp\n    url: http://127.0.0.1:{port}\n"
+        f"    slo: {{e2e_p99: 4s, objective: {OBJECTIVE}}}\n"
+        f"    apply: {{maintenance_windows: ['{window}']}}\n"
+        f"    managed:\n      model: {realservers.TINY_GGUF.path()}\n      executable: {realservers.LLAMA_SERVER.path()}\n"
+        "      flags: {parallel: 1, ctx_size: 1024}\n      extra_args: {'-t': 1}\n"
+        f"      log_dir: {tmp / 'logs'}\n      start_timeout: 60s\n      drain_timeout: 5s\n")
+    return cfg
+
+
+def test_tune_on_target_only_in_its_window_restores_production_and_survives_kill9(tmp_path):
+    """--on-target on a real llama-server: refused outside the target's maintenance window with production untouched;
+    inside it, trials run on production's own port while production is down; kill -9 mid-trial leaves production to
+    the next reconcile, which starts it again with the flags in force; --resume finishes and production is back,
+    healthy, with the flags in force, and the journal shows the session as one `tune` entry."""
+    require(realservers.LLAMA_SERVER, realservers.TINY_GGUF, realservers.VLLM_PYTHON, realservers.TINY_MODEL)
+    from datetime import datetime, timedelta, timezone
+
+    from tuner.apply.launch import free_port
+    from tuner.store import journal as jr
+
+    port = free_port()
+    now = datetime.now(timezone.utc)
+    hhmm = lambda d: (now + d).strftime("%H:%M")  # noqa: E731
+    open_now = _llama_on_target_config(tmp_path, port, f"daily {hhmm(timedelta(hours=-1))}-{hhmm(timedelta(hours=2))}")
+    closed = _llama_on_target_config(tmp_path, port, f"daily {hhmm(timedelta(hours=3))}-{hhmm(timedelta(hours=4))}")
+    (tmp_path / "wl.yaml").write_text("input_len: 16\noutput_len: 64\nrange_ratio: 0.2\nrate_rps: 2\n")
+    tuner = [sys.executable, "-m", "tuner.cli", "-c"]
+    subprocess.run(tuner + [str(open_now), "db", "upgrade"], check=True, capture_output=True)
+    started = subprocess.run(tuner + [str(open_now), "managed", "start", "llama"], capture_output=True, text=True,
+                             timeout=120)
+    assert started.returncode == 0, started.stderr[-2000:]
+    engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
+    prod = jr.get_managed(engine, "llama")
+    assert prod is not None and prod.pid and mg.is_alive(prod.pid, prod.proc_start)
+    in_force = mg.proc_argv(prod.pid)
+    tune = ["tune", "llama", "--on-target", "--workload", str(tmp_path / "wl.yaml"), "--flags", "parallel=1/2",
+            "--budget", "2", "--no-noise-check", "--run-seconds", "6", "--max-runs", "3",
+            "--client-python", str(realservers.VLLM_PYTHON.path()), "--tokenizer", str(realservers.TINY_MODEL.path()),
+            "--json"]
+    try:
+        # Outside the window: refused, naming the key; production never touched.
+        out = subprocess.run(tuner + [str(closed)] + tune, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and "targets[llama].apply.maintenance_windows" in out.stderr, out.stderr[-2000:]
+        assert mg.is_alive(prod.pid, prod.proc_start) and jr.open_applies(engine) == []
+
+        # Inside it: production drained, the first trial on its own port; kill -9 while the trial server serves.
+        log = open(tmp_path / "tune-on-target-1.log", "w")
+        first = subprocess.Popen(tuner + [str(open_now)] + tune, stdout=subprocess.PIPE, stderr=log, text=True)
+
+        def trial_running():
+            run = tj.latest_run(engine, "llama")
+            live = [t for t in (tj.trials(engine, run.id) if run else []) if t.status == "running" and t.pid]
+            return live[0] if live and mg.is_alive(live[0].pid, live[0].proc_start) else None
+        try:
+            trial = _wait(trial_running, 300, "an on-target trial server")
+            assert trial.url == f"http://127.0.0.1:{port}"  # production's own port
+            assert not mg.is_alive(prod.pid, prod.proc_start)  # production was drained for it
+            (lock,) = jr.open_applies(engine)
+            assert lock.kind == "tune" and lock.target == "llama"
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+            log.close()
+        _wait(lambda: not _group_alive(trial.pid), 60, "the trial server to go with its tuner")
+        assert mg.find_by_argv(in_force) is None  # production is down until someone reconciles
+
+        rec = subprocess.run(tuner + [str(open_now), "reconcile"], capture_output=True, text=True, timeout=180)
+        assert rec.returncode == 0, rec.stderr[-2000:]
+        back = jr.get_managed(engine, "llama")
+        assert back is not None and back.pid and mg.is_alive(back.pid, back.proc_start)
+        assert mg.proc_argv(back.pid) == in_force and jr.open_applies(engine) == []
+        (entry,) = [a for a in jr.list_applies(engine, target="llama") if a.kind == "tune"]
+        assert entry.state == "done" and "reconciled" in entry.note
+
+        # --resume, still inside the window: the rest of the trials, then production back with the flags in force.
+        out = subprocess.run(tuner + [str(open_now)] + tune + ["--resume"], capture_output=True, text=True,
+                             timeout=900)
+        assert out.returncode == 0, out.stderr[-3000:]
+        result = json.loads(out.stdout)
+        trials = tj.trials(engine, result["run_id"])
+        measured = [t for t in trials if t.status == "measured"]
+        assert sorted(t.flags["parallel"] for t in measured) == [1, 2], [(t.flags, t.status) for t in trials]
+        assert all(t.url == f"http://127.0.0.1:{port}" for t in trials if t.pid)
+        check_decisions(engine, result, measured, "parallel", baseline=1, slo=Slo(e2e_p99="4s", objective=OBJECTIVE))
+        final = jr.get_managed(engine, "llama")
+        assert final is not None and final.pid and mg.is_alive(final.pid, final.proc_start)
+        assert mg.proc_argv(final.pid) == in_force
+        mg.health_gate(realservers_target(port))
+        entries = [a for a in jr.list_applies(engine, target="llama") if a.kind == "tune"]
+        assert len(entries) == 2 and all(a.state == "done" for a in entries) and jr.open_applies(engine) == []
+        assert "restored and healthy" in entries[0].note, entries[0].note  # newest first
+    finally:
+        subprocess.run(tuner + [str(open_now), "managed", "stop", "llama"], capture_output=True, timeout=120)
+
+
+def realservers_target(port: int):  # type: ignore[no-untyped-def]
+    """A minimal target for the health gate (a real completion through the server)."""
+    from tuner.config import Target
+    return Target(name="llama", backend="llamacpp", url=f"http://127.0.0.1:{port}")

@@ -6,7 +6,11 @@ What it does, in order:
      force (the baseline), the memory model's facts (the model's config.json; a GPU reading, or on a CPU host
      the KV space vLLM is given);
   3. where trials run: shadow mode, a second server on a spare port beside production, when the memory model
-     says both fit (the host's available memory, or the GPU's free memory); otherwise it stops and says so;
+     says both fit (the host's available memory, or the GPU's free memory); otherwise it stops and says so,
+     unless ``--on-target``: then, only inside one of the target's maintenance windows, production is drained and
+     the trials run on its own port; that is journaled as an open apply of kind ``tune`` (the target's lock: no
+     apply, auto step or supervised restart meanwhile), and production comes back with the flags in force at the
+     end, or from the reconcile of the next tuner if this one dies;
   4. the search (tuner/tune/search.py): the baseline first, then the advisor's proposals, then optuna's TPE;
      every candidate passes the memory model and vLLM's start-up checks before it starts (tuner/tune/space.py);
   5. each trial: journaled, started, health-gated, its capacity bracketed with vLLM's benchmark client
@@ -18,22 +22,25 @@ What it does, in order:
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from tuner.advise.facts import gpu_facts, load_model
 from tuner.advise.memory import GIB, weights_bytes
 from tuner.advise.recommend import diff_key, evaluate
 from tuner.app.recommend import RecommendRequest, gather_inputs, host_available_bytes
 from tuner.apply import managed as mg
-from tuner.apply.flow import flags_in_force
+from tuner.apply.flow import Applier, flags_in_force
 from tuner.apply.launch import free_port
-from tuner.config import Config, Target
-from tuner.errors import ConfigError, ServerStartError
+from tuner.config import Config, Target, parse_window, window_left
+from tuner.errors import ApplyError, ConfigError, ServerStartError
 from tuner.signals.workload import Workload, dump_workload, from_window, parse_workload
+from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 from tuner.store import tuning as tj
 from tuner.store.store import Store
@@ -85,6 +92,7 @@ class _Ctx:
     log_dir: Path = field(default_factory=Path)
     bench: Any = None  # the BenchClient of this run
     tokenizer: str = ""
+    on_target: bool = False  # trials run on the target's own port (production drained)
 
 
 def _flag_text(flags: dict[str, Any]) -> str:
@@ -182,8 +190,8 @@ def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcom
     t, req = ctx.target, ctx.req
     assert t.managed is not None and ctx.workload is not None
     ctx.trial_no += 1
-    port = free_port()
-    shadow = t.model_copy(update={"url": f"http://127.0.0.1:{port}"})
+    shadow = t if ctx.on_target else t.model_copy(update={"url": f"http://127.0.0.1:{free_port()}"})
+    port = shadow.url.rsplit(":", 1)[-1].split("/")[0]
     tid = tj.begin_trial(ctx.store.engine, ctx.run_id, now=ctx.clock(), flags=flags, seed=label, url=shadow.url)
     ctx.say(f"trial {ctx.trial_no}/{req.budget}{' (' + label + ')' if label else ''}: {_flag_text(flags)}")
     argv = mg.build_argv(shadow, flags)
@@ -250,6 +258,73 @@ def _diff(current: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in best.items() if current.get(k) != v}
 
 
+def _window_time(t: Target, now: float) -> float:
+    """Seconds of the open maintenance window that trials on the target may use (the restart of production after
+    them is kept inside it); ConfigError naming the key when no window is open."""
+    key = f"targets[{t.name}].apply.maintenance_windows"
+    windows = [parse_window(w) for w in t.apply.maintenance_windows]
+    if not windows:
+        raise ConfigError("config", key, "--on-target stops production for the trials: set the windows it may do "
+                                         "that in, e.g. ['daily 02:00-04:00'] (UTC)")
+    left = window_left(windows, now)
+    assert t.managed is not None
+    margin = t.managed.start_timeout.total_seconds() + t.managed.drain_timeout.total_seconds()
+    if left <= margin:
+        when = "no window is open now" if left == 0 else f"the open window closes in {left:.0f}s"
+        listed = ", ".join(t.apply.maintenance_windows)
+        raise ConfigError("config", key, f"--on-target runs only inside a maintenance window ({listed} UTC); {when}, "
+                                         f"and production needs {margin:.0f}s (drain + start) to be back before it "
+                                         "closes")
+    return left - margin
+
+
+@contextmanager
+def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
+    """On-target trials: production drained for the body and started again with ``current`` after it, all in one
+    apply-journal entry of kind ``tune`` (the target's lock). Nothing to do in shadow mode."""
+    if not ctx.on_target:
+        yield
+        return
+    t, engine = ctx.target, ctx.store.engine
+    ap = Applier(ctx.cfg, ctx.store, ctx.config_dir, say=ctx.say, clock=ctx.clock)
+    argv = mg.build_argv(t, current)
+    aid = jr.begin_apply(engine, target=t.name, recommendation_id=None, kind="tune", mode="manual", now=ctx.clock(),
+                         diff={}, old_flags=current, new_flags=current, old_argv=argv, new_argv=argv,
+                         owner_pid=ap.owner[0], owner_start=ap.owner[1])
+    r = ap.running(t)
+    ap._step(aid, "draining", f"tuning run {ctx.run_id} on the target: " + (f"pid {r.pid}" if r else
+                                                                          "no server running"), state="draining")
+    if r is not None:
+        ctx.waiting[:] = [f"draining {t.name} for the trials"]
+        ap._step(aid, "stopped", ap._drain(t, r))
+    ap._save(t, None, current, "stopped", note=f"tuning run {ctx.run_id} on the target")
+    ap._step(aid, "tuning", f"trials on {t.url}", state="tuning")
+    failed: BaseException | None = None
+    try:
+        yield
+    except BaseException as exc:
+        failed = exc
+        raise
+    finally:
+        ctx.waiting[:] = [f"starting {t.name} again with the flags in force"]
+        ap._step(aid, "restoring", json.dumps(argv), state="starting")
+        try:
+            ap.launch(t, current)
+        except ServerStartError as exc:
+            first = str(exc).splitlines()[0]
+            ap._step(aid, "restore_failed", first)
+            jr.finish(engine, aid, "failed", f"tuned on the target; starting it again with the flags in force "
+                                             f"FAILED: {first}", now=ctx.clock())
+            if failed is None:
+                raise ApplyError(f"{t.name}: trials done, but it did not start again with the flags in force: "
+                                 f"{first}; `tuner managed start {t.name}` once the cause is fixed") from None
+        else:
+            ap._step(aid, "restored", "the flags in force, healthy")
+            how = "stopped early: " + type(failed).__name__ if failed is not None else "trials done"
+            jr.finish(engine, aid, "rolled_back", f"tuning run {ctx.run_id} on the target ({how}); the flags in "
+                                                  "force restored and healthy", now=ctx.clock())
+
+
 def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: Callable[[str], None] = print,
          clock: Callable[[], float] = time.time, waiting: list[str] | None = None) -> dict[str, Any]:
     """Run a tuning session; the result as `tuner tune --json` prints it (README 'tuner tune')."""
@@ -267,9 +342,12 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
         raise ConfigError("tuner tune", "--sampler", f"{req.sampler!r}: expected tpe, random or grid")
     if req.budget < 1:
         raise ConfigError("tuner tune", "--budget", f"expected at least 1 trial, got {req.budget}")
+    max_time_s = req.max_time_s
     if req.on_target:
-        raise ConfigError("tuner tune", "--on-target", "trials on the production server itself are not built yet; "
-                                                       "tuner tune runs them beside it (shadow mode)")
+        max_time_s = min(max_time_s, _window_time(t, now))
+        # an on-target tune (or apply) whose tuner died left production down or changed: put it back first
+        for line in Applier(cfg, store, config_dir, say=say, clock=clock).reconcile():
+            say(line)
     llama = t.backend != "vllm"
     client_python = req.client_python or (None if llama else t.managed.executable or "python3")
     if client_python is None:
@@ -288,10 +366,14 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
                 workload_of(cfg, store, t.name, window_s=req.window_s, path=req.workload_file, now=now))
     model = load_model(t.managed.model) if Path(t.managed.model).exists() else None
     hw, hw_json = _hardware(store, t, now)
-    fits, why = _shadow_fits(t, hw, hw_json, model)
+    if req.on_target:
+        fits, why = True, f"trials on {t.name} itself (--on-target), production drained until the end"
+    else:
+        fits, why = _shadow_fits(t, hw, hw_json, model)
     if not fits:
         raise ConfigError("tuner tune", "--on-target", f"no room for a trial server beside {t.name}: {why}")
-    current = canonical(flags_in_force(store.engine, t))
+    in_force = flags_in_force(store.engine, t)  # as production runs them (its argv's order: restored as is)
+    current = canonical(in_force)
     axes = axes_for(t.backend, current, longest=workload.longest,
                     model_max_len=model.max_position_embeddings if model else None, on_gpu=hw_json["kind"] == "gpu",
                     names=req.flags or None)
@@ -302,9 +384,9 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
 
     slo_json = {k: (v.total_seconds() if hasattr(v, "total_seconds") else v)
                 for k, v in t.slo.model_dump().items() if v is not None}
-    request_json = {"budget": req.budget, "max_time_s": req.max_time_s, "flags": [a.name for a in axes],
-                    "sampler": req.sampler,
-                    "where": "shadow", "hardware": hw_json, "shadow_fit": why}
+    request_json = {"budget": req.budget, "max_time_s": max_time_s, "flags": [a.name for a in axes],
+                    "sampler": req.sampler, "where": "on_target" if req.on_target else "shadow", "hardware": hw_json,
+                    "shadow_fit": why}
     history: list[Point] = []
     if previous is not None:
         run_id = previous.id
@@ -316,14 +398,15 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
         run_id = tj.begin_run(store.engine, target=t.name, now=now, request=request_json,
                               workload=dump_workload(workload), slo=slo_json, baseline_flags=current)
     ctx = _Ctx(cfg, store, t, req, config_dir, say, clock, run_id=run_id, workload=workload,
-               waiting=waiting if waiting is not None else [], log_dir=(config_dir / t.managed.log_dir).resolve())
+               waiting=waiting if waiting is not None else [], log_dir=(config_dir / t.managed.log_dir).resolve(),
+               on_target=req.on_target)
     ctx.trial_no = sum(1 for p in history if p.outcome.status != "pruned")
     ctx.best_rps = max((p.outcome.capacity_rps for p in history), default=0.0)
     say(f"tuning {t.name}: workload {workload.input_len} in / {workload.output_len} out tokens "
         f"(range {workload.range_ratio:g}, prefix {workload.prefix_len}), burstiness {workload.burstiness:g}, "
         f"from {workload.source}; SLO {slo_json}; {why}")
     say(f"searching {', '.join(a.name for a in axes)} around {_flag_text(current)}; budget {req.budget} trials, "
-        f"{req.max_time_s:g}s")
+        f"{max_time_s:g}s")
     seeds = [("baseline", current)]
     if req.sampler == "tpe":
         seeds += _advisor_seeds(cfg, store, t, current, req.window_s, now)
@@ -331,7 +414,7 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
         seeds = []
     noise_budget = 1 if req.noise_check and req.budget >= 3 else 0
     try:
-        with BenchClient(client_python, ctx.log_dir / f"tune-{run_id}") as client:
+        with BenchClient(client_python, ctx.log_dir / f"tune-{run_id}") as client, _target_taken(ctx, in_force):
             ctx.bench, ctx.tokenizer = client, tokenizer
 
             def measure(flags: dict[str, Any], label: str) -> Outcome:
@@ -346,7 +429,7 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
 
             points = list(history) + search(
                 axes, fixed, measure=measure, feasible=check, seeds=seeds, budget=req.budget - noise_budget,
-                max_time_s=req.max_time_s - (clock() - now), clock=clock, history=history, on_pruned=pruned,
+                max_time_s=max_time_s - (clock() - now), clock=clock, history=history, on_pruned=pruned,
                 seed=req.seed, sampler=req.sampler, gallop="max_num_seqs" if t.backend == "vllm" else "parallel")
             measured = [p for p in points if p.outcome.status == "measured"]
             noise = None
@@ -427,7 +510,8 @@ def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> in
         diff=diff, current={k: current.get(k) for k in diff}, evidence=evidence,
         expected_effect=f"capacity within the SLO {base['capacity_rps']:.3g} -> {best['capacity_rps']:.3g} req/s "
                         "(measured on a trial server with the workload replayed)",
-        risk="measured on a shadow server beside production; the live verdict judges it again after the apply",
+        risk=("measured on the target itself in its maintenance window" if ctx.on_target else
+              "measured on a shadow server beside production") + "; the live verdict judges it again after the apply",
         confidence=0.9, rank=1,
         memory_check={"ok": True, "reason": "passed the memory model before its trial started",
                       "before": {}, "after": winner.get("memory") or {}})

@@ -101,7 +101,10 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--tokenizer", help="Hugging Face tokenizer (directory or hub name) the client writes prompts with "
                    "(default: the vLLM target's model; needed for llama-server)")
     t.add_argument("--resume", action="store_true", help="continue the target's last tuning run")
-    t.add_argument("--on-target", action="store_true", help="run trials on the production server (not built yet)")
+    t.add_argument("--on-target", action="store_true",
+                   help="run the trials on the target itself, only inside one of its apply.maintenance_windows: "
+                        "production is drained for them and started again with the flags in force after (by the "
+                        "next tuner's reconcile if this one dies); for hosts where a second server does not fit")
     t.add_argument("--sampler", choices=["tpe", "random", "grid"], default="tpe",
                    help="tpe: optuna's TPE seeded with the flags in force and the advisor's proposals (default); "
                         "random: optuna's random sampler; grid: every feasible point (budget permitting)")

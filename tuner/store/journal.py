@@ -27,7 +27,7 @@ __all__ = ["ApplyRow", "ApplyStepRow", "ManagedServerRow", "StoredApply", "Manag
            "KPI_KEYS", "begin_apply", "step", "finish", "set_kpis", "get_apply", "list_applies", "open_applies",
            "open_applies_for", "outcome_counts", "get_managed", "save_managed", "forget_managed"]
 
-STATES = ("planned", "draining", "starting", "health_check", "observing", "awaiting_manual", "done")
+STATES = ("planned", "draining", "starting", "health_check", "observing", "awaiting_manual", "tuning", "done")
 OUTCOMES = ("kept", "rolled_back", "inconclusive", "failed")
 KPI_KEYS = ("saturated", "offered_rps", "capacity_rps", "slo_goodput_rps", "slo_attainment", "ttft_p99", "e2e_p99",
             "capacity_tokens_per_s")
@@ -203,9 +203,9 @@ def _steps(conn: Any, ids: list[int]) -> dict[int, list[dict[str, Any]]]:
 
 
 def new_flags_stand(a: StoredApply) -> bool:
-    """Whether a finished apply left its new flags in force: kept, or inconclusive and kept under
+    """Whether a finished apply (or a canary rolled out) left its new flags in force: kept, or inconclusive and kept under
     ``apply.on_inconclusive: keep_new`` (then no step restored the old ones)."""
-    if a.state != "done" or a.kind != "apply":
+    if a.state != "done" or a.kind not in ("apply", "canary"):
         return False
     restored = any(st["step"] in ("restoring", "restored") for st in a.steps)
     return a.outcome == "kept" or (a.outcome == "inconclusive" and not restored)
