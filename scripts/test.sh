@@ -12,6 +12,7 @@ log "tuner venv (.venv)"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' >&2
 
 bash scripts/install-prometheus.sh >&2
+bash scripts/install-haproxy.sh >&2  # replica groups: a real balancer in front of real replicas
 bash scripts/install-chromium.sh >&2  # the report tests render HTML in headless Chromium
 log "real servers (vLLM CPU build, llama-server, tiny models); first run takes ~12 min"
 exports="$(bash scripts/setup-real-servers.sh | grep '^export ')"

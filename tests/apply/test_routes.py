@@ -58,6 +58,11 @@ HOOK = textwrap.dedent("""\
 
 def _config(tmp_path: Path, route: str, port: int = 9, apply_extra: str = "") -> str:
     head = f"targets:\n  - name: t\n    backend: vllm\n    url: http://127.0.0.1:{port}\n"
+    if route == "rolling":
+        (tmp_path / "model").mkdir(exist_ok=True)
+        return head + (f"    balancer: {{socket: '{tmp_path / 'haproxy.sock'}', backend: t}}\n"
+                       "    replicas: [{name: r1, url: 'http://127.0.0.1:9'}, {name: r2, url: 'http://127.0.0.1:10'}]\n"
+                       f"    managed: {{model: '{tmp_path / 'model'}', flags: {{max_num_seqs: 4}}}}\n")
     if route == "managed":
         (tmp_path / "model").mkdir(exist_ok=True)
         return head + f"    managed: {{model: '{tmp_path / 'model'}', flags: {{max_num_seqs: 4}}}}\n"
@@ -97,8 +102,10 @@ def test_each_route_is_chosen_by_its_config_and_plans_the_same_diff(tmp_path, st
     # a failure is told in one line; only the managed route reads the server's log (and the in-flight count)
     exc = ServerStartError("not healthy after 5s\nmore", None, [])
     assert route.why_failed(ap, t, exc) == "not healthy after 5s"
-    if name != "managed":
+    if name not in ("managed", "rolling"):
         assert route.in_flight(ap, t) is None
+    # clients go unserved while the server switches, except by hand and behind a balancer
+    assert route.outage == (name not in ("manual", "rolling"))
 
 
 def test_by_hand_never_switches_and_never_restores(tmp_path, store):
@@ -143,3 +150,14 @@ def test_the_hook_route_switches_a_real_server_and_observes_it(tmp_path, store):
                 os.kill(int(pidfile.read_text()), signal.SIGTERM)
             except ProcessLookupError:
                 pass
+
+
+def test_a_canary_needs_a_group_behind_a_balancer(tmp_path, store):
+    cfg = parse_config(_config(tmp_path, "managed"))
+    ap = Applier(cfg, store, tmp_path, say=lambda m: None)
+    rid = recs.add_recommendation(store.engine, target="t", now=time.time(), rules=["r"], diff_key="{}",
+                                  diff={"max_num_seqs": 8}, current={}, evidence=[], expected_effect="", risk="",
+                                  confidence=0.9, rank=1, memory_check={"ok": True})
+    with pytest.raises(ApplyError, match="a canary needs peers serving the same traffic"):
+        ap.canary(rid)
+    assert jr.open_applies(store.engine) == [] and jr.list_applies(store.engine) == []  # nothing begun

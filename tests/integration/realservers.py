@@ -76,6 +76,7 @@ LLAMA_SERVER = Part("llama-server", "TUNER_LLAMA_SERVER", CACHE / "llama.cpp" / 
                     "scripts/install-llama-server.sh")
 TINY_GGUF = Part("tiny GGUF", "TUNER_TINY_GGUF", CACHE / "models" / "tiny.gguf", "scripts/setup-real-servers.sh")
 PROMETHEUS = Part("prometheus", "TUNER_PROMETHEUS", None, "scripts/install-prometheus.sh")
+HAPROXY = Part("haproxy", "TUNER_HAPROXY", None, "scripts/install-haproxy.sh")
 
 
 @dataclass

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tuner.app.session import Session
-from tuner.config import Target
+from tuner.apply.balancer import haproxy_config
 from tuner.apply.flow import Applier, Plan, proposed
-from tuner.errors import ApplyError, TargetBusyError
+from tuner.config import Config, Target
+from tuner.errors import ApplyError, ConfigError, TargetBusyError
 from tuner.store import journal as jr
 
-__all__ = ["PendingApply", "plan", "apply", "applied_by_hand", "rollback", "reconcile", "journal", "held",
+__all__ = ["haproxy_config_for", "PendingApply", "plan", "apply", "applied_by_hand", "rollback", "reconcile", "journal", "held",
            "check_startable", "managed_targets", "waiting_on"]
 
 # What each journal step of a running apply waits for, in words (the CLI's progress line).
@@ -41,9 +42,11 @@ class PendingApply:
 
     def expected_outage(self) -> tuple[float, int] | None:
         """(median seconds without service, how many earlier applies that is from); None by hand or unknown."""
-        return self.applier.expected_outage(self.plan.target) if self.plan.route.restarts else None
+        return self.applier.expected_outage(self.plan.target) if self.plan.route.outage else None
 
-    def go(self, *, mode: str = "manual", force: bool = False) -> jr.StoredApply:
+    def go(self, *, mode: str = "manual", force: bool = False, canary: bool = False) -> jr.StoredApply:
+        if canary:
+            return self.applier.canary(self.rec_id, mode=mode, force=force)
         return self.applier.apply(self.rec_id, mode=mode, force=force)
 
 
@@ -119,3 +122,17 @@ def managed_targets(session: Session, name: str | None) -> list[Target]:
     if t.managed is None:
         raise ApplyError(f"target {t.name!r} is not managed (no managed: section)")
     return [t]
+
+
+def haproxy_config_for(cfg: Config, group: str) -> str:
+    """The HAProxy config tuner expects in front of replica group ``group`` (ConfigError naming what is missing)."""
+    members = [t for t in cfg.targets if t.group == group]
+    if not members:
+        groups = sorted({t.group for t in cfg.targets if t.group})
+        raise ConfigError("config", f"targets[{group}].replicas", "no replica group of that name; groups: "
+                                                                   f"{', '.join(groups) or 'none'}")
+    b, front = members[0].balancer, members[0].group_url
+    assert b is not None and front is not None
+    servers = [(m.replica or m.name, *m.host_port) for m in members]
+    host, port = members[0].model_copy(update={"url": front}).host_port
+    return haproxy_config(frontend=f"{host}:{port}", socket_path=b.socket, backend=b.backend, servers=servers)

@@ -206,7 +206,7 @@ class Applier:
 
     def supervise(self, t: Target) -> str | None:
         """Start a managed server that should run and does not; restarts after a crash are bounded."""
-        if t.managed is None or jr.open_applies_for(self.engine, t.name):
+        if t.managed is None or self._busy(t):
             return None
         st = jr.get_managed(self.engine, t.name)
         if st is not None and st.state in ("stopped", "given_up"):
@@ -274,6 +274,81 @@ class Applier:
             return self._await_manual(aid, p, rec.id)
         return self._carry_out(aid, p, rec.id)
 
+    def canary(self, rec_id: int, *, mode: str = "manual", force: bool = False) -> jr.StoredApply:
+        """A replica group's canary: the recommendation's replica takes the new flags, a peer keeps the old ones,
+        both serve the same live traffic through the balancer, and the verdict compares the canary with the
+        control over the same window (same offered load by construction). Kept: the rest of the group rolls.
+        Otherwise the canary goes back."""
+        rec = proposed(self.engine, rec_id)
+        p = self.plan(rec)
+        t = p.target
+        if p.route.name != "rolling":
+            raise ApplyError(f"{t.name} is not a replica of a group behind a balancer: a canary needs peers serving "
+                             "the same traffic to compare with (replicas: and balancer: in its config)")
+        control = next(m for m in self.cfg.group(t) if m.name != t.name)
+        if not force:
+            self.check_restart_budget(t)
+        aid = self._begin(p, rec.id, "canary", mode)
+        rolling: Any = p.route
+        self._step(aid, "canary", f"{t.name} takes the new flags; {control.name} keeps the old ones as the control")
+        try:
+            rolling._one(self, aid, t, p.new_flags, rolling._lb(self, t))
+        except (ServerStartError, ApplyError) as exc:
+            return self._switch_failed(aid, p, rec.id, exc)
+        observe_s = t.apply.observe.total_seconds()
+        limit_s = t.apply.observe_max.total_seconds() if t.apply.observe_max else 3 * observe_s
+        self._step(aid, "observing", f"canary {t.name} against control {control.name}, same window, {observe_s:g}s "
+                                     f"(up to {limit_s:g}s while inconclusive)", state="observing")
+        t0 = now = self.clock()
+        while True:
+            died = self._watch(t, min(observe_s, t0 + limit_s - self.clock()))
+            now = self.clock()
+            if died:
+                break
+            v = judge(self._profile(control, t0, now), self._profile(t, t0, now), min_requests=t.apply.min_requests)
+            if v.outcome != "inconclusive" or now - t0 >= limit_s - 0.5:
+                break
+            self._step(aid, "observing", f"inconclusive after {now - t0:.0f}s ({v.reason}); observing on")
+        # the journal's "before" is the control, its "after" the canary: the same window, side by side
+        jr.set_kpis(self.engine, aid, now=now, baseline={"replica": control.name, **self._kpis(control, t0, now)},
+                    after={"replica": t.name, **self._kpis(t, t0, now)})
+        if died:
+            outcome, reason = "rolled_back", f"the canary died while observed: {died}"
+        else:
+            outcome, reason = v.outcome, (f"canary against control over the same window: {v.reason} (confidence "
+                                          f"{v.confidence:.2f}; {v.test})")
+        self._step(aid, "verdict", f"{outcome}: {reason}")
+        if outcome == "kept" or (outcome == "inconclusive" and t.apply.on_inconclusive == "keep_new"):
+            try:
+                lb = rolling._lb(self, t)
+                for m in self.cfg.group(t):
+                    if m.name != t.name:
+                        rolling._one(self, aid, m, p.new_flags, lb)
+            except (ServerStartError, ApplyError) as exc:
+                return self._switch_failed(aid, p, rec.id, exc)
+            self._step(aid, "healthy", f"rolled out to all {len(self.cfg.group(t))} replicas of {t.group}")
+            jr.finish(self.engine, aid, outcome, reason + "; rolled out to the group", now=self.clock())
+            recs.set_status(self.engine, rec.id, "applied", now=self.clock(), note=reason)
+            return jr.get_apply(self.engine, aid)
+        if outcome == "inconclusive":
+            reason += "; the previous flags are restored (apply.on_inconclusive: keep_previous)"
+        restored = self._restore(aid, p)
+        jr.finish(self.engine, aid, outcome, f"{reason}; {restored}; the control was never changed",
+                  now=self.clock())
+        recs.set_status(self.engine, rec.id, "rolled_back", now=self.clock(), note=reason)
+        return jr.get_apply(self.engine, aid)
+
+    def _switch_failed(self, aid: int, p: Plan, rec_id: int | None, exc: ServerStartError | ApplyError,
+                       *, mark: bool = True) -> jr.StoredApply:
+        line = p.route.why_failed(self, p.target, exc)
+        self._step(aid, "start_failed", line)
+        restored = self._restore(aid, p)
+        jr.finish(self.engine, aid, "failed", f"the server did not take the new flags: {line}; {restored}",
+                  now=self.clock())
+        if rec_id is not None and mark:
+            recs.set_status(self.engine, rec_id, "failed", now=self.clock(), note=line)
+        return jr.get_apply(self.engine, aid)
+
     def rollback(self, target: str, *, mode: str = "manual", force: bool = False) -> jr.StoredApply:
         t = self.cfg.target(target)
         if not force:
@@ -290,7 +365,16 @@ class Applier:
         aid = self._begin(p, last.recommendation_id, "rollback", mode)
         return self._carry_out(aid, p, last.recommendation_id, rollback_of=last.id)
 
+    def _busy(self, t: Target) -> list[int]:
+        """Open applies on ``t`` or on any replica of its group (a rolling apply holds them all)."""
+        return [a for m in self.cfg.group(t) for a in jr.open_applies_for(self.engine, m.name)]
+
     def _begin(self, p: Plan, rec_id: int | None, kind: str, mode: str) -> int:
+        busy = [a for m in self.cfg.group(p.target) if m.name != p.target.name
+                for a in jr.open_applies_for(self.engine, m.name)]
+        if busy:
+            raise ApplyError(f"{p.target.group}: apply #{busy[0]} is running on a replica of the group; one change "
+                             "at a time per group")
         try:
             return jr.begin_apply(self.engine, target=p.target.name, recommendation_id=rec_id, kind=kind, mode=mode,
                                   now=self.clock(), diff=p.diff, old_flags=p.old_flags, new_flags=p.new_flags,
@@ -328,14 +412,7 @@ class Applier:
         try:
             p.route.switch(self, aid, p, p.new_flags, p.diff)
         except (ServerStartError, ApplyError) as exc:
-            line = p.route.why_failed(self, t, exc)
-            self._step(aid, "start_failed", line)
-            restored = self._restore(aid, p)
-            note = f"the server did not take the new flags: {line}; {restored}"
-            jr.finish(self.engine, aid, "failed", note, now=self.clock())
-            if rec_id is not None and rollback_of is None:
-                recs.set_status(self.engine, rec_id, "failed", now=self.clock(), note=line)
-            return jr.get_apply(self.engine, aid)
+            return self._switch_failed(aid, p, rec_id, exc, mark=rollback_of is None)
         if rollback_of is not None:
             note = f"restored the flags from before apply #{rollback_of}"
             jr.finish(self.engine, aid, "rolled_back", note, now=self.clock())
@@ -363,7 +440,8 @@ class Applier:
                 break
             self._step(aid, "observing", f"inconclusive after {now - t0:.0f}s ({v.reason}); observing on")
         after = self._kpis(t, t0, now)
-        after.update(self._cost(jr.get_apply(self.engine, aid), base))
+        if p.route.outage:
+            after.update(self._cost(jr.get_apply(self.engine, aid), base))
         jr.set_kpis(self.engine, aid, now=now, after=after)
         if died:
             outcome, reason = "rolled_back", f"the server died while observed: {died}"

@@ -3,12 +3,15 @@
   * ``Managed``: tuner started the server; drain the old process, start the new argv, health gate;
   * ``Hook``: an argv template from ``apply.hook.command``, run by tuner, then the health gate;
   * ``Systemd``: a drop-in with ``TUNER_FLAGS`` for ``apply.hook.systemd_unit``, daemon-reload, restart, gate;
-  * ``ByHand``: tuner says what to change and waits for ``tuner apply-recommendation ID --applied``.
+  * ``ByHand``: tuner says what to change and waits for ``tuner apply-recommendation ID --applied``;
+  * ``Rolling``: a replica group behind HAProxy; one replica at a time is drained in the balancer until idle,
+    restarted like ``Managed``, health-gated, put back and waited on until HAProxy's own check says UP.
 
 The apply flow (flow.py) asks a route for the argv before and after, the lines of a dry run, whether tuner itself
 restarts the server (the restart budget, the outage), how to switch the server to some flags, and what the server
 said when it failed; it never asks which route it has. ``tests/apply/test_routes.py`` runs the same checks over
-every route. A rolling apply behind a load balancer is the next route.
+every route. ``outage``: whether clients go unserved while it switches (no for a rolling apply: the other
+replicas serve).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tuner.apply import managed as mg
+from tuner.apply.balancer import HAProxy
 from tuner.apply.launch import _render_flags
 from tuner.backends import backend as backend_of
 from tuner.config import Target
@@ -29,7 +33,7 @@ from tuner.flags import render
 if TYPE_CHECKING:  # the flow hands itself in; routes never import it at run time
     from tuner.apply.flow import Applier, Plan
 
-__all__ = ["Route", "Managed", "Hook", "Systemd", "ByHand", "ROUTES", "route_for", "flags_argv", "hook_argv"]
+__all__ = ["Route", "Managed", "Hook", "Systemd", "ByHand", "Rolling", "ROUTES", "route_for", "flags_argv", "hook_argv"]
 
 _HOOK_HEALTH_TIMEOUT_S = 600.0
 
@@ -62,7 +66,8 @@ def hook_argv(target: Target, flags: dict[str, Any], diff: dict[str, Any], rec_i
 
 class Route(Protocol):
     name: str  # the plan's and the journal's word for it: managed | hook | manual
-    restarts: bool  # tuner itself restarts the server: the restart budget applies, an outage is measured
+    restarts: bool  # tuner itself restarts the server: the restart budget applies
+    outage: bool  # clients go unserved while it switches: the CLI says for how long, the journal measures it
 
     def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
         """What runs (or what to run) for ``flags``: the journal's old and new argv."""
@@ -90,7 +95,7 @@ class Route(Protocol):
 
 
 class Managed:
-    name, restarts = "managed", True
+    name, restarts, outage = "managed", True, True
 
     def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
         return mg.build_argv(t, flags)
@@ -128,7 +133,7 @@ class Managed:
 class _Gated:
     """Routes that restart a server tuner does not own, then wait for its health gate."""
 
-    name, restarts = "hook", True
+    name, restarts, outage = "hook", True, True
 
     def commands(self, ap: Applier, aid: int, t: Target, flags: dict[str, Any],
                  diff: dict[str, Any]) -> list[list[str]]:
@@ -234,7 +239,7 @@ class Systemd(_Gated):
 
 
 class ByHand:
-    name, restarts = "manual", False
+    name, restarts, outage = "manual", False, False
 
     def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
         return flags_argv(t.backend, flags)
@@ -256,11 +261,94 @@ class ByHand:
         return None
 
 
-ROUTES: dict[str, Route] = {"managed": Managed(), "hook": Hook(), "systemd": Systemd(), "manual": ByHand()}
+class Rolling:
+    """A replica group behind HAProxy, tuner managing each replica: one at a time, the others serving."""
+
+    name, restarts, outage = "rolling", True, False
+
+    def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
+        return mg.build_argv(t, flags)
+
+    def describe(self, p: Plan) -> list[str]:
+        b = p.target.balancer
+        assert b is not None
+        return [f"rolling over the replicas of {p.target.group} one at a time, behind HAProxy backend {b.backend} "
+                f"(drain until idle, restart, health gate, ready until UP); the others serve meanwhile",
+                "new argv (per replica, its own port): " + json.dumps(p.new_argv)]
+
+    @staticmethod
+    def _lb(ap: Applier, t: Target) -> HAProxy:
+        assert t.balancer is not None
+        return HAProxy(t.balancer.socket, t.balancer.backend, clock=ap.clock, sleep=ap.sleep)
+
+    @staticmethod
+    def _runs(ap: Applier, m: Target, flags: dict[str, Any]) -> bool:
+        r = ap.running(m)
+        return r is not None and mg.proc_argv(r.pid) == mg.build_argv(m, flags)
+
+    def _one(self, ap: Applier, aid: int, m: Target, flags: dict[str, Any], lb: HAProxy) -> None:
+        """Take replica ``m`` to ``flags`` while the others serve."""
+        assert m.balancer is not None and m.replica is not None
+        b, server = m.balancer, m.replica
+        up = lb.others_up(server)
+        if not up:
+            raise ApplyError(f"no other replica of {m.group} is UP in HAProxy backend {b.backend}: taking {server} "
+                             "out would leave no server for the clients")
+        ap._step(aid, "draining", f"{m.name}: HAProxy {b.backend}/{server} drain; {', '.join(up)} serve",
+                 state="draining")
+        drained, st = lb.drain(server, b.drain_timeout.total_seconds())
+        ap._step(aid, "drained" if drained else "drain_timeout", f"{m.name}: {st.current} sessions, {st.queued} "
+                 f"queued in HAProxy" + ("" if drained else f" after {b.drain_timeout.total_seconds():g}s"))
+        r = ap.running(m)
+        if r is not None:
+            ap._step(aid, "stopped", f"{m.name}: {ap._drain(m, r)}")
+        ap._step(aid, "starting", f"{m.name}: {json.dumps(mg.build_argv(m, flags))}", state="starting")
+        r = ap.launch(m, flags, spawned=lambda r: ap._step(aid, "health_check", f"{m.name}: pid {r.pid} started",
+                                                            state="health_check"))
+        st = lb.ready(server, b.up_timeout.total_seconds())
+        ap._step(aid, "in_rotation", f"{m.name}: HAProxy {b.backend}/{server} {st.status}; pid {r.pid}")
+
+    def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
+        lb = self._lb(ap, p.target)
+        members = ap.cfg.group(p.target)
+        for m in members:
+            self._one(ap, aid, m, flags, lb)
+        ap._step(aid, "healthy", f"all {len(members)} replicas of {p.target.group} run the flags and are UP in "
+                                 "HAProxy")
+
+    def restore(self, ap: Applier, aid: int, p: Plan) -> bool:
+        """Every replica not running the old flags goes back to them, one at a time; one that does is put back in
+        rotation if a failed switch left it drained."""
+        lb = self._lb(ap, p.target)
+        # the replicas not running first: while one is down, another must be UP before it can be drained
+        for m in sorted(ap.cfg.group(p.target), key=lambda m: ap.running(m) is not None):
+            assert m.replica is not None
+            if self._runs(ap, m, p.old_flags):
+                if lb.stat(m.replica).status != "UP":
+                    lb.ready(m.replica, m.balancer.up_timeout.total_seconds() if m.balancer else 30.0)
+                continue
+            self._one(ap, aid, m, p.old_flags, lb)
+        return True
+
+    def why_failed(self, ap: Applier, t: Target, exc: ServerStartError | ApplyError) -> str:
+        if isinstance(exc, ServerStartError) and exc.exited:
+            for m in ap.cfg.group(t):  # the replica that failed is the one not running
+                if ap.running(m) is None:
+                    return f"{m.name}: {mg.error_line(mg.log_path(m, ap.config_dir))}"
+        return str(exc).splitlines()[0]
+
+    def in_flight(self, ap: Applier, t: Target) -> int | None:
+        return ap._in_flight(t)
+
+
+ROUTES: dict[str, Route] = {"managed": Managed(), "hook": Hook(), "systemd": Systemd(), "manual": ByHand(),
+                            "rolling": Rolling()}
 
 
 def route_for(t: Target) -> Route:
     """The one place that decides how a target's flags change."""
+    if t.managed is not None and t.balancer is not None and t.group is not None:
+        return ROUTES["rolling"]
     if t.managed is not None:
         return ROUTES["managed"]
     if t.apply.hook is not None:

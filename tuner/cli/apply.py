@@ -26,9 +26,17 @@ def _print_apply(a: jr.StoredApply, *, steps: bool = True) -> None:
     rec = f" rec #{a.recommendation_id}" if a.recommendation_id is not None else ""
     print(f"apply #{a.id} {a.target} {a.kind}{rec} ({a.mode}) {when(a.created_ms)}  {diff}")
     print(f"    state {a.state}" + (f", outcome {a.outcome}" if a.outcome else "") + (f": {a.note}" if a.note else ""))
-    for label, k in (("before", a.baseline), ("after", a.after)):
-        if k:
-            print(f"    {label}: " + ", ".join(f"{n}={_fmt(v)}" for n, v in k.items()))
+    if a.kind == "canary" and a.baseline and a.after:  # control and canary over the same window, side by side
+        control, canary = a.baseline.get("replica", "control"), a.after.get("replica", "canary")
+        keys = [k for k in a.after if k not in ("replica", "window")]
+        width = max(len(k) for k in keys) if keys else 10
+        print(f"    {'same window':<{width}}  {'control ' + str(control):>24}  {'canary ' + str(canary):>24}")
+        for key in keys:
+            print(f"    {key:<{width}}  {_fmt(a.baseline.get(key)):>24}  {_fmt(a.after.get(key)):>24}")
+    else:
+        for label, k in (("before", a.baseline), ("after", a.after)):
+            if k:
+                print(f"    {label}: " + ", ".join(f"{n}={_fmt(v)}" for n, v in k.items()))
     if (cost := _cost_line(a)) is not None:
         print(f"    cost: {cost}")
     if steps:
@@ -95,13 +103,17 @@ def cmd_apply(args: argparse.Namespace) -> int:
         outage = pending.expected_outage()
         cost = (f"; {plan.target.name} will serve nothing for about {outage[0]:.0f}s (median of {outage[1]} earlier "
                 "applies: drain, restart, health gate)" if outage else
-                f"; {plan.target.name} serves nothing while it drains and restarts" if plan.route.restarts else "")
+                f"; {plan.target.name} serves nothing while it drains and restarts" if plan.route.outage else
+                f"; {plan.target.name} first as a canary against its peers, then the rest of {plan.target.group} if "
+                "it is kept" if args.canary else
+                f"; rolling over {plan.target.group}'s replicas, the others serving" if plan.route.name == "rolling"
+                else "")
         if args.yes and not args.json:  # without --yes the question below says it
             print(f"apply recommendation #{args.id} to {plan.target.name}{cost}", flush=True)
         confirm(args, f"apply recommendation #{args.id} to {plan.target.name}{cost}")
         hb.what = None if args.json else _waiting(s, plan.target.name)
         with hb:
-            a = pending.go(force=args.force)
+            a = pending.go(force=args.force, canary=args.canary)
     if args.json:
         print(json.dumps(a.as_json()))
     else:
@@ -199,6 +211,11 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_haproxy_config(args: argparse.Namespace) -> int:
+    print(apply_app.haproxy_config_for(session(args).cfg, args.group), end="")
+    return 0
+
+
 def add_parsers(sub: Any) -> None:
     a = sub.add_parser("apply-recommendation", help="apply a stored recommendation: drain, restart with the new flags, "
                        "health gate, observe, keep or roll back (journaled)")
@@ -209,6 +226,9 @@ def add_parsers(sub: Any) -> None:
                    help="you restarted an unmanaged server by hand as tuner asked: health-check and observe it")
     a.add_argument("--cancel", action="store_true", help="drop an apply that waits for a restart by hand")
     a.add_argument("--force", action="store_true", help="apply even past apply.max_restarts_per_hour")
+    a.add_argument("--canary", action="store_true",
+                   help="replica groups: change this replica only, judge it against an unchanged peer over the same "
+                        "window (same live traffic), then roll out to the group or put it back")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_apply)
 
@@ -247,6 +267,11 @@ def add_parsers(sub: Any) -> None:
     m.add_argument("action", choices=["status", "start", "stop"])
     m.add_argument("target", nargs="?")
     m.set_defaults(func=cmd_managed)
+
+    h = sub.add_parser("haproxy-config", help="print the HAProxy config tuner expects in front of a replica group "
+                       "(admin socket, /health checks, retries with redispatch)")
+    h.add_argument("group", help="the group's name (a target with replicas:)")
+    h.set_defaults(func=cmd_haproxy_config)
 
     c = sub.add_parser("reconcile", help="finish or roll back applies left half done by a tuner that died")
     c.set_defaults(func=cmd_reconcile)

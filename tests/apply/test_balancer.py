@@ -1,0 +1,173 @@
+"""tuner's HAProxy runtime-API client against a real HAProxy (Debian's package; scripts/install-haproxy.sh) in
+front of two small stand-in HTTP servers (the replicas here only need to answer /health and hold a request open;
+real llama-server replicas run in tests/integration/test_rolling_haproxy.py). Plus the config of replica groups.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tuner.apply.balancer import HAProxy, haproxy_config
+from tuner.apply.launch import free_port
+from tuner.config import parse_config
+from tuner.errors import ApplyError, ConfigError
+
+# Answers /health; POST /slow?s=N holds the request N seconds. Counts nothing: HAProxy's own stats do.
+SERVER = textwrap.dedent("""\
+    import http.server, socketserver, sys, time, urllib.parse
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a): pass
+        def do_GET(self):
+            self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"ok")
+        def do_POST(self):
+            q = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+            time.sleep(float(q.get("s", ["0"])[0]))
+            self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"ok")
+    class S(socketserver.ThreadingMixIn, http.server.HTTPServer): daemon_threads = True
+    S(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+""")
+
+
+def _haproxy() -> str:
+    path = shutil.which("haproxy") or ("/usr/sbin/haproxy" if os.path.exists("/usr/sbin/haproxy") else None)
+    if path is None:
+        if os.environ.get("TUNER_REQUIRE_REAL_SERVERS") == "1":
+            pytest.fail("haproxy not installed; run scripts/install-haproxy.sh")
+        pytest.skip("haproxy not installed; run scripts/install-haproxy.sh")
+    return path
+
+
+def _wait(cond, timeout: float = 20.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+@pytest.fixture
+def lb(tmp_path):  # type: ignore[no-untyped-def]
+    exe = _haproxy()
+    (tmp_path / "server.py").write_text(SERVER)
+    ports = {"r1": free_port(), "r2": free_port()}
+    servers = [subprocess.Popen([sys.executable, str(tmp_path / "server.py"), str(p)]) for p in ports.values()]
+    front = free_port()
+    sock = str(tmp_path / "admin.sock")
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(haproxy_config(frontend=f"127.0.0.1:{front}", socket_path=sock, backend="chat",
+                                  servers=[(n, "127.0.0.1", p) for n, p in ports.items()], check_interval_ms=200))
+    check = subprocess.run([exe, "-c", "-f", str(cfg)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr  # the config tuner documents is one HAProxy takes
+    proc = subprocess.Popen([exe, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    h = HAProxy(sock, "chat")
+    try:
+        _wait(lambda: Path(sock).exists() and all(s.status == "UP" for s in h.stats().values()))
+        yield h, f"http://127.0.0.1:{front}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        for s in servers:
+            s.terminate()
+            s.wait(timeout=10)
+
+
+def _post(url: str, seconds: float = 0.0) -> int:
+    return requests.post(f"{url}/slow?s={seconds}", timeout=30, proxies={"http": ""},
+                         headers={"Connection": "close"}).status_code
+
+
+def test_drain_sends_nothing_new_waits_for_the_open_request_and_ready_brings_it_back(lb):
+    h, url = lb
+    assert set(h.stats()) == {"r1", "r2"} and h.others_up("r1") == ["r2"]
+    # a slow request is on one of them; drain that one
+    slow = threading.Thread(target=_post, args=(url, 2.0))
+    slow.start()
+    _wait(lambda: any(s.current == 1 for s in h.stats().values()), 5)
+    busy = next(n for n, s in h.stats().items() if s.current == 1)
+    other = "r2" if busy == "r1" else "r1"
+    t0 = time.monotonic()
+    drained, st = h.drain(busy, timeout_s=10)
+    waited = time.monotonic() - t0
+    slow.join()
+    assert drained and st.current == 0 and st.status == "DRAIN"
+    assert waited > 1.0  # it waited for the open request (2 s, started just before)
+    before = {n: s.total for n, s in h.stats().items()}
+    assert all(_post(url) == 200 for _ in range(10))
+    after = {n: s.total for n, s in h.stats().items()}
+    assert after[busy] == before[busy] and after[other] == before[other] + 10  # nothing new to the drained one
+    assert h.ready(busy, timeout_s=10).status == "UP"
+    assert all(_post(url) == 200 for _ in range(10))
+    assert h.stats()[busy].total > after[busy]  # back in rotation
+
+
+def test_a_drain_that_does_not_finish_in_time_says_so(lb):
+    h, url = lb
+    slow = threading.Thread(target=_post, args=(url, 3.0))
+    slow.start()
+    _wait(lambda: any(s.current == 1 for s in h.stats().values()), 5)
+    busy = next(n for n, s in h.stats().items() if s.current == 1)
+    drained, st = h.drain(busy, timeout_s=0.5)
+    assert not drained and st.current == 1
+    slow.join()
+    h.ready(busy, timeout_s=10)
+
+
+def test_errors_name_what_to_fix(lb, tmp_path):
+    h, _ = lb
+    with pytest.raises(ApplyError, match="has no server 'r9'; it has r1, r2"):
+        h.stat("r9")
+    with pytest.raises(ValueError):
+        h.set_state("r1; shutdown", "drain")  # a name never carries a second command to the socket
+    with pytest.raises(ValueError):
+        h.command("show stat\nshutdown sessions")
+    with pytest.raises(ApplyError, match="nope.sock.*level admin"):
+        HAProxy(str(tmp_path / "nope.sock"), "chat").stats()
+    with pytest.raises(ApplyError, match="no backend 'other'"):
+        HAProxy(h.socket_path, "other").stats()
+
+
+@pytest.mark.parametrize("replicas,balancer,key", [
+    ("[{name: r1, url: 'http://127.0.0.1:1'}, {name: r2, url: 'http://127.0.0.1:2'}]", None, "targets[0]"),
+    ("[{name: r1, url: 'http://127.0.0.1:1'}]", "{socket: /s, backend: b}", "targets[0]"),
+    ("[{name: r1, url: 'http://127.0.0.1:1'}, {name: r1, url: 'http://127.0.0.1:2'}]", "{socket: /s, backend: b}",
+     "targets[0]"),
+    ("[{name: 'r 1', url: 'http://127.0.0.1:1'}, {name: r2, url: 'http://127.0.0.1:2'}]",
+     "{socket: /s, backend: b}", "targets[0].replicas[0].name"),
+    ("[{name: r1, url: 'http://127.0.0.1'}, {name: r2, url: 'http://127.0.0.1:2'}]", "{socket: /s, backend: b}",
+     "targets[0].replicas[0].url"),
+    ("[{name: r1, url: 'http://127.0.0.1:1'}, {name: r2, url: 'http://127.0.0.1:2'}]", "{socket: /s, backend: 'b;x'}",
+     "targets[0].balancer.backend"),
+])
+def test_a_bad_group_is_rejected_with_its_key(replicas, balancer, key):
+    text = ("targets:\n  - name: chat\n    backend: llamacpp\n    url: http://127.0.0.1:8080\n"
+            f"    replicas: {replicas}\n" + (f"    balancer: {balancer}\n" if balancer else ""))
+    with pytest.raises(ConfigError) as err:
+        parse_config(text)
+    assert err.value.key.startswith(key), (err.value.key, str(err.value))
+
+
+def test_a_group_is_one_target_per_replica_sharing_everything_but_the_url():
+    cfg = parse_config("targets:\n  - name: chat\n    backend: llamacpp\n    url: http://127.0.0.1:8080\n"
+                       "    balancer: {socket: /run/h.sock, backend: chat}\n    slo: {e2e_p99: 4s}\n"
+                       "    replicas: [{name: a, url: 'http://127.0.0.1:8001'}, {name: b, url: 'http://127.0.0.1:8002'}]\n")
+    a, b = cfg.targets
+    assert (a.name, a.url, a.replica, b.name, b.url) == ("chat.a", "http://127.0.0.1:8001", "a", "chat.b",
+                                                         "http://127.0.0.1:8002")
+    assert a.group == b.group == "chat" and a.group_url == "http://127.0.0.1:8080" and a.slo == b.slo
+    assert cfg.group(a) == [a, b] and a.labels == {"group": "chat", "replica": "a"}
+    from tuner.app.apply import haproxy_config_for
+    text = haproxy_config_for(cfg, "chat")
+    assert "bind 127.0.0.1:8080" in text and "server a 127.0.0.1:8001 check" in text and "/run/h.sock" in text
+    with pytest.raises(ConfigError, match="groups: chat"):
+        haproxy_config_for(cfg, "nope")
