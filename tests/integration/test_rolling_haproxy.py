@@ -24,6 +24,7 @@ from pathlib import Path
 
 import realservers
 from conftest import require
+from test_apply_llama import start_daemon, stop_daemon, wait_for
 
 from tuner.apply.balancer import HAProxy
 from tuner.apply.launch import free_port
@@ -47,16 +48,6 @@ os.execv({server!r}, [sys.argv[0], *args])  # argv[0] stays the executable tuner
 def _tuner(cfg: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "WARNING", *args],
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-def _wait(cond, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 class Group:
@@ -97,7 +88,7 @@ class Group:
         self.haproxy = subprocess.Popen([str(realservers.HAPROXY.path()), "-db", "-f", str(tmp / "haproxy.cfg")],
                                         stdout=subprocess.DEVNULL, stderr=open(tmp / "haproxy.log", "w"))
         self.lb = HAProxy(self.sock, "chat")
-        _wait(lambda: Path(self.sock).exists() and all(s.status == "UP" for s in self.lb.stats().values()), 30,
+        wait_for(lambda: Path(self.sock).exists() and all(s.status == "UP" for s in self.lb.stats().values()), 30,
               "both replicas UP in HAProxy")
 
     def argv(self, name: str) -> list[str] | None:
@@ -148,7 +139,7 @@ def _apply(g: Group, diff: dict, *extra: str, concurrency: int = 3, prompt_token
                                   diff=diff, current={}, evidence=[],
                                   expected_effect="", risk="", confidence=0.9, rank=1, memory_check={"ok": True})
     load = Load(g.front, concurrency, prompt_tokens)
-    _wait(lambda: sum(s.total for s in g.lb.stats().values()) >= 10, 60, "the load to reach both replicas")
+    wait_for(lambda: sum(s.total for s in g.lb.stats().values()) >= 10, 60, "the load to reach both replicas")
     time.sleep(warm_s)
     out = _tuner(g.cfg, "apply-recommendation", str(rid), "--yes", "--json", *extra)
     time.sleep(1.0)  # requests keep flowing after the roll
@@ -206,8 +197,6 @@ def test_a_replica_that_cannot_start_stops_the_roll_and_both_go_back(tmp_path):
 
 def test_a_canary_of_a_regression_is_judged_against_its_live_peer_and_rolled_back(tmp_path):
     require(realservers.LLAMA_SERVER, realservers.TINY_GGUF, realservers.HAPROXY)
-    from test_apply_llama import start_daemon, stop_daemon
-
     g = Group(tmp_path, apply="observe: 15s, observe_max: 30s, baseline: 10s, on_inconclusive: keep_previous")
     daemon = start_daemon(g.cfg, tmp_path / "run.log")  # scrapes both replicas every second
     try:

@@ -295,24 +295,14 @@ class Applier:
             rolling._one(self, aid, t, p.new_flags, rolling._lb(self, t))
         except (ServerStartError, ApplyError) as exc:
             return self._switch_failed(aid, p, rec.id, exc)
-        observe_s = t.apply.observe.total_seconds()
-        limit_s = t.apply.observe_max.total_seconds() if t.apply.observe_max else 3 * observe_s
-        self._step(aid, "observing", f"canary {t.name} against control {control.name}, same window, {observe_s:g}s "
-                                     f"(up to {limit_s:g}s while inconclusive)", state="observing")
-        t0 = now = self.clock()
-        while True:
-            died = self._watch(t, min(observe_s, t0 + limit_s - self.clock()))
-            now = self.clock()
-            if died:
-                break
-            v = judge(self._profile(control, t0, now), self._profile(t, t0, now), min_requests=t.apply.min_requests)
-            if v.outcome != "inconclusive" or now - t0 >= limit_s - 0.5:
-                break
-            self._step(aid, "observing", f"inconclusive after {now - t0:.0f}s ({v.reason}); observing on")
+        died, v, t0, now = self._observe(
+            aid, t, f"canary {t.name} against control {control.name}, same window, ",
+            lambda t0, now: judge(self._profile(control, t0, now), self._profile(t, t0, now),
+                                  min_requests=t.apply.min_requests))
         # the journal's "before" is the control, its "after" the canary: the same window, side by side
         jr.set_kpis(self.engine, aid, now=now, baseline={"replica": control.name, **self._kpis(control, t0, now)},
                     after={"replica": t.name, **self._kpis(t, t0, now)})
-        if died:
+        if died or v is None:
             outcome, reason = "rolled_back", f"the canary died while observed: {died}"
         else:
             outcome, reason = v.outcome, (f"canary against control over the same window: {v.reason} (confidence "
@@ -421,29 +411,39 @@ class Applier:
             return jr.get_apply(self.engine, aid)
         return self._observe_and_judge(aid, p, rec_id, base)
 
-    def _observe_and_judge(self, aid: int, p: Plan, rec_id: int | None, base: dict[str, Any],
-                           prefix: str = "") -> jr.StoredApply:
-        t = p.target
+    def _observe(self, aid: int, t: Target, what: str, verdict: Callable[[float, float], Verdict]
+                 ) -> tuple[str | None, Verdict | None, float, float]:
+        """Watch ``t`` for apply.observe, and on (up to observe_max, else 3x) while ``verdict(t0, now)`` is
+        inconclusive: (the server's error line if it died meanwhile, the last verdict, t0, now)."""
         observe_s = t.apply.observe.total_seconds()
         limit_s = t.apply.observe_max.total_seconds() if t.apply.observe_max else 3 * observe_s
-        self._step(aid, "observing", f"{observe_s:g}s (up to {limit_s:g}s while inconclusive)", state="observing")
+        self._step(aid, "observing", f"{what}{observe_s:g}s (up to {limit_s:g}s while inconclusive)",
+                   state="observing")
         t0 = self.clock()
-        now = t0
-        before = tuple(base.get("window") or (t0 - t.apply.baseline.total_seconds(), t0))
+        v: Verdict | None = None
         while True:
             died = self._watch(t, min(observe_s, t0 + limit_s - self.clock()))
             now = self.clock()
             if died:
-                break
-            v = self.judge_windows(t, (float(before[0]), float(before[1])), (t0, now))
+                return died, v, t0, now
+            v = verdict(t0, now)
             if v.outcome != "inconclusive" or now - t0 >= limit_s - 0.5:
-                break
+                return None, v, t0, now
             self._step(aid, "observing", f"inconclusive after {now - t0:.0f}s ({v.reason}); observing on")
+
+    def _observe_and_judge(self, aid: int, p: Plan, rec_id: int | None, base: dict[str, Any],
+                           prefix: str = "") -> jr.StoredApply:
+        t = p.target
+
+        def verdict(t0: float, now: float) -> Verdict:
+            before = tuple(base.get("window") or (t0 - t.apply.baseline.total_seconds(), t0))
+            return self.judge_windows(t, (float(before[0]), float(before[1])), (t0, now))
+        died, v, t0, now = self._observe(aid, t, "", verdict)
         after = self._kpis(t, t0, now)
         if p.route.outage:
             after.update(self._cost(jr.get_apply(self.engine, aid), base))
         jr.set_kpis(self.engine, aid, now=now, after=after)
-        if died:
+        if died or v is None:
             outcome, reason = "rolled_back", f"the server died while observed: {died}"
         else:
             outcome, reason = v.outcome, f"{v.reason} (confidence {v.confidence:.2f}; {v.test})"
