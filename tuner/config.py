@@ -290,12 +290,23 @@ class Balancer(_Model):
     backend: str  # the HAProxy backend whose servers the replicas are
     drain_timeout: Duration = timedelta(seconds=60)  # until a drained replica's sessions are gone
     up_timeout: Duration = timedelta(seconds=30)  # after `ready`, until HAProxy's own health check says UP
+    # Blue/green on one host (a managed target with no replicas): this server's name in the backend, and the
+    # HOST:PORT clients use (for `tuner haproxy-config`).
+    server: str | None = None
+    frontend: str | None = None
 
-    @field_validator("backend")
+    @field_validator("backend", "server")
     @classmethod
-    def _backend(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError("use letters, digits, '.', '_' or '-' (the name HAProxy's config gives the backend)")
+    def _backend(cls, v: str | None) -> str | None:
+        if v is not None and not _NAME.match(v):
+            raise ValueError("use letters, digits, '.', '_' or '-' (the name HAProxy's config gives it)")
+        return v
+
+    @field_validator("frontend")
+    @classmethod
+    def _frontend(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^([A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\]):\d{1,5}$", v):
+            raise ValueError(f"expected HOST:PORT where HAProxy listens for clients, got {v!r}")
         return v
 
 
@@ -358,7 +369,12 @@ class Target(_Model):
         if self.replicas and self.balancer is None:
             raise ValueError("replicas: a group needs a balancer (balancer: {socket, backend}); without one a "
                              "restart of any replica drops its requests")
-        if self.balancer is not None and len(self.replicas) < 2:
+        if self.balancer is not None and not self.replicas:
+            if self.balancer.server is None or self.managed is None:
+                raise ValueError("balancer: list at least two replicas (a rolling apply takes one out at a time), "
+                                 "or, for blue/green on one host, give balancer.server (this server's name in the "
+                                 "backend) on a managed target (tuner starts the second server)")
+        elif self.balancer is not None and len(self.replicas) < 2:
             raise ValueError("balancer: list at least two replicas (a rolling apply takes one out at a time)")
         names = [r.name for r in self.replicas]
         if len(set(names)) != len(names):

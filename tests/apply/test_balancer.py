@@ -148,6 +148,10 @@ def test_errors_name_what_to_fix(lb, tmp_path):
      "targets[0].replicas[0].url"),
     ("[{name: r1, url: 'http://127.0.0.1:1'}, {name: r2, url: 'http://127.0.0.1:2'}]", "{socket: /s, backend: 'b;x'}",
      "targets[0].balancer.backend"),
+    ("[]", "{socket: /s, backend: b}", "targets[0]"),  # one server behind a balancer: blue/green needs its name
+    ("[]", "{socket: /s, backend: b, server: blue}", "targets[0]"),  # ... and a managed target (no managed here)
+    ("[]", "{socket: /s, backend: b, server: 'blue;x'}", "targets[0].balancer.server"),
+    ("[]", "{socket: /s, backend: b, server: blue, frontend: 'nohost'}", "targets[0].balancer.frontend"),
 ])
 def test_a_bad_group_is_rejected_with_its_key(replicas, balancer, key):
     text = ("targets:\n  - name: chat\n    backend: llamacpp\n    url: http://127.0.0.1:8080\n"
@@ -169,5 +173,50 @@ def test_a_group_is_one_target_per_replica_sharing_everything_but_the_url():
     from tuner.app.apply import haproxy_config_for
     text = haproxy_config_for(cfg, "chat")
     assert "bind 127.0.0.1:8080" in text and "server a 127.0.0.1:8001 check" in text and "/run/h.sock" in text
-    with pytest.raises(ConfigError, match="groups: chat"):
+    with pytest.raises(ConfigError, match="there are: chat"):
         haproxy_config_for(cfg, "nope")
+
+
+def test_blue_green_is_one_managed_target_with_its_server_name_and_its_haproxy_config(tmp_path):
+    (tmp_path / "m").mkdir()
+    text = ("targets:\n  - name: chat\n    backend: llamacpp\n    url: http://127.0.0.1:8001\n"
+            f"    managed: {{model: '{tmp_path / 'm'}'}}\n"
+            "    balancer: {socket: /run/h.sock, backend: chat, server: blue, frontend: '127.0.0.1:8080'}\n")
+    cfg = parse_config(text)
+    (t,) = cfg.targets
+    from tuner.app.apply import haproxy_config_for
+    from tuner.apply.routes import ROUTES, BlueGreen, route_for
+    assert route_for(t) is ROUTES["blue_green"] and t.group is None and cfg.group(t) == [t]
+    out = haproxy_config_for(cfg, "chat")
+    assert "bind 127.0.0.1:8080" in out and "server blue 127.0.0.1:8001 check" in out and "leastconn" in out
+    spare = BlueGreen.spare(t, 9000)  # same model name for clients, its own name, log and port
+    assert (spare.name, spare.url, spare.replica) == ("chat~spare", "http://127.0.0.1:9000", "blue-spare")
+    assert spare.managed is not None and spare.managed.served_model_name == "chat"
+    with pytest.raises(ConfigError) as err:
+        haproxy_config_for(parse_config(text.replace(", frontend: '127.0.0.1:8080'", "")), "chat")
+    assert err.value.key == "targets[chat].balancer.frontend"
+
+
+def test_a_dynamic_server_joins_the_backend_checked_and_leaves_it(lb, tmp_path):
+    h, url = lb
+    port = free_port()
+    spare = subprocess.Popen([sys.executable, str(tmp_path / "server.py"), str(port)])
+    try:
+        h.add("spare", "127.0.0.1", port, check_interval_ms=200)
+        assert h.ready("spare", timeout_s=10).status == "UP"  # HAProxy's own check passed
+        for name in ("r1", "r2"):
+            h.drain(name, timeout_s=5)
+        before = h.stat("spare").total
+        assert all(_post(url) == 200 for _ in range(5)) and h.stat("spare").total == before + 5  # it serves
+        for name in ("r1", "r2"):
+            h.ready(name, timeout_s=10)
+        h.drain("spare", timeout_s=5)
+        h.remove("spare")
+        assert set(h.stats()) == {"r1", "r2"}
+        with pytest.raises(ApplyError, match="refused to add"):
+            h.add("r1", "127.0.0.1", port)  # a name the backend has
+        with pytest.raises(ValueError):
+            h.add("x; shutdown", "127.0.0.1", port)
+    finally:
+        spare.terminate()
+        spare.wait(timeout=10)

@@ -63,6 +63,10 @@ def _config(tmp_path: Path, route: str, port: int = 9, apply_extra: str = "") ->
         return head + (f"    balancer: {{socket: '{tmp_path / 'haproxy.sock'}', backend: t}}\n"
                        "    replicas: [{name: r1, url: 'http://127.0.0.1:9'}, {name: r2, url: 'http://127.0.0.1:10'}]\n"
                        f"    managed: {{model: '{tmp_path / 'model'}', flags: {{max_num_seqs: 4}}}}\n")
+    if route == "blue_green":
+        (tmp_path / "model").mkdir(exist_ok=True)
+        return head + (f"    balancer: {{socket: '{tmp_path / 'haproxy.sock'}', backend: t, server: blue}}\n"
+                       f"    managed: {{model: '{tmp_path / 'model'}', flags: {{max_num_seqs: 4}}}}\n")
     if route == "managed":
         (tmp_path / "model").mkdir(exist_ok=True)
         return head + f"    managed: {{model: '{tmp_path / 'model'}', flags: {{max_num_seqs: 4}}}}\n"
@@ -102,10 +106,11 @@ def test_each_route_is_chosen_by_its_config_and_plans_the_same_diff(tmp_path, st
     # a failure is told in one line; only the managed route reads the server's log (and the in-flight count)
     exc = ServerStartError("not healthy after 5s\nmore", None, [])
     assert route.why_failed(ap, t, exc) == "not healthy after 5s"
-    if name not in ("managed", "rolling"):
+    if name not in ("managed", "rolling", "blue_green"):
         assert route.in_flight(ap, t) is None
+        route.settle(ap, 1, t)  # nothing in a balancer to settle: no call reaches anything
     # clients go unserved while the server switches, except by hand and behind a balancer
-    assert route.outage == (name not in ("manual", "rolling"))
+    assert route.outage == (name not in ("manual", "rolling", "blue_green"))
 
 
 def test_by_hand_never_switches_and_never_restores(tmp_path, store):

@@ -125,12 +125,22 @@ def managed_targets(session: Session, name: str | None) -> list[Target]:
 
 
 def haproxy_config_for(cfg: Config, group: str) -> str:
-    """The HAProxy config tuner expects in front of replica group ``group`` (ConfigError naming what is missing)."""
+    """The HAProxy config tuner expects in front of replica group ``group``, or of blue/green target ``group``
+    (ConfigError naming what is missing)."""
+    single = next((t for t in cfg.targets if t.name == group and t.balancer is not None and t.group is None), None)
+    if single is not None:
+        b = single.balancer
+        assert b is not None and b.server is not None
+        if b.frontend is None:
+            raise ConfigError("config", f"targets[{group}].balancer.frontend",
+                              "give the HOST:PORT where HAProxy listens for this server's clients")
+        return haproxy_config(frontend=b.frontend, socket_path=b.socket, backend=b.backend,
+                              servers=[(b.server, *single.host_port)])
     members = [t for t in cfg.targets if t.group == group]
     if not members:
-        groups = sorted({t.group for t in cfg.targets if t.group})
-        raise ConfigError("config", f"targets[{group}].replicas", "no replica group of that name; groups: "
-                                                                   f"{', '.join(groups) or 'none'}")
+        groups = sorted({t.group or t.name for t in cfg.targets if t.balancer is not None})
+        raise ConfigError("config", f"targets[{group}].replicas", "no replica group or blue/green target of that "
+                                                                   f"name; there are: {', '.join(groups) or 'none'}")
     b, front = members[0].balancer, members[0].group_url
     assert b is not None and front is not None
     servers = [(m.replica or m.name, *m.host_port) for m in members]

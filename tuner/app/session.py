@@ -7,10 +7,12 @@ never parse a command line.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from tuner.app.room import second_server
 from tuner.apply.flow import Applier
 from tuner.config import Config, load_config
 from tuner.errors import ConfigError
@@ -60,8 +62,10 @@ class Session:
             self._store = open_store(self.cfg)
         return self._store
 
-    def applier(self, say: Callable[[str], None] = print) -> Applier:
-        return Applier(self.cfg, self.store, self.config_dir, say=say)
+    def applier(self, say: Callable[[str], None] = print, clock: Callable[[], float] = time.time) -> Applier:
+        """The apply flow for this config and store; blue/green asks it whether a second server fits."""
+        return Applier(self.cfg, self.store, self.config_dir, say=say, clock=clock,
+                       room=lambda t, flags: second_server(self.store, t, flags, clock()))
 
 
 def open_store(cfg: Config, *, check: bool = True) -> Store:

@@ -23,17 +23,16 @@ What it does, in order:
 from __future__ import annotations
 
 import json
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from tuner.advise.facts import gpu_facts, load_model
-from tuner.advise.memory import GIB, weights_bytes
+from tuner.advise.facts import load_model
 from tuner.advise.recommend import diff_key, evaluate
-from tuner.app.recommend import RecommendRequest, gather_inputs, host_available_bytes
+from tuner.app.recommend import RecommendRequest, gather_inputs
+from tuner.app.room import hardware, second_server, shadow_fits
 from tuner.apply import managed as mg
 from tuner.apply.flow import Applier, flags_in_force
 from tuner.apply.launch import free_port
@@ -50,9 +49,6 @@ from tuner.tune.search import Outcome, Point, point_key, search
 from tuner.tune.space import Hardware, Verdict, axes_for, canonical, feasible
 
 __all__ = ["TuneRequest", "tune", "workload_of", "reap_orphans"]
-
-_CPU_SERVER_OVERHEAD = int(1.5 * GIB)  # a vLLM CPU server's own RSS beyond weights and KV (measured here: ~1.2 GiB)
-
 
 @dataclass(frozen=True)
 class TuneRequest:
@@ -132,43 +128,6 @@ def reap_orphans(store: Store, say: Callable[[str], None], now: float) -> int:
         tj.finish_trial(store.engine, t.id, now=now, status="interrupted", capacity_rps=None,
                         detail={**t.detail, "note": note})
     return n
-
-
-def _hardware(store: Store, t: Target, now: float) -> tuple[Hardware, dict[str, Any]]:
-    gpu = gpu_facts(store.gpu_latest(max_age_s=120.0, now=now))
-    if gpu.vendor != "none" and gpu.memory_total_bytes:
-        free = gpu.memory_total_bytes - (gpu.memory_used_bytes or 0)
-        return Hardware(gpu_memory_bytes=gpu.memory_total_bytes), {"kind": "gpu", "gpu": gpu.name,
-                                                                   "free_bytes": free}
-    assert t.managed is not None
-    if t.backend != "vllm":  # llama-server on the host: a trial server may take what production leaves, less a fifth
-        have = host_available_bytes()
-        return Hardware(host_memory_bytes=int(0.8 * have) if have else None), {"kind": "cpu", "host_available": have}
-    space = t.managed.env.get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "4"
-    try:
-        kv = int(float(space) * GIB)
-    except ValueError:
-        raise ConfigError("config", f"targets[{t.name}].managed.env.VLLM_CPU_KVCACHE_SPACE",
-                          f"{space!r}: expected GiB as a number") from None
-    return Hardware(cpu_kv_cache_bytes=kv), {"kind": "cpu", "kv_cache_bytes": kv}
-
-
-def _shadow_fits(t: Target, hw: Hardware, where: dict[str, Any], model: Any) -> tuple[bool, str]:
-    """Whether a second server fits beside production (shadow mode)."""
-    if where["kind"] == "gpu":
-        return False, ("a second vLLM does not fit beside production on this GPU (each takes its "
-                       "--gpu-memory-utilization share); run with --on-target inside a maintenance window")
-    if t.backend != "vllm":  # each candidate's memory is checked on its own (tuner/tune/space.py)
-        have = where.get("host_available")
-        return (have is not None, f"the host has {have / GIB:.2f} GiB available; each candidate must fit 80% of it"
-                if have is not None else "cannot read the host's available memory (/proc/meminfo)")
-    need = (weights_bytes(model) if model is not None else 0) + (hw.cpu_kv_cache_bytes or 0) + _CPU_SERVER_OVERHEAD
-    have = host_available_bytes()
-    if have is None:
-        return False, "cannot read the host's available memory (/proc/meminfo)"
-    ok = need <= 0.8 * have
-    return ok, (f"a trial server needs ~{need / GIB:.2f} GiB (weights + KV space + {_CPU_SERVER_OVERHEAD / GIB:.1f} "
-                f"GiB of runtime); the host has {have / GIB:.2f} GiB available")
 
 
 def _advisor_seeds(cfg: Config, store: Store, t: Target, current: dict[str, Any], window_s: float,
@@ -346,7 +305,8 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     if req.on_target:
         max_time_s = min(max_time_s, _window_time(t, now))
         # an on-target tune (or apply) whose tuner died left production down or changed: put it back first
-        for line in Applier(cfg, store, config_dir, say=say, clock=clock).reconcile():
+        for line in Applier(cfg, store, config_dir, say=say, clock=clock,
+                            room=lambda t, f: second_server(store, t, f, clock())).reconcile():
             say(line)
     llama = t.backend != "vllm"
     client_python = req.client_python or (None if llama else t.managed.executable or "python3")
@@ -365,11 +325,11 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     workload = (Workload.model_validate(previous.workload) if previous is not None else
                 workload_of(cfg, store, t.name, window_s=req.window_s, path=req.workload_file, now=now))
     model = load_model(t.managed.model) if Path(t.managed.model).exists() else None
-    hw, hw_json = _hardware(store, t, now)
+    hw, hw_json = hardware(store, t, now)
     if req.on_target:
         fits, why = True, f"trials on {t.name} itself (--on-target), production drained until the end"
     else:
-        fits, why = _shadow_fits(t, hw, hw_json, model)
+        fits, why = shadow_fits(t, hw, hw_json, model)
     if not fits:
         raise ConfigError("tuner tune", "--on-target", f"no room for a trial server beside {t.name}: {why}")
     in_force = flags_in_force(store.engine, t)  # as production runs them (its argv's order: restored as is)

@@ -119,6 +119,29 @@ class HAProxy:
                                  "it was set ready (its health check does not pass)")
             self.sleep(0.2)
 
+    def add(self, server: str, host: str, port: int, *, check_interval_ms: int = 500) -> None:
+        """A new server in the backend (HAProxy >= 2.5's dynamic servers), checked on /health like the others
+        (a dynamic server inherits no default-server line, so the check's timing is given here) and enabled:
+        traffic reaches it once its check says UP (wait with ``ready``)."""
+        if not NAME.match(server) or not re.match(r"^[A-Za-z0-9.:\[\]-]+$", host) or not 0 < port < 65536:
+            raise ValueError(f"add server {server!r} at {host!r}:{port!r}")
+        answer = self.command(f"add server {self.backend}/{server} {host}:{port} check inter {check_interval_ms}ms "
+                              "fall 2 rise 2").strip()
+        if "registered" not in answer.lower():
+            raise ApplyError(f"HAProxy refused to add {self.backend}/{server} at {host}:{port}: {answer} (dynamic "
+                             "servers need HAProxy >= 2.5 and a balance algorithm that allows them, e.g. leastconn)")
+        for cmd in (f"enable health {self.backend}/{server}", f"enable server {self.backend}/{server}"):
+            answer = self.command(cmd).strip()
+            if answer:
+                raise ApplyError(f"HAProxy refused `{cmd}`: {answer}")
+
+    def remove(self, server: str) -> None:
+        """Take a server out of the backend for good (it must be idle: drain it first)."""
+        self.set_state(server, "maint")
+        answer = self.command(f"del server {self.backend}/{server}").strip()
+        if "deleted" not in answer.lower():
+            raise ApplyError(f"HAProxy refused to delete {self.backend}/{server}: {answer}")
+
     def others_up(self, server: str) -> list[str]:
         """The backend's other servers that are UP (where traffic goes while ``server`` is out)."""
         return [name for name, st in self.stats().items() if name != server and st.status == "UP"]

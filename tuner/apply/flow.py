@@ -109,7 +109,8 @@ def flags_in_force(engine: Any, t: Target) -> dict[str, Any]:
 @dataclass
 class Applier:
     """Does applies for one config and store. ``say`` prints progress; ``clock`` is wall time and ``sleep``
-    waits on it (tests inject both)."""
+    waits on it (tests inject both). ``room(target, flags)``: whether a second server of the target with those
+    flags fits beside the running one, and why (the app's memory reading; blue/green asks it)."""
 
     cfg: Config
     store: Any  # tuner.store.Store
@@ -118,6 +119,7 @@ class Applier:
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
     owner: tuple[int, int] = field(default_factory=_own_identity)
+    room: Callable[[Target, dict[str, Any]], tuple[bool, str]] | None = None
 
     @property
     def engine(self) -> Any:
@@ -595,6 +597,10 @@ class Applier:
             jr.finish(self.engine, a.id, "failed", "reconciled: the target is no longer configured", now=now)
             return f"apply #{a.id}: target {a.target} no longer configured; closed as failed"
         p = Plan(t, route_for(t), a.diff, a.old_flags, a.new_flags, a.old_argv, a.new_argv)
+        try:
+            p.route.settle(self, a.id, t)
+        except ApplyError as exc:
+            self._step(a.id, "settle_failed", str(exc).splitlines()[0])
         found, healthy = "unknown", False
         if t.managed is not None:
             st = jr.get_managed(self.engine, t.name)

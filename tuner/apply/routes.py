@@ -5,11 +5,14 @@
   * ``Systemd``: a drop-in with ``TUNER_FLAGS`` for ``apply.hook.systemd_unit``, daemon-reload, restart, gate;
   * ``ByHand``: tuner says what to change and waits for ``tuner apply-recommendation ID --applied``;
   * ``Rolling``: a replica group behind HAProxy; one replica at a time is drained in the balancer until idle,
-    restarted like ``Managed``, health-gated, put back and waited on until HAProxy's own check says UP.
+    restarted like ``Managed``, health-gated, put back and waited on until HAProxy's own check says UP;
+  * ``BlueGreen``: one managed server behind HAProxy with room beside it for a second: the new flags start on a
+    spare port and join the backend before the server is drained and restarted with them, then the spare leaves.
 
 The apply flow (flow.py) asks a route for the argv before and after, the lines of a dry run, whether tuner itself
-restarts the server (the restart budget, the outage), how to switch the server to some flags, and what the server
-said when it failed; it never asks which route it has. ``tests/apply/test_routes.py`` runs the same checks over
+restarts the server (the restart budget, the outage), how to switch the server to some flags, what the server
+said when it failed, and (``settle``, after a tuner died mid-apply) to leave nothing half-switched in a balancer;
+it never asks which route it has. ``tests/apply/test_routes.py`` runs the same checks over
 every route. ``outage``: whether clients go unserved while it switches (no for a rolling apply: the other
 replicas serve).
 """
@@ -24,16 +27,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tuner.apply import managed as mg
 from tuner.apply.balancer import HAProxy
-from tuner.apply.launch import _render_flags
+from tuner.apply.launch import _render_flags, free_port
 from tuner.backends import backend as backend_of
 from tuner.config import Target
 from tuner.errors import ApplyError, ConfigError, ServerStartError
 from tuner.flags import render
+from tuner.store import journal as jr
 
 if TYPE_CHECKING:  # the flow hands itself in; routes never import it at run time
     from tuner.apply.flow import Applier, Plan
 
-__all__ = ["Route", "Managed", "Hook", "Systemd", "ByHand", "Rolling", "ROUTES", "route_for", "flags_argv", "hook_argv"]
+__all__ = ["Route", "Managed", "Hook", "Systemd", "ByHand", "Rolling", "BlueGreen", "ROUTES", "route_for", "flags_argv",
+           "hook_argv"]
 
 _HOOK_HEALTH_TIMEOUT_S = 600.0
 
@@ -93,6 +98,10 @@ class Route(Protocol):
         """Requests in the server just before a switch (None: not measured by this route)."""
         ...
 
+    def settle(self, ap: Applier, aid: int, t: Target) -> None:
+        """A tuner died during an apply on ``t``: leave no server out of rotation and no temporary one behind."""
+        ...
+
 
 class Managed:
     name, restarts, outage = "managed", True, True
@@ -128,6 +137,9 @@ class Managed:
 
     def in_flight(self, ap: Applier, t: Target) -> int | None:
         return ap._in_flight(t)
+
+    def settle(self, ap: Applier, aid: int, t: Target) -> None:
+        return None
 
 
 class _Gated:
@@ -185,6 +197,9 @@ class _Gated:
         return str(exc).splitlines()[0]
 
     def in_flight(self, ap: Applier, t: Target) -> int | None:
+        return None
+
+    def settle(self, ap: Applier, aid: int, t: Target) -> None:
         return None
 
 
@@ -258,6 +273,9 @@ class ByHand:
         return str(exc).splitlines()[0]
 
     def in_flight(self, ap: Applier, t: Target) -> int | None:
+        return None
+
+    def settle(self, ap: Applier, aid: int, t: Target) -> None:
         return None
 
 
@@ -340,15 +358,170 @@ class Rolling:
     def in_flight(self, ap: Applier, t: Target) -> int | None:
         return ap._in_flight(t)
 
+    def settle(self, ap: Applier, aid: int, t: Target) -> None:
+        """Replicas that run and were left drained go back in rotation."""
+        lb = self._lb(ap, t)
+        for m in ap.cfg.group(t):  # `ready` is idempotent; a drained replica whose check fails reads DOWN, not DRAIN
+            assert m.replica is not None and m.balancer is not None
+            if ap.running(m) is not None:
+                st = lb.ready(m.replica, m.balancer.up_timeout.total_seconds())
+                ap._step(aid, "in_rotation", f"{m.name}: HAProxy {st.status}")
+
+
+class BlueGreen:
+    """One managed server (blue) behind HAProxy, with room on the host for a second one beside it.
+
+    To take it to some flags: a spare server (green) starts with them on a free port and joins the backend; once
+    HAProxy's check says green is UP, blue is drained until idle and restarted with the same flags on its own port
+    while green serves; blue back UP, green is drained and removed from the backend. Clients always have a server
+    that is UP, and a config that does not start fails on the spare, before blue is touched. Blue keeps its address
+    (the one tuner scrapes, the config names and the verdict watches), at the cost of a second start.
+    The room (memory for both at once) is the app's answer, ``Applier.room``; without room it refuses."""
+
+    name, restarts, outage = "blue_green", True, False
+
+    def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
+        return mg.build_argv(t, flags)
+
+    def describe(self, p: Plan) -> list[str]:
+        b = p.target.balancer
+        assert b is not None
+        return [f"blue/green behind HAProxy backend {b.backend}: the new flags start on a spare port and join it; "
+                f"{b.server} is drained until idle, restarted with them on its own port and put back; the spare is "
+                "drained and removed (clients always have a server UP)",
+                "new argv: " + json.dumps(p.new_argv)]
+
+    @staticmethod
+    def _lb(ap: Applier, t: Target) -> HAProxy:
+        assert t.balancer is not None
+        return HAProxy(t.balancer.socket, t.balancer.backend, clock=ap.clock, sleep=ap.sleep)
+
+    @staticmethod
+    def spare(t: Target, port: int | None = None) -> Target:
+        """The spare server of ``t``: the same target on another port, its own name (its log and run state), the
+        same served model name (clients ask for it by that name)."""
+        assert t.managed is not None and t.balancer is not None and t.balancer.server is not None
+        host, own = t.host_port
+        return t.model_copy(update={
+            "name": f"{t.name}~spare", "url": f"http://{host}:{port if port is not None else own}",
+            "replica": f"{t.balancer.server[:56]}-spare",
+            "managed": t.managed.model_copy(update={"served_model_name": t.managed.served_model_name or t.name})})
+
+    def _spare_now(self, ap: Applier, t: Target) -> Target | None:
+        """The spare as it runs (its port from the argv it was started with), if a spare was recorded."""
+        st = jr.get_managed(ap.engine, self.spare(t).name)
+        if st is None or "--port" not in st.argv:
+            return None
+        return self.spare(t, int(st.argv[st.argv.index("--port") + 1]))
+
+    def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
+        t = p.target
+        fits, why = ap.room(t, flags) if ap.room is not None else (False, "no memory reading was given to tuner")
+        if not fits:
+            raise ApplyError(f"blue/green needs room for a second server beside {t.name}: {why}; free memory, or "
+                             f"apply with an outage by removing targets[{t.name}].balancer")
+        ap._step(aid, "room", f"a second server fits: {why}")
+        self._converge(ap, aid, t, flags, spare_ok=True)
+        ap._step(aid, "healthy", f"{t.name} runs the flags and is UP in HAProxy; the spare is gone")
+
+    def restore(self, ap: Applier, aid: int, p: Plan) -> bool:
+        fits, why = ap.room(p.target, p.old_flags) if ap.room is not None else (False, "no memory reading")
+        if not fits:
+            ap._step(aid, "room", f"no room for a spare ({why}): {p.target.name} restarts in place, an outage")
+        self._converge(ap, aid, p.target, p.old_flags, spare_ok=fits)
+        return True
+
+    def _converge(self, ap: Applier, aid: int, t: Target, flags: dict[str, Any], *, spare_ok: bool) -> None:
+        """Blue running ``flags`` and UP, no spare left; a spare with ``flags`` serves while blue restarts."""
+        b, lb = t.balancer, self._lb(ap, t)
+        assert b is not None and b.server is not None
+        up_s = b.up_timeout.total_seconds()
+        blue = ap.running(t)
+        if blue is not None and mg.proc_argv(blue.pid) == mg.build_argv(t, flags):
+            lb.ready(b.server, up_s)  # idempotent; a server left drained reads DOWN if its check failed meanwhile
+            self._remove_spare(ap, aid, t, lb)
+            return
+        if blue is not None:
+            spare = self._spare_now(ap, t)
+            r = ap.running(spare) if spare is not None else None
+            if spare is None or r is None or mg.proc_argv(r.pid) != mg.build_argv(spare, flags):
+                self._remove_spare(ap, aid, t, lb)
+                spare = self._start_spare(ap, aid, t, flags, lb) if spare_ok else None
+            if spare is not None:
+                ap._step(aid, "draining", f"{t.name}: HAProxy {b.backend}/{b.server} drain; {spare.replica} "
+                                          "serves", state="draining")
+                drained, st = lb.drain(b.server, b.drain_timeout.total_seconds())
+                ap._step(aid, "drained" if drained else "drain_timeout", f"{t.name}: {st.current} sessions, "
+                                                                          f"{st.queued} queued in HAProxy")
+            ap._step(aid, "stopped", f"{t.name}: {ap._drain(t, blue)}")
+        ap._step(aid, "starting", f"{t.name}: {json.dumps(mg.build_argv(t, flags))}", state="starting")
+        r = ap.launch(t, flags, spawned=lambda r: ap._step(aid, "health_check", f"{t.name}: pid {r.pid} started",
+                                                            state="health_check"))
+        st = lb.ready(b.server, up_s)
+        ap._step(aid, "in_rotation", f"{t.name}: HAProxy {b.backend}/{b.server} {st.status}; pid {r.pid}")
+        self._remove_spare(ap, aid, t, lb)
+
+    def _start_spare(self, ap: Applier, aid: int, t: Target, flags: dict[str, Any], lb: HAProxy) -> Target:
+        assert t.balancer is not None
+        spare = self.spare(t, free_port())
+        assert spare.replica is not None
+        ap._step(aid, "starting", f"{spare.name} on {spare.url}: {json.dumps(mg.build_argv(spare, flags))}",
+                 state="starting")
+        r = ap.launch(spare, flags, spawned=lambda r: ap._step(aid, "health_check", f"{spare.name}: pid {r.pid} "
+                                                                "started", state="health_check"))
+        host, port = spare.host_port
+        lb.add(spare.replica, host, port)
+        st = lb.ready(spare.replica, t.balancer.up_timeout.total_seconds())
+        ap._step(aid, "in_rotation", f"{spare.name}: HAProxy {lb.backend}/{spare.replica} {st.status}; pid {r.pid}")
+        return spare
+
+    def _remove_spare(self, ap: Applier, aid: int, t: Target, lb: HAProxy) -> None:
+        assert t.balancer is not None
+        spare = self._spare_now(ap, t) or self.spare(t)
+        assert spare.replica is not None
+        if spare.replica in lb.stats():
+            drained, st = lb.drain(spare.replica, t.balancer.drain_timeout.total_seconds())
+            ap._step(aid, "drained" if drained else "drain_timeout", f"{spare.name}: {st.current} sessions, "
+                                                                      f"{st.queued} queued in HAProxy")
+        r = ap.running(spare)
+        if r is not None:
+            ap._step(aid, "stopped", f"{spare.name}: {ap._drain(spare, r)}")
+        if spare.replica in lb.stats():
+            lb.remove(spare.replica)
+            ap._step(aid, "removed", f"{spare.name}: HAProxy {lb.backend}/{spare.replica} deleted")
+        jr.forget_managed(ap.engine, spare.name)
+
+    def why_failed(self, ap: Applier, t: Target, exc: ServerStartError | ApplyError) -> str:
+        if isinstance(exc, ServerStartError) and exc.exited:
+            spare = self.spare(t)
+            st = jr.get_managed(ap.engine, spare.name)
+            who = spare if st is not None and st.state == "crashed" else t
+            return f"{who.name}: {mg.error_line(mg.log_path(who, ap.config_dir))}"
+        return str(exc).splitlines()[0]
+
+    def in_flight(self, ap: Applier, t: Target) -> int | None:
+        return ap._in_flight(t)
+
+    def settle(self, ap: Applier, aid: int, t: Target) -> None:
+        """Blue, if it runs, back in rotation; the spare drained and removed."""
+        assert t.balancer is not None and t.balancer.server is not None
+        lb = self._lb(ap, t)
+        if ap.running(t) is not None:
+            st = lb.ready(t.balancer.server, t.balancer.up_timeout.total_seconds())
+            ap._step(aid, "in_rotation", f"{t.name}: HAProxy {lb.backend}/{t.balancer.server} {st.status}")
+            self._remove_spare(ap, aid, t, lb)
+
 
 ROUTES: dict[str, Route] = {"managed": Managed(), "hook": Hook(), "systemd": Systemd(), "manual": ByHand(),
-                            "rolling": Rolling()}
+                            "rolling": Rolling(), "blue_green": BlueGreen()}
 
 
 def route_for(t: Target) -> Route:
     """The one place that decides how a target's flags change."""
     if t.managed is not None and t.balancer is not None and t.group is not None:
         return ROUTES["rolling"]
+    if t.managed is not None and t.balancer is not None:
+        return ROUTES["blue_green"]
     if t.managed is not None:
         return ROUTES["managed"]
     if t.apply.hook is not None:

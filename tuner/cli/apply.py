@@ -269,8 +269,9 @@ def add_parsers(sub: Any) -> None:
     m.set_defaults(func=cmd_managed)
 
     h = sub.add_parser("haproxy-config", help="print the HAProxy config tuner expects in front of a replica group "
-                       "(admin socket, /health checks, retries with redispatch)")
-    h.add_argument("group", help="the group's name (a target with replicas:)")
+                       "or a blue/green target (admin socket, /health checks, retries with redispatch)")
+    h.add_argument("group", help="the group's name (a target with replicas:), or a target with balancer.server "
+                                 "(blue/green on one host)")
     h.set_defaults(func=cmd_haproxy_config)
 
     c = sub.add_parser("reconcile", help="finish or roll back applies left half done by a tuner that died")

@@ -23,7 +23,6 @@ from tuner.app.alerting import Alerting
 from tuner.app.auto import auto_step
 from tuner.app.session import Session
 from tuner.app.signalbook import SignalBook
-from tuner.apply.flow import Applier
 from tuner.apply.guard import Decision, halted
 from tuner.collect.gpu import GpuCollector
 from tuner.collect.scrape import scrape_target
@@ -65,7 +64,7 @@ class Daemon:
                                                        target_signal=self._target_signal,
                                                        max_num_seqs=self._max_num_seqs, signals=self.signals.get)
         self.session = Session(cfg, (config_dir or Path.cwd()).resolve(), store)
-        self.applier = Applier(cfg, store, self.session.config_dir, say=log.info, clock=clock)
+        self.applier = self.session.applier(say=log.info, clock=clock)
 
     # ---- jobs: each one records its failures and returns ----------------------------------------
 
