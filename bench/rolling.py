@@ -1,10 +1,12 @@
-"""Applies under load, side by side in one run: one llama-server alone, and a group of two behind a real HAProxy.
+"""Applies under load, side by side in one run: one llama-server alone, a group of two behind a real HAProxy (a
+rolling apply), and one llama-server behind HAProxy switched blue/green through a spare on the same host.
 
 Same model, flags, client and load for both: tuner/lab/load.py clients that never retry (retry_for_s=0), 3 in
 flight, each request on a fresh connection; tuner applies --parallel 2 -> 4 -> 2 ... (`tuner apply-recommendation
 ID --yes`) N times per setup while the load runs. Reported per setup: requests answered and failed during the
 applies, and from the apply journal: apply wall time (planned -> healthy, the observation excluded) and, for the
-group, per replica (draining -> in_rotation) with its HAProxy drain (draining -> drained).
+group, per replica (draining -> in_rotation) with its HAProxy drain (draining -> drained); for blue/green, the
+spare's start until HAProxy says UP (starting -> in_rotation of chat~spare).
 
 Fairness on 2 cores: every llama-server runs with -t 1; the single server and the group are measured one after
 the other with the same client; nothing else runs.
@@ -42,12 +44,16 @@ def tuner(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
 
 
-def config(work: Path, server: str, model: str, group: bool) -> tuple[Path, int]:
+def config(work: Path, server: str, model: str, setup: str) -> tuple[Path, int]:
     front = free_port()
+    own = free_port() if setup == "bluegreen" else front
     head = (f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\n"
             "defaults: {scrape_interval: 1s, scrape_timeout: 1s}\ntargets:\n"
-            f"  - name: chat\n    backend: llamacpp\n    url: http://127.0.0.1:{front}\n")
-    if group:
+            f"  - name: chat\n    backend: llamacpp\n    url: http://127.0.0.1:{own}\n")
+    if setup == "bluegreen":
+        head += (f"    balancer: {{socket: '{work / 'haproxy.sock'}', backend: chat, server: blue, "
+                 f"frontend: '127.0.0.1:{front}'}}\n")
+    if setup == "group":
         head += (f"    balancer: {{socket: '{work / 'haproxy.sock'}', backend: chat}}\n    replicas:\n"
                  f"      - {{name: r1, url: 'http://127.0.0.1:{free_port()}'}}\n"
                  f"      - {{name: r2, url: 'http://127.0.0.1:{free_port()}'}}\n")
@@ -65,16 +71,17 @@ def ts(a: dict, step: str, who: str = "", last: bool = False) -> float | None:
     return (hits[-1] if last else hits[0]) if hits else None
 
 
-def measure(work: Path, server: str, model: str, group: bool, applies: int) -> dict:
+def measure(work: Path, server: str, model: str, setup: str, applies: int) -> dict:
     work.mkdir(parents=True)
-    cfg, front = config(work, server, model, group)
+    group = setup == "group"
+    cfg, front = config(work, server, model, setup)
     tuner(cfg, "db", "upgrade")
     names = ["chat.r1", "chat.r2"] if group else ["chat"]
     for n in names:
         out = tuner(cfg, "managed", "start", n)
         assert out.returncode == 0, out.stderr
     proxy = None
-    if group:
+    if setup != "single":
         (work / "haproxy.cfg").write_text(tuner(cfg, "haproxy-config", "chat").stdout)
         proxy = subprocess.Popen([shutil.which("haproxy") or "/usr/sbin/haproxy", "-db", "-f",
                                   str(work / "haproxy.cfg")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -106,6 +113,9 @@ def measure(work: Path, server: str, model: str, group: bool, applies: int) -> d
                 row["replica_s"] = [round((ts(a, "in_rotation", n) or 0) - ts(a, "draining", n), 2) for n in names]
                 row["haproxy_drain_s"] = [round((ts(a, "drained", n) or ts(a, "drain_timeout", n) or 0)
                                                 - ts(a, "draining", n), 2) for n in names]
+            if setup == "bluegreen":
+                row["spare_up_s"] = round((ts(a, "in_rotation", "chat~spare") or 0) - ts(a, "starting", "chat~spare"),
+                                          2)
             rows.append(row)
             time.sleep(2.0)
     finally:
@@ -129,8 +139,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="rolling-bench-"))
     print(f"load average {os.getloadavg()[0]:.2f}; workdir {work}", flush=True)
     out = {}
-    for name, group in (("single llama-server", False), ("2 replicas behind HAProxy", True)):
-        out[name] = measure(work / name.split()[0], server, model, group, args.applies)
+    for name, setup in (("single llama-server", "single"), ("2 replicas behind HAProxy", "group"),
+                        ("blue/green llama-server behind HAProxy", "bluegreen")):
+        group = setup == "group"
+        out[name] = measure(work / setup, server, model, setup, args.applies)
         res = out[name]
         applies = res["applies"]
         print(f"\n{name}: {res['ok']} requests answered, {res['failed']} failed during {len(applies)} applies "
@@ -142,6 +154,9 @@ def main() -> int:
             drains = [s for a in applies for s in a["haproxy_drain_s"]]
             print(f"  per replica (drain in HAProxy -> UP again): median {statistics.median(per):.1f}s; "
                   f"HAProxy drain until idle: median {statistics.median(drains):.2f}s")
+        if setup == "bluegreen":
+            print(f"  the spare's start until UP in HAProxy: median "
+                  f"{statistics.median(a['spare_up_s'] for a in applies):.1f}s")
     print(f"\nload average {os.getloadavg()[0]:.2f}")
     return 0
 
