@@ -157,7 +157,7 @@ class Managed(_Model):
     type: Literal["llm", "embedding"] = "llm"
     # vLLM: a Python interpreter that has vllm installed; llama-server: the binary. Default: this Python / PATH.
     executable: str | None = None
-    served_model_name: str | None = None  # vLLM; default: the target's name
+    served_model_name: str | None = None  # vLLM; default: the target's name (a replica group's: the group's)
     flags: dict[str, _Scalar] = Field(default_factory=dict)
     extra_args: dict[str, _Scalar | None] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
@@ -311,10 +311,13 @@ class Balancer(_Model):
 
 
 class Replica(_Model):
-    """One server of a replica group: its name in the balancer's backend and its own URL."""
+    """One server of a replica group: its name in the balancer's backend, its own URL, and environment variables of
+    its own over ``managed.env`` (e.g. CUDA_VISIBLE_DEVICES, or VLLM_CPU_OMP_THREADS_BIND to give each replica its
+    cores)."""
 
     name: str
     url: str
+    env: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -384,14 +387,22 @@ class Target(_Model):
             raise ValueError(f"replicas: two replicas share a URL in {urls}")
         return self
 
+    @property
+    def served_name(self) -> str:
+        """The model name clients ask a managed vLLM for: ``managed.served_model_name``, else the group's name
+        (every replica behind the balancer must answer to the same one), else the target's."""
+        return (self.managed.served_model_name if self.managed else None) or self.group or self.name
+
     def members(self) -> list["Target"]:
         """The group's replicas as targets of their own (itself when it is not a group)."""
         if not self.replicas:
             return [self]
         labels = lambda r: {**self.labels, "group": self.name, "replica": r.name}  # noqa: E731
+        managed = lambda r: (self.managed.model_copy(update={"env": {**self.managed.env, **r.env}})  # noqa: E731
+                             if self.managed is not None and r.env else self.managed)
         return [self.model_copy(update={"name": f"{self.name}.{r.name}", "url": r.url, "replicas": [],
                                         "group": self.name, "replica": r.name, "group_url": self.url,
-                                        "labels": labels(r)}) for r in self.replicas]
+                                        "labels": labels(r), "managed": managed(r)}) for r in self.replicas]
 
     @field_validator("url")
     @classmethod

@@ -177,6 +177,19 @@ def test_a_group_is_one_target_per_replica_sharing_everything_but_the_url():
         haproxy_config_for(cfg, "nope")
 
 
+def test_a_replica_has_environment_variables_of_its_own_over_the_groups(tmp_path):
+    (tmp_path / "m").mkdir()
+    cfg = parse_config("targets:\n  - name: chat\n    backend: vllm\n    url: http://127.0.0.1:8080\n"
+                       "    balancer: {socket: /run/h.sock, backend: chat}\n"
+                       f"    managed: {{model: '{tmp_path / 'm'}', env: {{A: '1', B: '2'}}}}\n"
+                       "    replicas: [{name: a, url: 'http://127.0.0.1:8001', env: {B: '3', CUDA_VISIBLE_DEVICES: '1'}},"
+                       " {name: b, url: 'http://127.0.0.1:8002'}]\n")
+    a, b = cfg.targets
+    assert a.managed is not None and b.managed is not None
+    assert a.managed.env == {"A": "1", "B": "3", "CUDA_VISIBLE_DEVICES": "1"} and b.managed.env == {"A": "1", "B": "2"}
+    assert a.served_name == b.served_name == "chat"  # clients through the balancer ask every replica for one name
+
+
 def test_blue_green_is_one_managed_target_with_its_server_name_and_its_haproxy_config(tmp_path):
     (tmp_path / "m").mkdir()
     text = ("targets:\n  - name: chat\n    backend: llamacpp\n    url: http://127.0.0.1:8001\n"

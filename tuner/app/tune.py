@@ -190,7 +190,7 @@ def _capacity(ctx: _Ctx, url: str) -> dict[str, Any]:
     t, req, w = ctx.target, ctx.req, ctx.workload
     assert t.managed is not None and w is not None and t.slo is not None
     client = ctx.bench
-    model, tokenizer = t.managed.served_model_name or t.name, ctx.tokenizer
+    model, tokenizer = t.served_name, ctx.tokenizer
 
     def measure(rate: float) -> Any:
         prompts = max(req.min_prompts, int(rate * req.run_s))

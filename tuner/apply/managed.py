@@ -65,7 +65,7 @@ def build_argv(target: Target, flags: Mapping[str, Any]) -> list[str]:
                 fixed["runner"] = "pooling"
             fixed.update(m.extra_args)
             return vllm_argv(m.executable or sys.executable, model, host=host, port=port,
-                             served_model_name=m.served_model_name or target.name, flags={**fixed, **tunable})
+                             served_model_name=target.served_name, flags={**fixed, **tunable})
         fixed = {"--metrics": True}  # tuner reads /metrics; without it llama-server answers 501
         if m.type == "embedding":
             fixed["--embedding"] = True
@@ -261,7 +261,7 @@ def health_gate(target: Target, timeout_s: float = 60.0) -> str:
     """One real request through the server. Returns a short description; ServerStartError when it fails."""
     m = target.managed
     kind = m.type if m is not None else "llm"
-    model = (m.served_model_name if m is not None else None) or target.name
+    model = target.served_name
     body: dict[str, Any]
     if kind == "embedding":
         path, body = "/v1/embeddings", {"model": model, "input": "tuner health check"}

@@ -405,7 +405,7 @@ class BlueGreen:
         return t.model_copy(update={
             "name": f"{t.name}~spare", "url": f"http://{host}:{port if port is not None else own}",
             "replica": f"{t.balancer.server[:56]}-spare",
-            "managed": t.managed.model_copy(update={"served_model_name": t.managed.served_model_name or t.name})})
+            "managed": t.managed.model_copy(update={"served_model_name": t.served_name})})
 
     def _spare_now(self, ap: Applier, t: Target) -> Target | None:
         """The spare as it runs (its port from the argv it was started with), if a spare was recorded."""
