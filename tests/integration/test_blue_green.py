@@ -29,9 +29,10 @@ from pathlib import Path
 import realservers
 from conftest import require
 from test_apply_llama import wait_for
-from test_rolling_haproxy import Load
+from test_rolling_haproxy import Load, _tuner
 
 from tuner.apply.balancer import HAProxy
+from tuner.lab.load import LoadResult
 from tuner.apply.launch import free_port
 from tuner.apply.managed import is_alive, proc_argv
 from tuner.store import journal as jr
@@ -50,11 +51,6 @@ if parallel == "4" and port == own:
     time.sleep(4)  # a slow start of the server itself: the spare serves alone meanwhile
 os.execv({server!r}, [sys.argv[0], *args])  # argv[0] stays the executable tuner started
 """
-
-
-def _tuner(cfg: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "WARNING", *args],
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 class BlueGreen:
@@ -136,18 +132,23 @@ def _clean(g: BlueGreen) -> None:
     assert jr.open_applies(g.engine) == []
 
 
+def _apply_under_load(g: BlueGreen, diff: dict) -> tuple[dict, Load, LoadResult]:
+    """`tuner apply-recommendation` of ``diff`` while clients that never retry go through HAProxy."""
+    load = Load(g.front)
+    wait_for(lambda: g.lb.stat("blue").total >= 10, 60, "the load to reach the server")
+    out = _tuner(g.cfg, "apply-recommendation", str(g.recommend(diff)), "--yes", "--json")
+    time.sleep(1.0)  # requests keep flowing after the switch
+    result = load.finish()
+    assert out.stdout, out.stderr[-3000:]
+    return json.loads(out.stdout), load, result
+
+
 def test_a_blue_green_apply_on_one_host_loses_no_request_and_leaves_nothing_behind(tmp_path):
     require(realservers.LLAMA_SERVER, realservers.TINY_GGUF, realservers.HAPROXY)
     g = BlueGreen(tmp_path)
     try:
         pid0 = g.pid()
-        load = Load(g.front)
-        wait_for(lambda: g.lb.stat("blue").total >= 10, 60, "the load to reach the server")
-        out = _tuner(g.cfg, "apply-recommendation", str(g.recommend({"parallel": 4})), "--yes", "--json")
-        time.sleep(1.0)  # requests keep flowing after the switch
-        result = load.finish()
-        assert out.stdout, out.stderr[-3000:]
-        a = json.loads(out.stdout)
+        a, load, result = _apply_under_load(g, {"parallel": 4})
         steps = [(s["step"], s["detail"].split(":")[0].split(" on ")[0]) for s in a["steps"]]
         order = [st for st in steps if st[0] in ("room", "starting", "in_rotation", "draining", "stopped",
                                                  "removed")]
@@ -173,11 +174,7 @@ def test_a_config_that_cannot_start_fails_on_the_spare_and_the_server_is_never_t
     g = BlueGreen(tmp_path)
     try:
         pid0 = g.pid()
-        load = Load(g.front)
-        wait_for(lambda: g.lb.stat("blue").total >= 10, 60, "the load to reach the server")
-        out = _tuner(g.cfg, "apply-recommendation", str(g.recommend({"parallel": 3})), "--yes", "--json")
-        result = load.finish()
-        a = json.loads(out.stdout)
+        a, _, result = _apply_under_load(g, {"parallel": 3})
         assert a["outcome"] == "failed" and "injected: the spare cannot start" in a["note"], a["note"]
         assert g.pid() == pid0 and g.parallel() == "2"  # blue never restarted
         assert not any(s["step"] == "draining" for s in a["steps"]), a["steps"]

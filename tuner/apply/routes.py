@@ -279,13 +279,25 @@ class ByHand:
         return None
 
 
-class Rolling:
-    """A replica group behind HAProxy, tuner managing each replica: one at a time, the others serving."""
-
-    name, restarts, outage = "rolling", True, False
+class _Balanced:
+    """Routes of managed servers behind HAProxy: the argv is the managed one, tuner reads the in-flight count."""
 
     def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
         return mg.build_argv(t, flags)
+
+    def in_flight(self, ap: Applier, t: Target) -> int | None:
+        return ap._in_flight(t)
+
+    @staticmethod
+    def _lb(ap: Applier, t: Target) -> HAProxy:
+        assert t.balancer is not None
+        return HAProxy(t.balancer.socket, t.balancer.backend, clock=ap.clock, sleep=ap.sleep)
+
+
+class Rolling(_Balanced):
+    """A replica group behind HAProxy, tuner managing each replica: one at a time, the others serving."""
+
+    name, restarts, outage = "rolling", True, False
 
     def describe(self, p: Plan) -> list[str]:
         b = p.target.balancer
@@ -293,11 +305,6 @@ class Rolling:
         return [f"rolling over the replicas of {p.target.group} one at a time, behind HAProxy backend {b.backend} "
                 f"(drain until idle, restart, health gate, ready until UP); the others serve meanwhile",
                 "new argv (per replica, its own port): " + json.dumps(p.new_argv)]
-
-    @staticmethod
-    def _lb(ap: Applier, t: Target) -> HAProxy:
-        assert t.balancer is not None
-        return HAProxy(t.balancer.socket, t.balancer.backend, clock=ap.clock, sleep=ap.sleep)
 
     @staticmethod
     def _runs(ap: Applier, m: Target, flags: dict[str, Any]) -> bool:
@@ -355,9 +362,6 @@ class Rolling:
                     return f"{m.name}: {mg.error_line(mg.log_path(m, ap.config_dir))}"
         return str(exc).splitlines()[0]
 
-    def in_flight(self, ap: Applier, t: Target) -> int | None:
-        return ap._in_flight(t)
-
     def settle(self, ap: Applier, aid: int, t: Target) -> None:
         """Replicas that run and were left drained go back in rotation."""
         lb = self._lb(ap, t)
@@ -368,7 +372,7 @@ class Rolling:
                 ap._step(aid, "in_rotation", f"{m.name}: HAProxy {st.status}")
 
 
-class BlueGreen:
+class BlueGreen(_Balanced):
     """One managed server (blue) behind HAProxy, with room on the host for a second one beside it.
 
     To take it to some flags: a spare server (green) starts with them on a free port and joins the backend; once
@@ -380,9 +384,6 @@ class BlueGreen:
 
     name, restarts, outage = "blue_green", True, False
 
-    def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
-        return mg.build_argv(t, flags)
-
     def describe(self, p: Plan) -> list[str]:
         b = p.target.balancer
         assert b is not None
@@ -390,11 +391,6 @@ class BlueGreen:
                 f"{b.server} is drained until idle, restarted with them on its own port and put back; the spare is "
                 "drained and removed (clients always have a server UP)",
                 "new argv: " + json.dumps(p.new_argv)]
-
-    @staticmethod
-    def _lb(ap: Applier, t: Target) -> HAProxy:
-        assert t.balancer is not None
-        return HAProxy(t.balancer.socket, t.balancer.backend, clock=ap.clock, sleep=ap.sleep)
 
     @staticmethod
     def spare(t: Target, port: int | None = None) -> Target:
@@ -498,9 +494,6 @@ class BlueGreen:
             who = spare if st is not None and st.state == "crashed" else t
             return f"{who.name}: {mg.error_line(mg.log_path(who, ap.config_dir))}"
         return str(exc).splitlines()[0]
-
-    def in_flight(self, ap: Applier, t: Target) -> int | None:
-        return ap._in_flight(t)
 
     def settle(self, ap: Applier, aid: int, t: Target) -> None:
         """Blue, if it runs, back in rotation; the spare drained and removed."""
