@@ -14,6 +14,7 @@ from tuner.collect import http
 from tuner.collect.assemble import assemble_engines
 from tuner.collect.catalogue import spec
 from tuner.collect.exposition import decode_body, parse_exposition
+from tuner.collect.layout import Layouts
 from tuner.collect.snapshots import EngineSnapshot, SlotsState, TargetSnapshot
 from tuner.errors import ExpositionError, MetricsDisabledError, ScrapeError
 
@@ -89,14 +90,24 @@ def _with_slots(engine: EngineSnapshot, slots: SlotsState) -> EngineSnapshot:
 
 def snapshot_from_text(text: str, *, target: str, ts: float, slots: SlotsState | None = None,
                        duration_s: float = 0.0, body_bytes: int = 0, model_name: str = "",
-                       healthy: bool | None = None, problems: tuple[str, ...] = ()) -> TargetSnapshot:
-    parsed = parse_exposition(text)
-    samples = [s for s in parsed.samples if s.spec.backend == "llamacpp"]
-    if not samples:
-        raise ScrapeError(f"{target}: /metrics has no llamacpp:* series; is this a llama-server "
-                          "(or is the target's backend wrong)?")
-    found = list(dict.fromkeys([*problems, *parsed.problems]))
-    engines = assemble_engines(samples, "llamacpp", model_name or target, found)
+                       healthy: bool | None = None, problems: tuple[str, ...] = (),
+                       layouts: Layouts | None = None) -> TargetSnapshot:
+    """With ``layouts``, a body shaped like this target's last one is read without parsing (same result)."""
+    key = (target, "llamacpp", model_name or target)
+    known = layouts.read(key, text) if layouts is not None else None
+    if known is not None:
+        engines, body_problems = known
+    else:
+        parsed = parse_exposition(text)
+        samples = [s for s in parsed.samples if s.spec.backend == "llamacpp"]
+        if not samples:
+            raise ScrapeError(f"{target}: /metrics has no llamacpp:* series; is this a llama-server "
+                              "(or is the target's backend wrong)?")
+        body_problems = list(dict.fromkeys(parsed.problems))
+        engines = assemble_engines(samples, "llamacpp", key[2], body_problems)
+        if layouts is not None:
+            layouts.learn(key, text, samples, "llamacpp", body_problems)
+    found = list(dict.fromkeys([*problems, *body_problems]))
     if slots is not None:
         engines = tuple(_with_slots(e, slots) for e in engines)
     return TargetSnapshot(target=target, backend="llamacpp", ts=ts, duration_s=duration_s,
@@ -105,7 +116,7 @@ def snapshot_from_text(text: str, *, target: str, ts: float, slots: SlotsState |
 
 
 def scrape(base_url: str, *, target: str, timeout_s: float, max_bytes: int, model_name: str = "",
-           now: float | None = None) -> TargetSnapshot:
+           now: float | None = None, layouts: Layouts | None = None) -> TargetSnapshot:
     """GET /health, /metrics and /slots within one ``timeout_s`` budget."""
     ts = time.time() if now is None else now
     start = time.monotonic()
@@ -138,4 +149,4 @@ def scrape(base_url: str, *, target: str, timeout_s: float, max_bytes: int, mode
     return snapshot_from_text(text, target=target, ts=ts, slots=slots,
                               duration_s=time.monotonic() - start, body_bytes=len(resp.body),
                               model_name=model_name, healthy=health.status == 200,
-                              problems=tuple(problems))
+                              problems=tuple(problems), layouts=layouts)

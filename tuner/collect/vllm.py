@@ -7,6 +7,7 @@ import time
 from tuner.collect import http
 from tuner.collect.assemble import assemble_engines
 from tuner.collect.exposition import decode_body, parse_exposition
+from tuner.collect.layout import Layouts
 from tuner.collect.snapshots import TargetSnapshot
 from tuner.errors import ScrapeError
 
@@ -15,21 +16,29 @@ __all__ = ["snapshot_from_text", "scrape"]
 
 def snapshot_from_text(text: str, *, target: str, ts: float, duration_s: float = 0.0,
                        body_bytes: int = 0, default_model: str = "",
-                       healthy: bool | None = None) -> TargetSnapshot:
-    """Parse one vLLM exposition; ExpositionError if the body is invalid, ScrapeError if it is not vLLM's."""
-    parsed = parse_exposition(text)
-    samples = [s for s in parsed.samples if s.spec.backend == "vllm"]
-    if not any(s.spec.name.startswith("vllm:") for s in samples):
-        raise ScrapeError(f"{target}: /metrics has no vllm:* series; is this a vLLM server "
-                          "(or is the target's backend wrong)?")
-    problems = list(dict.fromkeys(parsed.problems))
-    engines = assemble_engines(samples, "vllm", default_model or target, problems)
+                       healthy: bool | None = None, layouts: Layouts | None = None) -> TargetSnapshot:
+    """Parse one vLLM exposition; ExpositionError if the body is invalid, ScrapeError if it is not vLLM's.
+    With ``layouts``, a body shaped like this target's last one is read without parsing (same result)."""
+    key = (target, "vllm", default_model or target)
+    known = layouts.read(key, text) if layouts is not None else None
+    if known is not None:
+        engines, problems = known
+    else:
+        parsed = parse_exposition(text)
+        samples = [s for s in parsed.samples if s.spec.backend == "vllm"]
+        if not any(s.spec.name.startswith("vllm:") for s in samples):
+            raise ScrapeError(f"{target}: /metrics has no vllm:* series; is this a vLLM server "
+                              "(or is the target's backend wrong)?")
+        problems = list(dict.fromkeys(parsed.problems))
+        engines = assemble_engines(samples, "vllm", key[2], problems)
+        if layouts is not None:
+            layouts.learn(key, text, samples, "vllm", problems)
     return TargetSnapshot(target=target, backend="vllm", ts=ts, duration_s=duration_s, engines=engines,
                           problems=tuple(problems), body_bytes=body_bytes or len(text), healthy=healthy)
 
 
 def scrape(base_url: str, *, target: str, timeout_s: float, max_bytes: int,
-           now: float | None = None) -> TargetSnapshot:
+           now: float | None = None, layouts: Layouts | None = None) -> TargetSnapshot:
     """GET /metrics then /health within one ``timeout_s`` budget."""
     ts = time.time() if now is None else now
     start = time.monotonic()
@@ -40,7 +49,7 @@ def scrape(base_url: str, *, target: str, timeout_s: float, max_bytes: int,
     text = decode_body(resp.body)
     healthy = _health(base_url, deadline=start + timeout_s)
     return snapshot_from_text(text, target=target, ts=ts, duration_s=time.monotonic() - start,
-                              body_bytes=len(resp.body), healthy=healthy)
+                              body_bytes=len(resp.body), healthy=healthy, layouts=layouts)
 
 
 def _health(base_url: str, *, deadline: float) -> bool | None:

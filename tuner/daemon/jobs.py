@@ -25,6 +25,7 @@ from tuner.app.session import Session
 from tuner.app.signalbook import SignalBook
 from tuner.apply.guard import Decision, halted
 from tuner.collect.gpu import GpuCollector
+from tuner.collect.layout import Layouts
 from tuner.collect.scrape import scrape_target
 from tuner.config import Config, Target
 from tuner.daemon.metrics import serve_metrics
@@ -54,6 +55,7 @@ class Daemon:
                                 timeout_s=cfg.defaults.scrape_timeout.total_seconds(),
                                 max_body_bytes=cfg.defaults.max_body_bytes)
         self._stop = threading.Event()
+        self.layouts = Layouts()  # each target's last exposition shape: a scrape of the same shape skips parsing
         self.scheduler: BackgroundScheduler | None = None
         for t in cfg.targets:
             store.ensure_target(t.name, t.backend, t.url, t.labels)
@@ -73,7 +75,7 @@ class Daemon:
         now = self.clock()
         start = time.monotonic()
         try:
-            snap = scrape_target(target, self.cfg, now=now)
+            snap = scrape_target(target, self.cfg, now=now, layouts=self.layouts)
         except (ScrapeError, ExpositionError) as exc:
             return self._failed(target, now, time.monotonic() - start, str(exc))
         except Exception as exc:  # a bug must not kill the target's job: record it like any failure

@@ -1,0 +1,126 @@
+"""The shape of a target's last exposition, so the next scrape of the same shape skips parsing and assembly.
+
+A server serves the same series scrape after scrape; only the numbers move. After a full parse
+(``parse_exposition`` + ``assemble_engines``) a Layout remembers which number on which line feeds which
+engine value, histogram bucket, count or sum. The next body is split at its line-final numbers in one regex
+pass; when everything between those numbers is what the layout saw (compared by a hash of the pieces), the
+body differs from the parsed one only in its numbers, so the engines are filled straight from them.
+Anything else (a new series, a NaN, a timestamp, a number that overflows) misses and the full parse runs
+and learns the new shape. tests/collect/test_layout.py holds the two paths equal on every recorded
+exposition and on perturbed ones.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from dataclasses import dataclass, replace
+from itertools import repeat
+from typing import Literal, Sequence
+
+from tuner.collect.assemble import assemble_engines
+from tuner.collect.exposition import CatalogueSample
+from tuner.collect.snapshots import EngineSnapshot, Histogram, SeriesKey
+
+__all__ = ["Layouts"]
+
+# A line-final number in the strict form (no NaN/Inf: those miss, and the full parse reports them). The
+# alphabet is chosen so that whatever float() accepts from it is a value the exposition format accepts too.
+_NUMBER_AT_EOL = re.compile(r" ([-+0-9.eE]+)(?:\n|$)")
+_DECREASING = "bucket counts decrease with le"  # the one value-dependent problem assembly reports: never learned
+
+
+@dataclass(frozen=True)
+class _EnginePlan:
+    engine: EngineSnapshot  # engine, model_name, config as learned; values and histograms refilled
+    values: tuple[tuple[SeriesKey, int], ...]  # key -> index of its number
+    hists: tuple[tuple[SeriesKey, tuple[float, ...], tuple[int, ...], int, int], ...]  # bounds, buckets, sum, count
+
+
+@dataclass(frozen=True)
+class _Layout:
+    shape: int  # hash of the pieces between the numbers
+    pieces: int  # how many there are
+    engines: tuple[_EnginePlan, ...]
+    problems: tuple[str, ...]  # the shape's own problems (untyped series, dropped buckets), repeated each scrape
+
+
+class Layouts:
+    """One learned layout per key (a target, its backend and default model). Safe to share between
+    threads as long as one key is read and learned by one thread at a time (the daemon's per-target jobs)."""
+
+    def __init__(self, max_keys: int = 100_000) -> None:
+        self._by_key: dict[tuple[str, str, str], _Layout] = {}
+        self._max_keys = max_keys
+        self.hits = 0
+        self.misses = 0
+
+    def read(self, key: tuple[str, str, str], text: str) -> tuple[tuple[EngineSnapshot, ...], list[str]] | None:
+        """The engines and problems the full path would give for ``text``, or None (parse it)."""
+        layout = self._by_key.get(key)
+        if layout is None:
+            self.misses += 1
+            return None
+        parts = _NUMBER_AT_EOL.split(text)
+        pieces = parts[0::2]
+        if len(pieces) != layout.pieces or hash(tuple(pieces)) != layout.shape:
+            self.misses += 1
+            return None
+        try:  # C loops only: float, then + 0.0 ("-0" reads as 0, as the reference has it)
+            numbers = list(map(operator.add, map(float, parts[1::2]), repeat(0.0)))
+        except ValueError:  # "1e" or "+-1": the full parse names the line
+            self.misses += 1
+            return None
+        if not all(map(math.isfinite, numbers)):  # a literal that overflows to Inf: the full parse reports it
+            self.misses += 1
+            return None
+        engines = []
+        for plan in layout.engines:
+            values = {vkey: numbers[i] for vkey, i in plan.values}
+            hists = {}
+            for hkey, bounds, buckets, s, c in plan.hists:
+                counts = [numbers[i] for i in buckets]
+                if counts != sorted(counts):  # decreasing: a server bug the full path reports in its place
+                    self.misses += 1
+                    return None
+                hists[hkey] = Histogram(bounds=bounds, counts=tuple(counts), sum=numbers[s] if s >= 0 else 0.0,
+                                        count=numbers[c])
+            engines.append(replace(plan.engine, values=values, histograms=hists))
+        self.hits += 1
+        return tuple(engines), list(layout.problems)
+
+    def learn(self, key: tuple[str, str, str], text: str, samples: Sequence[CatalogueSample],
+              backend: Literal["vllm", "llamacpp"], problems: Sequence[str]) -> None:
+        """Remember the shape of ``text``, fully parsed into ``samples`` (those assembly kept) with ``problems``.
+        A body with a value-dependent problem (a non-finite sample dropped) is not learned: the next one is
+        parsed in full as well."""
+        self._by_key.pop(key, None)
+        if any(" sample dropped" in p or _DECREASING in p for p in problems):
+            return
+        parts = _NUMBER_AT_EOL.split(text)
+        pieces = parts[0::2]
+        index_of_line: dict[int, int] = {}
+        line = 1
+        for i, piece in enumerate(pieces[:-1]):
+            line += piece.count("\n")
+            index_of_line[line] = i
+            line += 1  # the newline the number ended with
+        # Assemble once with each sample's value replaced by (its number's index + 1): the engines that come
+        # out say where every value, bucket, sum and count comes from (0 = absent).
+        stand_ins = []
+        for s in samples:
+            at = index_of_line.get(s.line_no)
+            if at is None:
+                return  # a kept sample whose value is not a plain number (an info series' NaN): not learnable
+            stand_ins.append(CatalogueSample(s.spec, s.part, s.labels, float(at + 1), s.line_no))
+        scratch: list[str] = []
+        plans = []
+        for e in assemble_engines(stand_ins, backend, key[2], scratch):
+            hists = tuple((hkey, h.bounds, tuple(int(x) - 1 for x in h.counts), int(h.sum) - 1, int(h.count) - 1)
+                          for hkey, h in e.histograms.items())
+            plans.append(_EnginePlan(replace(e, values={}, histograms={}),
+                                     tuple((vkey, int(v) - 1) for vkey, v in e.values.items()), hists))
+        if len(self._by_key) >= self._max_keys:
+            self._by_key.clear()
+        self._by_key[key] = _Layout(hash(tuple(pieces)), len(pieces), tuple(plans), tuple(problems))
