@@ -19,7 +19,7 @@ from tuner.errors import SchemaOutdatedError, StoreError
 from tuner.signals.promql import increase
 from tuner.store.db import Tx, check_schema, current_revision, head_revision, open_engine, upgrade
 from tuner.store.retention import apply_retention
-from tuner.store.store import Store
+from tuner.store.store import Failed, Scraped, Store
 
 T = 1_700_000_000.0
 
@@ -164,6 +164,53 @@ def test_failures_count_up_and_a_success_resets_them(tmp_path: Path) -> None:
     with store.engine.connect() as conn:
         rows = conn.execute(text("SELECT health FROM scrapes ORDER BY ts_ms")).scalars().all()
     assert rows == ["up", "down", "down", "up"]
+
+
+def _written(store: Store) -> tuple[list, list, list, list]:
+    with store.engine.connect() as conn:
+        return tuple(conn.execute(text(q)).all() for q in (  # type: ignore[return-value]
+            "SELECT t.name, s.ts_ms, s.health, s.error, s.samples FROM scrapes s JOIN targets t ON t.id = s.target_id "
+            "ORDER BY s.ts_ms, t.name",
+            "SELECT t.name, h.health, h.consecutive_failures, h.last_scrape_ms, h.last_success_ms, h.last_error "
+            "FROM target_health h JOIN targets t ON t.id = h.target_id ORDER BY t.name",
+            "SELECT r.metric, r.labels, p.ts_ms, p.value FROM samples p JOIN series r ON r.id = p.series_id "
+            "ORDER BY r.metric, r.labels, p.ts_ms",
+            "SELECT r.metric, p.ts_ms, p.count, p.sum, p.counts FROM hist_samples p JOIN series r ON r.id = p.series_id "
+            "ORDER BY r.metric, p.ts_ms"))
+
+
+def test_a_batch_writes_what_the_same_scrapes_one_by_one_write(tmp_path: Path) -> None:
+    """The daemon writes a tick's scrapes in one transaction (Store.write): the rows, health and failure
+    counts must be those of writing them one at a time, a target seen twice in one batch included."""
+    items: list[Scraped | Failed] = [
+        Scraped(_snapshot("metrics_idle.txt", T, target="a"), "http://a"),
+        Failed("b", "vllm", "http://b", T + 1, 3.0, "connection refused"),
+        Failed("b", "vllm", "http://b", T + 6, 3.0, "connection refused"),
+        Scraped(_snapshot("metrics_under_load.txt", T + 5, target="a"), "http://a"),
+        Scraped(_snapshot("metrics_after_load.txt", T + 10, target="b"), "http://b"),
+        Failed("a", "vllm", "http://a", T + 15, 1.0, "timed out"),
+    ]
+    one_by_one = migrated_store(tmp_path, "single.db")
+    singles = [one_by_one.write([item])[0] for item in items]
+    batched = migrated_store(tmp_path, "batch.db")
+    assert batched.write(items) == singles
+    assert _written(batched) == _written(one_by_one)
+    health = {row[0]: row for row in _written(batched)[1]}
+    assert health["a"][1:3] == ("down", 1) and health["b"][1:3] == ("up", 0)
+    assert batched.scrapes("a") == 3 and batched.scrapes("b") == 3
+
+
+def test_a_batch_the_database_refuses_writes_nothing(tmp_path: Path) -> None:
+    store = migrated_store(tmp_path)
+    store.write([Scraped(_snapshot("metrics_idle.txt", T, target="a"), "http://a")])
+    before = _written(store)
+    with store.engine.begin() as conn:  # a schema that cannot take the batch's last row
+        conn.execute(text("CREATE TRIGGER no_b BEFORE INSERT ON scrapes WHEN NEW.error = 'refuse me' "
+                          "BEGIN SELECT RAISE(ABORT, 'disk says no'); END"))
+    with pytest.raises(StoreError, match="disk says no"):
+        store.write([Scraped(_snapshot("metrics_under_load.txt", T + 5, target="a"), "http://a"),
+                     Failed("a", "vllm", "http://a", T + 10, 1.0, "refuse me")])
+    assert _written(store) == before and store.scrapes("a") == 1
 
 
 def test_a_scrape_with_problems_is_degraded_and_says_why(tmp_path: Path) -> None:

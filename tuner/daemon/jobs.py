@@ -35,12 +35,13 @@ from tuner.flags import takes
 from tuner.store.retention import apply_retention
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
-from tuner.store.store import Store
+from tuner.store.store import Failed, Scraped, Store
 
 __all__ = ["Daemon", "serve_daemon"]
 
 log = logging.getLogger("tuner.daemon")
 _CLOCK_STEP_S = 2.0  # a wall-clock jump larger than this (against the monotonic clock) is a step, not drift
+_FLUSH_S = 0.25  # the writer commits queued scrapes this often: one transaction for ~50 at 1,000 targets / 5 s
 _SIGNALS_COST_S = 0.015  # one target's window + derive over a full 5-minute window (bench/RESULTS.md)
 
 
@@ -56,6 +57,9 @@ class Daemon:
                                 max_body_bytes=cfg.defaults.max_body_bytes)
         self._stop = threading.Event()
         self.layouts = Layouts()  # each target's last exposition shape: a scrape of the same shape skips parsing
+        self._pending: list[Scraped | Failed] = []  # scrapes waiting for the writer's next transaction
+        self._pending_lock = threading.Lock()
+        self._writer: threading.Thread | None = None
         self.scheduler: BackgroundScheduler | None = None
         for t in cfg.targets:
             store.ensure_target(t.name, t.backend, t.url, t.labels)
@@ -71,41 +75,57 @@ class Daemon:
     # ---- jobs: each one records its failures and returns ----------------------------------------
 
     def scrape_once(self, target: Target) -> bool:
-        """Scrape one target and store the result; False (and a recorded error) when it failed."""
+        """Scrape one target and store the result (at the next flush while the daemon runs: one transaction a
+        tick for every target); False (and a recorded error) when the scrape failed."""
         now = self.clock()
         start = time.monotonic()
         try:
             snap = scrape_target(target, self.cfg, now=now, layouts=self.layouts)
         except (ScrapeError, ExpositionError) as exc:
-            return self._failed(target, now, time.monotonic() - start, str(exc))
+            log.warning("scrape %s: %s", target.name, exc)
+            self._count(target.name, ok=False, duration=time.monotonic() - start)
+            self._keep(Failed(target.name, target.backend, target.url, now, time.monotonic() - start, str(exc),
+                              target.labels))
+            return False
         except Exception as exc:  # a bug must not kill the target's job: record it like any failure
             log.exception("scrape of %s failed unexpectedly", target.name)
-            return self._failed(target, now, time.monotonic() - start, f"internal error: {exc!r}")
-        try:
-            self.store.ingest(snap, url=target.url, labels=target.labels)
-        except StoreError as exc:
-            self._job_error(f"store:{target.name}", str(exc))
+            self._count(target.name, ok=False, duration=time.monotonic() - start)
+            self._keep(Failed(target.name, target.backend, target.url, now, time.monotonic() - start,
+                              f"internal error: {exc!r}", target.labels))
             return False
-        self._store_ok(target.name)
         self._count(target.name, ok=True, duration=snap.duration_s)
+        return self._keep(Scraped(snap, target.url, target.labels))
+
+    def _keep(self, item: Scraped | Failed) -> bool:
+        """Queue a scrape for the writer while it runs; otherwise (tests, one-off calls) write it now."""
+        if self._writer is not None:
+            with self._pending_lock:
+                self._pending.append(item)
+            return True
+        return self._write([item])
+
+    def flush(self) -> bool:
+        """Write every queued scrape in one transaction; False when the store refused them (recorded)."""
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
+        return self._write(batch) if batch else True
+
+    def _write(self, batch: list[Scraped | Failed]) -> bool:
+        names = {item.target if isinstance(item, Failed) else item.snap.target for item in batch}
+        try:
+            self.store.write(batch)
+        except StoreError as exc:  # nothing of the batch was written: say so for each of its targets
+            for name in sorted(names):
+                self._job_error(f"store:{name}", str(exc))
+            return False
+        with self.state.lock:  # a write went through again (the lock was released, space was freed)
+            for name in names:
+                self.state.job_errors.pop(f"store:{name}", None)
         return True
 
-    def _store_ok(self, name: str) -> None:
-        """A write went through again (the lock was released, space was freed): the store error is over."""
-        with self.state.lock:
-            self.state.job_errors.pop(f"store:{name}", None)
-
-    def _failed(self, target: Target, now: float, duration: float, error: str) -> bool:
-        log.warning("scrape %s: %s", target.name, error)
-        self._count(target.name, ok=False, duration=duration)
-        try:
-            self.store.record_failure(target.name, target.backend, target.url, now, duration, error,
-                                      target.labels)
-        except StoreError as exc:
-            self._job_error(f"store:{target.name}", str(exc))
-            return False
-        self._store_ok(target.name)
-        return False
+    def _write_forever(self) -> None:
+        while not self._stop.wait(_FLUSH_S):
+            self.flush()
 
     def _count(self, name: str, *, ok: bool, duration: float) -> None:
         with self.state.lock:
@@ -326,6 +346,8 @@ class Daemon:
         self._schedule_rules(sched)
         if self.cfg.alerting.alertmanagers:
             sched.add_job(self.notify_once, IntervalTrigger(seconds=1), id="notify", next_run_time=now)
+        self._writer = threading.Thread(target=self._write_forever, name="store-writer", daemon=True)
+        self._writer.start()
         sched.start()
         self.scheduler = sched
         threading.Thread(target=self._watch_clock, name="clock-watch", daemon=True).start()
@@ -362,8 +384,12 @@ class Daemon:
         try:
             self._stop.wait(max_seconds)
         finally:
+            self._stop.set()  # max_seconds ran out: the writer and the clock watch stop too
             assert self.scheduler is not None
             self.scheduler.shutdown(wait=True)
+            if self._writer is not None:
+                self._writer.join()
+                self.flush()  # what the last scrapes queued
             log.info("stopped")
 
 

@@ -4,23 +4,47 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 import threading
 from collections import defaultdict
-from typing import Iterable
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
 
 from sqlalchemy import Engine, delete, func, insert, select, update
 
 from tuner.collect.snapshots import GpuReading, SeriesKey, TargetSnapshot
-from tuner.errors import UnknownTargetError
+from tuner.errors import StoreError, UnknownTargetError
 from tuner.store.db import Tx
 from tuner.store.models import (EngineConfigRow, GpuProcessRow, GpuSampleRow, HistSampleRow, SampleRow,
                                 ScrapeRow, SeriesRow, TargetHealthRow, TargetRow)
 from tuner.store.window import (EngineWindow, GpuLatest, HistPoint, HistSeries, TargetHealth,
                                 TargetWindow)
 
-__all__ = ["Store"]
+__all__ = ["Store", "Scraped", "Failed"]
 
 _SeriesIdentity = tuple[int, str, str, str, str, str]  # target, engine, model, metric, labels, bounds
+
+
+@dataclass(frozen=True)
+class Scraped:
+    """A successful scrape to store, with the target's URL and labels as configured."""
+
+    snap: TargetSnapshot
+    url: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A scrape that produced nothing: recorded with its error, so health and history show it."""
+
+    target: str
+    backend: str
+    url: str
+    ts: float  # unix seconds
+    duration_s: float
+    error: str
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 # The per-scrape writes as the driver's SQL (SQLite, like the OR IGNOREs): prepared once by sqlite3 and
@@ -46,7 +70,7 @@ _TOUCH_CONFIG = "UPDATE engine_configs SET last_seen_ms = ? WHERE id = ?"
 
 def _counts_json(counts: tuple[float, ...]) -> str:
     """json.dumps(counts), without the encoder's overhead for the usual all-finite case."""
-    if all(math.isfinite(c) for c in counts):
+    if all(map(math.isfinite, counts)):
         return "[" + ", ".join(map(repr, counts)) + "]"  # floats: json writes float.__repr__ too
     return json.dumps(counts)
 
@@ -129,54 +153,81 @@ class Store:
 
     def ingest(self, snap: TargetSnapshot, *, url: str = "", labels: dict[str, str] | None = None) -> int:
         """Store one successful scrape; returns the number of samples written."""
-        ts = _ms(snap.ts)
-        with self._lock, self._write() as conn:
-            tid = self._target_id(conn, snap.target, snap.backend, url, labels or {})
-            plain, hist = [], []
-            known = self._series_by_key
-            for e in snap.engines:
-                for (metric, lbl), value in e.values.items():
-                    sid = known.get((tid, e.engine, e.model_name, metric, lbl, None))
-                    if sid is None:
-                        kind = "counter" if metric.endswith("_total") else "gauge"
-                        sid = self._series_id(conn, (tid, e.engine, e.model_name, metric, json.dumps(lbl), ""),
-                                              kind)
-                        known[(tid, e.engine, e.model_name, metric, lbl, None)] = sid
-                    plain.append((sid, ts, value))
-                for (metric, lbl), h in e.histograms.items():
-                    sid = known.get((tid, e.engine, e.model_name, metric, lbl, h.bounds))
-                    if sid is None:
-                        ident = (tid, e.engine, e.model_name, metric, json.dumps(lbl), _bounds_json(h.bounds))
-                        sid = self._series_id(conn, ident, "histogram")
-                        known[(tid, e.engine, e.model_name, metric, lbl, h.bounds)] = sid
-                    hist.append((sid, ts, h.count, h.sum, _counts_json(h.counts)))
-                if e.config:
-                    self._config_seen(conn, tid, e.engine, e.model_name, dict(e.config), ts)
-            if plain:
-                conn.exec_driver_sql(_INSERT_SAMPLES, plain)
-            if hist:
-                conn.exec_driver_sql(_INSERT_HISTS, hist)
-            n = len(plain) + len(hist)
-            health = "degraded" if snap.problems else "up"
-            self._record(conn, tid, ts, snap.duration_s, health, "; ".join(snap.problems), snap.body_bytes,
-                         n, snap.healthy)
-            self._scrapes[snap.target] = self._scrapes.get(snap.target, 0) + 1
-            return n
+        return self.write([Scraped(snap, url, labels or {})])[0]
 
     def record_failure(self, target: str, backend: str, url: str, ts: float, duration_s: float,
                        error: str, labels: dict[str, str] | None = None) -> None:
         """A scrape that produced nothing: recorded with its error, so health and history show it."""
-        with self._lock, self._write() as conn:
-            tid = self._target_id(conn, target, backend, url, labels or {})
-            self._record(conn, tid, _ms(ts), duration_s, "down", error, 0, 0, None)
-            self._scrapes[target] = self._scrapes.get(target, 0) + 1
+        self.write([Failed(target, backend, url, ts, duration_s, error, labels or {})])
 
-    def _record(self, conn, tid: int, ts: int, duration_s: float, health: str, error: str,
-                body_bytes: int, n: int, server_healthy: bool | None) -> None:
-        conn.exec_driver_sql(_INSERT_SCRAPE, (tid, ts, duration_s, health, error, body_bytes, n))
-        conn.exec_driver_sql(_UPSERT_HEALTH, (tid, health, error, ts, None if health == "down" else ts, duration_s,
-                                              1 if health == "down" else 0,
-                                              None if server_healthy is None else int(server_healthy)))
+    def write(self, items: Sequence[Scraped | Failed]) -> list[int]:
+        """Store scrapes and failures in one transaction (the daemon writes a tick's worth at once: one commit,
+        and each statement run once for all rows); the samples written per item. All or nothing."""
+        plain: list[tuple[int, int, float]] = []
+        hist: list[tuple[int, int, float, float, str]] = []
+        scrapes: list[tuple] = []
+        healths: list[tuple] = []
+        written: list[int] = []
+        with self._lock, self._write() as conn:
+            for item in items:
+                if isinstance(item, Failed):
+                    tid = self._target_id(conn, item.target, item.backend, item.url, item.labels)
+                    ts = _ms(item.ts)
+                    scrapes.append((tid, ts, item.duration_s, "down", item.error, 0, 0))
+                    healths.append((tid, "down", item.error, ts, None, item.duration_s, 1, None))
+                    written.append(0)
+                    continue
+                snap = item.snap
+                tid = self._target_id(conn, snap.target, snap.backend, item.url, item.labels)
+                n = self._rows(conn, tid, snap, plain, hist)
+                ts = _ms(snap.ts)
+                health = "degraded" if snap.problems else "up"
+                error = "; ".join(snap.problems)
+                scrapes.append((tid, ts, snap.duration_s, health, error, snap.body_bytes, n))
+                healths.append((tid, health, error, ts, ts, snap.duration_s, 0,
+                                None if snap.healthy is None else int(snap.healthy)))
+                written.append(n)
+            # The driver's own executemany: SQLAlchemy's per-statement work cost more than the writes.
+            raw = conn.connection.driver_connection
+            try:
+                if plain:
+                    raw.executemany(_INSERT_SAMPLES, plain)
+                if hist:
+                    raw.executemany(_INSERT_HISTS, hist)
+                if scrapes:
+                    raw.executemany(_INSERT_SCRAPE, scrapes)
+                    raw.executemany(_UPSERT_HEALTH, healths)  # in order: a target twice in one batch counts up
+            except sqlite3.DatabaseError as exc:  # locked, full, read-only: the whole batch rolls back
+                raise StoreError(f"{self.engine.url}: {exc}") from None
+        for item in items:  # committed
+            name = item.target if isinstance(item, Failed) else item.snap.target
+            self._scrapes[name] = self._scrapes.get(name, 0) + 1
+        return written
+
+    def _rows(self, conn, tid: int, snap: TargetSnapshot, plain: list, hist: list) -> int:
+        """Append one scrape's sample rows; returns how many."""
+        ts = _ms(snap.ts)
+        known = self._series_by_key
+        n = 0
+        for e in snap.engines:
+            for (metric, lbl), value in e.values.items():
+                sid = known.get((tid, e.engine, e.model_name, metric, lbl, None))
+                if sid is None:
+                    kind = "counter" if metric.endswith("_total") else "gauge"
+                    sid = self._series_id(conn, (tid, e.engine, e.model_name, metric, json.dumps(lbl), ""), kind)
+                    known[(tid, e.engine, e.model_name, metric, lbl, None)] = sid
+                plain.append((sid, ts, value))
+            for (metric, lbl), h in e.histograms.items():
+                sid = known.get((tid, e.engine, e.model_name, metric, lbl, h.bounds))
+                if sid is None:
+                    ident = (tid, e.engine, e.model_name, metric, json.dumps(lbl), _bounds_json(h.bounds))
+                    sid = self._series_id(conn, ident, "histogram")
+                    known[(tid, e.engine, e.model_name, metric, lbl, h.bounds)] = sid
+                hist.append((sid, ts, h.count, h.sum, _counts_json(h.counts)))
+            n += len(e.values) + len(e.histograms)
+            if e.config:
+                self._config_seen(conn, tid, e.engine, e.model_name, dict(e.config), ts)
+        return n
 
     def _config_seen(self, conn, tid: int, engine: str, model: str, config: dict[str, str], ts: int) -> None:
         key = (tid, engine, model)
