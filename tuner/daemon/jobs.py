@@ -42,6 +42,7 @@ __all__ = ["Daemon", "serve_daemon"]
 log = logging.getLogger("tuner.daemon")
 _CLOCK_STEP_S = 2.0  # a wall-clock jump larger than this (against the monotonic clock) is a step, not drift
 _FLUSH_S = 0.25  # the writer commits queued scrapes this often: one transaction for ~50 at 1,000 targets / 5 s
+_FLUSH_MAX = 100  # or as soon as this many wait
 _SIGNALS_COST_S = 0.015  # one target's window + derive over a full 5-minute window (bench/RESULTS.md)
 
 
@@ -59,6 +60,7 @@ class Daemon:
         self.layouts = Layouts()  # each target's last exposition shape: a scrape of the same shape skips parsing
         self._pending: list[Scraped | Failed] = []  # scrapes waiting for the writer's next transaction
         self._pending_lock = threading.Lock()
+        self._flush_lock = threading.Lock()  # one transaction at a time, in queue order
         self._writer: threading.Thread | None = None
         self.scheduler: BackgroundScheduler | None = None
         for t in cfg.targets:
@@ -97,18 +99,22 @@ class Daemon:
         return self._keep(Scraped(snap, target.url, target.labels))
 
     def _keep(self, item: Scraped | Failed) -> bool:
-        """Queue a scrape for the writer while it runs; otherwise (tests, one-off calls) write it now."""
-        if self._writer is not None:
-            with self._pending_lock:
-                self._pending.append(item)
-            return True
-        return self._write([item])
+        """Queue a scrape for the writer while it runs; otherwise (tests, one-off calls) write it now. A full
+        queue is written by the scrape that filled it: scrapes never outrun the store (a busy store makes the
+        scrape jobs late, which the scrapes table shows, instead of a queue that grows without bound)."""
+        if self._writer is None:
+            return self._write([item])
+        with self._pending_lock:
+            self._pending.append(item)
+            full = len(self._pending) >= _FLUSH_MAX
+        return self.flush() if full else True
 
     def flush(self) -> bool:
         """Write every queued scrape in one transaction; False when the store refused them (recorded)."""
-        with self._pending_lock:
-            batch, self._pending = self._pending, []
-        return self._write(batch) if batch else True
+        with self._flush_lock:
+            with self._pending_lock:
+                batch, self._pending = self._pending, []
+            return self._write(batch) if batch else True
 
     def _write(self, batch: list[Scraped | Failed]) -> bool:
         names = {item.target if isinstance(item, Failed) else item.snap.target for item in batch}

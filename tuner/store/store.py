@@ -22,9 +22,6 @@ from tuner.store.window import (EngineWindow, GpuLatest, HistPoint, HistSeries, 
 
 __all__ = ["Store", "Scraped", "Failed"]
 
-_SeriesIdentity = tuple[int, str, str, str, str, str]  # target, engine, model, metric, labels, bounds
-
-
 @dataclass(frozen=True)
 class Scraped:
     """A successful scrape to store, with the target's URL and labels as configured."""
@@ -65,6 +62,9 @@ _UPSERT_HEALTH = """
         last_duration_s = excluded.last_duration_s, server_healthy = excluded.server_healthy,
         consecutive_failures = CASE WHEN excluded.health = 'down'
                                     THEN target_health.consecutive_failures + 1 ELSE 0 END"""
+_INSERT_SERIES = ("INSERT OR IGNORE INTO series (target_id, engine, model_name, metric, labels, kind, bounds) "
+                  "VALUES (?, ?, ?, ?, ?, ?, ?)")
+_SELECT_SERIES = "SELECT id, engine, model_name, metric, labels, bounds FROM series WHERE target_id = ?"
 _TOUCH_CONFIG = "UPDATE engine_configs SET last_seen_ms = ? WHERE id = ?"
 
 
@@ -94,7 +94,6 @@ class Store:
         self.engine = engine
         self._lock = threading.Lock()
         self._targets: dict[str, int] = {}
-        self._series: dict[_SeriesIdentity, int] = {}
         self._series_by_key: dict[tuple, int] = {}  # (target, engine, model, metric, labels, bounds) as scraped
         self._configs: dict[tuple[int, str, str], tuple[int, str]] = {}  # -> (row id, json)
         self._scrapes: dict[str, int] = {}  # target -> scrapes stored or recorded failed by this process
@@ -125,29 +124,12 @@ class Store:
         self._targets[name] = tid
         return tid
 
-    def _series_id(self, conn, ident: _SeriesIdentity, kind: str) -> int:
-        sid = self._series.get(ident)
-        if sid is not None:
-            return sid
-        tid, engine, model, metric, labels, bounds = ident
-        q = select(SeriesRow.id).where(SeriesRow.target_id == tid, SeriesRow.engine == engine,
-                                       SeriesRow.model_name == model, SeriesRow.metric == metric,
-                                       SeriesRow.labels == labels, SeriesRow.bounds == bounds)
-        sid = conn.execute(q).scalar()
-        if sid is None:
-            sid = conn.execute(insert(SeriesRow).values(
-                target_id=tid, engine=engine, model_name=model, metric=metric, labels=labels,
-                kind=kind, bounds=bounds)).inserted_primary_key[0]
-        self._series[ident] = sid
-        return sid
-
     def _write(self) -> Tx:
         return Tx(self.engine, on_rollback=self._forget_ids)
 
     def _forget_ids(self) -> None:
         """A rolled-back transaction may have created ids we cached: drop the caches."""
         self._targets.clear()
-        self._series.clear()
         self._series_by_key.clear()
         self._configs.clear()
 
@@ -169,27 +151,26 @@ class Store:
         healths: list[tuple] = []
         written: list[int] = []
         with self._lock, self._write() as conn:
-            for item in items:
-                if isinstance(item, Failed):
-                    tid = self._target_id(conn, item.target, item.backend, item.url, item.labels)
-                    ts = _ms(item.ts)
-                    scrapes.append((tid, ts, item.duration_s, "down", item.error, 0, 0))
-                    healths.append((tid, "down", item.error, ts, None, item.duration_s, 1, None))
-                    written.append(0)
-                    continue
-                snap = item.snap
-                tid = self._target_id(conn, snap.target, snap.backend, item.url, item.labels)
-                n = self._rows(conn, tid, snap, plain, hist)
-                ts = _ms(snap.ts)
-                health = "degraded" if snap.problems else "up"
-                error = "; ".join(snap.problems)
-                scrapes.append((tid, ts, snap.duration_s, health, error, snap.body_bytes, n))
-                healths.append((tid, health, error, ts, ts, snap.duration_s, 0,
-                                None if snap.healthy is None else int(snap.healthy)))
-                written.append(n)
-            # The driver's own executemany: SQLAlchemy's per-statement work cost more than the writes.
-            raw = conn.connection.driver_connection
             try:
+                for item in items:
+                    if isinstance(item, Failed):
+                        tid = self._target_id(conn, item.target, item.backend, item.url, item.labels)
+                        ts = _ms(item.ts)
+                        scrapes.append((tid, ts, item.duration_s, "down", item.error, 0, 0))
+                        healths.append((tid, "down", item.error, ts, None, item.duration_s, 1, None))
+                        written.append(0)
+                        continue
+                    snap = item.snap
+                    tid = self._target_id(conn, snap.target, snap.backend, item.url, item.labels)
+                    n = self._rows(conn, tid, snap, plain, hist)
+                    ts = _ms(snap.ts)
+                    health = "degraded" if snap.problems else "up"
+                    error = "; ".join(snap.problems)
+                    scrapes.append((tid, ts, snap.duration_s, health, error, snap.body_bytes, n))
+                    healths.append((tid, health, error, ts, ts, snap.duration_s, 0,
+                                    None if snap.healthy is None else int(snap.healthy)))
+                    written.append(n)
+                raw = conn.connection.driver_connection  # the driver's executemany: SQLAlchemy's own work costs more
                 if plain:
                     raw.executemany(_INSERT_SAMPLES, plain)
                 if hist:
@@ -213,21 +194,37 @@ class Store:
             for (metric, lbl), value in e.values.items():
                 sid = known.get((tid, e.engine, e.model_name, metric, lbl, None))
                 if sid is None:
-                    kind = "counter" if metric.endswith("_total") else "gauge"
-                    sid = self._series_id(conn, (tid, e.engine, e.model_name, metric, json.dumps(lbl), ""), kind)
-                    known[(tid, e.engine, e.model_name, metric, lbl, None)] = sid
+                    sid = self._new_series(conn, tid, snap)[(tid, e.engine, e.model_name, metric, lbl, None)]
                 plain.append((sid, ts, value))
             for (metric, lbl), h in e.histograms.items():
                 sid = known.get((tid, e.engine, e.model_name, metric, lbl, h.bounds))
                 if sid is None:
-                    ident = (tid, e.engine, e.model_name, metric, json.dumps(lbl), _bounds_json(h.bounds))
-                    sid = self._series_id(conn, ident, "histogram")
-                    known[(tid, e.engine, e.model_name, metric, lbl, h.bounds)] = sid
+                    sid = self._new_series(conn, tid, snap)[(tid, e.engine, e.model_name, metric, lbl, h.bounds)]
                 hist.append((sid, ts, h.count, h.sum, _counts_json(h.counts)))
             n += len(e.values) + len(e.histograms)
             if e.config:
                 self._config_seen(conn, tid, e.engine, e.model_name, dict(e.config), ts)
         return n
+
+    def _new_series(self, conn, tid: int, snap: TargetSnapshot) -> dict[tuple, int]:
+        """Every series of ``snap`` made to exist in two statements (a target's first scrape has dozens)."""
+        rows: list[tuple] = []
+        keys: list[tuple] = []
+        for e in snap.engines:
+            for metric, lbl in e.values:
+                kind = "counter" if metric.endswith("_total") else "gauge"
+                rows.append((tid, e.engine, e.model_name, metric, json.dumps(lbl), kind, ""))
+                keys.append((tid, e.engine, e.model_name, metric, lbl, None))
+            for (metric, lbl), h in e.histograms.items():
+                rows.append((tid, e.engine, e.model_name, metric, json.dumps(lbl), "histogram",
+                             _bounds_json(h.bounds)))
+                keys.append((tid, e.engine, e.model_name, metric, lbl, h.bounds))
+        raw = conn.connection.driver_connection
+        raw.executemany(_INSERT_SERIES, rows)
+        ids = {tuple(r[1:]): r[0] for r in raw.execute(_SELECT_SERIES, (tid,))}
+        for row, key in zip(rows, keys):
+            self._series_by_key[key] = ids[(row[1], row[2], row[3], row[4], row[6])]
+        return self._series_by_key
 
     def _config_seen(self, conn, tid: int, engine: str, model: str, config: dict[str, str], ts: int) -> None:
         key = (tid, engine, model)
