@@ -6,10 +6,13 @@ Every error names the file and the key (``targets[1].url``) so the operator know
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -556,12 +559,19 @@ class Config(_Model):
         """The replicas of ``t``'s group, in the order the file lists them (``[t]`` when it is in none)."""
         return [m for m in self.targets if m.group == t.group] if t.group else [t]
 
-    def target(self, name: str) -> Target:
+    @cached_property
+    def _by_name(self) -> tuple[list[Target], dict[str, Target]]:
+        return self.targets, {t.name: t for t in self.targets}
 
-        for t in self.targets:
-            if t.name == name:
-                return t
-        raise UnknownTargetError(name, [t.name for t in self.targets])
+    def target(self, name: str) -> Target:
+        """The target called ``name`` (a dict lookup: the daemon asks for every target on every tick)."""
+        indexed, by_name = self._by_name
+        if indexed is not self.targets:  # a model_copy carried the index of another target list
+            by_name = {t.name: t for t in self.targets}
+        try:
+            return by_name[name]
+        except KeyError:
+            raise UnknownTargetError(name, [t.name for t in self.targets]) from None
 
     def interval(self, t: Target) -> timedelta:
         return t.scrape_interval or self.defaults.scrape_interval

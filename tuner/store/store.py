@@ -8,19 +8,28 @@ import sqlite3
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 from sqlalchemy import Engine, delete, func, insert, select, update
 
 from tuner.collect.snapshots import GpuReading, SeriesKey, TargetSnapshot
 from tuner.errors import StoreError, UnknownTargetError
 from tuner.store.db import Tx
-from tuner.store.models import (EngineConfigRow, GpuProcessRow, GpuSampleRow, HistSampleRow, SampleRow,
-                                ScrapeRow, SeriesRow, TargetHealthRow, TargetRow)
+from tuner.store.models import (EngineConfigRow, GpuProcessRow, GpuSampleRow, ScrapeRow, TargetHealthRow, TargetRow)
 from tuner.store.window import (EngineWindow, GpuLatest, HistPoint, HistSeries, TargetHealth,
                                 TargetWindow)
 
 __all__ = ["Store", "Scraped", "Failed"]
+
+class _SeriesMeta(NamedTuple):
+    id: int
+    engine: str
+    model_name: str
+    metric: str
+    labels: str  # JSON
+    kind: str
+    bounds: str  # JSON, "" for counters and gauges
+
 
 @dataclass(frozen=True)
 class Scraped:
@@ -65,6 +74,11 @@ _UPSERT_HEALTH = """
 _INSERT_SERIES = ("INSERT OR IGNORE INTO series (target_id, engine, model_name, metric, labels, kind, bounds) "
                   "VALUES (?, ?, ?, ?, ?, ?, ?)")
 _SELECT_SERIES = "SELECT id, engine, model_name, metric, labels, bounds FROM series WHERE target_id = ?"
+_SELECT_TARGET = "SELECT id, backend FROM targets WHERE name = ?"
+_SELECT_TARGET_SERIES = "SELECT id, engine, model_name, metric, labels, kind, bounds FROM series WHERE target_id = ?"
+_SELECT_POINTS = ("SELECT series_id, %s FROM %s WHERE series_id IN (%s) AND ts_ms >= ? AND ts_ms <= ? "
+                  "ORDER BY series_id, ts_ms")
+_SELECT_CONFIGS = "SELECT engine, model_name, config FROM engine_configs WHERE target_id = ? ORDER BY last_seen_ms"
 _TOUCH_CONFIG = "UPDATE engine_configs SET last_seen_ms = ? WHERE id = ?"
 
 
@@ -73,6 +87,21 @@ def _counts_json(counts: tuple[float, ...]) -> str:
     if all(map(math.isfinite, counts)):
         return "[" + ", ".join(map(repr, counts)) + "]"  # floats: json writes float.__repr__ too
     return json.dumps(counts)
+
+
+def _driver(conn) -> sqlite3.Connection:
+    """The sqlite3 connection under a SQLAlchemy one, for the per-scrape writes and the window reads."""
+    raw = conn.connection.driver_connection
+    assert isinstance(raw, sqlite3.Connection), "tuner's store is SQLite"
+    return raw
+
+
+def _counts_parse(text: str) -> tuple[float, ...]:
+    """json.loads of what _counts_json (or json.dumps) wrote, as floats, without the decoder's overhead."""
+    try:
+        return tuple(map(float, text[1:-1].split(", ")))
+    except ValueError:  # "[]", or another spacing
+        return tuple(float(c) for c in json.loads(text))
 
 
 def _ms(ts: float) -> int:
@@ -170,7 +199,7 @@ class Store:
                     healths.append((tid, health, error, ts, ts, snap.duration_s, 0,
                                     None if snap.healthy is None else int(snap.healthy)))
                     written.append(n)
-                raw = conn.connection.driver_connection  # the driver's executemany: SQLAlchemy's own work costs more
+                raw = _driver(conn)  # the driver's executemany: SQLAlchemy's own work costs more
                 if plain:
                     raw.executemany(_INSERT_SAMPLES, plain)
                 if hist:
@@ -219,7 +248,7 @@ class Store:
                 rows.append((tid, e.engine, e.model_name, metric, json.dumps(lbl), "histogram",
                              _bounds_json(h.bounds)))
                 keys.append((tid, e.engine, e.model_name, metric, lbl, h.bounds))
-        raw = conn.connection.driver_connection
+        raw = _driver(conn)
         raw.executemany(_INSERT_SERIES, rows)
         ids = {tuple(r[1:]): r[0] for r in raw.execute(_SELECT_SERIES, (tid,))}
         for row, key in zip(rows, keys):
@@ -293,31 +322,32 @@ class Store:
     def window(self, target: str, start: float, end: float) -> TargetWindow:
         """Every stored point of ``target`` with start <= ts <= end (Prometheus's range selection)."""
         lo, hi = _ms(start), _ms(end)
+        # The driver's own cursor: a window is thousands of rows, and SQLAlchemy's per-row work cost more
+        # than SQLite's (bench/RESULTS.md).
         with self.engine.connect() as conn:
-            trow = conn.execute(select(TargetRow.id, TargetRow.backend).where(TargetRow.name == target)).first()
-            if trow is None:
-                raise UnknownTargetError(target, self.target_names())
-            series = conn.execute(select(SeriesRow).where(SeriesRow.target_id == trow.id)).all()
-            by_id = {s.id: s for s in series}
-            plain: dict[int, list[tuple[int, float]]] = defaultdict(list)
-            for sid, ts, v in conn.execute(
-                    select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value)
-                    .where(SampleRow.series_id.in_([s.id for s in series if s.kind != "histogram"]),
-                           SampleRow.ts_ms >= lo, SampleRow.ts_ms <= hi)
-                    .order_by(SampleRow.series_id, SampleRow.ts_ms)):
-                plain[sid].append((ts, v))
-            hists: dict[int, list[HistPoint]] = defaultdict(list)
-            for sid, ts, count, total, counts in conn.execute(
-                    select(HistSampleRow.series_id, HistSampleRow.ts_ms, HistSampleRow.count,
-                           HistSampleRow.sum, HistSampleRow.counts)
-                    .where(HistSampleRow.series_id.in_([s.id for s in series if s.kind == "histogram"]),
-                           HistSampleRow.ts_ms >= lo, HistSampleRow.ts_ms <= hi)
-                    .order_by(HistSampleRow.series_id, HistSampleRow.ts_ms)):
-                hists[sid].append(HistPoint(ts, tuple(json.loads(counts)), total, count))
-            configs = {}
-            for c in conn.execute(select(EngineConfigRow).where(EngineConfigRow.target_id == trow.id)
-                                  .order_by(EngineConfigRow.last_seen_ms)):
-                configs[(c.engine, c.model_name)] = json.loads(c.config)
+            raw = _driver(conn)
+            try:
+                trow = raw.execute(_SELECT_TARGET, (target,)).fetchone()
+                if trow is None:
+                    raise UnknownTargetError(target, self.target_names())
+                tid, backend = trow
+                by_id = {row[0]: _SeriesMeta(*row) for row in raw.execute(_SELECT_TARGET_SERIES, (tid,))}
+                plain: dict[int, list[tuple[int, float]]] = defaultdict(list)
+                hists: dict[int, list[HistPoint]] = defaultdict(list)
+                ids = [sid for sid, m in by_id.items() if m.kind != "histogram"]
+                for sid, ts, v in raw.execute(_SELECT_POINTS % ("ts_ms, value", "samples", ",".join("?" * len(ids))),
+                                              (*ids, lo, hi)):
+                    plain[sid].append((ts, v))
+                ids = [sid for sid, m in by_id.items() if m.kind == "histogram"]
+                for sid, ts, count, total, counts in raw.execute(
+                        _SELECT_POINTS % ("ts_ms, count, sum, counts", "hist_samples", ",".join("?" * len(ids))),
+                        (*ids, lo, hi)):
+                    hists[sid].append(HistPoint(ts, _counts_parse(counts), total, count))
+                configs = {}
+                for engine, model, config in raw.execute(_SELECT_CONFIGS, (tid,)):
+                    configs[(engine, model)] = json.loads(config)
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"{self.engine.url}: {exc}") from None
         health = self.health(target)
         engines: dict[tuple[str, str], dict[str, dict]] = defaultdict(lambda: {"series": {}, "hists": {}})
         for sid, pts in plain.items():
@@ -332,7 +362,7 @@ class Store:
             if key not in slot or slot[key].points[-1].ts_ms < hpts[-1].ts_ms:
                 slot[key] = HistSeries(_bounds_parse(s.bounds), tuple(hpts))
         return TargetWindow(
-            target=target, backend=trow.backend, start_ms=lo, end_ms=hi, health=health,
+            target=target, backend=backend, start_ms=lo, end_ms=hi, health=health,
             engines=tuple(EngineWindow(engine=k[0], model_name=k[1], series=v["series"], hists=v["hists"],
                                        config=configs.get(k, {}))
                           for k, v in sorted(engines.items())))
