@@ -6,8 +6,6 @@ Every error names the file and the key (``targets[1].url``) so the operator know
 
 from __future__ import annotations
 
-from functools import cached_property
-
 import math
 import re
 from dataclasses import dataclass
