@@ -61,7 +61,7 @@ def _scale_table(runs: list[dict]) -> list[str]:
         el = r["elapsed_s"]
         for name in ("tuner", "prometheus"):
             d = r[name]
-            shown = name if r.get("signals", True) or name != "tuner" else "tuner, signals job off (diagnostic)"
+            shown = name if r.get("signals", True) or name != "tuner" else "tuner, ingest only: signals and rules off (diagnostic)"
             cpu = r["cpu_s"][name]
             per = cpu / d["scrapes_ok"] * 1e6 if d["scrapes_ok"] else float("nan")
             stored = (f"{d['rows']:,} rows ({d['values']:,} values)" if name == "tuner"
@@ -71,7 +71,7 @@ def _scale_table(runs: list[dict]) -> list[str]:
                        f"{_s(d['lag_p50_s'])} / {_s(d['lag_p99_s'])} | {_s(d['duration_p99_s'])} | {stored} |")
         out.append(f"| {r['targets']} | farm (excluded) | {r['cpu_s']['farm']:.1f} | "
                    f"{r['cpu_s']['farm'] / el * 100:.0f}% | | {_mib(r['peak_rss']['farm'])} | | | | |")
-    late = [f"{r['targets']} targets{'' if r.get('signals', True) else ' (signals off)'}: p50 {_s(r['tuner']['late_p50_s'])}, p99 {_s(r['tuner']['late_p99_s'])}"
+    late = [f"{r['targets']} targets{'' if r.get('signals', True) else ' (ingest only)'}: p50 {_s(r['tuner']['late_p50_s'])}, p99 {_s(r['tuner']['late_p99_s'])}"
             for r in runs]
     out += ["", "tuner's scrapes, late against each target's own schedule: " + "; ".join(late) + "."]
     return out
@@ -201,7 +201,7 @@ def main() -> int:
                     print("\n".join(_scale_table([r])[2:]), flush=True)
                 if counts and not args.no_diagnose:
                     n = max(counts)
-                    print(f"scale: {n} targets again, tuner's signals job off (diagnostic) …", flush=True)
+                    print(f"scale: {n} targets again, tuner's signals and rules off (diagnostic: ingest only) …", flush=True)
                     r = run_one(n, interval, duration, FIXTURE, work / f"n{n}-nosignals", procs, signals=False)
                     runs.append(r)
                     print("\n".join(_scale_table([r])[2:]), flush=True)

@@ -272,13 +272,17 @@ def run_one(n: int, interval_s: float, duration_s: float, fixture: Path, work: P
 
 _STAGES = (  # (stage, frame substring); a stack counts for the first stage it contains
     ("scrape: HTTP GET /metrics + /health", "get (tuner/collect/http.py"),
-    ("scrape: parse exposition", "parse_exposition (tuner/collect/exposition.py"),
-    ("scrape: assemble engines", "assemble_engines (tuner/collect/assemble.py"),
-    ("scrape: store.ingest", "ingest (tuner/store/store.py"),
+    ("scrape: read by the learned layout", "read (tuner/collect/layout.py"),
+    ("scrape: learn a new layout", "learn (tuner/collect/layout.py"),
+    ("scrape: parse exposition (new shape)", "parse_exposition (tuner/collect/exposition.py"),
+    ("scrape: assemble engines (new shape)", "assemble_engines (tuner/collect/assemble.py"),
+    ("store: write (one transaction per batch)", "write (tuner/store/store.py"),
     ("signals: store.window", "window (tuner/store/store.py"),
     ("signals: compute_signals", "compute_signals (tuner/signals/derive.py"),
+    ("rules: evaluate (signals aside)", "evaluate_group (tuner/app/alerting.py"),
     ("retention", "apply_retention (tuner/store/retention.py"),
     ("exporter /metrics", "tuner/daemon/metrics.py"),
+    ("scrape job (the rest)", "scrape_once (tuner/daemon/jobs.py"),
     ("scheduler (APScheduler)", "apscheduler/"),
 )
 

@@ -1,7 +1,9 @@
-"""``tuner run`` with the signals job switched off: a diagnostic that isolates scrape + parse + store.
+"""``tuner run`` with the signals job and the alert rules switched off: a diagnostic that isolates the
+ingest path (scrape, parse, store), the part Prometheus's own scraping does.
 
 Not a mode of tuner. The bench runs it beside the real ``tuner run`` at the largest target count to
-show how much of tuner's CPU the per-interval signals recomputation (Daemon.signals_once) takes.
+show how much of tuner's CPU goes to ingest and how much to deriving signals (Daemon.signals_once, and the
+rule evaluations that derive each target's signals every group interval).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from tuner.daemon import jobs as daemon
 from tuner.cli import main
 
 daemon.Daemon.signals_once = lambda self: None  # type: ignore[method-assign]
+daemon.Daemon.evaluate_once = lambda self, group_name: None  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     sys.exit(main())

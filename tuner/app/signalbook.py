@@ -15,7 +15,7 @@ from typing import Callable
 
 from tuner.config import Config
 from tuner.errors import UnknownTargetError
-from tuner.signals.derive import TargetSignals, compute_signals
+from tuner.signals.derive import SIGNAL_METRICS, TargetSignals, compute_signals
 from tuner.store.store import Store
 
 __all__ = ["SignalBook"]
@@ -41,7 +41,8 @@ class SignalBook:
             if held is not None and held[0] == tick and 0 <= now - held[1] < interval:
                 return held[2]
         try:
-            sig: TargetSignals | None = self._derive(self.store.window(name, now - window_s, now), slo=target.slo)
+            sig: TargetSignals | None = self._derive(
+                self.store.window(name, now - window_s, now, metrics=SIGNAL_METRICS), slo=target.slo)
         except UnknownTargetError:
             sig = None  # never scraped yet
         with self._lock:

@@ -14,7 +14,8 @@ from tuner.config import Slo
 from tuner.signals.promql import bucket_increase, fraction_le, histogram_quantile, increase, rate
 from tuner.store.window import EngineWindow, Point, TargetHealth, TargetWindow
 
-__all__ = ["EngineSignals", "TargetSignals", "compute_signals", "queue_ratio", "QUANTILES", "LATENCY_HISTOGRAMS"]
+__all__ = ["EngineSignals", "TargetSignals", "compute_signals", "queue_ratio", "QUANTILES", "LATENCY_HISTOGRAMS",
+           "SIGNAL_METRICS"]
 
 QUANTILES = (0.5, 0.95, 0.99)
 # signal prefix → histogram (seconds)
@@ -39,6 +40,13 @@ _GAUGES = {  # signal → gauge, per backend
                  "requests_waiting": "llamacpp:requests_deferred", "slots_total": "tuner:slots_total",
                  "slots_busy": "tuner:slots_busy"},
 }
+
+# Every series compute_signals reads: the signal book asks the store for these only (a vLLM window has twice as
+# many histogram rows in series no signal uses). tests/signals/test_derive.py holds the two windows' signals equal.
+SIGNAL_METRICS = frozenset([*LATENCY_HISTOGRAMS.values(), *(m for b in _RATES.values() for m in b.values()),
+                            *(m for b in _GAUGES.values() for m in b.values()),
+                            "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+                            "process_start_time_seconds"])
 
 
 @dataclass(frozen=True)

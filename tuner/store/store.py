@@ -8,7 +8,7 @@ import sqlite3
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple, Sequence
+from typing import Collection, Iterable, NamedTuple, Sequence
 
 from sqlalchemy import Engine, delete, func, insert, select, update
 
@@ -319,8 +319,10 @@ class Store:
                             consecutive_failures=h.consecutive_failures,
                             server_healthy=None if h.server_healthy is None else bool(h.server_healthy))
 
-    def window(self, target: str, start: float, end: float) -> TargetWindow:
-        """Every stored point of ``target`` with start <= ts <= end (Prometheus's range selection)."""
+    def window(self, target: str, start: float, end: float, *,
+               metrics: Collection[str] | None = None) -> TargetWindow:
+        """Every stored point of ``target`` with start <= ts <= end (Prometheus's range selection); of the series
+        named in ``metrics`` only, when given."""
         lo, hi = _ms(start), _ms(end)
         # The driver's own cursor: a window is thousands of rows, and SQLAlchemy's per-row work cost more
         # than SQLite's (bench/RESULTS.md).
@@ -331,7 +333,8 @@ class Store:
                 if trow is None:
                     raise UnknownTargetError(target, self.target_names())
                 tid, backend = trow
-                by_id = {row[0]: _SeriesMeta(*row) for row in raw.execute(_SELECT_TARGET_SERIES, (tid,))}
+                by_id = {row[0]: _SeriesMeta(*row) for row in raw.execute(_SELECT_TARGET_SERIES, (tid,))
+                         if metrics is None or row[3] in metrics}
                 plain: dict[int, list[tuple[int, float]]] = defaultdict(list)
                 hists: dict[int, list[HistPoint]] = defaultdict(list)
                 ids = [sid for sid, m in by_id.items() if m.kind != "histogram"]
