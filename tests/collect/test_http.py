@@ -121,3 +121,82 @@ def test_body_exactly_at_the_cap_is_accepted() -> None:
         assert http.get(f"{url}/metrics", timeout_s=5, max_bytes=len(body)).body == body
         with pytest.raises(ScrapeError, match=f"exceeds max_body_bytes={len(body) - 1}"):
             http.get(f"{url}/metrics", timeout_s=5, max_bytes=len(body) - 1)
+
+
+class _KeepAliveServer:
+    """A raw HTTP/1.1 server that counts connections and requests; ``close_after`` answers per connection, then
+    it closes the socket without saying so (as a server whose keep-alive timer fired would)."""
+
+    def __init__(self, close_after: int | None = None) -> None:
+        import threading
+
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.connections = 0
+        self.closed = 0
+        self.requests: list[str] = []
+        self.close_after = close_after
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            self._serve(conn)
+            self.closed += 1
+
+    def _serve(self, conn: socket.socket) -> None:
+        buf, answered = b"", 0
+        with conn:
+            while self.close_after is None or answered < self.close_after:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                buf += data
+                while b"\r\n\r\n" in buf:
+                    head, _, buf = buf.partition(b"\r\n\r\n")
+                    path = head.split(b" ")[1].decode()
+                    self.requests.append(path)
+                    body = (VLLM_DIR / "metrics_idle.txt").read_bytes() if path == "/metrics" else b""
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(body), body))
+                    answered += 1
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_scrape_asks_metrics_and_health_over_one_connection() -> None:
+    server = _KeepAliveServer()
+    try:
+        snap = vllm.scrape(server.url, target="t", timeout_s=3, max_bytes=MB)
+        assert snap.healthy is True and snap.engines
+        assert server.requests == ["/metrics", "/health"] and server.connections == 1
+        vllm.scrape(server.url, target="t", timeout_s=3, max_bytes=MB)  # the next scrape: its own connection
+        assert server.connections == 2
+    finally:
+        server.close()
+
+
+def test_a_kept_alive_connection_the_server_dropped_is_asked_again_on_a_fresh_one() -> None:
+    server = _KeepAliveServer(close_after=1)  # answers /metrics, then drops the connection silently
+    try:
+        with http.Peer(server.url) as peer:
+            assert peer.get("/metrics", timeout_s=3, max_bytes=MB).status == 200
+            assert wait_until(lambda: server.closed == 1)  # the server dropped it; our side does not know yet
+            assert peer.get("/health", timeout_s=3, max_bytes=MB).status == 200
+        assert server.requests == ["/metrics", "/health"] and server.connections == 2
+    finally:
+        server.close()
+
+
+def test_a_peer_that_closes_after_every_answer_still_gets_each_request_once() -> None:
+    with serve({"/metrics": Route(body=b"m"), "/health": Route(body=b"")}) as url:  # HTTP/1.0: closes each time
+        with http.Peer(url) as peer:
+            assert peer.get("/metrics", timeout_s=3, max_bytes=MB).body == b"m"
+            assert peer.get("/health", timeout_s=3, max_bytes=MB).status == 200

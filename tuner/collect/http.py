@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from tuner.errors import ScrapeError
 
-__all__ = ["Response", "get", "get_json", "post_json"]
+__all__ = ["Response", "Peer", "get", "get_json", "post_json"]
 
 _USER_AGENT = "tuner/0.1 (+https://github.com/tuner)"
 
@@ -43,16 +43,59 @@ def post_json(url: str, payload: Any, *, timeout_s: float, max_bytes: int = 2**2
                     timeout_s=timeout_s, max_bytes=max_bytes)
 
 
+class Peer:
+    """Requests to one server, one after another, over one kept-alive connection: a scrape's /metrics and
+    /health (llama-server: /health, /metrics, /slots) cost one TCP connection instead of one each. Use it as a
+    context manager; the connection closes at the end. Any failure closes it too, and a server that closed a
+    kept-alive connection between two requests gets the request again on a fresh one (GETs only)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.conn: http.client.HTTPConnection | None = None
+
+    def get(self, path: str, *, timeout_s: float, max_bytes: int,
+            accept: str = "text/plain;version=0.0.4;q=1,*/*;q=0.1") -> Response:
+        reused = self.conn is not None and self.conn.sock is not None
+        try:
+            return _request("GET", self.base_url + path, None, {"Accept": accept}, timeout_s=timeout_s,
+                            max_bytes=max_bytes, peer=self)
+        except _Stale:
+            if not reused:
+                raise ScrapeError(f"{self.base_url}{path}: the server closed the connection without answering")
+            return _request("GET", self.base_url + path, None, {"Accept": accept}, timeout_s=timeout_s,
+                            max_bytes=max_bytes, peer=self)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def __enter__(self) -> "Peer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Stale(ScrapeError):
+    """A kept-alive connection the server had closed: nothing was answered, the request may be sent again."""
+
+
 def _request(method: str, url: str, body: bytes | None, headers: dict[str, str], *, timeout_s: float,
-             max_bytes: int) -> Response:
+             max_bytes: int, peer: Peer | None = None) -> Response:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ScrapeError(f"{url}: not an http(s) URL")
     deadline = time.monotonic() + timeout_s
     conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = conn_cls(parts.hostname, parts.port, timeout=timeout_s)
+    conn = peer.conn if peer is not None and peer.conn is not None else conn_cls(parts.hostname, parts.port,
+                                                                                   timeout=timeout_s)
+    conn.timeout = timeout_s
+    if conn.sock is not None:
+        conn.sock.settimeout(timeout_s)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     resp: http.client.HTTPResponse | None = None
+    kept = False
     try:
         conn.request(method, path, body=body, headers={**headers, "User-Agent": _USER_AGENT})
         resp = conn.getresponse()
@@ -76,9 +119,12 @@ def _request(method: str, url: str, body: bytes | None, headers: dict[str, str],
                 raise ScrapeError(f"{url}: body exceeds max_body_bytes={max_bytes}; raise "
                                   "defaults.max_body_bytes if this target is really that large")
             chunks.append(chunk)
+        kept = peer is not None and not resp.will_close
         return Response(resp.status, b"".join(chunks), resp.getheader("Content-Type") or "")
     except ScrapeError:
         raise
+    except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) if peer is not None else ():
+        raise _Stale(url) from None
     except ConnectionRefusedError:
         raise ScrapeError(f"{url}: connection refused; is the server running on that port?") from None
     except (socket.timeout, TimeoutError):
@@ -88,7 +134,13 @@ def _request(method: str, url: str, body: bytes | None, headers: dict[str, str],
     finally:
         if resp is not None:  # its file object keeps the socket open after conn.close()
             resp.close()
-        conn.close()
+        if kept:
+            assert peer is not None
+            peer.conn = conn
+        else:
+            conn.close()
+            if peer is not None:
+                peer.conn = None
 
 
 def get_json(url: str, *, timeout_s: float, max_bytes: int = 2**20) -> Any | None:

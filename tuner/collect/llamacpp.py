@@ -124,28 +124,29 @@ def scrape(base_url: str, *, target: str, timeout_s: float, max_bytes: int, mode
     def remaining() -> float:
         return max(0.05, start + timeout_s - time.monotonic())
 
-    health = http.get(f"{base_url}/health", timeout_s=remaining(), max_bytes=65536)
-    if health.status == 503:
-        raise ScrapeError(f"{base_url}/health answered 503: llama-server is still loading the model")
-    resp = http.get(f"{base_url}/metrics", timeout_s=remaining(), max_bytes=max_bytes)
-    if resp.status == 501:
-        raise MetricsDisabledError(f"{base_url}/metrics")
-    if resp.status != 200:
-        raise ScrapeError(f"{base_url}/metrics answered HTTP {resp.status}: "
-                          f"{resp.body[:200].decode('utf-8', 'replace').strip()!r}")
-    text = decode_body(resp.body)
-    problems: list[str] = []
-    slots = None
-    try:
-        sresp = http.get(f"{base_url}/slots", timeout_s=remaining(), max_bytes=max_bytes,
-                         accept="application/json")
-        if sresp.status == 200:
-            slots = parse_slots(sresp.body)
-        else:
-            problems.append(f"/slots answered HTTP {sresp.status} (started with --no-slots?); "
-                            "KV use cannot be derived")
-    except (ScrapeError, ExpositionError) as exc:
-        problems.append(f"/slots: {exc}")
+    with http.Peer(base_url) as peer:
+        health = peer.get("/health", timeout_s=remaining(), max_bytes=65536)
+        if health.status == 503:
+            raise ScrapeError(f"{base_url}/health answered 503: llama-server is still loading the model")
+        resp = peer.get("/metrics", timeout_s=remaining(), max_bytes=max_bytes)
+        if resp.status == 501:
+            raise MetricsDisabledError(f"{base_url}/metrics")
+        if resp.status != 200:
+            raise ScrapeError(f"{base_url}/metrics answered HTTP {resp.status}: "
+                              f"{resp.body[:200].decode('utf-8', 'replace').strip()!r}")
+        text = decode_body(resp.body)
+        problems: list[str] = []
+        slots = None
+        try:
+            sresp = peer.get("/slots", timeout_s=remaining(), max_bytes=max_bytes,
+                             accept="application/json")
+            if sresp.status == 200:
+                slots = parse_slots(sresp.body)
+            else:
+                problems.append(f"/slots answered HTTP {sresp.status} (started with --no-slots?); "
+                                "KV use cannot be derived")
+        except (ScrapeError, ExpositionError) as exc:
+            problems.append(f"/slots: {exc}")
     return snapshot_from_text(text, target=target, ts=ts, slots=slots,
                               duration_s=time.monotonic() - start, body_bytes=len(resp.body),
                               model_name=model_name, healthy=health.status == 200,

@@ -39,24 +39,25 @@ def snapshot_from_text(text: str, *, target: str, ts: float, duration_s: float =
 
 def scrape(base_url: str, *, target: str, timeout_s: float, max_bytes: int,
            now: float | None = None, layouts: Layouts | None = None) -> TargetSnapshot:
-    """GET /metrics then /health within one ``timeout_s`` budget."""
+    """GET /metrics then /health (one connection) within one ``timeout_s`` budget."""
     ts = time.time() if now is None else now
     start = time.monotonic()
-    resp = http.get(f"{base_url}/metrics", timeout_s=timeout_s, max_bytes=max_bytes)
-    if resp.status != 200:
-        raise ScrapeError(f"{base_url}/metrics answered HTTP {resp.status}: "
-                          f"{resp.body[:200].decode('utf-8', 'replace').strip()!r}")
+    with http.Peer(base_url) as peer:
+        resp = peer.get("/metrics", timeout_s=timeout_s, max_bytes=max_bytes)
+        if resp.status != 200:
+            raise ScrapeError(f"{base_url}/metrics answered HTTP {resp.status}: "
+                              f"{resp.body[:200].decode('utf-8', 'replace').strip()!r}")
+        healthy = _health(peer, deadline=start + timeout_s)
     text = decode_body(resp.body)
-    healthy = _health(base_url, deadline=start + timeout_s)
     return snapshot_from_text(text, target=target, ts=ts, duration_s=time.monotonic() - start,
                               body_bytes=len(resp.body), healthy=healthy, layouts=layouts)
 
 
-def _health(base_url: str, *, deadline: float) -> bool | None:
+def _health(peer: http.Peer, *, deadline: float) -> bool | None:
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         return None
     try:
-        return http.get(f"{base_url}/health", timeout_s=remaining, max_bytes=65536).status == 200
+        return peer.get("/health", timeout_s=remaining, max_bytes=65536).status == 200
     except ScrapeError:
         return False
