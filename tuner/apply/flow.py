@@ -89,8 +89,9 @@ def proposed(engine: Any, rec_id: int) -> recs.StoredRecommendation:
     return rec
 
 
-def flags_in_force(engine: Any, t: Target) -> dict[str, Any]:
-    """The tunable flags the target runs with, as tuner knows them (tuner's names).
+def flags_in_force(engine: Any, t: Target, *, journaled: bool = True) -> dict[str, Any]:
+    """The tunable flags the target runs with, as tuner knows them (tuner's names). ``journaled=False``: the
+    caller knows the journal holds no apply of the target (a fleet asks for every target at once).
 
     Managed: what tuner last started it with, unless the config's flags changed since (then the config's).
     Otherwise: the flags of the last apply whose new flags stand (kept, or inconclusive under keep_new) or of the
@@ -100,6 +101,8 @@ def flags_in_force(engine: Any, t: Target) -> dict[str, Any]:
         st = jr.get_managed(engine, t.name)
         base = _canonical(t.backend, dict(t.managed.flags))
         return dict(st.flags) if st is not None and st.config_flags == base else base
+    if not journaled:
+        return _canonical(t.backend, dict(t.flags))
     for a in jr.list_applies(engine, target=t.name):
         if jr.new_flags_stand(a) or (a.state == "done" and (a.kind, a.outcome) == ("rollback", "rolled_back")):
             return dict(a.new_flags)
@@ -131,8 +134,8 @@ class Applier:
         assert t.managed is not None
         return _canonical(t.backend, dict(t.managed.flags))
 
-    def flags_in_force(self, t: Target) -> dict[str, Any]:
-        return flags_in_force(self.engine, t)
+    def flags_in_force(self, t: Target, *, journaled: bool = True) -> dict[str, Any]:
+        return flags_in_force(self.engine, t, journaled=journaled)
 
     def running(self, t: Target) -> mg.Running | None:
         st = jr.get_managed(self.engine, t.name)

@@ -62,6 +62,7 @@ class Daemon:
         self._pending_lock = threading.Lock()
         self._flush_lock = threading.Lock()  # one transaction at a time, in queue order
         self._writer: threading.Thread | None = None
+        self._applied: set[str] = jr.targets_with_applies(store.engine)  # targets the journal has applies of
         self.scheduler: BackgroundScheduler | None = None
         for t in cfg.targets:
             store.ensure_target(t.name, t.backend, t.url, t.labels)
@@ -256,6 +257,7 @@ class Daemon:
             a = auto_step(self.cfg, self.store, self.applier, target, now=self.clock(), decided=decided).applied
             if a is None:
                 return
+            self._applied.add(target.name)
             log.warning("auto %s: apply #%d %s: %s", target.name, a.id, a.outcome, a.note)
         except TunerError as exc:
             self._job_error(f"auto:{target.name}", str(exc))
@@ -271,6 +273,7 @@ class Daemon:
             for r in recs.list_recommendations(self.store.engine):
                 counts[(r.target, r.status)] = counts.get((r.target, r.status), 0) + 1
             applies = jr.outcome_counts(self.store.engine)
+            self._applied = jr.targets_with_applies(self.store.engine)
             now = self.clock()
             stopped = {t.name: self._halted(t, now) for t in self.cfg.targets if t.apply.mode == "auto"}
             up = {t.name: self.applier.running(t) is not None for t in self.cfg.targets if t.managed}
@@ -289,7 +292,9 @@ class Daemon:
         config's raw key (which a managed target, a snake_case config or a kept apply leaves stale)."""
         if not takes(target.backend, "max_num_seqs"):  # llama-server has --parallel instead
             return None
-        value = self.applier.flags_in_force(target).get("max_num_seqs")
+        # The journal is read only for targets it has applies of (refreshed every 5 s, and at once after auto mode's
+        # own applies): 1,000 targets' alert rules would otherwise query it 1,000 times an evaluation.
+        value = self.applier.flags_in_force(target, journaled=target.name in self._applied).get("max_num_seqs")
         return float(value) if value is not None else None
 
     def _target_signal(self, name: str, signal_name: str) -> float | None:

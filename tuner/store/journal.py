@@ -227,6 +227,12 @@ def list_applies(engine: Engine, *, target: str | None = None, since_ms: int | N
     return [_stored(r, steps[r.id]) for r in rows]
 
 
+def targets_with_applies(engine: Engine) -> set[str]:
+    """Names of the targets the journal has any apply of (one query: the rest run with their config's flags)."""
+    with engine.connect() as conn:
+        return set(conn.execute(select(ApplyRow.target).distinct()).scalars())
+
+
 def open_applies(engine: Engine) -> list[StoredApply]:
     """Applies not done (in progress, or left behind by a tuner that died), oldest first."""
     with engine.connect() as conn:
