@@ -18,7 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tuner.collect.exposition import fast_samples, parse_exposition
 from tuner.collect.snapshots import EngineSnapshot, Histogram, TargetSnapshot
+from tuner.collect.layout import Layouts
 from tuner.collect.vllm import snapshot_from_text
+from tuner.lab.replay import ReplayExposition
 from tuner.config import Retention
 from tuner.signals.derive import compute_signals
 from tuner.store.db import open_engine, upgrade
@@ -51,9 +53,19 @@ def bench_parser(fixture: Path, iterations: int = 200) -> dict[str, float]:
     fast = _per_call_us(lambda: fast_samples(text), iterations)
     parse = _per_call_us(lambda: parse_exposition(text), iterations)
     snap = _per_call_us(lambda: snapshot_from_text(text, target="t", ts=0.0), iterations)
+    # The daemon's path from the second scrape on: the same shape, counters advanced (ReplayExposition), read
+    # by the layout learned from the first.
+    replay = ReplayExposition(text)
+    bodies = [replay.render().decode() for _ in range(64)]
+    layouts = Layouts()
+    snapshot_from_text(bodies[0], target="t", ts=0.0, layouts=layouts)
+    turn = iter(range(10**9))
+    by_layout = _per_call_us(lambda: snapshot_from_text(bodies[next(turn) % 64], target="t", ts=0.0,
+                                                        layouts=layouts), iterations)
+    assert layouts.misses == 1, "the layout path missed on bodies of one shape"
     lines = sum(1 for line in text.split("\n") if line and not line.startswith("#"))
     return {"bytes": len(text.encode()), "samples": lines, "reference_us": reference, "fast_us": fast,
-            "parse_exposition_us": parse, "snapshot_us": snap, "ratio": reference / fast}
+            "parse_exposition_us": parse, "snapshot_us": snap, "layout_us": by_layout, "ratio": reference / fast}
 
 
 def _advanced(base: TargetSnapshot, k: float, ts: float) -> TargetSnapshot:
@@ -159,7 +171,8 @@ def bench_storage(fixture: Path, *, days: int = 30, interval_s: float = 5.0, old
 
 
 def bench_scrape_loop(fixture: Path, iterations: int = 300, workdir: Path | None = None) -> dict[str, float]:
-    """One thread scraping one farm endpoint and storing it, stage by stage (µs per scrape, medians).
+    """One thread scraping one farm endpoint and storing it the daemon's way, stage by stage (µs per scrape,
+    medians): one connection for both requests, the learned layout, writes in batches.
 
     What a scrape costs without 32 threads contending for the GIL: the floor of tuner's per-scrape CPU.
     """
@@ -167,8 +180,8 @@ def bench_scrape_loop(fixture: Path, iterations: int = 300, workdir: Path | None
     import sys
 
     from tuner.collect import http
-    from tuner.collect.assemble import assemble_engines
     from tuner.collect.exposition import decode_body
+    from tuner.store.store import Scraped
 
     tmp = Path(tempfile.mkdtemp(prefix="tuner-bench-loop-", dir=workdir))
     ports = tmp / "ports.txt"
@@ -185,23 +198,27 @@ def bench_scrape_loop(fixture: Path, iterations: int = 300, workdir: Path | None
         engine = open_engine(f"sqlite:///{tmp / 'tuner.db'}")
         upgrade(engine)
         store = Store(engine)
-        stages: dict[str, list[float]] = {k: [] for k in ("GET /metrics", "GET /health", "parse_exposition",
-                                                          "assemble_engines", "Store.ingest")}
+        stages: dict[str, list[float]] = {k: [] for k in ("GET /metrics + /health (one connection)",
+                                                          "read by the layout", "Store.write (batches of 50)")}
+        layouts = Layouts()
+        batch: list[Scraped] = []
         for i in range(iterations):
             t0 = time.perf_counter()
-            body = http.get(f"{url}/metrics", timeout_s=3, max_bytes=10 * 2**20).body
+            with http.Peer(url) as peer:
+                body = peer.get("/metrics", timeout_s=3, max_bytes=10 * 2**20).body
+                peer.get("/health", timeout_s=3, max_bytes=65536)
             t1 = time.perf_counter()
-            http.get(f"{url}/health", timeout_s=3, max_bytes=65536)
+            snap = snapshot_from_text(decode_body(body), target="t", ts=1000.0 + 5 * i, duration_s=t1 - t0,
+                                      body_bytes=len(body), layouts=layouts)
             t2 = time.perf_counter()
-            parsed = parse_exposition(decode_body(body))
-            t3 = time.perf_counter()
-            engines = assemble_engines([s for s in parsed.samples if s.spec.backend == "vllm"], "vllm", "t", [])
-            t4 = time.perf_counter()
-            store.ingest(TargetSnapshot(target="t", backend="vllm", ts=1000.0 + 5 * i, duration_s=t2 - t0,
-                                        engines=engines, body_bytes=len(body)), url=url)
-            t5 = time.perf_counter()
-            for key, dt in zip(stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
-                stages[key].append(dt * 1e6)
+            batch.append(Scraped(snap, url))
+            if len(batch) == 50:
+                store.write(batch)
+                stages["Store.write (batches of 50)"].append((time.perf_counter() - t2) * 1e6 / 50)
+                batch = []
+            stages["GET /metrics + /health (one connection)"].append((t1 - t0) * 1e6)
+            stages["read by the layout"].append((t2 - t1) * 1e6)
+        assert layouts.misses == 1, "the layout path missed on one endpoint's scrapes"
         engine.dispose()
     finally:
         farm.terminate()
