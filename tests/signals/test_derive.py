@@ -166,3 +166,27 @@ def test_the_series_the_signal_book_reads_give_the_signals_of_every_series(tmp_p
             assert any(v is not None for e in book.engines for v in (e.ttft_p99, e.generation_tokens_per_s))
             assert (target, span, any(e.restarts for e in book.engines)) in {("v", 60, False), ("v", 300, True),
                                                                             ("l", 60, False), ("l", 300, False)}
+
+
+def test_each_histogram_increase_worked_out_once_gives_the_quantiles_worked_out_alone(tmp_path):
+    """compute_signals shares one bucket increase per histogram between its quantiles, goodput and request
+    counts; every quantile must equal the one computed on its own."""
+    from tests.helpers import VLLM_DIR, migrated_store
+    from tuner.collect import vllm
+    from tuner.lab.replay import ReplayExposition
+    from tuner.signals.derive import LATENCY_HISTOGRAMS, QUANTILES, quantile
+
+    store = migrated_store(tmp_path)
+    replay = ReplayExposition((VLLM_DIR / "metrics_under_load.txt").read_text(), growth=0.07)
+    for k in range(20):
+        store.ingest(vllm.snapshot_from_text(replay.render().decode(), target="v", ts=1_700_000_000.0 + 5 * k))
+    window = store.window("v", 1_700_000_000.0, 1_700_000_095.0)
+    sig = compute_signals(window)
+    checked = 0
+    for e, ew in zip(sig.engines, window.engines):
+        for prefix, metric in LATENCY_HISTOGRAMS.items():
+            for q in QUANTILES:
+                alone = quantile(ew, metric, q, window.start_ms, window.end_ms)
+                assert getattr(e, f"{prefix}_p{round(q * 100)}") == alone
+                checked += alone is not None
+    assert checked >= 6  # the recorded load filled two of the latency histograms (all three quantiles each)

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 from tuner.backends import backend as backend_of
 from tuner.config import Slo
 from tuner.signals.promql import bucket_increase, fraction_le, histogram_quantile, increase, rate
-from tuner.store.window import EngineWindow, Point, TargetHealth, TargetWindow
+from tuner.store.window import EngineWindow, HistSeries, Point, TargetHealth, TargetWindow
 
 __all__ = ["EngineSignals", "TargetSignals", "compute_signals", "queue_ratio", "QUANTILES", "LATENCY_HISTOGRAMS",
            "SIGNAL_METRICS"]
@@ -136,19 +136,36 @@ def _max(e: EngineWindow, metric: str) -> float | None:
     return max(found) if found else None
 
 
-def quantile(e: EngineWindow, metric: str, q: float, lo: int, hi: int) -> float | None:
+class _Increases:
+    """Per-bucket increases of one window's histograms, each worked out once: an engine's quantiles, goodput and
+    request counts ask for the same histogram up to five times."""
+
+    def __init__(self, lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
+        self._done: dict[int, tuple[HistSeries, tuple[float, ...] | None]] = {}
+
+    def __call__(self, hist: HistSeries) -> tuple[float, ...] | None:
+        held = self._done.get(id(hist))
+        if held is None or held[0] is not hist:
+            held = self._done[id(hist)] = (hist, bucket_increase(hist, self.lo, self.hi))
+        return held[1]
+
+
+def quantile(e: EngineWindow, metric: str, q: float, lo: int, hi: int,
+             increases: _Increases | None = None) -> float | None:
     """``histogram_quantile(q, increase(metric_bucket[w]))`` for one engine; None without observations."""
     hist = e.hists.get((metric, ()))
     if hist is None:
         return None
-    inc = bucket_increase(hist, lo, hi)
+    inc = (increases or _Increases(lo, hi))(hist)
     if inc is None:
         return None
     value = histogram_quantile(q, hist.bounds, inc)
     return None if math.isnan(value) else value
 
 
-def _goodput(e: EngineWindow, slo: Slo | None, lo: int, hi: int) -> tuple[float | None, float | None]:
+def _goodput(e: EngineWindow, slo: Slo | None, lo: int, hi: int,
+             increases: _Increases) -> tuple[float | None, float | None]:
     """Share of requests within every SLO budget, bounded by bucket resolution.
 
     Each budget gives (at least, at most) from its histogram. Requests are not linked across
@@ -162,7 +179,7 @@ def _goodput(e: EngineWindow, slo: Slo | None, lo: int, hi: int) -> tuple[float 
         if budget is None:
             continue
         hist = e.hists.get((metric, ()))
-        inc = bucket_increase(hist, lo, hi) if hist else None
+        inc = increases(hist) if hist else None
         frac = fraction_le(budget.total_seconds(), hist.bounds, inc) if hist and inc else None
         if frac is None:
             return None, None
@@ -196,20 +213,21 @@ def _engine_signals(e: EngineWindow, backend: str, slo: Slo | None, lo: int, hi:
         hits = _sum_increase(e, "vllm:prefix_cache_hits_total", lo, hi)
         queries = _sum_increase(e, "vllm:prefix_cache_queries_total", lo, hi)
         values["prefix_cache_hit_ratio"] = hits / queries if hits is not None and queries else None
+        increases = _Increases(lo, hi)
         for prefix, metric in LATENCY_HISTOGRAMS.items():
             for q in QUANTILES:
-                values[f"{prefix}_p{round(q * 100)}"] = quantile(e, metric, q, lo, hi)
+                values[f"{prefix}_p{round(q * 100)}"] = quantile(e, metric, q, lo, hi, increases)
         e2e = e.hists.get((LATENCY_HISTOGRAMS["e2e"], ()))
-        inc = bucket_increase(e2e, lo, hi) if e2e else None
+        inc = increases(e2e) if e2e else None
         values["requests_in_window"] = inc[-1] if inc else None
         # Queueing from the queue-time histogram: its counts are cumulative, so no missed scrape loses them
         # (the waiting gauge is only a sample, and a loaded server answers /metrics late exactly then).
         queue = e.hists.get((LATENCY_HISTOGRAMS["queue"], ()))
-        q_inc = bucket_increase(queue, lo, hi) if queue else None
+        q_inc = increases(queue) if queue else None
         if queue is not None and q_inc:
             values["requests_queued"] = max(0.0, q_inc[-1] - q_inc[0])
             values["queued_over_s"] = queue.bounds[0]
-        values["goodput_ratio"], values["goodput_ratio_upper"] = _goodput(e, slo, lo, hi)
+        values["goodput_ratio"], values["goodput_ratio_upper"] = _goodput(e, slo, lo, hi, increases)
     return EngineSignals(engine=e.engine, model_name=e.model_name,
                          samples=sum(len(p) for p in e.series.values()) + sum(len(h.points) for h in e.hists.values()),
                          restarts=_restarts(e), **values)
