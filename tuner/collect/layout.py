@@ -20,10 +20,11 @@ from itertools import repeat
 from typing import Literal, Sequence
 
 from tuner.collect.assemble import assemble_engines
-from tuner.collect.exposition import CatalogueSample
+from tuner.collect.exposition import CatalogueSample, parse_exposition
 from tuner.collect.snapshots import EngineSnapshot, Histogram, SeriesKey
+from tuner.errors import ScrapeError
 
-__all__ = ["Layouts"]
+__all__ = ["Layouts", "engines_from_text"]
 
 # A line-final number in the strict form (no NaN/Inf: those miss, and the full parse reports them). The
 # alphabet is chosen so that whatever float() accepts from it is a value the exposition format accepts too.
@@ -124,3 +125,28 @@ class Layouts:
         if len(self._by_key) >= self._max_keys:
             self._by_key.clear()
         self._by_key[key] = _Layout(hash(tuple(pieces)), len(pieces), tuple(plans), tuple(problems))
+
+
+_SERVERS = {"vllm": ("vllm:", "a vLLM server"), "llamacpp": ("llamacpp:", "a llama-server")}
+
+
+def engines_from_text(text: str, backend: Literal["vllm", "llamacpp"], *, target: str, default_model: str,
+                      layouts: Layouts | None = None) -> tuple[tuple[EngineSnapshot, ...], list[str]]:
+    """One exposition's engines and problems: read by ``layouts`` when the body has the target's last shape,
+    else parsed in full (and its shape learned). ExpositionError if the body is invalid; ScrapeError if it has
+    none of the backend's series."""
+    key = (target, backend, default_model)
+    known = layouts.read(key, text) if layouts is not None else None
+    if known is not None:
+        return known
+    parsed = parse_exposition(text)
+    samples = [s for s in parsed.samples if s.spec.backend == backend]
+    prefix, server = _SERVERS[backend]
+    if not any(s.spec.name.startswith(prefix) for s in samples):
+        raise ScrapeError(f"{target}: /metrics has no {prefix}* series; is this {server} "
+                          "(or is the target's backend wrong)?")
+    problems = list(dict.fromkeys(parsed.problems))
+    engines = assemble_engines(samples, backend, default_model, problems)
+    if layouts is not None:
+        layouts.learn(key, text, samples, backend, problems)
+    return engines, problems

@@ -11,10 +11,9 @@ import time
 from typing import Any
 
 from tuner.collect import http
-from tuner.collect.assemble import assemble_engines
 from tuner.collect.catalogue import spec
-from tuner.collect.exposition import decode_body, parse_exposition
-from tuner.collect.layout import Layouts
+from tuner.collect.exposition import decode_body
+from tuner.collect.layout import Layouts, engines_from_text
 from tuner.collect.snapshots import EngineSnapshot, SlotsState, TargetSnapshot
 from tuner.errors import ExpositionError, MetricsDisabledError, ScrapeError
 
@@ -93,20 +92,8 @@ def snapshot_from_text(text: str, *, target: str, ts: float, slots: SlotsState |
                        healthy: bool | None = None, problems: tuple[str, ...] = (),
                        layouts: Layouts | None = None) -> TargetSnapshot:
     """With ``layouts``, a body shaped like this target's last one is read without parsing (same result)."""
-    key = (target, "llamacpp", model_name or target)
-    known = layouts.read(key, text) if layouts is not None else None
-    if known is not None:
-        engines, body_problems = known
-    else:
-        parsed = parse_exposition(text)
-        samples = [s for s in parsed.samples if s.spec.backend == "llamacpp"]
-        if not samples:
-            raise ScrapeError(f"{target}: /metrics has no llamacpp:* series; is this a llama-server "
-                              "(or is the target's backend wrong)?")
-        body_problems = list(dict.fromkeys(parsed.problems))
-        engines = assemble_engines(samples, "llamacpp", key[2], body_problems)
-        if layouts is not None:
-            layouts.learn(key, text, samples, "llamacpp", body_problems)
+    engines, body_problems = engines_from_text(text, "llamacpp", target=target,
+                                               default_model=model_name or target, layouts=layouts)
     found = list(dict.fromkeys([*problems, *body_problems]))
     if slots is not None:
         engines = tuple(_with_slots(e, slots) for e in engines)

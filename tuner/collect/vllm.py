@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 
 from tuner.collect import http
-from tuner.collect.assemble import assemble_engines
-from tuner.collect.exposition import decode_body, parse_exposition
-from tuner.collect.layout import Layouts
+from tuner.collect.exposition import decode_body
+from tuner.collect.layout import Layouts, engines_from_text
 from tuner.collect.snapshots import TargetSnapshot
 from tuner.errors import ScrapeError
 
@@ -19,20 +18,8 @@ def snapshot_from_text(text: str, *, target: str, ts: float, duration_s: float =
                        healthy: bool | None = None, layouts: Layouts | None = None) -> TargetSnapshot:
     """Parse one vLLM exposition; ExpositionError if the body is invalid, ScrapeError if it is not vLLM's.
     With ``layouts``, a body shaped like this target's last one is read without parsing (same result)."""
-    key = (target, "vllm", default_model or target)
-    known = layouts.read(key, text) if layouts is not None else None
-    if known is not None:
-        engines, problems = known
-    else:
-        parsed = parse_exposition(text)
-        samples = [s for s in parsed.samples if s.spec.backend == "vllm"]
-        if not any(s.spec.name.startswith("vllm:") for s in samples):
-            raise ScrapeError(f"{target}: /metrics has no vllm:* series; is this a vLLM server "
-                              "(or is the target's backend wrong)?")
-        problems = list(dict.fromkeys(parsed.problems))
-        engines = assemble_engines(samples, "vllm", key[2], problems)
-        if layouts is not None:
-            layouts.learn(key, text, samples, "vllm", problems)
+    engines, problems = engines_from_text(text, "vllm", target=target, default_model=default_model or target,
+                                          layouts=layouts)
     return TargetSnapshot(target=target, backend="vllm", ts=ts, duration_s=duration_s, engines=engines,
                           problems=tuple(problems), body_bytes=body_bytes or len(text), healthy=healthy)
 
