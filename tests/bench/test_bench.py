@@ -58,11 +58,16 @@ def test_proc_readers_see_this_process() -> None:
 def test_profile_summary_attributes_each_stack_to_its_first_stage(tmp_path: Path) -> None:
     raw = tmp_path / "spy.txt"
     raw.write_text("run (apscheduler/executors/base.py:1);scrape_once (tuner/daemon/jobs.py:2);"
-                   "ingest (tuner/store/store.py:3) 30\n"
+                   "read (tuner/collect/layout.py:3) 30\n"
+                   "run (threading.py:1);_write_forever (tuner/daemon/jobs.py:2);flush (tuner/daemon/jobs.py:3);"
+                   "write (tuner/store/store.py:4) 20\n"
                    "run (apscheduler/executors/base.py:1);signals_once (tuner/daemon/jobs.py:4);"
                    "window (tuner/store/store.py:5) 10\n"
-                   "main (x.py:1) 10\n")
-    assert dict(profile_summary(raw)) == {"scrape: store.ingest": 0.6, "signals: store.window": 0.2, "other": 0.2}
+                   "run (apscheduler/executors/base.py:1);scrape_once (tuner/daemon/jobs.py:2) 10\n"
+                   "main (x.py:1) 30\n")
+    assert dict(profile_summary(raw)) == {"scrape: read by the learned layout": 0.3,
+                                          "store: write (one transaction per batch)": 0.2,
+                                          "signals: store.window": 0.1, "scrape job (the rest)": 0.1, "other": 0.3}
 
 
 def test_the_apply_bench_counts_requests_not_attempts() -> None:
