@@ -118,7 +118,7 @@ class Daemon:
             return self._write(batch) if batch else True
 
     def _write(self, batch: list[Scraped | Failed]) -> bool:
-        names = {item.target if isinstance(item, Failed) else item.snap.target for item in batch}
+        names = {item.target for item in batch}
         try:
             self.store.write(batch)
         except StoreError as exc:  # nothing of the batch was written: say so for each of its targets

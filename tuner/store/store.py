@@ -39,6 +39,10 @@ class Scraped:
     url: str = ""
     labels: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def target(self) -> str:
+        return self.snap.target
+
 
 @dataclass(frozen=True)
 class Failed:
@@ -73,7 +77,6 @@ _UPSERT_HEALTH = """
                                     THEN target_health.consecutive_failures + 1 ELSE 0 END"""
 _INSERT_SERIES = ("INSERT OR IGNORE INTO series (target_id, engine, model_name, metric, labels, kind, bounds) "
                   "VALUES (?, ?, ?, ?, ?, ?, ?)")
-_SELECT_SERIES = "SELECT id, engine, model_name, metric, labels, bounds FROM series WHERE target_id = ?"
 _SELECT_TARGET = "SELECT id, backend FROM targets WHERE name = ?"
 _SELECT_TARGET_SERIES = "SELECT id, engine, model_name, metric, labels, kind, bounds FROM series WHERE target_id = ?"
 _SELECT_POINTS = ("SELECT series_id, %s FROM %s WHERE series_id IN (%s) AND ts_ms >= ? AND ts_ms <= ? "
@@ -210,8 +213,7 @@ class Store:
             except sqlite3.DatabaseError as exc:  # locked, full, read-only: the whole batch rolls back
                 raise StoreError(f"{self.engine.url}: {exc}") from None
         for item in items:  # committed
-            name = item.target if isinstance(item, Failed) else item.snap.target
-            self._scrapes[name] = self._scrapes.get(name, 0) + 1
+            self._scrapes[item.target] = self._scrapes.get(item.target, 0) + 1
         return written
 
     def _rows(self, conn, tid: int, snap: TargetSnapshot, plain: list, hist: list) -> int:
@@ -250,7 +252,7 @@ class Store:
                 keys.append((tid, e.engine, e.model_name, metric, lbl, h.bounds))
         raw = _driver(conn)
         raw.executemany(_INSERT_SERIES, rows)
-        ids = {tuple(r[1:]): r[0] for r in raw.execute(_SELECT_SERIES, (tid,))}
+        ids = {(r[1], r[2], r[3], r[4], r[6]): r[0] for r in raw.execute(_SELECT_TARGET_SERIES, (tid,))}
         for row, key in zip(rows, keys):
             self._series_by_key[key] = ids[(row[1], row[2], row[3], row[4], row[6])]
         return self._series_by_key
