@@ -139,8 +139,8 @@ def tuner_db_counts(db: Path, lo_ms: int, hi_ms: int, interval_ms: int) -> dict[
         plain = q("SELECT COUNT(*) FROM samples WHERE ts_ms >= ? AND ts_ms < ?")
         hist = q("SELECT COUNT(*) FROM hist_samples WHERE ts_ms >= ? AND ts_ms < ?")
         # A histogram row holds every bucket plus count and sum: count them as Prometheus would.
-        buckets = q("SELECT COALESCE(SUM(json_array_length(counts) + 2), 0) FROM hist_samples "
-                    "WHERE ts_ms >= ? AND ts_ms < ?")
+        buckets = q("SELECT COALESCE(SUM(json_array_length(r.bounds) + 2), 0) FROM hist_samples h "
+                    "JOIN series r ON r.id = h.series_id WHERE h.ts_ms >= ? AND h.ts_ms < ?")
         ok = q("SELECT COUNT(*) FROM scrapes WHERE health != 'down' AND ts_ms >= ? AND ts_ms < ?")
         failed = q("SELECT COUNT(*) FROM scrapes WHERE health = 'down' AND ts_ms >= ? AND ts_ms < ?")
         gaps = [r[0] for r in con.execute(

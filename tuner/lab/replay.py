@@ -2,7 +2,8 @@
 
 For tests and benchmarks that need many live-looking endpoints without many real servers: each
 GET /metrics returns the recorded text with every counter, bucket, _count and _sum grown by
-``growth`` times its recorded value per scrape (so buckets stay cumulative), gauges as recorded.
+``growth`` times its recorded value per scrape (so buckets stay cumulative), gauges as recorded. A value
+recorded whole (a count) stays whole, rounded, as a server's counts are.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ _GROWS = ("_total", "_bucket", "_count", "_sum")
 class ReplayExposition:
     def __init__(self, text: str, growth: float = 0.01) -> None:
         self.parts: list[tuple[str, float, bool]] = []  # (line head, recorded value, grows)
+        self._whole: set[int] = set()  # indexes of the growing parts recorded as whole numbers
         for line in text.splitlines():
             m = _SAMPLE.match(line)
             if not m or m.group("tail").strip():
@@ -32,6 +34,8 @@ class ReplayExposition:
                 self.parts.append((line, 0.0, False))
                 continue
             grows = name.endswith(_GROWS) and not name.endswith("_created")
+            if grows and value.is_integer():
+                self._whole.add(len(self.parts))
             self.parts.append((m.group("head") + " ", value, grows))
         self.growth = growth
         self.scrapes = 0
@@ -43,9 +47,10 @@ class ReplayExposition:
             self.scrapes += 1
         k = 1.0 + self.growth * n
         out = []
-        for head, value, grows in self.parts:
+        for i, (head, value, grows) in enumerate(self.parts):
             if head.endswith(" "):
-                out.append(f"{head}{value * k if grows else value!r}")
+                grown = (float(round(value * k)) if i in self._whole else value * k) if grows else value
+                out.append(f"{head}{grown!r}")
             else:
                 out.append(head)
         return ("\n".join(out) + "\n").encode()

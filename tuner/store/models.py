@@ -1,7 +1,7 @@
 """The schema. Timestamps are integer milliseconds since the epoch (as Prometheus keeps them).
 
 Counters and gauges are rows of ``samples``; a histogram scrape is one row of ``hist_samples`` holding
-its cumulative bucket counts (bounds live on the series), so a quantile over any window needs only
+its cumulative bucket counts (bounds live on the series; the column's format is tuner/store/counts.py), so a quantile over any window needs only
 the rows inside it. Migrations for this schema live in ``migrations/``: change both together.
 """
 
@@ -55,7 +55,7 @@ class HistSampleRow(Base):
     ts_ms: Mapped[int] = mapped_column(Integer, primary_key=True)
     count: Mapped[float] = mapped_column(Float)
     sum: Mapped[float] = mapped_column(Float)
-    counts: Mapped[str] = mapped_column(Text)  # JSON list of cumulative counts, aligned with bounds
+    counts: Mapped[str] = mapped_column(Text)  # cumulative counts, aligned with bounds: see tuner/store/counts.py
 
 
 class ScrapeRow(Base):

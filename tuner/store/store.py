@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 import threading
 from collections import defaultdict
@@ -14,6 +13,7 @@ from sqlalchemy import Engine, delete, func, insert, select, update
 
 from tuner.collect.snapshots import GpuReading, SeriesKey, TargetSnapshot
 from tuner.errors import StoreError, UnknownTargetError
+from tuner.store.counts import decode_counts, encode_counts
 from tuner.store.db import Tx
 from tuner.store.models import (EngineConfigRow, GpuProcessRow, GpuSampleRow, ScrapeRow, TargetHealthRow, TargetRow)
 from tuner.store.window import (EngineWindow, GpuLatest, HistPoint, HistSeries, TargetHealth,
@@ -85,26 +85,11 @@ _SELECT_CONFIGS = "SELECT engine, model_name, config FROM engine_configs WHERE t
 _TOUCH_CONFIG = "UPDATE engine_configs SET last_seen_ms = ? WHERE id = ?"
 
 
-def _counts_json(counts: tuple[float, ...]) -> str:
-    """json.dumps(counts), without the encoder's overhead for the usual all-finite case."""
-    if all(map(math.isfinite, counts)):
-        return "[" + ", ".join(map(repr, counts)) + "]"  # floats: json writes float.__repr__ too
-    return json.dumps(counts)
-
-
 def _driver(conn) -> sqlite3.Connection:
     """The sqlite3 connection under a SQLAlchemy one, for the per-scrape writes and the window reads."""
     raw = conn.connection.driver_connection
     assert isinstance(raw, sqlite3.Connection), "tuner's store is SQLite"
     return raw
-
-
-def _counts_parse(text: str) -> tuple[float, ...]:
-    """json.loads of what _counts_json (or json.dumps) wrote, as floats, without the decoder's overhead."""
-    try:
-        return tuple(map(float, text[1:-1].split(", ")))
-    except ValueError:  # "[]", or another spacing
-        return tuple(float(c) for c in json.loads(text))
 
 
 def _ms(ts: float) -> int:
@@ -231,7 +216,7 @@ class Store:
                 sid = known.get((tid, e.engine, e.model_name, metric, lbl, h.bounds))
                 if sid is None:
                     sid = self._new_series(conn, tid, snap)[(tid, e.engine, e.model_name, metric, lbl, h.bounds)]
-                hist.append((sid, ts, h.count, h.sum, _counts_json(h.counts)))
+                hist.append((sid, ts, h.count, h.sum, encode_counts(h.counts)))
             n += len(e.values) + len(e.histograms)
             if e.config:
                 self._config_seen(conn, tid, e.engine, e.model_name, dict(e.config), ts)
@@ -344,10 +329,11 @@ class Store:
                                               (*ids, lo, hi)):
                     plain[sid].append((ts, v))
                 ids = [sid for sid, m in by_id.items() if m.kind == "histogram"]
+                n_bounds = {sid: len(_bounds_parse(by_id[sid].bounds)) for sid in ids}
                 for sid, ts, count, total, counts in raw.execute(
                         _SELECT_POINTS % ("ts_ms, count, sum, counts", "hist_samples", ",".join("?" * len(ids))),
                         (*ids, lo, hi)):
-                    hists[sid].append(HistPoint(ts, _counts_parse(counts), total, count))
+                    hists[sid].append(HistPoint(ts, decode_counts(counts, n_bounds[sid]), total, count))
                 configs = {}
                 for engine, model, config in raw.execute(_SELECT_CONFIGS, (tid,)):
                     configs[(engine, model)] = json.loads(config)
