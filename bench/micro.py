@@ -149,7 +149,7 @@ def bench_storage(fixture: Path, *, days: int = 30, interval_s: float = 5.0, old
     old_bytes = sum((rows[t] - raw_rows.get(t, 0)) * per_row[t] for t in rows)
 
     engine = open_engine(f"sqlite:///{db}")
-    store = Store(engine)
+    store = Store(engine, retention=retention)  # as the daemon and the CLI open it
     queries = {}
     for label, span, end, n in (("5m, latest (raw points)", 300, now, 20),
                                 ("5m, 20 days back (one point per 5m step: no P99 possible)", 300, now - 20 * DAY, 20),

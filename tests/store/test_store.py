@@ -442,3 +442,78 @@ def test_the_migrations_build_exactly_the_schema_the_models_declare(tmp_path):
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     assert diff == []
+
+
+def test_a_window_longer_than_the_raw_span_is_read_as_retention_will_keep_it(tmp_path: Path) -> None:
+    """A window longer than ``retention.raw`` is read at the rollup step (the points retention marked): it must
+    equal the plain read of the same history once apply_retention has thinned all of it (a counter and a
+    histogram reset included), hold the points around each reset, read steps not marked yet point by point,
+    and end at the window's last point; a window within the raw span reads every point."""
+    def ttft(i: int) -> tuple[float, float, float]:  # the histogram restarts with the counter
+        return ttft_counts(i if i < RESET_AT else i - RESET_AT)
+
+    store = migrated_store(tmp_path, "a.db")
+    for i in range(N):
+        engine = EngineSnapshot(
+            backend="vllm", engine="0", model_name="m",
+            values={("vllm:generation_tokens_total", ()): generation_tokens(i),
+                    ("vllm:kv_cache_usage_perc", ()): kv_usage(i)},
+            histograms={("vllm:time_to_first_token_seconds", ()): Histogram(BOUNDS, ttft(i), sum=0.05 * i,
+                                                                            count=ttft(i)[-1])})
+        store.ingest(TargetSnapshot("gpu-box", "vllm", T0 + i * STEP_S, 0.01, (engine,)))
+    store.engine.dispose()
+    for name in ("b.db", "c.db"):
+        shutil.copyfile(tmp_path / "a.db", tmp_path / name)
+    reading = Store(open_engine(f"sqlite:///{tmp_path / 'a.db'}"), retention=RETENTION)
+    apply_retention(reading, RETENTION, now=NOW + 300)  # every step marked; the last 55 minutes kept raw
+    aged = Store(open_engine(f"sqlite:///{tmp_path / 'b.db'}"))
+    apply_retention(aged, RETENTION, now=NOW + 3600)  # everything older than the raw span now
+
+    long = reading.window("gpu-box", T0, NOW)
+    assert long == aged.window("gpu-box", T0, NOW)
+    e = long.engines[0]
+    gen = [t for t, _ in e.series[("vllm:generation_tokens_total", ())]]
+    hist = [p.ts_ms for p in e.hists[("vllm:time_to_first_token_seconds", ())].points]
+    steps = [_ts_ms(b * PER_BUCKET + PER_BUCKET - 1) for b in range(N // PER_BUCKET)]
+    assert gen == hist == sorted({*steps, _ts_ms(RESET_AT - 1), _ts_ms(RESET_AT)})
+    assert [t for t, _ in e.series[("vllm:kv_cache_usage_perc", ())]] == steps
+    raw_gen = [(_ts_ms(i), generation_tokens(i)) for i in range(N)]
+    assert increase(e.series[("vllm:generation_tokens_total", ())], _ts_ms(PER_BUCKET - 1), _ts_ms(N - 1)) == \
+        increase(raw_gen[PER_BUCKET - 1:], _ts_ms(PER_BUCKET - 1), _ts_ms(N - 1))
+
+    short = reading.window("gpu-box", NOW - 3000, NOW)  # within the raw span: every point
+    assert len(short.engines[0].series[("vllm:kv_cache_usage_perc", ())]) == 3000 // STEP_S
+
+    end = T0 + 1800 * STEP_S + 2  # in a marked step, on raw points: the window still ends at its last point
+    kv = reading.window("gpu-box", T0, end).engines[0].series[("vllm:kv_cache_usage_perc", ())]
+    assert [t for t, _ in kv] == [t for t in steps if t <= end * 1000] + [_ts_ms(1800)]
+
+    behind = Store(open_engine(f"sqlite:///{tmp_path / 'c.db'}"), retention=RETENTION)
+    apply_retention(behind, RETENTION, now=NOW - 1800 + 300)  # marks stop half an hour before the end
+    kv = behind.window("gpu-box", T0, NOW).engines[0].series[("vllm:kv_cache_usage_perc", ())]
+    cut = _ts_ms(N - 1800 // STEP_S)
+    assert [t for t, _ in kv] == [t for t in steps if t < cut] + [_ts_ms(i) for i in range(N - 1800 // STEP_S, N)]
+
+
+def test_the_keep_migration_marks_what_earlier_thinning_kept(tmp_path: Path) -> None:
+    """0006 adds ``keep``: points older than the last thinning are the survivors (marked), newer raw points
+    wait for retention to mark them; the tables stay WITHOUT ROWID."""
+    engine = open_engine(f"sqlite:///{tmp_path / 'm.db'}")
+    upgrade(engine, "0005")
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO targets (id, name, backend, url, labels) VALUES (1, 't', 'vllm', '', '{}')"))
+        conn.execute(text("INSERT INTO series (id, target_id, engine, model_name, metric, labels, kind, bounds) "
+                          "VALUES (1, 1, '0', 'm', 'a_total', '[]', 'counter', ''), "
+                          "(2, 1, '0', 'm', 'h', '[]', 'histogram', '[1.0, \"+Inf\"]')"))
+        for ts in (1000, 2000, 3000):
+            conn.execute(text("INSERT INTO samples (series_id, ts_ms, value) VALUES (1, :t, 1.0)"), {"t": ts})
+            conn.execute(text("INSERT INTO hist_samples (series_id, ts_ms, count, sum, counts) "
+                              "VALUES (2, :t, 1.0, 1.0, '[1.0, 1.0]')"), {"t": ts})
+        conn.execute(text("INSERT INTO meta (key, value) VALUES ('thinned_until_ms', '2500')"))
+    upgrade(engine)
+    with engine.connect() as conn:
+        for table in ("samples", "hist_samples"):
+            assert conn.execute(text(f"SELECT ts_ms, keep FROM {table} ORDER BY ts_ms")).all() == [
+                (1000, 1), (2000, 1), (3000, 0)]
+            assert "WITHOUT ROWID" in conn.execute(
+                text("SELECT sql FROM sqlite_master WHERE name = :n"), {"n": table}).scalar()

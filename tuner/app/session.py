@@ -72,4 +72,4 @@ def open_store(cfg: Config, *, check: bool = True) -> Store:
     engine = open_engine(cfg.store.url)
     if check:
         check_schema(engine)
-    return Store(engine)
+    return Store(engine, retention=cfg.store.retention)

@@ -172,7 +172,9 @@ def add_parsers(sub: Any) -> None:
 
     g = sub.add_parser("signals", help="derived signals of one target over a window")
     g.add_argument("target")
-    g.add_argument("--window", type=duration, default=parse_duration("5m"), help="window (default 5m)")
+    g.add_argument("--window", type=duration, default=parse_duration("5m"),
+                   help="window (default 5m; one longer than store.retention.raw is read at the rollup step, "
+                        "as retention will keep it)")
     g.add_argument("--at", type=float, help="evaluate at this unix time instead of now")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_signals)

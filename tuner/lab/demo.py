@@ -202,7 +202,8 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
 def _wait_for_scrapes(config: Path, window_s: float, want: int, *, limit_s: float) -> int:
     """Wait (at most limit_s) until the last window_s seconds hold ``want`` stored scrapes; how many they hold."""
 
-    store = Store(open_engine(load_config(config).store.url))
+    cfg = load_config(config)
+    store = Store(open_engine(cfg.store.url), retention=cfg.store.retention)
     deadline = time.monotonic() + limit_s
     while True:
         now = time.time()

@@ -46,6 +46,7 @@ class SampleRow(Base):
     series_id: Mapped[int] = mapped_column(ForeignKey("series.id", ondelete="CASCADE"), primary_key=True)
     ts_ms: Mapped[int] = mapped_column(Integer, primary_key=True)
     value: Mapped[float] = mapped_column(Float)
+    keep: Mapped[int] = mapped_column(Integer, server_default="0")  # retention keeps it (tuner/store/retention.py)
 
 
 class HistSampleRow(Base):
@@ -56,6 +57,7 @@ class HistSampleRow(Base):
     count: Mapped[float] = mapped_column(Float)
     sum: Mapped[float] = mapped_column(Float)
     counts: Mapped[str] = mapped_column(Text)  # cumulative counts, aligned with bounds: see tuner/store/counts.py
+    keep: Mapped[int] = mapped_column(Integer, server_default="0")  # retention keeps it (tuner/store/retention.py)
 
 
 class ScrapeRow(Base):

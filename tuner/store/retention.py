@@ -1,10 +1,11 @@
 """Retention and rollups.
 
-Raw points older than ``retention.raw`` are thinned to the last point of each ``rollup_step``,
-plus the two points around each counter reset (so an increase between kept points is exact for
-counters and histograms, resets included), and gauges
-also get min/max/mean per step in ``gauge_rollups`` before thinning. Everything older than
-``retention.rollup`` is deleted, as are scrape records older than ``retention.raw``.
+Every run marks (``keep = 1``) the points of each completed rollup step that thinning will keep: the
+last point of the step, plus the two points around each counter or histogram reset (so an increase
+between kept points is exact, resets included). Long windows read the marked points alone
+(Store.window). Raw points older than ``retention.raw`` that are not marked are deleted, and gauges
+get min/max/mean per step in ``gauge_rollups`` first. Everything older than ``retention.rollup`` is
+deleted, as are scrape records older than ``retention.raw``.
 """
 
 from __future__ import annotations
@@ -14,30 +15,36 @@ from sqlalchemy import text
 from tuner.config import Retention
 from tuner.store.store import Store
 
-__all__ = ["apply_retention"]
+__all__ = ["apply_retention", "MARKED_UNTIL"]
+
+MARKED_UNTIL = "marked_until_ms"  # meta key: every step before it is marked
+
+
+def _meta(conn, key: str) -> int:
+    done = conn.execute(text("SELECT value FROM meta WHERE key = :k"), {"k": key}).scalar()
+    return int(done) if done is not None else 0
+
+
+def _set_meta(conn, key: str, value: int) -> None:
+    conn.execute(text("INSERT OR REPLACE INTO meta (key, value) VALUES (:k, :v)"), {"k": key, "v": str(value)})
 
 
 def apply_retention(store: Store, retention: Retention, *, now: float) -> dict[str, int]:
     step = int(retention.rollup_step.total_seconds() * 1000)
-    raw_cutoff = (int((now - retention.raw.total_seconds()) * 1000) // step) * step  # whole steps only
+    now_ms = int(now * 1000)
+    # A step is marked once a whole step has passed after its end (a scrape is stored after it started).
+    mark_to = (now_ms - step) // step * step
+    raw_cutoff = min((int((now - retention.raw.total_seconds()) * 1000) // step) * step, mark_to)
     drop_before = int((now - retention.rollup.total_seconds()) * 1000)
     counts: dict[str, int] = {}
     with store._lock, store._write() as conn:
-        done = conn.execute(text("SELECT value FROM meta WHERE key = 'thinned_until_ms'")).scalar()
-        lo = int(done) if done is not None else 0
-        if raw_cutoff > lo:
-            counts["rollups"] = conn.execute(text("""
-                INSERT OR REPLACE INTO gauge_rollups (series_id, bucket_ms, min, max, sum, count)
-                SELECT s.series_id, (s.ts_ms / :step) * :step, MIN(s.value), MAX(s.value), SUM(s.value), COUNT(*)
-                FROM samples s JOIN series r ON r.id = s.series_id
-                WHERE r.kind = 'gauge' AND s.ts_ms >= :lo AND s.ts_ms < :hi
-                GROUP BY s.series_id, s.ts_ms / :step"""), {"step": step, "lo": lo, "hi": raw_cutoff}).rowcount
+        lo = _meta(conn, MARKED_UNTIL)
+        if mark_to > lo:
             for table, value, kind in (("samples", "value", "counter"), ("hist_samples", "count", "histogram")):
-                # Keep the last point of each step, and both points around a counter reset: with only
-                # the last ones, the growth between the last kept point and the reset would be lost.
-                counts[f"thinned_{table}"] = conn.execute(text(f"""
-                    DELETE FROM {table} WHERE ts_ms >= :lo AND ts_ms < :hi
-                    AND (series_id, ts_ms) NOT IN (
+                # The last point of each step, and both points around a counter reset: with only the last
+                # ones, the growth between the last kept point and the reset would be lost.
+                counts[f"marked_{table}"] = conn.execute(text(f"""
+                    UPDATE {table} SET keep = 1 WHERE keep = 0 AND (series_id, ts_ms) IN (
                         SELECT series_id, MAX(ts_ms) FROM {table} WHERE ts_ms >= :lo AND ts_ms < :hi
                         GROUP BY series_id, ts_ms / :step
                         UNION ALL
@@ -47,10 +54,21 @@ def apply_retention(store: Store, retention: Retention, *, now: float) -> dict[s
                             FROM {table} t JOIN series r ON r.id = t.series_id
                             WHERE r.kind = '{kind}' AND t.ts_ms >= :lo - :step AND t.ts_ms < :hi
                             WINDOW w AS (PARTITION BY t.series_id ORDER BY t.ts_ms))
-                        WHERE v < prev OR nxt < v)"""),
-                    {"step": step, "lo": lo, "hi": raw_cutoff}).rowcount
-            conn.execute(text("INSERT OR REPLACE INTO meta (key, value) VALUES ('thinned_until_ms', :v)"),
-                         {"v": str(raw_cutoff)})
+                        WHERE v < prev OR nxt < v)"""), {"step": step, "lo": lo, "hi": mark_to}).rowcount
+            _set_meta(conn, MARKED_UNTIL, mark_to)
+        lo = _meta(conn, "thinned_until_ms")
+        if raw_cutoff > lo:
+            counts["rollups"] = conn.execute(text("""
+                INSERT OR REPLACE INTO gauge_rollups (series_id, bucket_ms, min, max, sum, count)
+                SELECT s.series_id, (s.ts_ms / :step) * :step, MIN(s.value), MAX(s.value), SUM(s.value), COUNT(*)
+                FROM samples s JOIN series r ON r.id = s.series_id
+                WHERE r.kind = 'gauge' AND s.ts_ms >= :lo AND s.ts_ms < :hi
+                GROUP BY s.series_id, s.ts_ms / :step"""), {"step": step, "lo": lo, "hi": raw_cutoff}).rowcount
+            for table in ("samples", "hist_samples"):
+                counts[f"thinned_{table}"] = conn.execute(
+                    text(f"DELETE FROM {table} WHERE ts_ms >= :lo AND ts_ms < :hi AND keep = 0"),
+                    {"lo": lo, "hi": raw_cutoff}).rowcount
+            _set_meta(conn, "thinned_until_ms", raw_cutoff)
         for table, col in (("samples", "ts_ms"), ("hist_samples", "ts_ms"), ("gauge_rollups", "bucket_ms"),
                            ("gpu_samples", "ts_ms"), ("gpu_processes", "ts_ms")):
             counts[f"dropped_{table}"] = conn.execute(

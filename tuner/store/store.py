@@ -12,6 +12,7 @@ from typing import Collection, Iterable, NamedTuple, Sequence
 from sqlalchemy import Engine, delete, func, insert, select, update
 
 from tuner.collect.snapshots import GpuReading, SeriesKey, TargetSnapshot
+from tuner.config import Retention
 from tuner.errors import StoreError, UnknownTargetError
 from tuner.store.counts import decode_counts, encode_counts
 from tuner.store.db import Tx
@@ -81,6 +82,13 @@ _SELECT_TARGET = "SELECT id, backend FROM targets WHERE name = ?"
 _SELECT_TARGET_SERIES = "SELECT id, engine, model_name, metric, labels, kind, bounds FROM series WHERE target_id = ?"
 _SELECT_POINTS = ("SELECT series_id, %s FROM %s WHERE series_id IN (%s) AND ts_ms >= ? AND ts_ms <= ? "
                   "ORDER BY series_id, ts_ms")
+# A long window at the rollup step: the points retention marked to keep (tuner/store/retention.py), every point
+# after the last marked step, and each series' last point within the window.
+_SELECT_MARKED = ("SELECT series_id, %s FROM %s WHERE series_id IN (%s) AND ts_ms >= ? AND ts_ms <= ? "
+                  "AND (keep = 1 OR ts_ms >= ?) ORDER BY series_id, ts_ms")
+_SELECT_LAST = "SELECT series_id, MAX(ts_ms), %s FROM %s WHERE series_id IN (%s) AND ts_ms >= ? AND ts_ms <= ? " \
+               "GROUP BY series_id"
+_SELECT_MARKED_UNTIL = "SELECT value FROM meta WHERE key = 'marked_until_ms'"
 _SELECT_CONFIGS = "SELECT engine, model_name, config FROM engine_configs WHERE target_id = ? ORDER BY last_seen_ms"
 _TOUCH_CONFIG = "UPDATE engine_configs SET last_seen_ms = ? WHERE id = ?"
 
@@ -107,8 +115,10 @@ def _bounds_parse(text: str) -> tuple[float, ...]:
 class Store:
     """The only module that writes SQL. Methods take snapshots in and give windows out."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, retention: Retention | None = None) -> None:
+        """``retention``: the config's; a window longer than its raw span is read at its rollup step (window())."""
         self.engine = engine
+        self.retention = retention
         self._lock = threading.Lock()
         self._targets: dict[str, int] = {}
         self._series_by_key: dict[tuple, int] = {}  # (target, engine, model, metric, labels, bounds) as scraped
@@ -309,8 +319,17 @@ class Store:
     def window(self, target: str, start: float, end: float, *,
                metrics: Collection[str] | None = None) -> TargetWindow:
         """Every stored point of ``target`` with start <= ts <= end (Prometheus's range selection); of the series
-        named in ``metrics`` only, when given."""
+        named in ``metrics`` only, when given.
+
+        A window longer than the raw retention is read at the rollup step: the points retention marked to keep
+        (of each series the last point of each step, and both points around each counter or histogram reset),
+        every point after the last marked step, and the window's last point. Its older days hold only those
+        points already, so this is the answer the same query gives once the newest days are thinned too, at a
+        cost of steps instead of scrapes (a 30-day window: bench/RESULTS.md)."""
         lo, hi = _ms(start), _ms(end)
+        step = None
+        if self.retention is not None and end - start > self.retention.raw.total_seconds():
+            step = max(1, int(self.retention.rollup_step.total_seconds() * 1000))
         # The driver's own cursor: a window is thousands of rows, and SQLAlchemy's per-row work cost more
         # than SQLite's (bench/RESULTS.md).
         with self.engine.connect() as conn:
@@ -322,17 +341,35 @@ class Store:
                 tid, backend = trow
                 by_id = {row[0]: _SeriesMeta(*row) for row in raw.execute(_SELECT_TARGET_SERIES, (tid,))
                          if metrics is None or row[3] in metrics}
+
+                marked = 0
+                if step is not None:
+                    row = raw.execute(_SELECT_MARKED_UNTIL).fetchone()
+                    marked = int(row[0]) if row else 0
+
+                def points(table: str, cols: str, ids: list[int]) -> list[tuple]:
+                    marks = ",".join("?" * len(ids))
+                    if step is None or marked <= lo:
+                        return raw.execute(_SELECT_POINTS % (cols, table, marks), (*ids, lo, hi)).fetchall()
+                    rows = raw.execute(_SELECT_MARKED % (cols, table, marks), (*ids, lo, hi, marked)).fetchall()
+                    if hi >= marked:
+                        return rows
+                    # The last point of the window, where its step goes on after it (a marked step's last point).
+                    cols_last = cols.split(", ", 1)[1]
+                    last = {r[0]: r for r in raw.execute(_SELECT_LAST % (cols_last, table, marks),
+                                                         (*ids, max(lo, hi - step), hi))}
+                    newest = {r[0]: r[1] for r in rows}
+                    extra = [r for sid, r in last.items() if r[1] > newest.get(sid, -1)]
+                    return sorted(rows + extra, key=lambda r: (r[0], r[1])) if extra else rows
+
                 plain: dict[int, list[tuple[int, float]]] = defaultdict(list)
                 hists: dict[int, list[HistPoint]] = defaultdict(list)
                 ids = [sid for sid, m in by_id.items() if m.kind != "histogram"]
-                for sid, ts, v in raw.execute(_SELECT_POINTS % ("ts_ms, value", "samples", ",".join("?" * len(ids))),
-                                              (*ids, lo, hi)):
+                for sid, ts, v in points("samples", "ts_ms, value", ids):
                     plain[sid].append((ts, v))
                 ids = [sid for sid, m in by_id.items() if m.kind == "histogram"]
                 n_bounds = {sid: len(_bounds_parse(by_id[sid].bounds)) for sid in ids}
-                for sid, ts, count, total, counts in raw.execute(
-                        _SELECT_POINTS % ("ts_ms, count, sum, counts", "hist_samples", ",".join("?" * len(ids))),
-                        (*ids, lo, hi)):
+                for sid, ts, count, total, counts in points("hist_samples", "ts_ms, count, sum, counts", ids):
                     hists[sid].append(HistPoint(ts, decode_counts(counts, n_bounds[sid]), total, count))
                 configs = {}
                 for engine, model, config in raw.execute(_SELECT_CONFIGS, (tid,)):
