@@ -22,7 +22,7 @@ from tuner.collect.layout import Layouts
 from tuner.collect.vllm import snapshot_from_text
 from tuner.lab.replay import ReplayExposition
 from tuner.config import Retention
-from tuner.signals.derive import compute_signals
+from tuner.signals.derive import SIGNAL_METRICS, compute_signals
 from tuner.store.db import open_engine, upgrade
 from tuner.store.retention import apply_retention
 from tuner.store.store import Store
@@ -156,11 +156,12 @@ def bench_storage(fixture: Path, *, days: int = 30, interval_s: float = 5.0, old
                                 ("10m, 20 days back (rolled-up points)", 600, now - 20 * DAY, 20),
                                 ("all 30 days", days * DAY, now, 1)):
         def p99(end: float = end, span: float = span) -> float | None:
-            sig = compute_signals(store.window("t0000", end - span, end))
+            sig = compute_signals(store.window("t0000", end - span, end, metrics=SIGNAL_METRICS))
             return sig.engines[0].e2e_p99 if sig.engines else None
         value = p99()
         ms = _per_call_us(p99, n, 5 if n > 1 else 1) / 1000
-        window_ms = _per_call_us(lambda end=end, span=span: store.window("t0000", end - span, end), n,
+        window_ms = _per_call_us(lambda end=end, span=span: store.window("t0000", end - span, end,
+                                                                         metrics=SIGNAL_METRICS), n,
                                  5 if n > 1 else 1) / 1000
         queries[label] = {"ms": ms, "window_ms": window_ms, "e2e_p99_s": value}
     engine.dispose()

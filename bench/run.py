@@ -185,7 +185,11 @@ def main() -> int:
                        f"rolled-up day ≈ {s['bytes_per_rolled_day'] / 2**20:.3f} MiB (rows of each kind × that table's "
                        "bytes per row from SQLite's dbstat: "
                        + ", ".join(f"{k} {v:.0f} B" for k, v in s["bytes_per_row"].items()) + ")",
-                       f"- so 1,000 targets at steady state ≈ {per_day * s['days'] * 1000 / 2**30:.1f} GiB", "",
+                       f"- so 1,000 targets at steady state ≈ {per_day * s['days'] * 1000 / 2**30:.1f} GiB, "
+                       f"10 targets for a month ≈ {per_day * 300 / 1e9:.2f} GB", "",
+                       "Queries read the series the signals use (SIGNAL_METRICS), as `tuner signals` and "
+                       "`tuner status` do; a window longer than the raw span reads the points retention marked "
+                       "(Store.window).", "",
                        "| query (one target, 30 days stored) | ms (window + derive) | of which Store.window | "
                        "E2E P99 |", "|---|---:|---:|---:|"]
             for label, q in s["queries"].items():

@@ -201,3 +201,24 @@ def test_values_that_crashed_the_loader_are_config_errors(text: str, key: str, r
     with pytest.raises(ConfigError) as info:
         parse_config(text, "c.yaml")
     assert info.value.key == key and reason in info.value.reason, info.value
+
+
+def test_a_prometheus_selector_is_parsed_into_matchers_and_a_bad_one_names_its_key() -> None:
+    from tuner.config import Matcher, parse_selector
+
+    ms = parse_selector('{job="vllm", instance=~"10\\\\.0\\\\.0\\\\.[0-9]+:8000",zone!="", tier!~"dev|test"}')
+    assert ms == (Matcher("job", "=", "vllm"), Matcher("instance", "=~", "10\\.0\\.0\\.[0-9]+:8000"),
+                  Matcher("zone", "!=", ""), Matcher("tier", "!~", "dev|test"))
+    labels = {"job": "vllm", "instance": "10.0.0.7:8000", "zone": "a"}
+    assert all(m(labels) for m in ms)
+    assert not ms[1]({"instance": "10.0.0.7:80001"})  # anchored at both ends, as PromQL's regexes
+    assert not ms[2]({"job": "vllm"})  # an absent label is "" (zone!="" wants one)
+    assert not ms[3]({"tier": "dev"}) and ms[3]({})
+    assert Matcher("x", "=", "")({}) and not Matcher("x", "=", "")({"x": "1"})
+    for bad, why in (("instance=host", 'expected label="value"'), ('x=~"("', "bad regex"), ("", "no label matchers"),
+                     ('a="1" b="2"', 'expected label="value"')):
+        with pytest.raises(ValueError, match=why):
+            parse_selector(bad)
+    with pytest.raises(ConfigError, match=r"targets\[0\]\.prometheus_selector: .*bad regex"):
+        parse_config("prometheus: {url: 'http://127.0.0.1:9090'}\ntargets:\n  - {name: a, backend: vllm, "
+                     "url: 'http://h:1', source: prometheus, prometheus_selector: 'instance=~\"[\"'}\n")

@@ -6,13 +6,14 @@ Every error names the file and the key (``targets[1].url``) so the operator know
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import yaml
 from pydantic import (
@@ -28,7 +29,7 @@ from pydantic import (
 from tuner.errors import ConfigError, FlagError, UnknownTargetError
 from tuner.flags import validate
 
-__all__ = ["Window", "parse_window", "in_window", "window_left", "Config", "Target", "Balancer", "Replica", "Managed", "Hook", "ApplyPolicy", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
+__all__ = ["Matcher", "parse_selector", "Window", "parse_window", "in_window", "window_left", "Config", "Target", "Balancer", "Replica", "Managed", "Hook", "ApplyPolicy", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
            "parse_duration", "DEFAULT_LISTEN"]
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
@@ -335,6 +336,50 @@ class Replica(_Model):
         return v.rstrip("/")
 
 
+class Matcher(NamedTuple):
+    """One label matcher of a PromQL selector (a target's ``prometheus_selector``)."""
+
+    label: str
+    op: str  # = != =~ !~
+    value: str
+
+    def __call__(self, labels: dict[str, str]) -> bool:
+        have = labels.get(self.label, "")  # an absent label matches "" (as in PromQL)
+        if self.op == "=":
+            return have == self.value
+        if self.op == "!=":
+            return have != self.value
+        hit = re.fullmatch(self.value, have) is not None  # PromQL's regexes are anchored at both ends
+        return hit if self.op == "=~" else not hit
+
+
+_MATCHER = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
+
+
+def parse_selector(selector: str) -> tuple[Matcher, ...]:
+    """The label matchers of a selector such as ``job="vllm", instance=~"10\\.0\\..*"`` (braces optional);
+    ValueError saying what is wrong."""
+    text, out, pos = selector.strip().strip("{}"), [], 0
+    while pos < len(text):
+        m = _MATCHER.match(text, pos)
+        if m is None:
+            raise ValueError(f"expected label=\"value\" (or !=, =~, !~) at {text[pos:pos + 30]!r}")
+        try:
+            value = json.loads(f'"{m[3]}"')
+        except ValueError:
+            raise ValueError(f"bad escape in {m[3]!r}") from None
+        if m[2] in ("=~", "!~"):
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"bad regex {value!r}: {exc}") from None
+        out.append(Matcher(m[1], m[2], value))
+        pos = m.end()
+    if not out:
+        raise ValueError("no label matchers")
+    return tuple(out)
+
+
 class Target(_Model):
     """One inference server to watch; or, with ``replicas``, a group of them behind a balancer (the config
     expands a group into one target per replica, named GROUP.REPLICA, that share everything but the URL)."""
@@ -411,6 +456,13 @@ class Target(_Model):
         if not re.match(r"^https?://[^\s/]+", v):
             raise ValueError(f"expected an http(s) base URL like http://127.0.0.1:8000, got {v!r}")
         return v.rstrip("/")
+
+    @field_validator("prometheus_selector")
+    @classmethod
+    def _selector(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_selector(v)  # its ValueError names what to fix; the key is named by the config's error
+        return v
 
     @model_validator(mode="after")
     def _managed(self) -> "Target":

@@ -8,7 +8,7 @@ from typing import Any
 from tuner.app.session import Session
 from tuner.collect.gpu import read_nvml
 from tuner.config import Target
-from tuner.signals.derive import TargetSignals, compute_signals
+from tuner.signals.derive import SIGNAL_METRICS, TargetSignals, compute_signals
 from tuner.store import journal as jr
 from tuner.store.store import GpuLatest
 
@@ -41,8 +41,8 @@ class Status:
 def status(session: Session, *, window_s: float, now: float) -> Status:
     store, cfg = session.store, session.cfg
     known = set(store.target_names())
-    rows = [TargetStatus(t, compute_signals(store.window(t.name, now - window_s, now), slo=t.slo)
-                         if t.name in known else None,
+    rows = [TargetStatus(t, compute_signals(store.window(t.name, now - window_s, now, metrics=SIGNAL_METRICS),
+                                            slo=t.slo) if t.name in known else None,
                          next(iter(jr.list_applies(store.engine, target=t.name, limit=1)), None))
             for t in cfg.targets]
     gpus = store.gpu_latest(max_age_s=max(60.0, 3 * cfg.gpu.interval.total_seconds()), now=now)
@@ -59,4 +59,4 @@ def status(session: Session, *, window_s: float, now: float) -> Status:
 
 def signals(session: Session, target: str, *, window_s: float, at: float) -> TargetSignals:
     t = session.cfg.target(target)
-    return compute_signals(session.store.window(t.name, at - window_s, at), slo=t.slo)
+    return compute_signals(session.store.window(t.name, at - window_s, at, metrics=SIGNAL_METRICS), slo=t.slo)

@@ -1,7 +1,9 @@
-"""Read a target from a Prometheus that already scrapes it, instead of scraping the server.
+"""Read targets from a Prometheus that already scrapes them, instead of scraping the servers.
 
 The latest values come back as an instant vector; they go through the same catalogue and
-assembly as a direct scrape, so the snapshots are the same. ``raw_snapshots`` fetches the raw
+assembly as a direct scrape, so the snapshots are the same. A fleet is read in one query per
+backend (and one of ``up``) per tick, whatever its size: the series are split among the targets
+here, by each target's selector (``scrape_fleet``). ``raw_snapshots`` fetches the raw
 samples Prometheus stored over a range (one snapshot per scrape timestamp), which lets tuner's
 store hold exactly what Prometheus holds — how the test suite proves tuner's quantiles equal
 PromQL's.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Literal, Sequence
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
@@ -21,10 +23,10 @@ from tuner.collect.assemble import assemble_engines
 from tuner.collect.catalogue import ALL_SPECS, lookup
 from tuner.collect.exposition import CatalogueSample
 from tuner.collect.snapshots import TargetSnapshot
-from tuner.config import Target
+from tuner.config import Target, parse_selector
 from tuner.errors import ScrapeError
 
-__all__ = ["scrape_via_prometheus", "raw_snapshots", "selector_for"]
+__all__ = ["scrape_via_prometheus", "scrape_fleet", "raw_snapshots", "selector_for"]
 
 
 def _names(backend: str) -> str:
@@ -82,23 +84,70 @@ def _backend(target: Target) -> Literal["vllm", "llamacpp"]:
     return target.backend
 
 
-def scrape_via_prometheus(prom_url: str, target: Target, *, timeout_s: float, now: float | None = None) -> TargetSnapshot:
-    """The target's latest values as Prometheus has them at ``now``."""
+class _Split:
+    """Series to targets by their matchers, with an index on each target's first equality matcher."""
+
+    def __init__(self, targets: Sequence[Target]) -> None:
+        self.matchers = [parse_selector(selector_for(t)) for t in targets]
+        self.by_eq: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+        self.scan: list[int] = []  # targets with no equality matcher: tried on every series
+        for i, ms in enumerate(self.matchers):
+            eq = next((m for m in ms if m.op == "="), None)
+            if eq is None:
+                self.scan.append(i)
+            else:
+                self.by_eq[eq.label][eq.value].append(i)
+
+    def owners(self, labels: dict[str, str]) -> list[int]:
+        if len(self.matchers) == 1:  # queried with its selector: Prometheus chose the series
+            return [0]
+        found = [i for label, values in self.by_eq.items() for i in values.get(labels.get(label, ""), ())]
+        return [i for i in found + self.scan if all(m(labels) for m in self.matchers[i])]
+
+
+def scrape_fleet(prom_url: str, targets: Sequence[Target], *, timeout_s: float,
+                 now: float | None = None) -> dict[str, TargetSnapshot | ScrapeError]:
+    """Every target's latest values as Prometheus has them at ``now``, each a snapshot or the ScrapeError that
+    says why not. One query of ``up`` and one per backend, whatever the number of targets (a single target is
+    queried with its selector, a fleet without: the series are split here)."""
     at = time.time() if now is None else now
     start = time.monotonic()
     client = _client(prom_url, timeout_s)
-    sel = selector_for(target)
-    up = _query(client, prom_url, f"up{{{sel}}}", at)
-    if up and all(float(r["value"][1]) == 0 for r in up):
-        raise ScrapeError(f"Prometheus at {prom_url} reports {{{sel}}} down (up == 0)")
-    result = _query(client, prom_url, f'{{__name__=~"{_names(target.backend)}",{sel}}}', at)
-    if not result:
-        raise ScrapeError(f"Prometheus at {prom_url} has no {target.backend} series matching {{{sel}}}; "
-                          "is it scraping the server? (set the target's prometheus_selector)")
-    values, problems = _problems_for([(r["metric"], float(r["value"][1])) for r in result])
-    engines = assemble_engines(_to_samples(values), _backend(target), target.name, problems)
-    return TargetSnapshot(target=target.name, backend=_backend(target), ts=at, duration_s=time.monotonic() - start,
-                          engines=engines, problems=tuple(problems), healthy=None)
+    split = _Split(targets)
+    sel = f",{selector_for(targets[0])}" if len(targets) == 1 else ""
+    down: dict[int, list[float]] = defaultdict(list)
+    for r in _query(client, prom_url, f"up{{{sel[1:]}}}" if sel else "up", at):
+        for i in split.owners(r["metric"]):
+            down[i].append(float(r["value"][1]))
+    values: dict[int, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    for backend in sorted({_backend(t) for t in targets}):
+        for r in _query(client, prom_url, f'{{__name__=~"{_names(backend)}"{sel}}}', at):
+            for i in split.owners(r["metric"]):
+                if _backend(targets[i]) == backend:
+                    values[i].append((r["metric"], float(r["value"][1])))
+    took = time.monotonic() - start
+    out: dict[str, TargetSnapshot | ScrapeError] = {}
+    for i, t in enumerate(targets):
+        where = f"{{{selector_for(t)}}}"
+        if down.get(i) and all(v == 0 for v in down[i]):
+            out[t.name] = ScrapeError(f"Prometheus at {prom_url} reports {where} down (up == 0)")
+        elif not values.get(i):
+            out[t.name] = ScrapeError(f"Prometheus at {prom_url} has no {t.backend} series matching {where}; "
+                                      "is it scraping the server? (set the target's prometheus_selector)")
+        else:
+            kept, problems = _problems_for(values[i])
+            engines = assemble_engines(_to_samples(kept), _backend(t), t.name, problems)
+            out[t.name] = TargetSnapshot(target=t.name, backend=_backend(t), ts=at, duration_s=took,
+                                         engines=engines, problems=tuple(problems), healthy=None)
+    return out
+
+
+def scrape_via_prometheus(prom_url: str, target: Target, *, timeout_s: float, now: float | None = None) -> TargetSnapshot:
+    """The target's latest values as Prometheus has them at ``now``; ScrapeError when it has none."""
+    got = scrape_fleet(prom_url, [target], timeout_s=timeout_s, now=now)[target.name]
+    if isinstance(got, ScrapeError):
+        raise got
+    return got
 
 
 def raw_snapshots(prom_url: str, target: Target, *, start: float, end: float,

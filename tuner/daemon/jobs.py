@@ -11,6 +11,7 @@ import logging
 import signal
 import threading
 import time
+from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable
@@ -26,7 +27,9 @@ from tuner.app.signalbook import SignalBook
 from tuner.apply.guard import Decision, halted
 from tuner.collect.gpu import GpuCollector
 from tuner.collect.layout import Layouts
+from tuner.collect.promsource import scrape_fleet
 from tuner.collect.scrape import scrape_target
+from tuner.collect.snapshots import TargetSnapshot
 from tuner.config import Config, Target
 from tuner.daemon.metrics import serve_metrics
 from tuner.daemon.state import DaemonState
@@ -83,21 +86,39 @@ class Daemon:
         now = self.clock()
         start = time.monotonic()
         try:
-            snap = scrape_target(target, self.cfg, now=now, layouts=self.layouts)
-        except (ScrapeError, ExpositionError) as exc:
-            log.warning("scrape %s: %s", target.name, exc)
-            self._count(target.name, ok=False, duration=time.monotonic() - start)
-            self._keep(Failed(target.name, target.backend, target.url, now, time.monotonic() - start, str(exc),
-                              target.labels))
-            return False
-        except Exception as exc:  # a bug must not kill the target's job: record it like any failure
-            log.exception("scrape of %s failed unexpectedly", target.name)
-            self._count(target.name, ok=False, duration=time.monotonic() - start)
-            self._keep(Failed(target.name, target.backend, target.url, now, time.monotonic() - start,
-                              f"internal error: {exc!r}", target.labels))
-            return False
-        self._count(target.name, ok=True, duration=snap.duration_s)
-        return self._keep(Scraped(snap, target.url, target.labels))
+            got: TargetSnapshot | Exception = scrape_target(target, self.cfg, now=now, layouts=self.layouts)
+        except Exception as exc:  # recorded as the target's failure (a bug too: it must not kill the job)
+            got = exc
+        return self._record(target, got, now, time.monotonic() - start)
+
+    def scrape_fleet_once(self, targets: list[Target]) -> int:
+        """Read every target of one interval whose source is Prometheus in one query per backend (collect/
+        promsource.scrape_fleet) and store each one's result; how many were read."""
+        now = self.clock()
+        start = time.monotonic()
+        assert self.cfg.prometheus is not None  # the config validator guarantees it
+        timeout = max(self.cfg.timeout(t).total_seconds() for t in targets)
+        try:
+            got: dict[str, TargetSnapshot | Exception] = dict(
+                scrape_fleet(self.cfg.prometheus.url, targets, timeout_s=timeout, now=now))
+        except Exception as exc:  # Prometheus unreachable (or a bug): every target failed alike
+            got = {t.name: exc for t in targets}
+        took = time.monotonic() - start
+        return sum(self._record(t, got[t.name], now, took) for t in targets)
+
+    def _record(self, target: Target, got: TargetSnapshot | Exception, now: float, took: float) -> bool:
+        if isinstance(got, (ScrapeError, ExpositionError)):
+            log.warning("scrape %s: %s", target.name, got)
+            error = str(got)
+        elif isinstance(got, Exception):
+            log.error("scrape of %s failed unexpectedly", target.name, exc_info=got)
+            error = f"internal error: {got!r}"
+        else:
+            self._count(target.name, ok=True, duration=got.duration_s)
+            return self._keep(Scraped(got, target.url, target.labels))
+        self._count(target.name, ok=False, duration=took)
+        self._keep(Failed(target.name, target.backend, target.url, now, took, error, target.labels))
+        return False
 
     def _keep(self, item: Scraped | Failed) -> bool:
         """Queue a scrape for the writer while it runs; otherwise (tests, one-off calls) write it now. A full
@@ -325,12 +346,21 @@ class Daemon:
                                     job_defaults={"max_instances": 1, "coalesce": True},
                                     timezone=timezone.utc)
         now = datetime.now(timezone.utc)
-        for i, t in enumerate(self.cfg.targets):
+        direct = [t for t in self.cfg.targets if t.source != "prometheus"]
+        for i, t in enumerate(direct):
             every = self.cfg.interval(t)
             # Spread first scrapes over the interval so many targets do not fire at once.
-            first = now + every * (i / max(1, len(self.cfg.targets)))
+            first = now + every * (i / max(1, len(direct)))
             sched.add_job(self.scrape_once, IntervalTrigger(seconds=every.total_seconds(), start_date=first),
                           args=[t], id=f"scrape:{t.name}", name=f"scrape {t.name}", next_run_time=first,
+                          misfire_grace_time=int(every.total_seconds()) or 1)
+        fleets: dict[timedelta, list[Target]] = defaultdict(list)  # read from Prometheus: one job per interval
+        for t in self.cfg.targets:
+            if t.source == "prometheus":
+                fleets[self.cfg.interval(t)].append(t)
+        for every, targets in fleets.items():
+            sched.add_job(self.scrape_fleet_once, IntervalTrigger(seconds=every.total_seconds()), args=[targets],
+                          id=f"scrape-prometheus:{every.total_seconds():g}s", next_run_time=now,
                           misfire_grace_time=int(every.total_seconds()) or 1)
         if self.cfg.gpu.source != "none":
             sched.add_job(self.gpu_once, IntervalTrigger(seconds=self.cfg.gpu.interval.total_seconds()),
