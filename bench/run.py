@@ -96,6 +96,38 @@ def _ratios(runs: list[dict]) -> list[str]:
     return out
 
 
+def _fleet_table(runs: list[dict]) -> list[str]:
+    out = ["| targets | tuner CPU % of a core | tuner CPU µs per target-read | reads done / scheduled | "
+           "lag p99 | tuner RSS | Prometheus CPU % (its scrapes + tuner's queries) | "
+           "in process, the fleet in one call: µs per target tuner / Prometheus / wall | "
+           "one target per call (2 queries each): µs per target tuner / Prometheus / wall |",
+           "|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    for r in runs:
+        t, el, rd = r["tuner"], r["elapsed_s"], r["reads"]
+        cpu = r["cpu_s"]["tuner"]
+        per = cpu / t["scrapes_ok"] * 1e6 if t["scrapes_ok"] else float("nan")
+        out.append(f"| {r['targets']} | {cpu / el * 100:.0f}% | {per:,.0f} | {t['scrapes_ok']:,.0f} / "
+                   f"{r['scheduled']:,.0f} | {_s(t['lag_p99_s'])} | {_mib(r['peak_rss']['tuner'])} | "
+                   f"{r['cpu_s']['prometheus'] / el * 100:.0f}% | "
+                   f"{rd.get('fleet_us', 0):,.0f} / {rd.get('fleet_prometheus_us', 0):,.0f} / "
+                   f"{rd.get('fleet_wall_us', 0):,.0f} | {rd.get('alone_us', 0):,.0f} / "
+                   f"{rd.get('alone_prometheus_us', 0):,.0f} / {rd.get('alone_wall_us', 0):,.0f} |")
+    return out
+
+
+def _fleet_report(runs: list[dict], interval: float, duration: float) -> list[str]:
+    return [f"### The fleet path: tuner reads every target from Prometheus, every {interval:g} s, "
+            f"{duration:g} s measured", "",
+            "Prometheus scrapes the farm's endpoints; `tuner run` has every target with `source: prometheus` and "
+            "reads them all in one query of `up` and one of the vLLM series per tick (collect/promsource."
+            "scrape_fleet), then stores, derives signals and evaluates rules as for direct targets. After the "
+            "run, with tuner stopped, this process times both ways of reading the same Prometheus: the whole "
+            "fleet in one call (3 rounds), and 50 targets one call each (the per-target job tuner had before: "
+            "two queries per target per tick).", "", *_fleet_table(runs),
+            "", *(f"- {r['targets']} targets: load average {r['load_start']} → {r['load_end']}" for r in runs),
+            ""]
+
+
 def _scale_report(runs: list[dict], interval: float, duration: float) -> list[str]:
     out = [f"### tuner vs Prometheus: same endpoints, every {interval:g} s, {duration:g} s measured",
            "", "Both scrape every endpoint at the same time (one farm process serves all "
@@ -122,11 +154,14 @@ def main() -> int:
     ap.add_argument("--interval", default="5s")
     ap.add_argument("--duration", default="60s", help="measured time per target count")
     ap.add_argument("--storage-days", type=int, default=30, help="days of history for the storage bench (0: skip)")
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: parser,storage,scale")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: parser,storage,scale,fleet")
     ap.add_argument("--no-profile", action="store_true",
                     help="do not run py-spy on tuner during the largest target count")
     ap.add_argument("--no-diagnose", action="store_true",
                     help="skip the extra run at the largest count with tuner's signals job switched off")
+    ap.add_argument("--fleet", default=None,
+                    help="target counts for the fleet path, tuner reading every target from Prometheus "
+                         "(default: the largest of --targets; '' to skip)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs, databases)")
     ap.add_argument("--pidfile", type=Path, help="written with the pids of started processes (run.sh kills them)")
     ap.add_argument("--results", type=Path, default=RESULTS)
@@ -136,6 +171,8 @@ def main() -> int:
     interval = parse_duration(args.interval).total_seconds()
     duration = parse_duration(args.duration).total_seconds()
     counts = [int(x) for x in args.targets.split(",") if x.strip()]
+    fleet = ([int(x) for x in args.fleet.split(",") if x.strip()] if args.fleet is not None
+             else [max(counts)] if counts else [])
     command = os.environ.get("BENCH_COMMAND") or shlex.join([sys.executable, *sys.argv])
 
     work = Path(tempfile.mkdtemp(prefix="tuner-bench-"))
@@ -216,6 +253,18 @@ def main() -> int:
                 if runs:
                     report += _scale_report(runs, interval, duration)
                     print("\n".join(_ratios(runs)), flush=True)
+        fleets: list[dict] = []
+        if "fleet" not in skip:
+            try:
+                for n in fleet:
+                    print(f"fleet: {n} targets read from Prometheus every {interval:g}s for {duration:g}s …",
+                          flush=True)
+                    fleets.append(run_one(n, interval, duration, FIXTURE, work / f"fleet{n}", procs,
+                                          source="prometheus"))
+                    print("\n".join(_fleet_table(fleets[-1:])), flush=True)
+            finally:
+                if fleets:
+                    report += _fleet_report(fleets, interval, duration)
         report.append(f"- load average at end: {loadavg()}")
     except Exception as exc:  # keep what was measured, and say why the rest is missing
         report += ["", f"**Run failed**: {type(exc).__name__}: {exc} (load average {loadavg()}); the parts above "

@@ -170,7 +170,10 @@ def quantile(xs: list[float], q: float) -> float | None:
 # ---- one run -------------------------------------------------------------------------------------
 
 def run_one(n: int, interval_s: float, duration_s: float, fixture: Path, work: Path,
-            procs: Procs, profile: bool = False, signals: bool = True) -> dict[str, object]:
+            procs: Procs, profile: bool = False, signals: bool = True, source: str = "direct") -> dict[str, object]:
+    """tuner and Prometheus over the same ``n`` endpoints. ``source="prometheus"``: tuner reads every target
+    from that Prometheus instead (the fleet path), and after the run both ways of reading it are timed in this
+    process: the whole fleet in one call (what the daemon does) and one target at a time."""
     work.mkdir(parents=True, exist_ok=True)
     ports_file = work / "ports.txt"
     farm_log = work / "farm.log"
@@ -187,6 +190,10 @@ def run_one(n: int, interval_s: float, duration_s: float, fixture: Path, work: P
            "defaults": {"scrape_interval": f"{interval_s:g}s", "scrape_timeout": f"{timeout_s:g}s"},
            "targets": [{"name": f"t{i:04d}", "backend": "vllm", "url": f"http://127.0.0.1:{p}"}
                        for i, p in enumerate(ports)]}
+    if source == "prometheus":
+        cfg["prometheus"] = {"url": f"http://127.0.0.1:{prom_port}"}
+        for t in cfg["targets"]:  # type: ignore[union-attr]
+            t["source"] = "prometheus"  # type: ignore[index]
     (work / "tuner.yaml").write_text(json.dumps(cfg, indent=1))  # JSON is YAML
     prom_cfg = {"global": {"scrape_interval": f"{interval_s:g}s", "scrape_timeout": f"{timeout_s:g}s"},
                 "scrape_configs": [{"job_name": "vllm",
@@ -235,8 +242,9 @@ def run_one(n: int, interval_s: float, duration_s: float, fixture: Path, work: P
             spy.wait(30)
         except subprocess.TimeoutExpired:
             procs.stop(spy)
-    procs.stop(prom)
     procs.stop(tuner)  # tuner's in-flight scrapes finish; then its store is read
+    reads = read_costs(work / "tuner.yaml", prom.pid) if source == "prometheus" else {}
+    procs.stop(prom)
     procs.stop(farm)
 
     elapsed = t1 - t0
@@ -252,7 +260,7 @@ def run_one(n: int, interval_s: float, duration_s: float, fixture: Path, work: P
     spy_out = work / "tuner.pyspy.txt"
     return {
         "profile": profile_summary(spy_out) if profile and spy_out.exists() else [],
-        "targets": n, "signals": signals, "interval_s": interval_s, "elapsed_s": elapsed, "scheduled": scheduled,
+        "targets": n, "signals": signals, "source": source, "reads": reads, "interval_s": interval_s, "elapsed_s": elapsed, "scheduled": scheduled,
         "load_start": load_start, "load_end": load_end,
         "cpu_s": {k: c1[k] - c0[k] for k in pids}, "peak_rss": rss,
         "tuner": {"scrapes_ok": tuner_scrapes, "scrapes_failed": tdb["failed"], "rows": tdb["rows"],
@@ -266,6 +274,29 @@ def run_one(n: int, interval_s: float, duration_s: float, fixture: Path, work: P
                        "lag_p99_s": (m1.get(q99, float("nan")) - interval_s),
                        "duration_p99_s": prom_dur},
     }
+
+
+def read_costs(config: Path, prom_pid: int, rounds: int = 3, alone: int = 50) -> dict[str, float]:
+    """CPU per target of reading targets from Prometheus, here and in Prometheus: the whole fleet in one
+    scrape_fleet call, and ``alone`` of them one scrape_via_prometheus call each (the old per-target job)."""
+    from tuner.collect.promsource import scrape_fleet, scrape_via_prometheus
+    from tuner.config import load_config
+
+    cfg = load_config(config)
+    assert cfg.prometheus is not None
+    url, targets = cfg.prometheus.url, list(cfg.targets)
+    out: dict[str, float] = {}
+    for label, calls in (("fleet", [lambda: scrape_fleet(url, targets, timeout_s=60)] * rounds),
+                         ("alone", [lambda t=t: scrape_via_prometheus(url, t, timeout_s=60)
+                                    for t in targets[:alone]])):
+        n = len(targets) * rounds if label == "fleet" else min(alone, len(targets))
+        c0, p0, w0 = time.process_time(), cpu_seconds(prom_pid), time.monotonic()
+        for call in calls:
+            call()
+        out[f"{label}_us"] = (time.process_time() - c0) / n * 1e6
+        out[f"{label}_prometheus_us"] = (cpu_seconds(prom_pid) - p0) / n * 1e6
+        out[f"{label}_wall_us"] = (time.monotonic() - w0) / n * 1e6
+    return out
 
 
 # ---- where tuner's time goes ---------------------------------------------------------------------

@@ -85,7 +85,8 @@ def _backend(target: Target) -> Literal["vllm", "llamacpp"]:
 
 
 class _Split:
-    """Series to targets by their matchers, with an index on each target's first equality matcher."""
+    """Series to targets by their matchers, with an index on each target's first equality matcher (a target
+    whose selector is that one matcher, as the default instance="HOST:PORT" is, needs no other check)."""
 
     def __init__(self, targets: Sequence[Target]) -> None:
         self.matchers = [parse_selector(selector_for(t)) for t in targets]
@@ -97,12 +98,13 @@ class _Split:
                 self.scan.append(i)
             else:
                 self.by_eq[eq.label][eq.value].append(i)
+        self.alone = {i for i, ms in enumerate(self.matchers) if len(ms) == 1 and ms[0].op == "="}
 
     def owners(self, labels: dict[str, str]) -> list[int]:
         if len(self.matchers) == 1:  # queried with its selector: Prometheus chose the series
             return [0]
         found = [i for label, values in self.by_eq.items() for i in values.get(labels.get(label, ""), ())]
-        return [i for i in found + self.scan if all(m(labels) for m in self.matchers[i])]
+        return [i for i in found + self.scan if i in self.alone or all(m(labels) for m in self.matchers[i])]
 
 
 def scrape_fleet(prom_url: str, targets: Sequence[Target], *, timeout_s: float,
