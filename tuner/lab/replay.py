@@ -49,7 +49,12 @@ class ReplayExposition:
         out = []
         for i, (head, value, grows) in enumerate(self.parts):
             if head.endswith(" "):
-                grown = (float(round(value * k)) if i in self._whole else value * k) if grows else value
+                if not grows:
+                    grown = value
+                elif i in self._whole:
+                    grown = value + n * max(1, round(value * self.growth)) if value > 0 else value
+                else:
+                    grown = value * k
                 out.append(f"{head}{grown!r}")
             else:
                 out.append(head)
