@@ -81,6 +81,29 @@ def start_am(home: Path, hook: Hook) -> tuple[ServerProcess, str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
+def _d(t: float | None, ref: float | None) -> str:
+    return "-" if t is None or ref is None else f"{t - ref:.2f}"
+
+
+def tuner_steps(db: Path, start: float) -> tuple[float | None, float | None, float | None]:
+    """From tuner's own store: the start of its first scrape that saw KV use above the threshold after
+    ``start``, how long that scrape took, and when the alert went to firing (unix seconds)."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        ms = int(start * 1000)
+        seen = con.execute("SELECT MIN(s.ts_ms) FROM samples s JOIN series r ON r.id = s.series_id "
+                           "WHERE r.metric = 'vllm:kv_cache_usage_perc' AND s.ts_ms >= ? AND s.value > ?",
+                           (ms, THRESHOLD)).fetchone()[0]
+        took = con.execute("SELECT duration_s FROM scrapes WHERE ts_ms = ?", (seen,)).fetchone() if seen else None
+        fired = con.execute("SELECT MIN(ts_ms) FROM alert_events WHERE rule = 'KVCacheHigh' AND to_state = 'firing' "
+                            "AND ts_ms >= ?", (ms,)).fetchone()[0]
+    finally:
+        con.close()
+    return (seen / 1000 if seen else None, took[0] if took else None, fired / 1000 if fired else None)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=3)
@@ -143,7 +166,8 @@ def main() -> int:
         tuner = subprocess.Popen([*tuner_cmd, "run"], stdout=open(work / "tuner.log", "w"), stderr=subprocess.STDOUT)
         time.sleep(5)
 
-        rows = []
+        rows: list[tuple] = []
+        steps: list[tuple[float | None, float | None, float | None]] = []
         for trial in range(args.trials):
             start = time.time()
             run_load(url, model="tiny", n_requests=32, concurrency=16, prompt_tokens_approx=600, max_tokens=380,
@@ -155,11 +179,15 @@ def main() -> int:
             onset = min((t for t, v in samples if t >= start and v > THRESHOLD), default=None)
             t_at, p_at = hook_t.first_firing_after(start, "KVCacheHigh"), hook_p.first_firing_after(start, "KVCacheHigh")
             rows.append((trial + 1, onset, t_at, p_at))
+            steps.append(tuner_steps(work / "tuner.db", start))
             def since(t: float | None, ref: float | None) -> str:
                 return "-" if t is None or ref is None else f"{t - ref:.2f}s"
 
+            seen, took, fired = steps[-1]
             print(f"trial {trial + 1}: onset {since(onset, start)} after load start; "
-                  f"tuner {since(t_at, onset)}, prometheus {since(p_at, onset)}")
+                  f"tuner {since(t_at, onset)} (its first scrape above {since(seen, onset)}, which took "
+                  f"{'-' if took is None else f'{took:.2f}s'}; firing {since(fired, seen)} after that scrape began; "
+                  f"webhook {since(t_at, fired)} after that), prometheus {since(p_at, onset)}")
             # Before the next trial both alerts must resolve: Alertmanager does not re-notify a still-firing alert.
             deadline = time.time() + 60
             while time.time() < deadline and not all(
@@ -183,11 +211,14 @@ def main() -> int:
             f"Setup: vLLM 0.32 CPU, tiny model, --kv-cache-memory-bytes 3000000; scrape 1s and evaluation 1s on both "
             f"sides; KVCacheHigh > {THRESHOLD} for {HOLD}; onset = first sample above the threshold in Prometheus.",
             "",
-            "| trial | tuner: onset → webhook (s) | Prometheus: onset → webhook (s) |",
-            "|---|---|---|",
-            *[f"| {n} | {'-' if not (o and t) else f'{t - o:.2f}'} | {'-' if not (o and p) else f'{p - o:.2f}'} |"
-              for n, o, t, p in rows],
-            f"| median | {statistics.median(lat_t):.2f} | {statistics.median(lat_p):.2f} |" if lat_t and lat_p else "",
+            "| trial | tuner: onset → webhook (s) | of which: onset → tuner's first scrape above (its start) | "
+            "that scrape's duration | its start → firing (evaluation) | firing → webhook | "
+            "Prometheus: onset → webhook (s) |",
+            "|---|---|---|---|---|---|---|",
+            *[f"| {n} | {_d(t, o)} | {_d(st[0], o)} | {'-' if st[1] is None else f'{st[1]:.2f}'} | "
+              f"{_d(st[2], st[0])} | {_d(t, st[2])} | {_d(p, o)} |" for (n, o, t, p), st in zip(rows, steps)],
+            f"| median | {statistics.median(lat_t):.2f} | | | | | {statistics.median(lat_p):.2f} |"
+            if lat_t and lat_p else "",
             "",
             "Both include up to 1 s of scrape and 1 s of evaluation phase, and Alertmanager's 1 s group_wait; "
             "tuner sends right after the evaluation that queued the alert, as Prometheus does.",
