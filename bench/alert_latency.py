@@ -97,7 +97,7 @@ def tuner_steps(db: Path, start: float) -> tuple[float | None, float | None, flo
                            "WHERE r.metric = 'vllm:kv_cache_usage_perc' AND s.ts_ms >= ? AND s.value > ?",
                            (ms, THRESHOLD)).fetchone()[0]
         took = con.execute("SELECT duration_s FROM scrapes WHERE ts_ms = ?", (seen,)).fetchone() if seen else None
-        fired = con.execute("SELECT MIN(ts_ms) FROM alert_events WHERE rule = 'KVCacheHigh' AND to_state = 'firing' "
+        fired = con.execute("SELECT MIN(ts_ms) FROM alert_events WHERE rule LIKE '%KVCacheHigh%' AND to_state = 'firing' "
                             "AND ts_ms >= ?", (ms,)).fetchone()[0]
     finally:
         con.close()
