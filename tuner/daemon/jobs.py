@@ -201,6 +201,8 @@ class Daemon:
         group = next((g for g in self.alerting.rules.groups if g.name == group_name), None)
         if group is None:  # removed by a reload; its job is being replaced
             return
+        if self._writer is not None:
+            self.flush()  # the scrapes already done are in the store for this evaluation, not a quarter second on
         try:
             self.alerting.evaluate_group(group)
         except TunerError as exc:
@@ -234,10 +236,12 @@ class Daemon:
         for job in sched.get_jobs():
             if job.id.startswith("rules:"):
                 job.remove()
+        # Half an interval out of phase with the scrapes (the first target's start at the scheduler's start):
+        # in phase, an evaluation ran as its interval's scrape was still in flight and saw it one interval late.
         now = datetime.now(timezone.utc)
         for g in self.alerting.rules.groups:
             sched.add_job(self.evaluate_once, IntervalTrigger(seconds=g.interval.total_seconds()), args=[g.name],
-                          id=f"rules:{g.name}", next_run_time=now + g.interval)
+                          id=f"rules:{g.name}", next_run_time=now + g.interval * 1.5)
 
     # ---- apply side: managed servers, auto mode, crash recovery ----------------------------------
 
