@@ -19,7 +19,7 @@ from tuner.store.db import open_engine, upgrade
 from tuner.store.store import Store
 
 __all__ = ["FIXTURES", "VLLM_DIR", "LLAMA_DIR", "fixture_text", "Route", "serve", "migrated_store",
-           "parse_labels", "sample_lines", "series_values", "value_of", "bucket_counts", "slot_tokens"]
+           "store_recorded_history", "parse_labels", "sample_lines", "series_values", "value_of", "bucket_counts", "slot_tokens"]
 
 FIXTURES = Path(__file__).parent / "fixtures"
 VLLM_DIR = FIXTURES / "vllm-0.32-cpu"
@@ -133,6 +133,33 @@ def migrated_store(tmp_path: Path, name: str = "tuner.db") -> Store:
     engine = open_engine(f"sqlite:///{tmp_path / name}")
     upgrade(engine)
     return Store(engine)
+
+
+def store_recorded_history(store: Store, t0: float,
+                           fixtures: Iterable[str] = ("metrics_idle.txt", "metrics_under_load.txt",
+                                                      "metrics_after_load.txt")) -> float:
+    """Recorded scrapes with counters advancing into ``store``: 12 of target "v" per vLLM fixture (its server
+    restarts at the third: process_start_time_seconds moves), then 24 of llama-server target "l"; every 5 s from
+    ``t0``. Returns the time of the last vLLM scrape + 5 s (the llama-server scrapes end 5 s before it)."""
+    from tuner.collect import llamacpp, vllm
+    from tuner.collect.llamacpp import parse_slots
+    from tuner.lab.replay import ReplayExposition
+
+    for i, fixture in enumerate(fixtures):
+        text = (VLLM_DIR / fixture).read_text()
+        if i == 2:  # the server restarted
+            text = re.sub(r"^(process_start_time_seconds) (\S+)$", lambda m: f"{m[1]} {float(m[2]) + 900}", text,
+                          flags=re.M)
+        replay = ReplayExposition(text, growth=0.05)
+        for _ in range(12):
+            store.ingest(vllm.snapshot_from_text(replay.render().decode(), target="v", ts=t0))
+            t0 += 5
+    slots = parse_slots((LLAMA_DIR / "slots_mid_load.json").read_bytes())
+    replay_l = ReplayExposition((LLAMA_DIR / "metrics_mid_load.txt").read_text(), growth=0.05)
+    for k in range(24):
+        store.ingest(llamacpp.snapshot_from_text(replay_l.render().decode(), target="l", ts=t0 - 5 * (23 - k),
+                                                 slots=slots))
+    return t0
 
 
 # ---- reading expositions without the code under test -------------------------------------------

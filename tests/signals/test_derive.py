@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 from datetime import timedelta
 
 import pytest
@@ -132,28 +131,11 @@ def test_the_series_the_signal_book_reads_give_the_signals_of_every_series(tmp_p
     vLLM and llama-server scrapes with counters advancing, an SLO set, and a restart in the middle."""
     from dataclasses import replace
 
-    from tests.helpers import LLAMA_DIR, VLLM_DIR, migrated_store
-    from tuner.collect import llamacpp, vllm
-    from tuner.collect.llamacpp import parse_slots
-    from tuner.lab.replay import ReplayExposition
+    from tests.helpers import migrated_store, store_recorded_history
     from tuner.signals.derive import SIGNAL_METRICS
 
     store = migrated_store(tmp_path)
-    t0 = 1_700_000_000.0
-    for i, fixture in enumerate(("metrics_idle.txt", "metrics_under_load.txt", "metrics_after_load.txt")):
-        text = (VLLM_DIR / fixture).read_text()
-        if i == 2:  # the server restarted
-            text = re.sub(r"^(process_start_time_seconds) (\S+)$", lambda m: f"{m[1]} {float(m[2]) + 900}", text,
-                          flags=re.M)
-        replay = ReplayExposition(text, growth=0.05)
-        for _ in range(12):
-            store.ingest(vllm.snapshot_from_text(replay.render().decode(), target="v", ts=t0))
-            t0 += 5
-    slots = parse_slots((LLAMA_DIR / "slots_mid_load.json").read_bytes())
-    replay_l = ReplayExposition((LLAMA_DIR / "metrics_mid_load.txt").read_text(), growth=0.05)
-    for k in range(24):
-        store.ingest(llamacpp.snapshot_from_text(replay_l.render().decode(), target="l", ts=t0 - 5 * (23 - k),
-                                                 slots=slots))
+    t0 = store_recorded_history(store, 1_700_000_000.0)
     slo = Slo(ttft_p99=timedelta(seconds=0.5), itl_p99=timedelta(seconds=0.05), e2e_p99=timedelta(seconds=4))
     for target in ("v", "l"):
         for span in (60, 300):

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import math
 import random
-import re
 import sqlite3
 from datetime import timedelta
 
 import pytest
 
-from tests.helpers import LLAMA_DIR, VLLM_DIR, migrated_store
+from tests.helpers import migrated_store, store_recorded_history
 from tuner.config import Slo
 from tuner.store.counts import decode_counts, encode_counts
 
@@ -65,30 +64,6 @@ def test_rows_written_as_json_read_as_before(legacy: str) -> None:
     assert _same(decode_counts(json.dumps([float("nan"), float("inf")]), 2), (float("nan"), float("inf")))
 
 
-def _recorded_history(store, t0: float) -> float:  # type: ignore[no-untyped-def]
-    """Recorded vLLM and llama-server scrapes with counters advancing and a restart; returns the last ts."""
-    from tuner.collect import llamacpp, vllm
-    from tuner.collect.llamacpp import parse_slots
-    from tuner.lab.replay import ReplayExposition
-
-    for i, fixture in enumerate(("metrics_idle.txt", "metrics_under_load.txt", "metrics_kv_pressure.txt",
-                                 "metrics_after_load.txt")):
-        text = (VLLM_DIR / fixture).read_text()
-        if i == 2:  # the server restarted
-            text = re.sub(r"^(process_start_time_seconds) (\S+)$", lambda m: f"{m[1]} {float(m[2]) + 900}", text,
-                          flags=re.M)
-        replay = ReplayExposition(text, growth=0.05)
-        for _ in range(12):
-            store.ingest(vllm.snapshot_from_text(replay.render().decode(), target="v", ts=t0))
-            t0 += 5
-    slots = parse_slots((LLAMA_DIR / "slots_mid_load.json").read_bytes())
-    replay_l = ReplayExposition((LLAMA_DIR / "metrics_mid_load.txt").read_text(), growth=0.05)
-    for k in range(24):
-        store.ingest(llamacpp.snapshot_from_text(replay_l.render().decode(), target="l", ts=t0 - 5 * (23 - k),
-                                                 slots=slots))
-    return t0
-
-
 def test_a_store_of_json_rows_and_one_of_compact_rows_give_the_same_windows_and_signals(tmp_path) -> None:
     """The same recorded history stored as today's rows and rewritten as the JSON lists every older row holds:
     windows and signals must be equal, and the compact rows smaller."""
@@ -97,7 +72,8 @@ def test_a_store_of_json_rows_and_one_of_compact_rows_give_the_same_windows_and_
     from tuner.store.store import Store
 
     store = migrated_store(tmp_path)
-    end = _recorded_history(store, 1_700_000_000.0)
+    end = store_recorded_history(store, 1_700_000_000.0, ("metrics_idle.txt", "metrics_under_load.txt",
+                                                           "metrics_kv_pressure.txt", "metrics_after_load.txt"))
     db = store.engine.url.database
     assert db
     store.engine.dispose()
