@@ -13,11 +13,9 @@ from __future__ import annotations
 from sqlalchemy import text
 
 from tuner.config import Retention
-from tuner.store.store import Store
+from tuner.store.store import MARKED_UNTIL, Store
 
-__all__ = ["apply_retention", "MARKED_UNTIL"]
-
-MARKED_UNTIL = "marked_until_ms"  # meta key: every step before it is marked
+__all__ = ["apply_retention"]
 
 
 def _meta(conn, key: str) -> int:

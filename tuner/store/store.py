@@ -88,7 +88,8 @@ _SELECT_MARKED = ("SELECT series_id, %s FROM %s WHERE series_id IN (%s) AND ts_m
                   "AND (keep = 1 OR ts_ms >= ?) ORDER BY series_id, ts_ms")
 _SELECT_LAST = "SELECT series_id, MAX(ts_ms), %s FROM %s WHERE series_id IN (%s) AND ts_ms >= ? AND ts_ms <= ? " \
                "GROUP BY series_id"
-_SELECT_MARKED_UNTIL = "SELECT value FROM meta WHERE key = 'marked_until_ms'"
+MARKED_UNTIL = "marked_until_ms"  # meta key: retention has marked every step before it
+_SELECT_MARKED_UNTIL = f"SELECT value FROM meta WHERE key = '{MARKED_UNTIL}'"
 _SELECT_CONFIGS = "SELECT engine, model_name, config FROM engine_configs WHERE target_id = ? ORDER BY last_seen_ms"
 _TOUCH_CONFIG = "UPDATE engine_configs SET last_seen_ms = ? WHERE id = ?"
 
