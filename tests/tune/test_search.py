@@ -194,3 +194,40 @@ def test_galloping_along_max_num_seqs_reaches_the_measured_grids_best_with_a_qua
     assert got >= 0.95 * best
     # without the gallop, three trials on this grid are the luck of the sampler's random start (bench: 35%)
     assert _on_chat_grid("tpe", None)[1][1:] == ["", ""]
+
+
+# The grid bench/tune.py measured on real vLLM CPU for the shared-prefix workload (bench/RESULTS.md, 2026-11-23):
+# 640-token prompts sharing a 576-token prefix; capacity by (max_num_seqs, enable_prefix_caching).
+PREFIX_GRID = {(1, False): 8.0, (1, True): 11.3, (2, False): 16.0, (2, True): 19.0, (4, False): 29.3,
+               (4, True): 32.0, (8, False): 45.3, (8, True): 45.3, (16, False): 53.8, (16, True): 58.7,
+               (32, False): 53.8, (32, True): 90.5}
+PREFIX_AXES = (Axis("max_num_seqs", (1, 2, 4, 8, 16, 32)), Axis("enable_prefix_caching", (False, True)))
+
+
+def _on_prefix_grid(carry, budget):
+    def measure(flags, label):
+        return Outcome("measured", PREFIX_GRID[(flags["max_num_seqs"], flags["enable_prefix_caching"])], {})
+    points = search(PREFIX_AXES, {}, measure=measure, feasible=lambda f: Verdict(True, "", {}),
+                    seeds=[("baseline", {"max_num_seqs": 2, "enable_prefix_caching": False})], budget=budget,
+                    max_time_s=1e9, clock=Clock(), sampler="tpe", gallop="max_num_seqs", carry=carry)
+    return max(p.outcome.capacity_rps for p in points), [(p.flags["max_num_seqs"], p.flags["enable_prefix_caching"])
+                                                         for p in points]
+
+
+def test_the_gallop_carries_the_flags_the_workload_argues_for_and_lands_on_the_end_of_the_axis():
+    from tuner.signals.workload import Workload
+    from tuner.tune.space import workload_flags
+    shared = Workload(input_len=640, output_len=32, prefix_len=576)
+    assert workload_flags(PREFIX_AXES, shared) == {"enable_prefix_caching": True}
+    assert workload_flags(PREFIX_AXES, Workload(input_len=640, output_len=32)) == {}
+    assert workload_flags(PREFIX_AXES, Workload(input_len=640, output_len=32, prefix_hit_ratio=0.4)) == {
+        "enable_prefix_caching": True}  # a stored hit ratio, from a server that had caching on
+    assert workload_flags(PREFIX_AXES[:1], shared) == {}  # caching is not searched: nothing to carry
+    carry = workload_flags(PREFIX_AXES, shared)
+    # three trials: 2 -> 4 -> 16 with caching on; without the carry the same steps leave it off (53.8: 59%)
+    got, path = _on_prefix_grid(carry, 3)
+    assert path == [(2, False), (4, True), (16, True)] and got == PREFIX_GRID[(16, True)]
+    assert _on_prefix_grid({}, 3)[0] == PREFIX_GRID[(16, False)]
+    # four: the next step (+4 positions) is past the end of the axis and lands on it: the grid's best
+    got, path = _on_prefix_grid(carry, 4)
+    assert path[-1] == (32, True) and got == max(PREFIX_GRID.values())

@@ -46,7 +46,7 @@ from tuner.store.store import Store
 from tuner.tune.bench import BenchClient, BenchError
 from tuner.tune.capacity import find_capacity
 from tuner.tune.search import Outcome, Point, point_key, search
-from tuner.tune.space import Hardware, Verdict, axes_for, canonical, feasible
+from tuner.tune.space import Hardware, Verdict, axes_for, canonical, feasible, workload_flags
 
 __all__ = ["TuneRequest", "tune", "workload_of", "reap_orphans"]
 
@@ -373,6 +373,10 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     elif req.sampler == "grid":
         seeds = []
     noise_budget = 1 if req.noise_check and req.budget >= 3 else 0
+    carry = workload_flags(axes, workload)
+    if carry and req.sampler == "tpe":
+        say(f"the workload argues for {_flag_text(carry)}: the search's steps along "
+            f"{'max-num-seqs' if t.backend == 'vllm' else '--parallel'} set it")
     try:
         with BenchClient(client_python, ctx.log_dir / f"tune-{run_id}") as client, _target_taken(ctx, in_force):
             ctx.bench, ctx.tokenizer = client, tokenizer
@@ -390,7 +394,8 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
             points = list(history) + search(
                 axes, fixed, measure=measure, feasible=check, seeds=seeds, budget=req.budget - noise_budget,
                 max_time_s=max_time_s - (clock() - now), clock=clock, history=history, on_pruned=pruned,
-                seed=req.seed, sampler=req.sampler, gallop="max_num_seqs" if t.backend == "vllm" else "parallel")
+                seed=req.seed, sampler=req.sampler, gallop="max_num_seqs" if t.backend == "vllm" else "parallel",
+                carry=carry)
             measured = [p for p in points if p.outcome.status == "measured"]
             noise = None
             best = _ranked(measured)[0] if measured else None

@@ -9,7 +9,9 @@
   * A trial that crashes is recorded as data (capacity 0, constraint violated): the sampler learns the region,
     and the same point is never retried.
   * Then, with ``gallop`` (max-num-seqs for vLLM, --parallel for llama-server), an exponential search along that
-    axis from the best point so far (``_gallop``), before the sampler's own proposals.
+    axis from the best point so far (``_gallop``), before the sampler's own proposals. Its steps carry ``carry``:
+    flags the workload argues for (prefix caching for prompts that share a prefix, tuner/tune/space.py
+    ``workload_flags``), so a small budget spent on the gallop does not leave them untried.
   * Stops at ``budget`` measured trials or ``max_time_s`` (checked before each trial starts), or when the sampler
     keeps proposing known points (the space is exhausted).
 Trials journaled by an earlier, interrupted run come back through ``history`` and count against the budget.
@@ -60,10 +62,11 @@ def _params(axes: Sequence[Axis], flags: Mapping[str, Any]) -> dict[str, Any] | 
 
 
 def _gallop(axis: Axis, known: dict[str, Point], visit: Callable[[dict[str, Any], str], bool],
-            may: Callable[[], bool]) -> None:
+            may: Callable[[], bool], carry: Mapping[str, Any] | None = None) -> None:
     """Exponential search along one axis from the best point so far: steps of 1, 2, 4, ... positions up while
-    capacity rises, else the same down. Capacity against max-num-seqs (or --parallel) rises until the engine or the
-    KV cache saturates and falls after, so this reaches the region of the peak in about log2(axis) trials."""
+    capacity rises, else the same down; a step past the end of the axis lands on its end (once). Capacity against
+    max-num-seqs (or --parallel) rises until the engine or the KV cache saturates and falls after, so this reaches
+    the region of the peak in about log2(axis) trials. Every step also sets ``carry``."""
     measured = [p for p in known.values() if p.outcome.status == "measured"]
     if not measured:
         return
@@ -74,10 +77,10 @@ def _gallop(axis: Axis, known: dict[str, Point], visit: Callable[[dict[str, Any]
     for direction in (1, -1):
         i, best, step, moved = start, base.outcome.capacity_rps, 1, False
         while may():
-            j = i + direction * step
-            if not 0 <= j < len(axis.values):
+            j = min(max(i + direction * step, 0), len(axis.values) - 1)
+            if j == i:
                 break
-            flags = canonical({**base.flags, axis.name: axis.values[j]})
+            flags = canonical({**base.flags, **(carry or {}), axis.name: axis.values[j]})
             visit(flags, "gallop")
             p = known.get(point_key(flags))
             if p is None or p.outcome.status != "measured" or p.outcome.capacity_rps <= best:
@@ -91,7 +94,7 @@ def search(axes: Sequence[Axis], fixed: Mapping[str, Any], *, measure: Callable[
            feasible: Callable[[dict[str, Any]], Verdict], seeds: Sequence[tuple[str, Mapping[str, Any]]],
            budget: int, max_time_s: float, clock: Callable[[], float], history: Sequence[Point] = (),
            on_pruned: Callable[[dict[str, Any], Verdict], None] | None = None, seed: int = 0,
-           sampler: str = "tpe", gallop: str | None = None) -> list[Point]:
+           sampler: str = "tpe", gallop: str | None = None, carry: Mapping[str, Any] | None = None) -> list[Point]:
     """Search ``axes`` (other flags held at ``fixed``); returns every point measured or refused, in order.
 
     ``sampler``: "tpe" (the default), "random" (optuna's RandomSampler: the baseline of the bench), or "grid"
@@ -165,7 +168,7 @@ def search(axes: Sequence[Axis], fixed: Mapping[str, Any], *, measure: Callable[
         return points
     if sampler == "tpe" and gallop is not None and any(a.name == gallop for a in axes):
         _gallop(next(a for a in axes if a.name == gallop), known, visit,
-                lambda: spent < budget and clock() - t0 < max_time_s)
+                lambda: spent < budget and clock() - t0 < max_time_s, carry)
     idle = 0
     while spent < budget and clock() - t0 < max_time_s and idle < _EXHAUSTED_AFTER:
         trial = study.ask(dists)

@@ -23,8 +23,9 @@ from tuner.advise.facts import ModelFacts
 from tuner.advise.memory import MemoryPlan, kv_bytes_per_token, plan, weights_bytes
 from tuner.errors import FlagError
 from tuner.flags import FlagValue, validate
+from tuner.signals.workload import Workload
 
-__all__ = ["Axis", "Hardware", "Verdict", "axes_for", "vllm_axes", "llama_axes", "feasible", "canonical",
+__all__ = ["Axis", "Hardware", "Verdict", "axes_for", "workload_flags", "vllm_axes", "llama_axes", "feasible", "canonical",
            "SEARCHABLE_VLLM", "SEARCHABLE_LLAMA"]
 
 SEARCHABLE_VLLM = ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill",
@@ -131,6 +132,25 @@ def vllm_axes(current: Mapping[str, Any], *, longest: int, model_max_len: int | 
         "max_model_len": _with(lens, current.get("max_model_len")),
     }
     return tuple(Axis(n, _with(given[n], current.get(n)) if n in given else axes[n]) for n in chosen)
+
+
+# The share of prompt tokens in a shared prefix (a workload file's prefix_len / input_len, or the prefix-cache hit
+# ratio stored while caching was on) from which prompts count as sharing one.
+_SHARED_PREFIX = 0.1
+
+
+def workload_flags(axes: Sequence[Axis], workload: Workload) -> dict[str, Any]:
+    """Flags the workload itself argues for, among the axes searched: prefix caching when the prompts share a
+    prefix. The search's gallop carries them on its steps (tuner/tune/search.py): an operator who knows the prompts
+    share a 576-token system prompt turns caching on before counting sequences, and a three-trial budget spent on
+    max-num-seqs alone never tries it (bench/RESULTS.md, the shared-prefix workload)."""
+    names = {a.name: a for a in axes}
+    out: dict[str, Any] = {}
+    cache = names.get("enable_prefix_caching")
+    shared = max(workload.prefix_len / workload.input_len, workload.prefix_hit_ratio or 0.0)
+    if cache is not None and True in cache.values and shared >= _SHARED_PREFIX:
+        out["enable_prefix_caching"] = True
+    return out
 
 
 def canonical(flags: Mapping[str, Any]) -> dict[str, Any]:
