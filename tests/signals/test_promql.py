@@ -184,3 +184,52 @@ def test_increase_and_quantile_equal_promtool(tmp_path):
         assert m, f"{expr}: Prometheus returned {got!r}, tuner {ours!r}"
         theirs = float(m.group(1))
         assert ours is not None and math.isclose(ours, theirs, rel_tol=1e-9), f"{expr}: tuner {ours} != {theirs}"
+
+
+def _each_bucket(hist, lo, hi):
+    """The definition: every bucket its own counter, through ``increase``."""
+    out = []
+    for i in range(len(hist.bounds)):
+        inc = increase([(p.ts_ms, p.counts[i]) for p in hist.points], lo, hi)
+        if inc is None:
+            return None
+        out.append(inc)
+    return tuple(out)
+
+
+def test_bucket_increase_in_one_pass_equals_each_bucket_as_its_own_counter():
+    import random
+
+    from tuner.signals.promql import bucket_increase
+    from tuner.store.window import HistPoint, HistSeries
+    rng = random.Random(7)
+    bounds = (0.1, 0.5, 1.0, 5.0, math.inf)
+    resets = 0
+    for case in range(600):
+        n = rng.choice([1, 2, 3, 12, 60])
+        counts = [0.0] * len(bounds)
+        points = []
+        ts = 1_000_000 + rng.randint(0, 4000)
+        for _ in range(n):
+            r = rng.random()
+            if r < 0.05:  # a restart: every bucket from 0 again
+                counts = [0.0] * len(bounds)
+            elif r < 0.08:  # one bucket falls alone (total still rising): a per-bucket reset
+                k = rng.randrange(len(bounds) - 1)
+                counts[k] = max(0.0, counts[k] - rng.randint(1, 5))
+            elif r < 0.09:
+                counts = [rng.choice([-1.0, -0.0, math.nan, math.inf]) for _ in bounds]
+            else:
+                add = [rng.randint(0, 3) for _ in bounds]
+                counts = [c + sum(add[:i + 1]) for i, c in enumerate(counts)]
+            points.append(HistPoint(ts, tuple(counts), 0.0, counts[-1]))
+            ts += rng.choice([1000, 5000, 5000, 15000])
+        hist = HistSeries(bounds, tuple(points))
+        lo = points[0].ts_ms - rng.choice([0, 2000, 30000])
+        hi = points[-1].ts_ms + rng.choice([0, 2000, 30000])
+        want, got = _each_bucket(hist, lo, hi), bucket_increase(hist, lo, hi)
+        resets += any(b < a for x, y in zip(points, points[1:]) for a, b in zip(x.counts, y.counts))
+        assert (want is None) == (got is None), case
+        if want is not None:  # bit for bit, NaN where NaN, the sign of zero too
+            assert [repr(v) for v in got] == [repr(v) for v in want], case
+    assert resets > 50  # the corpus holds resets of both kinds

@@ -9,6 +9,7 @@ buckets, monotonicity fix, linear interpolation, the lowest bucket starting at 0
 from __future__ import annotations
 
 import math
+import operator
 from typing import Sequence
 
 from tuner.store.window import HistSeries, Point
@@ -29,12 +30,18 @@ def increase(points: Sequence[Point], start_ms: int, end_ms: int, *, is_counter:
             if v < prev:  # a reset: the counter restarted, count what it had reached
                 result += prev
             prev = v
+    return _extrapolated(result, first_t, first_v, last_t, len(points), start_ms, end_ms, is_counter)
+
+
+def _extrapolated(result: float, first_t: int, first_v: float, last_t: int, n: int, start_ms: int, end_ms: int,
+                  is_counter: bool) -> float | None:
+    """The increase ``result`` seen between the first and the last of ``n`` points, extrapolated to the range."""
     duration_to_start = (first_t - start_ms) / 1000
     duration_to_end = (end_ms - last_t) / 1000
     sampled = (last_t - first_t) / 1000
     if sampled <= 0:
         return None
-    average_step = sampled / (len(points) - 1)
+    average_step = sampled / (n - 1)
     if is_counter and result > 0 and first_v >= 0:
         # Counters start at zero: never extrapolate to before that point.
         duration_to_zero = sampled * (first_v / result)
@@ -54,12 +61,27 @@ def rate(points: Sequence[Point], start_ms: int, end_ms: int) -> float | None:
 
 
 def bucket_increase(hist: HistSeries, start_ms: int, end_ms: int) -> tuple[float, ...] | None:
-    """Per-bucket ``increase(h_bucket[range])``; each bucket is its own counter, as in Prometheus."""
-    if len(hist.points) < 2:
+    """Per-bucket ``increase(h_bucket[range])``; each bucket is its own counter, as in Prometheus.
+
+    The same arithmetic as ``increase`` on each bucket's points, in one pass over the points instead of one per
+    bucket: a pair of points is looked into bucket by bucket only when some bucket fell (a reset)."""
+    pts = hist.points
+    if len(pts) < 2:
         return None
+    n = len(hist.bounds)
+    first, last = pts[0].counts, pts[-1].counts
+    result = [last[i] - first[i] for i in range(n)]
+    prev = first
+    for p in pts[1:]:
+        cur = p.counts
+        if any(map(operator.lt, cur, prev)):
+            for i in range(n):
+                if cur[i] < prev[i]:
+                    result[i] += prev[i]
+        prev = cur
     out = []
-    for i in range(len(hist.bounds)):
-        inc = increase([(p.ts_ms, p.counts[i]) for p in hist.points], start_ms, end_ms)
+    for i in range(n):
+        inc = _extrapolated(result[i], pts[0].ts_ms, first[i], pts[-1].ts_ms, len(pts), start_ms, end_ms, True)
         if inc is None:
             return None
         out.append(inc)
