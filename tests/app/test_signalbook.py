@@ -72,3 +72,58 @@ def test_the_exporter_and_the_rules_share_one_derivation_per_scrape(tmp_path, st
     now[0] = T0 + 9
     daemon.signals_once()
     assert len(calls) == 5
+
+
+GROUP = """\
+groups:
+  - name: g
+    interval: 15s
+    rules:
+      - {alert: A, signal: e2e_p99, op: ">", threshold: 100, window: 5m, for: 0s}
+      - {alert: B, signal: goodput_ratio, op: "<", threshold: 0, window: 10m, for: 0s}
+      - {alert: C, signal: requests_per_s, op: "<", threshold: 0, window: 1m, for: 0s}
+      - {alert: D, signal: restarts, op: ">", threshold: 100, window: 10m, for: 0s}
+"""
+
+
+def test_a_groups_windows_come_from_one_read_per_target_and_equal_a_read_of_each(tmp_path, store):
+    """The longest window of an alert group is read once and cut down for the shorter ones: each cut equals the
+    store's own read of that window, signal for signal, on recorded vLLM and llama-server history with a restart."""
+    from tests.helpers import store_recorded_history
+    from tuner.signals.derive import SIGNAL_METRICS
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(GROUP)
+    cfg = parse_config("targets:\n  - {name: v, backend: vllm, url: 'http://127.0.0.1:1'}\n"
+                       "  - {name: l, backend: llamacpp, url: 'http://127.0.0.1:2'}\n"
+                       "defaults: {scrape_interval: 5s, signal_window: 5m}\n"
+                       f"alerting: {{rule_files: ['{rules}']}}\n")
+    end = store_recorded_history(store, T0)  # 36 vLLM scrapes over 3 minutes, restarted at the 25th
+    for now in (end - 5, end - 61.5, end + 400):  # windows holding all, part of and none of the history
+        daemon = Daemon(cfg, store, clock=lambda: now)
+        daemon.evaluate_once("g")
+        assert daemon.signals.reads == 2  # one per target, for four rules over three windows
+        for name in ("v", "l"):
+            for w in (60.0, 300.0, 600.0):
+                got = daemon.signals.get(name, w, now)
+                want = compute_signals(store.window(name, now - w, now, metrics=SIGNAL_METRICS),
+                                       slo=cfg.target(name).slo)
+                assert got is not None and got.as_json() == want.as_json(), (name, w, now)
+        assert daemon.signals.reads == 2  # all of them held for the tick
+
+
+def test_a_window_past_the_raw_retention_is_not_cut_down(tmp_path, store):
+    """A window longer than the raw retention reads at the rollup step: a shorter window is read on its own."""
+    from tests.helpers import store_recorded_history
+    from tuner.app.signalbook import SignalBook
+    from tuner.signals.derive import SIGNAL_METRICS
+    from tuner.config import Retention
+    from tuner.store.store import Store
+    cfg = parse_config("targets:\n  - {name: v, backend: vllm, url: 'http://127.0.0.1:1'}\n")
+    end = store_recorded_history(store, T0)
+    short = Store(store.engine, retention=Retention(raw="2m"))
+    book = SignalBook(cfg, short)
+    got = book.get("v", 60.0, end, windows=(60.0, 600.0))
+    assert book.reads == 1  # the 1-minute window alone: the 10-minute one is not read for it
+    assert got.as_json() == compute_signals(short.window("v", end - 60, end, metrics=SIGNAL_METRICS)).as_json()
+    assert book.get("v", 600.0, end).as_json() == compute_signals(short.window("v", end - 600, end, metrics=SIGNAL_METRICS)).as_json()
+    assert book.reads == 2

@@ -32,9 +32,10 @@ class Alerting:
     def __init__(self, cfg: Config, store: Store, *, clock: Callable[[], float],
                  target_signal: Callable[[str, str], float | None] | None = None,
                  max_num_seqs: Callable[[Target], float | None] | None = None,
-                 signals: Callable[[str, float, float], TargetSignals | None] | None = None) -> None:
+                 signals: Callable[..., TargetSignals | None] | None = None) -> None:
         self.cfg, self.store, self.clock = cfg, store, clock
-        # (target, window seconds, now) -> signals: the daemon's SignalBook (once per tick), else derived here
+        # (target, window seconds, now, windows=the group's other windows) -> signals: the daemon's SignalBook (once
+        # per tick, one read of the store per target for all the group's windows), else derived here
         self.signals_for = signals or self._derive
         self.target_signal = target_signal  # apply-side target signals (auto_apply_halted), from the daemon
         self.max_num_seqs = max_num_seqs or configured_max_num_seqs  # the daemon's: the flags in force
@@ -49,7 +50,7 @@ class Alerting:
         self.base_url = (cfg.alerting.external_url or f"http://{host}:{port}").rstrip("/")
         self.last_error = ""
 
-    def _derive(self, name: str, window_s: float, now: float) -> TargetSignals | None:
+    def _derive(self, name: str, window_s: float, now: float, **_: object) -> TargetSignals | None:
         return compute_signals(self.store.window(name, now - window_s, now), slo=self.cfg.target(name).slo)
 
     def reload(self) -> bool:
@@ -71,11 +72,12 @@ class Alerting:
         now = self.clock()
         now_ms = int(now * 1000)
         cache: dict[tuple[str, timedelta], TargetSignals | None] = {}
+        windows = {r.window.total_seconds() for r in group.rules}
 
         def signals(name: str, window: timedelta) -> TargetSignals | None:
             if (name, window) not in cache:
                 try:
-                    cache[(name, window)] = self.signals_for(name, window.total_seconds(), now)
+                    cache[(name, window)] = self.signals_for(name, window.total_seconds(), now, windows=windows)
                 except TunerError:
                     cache[(name, window)] = None  # never scraped yet: no data, no alert
             return cache[(name, window)]

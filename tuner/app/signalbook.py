@@ -11,7 +11,7 @@ once per ``apply.auto_interval``, not per tick.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Callable, Collection
 
 from tuner.config import Config
 from tuner.errors import UnknownTargetError
@@ -28,10 +28,15 @@ class SignalBook:
         self._lock = threading.Lock()
         self._book: dict[tuple[str, float], tuple[int, float, TargetSignals | None]] = {}  # -> (tick, at, signals)
         self.derived = 0  # how many times signals were really derived (tests and bench read it)
+        self.reads = 0  # how many windows were read from the store for them
 
-    def get(self, name: str, window_s: float, now: float) -> TargetSignals | None:
+    def get(self, name: str, window_s: float, now: float, *, windows: Collection[float] = ()) -> TargetSignals | None:
         """The target's signals over the ``window_s`` before ``now``, derived once per tick; None when the target
-        has never been scraped (no data, no signal). A store error propagates and nothing is kept."""
+        has never been scraped (no data, no signal). A store error propagates and nothing is kept.
+
+        ``windows``: other windows the caller will ask for in this tick (an alert group's rules). They are derived
+        now from the same read, the longest, cut down to each (TargetWindow.since): one read of the store per
+        target instead of one per window, when the longest holds every stored point (within the raw retention)."""
         target = self.cfg.target(name)
         interval = self.cfg.interval(target).total_seconds()
         key = (name, float(window_s))
@@ -40,12 +45,27 @@ class SignalBook:
             held = self._book.get(key)
             if held is not None and held[0] == tick and 0 <= now - held[1] < interval:
                 return held[2]
+            spans = {float(window_s)}
+            for w in windows:
+                other = self._book.get((name, float(w)))
+                if other is None or other[0] != tick or not 0 <= now - other[1] < interval:
+                    spans.add(float(w))
+        longest = max(spans)
+        if not self.store.reads_every_point(longest):
+            spans = {float(window_s)}
+            longest = float(window_s)
+        derived: dict[float, TargetSignals | None] = {}
         try:
-            sig: TargetSignals | None = self._derive(
-                self.store.window(name, now - window_s, now, metrics=SIGNAL_METRICS), slo=target.slo)
+            raw = self.store.window(name, now - longest, now, metrics=SIGNAL_METRICS)
         except UnknownTargetError:
-            sig = None  # never scraped yet
+            derived = dict.fromkeys(spans)  # never scraped yet
+        else:
+            for w in sorted(spans, reverse=True):
+                derived[w] = self._derive(raw if w == longest else raw.since(int(round((now - w) * 1000))),
+                                          slo=target.slo)
         with self._lock:
-            self.derived += 1
-            self._book[key] = (tick, now, sig)
-        return sig
+            self.derived += len(derived)
+            self.reads += 1
+            for w, sig in derived.items():
+                self._book[(name, w)] = (tick, now, sig)
+        return derived[float(window_s)]

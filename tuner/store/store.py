@@ -317,6 +317,11 @@ class Store:
                             consecutive_failures=h.consecutive_failures,
                             server_healthy=None if h.server_healthy is None else bool(h.server_healthy))
 
+    def reads_every_point(self, span_s: float) -> bool:
+        """Whether a window of ``span_s`` seconds reads every stored point (within the raw retention), so a shorter
+        window is that window cut down (TargetWindow.since); a longer one reads at the rollup step."""
+        return self.retention is None or span_s <= self.retention.raw.total_seconds()
+
     def window(self, target: str, start: float, end: float, *,
                metrics: Collection[str] | None = None) -> TargetWindow:
         """Every stored point of ``target`` with start <= ts <= end (Prometheus's range selection); of the series
@@ -329,7 +334,7 @@ class Store:
         cost of steps instead of scrapes (a 30-day window: bench/RESULTS.md)."""
         lo, hi = _ms(start), _ms(end)
         step = None
-        if self.retention is not None and end - start > self.retention.raw.total_seconds():
+        if self.retention is not None and not self.reads_every_point(end - start):
             step = max(1, int(self.retention.rollup_step.total_seconds() * 1000))
         # The driver's own cursor: a window is thousands of rows, and SQLAlchemy's per-row work cost more
         # than SQLite's (bench/RESULTS.md).

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from bisect import bisect_left
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from tuner.collect.snapshots import SeriesKey
@@ -54,6 +55,26 @@ class TargetWindow:
     end_ms: int
     engines: tuple[EngineWindow, ...]
     health: TargetHealth | None
+
+    def since(self, start_ms: int) -> "TargetWindow":
+        """The same window from ``start_ms`` on: the points a read of [start_ms, end_ms] gives when this window
+        holds every stored point (a window within the raw retention); series and engines left with no point are
+        left out, as such a read leaves them."""
+        engines = []
+        for e in self.engines:
+            series = {}
+            for key, pts in e.series.items():
+                kept = pts[bisect_left(pts, (start_ms,)):]
+                if kept:
+                    series[key] = kept
+            hists = {}
+            for key, h in e.hists.items():
+                i = bisect_left(h.points, start_ms, key=lambda p: p.ts_ms)
+                if i < len(h.points):
+                    hists[key] = HistSeries(h.bounds, h.points[i:])
+            if series or hists:
+                engines.append(replace(e, series=series, hists=hists))
+        return replace(self, start_ms=start_ms, engines=tuple(engines))
 
 
 @dataclass(frozen=True)
