@@ -7,7 +7,10 @@ import sqlite3
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Collection, Iterable, NamedTuple, Sequence
+from functools import lru_cache
+from itertools import groupby
+from operator import itemgetter
+from typing import Any, Collection, Iterable, NamedTuple, Sequence
 
 from sqlalchemy import Engine, delete, func, insert, select, update
 
@@ -16,7 +19,7 @@ from tuner.config import Retention
 from tuner.errors import StoreError, UnknownTargetError
 from tuner.store.counts import decode_counts, encode_counts
 from tuner.store.db import Tx
-from tuner.store.models import (EngineConfigRow, GpuProcessRow, GpuSampleRow, ScrapeRow, TargetHealthRow, TargetRow)
+from tuner.store.models import (EngineConfigRow, GpuProcessRow, GpuSampleRow, ScrapeRow, TargetRow)
 from tuner.store.window import (EngineWindow, GpuLatest, HistPoint, HistSeries, TargetHealth,
                                 TargetWindow)
 
@@ -109,8 +112,30 @@ def _bounds_json(bounds: tuple[float, ...]) -> str:
     return json.dumps([b if b != float("inf") else "+Inf" for b in bounds])
 
 
+@lru_cache(maxsize=65536)
 def _bounds_parse(text: str) -> tuple[float, ...]:
     return tuple(float("inf") if b == "+Inf" else float(b) for b in json.loads(text))
+
+
+@lru_cache(maxsize=65536)
+def _labels_parse(text: str) -> tuple[tuple[str, str], ...]:
+    """A series' stored labels as the window's key holds them (the same text is the same key: memoized, as every
+    window read of every target parses the same few label sets)."""
+    return tuple(tuple(p) for p in json.loads(text))
+
+
+_FIRST = itemgetter(0)
+_SELECT_HEALTH = ("SELECT health, last_error, last_scrape_ms, last_success_ms, last_duration_s, consecutive_failures, "
+                  "server_healthy FROM target_health WHERE target_id = ?")
+
+
+def _health_of(row: Sequence[Any] | None) -> TargetHealth | None:
+    if row is None:
+        return None
+    health, last_error, last_scrape_ms, last_success_ms, last_duration_s, failures, healthy = row
+    return TargetHealth(health=health, last_error=last_error, last_scrape_ms=last_scrape_ms,
+                        last_success_ms=last_success_ms, last_duration_s=last_duration_s,
+                        consecutive_failures=failures, server_healthy=None if healthy is None else bool(healthy))
 
 
 class Store:
@@ -308,14 +333,9 @@ class Store:
 
     def health(self, target: str) -> TargetHealth | None:
         with self.engine.connect() as conn:
-            h = conn.execute(select(TargetHealthRow).join(TargetRow, TargetRow.id == TargetHealthRow.target_id)
-                             .where(TargetRow.name == target)).first()
-        if h is None:
-            return None
-        return TargetHealth(health=h.health, last_error=h.last_error, last_scrape_ms=h.last_scrape_ms,
-                            last_success_ms=h.last_success_ms, last_duration_s=h.last_duration_s,
-                            consecutive_failures=h.consecutive_failures,
-                            server_healthy=None if h.server_healthy is None else bool(h.server_healthy))
+            raw = _driver(conn)
+            trow = raw.execute(_SELECT_TARGET, (target,)).fetchone()
+            return None if trow is None else _health_of(raw.execute(_SELECT_HEALTH, (trow[0],)).fetchone())
 
     def reads_every_point(self, span_s: float) -> bool:
         """Whether a window of ``span_s`` seconds reads every stored point (within the raw retention), so a shorter
@@ -368,29 +388,30 @@ class Store:
                     extra = [r for sid, r in last.items() if r[1] > newest.get(sid, -1)]
                     return sorted(rows + extra, key=lambda r: (r[0], r[1])) if extra else rows
 
-                plain: dict[int, list[tuple[int, float]]] = defaultdict(list)
-                hists: dict[int, list[HistPoint]] = defaultdict(list)
+                plain: dict[int, list[tuple[int, float]]] = {}
+                hists: dict[int, list[HistPoint]] = {}
                 ids = [sid for sid, m in by_id.items() if m.kind != "histogram"]
-                for sid, ts, v in points("samples", "ts_ms, value", ids):
-                    plain[sid].append((ts, v))
+                for sid, rows in groupby(points("samples", "ts_ms, value", ids), key=_FIRST):
+                    plain[sid] = [(ts, v) for _, ts, v in rows]
                 ids = [sid for sid, m in by_id.items() if m.kind == "histogram"]
-                n_bounds = {sid: len(_bounds_parse(by_id[sid].bounds)) for sid in ids}
-                for sid, ts, count, total, counts in points("hist_samples", "ts_ms, count, sum, counts", ids):
-                    hists[sid].append(HistPoint(ts, decode_counts(counts, n_bounds[sid]), total, count))
+                for sid, rows in groupby(points("hist_samples", "ts_ms, count, sum, counts", ids), key=_FIRST):
+                    n = len(_bounds_parse(by_id[sid].bounds))
+                    hists[sid] = [HistPoint(ts, decode_counts(counts, n), total, count)
+                                  for _, ts, count, total, counts in rows]
                 configs = {}
                 for engine, model, config in raw.execute(_SELECT_CONFIGS, (tid,)):
                     configs[(engine, model)] = json.loads(config)
+                health = _health_of(raw.execute(_SELECT_HEALTH, (tid,)).fetchone())  # as of the same read
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"{self.engine.url}: {exc}") from None
-        health = self.health(target)
         engines: dict[tuple[str, str], dict[str, dict]] = defaultdict(lambda: {"series": {}, "hists": {}})
         for sid, pts in plain.items():
             s = by_id[sid]
-            key: SeriesKey = (s.metric, tuple(tuple(p) for p in json.loads(s.labels)))
+            key: SeriesKey = (s.metric, _labels_parse(s.labels))
             engines[(s.engine, s.model_name)]["series"][key] = tuple(pts)
         for sid, hpts in hists.items():
             s = by_id[sid]
-            key = (s.metric, tuple(tuple(p) for p in json.loads(s.labels)))
+            key = (s.metric, _labels_parse(s.labels))
             slot = engines[(s.engine, s.model_name)]["hists"]
             # After a bucket-layout change keep the layout with the newest data.
             if key not in slot or slot[key].points[-1].ts_ms < hpts[-1].ts_ms:
