@@ -177,3 +177,46 @@ def test_tables_are_rich_on_a_terminal_and_plain_columns_when_piped():
     lines = boxed.splitlines()
     assert len(lines) == 6 and lines[0][0] in "┏╭┌" and "[apply #1] kept" in boxed  # a cell is text, not markup
     assert all(w in lines[1] for w in ("target", "state", "note")) and "\x1b[" not in boxed  # no colour off a TTY
+
+
+def test_a_replica_groups_signals_are_its_replicas_together_in_status_signals_and_metrics(tmp_path, store):
+    """A group of two vLLM replicas (real HTTP servers replaying recorded expositions, one busier than the other):
+    `tuner signals GROUP` gives what both served together, equal to the sum of `tuner signals` of each replica at
+    the same instant; `tuner status` has a group row; the daemon exports the group's signals on /metrics."""
+    from tuner.daemon.metrics import TunerCollector
+    busy, calm = (fixture_text(f"vllm-0.32-cpu/{f}") for f in ("metrics_kv_pressure.txt", "metrics_after_load.txt"))
+    with ReplayServer(ReplayExposition(busy, growth=0.2)) as s1, ReplayServer(ReplayExposition(calm, growth=0.05)) as s2:
+        cfg_text = (f"store: {{url: '{store.engine.url}'}}\n"
+                    "targets:\n  - name: chat\n    backend: vllm\n    url: 'http://127.0.0.1:9'\n"
+                    "    balancer: {socket: /nonexistent/haproxy.sock, backend: chat}\n"
+                    f"    replicas: [{{name: r1, url: '{s1.url}'}}, {{name: r2, url: '{s2.url}'}}]\n")
+        (tmp_path / "tuner.yaml").write_text(cfg_text)
+        daemon = Daemon(parse_config(cfg_text), store)
+        for _ in range(4):
+            for t in daemon.cfg.targets:
+                daemon.scrape_once(t)
+            time.sleep(0.3)
+    at = str(time.time())
+    got = {}
+    for name in ("chat", "chat.r1", "chat.r2"):
+        proc = tuner("--config", str(tmp_path / "tuner.yaml"), "signals", name, "--at", at, "--json")
+        assert proc.returncode == 0, proc.stderr
+        got[name] = json.loads(proc.stdout)["engines"][0]
+    group, r1, r2 = got["chat"], got["chat.r1"], got["chat.r2"]
+    assert group["engine"] == "all" and r1["requests_waiting"] == 9 and r2["requests_waiting"] == 0
+    for key in ("requests_per_s", "prompt_tokens_per_s", "generation_tokens_per_s"):
+        assert group[key] == pytest.approx(r1[key] + r2[key], rel=1e-9) and r1[key] > 0 and r2[key] > 0, key
+    assert group["requests_waiting"] == 9 and group["kv_cache_usage"] == max(r1["kv_cache_usage"], r2["kv_cache_usage"])
+    assert min(r1["e2e_p99"], r2["e2e_p99"]) <= group["e2e_p99"] <= max(r1["e2e_p99"], r2["e2e_p99"])
+    proc = tuner("--config", str(tmp_path / "tuner.yaml"), "status")
+    assert proc.returncode == 0, proc.stderr
+    [row] = [line for line in proc.stdout.splitlines() if line.startswith("chat (group)")]
+    assert "2/2 up" in row and "all/tiny-llama" in row, row
+    js = json.loads(tuner("--config", str(tmp_path / "tuner.yaml"), "status", "--json").stdout)
+    assert js["groups"][0]["replicas"] == ["chat.r1", "chat.r2"] and js["groups"][0]["replicas_up"] == 2
+    daemon.signals_once()
+    exported = {(m.name, s.labels.get("target"), s.labels.get("engine")): s.value
+                for m in TunerCollector(daemon.state).collect() for s in m.samples}
+    assert exported[("tuner_requests_waiting", "chat", "all")] == 9
+    assert exported[("tuner_requests_per_second", "chat", "all")] == pytest.approx(
+        exported[("tuner_requests_per_second", "chat.r1", "0")] + exported[("tuner_requests_per_second", "chat.r2", "0")])

@@ -172,3 +172,56 @@ def test_each_histogram_increase_worked_out_once_gives_the_quantiles_worked_out_
                 assert getattr(e, f"{prefix}_p{round(q * 100)}") == alone
                 checked += alone is not None
     assert checked >= 6  # the recorded load filled two of the latency histograms (all three quantiles each)
+
+
+def test_a_groups_signals_are_what_its_replicas_served_together(tmp_path):
+    """Two replicas of a group scraped over the same 5 minutes (recorded vLLM expositions, one under KV pressure
+    with requests waiting, one after a load, replayed at different growth; the second restarts midway): the group's rates are the sum of the replicas', its P99s and goodput come
+    from their histogram increases summed bucket by bucket, waiting adds up, KV use is the fullest replica's."""
+    import re
+
+    from tests.helpers import VLLM_DIR, migrated_store
+    from tuner.collect import vllm
+    from tuner.lab.replay import ReplayExposition
+    from tuner.signals.derive import SIGNAL_METRICS, group_signals
+    from tuner.signals.promql import bucket_increase, fraction_le, histogram_quantile
+
+    store = migrated_store(tmp_path)
+    t0 = 1_800_000_000.0
+    r1 = ReplayExposition((VLLM_DIR / "metrics_kv_pressure.txt").read_text(), growth=0.05)
+    text = (VLLM_DIR / "metrics_after_load.txt").read_text()
+    r2 = ReplayExposition(text, growth=0.3)
+    for i in range(61):
+        store.ingest(vllm.snapshot_from_text(r1.render().decode(), target="g.r1", ts=t0 + 5 * i))
+        if i == 30:  # r2 restarts: its counters start again, its start time moves
+            r2 = ReplayExposition(re.sub(r"^(process_start_time_seconds) (\S+)$",
+                                         lambda m: f"{m[1]} {float(m[2]) + 900}", text, flags=re.M), growth=0.3)
+        store.ingest(vllm.snapshot_from_text(r2.render().decode(), target="g.r2", ts=t0 + 5 * i + 2))
+    lo, hi = t0 + 10, t0 + 290
+    slo = Slo(ttft_p99=timedelta(seconds=1), e2e_p99=timedelta(seconds=20))
+    windows = [store.window(n, lo, hi, metrics=SIGNAL_METRICS) for n in ("g.r1", "g.r2")]
+    one = [compute_signals(w, slo=slo).engines[0] for w in windows]
+    g = group_signals("g", windows, slo=slo)
+    assert g.target == "g" and [e.engine for e in g.engines] == ["all"]
+    e = g.engines[0]
+    for name in ("requests_per_s", "generation_tokens_per_s", "prompt_tokens_per_s", "preemptions_per_s"):
+        want = getattr(one[0], name) + getattr(one[1], name)
+        assert getattr(e, name) == pytest.approx(want, rel=1e-12), name
+    assert e.requests_waiting == one[0].requests_waiting + one[1].requests_waiting
+    assert e.requests_running == one[0].requests_running + one[1].requests_running
+    assert e.kv_cache_usage == max(one[0].kv_cache_usage, one[1].kv_cache_usage)
+    assert e.restarts == 1 == one[0].restarts + one[1].restarts
+    # the P99 of what both served, from the buckets summed (not an average of the two P99s)
+    lo_ms, hi_ms = windows[0].start_ms, windows[0].end_ms
+    for prefix, metric in (("e2e", "vllm:e2e_request_latency_seconds"), ("ttft", "vllm:time_to_first_token_seconds")):
+        hs = [w.engines[0].hists[(metric, ())] for w in windows]
+        summed = [a + b for a, b in zip(*(bucket_increase(h, lo_ms, hi_ms) for h in hs))]
+        assert getattr(e, f"{prefix}_p99") == pytest.approx(histogram_quantile(0.99, hs[0].bounds, summed), rel=1e-12)
+        if prefix == "e2e":
+            assert e.requests_in_window == pytest.approx(summed[-1], rel=1e-12)
+            e2e_share = fraction_le(20.0, hs[0].bounds, summed)
+    # one replica much busier than the other: the group's P99 is not the mean of theirs
+    assert e.e2e_p99 != pytest.approx((one[0].e2e_p99 + one[1].e2e_p99) / 2)
+    assert e.goodput_ratio is not None and e.goodput_ratio <= e2e_share[1] + 1e-12
+    with pytest.raises(ValueError, match="different ranges"):
+        group_signals("g", [windows[0], store.window("g.r2", lo, hi - 5, metrics=SIGNAL_METRICS)])

@@ -8,11 +8,13 @@ from typing import Any
 from tuner.app.session import Session
 from tuner.collect.gpu import read_nvml
 from tuner.config import Target
-from tuner.signals.derive import SIGNAL_METRICS, TargetSignals, compute_signals
+from tuner.config import Config
+from tuner.errors import TunerError
+from tuner.signals.derive import SIGNAL_METRICS, TargetSignals, compute_signals, group_signals
 from tuner.store import journal as jr
-from tuner.store.store import GpuLatest
+from tuner.store.store import GpuLatest, Store
 
-__all__ = ["Status", "TargetStatus", "status", "signals"]
+__all__ = ["Status", "TargetStatus", "GroupStatus", "status", "signals", "replica_groups", "group_signals_at"]
 
 
 @dataclass(frozen=True)
@@ -31,11 +33,47 @@ class TargetStatus:
 
 
 @dataclass(frozen=True)
+class GroupStatus:
+    """A replica group as a whole: what its replicas served together (signals/derive.py group_signals)."""
+
+    name: str
+    replicas: list[TargetStatus]
+    signals: TargetSignals | None  # None: no replica scraped yet
+
+    @property
+    def up(self) -> int:
+        return sum(1 for r in self.replicas if r.signals and r.signals.health and r.signals.health.health != "down")
+
+    def as_json(self) -> dict[str, Any]:
+        body = self.signals.as_json() if self.signals else {"target": self.name, "engines": []}
+        return {**body, "group": self.name, "replicas": [r.target.name for r in self.replicas], "replicas_up": self.up}
+
+
+@dataclass(frozen=True)
 class Status:
     window_s: float
     targets: list[TargetStatus]
     gpus: list[GpuLatest]
     gpu_note: str  # why there is no GPU reading ("" when there is one)
+    groups: list[GroupStatus]
+
+
+def replica_groups(cfg: Config) -> dict[str, list[Target]]:
+    """Each replica group's targets (GROUP.REPLICA), in the order the file lists them."""
+    out: dict[str, list[Target]] = {}
+    for t in cfg.targets:
+        if t.group:
+            out.setdefault(t.group, []).append(t)
+    return out
+
+
+def group_signals_at(store: Store, cfg: Config, group: str, *, window_s: float, at: float) -> TargetSignals | None:
+    """The group's signals over the ``window_s`` before ``at`` from its replicas' windows (the same range for all);
+    None when none of them has been scraped yet."""
+    members = replica_groups(cfg)[group]
+    known = set(store.target_names())
+    windows = [store.window(m.name, at - window_s, at, metrics=SIGNAL_METRICS) for m in members if m.name in known]
+    return group_signals(group, windows, slo=members[0].slo) if windows else None
 
 
 def status(session: Session, *, window_s: float, now: float) -> Status:
@@ -54,9 +92,21 @@ def status(session: Session, *, window_s: float, now: float) -> Status:
         if cfg.gpu.source == "nvml":
             reading = read_nvml(now)  # cheap, and says why (no driver, no device) when there is no GPU
             note = note if reading.available else reading.reason
-    return Status(window_s, rows, list(gpus), note)
+    by_name = {r.target.name: r for r in rows}
+    groups = [GroupStatus(g, [by_name[m.name] for m in members],
+                          group_signals_at(store, cfg, g, window_s=window_s, at=now))
+              for g, members in replica_groups(cfg).items()]
+    return Status(window_s, rows, list(gpus), note, groups)
 
 
 def signals(session: Session, target: str, *, window_s: float, at: float) -> TargetSignals:
+    """A target's signals, or a replica group's (by the group's name: what its replicas served together)."""
+    if target in replica_groups(session.cfg):
+        sig = group_signals_at(session.store, session.cfg, target, window_s=window_s, at=at)
+        if sig is None:
+            names = ", ".join(m.name for m in replica_groups(session.cfg)[target])
+            raise TunerError(f"group {target}: none of its replicas ({names}) has been scraped yet (is `tuner run` "
+                             "running?)")
+        return sig
     t = session.cfg.target(target)
     return compute_signals(session.store.window(t.name, at - window_s, at, metrics=SIGNAL_METRICS), slo=t.slo)

@@ -51,6 +51,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     st = status_app.status(s, window_s=args.window.total_seconds(), now=now)
     if args.json:
         print(json.dumps({"targets": [r.as_json() for r in st.targets if r.signals is not None],
+                          "groups": [g.as_json() for g in st.groups],
                           "gpus": [g.__dict__ for g in st.gpus]}, default=list))
         return 0
     # Peaks over the window for the gauges a loaded server's scrapes miss; the queue from its histogram.
@@ -73,6 +74,13 @@ def cmd_status(args: argparse.Namespace) -> int:
                          f"{fmt(e.requests_running_max, digits=0)}/{fmt(e.requests_waiting_max, digits=0)}",
                          fmt(e.queue_p99, 1, "s", 2), fmt(e.ttft_p99, 1000, "ms", 0), fmt(e.e2e_p99, 1, "s", 2),
                          fmt(e.goodput_ratio, 100, "%", 0), last, age, err])
+    for grp in st.groups:  # what the replicas served together: rates and running/waiting add up, KV is the fullest's
+        for e in (grp.signals.engines if grp.signals else ()):
+            rows.append([f"{grp.name} (group)", grp.replicas[0].target.backend, f"{grp.up}/{len(grp.replicas)} up",
+                         f"{e.engine}/{e.model_name}", fmt(e.kv_cache_usage_max, 100, "%", 1),
+                         f"{fmt(e.requests_running_max, digits=0)}/{fmt(e.requests_waiting_max, digits=0)}",
+                         fmt(e.queue_p99, 1, "s", 2), fmt(e.ttft_p99, 1000, "ms", 0), fmt(e.e2e_p99, 1, "s", 2),
+                         fmt(e.goodput_ratio, 100, "%", 0), "-", "-", ""])
     print(f"tuner status — window {st.window_s:g}s (peaks and P99s over it), store {s.cfg.store.url}")
     print(table(rows))
     if st.gpu_note:
@@ -164,14 +172,16 @@ def add_parsers(sub: Any) -> None:
     d.add_argument("db_command", choices=["upgrade", "current"])
     d.set_defaults(func=cmd_db)
 
-    s = sub.add_parser("status", help="a table per target: health, peak KV use and running/waiting, P99 queue time, "
+    s = sub.add_parser("status", help="a table per target (and per replica group: its replicas together): health, "
+                       "peak KV use and running/waiting, P99 queue time, "
                        "TTFT and E2E, share within the SLO, last apply; GPUs")
     s.add_argument("--window", type=duration, default=parse_duration("5m"), help="signal window (default 5m)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.set_defaults(func=cmd_status)
 
-    g = sub.add_parser("signals", help="derived signals of one target over a window")
-    g.add_argument("target")
+    g = sub.add_parser("signals", help="derived signals of one target, or of a replica group (what its replicas "
+                                       "served together), over a window")
+    g.add_argument("target", help="a target, or a replica group's name")
     g.add_argument("--window", type=duration, default=parse_duration("5m"),
                    help="window (default 5m; one longer than store.retention.raw is read at the rollup step, "
                         "as retention will keep it)")

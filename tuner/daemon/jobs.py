@@ -24,6 +24,7 @@ from tuner.app.alerting import Alerting
 from tuner.app.auto import auto_step
 from tuner.app.session import Session
 from tuner.app.signalbook import SignalBook
+from tuner.app.status import group_signals_at, replica_groups
 from tuner.apply.guard import Decision, halted
 from tuner.collect.gpu import GpuCollector
 from tuner.collect.layout import Layouts
@@ -183,7 +184,7 @@ class Daemon:
 
     def signals_once(self) -> None:
         """Every target's signals over the configured window, for /metrics and status (from the SignalBook:
-        derived once per tick, shared with the alert rules over the same window)."""
+        derived once per tick, shared with the alert rules over the same window), and each replica group's."""
         now = self.clock()
         window = self.cfg.defaults.signal_window.total_seconds()
         for t in self.cfg.targets:
@@ -196,6 +197,15 @@ class Daemon:
                 continue
             with self.state.lock:
                 self.state.signals[t.name] = sig
+        for group in replica_groups(self.cfg):  # what each group's replicas served together (engine "all")
+            try:
+                gsig = group_signals_at(self.store, self.cfg, group, window_s=window, at=now)
+            except TunerError as exc:
+                self._job_error(f"signals:{group}", str(exc))
+                continue
+            if gsig is not None:
+                with self.state.lock:
+                    self.state.signals[group] = gsig
 
     def evaluate_once(self, group_name: str) -> None:
         group = next((g for g in self.alerting.rules.groups if g.name == group_name), None)

@@ -6,16 +6,17 @@ Pure: the window and the evaluation time come in as arguments; nothing here read
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from tuner.backends import backend as backend_of
 from tuner.config import Slo
 from tuner.signals.promql import bucket_increase, fraction_le, histogram_quantile, increase, rate
-from tuner.store.window import EngineWindow, HistSeries, Point, TargetHealth, TargetWindow
+from tuner.collect.snapshots import SeriesKey
+from tuner.store.window import EngineWindow, HistPoint, HistSeries, Point, TargetHealth, TargetWindow
 
-__all__ = ["EngineSignals", "TargetSignals", "compute_signals", "queue_ratio", "QUANTILES", "LATENCY_HISTOGRAMS",
-           "SIGNAL_METRICS"]
+__all__ = ["EngineSignals", "TargetSignals", "compute_signals", "group_signals", "queue_ratio", "QUANTILES",
+           "LATENCY_HISTOGRAMS", "SIGNAL_METRICS"]
 
 QUANTILES = (0.5, 0.95, 0.99)
 # signal prefix → histogram (seconds)
@@ -246,3 +247,75 @@ def compute_signals(window: TargetWindow, *, slo: Slo | None = None) -> TargetSi
     return TargetSignals(target=window.target, backend=window.backend, window_s=(hi - lo) / 1000,
                          at=hi / 1000, health=window.health,
                          engines=tuple(_engine_signals(e, window.backend, slo, lo, hi) for e in window.engines))
+
+
+_COUNTERS = frozenset([*(m for b in _RATES.values() for m in b.values()), "vllm:prefix_cache_hits_total",
+                       "vllm:prefix_cache_queries_total"])
+_HOTTEST = frozenset(["vllm:kv_cache_usage_perc", "tuner:kv_cache_usage"])  # a group's KV use: its fullest replica
+
+
+def _group_window(name: str, windows: Sequence[TargetWindow]) -> TargetWindow:
+    """The replicas' windows as one server's, over the same range [lo, hi]: each counter's and each histogram's
+    increase over the window (Prometheus's, per replica and label set, resets and all) summed over the replicas
+    and set as two points, 0 at lo and the sum at hi, so that compute_signals reads back exactly that increase;
+    the gauges' latest values summed (running, waiting, slots) or, for KV use, the fullest replica's, and their
+    peaks likewise (a point just before hi). One engine, "all"."""
+    lo, hi = windows[0].start_ms, windows[0].end_ms
+    counters: dict[SeriesKey, list[float]] = {}
+    gauges: dict[SeriesKey, tuple[list[float], list[float]]] = {}
+    hists: dict[SeriesKey, tuple[tuple[float, ...], list[tuple[float, ...]], list[float], list[float]]] = {}
+    models = set()
+    for w in windows:
+        for e in w.engines:
+            models.add(e.model_name)
+            for key, pts in e.series.items():
+                if key[0] not in SIGNAL_METRICS:
+                    continue
+                if key[0] in _COUNTERS:
+                    inc = increase(pts, lo, hi)
+                    if inc is not None:
+                        counters.setdefault(key, []).append(inc)
+                elif key[0] != "process_start_time_seconds" and pts:
+                    latest, peak = gauges.setdefault(key, ([], []))
+                    latest.append(pts[-1][1])
+                    peak.append(max(v for _, v in pts))
+            for key, h in e.hists.items():
+                inc_b = bucket_increase(h, lo, hi) if key[0] in SIGNAL_METRICS else None
+                if inc_b is None:
+                    continue
+                held = hists.setdefault(key, (h.bounds, [], [], []))
+                if held[0] != h.bounds:  # a replica with another bucket layout cannot be summed with the first
+                    continue
+                held[1].append(inc_b)
+                held[2].append(increase([(p.ts_ms, p.sum) for p in h.points], lo, hi) or 0.0)
+                held[3].append(increase([(p.ts_ms, p.count) for p in h.points], lo, hi) or 0.0)
+    series: dict[SeriesKey, tuple[Point, ...]] = {}
+    for key, incs in counters.items():
+        series[key] = ((lo, 0.0), (hi, math.fsum(incs)))
+    for key, (latest, peak) in gauges.items():
+        agg = max if key[0] in _HOTTEST else math.fsum
+        series[key] = ((hi - 1, agg(peak)), (hi, agg(latest)))
+    hist_series = {}
+    for key, (bounds, per_replica, sums, counts) in hists.items():
+        summed = tuple(math.fsum(col) for col in zip(*per_replica))
+        hist_series[key] = HistSeries(bounds, (HistPoint(lo, (0.0,) * len(bounds), 0.0, 0.0),
+                                               HistPoint(hi, summed, math.fsum(sums), math.fsum(counts))))
+    engine = EngineWindow(engine="all", model_name=", ".join(sorted(models)), series=series, hists=hist_series)
+    return TargetWindow(target=name, backend=windows[0].backend, start_ms=lo, end_ms=hi,
+                        engines=(engine,) if series or hist_series else (), health=None)
+
+
+def group_signals(name: str, windows: Sequence[TargetWindow], *, slo: Slo | None = None) -> TargetSignals:
+    """A replica group's signals over its replicas' windows (one range, the same for all): what the group served,
+    as if one server had served it. Rates and token rates add up; latency quantiles and goodput come from the
+    replicas' histogram increases summed bucket by bucket (never an average of quantiles); running and waiting
+    requests add up; KV use is the fullest replica's; restarts add up. Health is left to each replica."""
+    if not windows:
+        raise ValueError(f"group {name}: no replica windows")
+    if len({(w.start_ms, w.end_ms) for w in windows}) != 1:
+        raise ValueError(f"group {name}: the replicas' windows cover different ranges")
+    sig = compute_signals(_group_window(name, windows), slo=slo)
+    samples = sum(sum(len(p) for p in e.series.values()) + sum(len(h.points) for h in e.hists.values())
+                  for w in windows for e in w.engines)
+    restarts = sum(_restarts(e) for w in windows for e in w.engines)
+    return replace(sig, engines=tuple(replace(e, samples=samples, restarts=restarts) for e in sig.engines))
