@@ -80,3 +80,17 @@ def test_the_apply_bench_counts_requests_not_attempts() -> None:
                 Req(0, 5, "ok", request=(2, 0)),
                 Req(5, 6, "http 500", request=(2, 1))]  # still failing when the load stopped
     assert requests_summary(attempts) == {"requests": 4, "retried": 1, "lost": 1, "attempts_failed": 3}
+
+
+def test_lateness_is_read_around_the_interval_so_a_phase_at_its_edge_is_not_a_whole_interval_late() -> None:
+    from bench.scale import lateness_ms
+    interval = 5000
+    # a target scraped at 4.99 s past each 5 s mark, with +-15 ms of jitter: some scrapes land just past the mark
+    stamps = [k * interval + 4990 + j for k, j in enumerate([0, 15, -10, 12, 14, 3, -15, 11, 0, 13])]
+    late = lateness_ms(stamps, interval)
+    assert max(late) == 30 and min(late) == 0  # 4990 - 15 is the least late; 4990 + 15 (past the mark) 30 ms later
+    # a scrape really 3 s late shows as 3 s (lateness is one-sided: no scheduler runs early), the others as before
+    stamps[4] += 3000
+    late = lateness_ms(stamps, interval)
+    assert late[4] == 3000 + 14 + 15 and max(late[:4] + late[5:]) == 30
+    assert lateness_ms([], interval) == []
