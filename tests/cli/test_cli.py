@@ -89,18 +89,25 @@ def test_bad_config_names_file_and_key(tmp_path):
     assert str(cfg) in proc.stderr and "targets[0].scrape_intervall" in proc.stderr
 
 
+def _scraped_four_times(tmp_path, cfg_text: str, store) -> Daemon:
+    """Write the config and let a daemon scrape every target four times, 0.3 s apart (real servers: the points
+    need distinct timestamps for rates)."""
+    (tmp_path / "tuner.yaml").write_text(cfg_text)
+    daemon = Daemon(parse_config(cfg_text), store)
+    for _ in range(4):
+        for t in daemon.cfg.targets:
+            daemon.scrape_once(t)
+        time.sleep(0.3)
+    return daemon
+
+
 def test_status_and_signals_read_what_the_daemon_stored(tmp_path, store):
     text = fixture_text("vllm-0.32-cpu/metrics_after_load.txt")
     with ReplayServer(ReplayExposition(text, growth=0.05)) as server:
         cfg_text = (f"store: {{url: '{store.engine.url}'}}\n"
                     f"targets:\n  - {{name: v, backend: vllm, url: '{server.url}', slo: {{e2e_p99: 10s}}}}\n"
                     f"  - {{name: gone, backend: vllm, url: 'http://127.0.0.1:9'}}\n")
-        (tmp_path / "tuner.yaml").write_text(cfg_text)
-        daemon = Daemon(parse_config(cfg_text), store)
-        for _ in range(4):
-            for t in daemon.cfg.targets:
-                daemon.scrape_once(t)
-            time.sleep(0.3)
+        _scraped_four_times(tmp_path, cfg_text, store)
     proc = tuner("--config", str(tmp_path / "tuner.yaml"), "status")
     assert proc.returncode == 0, proc.stderr
     rows = {line.split()[0]: line for line in proc.stdout.splitlines()[2:] if line.strip()}
@@ -190,12 +197,7 @@ def test_a_replica_groups_signals_are_its_replicas_together_in_status_signals_an
                     "targets:\n  - name: chat\n    backend: vllm\n    url: 'http://127.0.0.1:9'\n"
                     "    balancer: {socket: /nonexistent/haproxy.sock, backend: chat}\n"
                     f"    replicas: [{{name: r1, url: '{s1.url}'}}, {{name: r2, url: '{s2.url}'}}]\n")
-        (tmp_path / "tuner.yaml").write_text(cfg_text)
-        daemon = Daemon(parse_config(cfg_text), store)
-        for _ in range(4):
-            for t in daemon.cfg.targets:
-                daemon.scrape_once(t)
-            time.sleep(0.3)
+        daemon = _scraped_four_times(tmp_path, cfg_text, store)
     at = str(time.time())
     got = {}
     for name in ("chat", "chat.r1", "chat.r2"):
