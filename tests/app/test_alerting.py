@@ -64,3 +64,48 @@ def test_invalid_rules_stop_the_daemon_and_a_bad_reload_keeps_the_last_good_set(
     path.write_text(RULES.replace("KVHigh", "KVVeryHigh"))
     assert daemon.reload_rules() is True
     assert [r.alert for r in daemon.alerting.rules.rules] == ["KVVeryHigh"]
+
+
+def test_a_rule_over_groups_judges_what_the_replicas_served_together(tmp_path, store):
+    """Two replicas, one much busier and slower than the other. A rule over groups on E2E P99 fires when the
+    group's P99 (from the replicas' summed buckets) is above its threshold and not when only one replica's is:
+    the thresholds come from the values measured in this run, on each side of the group's P99."""
+    from tests.helpers import VLLM_DIR
+    from tuner.app.status import group_signals_at
+    from tuner.collect import vllm
+    from tuner.lab.replay import ReplayExposition
+    from tuner.signals.derive import compute_signals
+    t0 = 1_800_000_000.0
+    busy = ReplayExposition((VLLM_DIR / "metrics_kv_pressure.txt").read_text(), growth=0.05)
+    calm = ReplayExposition((VLLM_DIR / "metrics_after_load.txt").read_text(), growth=0.3)
+    for i in range(61):
+        store.ingest(vllm.snapshot_from_text(busy.render().decode(), target="chat.r1", ts=t0 + 5 * i))
+        store.ingest(vllm.snapshot_from_text(calm.render().decode(), target="chat.r2", ts=t0 + 5 * i + 1))
+    now = t0 + 300
+    group_cfg = ("targets:\n  - name: chat\n    backend: vllm\n    url: 'http://127.0.0.1:9'\n"
+                 "    balancer: {socket: /nonexistent.sock, backend: chat}\n"
+                 "    replicas: [{name: r1, url: 'http://127.0.0.1:8001'}, {name: r2, url: 'http://127.0.0.1:8002'}]\n")
+    cfg = parse_config(group_cfg)
+    group = group_signals_at(store, cfg, "chat", window_s=300, at=now).engines[0].e2e_p99
+    replicas = [compute_signals(store.window(f"chat.{r}", now - 300, now)).engines[0].e2e_p99 for r in ("r1", "r2")]
+    below, above = (group + min(replicas)) / 2, (group + max(replicas)) / 2
+    assert min(replicas) < below < group < above < max(replicas)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(f"""\
+groups:
+  - name: g
+    rules:
+      - {{alert: GroupSlowLow, signal: e2e_p99, op: ">", threshold: {below!r}, over: groups}}
+      - {{alert: GroupSlowHigh, signal: e2e_p99, op: ">", threshold: {above!r}, over: groups}}
+      - {{alert: ReplicaSlowHigh, signal: e2e_p99, op: ">", threshold: {above!r}}}
+      - {{alert: GroupWaiting, signal: requests_waiting, op: ">", threshold: 8, over: groups}}
+""")
+    cfg = parse_config(group_cfg + f"alerting: {{rule_files: ['{rules}']}}\n")
+    alerting = Alerting(cfg, store, clock=lambda: now)
+    alerting.evaluate_group(alerting.rules.groups[0])
+    fired = {(a.labels["alertname"], a.labels.get("group") or a.labels.get("target")): a.value
+             for a in alerting.active()}
+    slowest = "chat.r1" if replicas[0] > replicas[1] else "chat.r2"
+    assert fired.keys() == {("GroupSlowLow", "chat"), ("ReplicaSlowHigh", slowest), ("GroupWaiting", "chat")}
+    assert fired[("GroupSlowLow", "chat")] == group
+    assert fired[("GroupWaiting", "chat")] == 9  # 9 waiting on the busy replica, 0 on the calm one

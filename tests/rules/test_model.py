@@ -93,3 +93,18 @@ def test_files_that_crashed_the_loader_name_their_line(text: str, line: int, rea
     with pytest.raises(RuleFileError) as info:
         parse_rules(text, "r.yaml")
     assert info.value.line == line and reason in info.value.reason, info.value
+
+
+def test_over_groups_is_for_engine_signals_and_names_its_values():
+    from tuner.errors import RuleFileError
+    ok = parse_rules("groups:\n  - name: g\n    rules:\n"
+                     "      - {alert: A, signal: e2e_p99, op: '>', threshold: 2, over: groups}\n")
+    assert ok.rules[0].over == "groups"
+    assert parse_rules("groups:\n  - name: g\n    rules:\n"
+                       "      - {alert: A, signal: e2e_p99, op: '>', threshold: 2}\n").rules[0].over == "targets"
+    with pytest.raises(RuleFileError, match="over: 'replicas' is not 'targets' or 'groups'"):
+        parse_rules("groups:\n  - name: g\n    rules:\n"
+                    "      - {alert: A, signal: e2e_p99, op: '>', threshold: 2, over: replicas}\n")
+    with pytest.raises(RuleFileError, match="over: groups works for engine signals only"):
+        parse_rules("groups:\n  - name: g\n    rules:\n      - {alert: A, signal: up, op: '==', threshold: 0, "
+                    "over: groups}\n")

@@ -13,6 +13,7 @@ import threading
 from datetime import timedelta
 from typing import Callable
 
+from tuner.app.status import group_signals_at, replica_groups
 from tuner.config import Config, Target
 from tuner.errors import TunerError
 from tuner.notify import FlushResult, Notifier
@@ -73,11 +74,16 @@ class Alerting:
         now_ms = int(now * 1000)
         cache: dict[tuple[str, timedelta], TargetSignals | None] = {}
         windows = {r.window.total_seconds() for r in group.rules}
+        replica_sets = replica_groups(self.cfg) if any(r.over == "groups" for r in group.rules) else {}
 
         def signals(name: str, window: timedelta) -> TargetSignals | None:
             if (name, window) not in cache:
                 try:
-                    cache[(name, window)] = self.signals_for(name, window.total_seconds(), now, windows=windows)
+                    if name in replica_sets:  # a rule over groups: the replicas' windows together
+                        cache[(name, window)] = group_signals_at(self.store, self.cfg, name,
+                                                                 window_s=window.total_seconds(), at=now)
+                    else:
+                        cache[(name, window)] = self.signals_for(name, window.total_seconds(), now, windows=windows)
                 except TunerError:
                     cache[(name, window)] = None  # never scraped yet: no data, no alert
             return cache[(name, window)]

@@ -71,6 +71,8 @@ def vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timede
             if v is not None and op(v, rule.threshold):
                 out.append(({"gpu": str(g.index), "uuid": g.uuid}, v))
         return out
+    if rule.over == "groups":
+        return _group_vector(rule, targets, signals, max_num_seqs)
     for t in targets:
         if rule.backend != "any" and t.backend != rule.backend:
             continue
@@ -99,6 +101,38 @@ def vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timede
 
 
 APPLY_SIGNALS = frozenset({"auto_apply_halted"})
+
+
+def _group_vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timedelta], TargetSignals | None],
+                  max_num_seqs: Callable[[Target], float | None]) -> list[Sample]:
+    """A rule with ``over: groups``: one value per replica group and engine ("all"), from ``signals(GROUP, w)``
+    (what its replicas served together); the group's threshold is its override or its SLO (the replicas share
+    one), queue_to_max_num_seqs divides by the replicas' max-num-seqs summed."""
+    op = OPS[rule.op]
+    groups: dict[str, list[Target]] = {}
+    for t in targets:
+        if t.group:
+            groups.setdefault(t.group, []).append(t)
+    out: list[Sample] = []
+    for name, members in groups.items():
+        first = members[0]
+        if rule.backend != "any" and first.backend != rule.backend:
+            continue
+        threshold = rule.threshold_for(first.model_copy(update={"name": name}))
+        if threshold is None:
+            continue
+        sig = signals(name, rule.window)
+        if sig is None:
+            continue
+        limit = None
+        if rule.signal == "queue_to_max_num_seqs":
+            limits = [max_num_seqs(m) for m in members]
+            limit = sum(x for x in limits if x is not None) if all(x is not None for x in limits) else None
+        for e in sig.engines:
+            v = _engine_value(rule, first, e, limit)
+            if v is not None and op(v, threshold):
+                out.append(({"group": name, "engine": e.engine, "model_name": e.model_name}, float(v)))
+    return out
 
 
 def _target_value(rule: Rule, sig: TargetSignals) -> float | None:

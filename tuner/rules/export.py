@@ -17,7 +17,7 @@ import yaml
 
 from tuner.config import Target
 from tuner.rules.model import Rule, RuleSet
-from tuner.rules.signals import SIGNALS
+from tuner.rules.signals import ENGINE_BY, SIGNALS
 
 __all__ = ["prometheus_rules", "promql", "fmt_duration", "dump"]
 
@@ -43,10 +43,23 @@ def promql(rule: Rule, matchers: list[str], threshold: float) -> str:
     spec = SIGNALS[rule.signal]
     template = spec.promql.get(rule.backend) or spec.promql.get("any") or next(iter(spec.promql.values()))
     m = list(matchers)
+    relabel = False
+    if rule.over == "groups" and "tuner_" in template:
+        # tuner exports each group's signals as target="GROUP", engine="all": select those, and name the group
+        m = [x.replace("group", "target", 1) for x in m] + ['engine="all"']
+        template = template.replace(f"by ({ENGINE_BY})", "by (target, model_name)")
+        relabel = True
+    elif rule.over == "groups":
+        # over vLLM's own series, summed by the `group` label the replicas' scrape config gives them
+        m.append('group!=""')
+        template = template.replace(ENGINE_BY, "group, model_name")
     if "tuner_" in template and rule.backend in ("vllm", "llamacpp"):
         m.append(f"backend={_quote(rule.backend)}")  # tuner's series carry the target's backend
     sel = "{" + ",".join(m) + "}" if m else ""
     expr = template.format(sel=sel, w=fmt_duration(rule.window))
+    if relabel:
+        expr = f'label_replace({expr}, "group", "$1", "target", "(.+)")'
+
     value = repr(threshold) if not float(threshold).is_integer() else str(int(threshold))
     return f"({expr}) {rule.op} {value}" if " / " in expr else f"{expr} {rule.op} {value}"
 
@@ -65,18 +78,22 @@ def _one(rule: Rule, expr: str, hold: timedelta) -> dict[str, Any]:
 
 
 def _variants(rule: Rule, targets: list[Target]) -> list[dict[str, Any]]:
-    by_name = {t.name: t for t in targets}
-    special = sorted(set(rule.overrides) | ({t.name for t in targets if t.slo} if rule.from_slo else set()))
+    label = "group" if rule.over == "groups" else "target"
+    if rule.over == "groups":  # a group's threshold: its override, or the SLO its replicas share
+        by_name = {t.group: t.model_copy(update={"name": t.group}) for t in reversed(targets) if t.group}
+    else:
+        by_name = {t.name: t for t in targets}
+    special = sorted(set(rule.overrides) | ({n for n, t in by_name.items() if t.slo} if rule.from_slo else set()))
     out = []
     if not rule.from_slo:
-        matchers = [f'target!~"{_regex_alt(special)}"'] if special else []
+        matchers = [f'{label}!~"{_regex_alt(special)}"'] if special else []
         out.append(_one(rule, promql(rule, matchers, rule.threshold), rule.for_))
     for name in special:
         target = by_name.get(name) or Target(name=name, backend="vllm", url="http://127.0.0.1:1")
         threshold = rule.threshold_for(target)
         if threshold is None or math.isnan(threshold):
             continue
-        out.append(_one(rule, promql(rule, [f"target={_quote(name)}"], threshold), rule.hold_for(target.name)))
+        out.append(_one(rule, promql(rule, [f"{label}={_quote(name)}"], threshold), rule.hold_for(target.name)))
     return out
 
 

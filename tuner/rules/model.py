@@ -16,6 +16,8 @@
             annotations: {summary: "KV cache {{ $value | humanizePercentage }} on {{ $labels.target }}"}
             overrides:               # per target: threshold and/or for
               chat-a: {threshold: 0.9}
+            over: targets            # targets (each one) | groups: each replica group once, over what its
+                                     # replicas served together (engine signals only; overrides by group name)
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ OPS = {">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a <
        "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RULE_KEYS = {"alert", "signal", "op", "threshold", "window", "for", "keep_firing_for", "backend", "labels",
-              "annotations", "overrides"}
+              "annotations", "overrides", "over"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class Rule:
     annotations: dict[str, str]
     overrides: dict[str, Override]
     source: str  # "file:line", for messages
+    over: Literal["targets", "groups"] = "targets"  # groups: once per replica group, on its replicas together
 
     @property
     def scope(self) -> str:
@@ -188,6 +191,12 @@ def _rule(raw: Any, path: str, group_line: int) -> Rule:
     if backend not in spec.promql and not (backend == "any" and spec.scope != "engine"):
         raise _err(path, line, f"{alert}: signal {signal} has no value for backend {backend!r} "
                                f"(it has: {', '.join(spec.promql)})")
+    over = str(raw.get("over", "targets"))
+    if over not in ("targets", "groups"):
+        raise _err(path, line, f"{alert}: over: {over!r} is not 'targets' or 'groups'")
+    if over == "groups" and spec.scope != "engine":
+        raise _err(path, line, f"{alert}: over: groups works for engine signals only ({signal} is a {spec.scope} "
+                               "signal: it is evaluated for each target)")
     overrides = {}
     raw_over = raw.get("overrides") or {}
     if not isinstance(raw_over, dict):
@@ -216,7 +225,7 @@ def _rule(raw: Any, path: str, group_line: int) -> Rule:
                 backend=backend,  # type: ignore[arg-type]
                 labels=_str_map(raw.get("labels"), path, line, "labels"),
                 annotations=annotations,
-                overrides=overrides, source=f"{path}:{line}")
+                overrides=overrides, source=f"{path}:{line}", over=over)  # type: ignore[arg-type]
 
 
 def parse_rules(text: str, path: str = "<rules>", default_interval: timedelta = timedelta(seconds=15)) -> RuleSet:
