@@ -56,7 +56,7 @@ def plan(session: Session, rec_id: int, say: Callable[[str], None] = print) -> P
     An apply left half done by a dead tuner is reconciled first: it must not block, or confuse, this one."""
     ap = session.applier(say)
     ap.reconcile()
-    return PendingApply(ap, rec_id, ap.plan(proposed(ap.engine, rec_id)))
+    return PendingApply(ap, rec_id, ap.plan(ap.fresh(rec_id)))
 
 
 def waiting_on(session: Session, target: str, now: float) -> str | None:

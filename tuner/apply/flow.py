@@ -30,7 +30,7 @@ from tuner.signals.load import LoadProfile, profile
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 
-__all__ = ["Applier", "Plan", "Restored", "flags_in_force", "proposed"]
+__all__ = ["Applier", "Plan", "Restored", "flags_in_force", "proposed", "stale"]
 
 _OBSERVE_POLL_S = 1.0
 _IN_FLIGHT_TIMEOUT_S = 15.0
@@ -87,6 +87,19 @@ def proposed(engine: Any, rec_id: int) -> recs.StoredRecommendation:
     if rec.status != "proposed":
         raise NotProposedError(rec_id, rec.status)
     return rec
+
+
+def stale(rec: recs.StoredRecommendation, in_force: dict[str, Any]) -> str | None:
+    """Why a proposal no longer fits the flags in force (None when it still does): what it would set is in force
+    already (an apply rolled over the group did it), or it was proposed against values of its flags that have
+    changed since. Only the flags whose value it recorded are judged."""
+    if all(in_force.get(k) == v for k, v in rec.diff.items()):
+        return "already in force: " + ", ".join(f"{k}={v}" for k, v in rec.diff.items())
+    moved = [k for k in rec.diff if k in rec.current and rec.current[k] != in_force.get(k)]
+    if moved:
+        return ("proposed against " + ", ".join(f"{k}={rec.current[k]}" for k in moved) + "; in force now: "
+                + ", ".join(f"{k}={in_force.get(k)}" for k in moved))
+    return None
 
 
 def flags_in_force(engine: Any, t: Target, *, journaled: bool = True) -> dict[str, Any]:
@@ -269,8 +282,33 @@ class Applier:
             raise ApplyError(f"{t.name}: {starts} server starts by applies in the last hour (apply.max_restarts_per_"
                              f"hour {t.apply.max_restarts_per_hour}); wait, or pass --force")
 
-    def apply(self, rec_id: int, *, mode: str = "manual", force: bool = False) -> jr.StoredApply:
+    def fresh(self, rec_id: int) -> recs.StoredRecommendation:
+        """The proposal, if it may be applied and still fits the flags in force; else it is expired (with why)
+        and ApplyError says so."""
         rec = proposed(self.engine, rec_id)
+        t = self.cfg.target(rec.target)
+        why = stale(rec, self.flags_in_force(t))
+        if why is not None:
+            recs.set_status(self.engine, rec.id, "expired", now=self.clock(), note=why)
+            raise ApplyError(f"recommendation #{rec.id} for {t.name}: {why}; it is expired (`tuner recommend "
+                             f"{t.name}` proposes against the flags in force)")
+        return rec
+
+    def expire_stale(self, t: Target, apply_id: int) -> list[int]:
+        """After an apply changed the flags of ``t`` (and of every replica of its group): the proposals for them
+        that no longer fit are expired, so none is applied against flags that are gone. Returns their ids."""
+        done = []
+        for m in self.cfg.group(t):
+            in_force = self.flags_in_force(m)
+            for rec in recs.proposed_for(self.engine, m.name):
+                why = stale(rec, in_force)
+                if why is not None:
+                    recs.set_status(self.engine, rec.id, "expired", now=self.clock(), note=f"{why} (apply #{apply_id})")
+                    done.append(rec.id)
+        return done
+
+    def apply(self, rec_id: int, *, mode: str = "manual", force: bool = False) -> jr.StoredApply:
+        rec = self.fresh(rec_id)
         p = self.plan(rec)
         if p.route.restarts and not force:
             self.check_restart_budget(p.target)
@@ -284,7 +322,7 @@ class Applier:
         both serve the same live traffic through the balancer, and the verdict compares the canary with the
         control over the same window (same offered load by construction). Kept: the rest of the group rolls.
         Otherwise the canary goes back."""
-        rec = proposed(self.engine, rec_id)
+        rec = self.fresh(rec_id)
         p = self.plan(rec)
         t = p.target
         if p.route.name != "rolling":
@@ -324,6 +362,7 @@ class Applier:
             self._step(aid, "healthy", f"rolled out to all {len(self.cfg.group(t))} replicas of {t.group}")
             jr.finish(self.engine, aid, outcome, reason + "; rolled out to the group", now=self.clock())
             recs.set_status(self.engine, rec.id, "applied", now=self.clock(), note=reason)
+            self.expire_stale(t, aid)
             return jr.get_apply(self.engine, aid)
         if outcome == "inconclusive":
             reason += "; the previous flags are restored (apply.on_inconclusive: keep_previous)"
@@ -457,6 +496,7 @@ class Applier:
             jr.finish(self.engine, aid, outcome, prefix + reason, now=self.clock())
             if rec_id is not None:
                 recs.set_status(self.engine, rec_id, "applied", now=self.clock(), note=prefix + reason)
+            self.expire_stale(t, aid)
             return jr.get_apply(self.engine, aid)
         if outcome == "inconclusive":
             reason += "; the previous flags are restored (apply.on_inconclusive: keep_previous)"
