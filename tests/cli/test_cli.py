@@ -196,6 +196,7 @@ def test_a_replica_groups_signals_are_its_replicas_together_in_status_signals_an
         cfg_text = (f"store: {{url: '{store.engine.url}'}}\n"
                     "targets:\n  - name: chat\n    backend: vllm\n    url: 'http://127.0.0.1:9'\n"
                     "    balancer: {socket: /nonexistent/haproxy.sock, backend: chat}\n"
+                    "    flags: {max_num_seqs: 4}\n"
                     f"    replicas: [{{name: r1, url: '{s1.url}'}}, {{name: r2, url: '{s2.url}'}}]\n")
         daemon = _scraped_four_times(tmp_path, cfg_text, store)
     at = str(time.time())
@@ -217,8 +218,11 @@ def test_a_replica_groups_signals_are_its_replicas_together_in_status_signals_an
     js = json.loads(tuner("--config", str(tmp_path / "tuner.yaml"), "status", "--json").stdout)
     assert js["groups"][0]["replicas"] == ["chat.r1", "chat.r2"] and js["groups"][0]["replicas_up"] == 2
     daemon.signals_once()
+    daemon.apply_status_once()  # the flags in force: max-num-seqs 4 on each replica, 8 for the group
     exported = {(m.name, s.labels.get("target"), s.labels.get("engine")): s.value
                 for m in TunerCollector(daemon.state).collect() for s in m.samples}
     assert exported[("tuner_requests_waiting", "chat", "all")] == 9
+    assert exported[("tuner_queue_to_max_num_seqs_ratio", "chat", "all")] == 9 / 8
+    assert exported[("tuner_queue_to_max_num_seqs_ratio", "chat.r1", "0")] == 9 / 4
     assert exported[("tuner_requests_per_second", "chat", "all")] == pytest.approx(
         exported[("tuner_requests_per_second", "chat.r1", "0")] + exported[("tuner_requests_per_second", "chat.r2", "0")])

@@ -313,6 +313,9 @@ class Daemon:
             stopped = {t.name: self._halted(t, now) for t in self.cfg.targets if t.apply.mode == "auto"}
             up = {t.name: self.applier.running(t) is not None for t in self.cfg.targets if t.managed}
             limits = {t.name: v for t in self.cfg.targets if (v := self._max_num_seqs(t)) is not None}
+            for group, members in replica_groups(self.cfg).items():  # a group's: its replicas' together
+                if all(m.name in limits for m in members):
+                    limits[group] = sum(limits[m.name] for m in members)
         except TunerError as exc:
             self._job_error("apply-status", str(exc))
             return
