@@ -112,9 +112,12 @@ def test_renewing_a_proposal_keeps_the_measurement_tune_added(store):
     tune_ev = {"rule": "tune", "capacity_rps": 4.2, "baseline_capacity_rps": 2.0}
     got = recs.get_recommendation(store.engine, rid)
     recs.renew_recommendation(store.engine, rid, now=1500.0, rules=[*got.rules, "tune"],
-                              evidence=got.evidence + [tune_ev], confidence=0.9, memory_check=got.memory_check)
+                              evidence=got.evidence + [tune_ev], confidence=0.9, memory_check=got.memory_check,
+                              current={"max_num_seqs": 1})  # as if it had been seen against other flags before
     out = evaluate(inputs_from(QUEUE), [Previous(rid, diff_key({"max_num_seqs": 4}))])
     assert out.refreshed  # the rule still proposes it: renewed in place
     persist(store.engine, "t", Outcome(out.emitted, (), {diff_key({"max_num_seqs": 4}): rid}, ()), 2000.0)
     again = recs.get_recommendation(store.engine, rid)
     assert "tune" in again.rules and again.evidence[-1] == tune_ev and again.updated_ms == 2_000_000
+    # seen again against today's flags: what it was proposed against is today's (the apply judges staleness by it)
+    assert again.current == dict(out.emitted[0].current) and again.current != {"max_num_seqs": 1}

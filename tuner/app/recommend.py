@@ -149,7 +149,7 @@ def persist(engine: Any, target: str, outcome: Outcome, now: float) -> list[int]
             measured = [e for e in recs.get_recommendation(engine, rid).evidence if e.get("rule") == "tune"]
             recs.renew_recommendation(engine, rid, now=now, rules=[*r.rules, *(["tune"] if measured else [])],
                                       evidence=evidence + measured, confidence=r.confidence,
-                                      memory_check=r.memory.as_json())
+                                      memory_check=r.memory.as_json(), current=dict(r.current))
         else:
             rid = recs.add_recommendation(engine, target=target, now=now, rules=r.rules, diff_key=r.key,
                                           diff=dict(r.diff), current=dict(r.current), evidence=evidence,

@@ -468,7 +468,8 @@ def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> in
         recs.renew_recommendation(
             ctx.store.engine, same.id, now=ctx.clock(), rules=list(dict.fromkeys([*same.rules, "tune"])),
             evidence=[e for e in same.evidence if e.get("rule") != "tune"] + evidence,
-            confidence=max(same.confidence, 0.9), memory_check=same.memory_check)
+            confidence=max(same.confidence, 0.9), memory_check=same.memory_check,
+            current={**same.current, **{k: current.get(k) for k in diff}})
         return same.id
     return recs.add_recommendation(
         ctx.store.engine, target=ctx.target.name, now=ctx.clock(), rules=["tune"], diff_key=diff_key(diff),

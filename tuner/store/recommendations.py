@@ -94,12 +94,17 @@ def add_recommendation(engine: Engine, *, target: str, now: float, rules: Iterab
 
 
 def renew_recommendation(engine: Engine, rec_id: int, *, now: float, rules: Iterable[str],
-                         evidence: list[dict[str, Any]], confidence: float, memory_check: dict[str, Any]) -> None:
-    """A proposal seen again: fresh evidence and memory check, same id."""
+                         evidence: list[dict[str, Any]], confidence: float, memory_check: dict[str, Any],
+                         current: dict[str, Any] | None = None) -> None:
+    """A proposal seen again: fresh evidence and memory check (and ``current``, the flags it was seen against
+    this time, when given), same id."""
+    values: dict[str, Any] = {"updated_ms": _ms(now), "rules": json.dumps(list(rules)),
+                              "evidence": json.dumps(evidence, default=str), "confidence": confidence,
+                              "memory_check": json.dumps(memory_check, default=str)}
+    if current is not None:
+        values["current"] = json.dumps(current)
     with Tx(engine) as conn:
-        conn.execute(update(RecommendationRow).where(RecommendationRow.id == rec_id).values(
-            updated_ms=_ms(now), rules=json.dumps(list(rules)), evidence=json.dumps(evidence, default=str),
-            confidence=confidence, memory_check=json.dumps(memory_check, default=str)))
+        conn.execute(update(RecommendationRow).where(RecommendationRow.id == rec_id).values(**values))
 
 
 def set_status(engine: Engine, rec_id: int, status: str, *, now: float, note: str = "") -> None:
