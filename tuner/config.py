@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Iterable, Literal, NamedTuple
 
 import yaml
 from pydantic import (
@@ -29,7 +29,7 @@ from pydantic import (
 from tuner.errors import ConfigError, FlagError, UnknownTargetError
 from tuner.flags import validate
 
-__all__ = ["Matcher", "parse_selector", "Window", "parse_window", "in_window", "window_left", "Config", "Target", "Balancer", "Replica", "Managed", "Hook", "ApplyPolicy", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
+__all__ = ["Matcher", "parse_selector", "replica_groups", "Window", "parse_window", "in_window", "window_left", "Config", "Target", "Balancer", "Replica", "Managed", "Hook", "ApplyPolicy", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
            "parse_duration", "DEFAULT_LISTEN"]
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
@@ -639,6 +639,16 @@ def _key(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def replica_groups(targets: Iterable[Target]) -> dict[str, list[Target]]:
+    """Each replica group's targets (GROUP.REPLICA, as the config expands a group), in the order the file lists
+    them; targets in no group are left out."""
+    out: dict[str, list[Target]] = {}
+    for t in targets:
+        if t.group:
+            out.setdefault(t.group, []).append(t)
     return out
 
 

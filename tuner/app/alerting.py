@@ -13,8 +13,8 @@ import threading
 from datetime import timedelta
 from typing import Callable
 
-from tuner.app.status import group_signals_at, replica_groups
-from tuner.config import Config, Target
+from tuner.app.status import group_signals_at
+from tuner.config import Config, Target, replica_groups
 from tuner.errors import TunerError
 from tuner.notify import FlushResult, Notifier
 from tuner.rules.evaluate import configured_max_num_seqs, evaluate, payload, to_send, vector
@@ -74,7 +74,7 @@ class Alerting:
         now_ms = int(now * 1000)
         cache: dict[tuple[str, timedelta], TargetSignals | None] = {}
         windows = {r.window.total_seconds() for r in group.rules}
-        replica_sets = replica_groups(self.cfg) if any(r.over == "groups" for r in group.rules) else {}
+        replica_sets = replica_groups(self.cfg.targets) if any(r.over == "groups" for r in group.rules) else {}
 
         def signals(name: str, window: timedelta) -> TargetSignals | None:
             if (name, window) not in cache:

@@ -8,13 +8,13 @@ from typing import Any
 from tuner.app.session import Session
 from tuner.collect.gpu import read_nvml
 from tuner.config import Target
-from tuner.config import Config
+from tuner.config import Config, replica_groups
 from tuner.errors import TunerError
 from tuner.signals.derive import SIGNAL_METRICS, TargetSignals, compute_signals, group_signals
 from tuner.store import journal as jr
 from tuner.store.store import GpuLatest, Store
 
-__all__ = ["Status", "TargetStatus", "GroupStatus", "status", "signals", "replica_groups", "group_signals_at"]
+__all__ = ["Status", "TargetStatus", "GroupStatus", "status", "signals", "group_signals_at"]
 
 
 @dataclass(frozen=True)
@@ -58,19 +58,10 @@ class Status:
     groups: list[GroupStatus]
 
 
-def replica_groups(cfg: Config) -> dict[str, list[Target]]:
-    """Each replica group's targets (GROUP.REPLICA), in the order the file lists them."""
-    out: dict[str, list[Target]] = {}
-    for t in cfg.targets:
-        if t.group:
-            out.setdefault(t.group, []).append(t)
-    return out
-
-
 def group_signals_at(store: Store, cfg: Config, group: str, *, window_s: float, at: float) -> TargetSignals | None:
     """The group's signals over the ``window_s`` before ``at`` from its replicas' windows (the same range for all);
     None when none of them has been scraped yet."""
-    members = replica_groups(cfg)[group]
+    members = replica_groups(cfg.targets)[group]
     known = set(store.target_names())
     windows = [store.window(m.name, at - window_s, at, metrics=SIGNAL_METRICS) for m in members if m.name in known]
     return group_signals(group, windows, slo=members[0].slo) if windows else None
@@ -95,16 +86,16 @@ def status(session: Session, *, window_s: float, now: float) -> Status:
     by_name = {r.target.name: r for r in rows}
     groups = [GroupStatus(g, [by_name[m.name] for m in members],
                           group_signals_at(store, cfg, g, window_s=window_s, at=now))
-              for g, members in replica_groups(cfg).items()]
+              for g, members in replica_groups(cfg.targets).items()]
     return Status(window_s, rows, list(gpus), note, groups)
 
 
 def signals(session: Session, target: str, *, window_s: float, at: float) -> TargetSignals:
     """A target's signals, or a replica group's (by the group's name: what its replicas served together)."""
-    if target in replica_groups(session.cfg):
+    if target in replica_groups(session.cfg.targets):
         sig = group_signals_at(session.store, session.cfg, target, window_s=window_s, at=at)
         if sig is None:
-            names = ", ".join(m.name for m in replica_groups(session.cfg)[target])
+            names = ", ".join(m.name for m in replica_groups(session.cfg.targets)[target])
             raise TunerError(f"group {target}: none of its replicas ({names}) has been scraped yet (is `tuner run` "
                              "running?)")
         return sig

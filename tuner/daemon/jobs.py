@@ -24,14 +24,14 @@ from tuner.app.alerting import Alerting
 from tuner.app.auto import auto_step
 from tuner.app.session import Session
 from tuner.app.signalbook import SignalBook
-from tuner.app.status import group_signals_at, replica_groups
+from tuner.app.status import group_signals_at
 from tuner.apply.guard import Decision, halted
 from tuner.collect.gpu import GpuCollector
 from tuner.collect.layout import Layouts
 from tuner.collect.promsource import scrape_fleet
 from tuner.collect.scrape import scrape_target
 from tuner.collect.snapshots import TargetSnapshot
-from tuner.config import Config, Target
+from tuner.config import Config, Target, replica_groups
 from tuner.daemon.metrics import serve_metrics
 from tuner.daemon.state import DaemonState
 from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
@@ -197,7 +197,7 @@ class Daemon:
                 continue
             with self.state.lock:
                 self.state.signals[t.name] = sig
-        for group in replica_groups(self.cfg):  # what each group's replicas served together (engine "all")
+        for group in replica_groups(self.cfg.targets):  # what each group's replicas served together (engine "all")
             try:
                 gsig = group_signals_at(self.store, self.cfg, group, window_s=window, at=now)
             except TunerError as exc:
@@ -313,7 +313,7 @@ class Daemon:
             stopped = {t.name: self._halted(t, now) for t in self.cfg.targets if t.apply.mode == "auto"}
             up = {t.name: self.applier.running(t) is not None for t in self.cfg.targets if t.managed}
             limits = {t.name: v for t in self.cfg.targets if (v := self._max_num_seqs(t)) is not None}
-            for group, members in replica_groups(self.cfg).items():  # a group's: its replicas' together
+            for group, members in replica_groups(self.cfg.targets).items():  # a group's: its replicas' together
                 if all(m.name in limits for m in members):
                     limits[group] = sum(limits[m.name] for m in members)
         except TunerError as exc:

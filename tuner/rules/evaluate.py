@@ -17,7 +17,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterable, Mapping
 
-from tuner.config import Target
+from tuner.config import Target, replica_groups
 from tuner.rules.model import OPS, Rule
 from tuner.rules.state import Alert
 from tuner.rules.templates import render
@@ -109,12 +109,8 @@ def _group_vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str,
     (what its replicas served together); the group's threshold is its override or its SLO (the replicas share
     one), queue_to_max_num_seqs divides by the replicas' max-num-seqs summed."""
     op = OPS[rule.op]
-    groups: dict[str, list[Target]] = {}
-    for t in targets:
-        if t.group:
-            groups.setdefault(t.group, []).append(t)
     out: list[Sample] = []
-    for name, members in groups.items():
+    for name, members in replica_groups(targets).items():
         first = members[0]
         if rule.backend != "any" and first.backend != rule.backend:
             continue

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from tuner.config import Target
+from tuner.config import Target, replica_groups
 from tuner.rules.model import Rule, RuleSet
 from tuner.rules.signals import ENGINE_BY, SIGNALS
 
@@ -80,7 +80,7 @@ def _one(rule: Rule, expr: str, hold: timedelta) -> dict[str, Any]:
 def _variants(rule: Rule, targets: list[Target]) -> list[dict[str, Any]]:
     label = "group" if rule.over == "groups" else "target"
     if rule.over == "groups":  # a group's threshold: its override, or the SLO its replicas share
-        by_name = {t.group: t.model_copy(update={"name": t.group}) for t in reversed(targets) if t.group}
+        by_name = {g: members[0].model_copy(update={"name": g}) for g, members in replica_groups(targets).items()}
     else:
         by_name = {t.name: t for t in targets}
     special = sorted(set(rule.overrides) | ({n for n, t in by_name.items() if t.slo} if rule.from_slo else set()))

@@ -229,9 +229,13 @@ def _engine_signals(e: EngineWindow, backend: str, slo: Slo | None, lo: int, hi:
             values["requests_queued"] = max(0.0, q_inc[-1] - q_inc[0])
             values["queued_over_s"] = queue.bounds[0]
         values["goodput_ratio"], values["goodput_ratio_upper"] = _goodput(e, slo, lo, hi, increases)
-    return EngineSignals(engine=e.engine, model_name=e.model_name,
-                         samples=sum(len(p) for p in e.series.values()) + sum(len(h.points) for h in e.hists.values()),
-                         restarts=_restarts(e), **values)
+    return EngineSignals(engine=e.engine, model_name=e.model_name, samples=_samples(e), restarts=_restarts(e),
+                         **values)
+
+
+def _samples(e: EngineWindow) -> int:
+    """Stored points in an engine's window, all series."""
+    return sum(len(p) for p in e.series.values()) + sum(len(h.points) for h in e.hists.values())
 
 
 def queue_ratio(e: EngineSignals, max_num_seqs: float | None) -> float | None:
@@ -315,7 +319,6 @@ def group_signals(name: str, windows: Sequence[TargetWindow], *, slo: Slo | None
     if len({(w.start_ms, w.end_ms) for w in windows}) != 1:
         raise ValueError(f"group {name}: the replicas' windows cover different ranges")
     sig = compute_signals(_group_window(name, windows), slo=slo)
-    samples = sum(sum(len(p) for p in e.series.values()) + sum(len(h.points) for h in e.hists.values())
-                  for w in windows for e in w.engines)
+    samples = sum(_samples(e) for w in windows for e in w.engines)
     restarts = sum(_restarts(e) for w in windows for e in w.engines)
     return replace(sig, engines=tuple(replace(e, samples=samples, restarts=restarts) for e in sig.engines))
