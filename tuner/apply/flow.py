@@ -26,7 +26,7 @@ from tuner.config import Config, Target
 from tuner.errors import (ApplyError, FlagError, NotProposedError, ServerStartError, StoreError,
                           TunerError)
 from tuner.flags import spec, validate
-from tuner.signals.load import LoadProfile, profile
+from tuner.signals.load import LoadProfile, group_profile, profile
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 
@@ -50,6 +50,11 @@ class Plan:
     def how(self) -> str:
         """The route's name: managed | hook | manual (what the journal and `--dry-run --json` say)."""
         return self.route.name
+
+    @property
+    def whole_group(self) -> bool:
+        """The route changes every replica of the target's group (a rolling apply): the verdict reads the group."""
+        return self.route.name == "rolling" and self.target.group is not None
 
 
 @dataclass(frozen=True)
@@ -421,24 +426,34 @@ class Applier:
         jr.step(self.engine, aid, name, detail, now=self.clock(), state=state)
         self.say(f"[apply #{aid}] {name}" + (f": {detail}" if detail else ""))
 
-    def _profile(self, t: Target, start: float, end: float) -> LoadProfile | None:
-        if t.name not in self.store.target_names():
+    def _profile(self, t: Target, start: float, end: float, *, group: bool = False) -> LoadProfile | None:
+        """What ``t`` served in [start, end]; with ``group``, what its whole replica group served (every replica
+        must have been scraped)."""
+        members = self.cfg.group(t) if group else [t]
+        scraped = self.store.target_names()
+        if any(m.name not in scraped for m in members):
             return None  # never scraped (no `tuner run` yet): nothing to judge with
-        return profile(self.store.window(t.name, start, end), slo=t.slo)
+        if not group or len(members) == 1:
+            return profile(self.store.window(t.name, start, end), slo=t.slo)
+        return group_profile(t.group or t.name, [self.store.window(m.name, start, end) for m in members], slo=t.slo)
 
-    def _kpis(self, t: Target, start: float, end: float) -> dict[str, Any]:
+    def _kpis(self, t: Target, start: float, end: float, *, group: bool = False) -> dict[str, Any]:
         """The window's load profile for the journal, with the window itself so the verdict can read it again."""
-        prof = self._profile(t, start, end)
-        return {"window": [start, end], **(prof.summary() if prof else {})}
+        prof = self._profile(t, start, end, group=group)
+        scope = {"group": t.group, "replicas": [m.name for m in self.cfg.group(t)]} if group and t.group else {}
+        return {"window": [start, end], **scope, **(prof.summary() if prof else {})}
 
-    def judge_windows(self, t: Target, before: tuple[float, float], after: tuple[float, float]) -> Verdict:
-        """The verdict on two windows of a target's stored data (what `tuner judge TARGET` prints)."""
-        return judge(self._profile(t, *before), self._profile(t, *after), min_requests=t.apply.min_requests)
+    def judge_windows(self, t: Target, before: tuple[float, float], after: tuple[float, float], *,
+                      group: bool = False) -> Verdict:
+        """The verdict on two windows of a target's stored data (what `tuner judge TARGET` prints); with
+        ``group``, of its whole replica group's (a rolling apply changes every replica: the group is judged)."""
+        return judge(self._profile(t, *before, group=group), self._profile(t, *after, group=group),
+                     min_requests=t.apply.min_requests)
 
     def _carry_out(self, aid: int, p: Plan, rec_id: int | None, *, rollback_of: int | None = None) -> jr.StoredApply:
         t = p.target
         now = self.clock()
-        base = self._kpis(t, now - t.apply.baseline.total_seconds(), now)
+        base = self._kpis(t, now - t.apply.baseline.total_seconds(), now, group=p.whole_group)
         if p.route.restarts and rollback_of is None:
             base["in_flight_at_drain"] = p.route.in_flight(self, t)  # None: not read, or no answer in time
         jr.set_kpis(self.engine, aid, now=now, baseline=base)
@@ -481,9 +496,10 @@ class Applier:
 
         def verdict(t0: float, now: float) -> Verdict:
             before = tuple(base.get("window") or (t0 - t.apply.baseline.total_seconds(), t0))
-            return self.judge_windows(t, (float(before[0]), float(before[1])), (t0, now))
-        died, v, t0, now = self._observe(aid, t, "", verdict)
-        after = self._kpis(t, t0, now)
+            return self.judge_windows(t, (float(before[0]), float(before[1])), (t0, now), group=p.whole_group)
+        died, v, t0, now = self._observe(aid, t, f"the replicas of {t.group} together, " if p.whole_group else "",
+                                         verdict)
+        after = self._kpis(t, t0, now, group=p.whole_group)
         if p.route.outage:
             after.update(self._cost(jr.get_apply(self.engine, aid), base))
         jr.set_kpis(self.engine, aid, now=now, after=after)

@@ -27,7 +27,7 @@ mean seconds per generated token from its two time counters.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from tuner.backends import backend
@@ -35,7 +35,7 @@ from tuner.config import Slo
 from tuner.signals.promql import fraction_le, histogram_quantile
 from tuner.store.window import EngineWindow, HistSeries, TargetWindow
 
-__all__ = ["LoadProfile", "Interval", "profile", "SATURATED_QUEUED_SHARE", "SATURATED_WAITING_SHARE",
+__all__ = ["LoadProfile", "Interval", "profile", "group_profile", "SATURATED_QUEUED_SHARE", "SATURATED_WAITING_SHARE",
            "SATURATED_QUEUE_TIME_SHARE"]
 
 SATURATED_QUEUE_TIME_SHARE = 0.10
@@ -200,14 +200,36 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
     t0, t1 = stamps[0], stamps[-1]
     secs = (t1 - t0) / 1000
 
-    def series(key: str) -> list[float]:
-        """Summed over engines at each common timestamp (a scrape stores every series at once)."""
-        per = [_by_ts(e, names[key]) for e in engines] if key in names else []
-        return [math.fsum(p.get(ts, 0.0) for p in per) for ts in stamps]
+    def per_engine(key: str) -> list[list[float]]:
+        """Each engine's values at every timestamp of the window: its own where it was scraped then (a server's
+        scrape stores all its engines at once), else its latest before (its first, before it was first seen).
+        A replica group's window holds each replica's engines, scraped at their own moments."""
+        out = []
+        for e in engines:
+            own = _by_ts(e, names[key]) if key in names else {}
+            if not own:
+                continue
+            mine, last, vals = sorted(own), None, []
+            i = 0
+            for ts in stamps:
+                while i < len(mine) and mine[i] <= ts:
+                    last, i = own[mine[i]], i + 1
+                vals.append(own[mine[0]] if last is None else last)
+            out.append(vals)
+        return out
 
-    generated = series("generated")
-    gen_d = _deltas(generated)
-    finished_d = _deltas(series("finished")) if "finished" in names else [0.0] * len(gen_d)
+    def series(key: str) -> list[float]:
+        """A gauge summed over engines at each timestamp."""
+        per = per_engine(key)
+        return [math.fsum(col) for col in zip(*per)] if per else [0.0] * len(stamps)
+
+    def increases(key: str) -> list[float]:
+        """A counter's increase per interval, summed over engines (each engine's resets its own)."""
+        per = [_deltas(vals) for vals in per_engine(key)]
+        return [math.fsum(col) for col in zip(*per)] if per else [0.0] * (len(stamps) - 1)
+
+    gen_d = increases("generated")
+    finished_d = increases("finished")
     running, waiting = series("running"), series("waiting")
     in_flight = [r + w for r, w in zip(running, waiting)]
     intervals = tuple(Interval((b - a) / 1000, f, g, bool(f or g or in_flight[i] or in_flight[i + 1]))
@@ -218,8 +240,7 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
     waiting_share = sum(1 for w in waiting if w > 0) / len(waiting)
 
     if not backend(window.backend).counts_requests:
-        gs = series("gen_seconds")
-        gen_seconds = math.fsum(_deltas(gs))
+        gen_seconds = math.fsum(increases("gen_seconds"))
         return LoadProfile(
             backend=window.backend, start=t0 / 1000, end=t1 / 1000, samples=len(stamps), finished=None, aborted=None,
             generated_tokens=gen_total, served_rps=None, offered_rps=None, capacity_rps=None,
@@ -275,3 +296,16 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
         ttft_p50=_quantile(*hists["ttft"], 0.5) if "ttft" in hists else None,
         e2e_p50=_quantile(*hists["e2e"], 0.5) if "e2e" in hists else None,
         seconds_per_token=None, intervals=intervals, hists=hists, slo_budgets=_budgets(slo))
+
+
+def group_profile(name: str, windows: Sequence[TargetWindow], *, slo: Slo | None = None) -> LoadProfile | None:
+    """A replica group's load profile over its replicas' windows of one range: the replicas' engines read as one
+    server's. The group's intervals run between every replica's scrape moments, each replica's counters carried
+    onto them (so every request and token lands in the interval its replica's scrape counted it in, and the sums
+    over the window are the replicas' sums); histograms are summed bucket by bucket; a restart is each replica's
+    own. None when the replicas' windows cover different ranges or hold fewer than two scrapes in all."""
+    if not windows or len({(w.start_ms, w.end_ms, w.backend) for w in windows}) != 1:
+        return None
+    engines = tuple(replace(e, engine=f"{w.target}/{e.engine}") for w in windows for e in w.engines)
+    return profile(TargetWindow(target=name, backend=windows[0].backend, start_ms=windows[0].start_ms,
+                                end_ms=windows[0].end_ms, engines=engines, health=None), slo=slo)
