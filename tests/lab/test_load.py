@@ -140,3 +140,31 @@ def test_a_steady_load_keeps_the_clients_busy_then_lets_what_is_in_flight_finish
         httpd.server_close()
     [r] = out
     assert (r.requested, r.ok, r.failed, r.not_sent) == (3, 3, 0, 0), r
+
+
+def test_think_time_paces_each_client_and_stop_ends_the_pause():
+    """With think_s each client waits after its answer before the next request; stop ends the wait at once."""
+    import time
+
+    httpd = _server()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    stop, out = threading.Event(), []
+    try:
+        worker = threading.Thread(target=lambda: out.append(run_load(
+            url, model="m", n_requests=10_000, concurrency=2, prompt_tokens_approx=10, max_tokens=4, timeout_s=120,
+            think_s=60, stop=stop)))
+        worker.start()
+        while len([p for p, _ in _Completions.seen if p == "/v1/completions"]) < 2:  # both clients answered once
+            time.sleep(0.01)
+        stop.set()
+        worker.join(20)  # far less than the 60 s pause: the stop ended it
+        assert not worker.is_alive()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    [r] = out
+    # without the pause the two clients would have sent request after request until the stop
+    assert (r.requested, r.ok, r.failed) == (2, 2, 0), r
+    with pytest.raises(ValueError, match="think_s"):
+        run_load(url, model="m", n_requests=1, concurrency=1, prompt_tokens_approx=1, max_tokens=1, timeout_s=5,
+                 think_s=-1)

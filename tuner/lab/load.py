@@ -174,6 +174,7 @@ def run_load(
     retry_for_s: float = 0.0,
     send_for_s: float | None = None,
     stop: threading.Event | None = None,
+    think_s: float = 0.0,
 ) -> LoadResult:
     """Send n_requests completions, at most `concurrency` at a time, and stop sending after timeout_s.
 
@@ -191,6 +192,9 @@ def run_load(
     new ones (``requested`` is then the number started), as a steady closed-loop load: no batch ends with a tail
     of idle clients. Requests in flight finish, within timeout_s. ``stop``, once set, ends the sending the same
     way (a caller that does not know in advance how long the load must last).
+
+    With ``think_s`` each client pauses that long after each answer before its next request (a user reading the
+    answer): a steady load below the server's capacity instead of a saturating one.
     """
     base = _check_loopback(base_url)
     if not 1 <= n_requests <= MAX_REQUESTS:
@@ -203,6 +207,8 @@ def run_load(
         raise ValueError("prompt_tokens_approx and max_tokens must be >= 1")
     if path not in ("/v1/completions", "/completion"):
         raise ValueError(f"path must be /v1/completions or /completion, got {path!r}")
+    if not 0 <= think_s <= timeout_s:
+        raise ValueError(f"think_s must be in [0, timeout_s={timeout_s}], got {think_s}")
     if send_for_s is not None and not 0 < send_for_s <= timeout_s:
         raise ValueError(f"send_for_s must be in (0, timeout_s={timeout_s}], got {send_for_s}")
 
@@ -252,7 +258,14 @@ def run_load(
 
     def work(session: requests.Session) -> None:
         nonlocal next_index
+        answered = False
         while True:
+            if think_s and answered:  # this client's previous request got its answer (or its error)
+                if stop is not None:
+                    stop.wait(think_s)
+                else:
+                    time.sleep(think_s)
+            answered = True
             with lock:
                 if next_index >= n_requests or time.monotonic() >= stop_sending or (stop is not None and stop.is_set()):
                     return
