@@ -71,13 +71,16 @@ def _store_group(store) -> tuple[float, float, float]:
     return r1["before"][0][0], before_end, r1["after"][0][0]
 
 
+_CONFIG = ("targets:\n  - name: chat\n    backend: vllm\n    url: http://127.0.0.1:8\n"
+           "    slo: {ttft_p99: 2s, e2e_p99: 10s}\n"
+           "    balancer: {socket: /nonexistent.sock, backend: chat}\n"
+           "    replicas:\n      - {name: r1, url: 'http://127.0.0.1:9'}\n"
+           "      - {name: r2, url: 'http://127.0.0.1:10'}\n"
+           "    apply: {baseline: 30s, observe: 25s, observe_max: 25s, on_inconclusive: keep_new}\n")
+
+
 def _config():
-    return parse_config(
-        "targets:\n  - name: chat\n    backend: vllm\n    url: http://127.0.0.1:8\n"
-        "    slo: {ttft_p99: 2s, e2e_p99: 10s}\n"
-        "    balancer: {socket: /nonexistent.sock, backend: chat}\n"
-        "    replicas:\n      - {name: r1, url: 'http://127.0.0.1:9'}\n      - {name: r2, url: 'http://127.0.0.1:10'}\n"
-        "    apply: {baseline: 30s, observe: 25s, observe_max: 25s, on_inconclusive: keep_new}\n")
+    return parse_config(_CONFIG)
 
 
 def test_the_group_profile_holds_every_replica_s_requests_and_tokens(store):
@@ -135,3 +138,27 @@ def test_a_rolling_apply_is_judged_on_what_the_whole_group_served(store, tmp_pat
     assert judge(group_profile("chat", [store.window(n, b0 - 1, b1 + 1) for n in ("chat.r1", "chat.r2")]),
                  group_profile("chat", windows), min_requests=r1.apply.min_requests).outcome == "rolled_back"
     assert any("the replicas of chat together" in s["detail"] for s in a.steps if s["step"] == "observing")
+
+
+def test_tuner_judge_on_a_group_s_name_judges_its_replicas_together(tmp_path, capsys):
+    from tuner.cli import main
+    from tuner.store.db import open_engine, upgrade
+    from tuner.store.store import Store
+
+    engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
+    upgrade(engine)
+    b0, b1, a0 = _store_group(Store(engine))
+    engine.dispose()
+    cfg = tmp_path / "tuner.yaml"
+    cfg.write_text(f"store: {{url: 'sqlite:///{tmp_path / 'tuner.db'}'}}\n"
+                   + "\n".join(_CONFIG.splitlines()[:-1]) + "\n")  # without the apply: line
+    before, after = f"{b0 - 1:.3f}..{b1 + 1:.3f}", f"{a0 - 0.5:.3f}..{a0 + 24.5:.3f}"
+    capsys.readouterr()
+    verdicts = {}
+    for name in ("chat", "chat.r1"):
+        assert main(["--config", str(cfg), "judge", name, "--before", before, "--after", after, "--json"]) == 0
+        verdicts[name] = json.loads(capsys.readouterr().out)
+    # the group's served requests fell by about half (the clients': 1,049 -> 530); r1's alone did not fall so
+    assert verdicts["chat"]["outcome"] == "rolled_back", verdicts["chat"]
+    assert verdicts["chat"]["after"]["served_rps"] / verdicts["chat"]["before"]["served_rps"] < 0.6
+    assert verdicts["chat.r1"]["outcome"] != "rolled_back", verdicts["chat.r1"]

@@ -18,7 +18,7 @@ from tuner.app.session import Session
 from tuner.apply.verdict import Verdict, judge
 from tuner.collect import llamacpp
 from tuner.collect.scrape import snapshot_from_text
-from tuner.config import Slo, parse_duration
+from tuner.config import Slo, parse_duration, replica_groups
 from tuner.errors import ConfigError, ExpositionError, ScrapeError
 from tuner.signals.load import profile
 from tuner.store.db import open_engine, upgrade
@@ -112,7 +112,10 @@ def parse_range(text: str, *, now: float, what: str) -> tuple[float, float]:
 
 
 def judge_target(session: Session, target: str, before: str, after: str, *, now: float) -> Verdict:
-    """The verdict on two time ranges (``START..END``) of a configured target's store, as an apply judges."""
-    t = session.cfg.target(target)
+    """The verdict on two time ranges (``START..END``) of a configured target's store, as an apply judges; a
+    replica group's name judges what all its replicas served together, as a rolling apply is judged."""
+    members = replica_groups(session.cfg.targets).get(target)
+    t = members[0] if members else session.cfg.target(target)
     return session.applier(lambda _m: None).judge_windows(t, parse_range(before, now=now, what="--before"),
-                                                         parse_range(after, now=now, what="--after"))
+                                                         parse_range(after, now=now, what="--after"),
+                                                         group=members is not None)

@@ -250,7 +250,8 @@ def add_parsers(sub: Any) -> None:
                        description="With directories no config is needed: `tuner judge --before DIR --after DIR "
                        "--backend vllm --json`. With TARGET: `tuner judge TARGET --before 20m..10m --after 10m..now` "
                        "(unix seconds, durations ago, or now).")
-    v.add_argument("target", nargs="?", help="a configured target: --before/--after are then START..END ranges")
+    v.add_argument("target", nargs="?", help="a configured target, or a replica group (its replicas together, as "
+                   "a rolling apply is judged): --before/--after are then START..END ranges")
     v.add_argument("--before", help="directory (or with TARGET a range START..END) before the change")
     v.add_argument("--after", help="directory (or with TARGET a range START..END) after the change")
     v.add_argument("--backend", choices=["vllm", "llamacpp"], help="the server that wrote the expositions")
