@@ -114,15 +114,18 @@ def _num(d: dict, k: str) -> float | None:
 class Load:
     """Clients through HAProxy that never retry, until stopped."""
 
-    def __init__(self, port: int, concurrency: int = 3, prompt_tokens: int = 32) -> None:
+    def __init__(self, port: int, concurrency: int = 3, prompt_tokens: int = 32, model: str = "x",
+                 max_tokens: int = 24, think_s: float = 0.0) -> None:
         self.stop, self.result, self.concurrency, self.prompt = threading.Event(), None, concurrency, prompt_tokens
+        self.model, self.max_tokens, self.think_s = model, max_tokens, think_s
         self.t0 = time.time()
         self.thread = threading.Thread(target=self._run, args=(port,), daemon=True)
         self.thread.start()
 
     def _run(self, port: int) -> None:
-        self.result = run_load(f"http://127.0.0.1:{port}", model="x", n_requests=10_000, concurrency=self.concurrency,
-                               prompt_tokens_approx=self.prompt, max_tokens=24, timeout_s=600,
+        self.result = run_load(f"http://127.0.0.1:{port}", model=self.model, n_requests=10_000,
+                               concurrency=self.concurrency, prompt_tokens_approx=self.prompt,
+                               max_tokens=self.max_tokens, timeout_s=600, think_s=self.think_s,
                                stop=self.stop)
 
     def finish(self) -> LoadResult:
