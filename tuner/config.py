@@ -314,8 +314,8 @@ class Balancer(_Model):
 
 class Replica(_Model):
     """One server of a replica group: its name in the balancer's backend, its own URL, and environment variables of
-    its own over ``managed.env`` (e.g. CUDA_VISIBLE_DEVICES, or VLLM_CPU_OMP_THREADS_BIND to give each replica its
-    cores)."""
+    its own over ``managed.env`` (e.g. CUDA_VISIBLE_DEVICES to give each replica its GPU; VLLM_CPU_OMP_THREADS_BIND
+    per replica starved a restart on a two-core host, README "Replica groups")."""
 
     name: str
     url: str
