@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import pytest
 
-from tuner.tune.capacity import find_capacity
+from tuner.tune.capacity import LONGEST_RUN, find_capacity, rate_floor
 
 
 @dataclass(frozen=True)
@@ -89,3 +89,34 @@ def test_bad_arguments_are_named():
         find_capacity(measure, 1.5, start_rps=1.0)
     with pytest.raises(ValueError, match="start"):
         find_capacity(measure, 0.9, start_rps=0.0)
+
+
+def test_the_floor_keeps_a_hopeless_config_from_costing_minutes_per_run():
+    """The bursty-chat bench's second trial met its SLO only at 0.0625 req/s: with a run of at least 30 requests the
+    search's last halvings cost 4 and 8 minutes each (15 minutes for the trial). With the floor a config no better than that is capacity 0
+    after runs of at most LONGEST_RUN x run_s, and one that clears the floor is still measured."""
+    min_prompts, run_s = 30, 12.0
+    floor = rate_floor(min_prompts, run_s, workload_rps=2.0)
+    assert floor == pytest.approx(min_prompts / (LONGEST_RUN * run_s)) == pytest.approx(0.3125)
+
+    def seconds(calls):  # what the client spends: each run sends max(min_prompts, rate x run_s) requests
+        return sum(max(min_prompts, int(r * run_s)) / r for r in calls)
+
+    measure, calls = server(0.07)
+    cap = find_capacity(measure, 0.95, start_rps=2.0, floor_rps=floor, max_runs=6)
+    assert cap.capacity_rps == 0.0 and "no rate down to 0.3125" in cap.note
+    assert max(max(min_prompts, int(r * run_s)) / r for r in calls) <= LONGEST_RUN * run_s + 1e-9
+    capped = seconds(calls)
+    measure, calls = server(0.07)
+    find_capacity(measure, 0.95, start_rps=2.0, max_runs=6)  # the old floor, 0.05 req/s
+    assert seconds(calls) > 10 * 60 > 2.5 * capped
+    measure, calls = server(0.9)  # above the floor: measured as before
+    cap = find_capacity(measure, 0.95, start_rps=2.0, floor_rps=floor, tolerance=0.15, max_runs=8)
+    assert 0.9 / 1.15 <= cap.capacity_rps <= 0.9
+
+
+def test_a_workload_slower_than_the_floor_lowers_it():
+    assert rate_floor(30, 12.0, workload_rps=0.2) == pytest.approx(0.1)  # half the workload's own rate
+    assert rate_floor(30, 12.0, workload_rps=None) == pytest.approx(0.3125)
+    with pytest.raises(ValueError, match="min_prompts"):
+        rate_floor(0, 12.0)

@@ -44,7 +44,7 @@ from tuner.store import recommendations as recs
 from tuner.store import tuning as tj
 from tuner.store.store import Store
 from tuner.tune.bench import BenchClient, BenchError
-from tuner.tune.capacity import find_capacity
+from tuner.tune.capacity import find_capacity, rate_floor
 from tuner.tune.search import Outcome, Point, point_key, search
 from tuner.tune.space import Hardware, Verdict, axes_for, canonical, feasible, workload_flags
 
@@ -205,7 +205,8 @@ def _capacity(ctx: _Ctx, url: str) -> dict[str, Any]:
     # discarded, as the bracket's runs' own two warm-up requests are.
     ctx.waiting[:] = [f"trial {ctx.trial_no}: warming the server up ({req.min_prompts} requests, not counted)"]
     warm = client.run(w, url=url, model=model, tokenizer=tokenizer, rate=start, prompts=req.min_prompts, slo=t.slo)
-    cap = find_capacity(measure, t.slo.objective, start_rps=start, tolerance=req.tolerance, max_runs=req.max_runs)
+    cap = find_capacity(measure, t.slo.objective, start_rps=start, tolerance=req.tolerance, max_runs=req.max_runs,
+                        floor_rps=rate_floor(req.min_prompts, req.run_s, w.rate_rps))
     return {**cap.as_json(), "warmup": warm.as_json()}
 
 

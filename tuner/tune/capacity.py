@@ -17,7 +17,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-__all__ = ["Capacity", "Measured", "find_capacity"]
+__all__ = ["Capacity", "Measured", "find_capacity", "rate_floor", "LONGEST_RUN"]
+
+LONGEST_RUN = 8  # a run at the floor rate lasts at most this many times the run length
 
 
 class Measured(Protocol):
@@ -134,3 +136,17 @@ def find_capacity(measure: Callable[[float], Measured], objective: float, *, sta
     else:
         cap.note = f"between {cap.lo_rps:.3g} (met) and {cap.hi_rps:.3g} req/s (missed)"
     return cap
+
+
+def rate_floor(min_prompts: int, run_s: float, workload_rps: float | None = None) -> float:
+    """The lowest rate a capacity search tries. A run sends at least ``min_prompts`` requests, so at a low rate it
+    lasts min_prompts / rate seconds: 30 requests at 0.0625 req/s is 8 minutes. Below the rate at which a run
+    would last LONGEST_RUN x ``run_s`` a config counts as serving nothing within the SLO (its capacity is 0,
+    "no rate down to the floor met the objective"), unless the workload itself arrives slower than that: then the
+    floor is half the workload's rate, whatever a run costs there."""
+    if min_prompts < 1 or run_s <= 0:
+        raise ValueError(f"min_prompts must be >= 1 and run_s > 0, got {min_prompts}, {run_s}")
+    floor = min_prompts / (LONGEST_RUN * run_s)
+    if workload_rps is not None and workload_rps > 0:
+        floor = min(floor, workload_rps / 2)
+    return floor
