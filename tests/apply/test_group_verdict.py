@@ -103,7 +103,7 @@ def test_the_group_profile_holds_every_replica_s_requests_and_tokens(store):
     assert group_profile("chat", [w1, store.window("chat.r2", lo, hi + 5)]) is None
 
 
-def test_a_rolling_apply_is_judged_on_what_the_whole_group_served(store, tmp_path):
+def test_a_rolling_apply_is_judged_on_what_the_whole_group_served(store, tmp_path, capsys):
     b0, b1, a0 = _store_group(store)
     cfg = _config()
     r1 = cfg.target("chat.r1")
@@ -138,6 +138,11 @@ def test_a_rolling_apply_is_judged_on_what_the_whole_group_served(store, tmp_pat
     assert judge(group_profile("chat", [store.window(n, b0 - 1, b1 + 1) for n in ("chat.r1", "chat.r2")]),
                  group_profile("chat", windows), min_requests=r1.apply.min_requests).outcome == "rolled_back"
     assert any("the replicas of chat together" in s["detail"] for s in a.steps if s["step"] == "observing")
+    from tuner.cli.apply import _print_apply  # what `tuner journal chat.r1` prints of it
+
+    _print_apply(a, steps=False)
+    printed = capsys.readouterr().out
+    assert "before: window=" in printed and "group=chat, replicas=chat.r1/chat.r2" in printed, printed
 
 
 def test_tuner_judge_on_a_group_s_name_judges_its_replicas_together(tmp_path, capsys):

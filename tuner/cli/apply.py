@@ -67,6 +67,8 @@ def _cost_line(a: jr.StoredApply) -> str | None:
 
 
 def _fmt(v: Any) -> str:
+    if isinstance(v, list):  # e.g. a group's replicas
+        return "/".join(_fmt(x) for x in v)
     return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
