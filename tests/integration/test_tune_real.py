@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import realservers
 from conftest import require
 
@@ -118,6 +119,9 @@ def check_decisions(engine, result, measured, flag, *, baseline, slo):  # type: 
             good, sent = attainment(data, slo)
             assert (good, sent) == (r["good"], r["sent"])
             assert good == round(data["request_goodput"] * data["duration"]), r["result_file"]
+            # requests in flight (what the gallop's first step is sized from): Little's law on the client's numbers
+            assert r["in_flight"] == pytest.approx(data["request_throughput"] * data["mean_e2el_ms"] / 1000)
+        assert t.detail["in_flight"] == next(r["in_flight"] for r in runs if r["rate_rps"] == cap)
 
     caps = {t.flags[flag]: t.capacity_rps for t in measured}
     best = max(caps, key=lambda k: caps[k])

@@ -120,3 +120,27 @@ def test_a_workload_slower_than_the_floor_lowers_it():
     assert rate_floor(30, 12.0, workload_rps=None) == pytest.approx(0.3125)
     with pytest.raises(ValueError, match="min_prompts"):
         rate_floor(0, 12.0)
+
+
+def test_requests_in_flight_by_littles_law_match_the_clients_own_request_timings():
+    """A run's ``in_flight`` (throughput x mean E2E) is what the gallop's first step is sized from: on a result
+    vLLM's benchmark client saved (the flags in force at their capacity rate), it matches the time-average of the
+    requests in flight computed from each request's own start time and latency."""
+    import json
+    from pathlib import Path
+
+    from tuner.config import Slo
+    from tuner.tune.bench import read_result
+    path = Path(__file__).parents[1] / "fixtures" / "bench-client" / "bursty_seqs2_at_capacity.json"
+    data = json.loads(path.read_text())
+    run = read_result(path, Slo(ttft_p99="2s", e2e_p99="4s", objective=0.95), 22.6274)
+    starts, latencies = data["start_times"], data["latencies"]
+    span = max(s + lat for s, lat in zip(starts, latencies)) - min(starts)
+    in_flight = sum(latencies) / span  # the area under the requests-in-flight curve over its width
+    assert run.in_flight is not None and run.in_flight == pytest.approx(in_flight, rel=0.05)
+    assert run.in_flight > 5 * 2  # max-num-seqs was 2: most of these waited in vLLM's queue
+    assert run.as_json()["in_flight"] == run.in_flight
+    # the capacity search keeps the in-flight count of the run at the capacity rate
+    cap = find_capacity(lambda rate: run if rate <= 22.6274 else Run(rate, 100, 0, 0.0), 0.95, start_rps=22.6274,
+                        max_runs=2)
+    assert cap.capacity_rps == 22.6274 and cap.as_json()["in_flight"] == run.in_flight

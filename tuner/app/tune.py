@@ -182,7 +182,9 @@ def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcom
     tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="measured", capacity_rps=cap["capacity_rps"],
                     detail=detail)
     ctx.best_rps = max(ctx.best_rps, cap["capacity_rps"])
-    ctx.say(f"  capacity {cap['capacity_rps']:.3g} req/s within the SLO ({cap['note']})")
+    in_flight = cap.get("in_flight")
+    there = f"; {in_flight:.1f} requests in flight at that rate" if isinstance(in_flight, (int, float)) else ""
+    ctx.say(f"  capacity {cap['capacity_rps']:.3g} req/s within the SLO ({cap['note']}{there})")
     return Outcome("measured", cap["capacity_rps"], detail)
 
 

@@ -71,9 +71,16 @@ class RateRun:
     e2e_p99: float | None
     itl_p99: float | None
     result_file: str = ""
+    mean_e2e_s: float | None = None
+
+    @property
+    def in_flight(self) -> float | None:
+        """Requests in flight on average over the run, by Little's law: throughput x mean end-to-end latency
+        (queued ones included: with max-num-seqs 2 at its capacity rate, 11 in flight means 9 waited)."""
+        return None if self.mean_e2e_s is None else self.throughput_rps * self.mean_e2e_s
 
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "in_flight": self.in_flight}
 
 
 def _budgets(slo: Slo) -> dict[str, float]:
@@ -141,7 +148,7 @@ def read_result(path: Path, slo: Slo, rate: float) -> RateRun:
                    attainment=good / sent if sent else 0.0, duration_s=float(result.get("duration") or 0.0),
                    throughput_rps=float(result.get("request_throughput") or 0.0),
                    goodput_rps=result.get("request_goodput"), ttft_p99=ms("p99_ttft_ms"), e2e_p99=ms("p99_e2el_ms"),
-                   itl_p99=ms("p99_itl_ms"), result_file=str(path))
+                   itl_p99=ms("p99_itl_ms"), result_file=str(path), mean_e2e_s=ms("mean_e2el_ms"))
 
 
 class BenchClient:

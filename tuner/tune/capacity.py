@@ -54,12 +54,13 @@ class Capacity:
     nonmonotone: bool = False
     ttft_p99: float | None = None  # at the capacity rate
     e2e_p99: float | None = None
+    in_flight: float | None = None  # mean requests in flight at the capacity rate (Little's law), if the run says
     note: str = ""
 
     def as_json(self) -> dict[str, Any]:
         return {"capacity_rps": self.capacity_rps, "lo_rps": self.lo_rps, "hi_rps": self.hi_rps,
                 "objective": self.objective, "nonmonotone": self.nonmonotone, "ttft_p99": self.ttft_p99,
-                "e2e_p99": self.e2e_p99, "note": self.note,
+                "e2e_p99": self.e2e_p99, "in_flight": self.in_flight, "note": self.note,
                 "steps": [s.__dict__ for s in self.steps], "runs": [r.as_json() for r in self.runs]}
 
 
@@ -127,6 +128,7 @@ def find_capacity(measure: Callable[[float], Measured], objective: float, *, sta
         at = best_at.get(cap.lo_rps)
         if at is not None:
             cap.ttft_p99, cap.e2e_p99 = at.ttft_p99, at.e2e_p99
+            cap.in_flight = getattr(at, "in_flight", None)
     if cap.lo_rps is None:
         cap.note = f"no rate down to {cap.steps[-1].rate_rps:g} req/s met the objective" if cap.steps else "no run"
     elif cap.hi_rps is None:
