@@ -176,9 +176,10 @@ CHAT_GRID = {(1, 256): 1.3, (1, 2048): 1.3, (2, 256): 3.67, (2, 2048): 3.67, (4,
 CHAT_AXES = (Axis("max_num_seqs", (1, 2, 4, 8, 16, 32)), Axis("max_num_batched_tokens", (256, 2048)))
 
 
-def _on_chat_grid(sampler, gallop, budget=3, start=(2, 2048)):
+def _on_chat_grid(sampler, gallop, budget=3, start=(2, 2048), in_flight=None):
     def measure(flags, label):
-        return Outcome("measured", CHAT_GRID[(flags["max_num_seqs"], flags["max_num_batched_tokens"])], {})
+        return Outcome("measured", CHAT_GRID[(flags["max_num_seqs"], flags["max_num_batched_tokens"])],
+                       {"in_flight": in_flight})
     points = search(CHAT_AXES, {}, measure=measure, feasible=lambda f: Verdict(True, "", {}),
                     seeds=[("baseline", {"max_num_seqs": start[0], "max_num_batched_tokens": start[1]})],
                     budget=budget, max_time_s=1e9, clock=Clock(), sampler=sampler, gallop=gallop)
@@ -194,6 +195,10 @@ def test_galloping_along_max_num_seqs_reaches_the_measured_grids_best_with_a_qua
     assert got >= 0.95 * best
     # without the gallop, three trials on this grid are the luck of the sampler's random start (bench: 35%)
     assert _on_chat_grid("tpe", None)[1][1:] == ["", ""]
+    # the flags in force had 1.2 requests in flight at their capacity rate (2.38 req/s, measured 2026-11-24 07:50
+    # with the same workload): no queue, so no long first step; the same 2 -> 4 -> 16
+    got, seeds = _on_chat_grid("tpe", "max_num_seqs", in_flight=1.2)
+    assert got >= 0.95 * best and seeds == ["baseline", "gallop", "gallop"]
 
 
 # The grid bench/tune.py measured on real vLLM CPU for the shared-prefix workload (bench/RESULTS.md, 2026-11-23):
@@ -231,3 +236,68 @@ def test_the_gallop_carries_the_flags_the_workload_argues_for_and_lands_on_the_e
     # four: the next step (+4 positions) is past the end of the axis and lands on it: the grid's best
     got, path = _on_prefix_grid(carry, 4)
     assert path[-1] == (32, True) and got == max(PREFIX_GRID.values())
+
+
+# The grid bench/tune.py measured for the bursty-chat workload (bench/RESULTS.md, 2026-11-24 06:10):
+# 128 prompt / 32 output tokens, burstiness 0.25; capacity by (max_num_seqs, max_num_batched_tokens).
+BURSTY_GRID = {(1, 256): 16.0, (1, 2048): 16.0, (2, 256): 16.0, (2, 2048): 22.6, (4, 256): 26.9, (4, 2048): 34.9,
+               (8, 256): 41.5, (8, 2048): 34.9, (16, 256): 49.4, (16, 2048): 69.8, (32, 256): 83.0,
+               (32, 2048): 98.7}
+# Requests in flight (throughput x mean E2E, from vLLM's benchmark client's own result) in the run at the flags in
+# force's capacity rate, in the same grid runs: shared-prefix (2, no caching) at 16 req/s; bursty-chat (2, 2048)
+# at 22.6 req/s (tests/fixtures/bench-client/bursty_seqs2_at_capacity.json is that run).
+PREFIX_BASELINE_IN_FLIGHT, BURSTY_BASELINE_IN_FLIGHT = 9.9, 11.3
+
+
+def _on_grid(grid, axes, start, *, in_flight, budget=3, carry=None):
+    names = [a.name for a in axes]
+
+    def measure(flags, label):
+        point = tuple(flags[n] for n in names)
+        return Outcome("measured", grid[point], {"in_flight": in_flight if point == start else None})
+    points = search(axes, {}, measure=measure, feasible=lambda f: Verdict(True, "", {}),
+                    seeds=[("baseline", dict(zip(names, start)))], budget=budget, max_time_s=1e9, clock=Clock(),
+                    sampler="tpe", gallop=axes[0].name, carry=carry)
+    return max(p.outcome.capacity_rps for p in points), [tuple(p.flags[n] for n in names) for p in points]
+
+
+def test_the_gallops_first_step_goes_as_far_as_the_baselines_requests_in_flight_ask():
+    """Little's law on the flags in force at their capacity rate: 2 sequences with ~10-11 requests in flight queued
+    most of them, so the first step goes to 16 (the first value >= the count), then doubles: the grid's best on
+    both recorded grids whose peak is at the far end, with a quarter of their trials."""
+    carry = {"enable_prefix_caching": True}  # what the shared-prefix workload argues for (test above)
+    got, path = _on_grid(PREFIX_GRID, PREFIX_AXES, (2, False), in_flight=PREFIX_BASELINE_IN_FLIGHT, carry=carry)
+    assert path == [(2, False), (16, True), (32, True)] and got == max(PREFIX_GRID.values())
+    got, path = _on_grid(BURSTY_GRID, CHAT_AXES, (2, 2048), in_flight=BURSTY_BASELINE_IN_FLIGHT)
+    assert path == [(2, 2048), (16, 2048), (32, 2048)] and got == max(BURSTY_GRID.values())
+    # the steps of one position the gallop took before stop one short of it (71% and 65% in the bench)
+    assert _on_grid(BURSTY_GRID, CHAT_AXES, (2, 2048), in_flight=None)[1] == [(2, 2048), (4, 2048), (16, 2048)]
+    # a server with no queue at its capacity (in flight <= its sequences) asks for no long step: 1, 2, 4, ...
+    for few in (1.5, 2.0):
+        assert _on_grid(BURSTY_GRID, CHAT_AXES, (2, 2048), in_flight=few)[1][1] == (4, 2048)
+    # more in flight than the axis reaches: its end
+    assert _on_grid(BURSTY_GRID, CHAT_AXES, (2, 2048), in_flight=500.0, budget=2)[1] == [(2, 2048), (32, 2048)]
+
+
+def test_a_long_step_that_overshoots_the_peak_bisects_back_toward_it():
+    """If the long first step lands past the peak (capacity no better than the base's), the peak lies between:
+    the step halves from the base before the gallop gives up."""
+    overshoot = {**CHAT_GRID, (32, 2048): 1.0}  # far past the peak: worse than the flags in force
+    got, path = _on_grid(overshoot, CHAT_AXES, (2, 2048), in_flight=30.0, budget=4)
+    assert path == [(2, 2048), (32, 2048), (8, 2048), (16, 2048)] and got == max(overshoot.values())
+    # without bisection the gallop would stop at 32 and leave the last trial to the sampler's random start
+
+
+def test_the_first_step_is_sized_only_on_an_ordered_numeric_axis():
+    from tuner.tune.search import _first_step
+
+    def base(value, in_flight):
+        return Point({"max_num_seqs": value}, Outcome("measured", 1.0, {"in_flight": in_flight}))
+    seqs = Axis("max_num_seqs", (None, 1, 2, 4, 8, 16, 32))  # None: vLLM's default, kept when the flag is unset
+    assert _first_step(seqs, 2, base(2, 11.3)) == 3  # 2 -> 16
+    assert _first_step(seqs, 2, base(2, 16.0)) == 3  # 16 holds 16
+    assert _first_step(seqs, 2, base(2, 2.0)) == 1
+    assert _first_step(seqs, 0, base(None, 11.3)) == 1  # the default's value is not known here
+    for odd in (None, "9", True, float("nan")):
+        assert _first_step(seqs, 2, base(2, odd)) == 1
+    assert _first_step(Axis("max_num_seqs", (4, 2, 8)), 1, base(2, 11.3)) == 1  # not ordered

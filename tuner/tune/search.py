@@ -9,7 +9,8 @@
   * A trial that crashes is recorded as data (capacity 0, constraint violated): the sampler learns the region,
     and the same point is never retried.
   * Then, with ``gallop`` (max-num-seqs for vLLM, --parallel for llama-server), an exponential search along that
-    axis from the best point so far (``_gallop``), before the sampler's own proposals. Its steps carry ``carry``:
+    axis from the best point so far (``_gallop``), before the sampler's own proposals; its first step goes as far
+    as the requests that point had in flight at its capacity ask for (Little's law). Its steps carry ``carry``:
     flags the workload argues for (prefix caching for prompts that share a prefix, tuner/tune/space.py
     ``workload_flags``), so a small budget spent on the gallop does not leave them untried.
   * Stops at ``budget`` measured trials or ``max_time_s`` (checked before each trial starts), or when the sampler
@@ -20,6 +21,7 @@ Trials journaled by an earlier, interrupted run come back through ``history`` an
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -61,12 +63,32 @@ def _params(axes: Sequence[Axis], flags: Mapping[str, Any]) -> dict[str, Any] | 
     return out
 
 
+def _first_step(axis: Axis, start: int, base: Point) -> int:
+    """Positions the gallop's first step up takes: 1, or (Little's law) as far as the first value of the axis that
+    holds the requests ``base`` had in flight at its capacity rate (``in_flight`` in its measurement), when that
+    is more than its own value. A server held to 2 sequences that had 11 requests in flight at its capacity queued
+    9 of them: the traffic asks for ~16, and stepping 2 -> 4 -> 8 -> 16 would spend two trials getting there."""
+    want, have = base.outcome.detail.get("in_flight"), axis.values[start]
+    if (not isinstance(want, (int, float)) or isinstance(want, bool) or not math.isfinite(want)
+            or not isinstance(have, int) or isinstance(have, bool) or want <= have):
+        return 1
+    ints = [(i, v) for i, v in enumerate(axis.values) if v is not None]  # None (the default) sorts first
+    numbers = [v for _, v in ints if isinstance(v, int) and not isinstance(v, bool)]
+    if len(numbers) != len(ints) or numbers != sorted(numbers):
+        return 1  # not an ordered numeric axis
+    above = [i for i, v in zip([i for i, _ in ints], numbers) if v >= want]
+    return max(1, (above[0] if above else len(axis.values) - 1) - start)
+
+
 def _gallop(axis: Axis, known: dict[str, Point], visit: Callable[[dict[str, Any], str], bool],
             may: Callable[[], bool], carry: Mapping[str, Any] | None = None) -> None:
-    """Exponential search along one axis from the best point so far: steps of 1, 2, 4, ... positions up while
-    capacity rises, else the same down; a step past the end of the axis lands on its end (once). Capacity against
-    max-num-seqs (or --parallel) rises until the engine or the KV cache saturates and falls after, so this reaches
-    the region of the peak in about log2(axis) trials. Every step also sets ``carry``."""
+    """Exponential search along one axis from the best point so far: up first, by steps of 1, 2, 4, ...
+    positions while capacity rises (the first step sized by ``_first_step``; after it, 1, 2, 4, ... again); a
+    step past the end of the axis lands on its end (once). A step longer than one position that does not rise
+    overshot the peak, which then lies between: the step halves from the same point (bisection) before the gallop
+    gives up. If it never rose going up, the same down, by 1, 2, 4, ... Capacity against max-num-seqs (or
+    --parallel) rises until the engine or the KV cache saturates and falls after, so this reaches the region of
+    the peak in about log2(axis) trials. Every step also sets ``carry``."""
     measured = [p for p in known.values() if p.outcome.status == "measured"]
     if not measured:
         return
@@ -75,7 +97,8 @@ def _gallop(axis: Axis, known: dict[str, Point], visit: Callable[[dict[str, Any]
         return
     start = axis.values.index(base.flags.get(axis.name))
     for direction in (1, -1):
-        i, best, step, moved = start, base.outcome.capacity_rps, 1, False
+        step = _first_step(axis, start, base) if direction == 1 else 1
+        i, best, moved = start, base.outcome.capacity_rps, False
         while may():
             j = min(max(i + direction * step, 0), len(axis.values) - 1)
             if j == i:
@@ -83,9 +106,13 @@ def _gallop(axis: Axis, known: dict[str, Point], visit: Callable[[dict[str, Any]
             flags = canonical({**base.flags, **(carry or {}), axis.name: axis.values[j]})
             visit(flags, "gallop")
             p = known.get(point_key(flags))
-            if p is None or p.outcome.status != "measured" or p.outcome.capacity_rps <= best:
+            if p is not None and p.outcome.status == "measured" and p.outcome.capacity_rps > best:
+                step = 1 if not moved and step > 1 else step * 2  # after a sized first step: 1, 2, 4, ... again
+                i, best, moved = j, p.outcome.capacity_rps, True
+            elif abs(j - i) > 1:
+                step = abs(j - i) // 2  # overshot: the peak is between i and j
+            else:
                 break
-            i, best, step, moved = j, p.outcome.capacity_rps, step * 2, True
         if moved:  # it climbed this way: the peak is not the other way
             return
 
