@@ -607,7 +607,7 @@ class Config(_Model):
 
     def group(self, t: Target) -> list[Target]:
         """The replicas of ``t``'s group, in the order the file lists them (``[t]`` when it is in none)."""
-        return [m for m in self.targets if m.group == t.group] if t.group else [t]
+        return replica_groups(self.targets).get(t.group, [t]) if t.group else [t]
 
     @cached_property
     def _by_name(self) -> tuple[list[Target], dict[str, Target]]:
