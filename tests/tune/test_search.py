@@ -272,6 +272,10 @@ def test_the_gallops_first_step_goes_as_far_as_the_baselines_requests_in_flight_
     assert path == [(2, 2048), (16, 2048), (32, 2048)] and got == max(BURSTY_GRID.values())
     # the steps of one position the gallop took before stop one short of it (71% and 65% in the bench)
     assert _on_grid(BURSTY_GRID, CHAT_AXES, (2, 2048), in_flight=None)[1] == [(2, 2048), (4, 2048), (16, 2048)]
+    # the same config on another server (the tpe run of 2026-11-24 07:43) passed 16 req/s with only 2.8 in flight:
+    # still a queue, so still a long step (x4 at least), and the doubling after it reaches the end again
+    got, path = _on_grid(PREFIX_GRID, PREFIX_AXES, (2, False), in_flight=2.8, carry=carry)
+    assert path == [(2, False), (8, True), (32, True)] and got == max(PREFIX_GRID.values())
     # a server with no queue at its capacity (in flight <= its sequences) asks for no long step: 1, 2, 4, ...
     for few in (1.5, 2.0):
         assert _on_grid(BURSTY_GRID, CHAT_AXES, (2, 2048), in_flight=few)[1][1] == (4, 2048)
@@ -296,7 +300,9 @@ def test_the_first_step_is_sized_only_on_an_ordered_numeric_axis():
     seqs = Axis("max_num_seqs", (None, 1, 2, 4, 8, 16, 32))  # None: vLLM's default, kept when the flag is unset
     assert _first_step(seqs, 2, base(2, 11.3)) == 3  # 2 -> 16
     assert _first_step(seqs, 2, base(2, 16.0)) == 3  # 16 holds 16
-    assert _first_step(seqs, 2, base(2, 2.0)) == 1
+    assert _first_step(seqs, 2, base(2, 2.0)) == 1  # no queue
+    assert _first_step(seqs, 2, base(2, 2.8)) == 2  # a queue: x4 at least
+    assert _first_step(seqs, 5, base(16, 40.0)) == 2  # past the end: _gallop lands on it
     assert _first_step(seqs, 0, base(None, 11.3)) == 1  # the default's value is not known here
     for odd in (None, "9", True, float("nan")):
         assert _first_step(seqs, 2, base(2, odd)) == 1

@@ -64,10 +64,14 @@ def _params(axes: Sequence[Axis], flags: Mapping[str, Any]) -> dict[str, Any] | 
 
 
 def _first_step(axis: Axis, start: int, base: Point) -> int:
-    """Positions the gallop's first step up takes: 1, or (Little's law) as far as the first value of the axis that
-    holds the requests ``base`` had in flight at its capacity rate (``in_flight`` in its measurement), when that
-    is more than its own value. A server held to 2 sequences that had 11 requests in flight at its capacity queued
-    9 of them: the traffic asks for ~16, and stepping 2 -> 4 -> 8 -> 16 would spend two trials getting there."""
+    """Positions the gallop's first step up takes. 1, unless ``base`` queued requests at its capacity rate: more
+    requests in flight there (``in_flight`` in its measurement: throughput x mean E2E, Little's law) than its own
+    value of the axis allows to run. Then its slots were what bound it, the peak lies further up, and the first
+    step takes at least 2 positions (x4 on a doubling axis), and as far as the first value that holds what was in
+    flight: a server held to 2 sequences with 11 requests in flight at its capacity queued 9 of them, the traffic
+    asks for ~16, and 2 -> 4 -> 8 -> 16 would spend two trials getting there. How many were in flight at the
+    highest passing rate swings with how close that rate is to the true capacity (2.8 and 9.9 on two servers of the
+    same config at the same 16 req/s, bench/RESULTS.md): the queue is the steady signal, its size the rough one."""
     want, have = base.outcome.detail.get("in_flight"), axis.values[start]
     if (not isinstance(want, (int, float)) or isinstance(want, bool) or not math.isfinite(want)
             or not isinstance(have, int) or isinstance(have, bool) or want <= have):
@@ -77,14 +81,14 @@ def _first_step(axis: Axis, start: int, base: Point) -> int:
     if len(numbers) != len(ints) or numbers != sorted(numbers):
         return 1  # not an ordered numeric axis
     above = [i for i, v in zip([i for i, _ in ints], numbers) if v >= want]
-    return max(1, (above[0] if above else len(axis.values) - 1) - start)
+    return max(2, (above[0] if above else len(axis.values) - 1) - start)
 
 
 def _gallop(axis: Axis, known: dict[str, Point], visit: Callable[[dict[str, Any], str], bool],
             may: Callable[[], bool], carry: Mapping[str, Any] | None = None) -> None:
-    """Exponential search along one axis from the best point so far: up first, by steps of 1, 2, 4, ...
-    positions while capacity rises (the first step sized by ``_first_step``; after it, 1, 2, 4, ... again); a
-    step past the end of the axis lands on its end (once). A step longer than one position that does not rise
+    """Exponential search along one axis from the best point so far: up first, by steps of k, 2k, 4k, ...
+    positions while capacity rises (k from ``_first_step``: 1, or more when the base queued requests); a step past
+    the end of the axis lands on its end (once). A step longer than one position that does not rise
     overshot the peak, which then lies between: the step halves from the same point (bisection) before the gallop
     gives up. If it never rose going up, the same down, by 1, 2, 4, ... Capacity against max-num-seqs (or
     --parallel) rises until the engine or the KV cache saturates and falls after, so this reaches the region of
@@ -107,8 +111,7 @@ def _gallop(axis: Axis, known: dict[str, Point], visit: Callable[[dict[str, Any]
             visit(flags, "gallop")
             p = known.get(point_key(flags))
             if p is not None and p.outcome.status == "measured" and p.outcome.capacity_rps > best:
-                step = 1 if not moved and step > 1 else step * 2  # after a sized first step: 1, 2, 4, ... again
-                i, best, moved = j, p.outcome.capacity_rps, True
+                i, best, step, moved = j, p.outcome.capacity_rps, step * 2, True
             elif abs(j - i) > 1:
                 step = abs(j - i) // 2  # overshot: the peak is between i and j
             else:
