@@ -144,3 +144,42 @@ def test_requests_in_flight_by_littles_law_match_the_clients_own_request_timings
     cap = find_capacity(lambda rate: run if rate <= 22.6274 else Run(rate, 100, 0, 0.0), 0.95, start_rps=22.6274,
                         max_runs=2)
     assert cap.capacity_rps == 22.6274 and cap.as_json()["in_flight"] == run.in_flight
+
+
+@dataclass(frozen=True)
+class TimedRun(Run):
+    mean_e2e_s: float | None = None
+
+
+def timed_server(capacity: float, mean_e2e_s: float):
+    """``server`` whose runs also report their mean E2E latency (as vLLM's benchmark client does)."""
+    measure, calls = server(capacity)
+
+    def timed(rate: float) -> TimedRun:
+        return TimedRun(**asdict(measure(rate)), mean_e2e_s=mean_e2e_s)
+    return timed, calls
+
+
+def test_the_slots_bound_takes_a_slow_start_near_the_capacity_in_the_same_runs():
+    """The flags in force of the shared-prefix bench (2 sequences, ~0.09 s per request unloaded, capacity ~19 req/s)
+    measured from the workload's 1 req/s with 5 runs: doubling ends at 16 with every rate passed, a lower bound;
+    2 slots / 0.09 s says ~22 req/s could run unqueued, so the second run goes to 11 and the bracket closes."""
+    measure, calls = timed_server(19.0, 0.09)
+    blind = find_capacity(measure, 0.95, start_rps=1.0, max_runs=5)
+    assert calls == [1, 2, 4, 8, 16] and blind.hi_rps is None and blind.capacity_rps == 16
+    calls.clear()
+    cap = find_capacity(measure, 0.95, start_rps=1.0, max_runs=5, slots=2)
+    assert calls[:3] == [1.0, pytest.approx(2 / 0.09 / 2), pytest.approx(2 / 0.09)]
+    assert cap.hi_rps is not None and cap.lo_rps <= 19.0 < cap.hi_rps  # closed: 18.7-22.2 in the same 5 runs
+    assert cap.capacity_rps >= 0.95 * 19.0 > blind.capacity_rps
+
+
+@pytest.mark.parametrize("slots,mean_e2e_s", [(256, 0.001), (2, 0.0), (2, float("nan")), (None, 0.09)])
+def test_a_wrong_or_missing_slots_bound_still_brackets_the_capacity(slots, mean_e2e_s):
+    """A slots count far off (vLLM's default 256 on a server that saturates at 7 req/s) grows the rate at most 16x
+    a run and the bisection still finds the capacity; no count or no latency: the doubling as before."""
+    measure, calls = timed_server(7.3, mean_e2e_s)
+    cap = find_capacity(measure, 0.99, start_rps=1.0, tolerance=0.1, max_runs=12, slots=slots)
+    assert cap.lo_rps is not None and cap.hi_rps is not None
+    assert cap.lo_rps <= 7.3 < cap.hi_rps and cap.hi_rps / cap.lo_rps <= 1.1
+    assert max(calls) <= 16

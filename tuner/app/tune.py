@@ -170,7 +170,7 @@ def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcom
             ctx.say(f"  crashed: {error or exc} (recorded; this region is avoided)")
             return Outcome("crashed", 0.0, detail)
         ctx.say(f"  healthy after {ctx.clock() - started:.0f}s; measuring capacity at the SLO")
-        cap = _capacity(ctx, shadow.url)
+        cap = _capacity(ctx, shadow.url, slots=flags.get("max_num_seqs" if t.backend == "vllm" else "parallel"))
     except BaseException as exc:
         mg.stop_server(server, grace_s=5.0)
         tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="interrupted", capacity_rps=None,
@@ -188,7 +188,7 @@ def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcom
     return Outcome("measured", cap["capacity_rps"], detail)
 
 
-def _capacity(ctx: _Ctx, url: str) -> dict[str, Any]:
+def _capacity(ctx: _Ctx, url: str, *, slots: int | None = None) -> dict[str, Any]:
     t, req, w = ctx.target, ctx.req, ctx.workload
     assert t.managed is not None and w is not None and t.slo is not None
     client = ctx.bench
@@ -208,7 +208,7 @@ def _capacity(ctx: _Ctx, url: str) -> dict[str, Any]:
     ctx.waiting[:] = [f"trial {ctx.trial_no}: warming the server up ({req.min_prompts} requests, not counted)"]
     warm = client.run(w, url=url, model=model, tokenizer=tokenizer, rate=start, prompts=req.min_prompts, slo=t.slo)
     cap = find_capacity(measure, t.slo.objective, start_rps=start, tolerance=req.tolerance, max_runs=req.max_runs,
-                        floor_rps=rate_floor(req.min_prompts, req.run_s, w.rate_rps))
+                        floor_rps=rate_floor(req.min_prompts, req.run_s, w.rate_rps), slots=slots)
     return {**cap.as_json(), "warmup": warm.as_json()}
 
 

@@ -1,7 +1,8 @@
 """Capacity of one config: the highest request rate whose SLO attainment reaches the objective. Pure.
 
 A bracketing search over the rate, never a linear step-down: from a start rate (the workload's, or the best
-capacity found so far) it doubles while runs pass and halves while they fail, until one rate passes and one fails
+capacity found so far) it doubles while runs pass (or jumps to half the rate the server's slots could serve
+unqueued, when that is further: ``slots``) and halves while they fail, until one rate passes and one fails
 (or the floor/ceiling is reached), then bisects geometrically (sqrt(lo x hi)) until hi / lo <= 1 + tolerance or the
 run budget is spent. Capacity is the highest rate that passed.
 
@@ -20,6 +21,7 @@ from typing import Any, Callable, Protocol
 __all__ = ["Capacity", "Measured", "find_capacity", "rate_floor", "LONGEST_RUN"]
 
 LONGEST_RUN = 8  # a run at the floor rate lasts at most this many times the run length
+_MOST_GROWTH = 16  # a passing run's next rate is at most this many times its own (a wrong slots count costs little)
 
 
 class Measured(Protocol):
@@ -74,8 +76,15 @@ def _close_call(good: int, sent: int, objective: float, z: float) -> bool:
 
 def find_capacity(measure: Callable[[float], Measured], objective: float, *, start_rps: float,
                   floor_rps: float = 0.05, ceiling_rps: float = 1000.0, tolerance: float = 0.15,
-                  max_runs: int = 8, z: float = 1.0) -> Capacity:
-    """Bracket then bisect the rate; ``measure(rate)`` runs the load once. See the module docstring."""
+                  max_runs: int = 8, z: float = 1.0, slots: int | None = None) -> Capacity:
+    """Bracket then bisect the rate; ``measure(rate)`` runs the load once. See the module docstring.
+
+    ``slots``: how many requests the server runs at once (max-num-seqs, --parallel), if known. A server with that
+    many slots, each request taking the mean E2E latency ``W`` a passing run measured, serves at most slots / W
+    requests a second before requests queue (Little's law), and batching only slows each request: so after a
+    passing run far below that, the next rate is half of it rather than the double (from 1 req/s, 2 sequences of
+    0.1 s requests: 10 req/s next instead of 2; never more than 16 times the rate), and a bracket that would have spent its runs doubling from a slow
+    workload's rate ends near the capacity instead of below it."""
     if not 0 < objective <= 1:
         raise ValueError(f"objective must be in (0, 1], got {objective}")
     if start_rps <= 0 or floor_rps <= 0 or ceiling_rps < floor_rps:
@@ -110,7 +119,7 @@ def find_capacity(measure: Callable[[float], Measured], objective: float, *, sta
                 cap.hi_rps = None
             if cap.hi_rps is not None or rate >= ceiling_rps:
                 break
-            rate = min(rate * 2, ceiling_rps)
+            rate = min(max(rate * 2, min(_unqueued(cap.runs[-1], slots) / 2, rate * _MOST_GROWTH)), ceiling_rps)
         else:
             cap.hi_rps = rate if cap.hi_rps is None else min(rate, cap.hi_rps)
             if cap.lo_rps is not None or rate <= floor_rps:
@@ -138,6 +147,14 @@ def find_capacity(measure: Callable[[float], Measured], objective: float, *, sta
     else:
         cap.note = f"between {cap.lo_rps:.3g} (met) and {cap.hi_rps:.3g} req/s (missed)"
     return cap
+
+
+def _unqueued(run: Any, slots: int | None) -> float:
+    """slots / mean E2E of ``run``: the most requests a second it could have served with none waiting; 0 unknown."""
+    w = getattr(run, "mean_e2e_s", None)
+    if not slots or slots < 1 or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+        return 0.0
+    return slots / w
 
 
 def rate_floor(min_prompts: int, run_s: float, workload_rps: float | None = None) -> float:
