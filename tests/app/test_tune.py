@@ -3,6 +3,7 @@ trial server left by a dead tuner is stopped (a real process, found again by pid
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -97,3 +98,55 @@ def test_a_trial_server_dies_with_the_tuner_that_started_it(tmp_path):
     while mg.is_alive(pid, start) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not mg.is_alive(pid, start)
+
+
+def test_what_a_trial_server_started_dies_with_the_tuner_too(tmp_path):
+    """PR_SET_PDEATHSIG reaches only the server itself: vLLM's engine core and worker, children in the server's
+    process group, were seen running 13 minutes after their tuner died. The group's sentinel kills them too."""
+    child_pid = tmp_path / "child.pid"
+    server = ("import subprocess, sys, time; "
+              "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+              f"open({str(child_pid)!r}, 'w').write(str(c.pid)); time.sleep(600)")
+    code = ("import sys, time; from pathlib import Path; from tuner.apply import managed as mg; "
+            f"r = mg.start_server([sys.executable, '-c', {server!r}], {{}}, "
+            f"Path({str(tmp_path / 's.log')!r}), die_with_parent=True); print(r.pid, flush=True); "
+            "time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pgid = int(parent.stdout.readline())
+    deadline = time.monotonic() + 30
+    while not (child_pid.exists() and child_pid.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(child_pid.read_text())
+    assert os.getpgid(child) == pgid  # the engine-like child is in the server's group
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while mg._group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not mg._group_alive(pgid)  # the server and the child it started, both gone
+
+
+def test_a_stopped_trial_server_leaves_no_sentinel_behind(tmp_path):
+    from tuner.apply.launch import ServerProcess
+    before = _sentinels()
+    proc = ServerProcess.start([sys.executable, "-c", "import time; time.sleep(600)"], env=None,
+                               log_path=tmp_path / "s.log", die_with_parent=True)
+    assert len(_sentinels() - before) == 1
+    proc.stop(grace_s=1)
+    deadline = time.monotonic() + 10
+    while _sentinels() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _sentinels() - before
+
+
+def _sentinels() -> set[int]:
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if b"os.killpg(int(sys.argv[1])" in cmd:
+                out.add(int(d))
+    return out

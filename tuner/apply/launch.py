@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ __all__ = [
     "Supervised",
     "error_line",
     "die_with_parent_hook",
+    "group_sentinel",
     "free_port",
     "llama_server_argv",
     "vllm_argv",
@@ -249,14 +251,50 @@ def die_with_parent_hook() -> None:
         pass
 
 
+_SENTINEL = """
+import os, signal, sys
+try:
+    while os.read(0, 4096):
+        pass
+except OSError:
+    pass
+try:
+    os.killpg(int(sys.argv[1]), signal.SIGKILL)
+except OSError:
+    pass
+"""
+
+
+def group_sentinel(pgid: int) -> int:
+    """Start a watcher that SIGKILLs process group ``pgid`` once this process dies or closes the returned fd.
+
+    PR_SET_PDEATHSIG reaches only the process it was set in: when a tuner is killed, a vLLM server's API process
+    dies with it but its engine core and worker (children in the same group) were seen running on 13 minutes
+    later. The watcher (a tiny Python in its own session) reads a pipe whose only write end is this process's;
+    the kernel closes that end when this process exits by any means, kill -9 included, and the watcher then
+    kills the whole group. Close the fd after stopping the group yourself (ServerProcess.stop does)."""
+    r, w = os.pipe()  # both ends non-inheritable: the server and other children never hold the write end
+    try:
+        subprocess.Popen([sys.executable, "-S", "-c", _SENTINEL, str(pgid)], stdin=r, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        os.close(w)
+        raise
+    finally:
+        os.close(r)
+    return w
+
+
 class ServerProcess:
     """A server started in its own session (process group), logging to a file, stoppable as a whole.
 
     Start with ServerProcess.start(...); use as a context manager to guarantee stop().
     """
 
-    def __init__(self, popen: subprocess.Popen[bytes], argv: list[str], log_path: Path) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], argv: list[str], log_path: Path,
+                 sentinel_fd: int | None = None) -> None:
         self._popen = popen
+        self._sentinel_fd = sentinel_fd
         self.argv = argv
         self.log_path = log_path
         self.pid = popen.pid
@@ -274,8 +312,9 @@ class ServerProcess:
     ) -> ServerProcess:
         """Start argv (no shell) with env (None: inherit ours); stdout and stderr go to log_path.
 
-        ``die_with_parent``: the kernel kills the server when this process dies, even by kill -9 (Linux
-        PR_SET_PDEATHSIG), for servers that must not outlive their tuner (tuning trials)."""
+        ``die_with_parent``: the server and every process it started die when this process dies, even by
+        kill -9 (Linux PR_SET_PDEATHSIG for the server, ``group_sentinel`` for its group), for servers that must
+        not outlive their tuner (tuning trials)."""
         argv = [os.fspath(a) for a in argv]
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -290,7 +329,7 @@ class ServerProcess:
                 start_new_session=True,  # own process group: stop() can reach workers the server forks
                 preexec_fn=die_with_parent_hook if die_with_parent else None,
             )
-        return cls(popen, argv, log_path)
+        return cls(popen, argv, log_path, group_sentinel(popen.pid) if die_with_parent else None)
 
     @property
     def returncode(self) -> int | None:
@@ -338,6 +377,9 @@ class ServerProcess:
             self._killpg()
             self._popen.wait()
         self._reap_group()
+        if self._sentinel_fd is not None:  # the group is gone: the watcher's kill finds nothing
+            os.close(self._sentinel_fd)
+            self._sentinel_fd = None
         return self._popen.returncode
 
     def _signal_leader(self, sig: signal.Signals) -> None:

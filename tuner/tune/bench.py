@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, Mapping
 
-from tuner.apply.launch import die_with_parent_hook
+from tuner.apply.launch import die_with_parent_hook, group_sentinel
 from tuner.config import Slo
 from tuner.errors import TunerError
 from tuner.signals.workload import Workload
@@ -164,6 +164,7 @@ class BenchClient:
                      "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         self._start_timeout_s = start_timeout_s
         self._proc: subprocess.Popen[str] | None = None
+        self._sentinel: int | None = None
         self._runs = 0
 
     def __enter__(self) -> BenchClient:
@@ -184,6 +185,7 @@ class BenchClient:
             raise BenchError(f"cannot start vLLM's benchmark client with {self.python}: {exc}") from None
         finally:
             log.close()
+        self._sentinel = group_sentinel(self._proc.pid)  # its children (a resource tracker) go with us too
         line = self._read_answer(self._start_timeout_s)
         if not line.get("ready"):
             raise BenchError(f"vLLM's benchmark client did not start: {line}; see {self.log_path}")
@@ -244,3 +246,6 @@ class BenchClient:
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+        if self._sentinel is not None:  # what the client left in its group (its resource tracker) goes now
+            os.close(self._sentinel)
+            self._sentinel = None
