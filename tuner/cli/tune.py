@@ -106,8 +106,10 @@ def add_parsers(sub: Any) -> None:
                         "production is drained for them and started again with the flags in force after (by the "
                         "next tuner's reconcile if this one dies); for hosts where a second server does not fit")
     t.add_argument("--sampler", choices=["tpe", "random", "grid"], default="tpe",
-                   help="tpe: optuna's TPE seeded with the flags in force and the advisor's proposals (default); "
-                        "random: optuna's random sampler; grid: every feasible point (budget permitting)")
+                   help="tpe: optuna's TPE seeded with the flags in force and the advisor's proposals, after an "
+                        "exponential search along max-num-seqs (--parallel) whose first step is long when the best "
+                        "so far queued requests (default); random: optuna's random sampler; grid: every feasible "
+                        "point (budget permitting)")
     t.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
     t.add_argument("--json", action="store_true", help="the result as JSON on stdout (progress on stderr)")
     t.set_defaults(func=cmd_tune)
