@@ -9,8 +9,9 @@
   * A trial that crashes is recorded as data (capacity 0, constraint violated): the sampler learns the region,
     and the same point is never retried.
   * Then, with ``gallop`` (max-num-seqs for vLLM, --parallel for llama-server), an exponential search along that
-    axis from the best point so far (``_gallop``), before the sampler's own proposals; its first step goes as far
-    as the requests that point had in flight at its capacity ask for (Little's law). Its steps carry ``carry``:
+    axis from the best point so far (``_gallop``), before the sampler's own proposals; its first step is long (x4 at
+    least, and as far as what was in flight asks for) when that point queued requests at its capacity rate
+    (``_first_step``, Little's law). Its steps carry ``carry``:
     flags the workload argues for (prefix caching for prompts that share a prefix, tuner/tune/space.py
     ``workload_flags``), so a small budget spent on the gallop does not leave them untried.
   * Stops at ``budget`` measured trials or ``max_time_s`` (checked before each trial starts), or when the sampler
