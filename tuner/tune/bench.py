@@ -176,6 +176,7 @@ class BenchClient:
     def _start(self) -> subprocess.Popen[str]:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
+        self.close()  # a client that died between runs: its pipes and its group's watcher go before a new one
         log: IO[bytes] = open(self.log_path, "ab")
         try:
             self._proc = subprocess.Popen([self.python, "-c", _RUNNER], stdin=subprocess.PIPE,
