@@ -83,8 +83,8 @@ def find_capacity(measure: Callable[[float], Measured], objective: float, *, sta
     many slots, each request taking the mean E2E latency ``W`` a passing run measured, serves at most slots / W
     requests a second before requests queue (Little's law), and batching only slows each request: so after a
     passing run far below that, the next rate is half of it rather than the double (from 1 req/s, 2 sequences of
-    0.1 s requests: 10 req/s next instead of 2; never more than 16 times the rate), and a bracket that would have spent its runs doubling from a slow
-    workload's rate ends near the capacity instead of below it."""
+    0.1 s requests: 10 req/s next instead of 2; never more than 16 times the rate), and a bracket that would have
+    spent its runs doubling from a slow workload's rate ends near the capacity instead of below it."""
     if not 0 < objective <= 1:
         raise ValueError(f"objective must be in (0, 1], got {objective}")
     if start_rps <= 0 or floor_rps <= 0 or ceiling_rps < floor_rps:

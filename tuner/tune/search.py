@@ -77,11 +77,11 @@ def _first_step(axis: Axis, start: int, base: Point) -> int:
     if (not isinstance(want, (int, float)) or isinstance(want, bool) or not math.isfinite(want)
             or not isinstance(have, int) or isinstance(have, bool) or want <= have):
         return 1
-    ints = [(i, v) for i, v in enumerate(axis.values) if v is not None]  # None (the default) sorts first
-    numbers = [v for _, v in ints if isinstance(v, int) and not isinstance(v, bool)]
-    if len(numbers) != len(ints) or numbers != sorted(numbers):
+    values = [(i, v) for i, v in enumerate(axis.values) if v is not None]  # None (the default) sorts first
+    numbers = [(i, v) for i, v in values if isinstance(v, int) and not isinstance(v, bool)]
+    if len(numbers) != len(values) or [v for _, v in numbers] != sorted(v for _, v in numbers):
         return 1  # not an ordered numeric axis
-    above = [i for i, v in zip([i for i, _ in ints], numbers) if v >= want]
+    above = [i for i, v in numbers if v >= want]
     return max(2, (above[0] if above else len(axis.values) - 1) - start)
 
 
