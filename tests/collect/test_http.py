@@ -200,3 +200,107 @@ def test_a_peer_that_closes_after_every_answer_still_gets_each_request_once() ->
         with http.Peer(url) as peer:
             assert peer.get("/metrics", timeout_s=3, max_bytes=MB).body == b"m"
             assert peer.get("/health", timeout_s=3, max_bytes=MB).status == 200
+
+
+# ---- the same answers read by http.client (the standard library's HTTP/1.1 client) --------------------------
+
+_ANSWERS = {
+    "content-length": b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: 5\r\n\r\nhello",
+    "chunked, extensions, trailer": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: a/b\r\n\r\n"
+                                     b"5;ext=1\r\nhello\r\n6\r\n world\r\nA\r\n0123456789\r\n0\r\nX-T: 1\r\n\r\n"),
+    "chunked wins over a length": (b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                   b"3\r\nabc\r\n0\r\n\r\n"),
+    "HTTP/1.0, no length: to the close": b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nbody until close\n",
+    "1.1, Connection: close, no length": b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nxyz",
+    "100 Continue first": b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    "204": b"HTTP/1.1 204 No Content\r\nContent-Type: x\r\n\r\n",
+    "bare LF lines": b"HTTP/1.1 200 OK\nContent-Length: 3\nContent-Type: t\n\nabc",
+    "header case and spacing": b"HTTP/1.1 503 Service Unavailable\r\ncontent-length:  4\r\nCONTENT-TYPE:j\r\n\r\ndown",
+    "a long body": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (3 * MB, b"m" * (3 * MB)),
+    "a long chunked body": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           + b"".join(b"%x\r\n%s\r\n" % (n, b"c" * n) for n in range(1, 3000, 7)) + b"0\r\n\r\n",
+}
+
+
+class _Canned:
+    """Answers every connection's first request with ``answer`` (sent in small pieces), then closes it."""
+
+    def __init__(self, answer: bytes) -> None:
+        import threading
+
+        self.answer = answer
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                buf = b""
+                while b"\r\n\r\n" not in buf:
+                    data = conn.recv(65536)
+                    if not data:
+                        break
+                    buf += data
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                try:
+                    for i in range(0, len(self.answer), 997):  # pieces that split lines, sizes and bodies
+                        conn.sendall(self.answer[i:i + 997])
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # a client that stopped reading (over its cap)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize("answer", list(_ANSWERS.values()), ids=list(_ANSWERS))
+def test_each_answer_reads_as_http_client_reads_it(answer: bytes) -> None:
+    import http.client as stdlib
+
+    server = _Canned(answer)
+    try:
+        ours = http.get(f"http://127.0.0.1:{server.port}/metrics", timeout_s=5, max_bytes=4 * MB)
+        reference = stdlib.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        try:
+            reference.request("GET", "/metrics")
+            r = reference.getresponse()
+            theirs = (r.status, r.read(), r.getheader("Content-Type") or "")
+        finally:
+            reference.close()
+    finally:
+        server.close()
+    assert (ours.status, ours.body, ours.content_type) == theirs
+    assert theirs[1] or theirs[0] == 204  # the case has a body to compare (a silent empty read would pass)
+
+
+def test_a_body_cut_short_is_an_error_not_a_short_body() -> None:
+    server = _Canned(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+    try:
+        with pytest.raises(ScrapeError, match="closed the connection after 3 of its 10 bytes"):
+            http.get(f"http://127.0.0.1:{server.port}/metrics", timeout_s=5, max_bytes=MB)
+    finally:
+        server.close()
+
+
+def test_an_answer_that_is_not_http_is_named() -> None:
+    server = _Canned(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
+    try:
+        with pytest.raises(ScrapeError, match="not an HTTP answer: 'SSH-2.0-OpenSSH_9.2'"):
+            http.get(f"http://127.0.0.1:{server.port}/metrics", timeout_s=5, max_bytes=MB)
+    finally:
+        server.close()
+
+
+def test_a_chunked_body_over_the_cap_is_refused() -> None:
+    server = _Canned(_ANSWERS["a long chunked body"])
+    try:
+        with pytest.raises(ScrapeError, match="exceeds max_body_bytes=1000"):
+            http.get(f"http://127.0.0.1:{server.port}/metrics", timeout_s=5, max_bytes=1000)
+    finally:
+        server.close()

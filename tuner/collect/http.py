@@ -1,16 +1,19 @@
 """tuner's one HTTP client: bounded requests with a total deadline and a body cap, so a slow or huge peer costs a
 bounded amount. Scrapes, health checks, health gates, drains and Alertmanager notifications all go through it.
 
-http.client rather than requests: its ``read1`` returns whatever has arrived, so a server that
-trickles bytes still hits the deadline (requests' per-read timeout would wait forever). No proxy is ever used:
-targets, servers and Alertmanagers are addressed directly.
+Its own HTTP/1.1 over a socket rather than requests or http.client: every read waits at most what is left of the
+request's deadline, so a server that trickles bytes still hits it (requests' per-read timeout would wait
+forever), and a scrape's two requests cost a fraction of http.client's CPU (its header parsing goes through the
+email package; bench/RESULTS.md). It speaks what servers answer a GET or a POST with: Content-Length,
+chunked and close-delimited bodies, 1xx interim answers, keep-alive. tests/collect/test_http.py holds it equal to
+http.client on the same answers. No proxy is ever used: targets, servers and Alertmanagers are addressed directly.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +24,8 @@ from tuner.errors import ScrapeError
 __all__ = ["Response", "Peer", "get", "get_json", "post_json"]
 
 _USER_AGENT = "tuner/0.1 (+https://github.com/tuner)"
+_MAX_HEAD = 65536  # a status line and headers longer than this are not an answer a scraper should read
+_READ = 65536
 
 
 @dataclass(frozen=True)
@@ -51,11 +56,11 @@ class Peer:
 
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url.rstrip("/")
-        self.conn: http.client.HTTPConnection | None = None
+        self.conn: _Connection | None = None
 
     def get(self, path: str, *, timeout_s: float, max_bytes: int,
             accept: str = "text/plain;version=0.0.4;q=1,*/*;q=0.1") -> Response:
-        reused = self.conn is not None and self.conn.sock is not None
+        reused = self.conn is not None
         try:
             return _request("GET", self.base_url + path, None, {"Accept": accept}, timeout_s=timeout_s,
                             max_bytes=max_bytes, peer=self)
@@ -78,7 +83,184 @@ class Peer:
 
 
 class _Stale(ScrapeError):
-    """A kept-alive connection the server had closed: nothing was answered, the request may be sent again."""
+    """The server closed the connection before a byte of answer: nothing was answered, a GET may be sent again."""
+
+
+class _Timeout(Exception):
+    pass
+
+
+class _Connection:
+    """One socket to one server and the bytes read past the last answer."""
+
+    def __init__(self, scheme: str, host: str, port: int | None, timeout_s: float) -> None:
+        port = port or (443 if scheme == "https" else 80)
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if scheme == "https":
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock: socket.socket = sock
+        self.buf = bytearray()  # appended in place: a long body costs its length, not its square
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def fill(self, deadline: float) -> bool:
+        """Read what has arrived into ``buf``, waiting at most until ``deadline``; False at the end of the stream."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _Timeout
+        self.sock.settimeout(remaining)
+        try:
+            chunk = self.sock.recv(_READ)
+        except (socket.timeout, TimeoutError):
+            raise _Timeout from None
+        self.buf += chunk
+        return bool(chunk)
+
+
+class _Answer:
+    """What has been read of one answer so far (for the error messages)."""
+
+    def __init__(self) -> None:
+        self.started = False  # a byte of the answer arrived
+        self.size = 0  # body bytes
+
+
+def _head(conn: _Connection, deadline: float, answer: _Answer) -> tuple[str, int, dict[str, str]]:
+    """The status line and headers of the next final (non-1xx) answer: (version, status, lower-cased headers)."""
+    while True:
+        start = 0
+        while True:
+            end = conn.buf.find(b"\n\r\n", start)
+            bare = conn.buf.find(b"\n\n", start)
+            if bare >= 0 and (end < 0 or bare < end):
+                end, sep = bare, 2
+            else:
+                sep = 3
+            if end >= 0:
+                break
+            if len(conn.buf) > _MAX_HEAD:
+                raise ScrapeError(f"an answer whose headers exceed {_MAX_HEAD} bytes")
+            start = max(0, len(conn.buf) - 2)
+            if not conn.fill(deadline):
+                if conn.buf:
+                    raise ScrapeError("the server closed the connection in the middle of its headers")
+                raise _Closed
+            answer.started = True
+        lines = conn.buf[:end].decode("latin-1").split("\n")
+        conn.buf = conn.buf[end + sep:]
+        first = lines[0].rstrip("\r")
+        version, _, rest = first.partition(" ")
+        code = rest[:3]
+        if not version.startswith("HTTP/") or len(code) != 3 or not code.isdigit():
+            raise ScrapeError(f"not an HTTP answer: {first[:80]!r}")
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, colon, value = line.rstrip("\r").partition(":")
+            if colon:
+                key = name.strip().lower()
+                value = value.strip()
+                headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        status = int(code)
+        if 100 <= status < 200 and status != 101:
+            continue  # an interim answer (100 Continue, 103 Early Hints): the final one follows
+        return version, status, headers
+
+
+class _Closed(Exception):
+    """The stream ended before a byte of answer."""
+
+
+def _body(conn: _Connection, method: str, status: int, headers: dict[str, str], *, deadline: float,
+          max_bytes: int, url: str, answer: _Answer) -> tuple[bytes, bool]:
+    """The answer's body and whether the stream ends with it (close-delimited)."""
+    if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+        return b"", False
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return _chunked(conn, deadline=deadline, max_bytes=max_bytes, url=url, answer=answer), False
+    declared = headers.get("content-length")
+    if declared is not None:
+        declared = declared.split(",")[0].strip()  # a repeated header (", "-joined) carries the same number
+        if not declared.isdigit():
+            raise ScrapeError(f"{url}: a Content-Length that is not a number: {headers['content-length']!r}")
+        n = int(declared)
+        if n > max_bytes:
+            raise ScrapeError(f"{url}: body of {n} bytes exceeds max_body_bytes={max_bytes}; "
+                              "raise defaults.max_body_bytes if this target is really that large")
+        while len(conn.buf) < n:
+            answer.size = len(conn.buf)
+            if not conn.fill(deadline):
+                raise ScrapeError(f"{url}: the server closed the connection after {len(conn.buf)} of its "
+                                  f"{n} bytes")
+        body, conn.buf = bytes(conn.buf[:n]), conn.buf[n:]
+        return body, False
+    while True:  # no length: the body runs to the end of the stream
+        answer.size = len(conn.buf)
+        if len(conn.buf) > max_bytes:
+            raise _too_big(url, max_bytes)
+        if not conn.fill(deadline):
+            body, conn.buf = bytes(conn.buf), bytearray()
+            return body, True
+
+
+def _too_big(url: str, max_bytes: int) -> ScrapeError:
+    return ScrapeError(f"{url}: body exceeds max_body_bytes={max_bytes}; raise defaults.max_body_bytes if this "
+                       "target is really that large")
+
+
+def _chunked(conn: _Connection, *, deadline: float, max_bytes: int, url: str, answer: _Answer) -> bytes:
+    parts: list[bytes] = []
+    while True:
+        while (eol := conn.buf.find(b"\n")) < 0:
+            if len(conn.buf) > _MAX_HEAD:
+                raise ScrapeError(f"{url}: a chunk size line longer than {_MAX_HEAD} bytes")
+            if not conn.fill(deadline):
+                raise ScrapeError(f"{url}: the server closed the connection in the middle of a chunked body")
+        size_text = conn.buf[:eol].split(b";")[0].strip()
+        conn.buf = conn.buf[eol + 1:]
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise ScrapeError(f"{url}: a bad chunk size {size_text[:20]!r}") from None
+        if size < 0:
+            raise ScrapeError(f"{url}: a bad chunk size {size_text[:20]!r}")
+        if size == 0:  # the last chunk; then trailers up to an empty line
+            while True:
+                while (eol := conn.buf.find(b"\n")) < 0:
+                    if len(conn.buf) > _MAX_HEAD:
+                        raise ScrapeError(f"{url}: trailers longer than {_MAX_HEAD} bytes")
+                    if not conn.fill(deadline):
+                        return b"".join(parts)  # a server that hangs up after the last chunk: the body is whole
+                line, conn.buf = conn.buf[:eol], conn.buf[eol + 1:]
+                if not line.strip():
+                    return b"".join(parts)
+        answer.size += size
+        if answer.size > max_bytes:
+            raise _too_big(url, max_bytes)
+        while len(conn.buf) < size + 1:
+            if not conn.fill(deadline):
+                raise ScrapeError(f"{url}: the server closed the connection in the middle of a chunked body")
+        parts.append(bytes(conn.buf[:size]))
+        rest = conn.buf[size:]
+        while not (rest.startswith(b"\r\n") or rest.startswith(b"\n")):
+            if len(rest) >= 2:
+                raise ScrapeError(f"{url}: a chunk longer than its size line says")
+            if not conn.fill(deadline):
+                raise ScrapeError(f"{url}: the server closed the connection in the middle of a chunked body")
+            rest = conn.buf[size:]
+        conn.buf = rest[2:] if rest.startswith(b"\r\n") else rest[1:]
+
+
+def _keeps_alive(version: str, headers: dict[str, str]) -> bool:
+    tokens = {t.strip() for t in headers.get("connection", "").lower().split(",")}
+    if "close" in tokens:
+        return False
+    return version != "HTTP/1.0" or "keep-alive" in tokens
 
 
 def _request(method: str, url: str, body: bytes | None, headers: dict[str, str], *, timeout_s: float,
@@ -87,58 +269,62 @@ def _request(method: str, url: str, body: bytes | None, headers: dict[str, str],
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ScrapeError(f"{url}: not an http(s) URL")
     deadline = time.monotonic() + timeout_s
-    conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = peer.conn if peer is not None and peer.conn is not None else conn_cls(parts.hostname, parts.port,
-                                                                                   timeout=timeout_s)
-    conn.timeout = timeout_s
-    if conn.sock is not None:
-        conn.sock.settimeout(timeout_s)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    resp: http.client.HTTPResponse | None = None
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {parts.netloc.rpartition('@')[2]}",
+             "Accept-Encoding: identity", f"User-Agent: {_USER_AGENT}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    if body is not None:
+        lines.append(f"Content-Length: {len(body)}")
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+    conn = peer.conn if peer is not None else None
+    answer = _Answer()
     kept = False
     try:
-        conn.request(method, path, body=body, headers={**headers, "User-Agent": _USER_AGENT})
-        resp = conn.getresponse()
-        declared = resp.getheader("Content-Length")
-        if declared and declared.isdigit() and int(declared) > max_bytes:
-            raise ScrapeError(f"{url}: body of {int(declared)} bytes exceeds max_body_bytes={max_bytes}; "
-                              "raise defaults.max_body_bytes if this target is really that large")
-        chunks, size = [], 0
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ScrapeError(f"{url}: no complete answer within {timeout_s:g}s "
-                                  f"({size} bytes read); the server is slow or hung")
-            if conn.sock is not None:
-                conn.sock.settimeout(remaining)
-            chunk = resp.read1(65536)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > max_bytes:
-                raise ScrapeError(f"{url}: body exceeds max_body_bytes={max_bytes}; raise "
-                                  "defaults.max_body_bytes if this target is really that large")
-            chunks.append(chunk)
-        kept = peer is not None and not resp.will_close
-        return Response(resp.status, b"".join(chunks), resp.getheader("Content-Type") or "")
-    except ScrapeError:
-        raise
-    except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) if peer is not None else ():
+        if conn is None:
+            try:
+                conn = _Connection(parts.scheme, parts.hostname, parts.port, timeout_s)
+            except (socket.timeout, TimeoutError):
+                raise _Timeout from None
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _Timeout
+        conn.sock.settimeout(remaining)
+        try:
+            conn.sock.sendall(request)
+        except (socket.timeout, TimeoutError):
+            raise _Timeout from None
+        version, status, got = _head(conn, deadline, answer)
+        data, closes = _body(conn, method, status, got, deadline=deadline, max_bytes=max_bytes, url=url,
+                             answer=answer)
+        kept = peer is not None and not closes and _keeps_alive(version, got)
+        return Response(status, data, got.get("content-type", ""))
+    except _Closed:
+        if peer is not None:
+            raise _Stale(url) from None
+        raise ScrapeError(f"{url}: the server closed the connection without answering") from None
+    except (BrokenPipeError, ConnectionResetError) if peer is not None and not answer.started else ():
         raise _Stale(url) from None
+    except _Timeout:
+        read = f" ({answer.size} bytes read)" if answer.started else ""
+        raise ScrapeError(f"{url}: no complete answer within {timeout_s:g}s{read}; the server is slow or hung"
+                          ) from None
+    except ScrapeError as exc:
+        if str(exc).startswith(url):
+            raise
+        raise ScrapeError(f"{url}: {exc}") from None
     except ConnectionRefusedError:
         raise ScrapeError(f"{url}: connection refused; is the server running on that port?") from None
     except (socket.timeout, TimeoutError):
         raise ScrapeError(f"{url}: no complete answer within {timeout_s:g}s; the server is slow or hung") from None
-    except (OSError, http.client.HTTPException) as exc:
+    except (OSError, ValueError) as exc:
         raise ScrapeError(f"{url}: {type(exc).__name__}: {exc}") from None
     finally:
-        if resp is not None:  # its file object keeps the socket open after conn.close()
-            resp.close()
         if kept:
             assert peer is not None
             peer.conn = conn
         else:
-            conn.close()
+            if conn is not None:
+                conn.close()
             if peer is not None:
                 peer.conn = None
 
