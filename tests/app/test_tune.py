@@ -128,18 +128,19 @@ def test_what_a_trial_server_started_dies_with_the_tuner_too(tmp_path):
 
 def test_a_stopped_trial_server_leaves_no_sentinel_behind(tmp_path):
     from tuner.apply.launch import ServerProcess
-    before = _sentinels()
     proc = ServerProcess.start([sys.executable, "-c", "import time; time.sleep(600)"], env=None,
                                log_path=tmp_path / "s.log", die_with_parent=True)
-    assert len(_sentinels() - before) == 1
+    # Only the watcher of this server's group counts: other tests on the machine may run watchers of their own.
+    assert len(_sentinels(group=proc.pid)) == 1
     proc.stop(grace_s=1)
     deadline = time.monotonic() + 10
-    while _sentinels() - before and time.monotonic() < deadline:
+    while _sentinels(group=proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _sentinels() - before
+    assert not _sentinels(group=proc.pid)
 
 
-def _sentinels() -> set[int]:
+def _sentinels(group: int | None = None) -> set[int]:
+    """Pids of running group watchers (of process group ``group`` only, when given)."""
     out = set()
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -147,6 +148,6 @@ def _sentinels() -> set[int]:
                 cmd = open(f"/proc/{d}/cmdline", "rb").read()
             except OSError:
                 continue
-            if b"os.killpg(int(sys.argv[1])" in cmd:
+            if b"os.killpg(int(sys.argv[1])" in cmd and (group is None or cmd.split(b"\0")[-2] == str(group).encode()):
                 out.add(int(d))
     return out

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import groupby
 from operator import itemgetter
-from typing import Any, Collection, Iterable, NamedTuple, Sequence
+from typing import Any, Collection, Iterable, Mapping, NamedTuple, Sequence
 
 from sqlalchemy import Engine, delete, func, insert, select, update
 
@@ -148,7 +148,7 @@ class Store:
         self._lock = threading.Lock()
         self._targets: dict[str, int] = {}
         self._series_by_key: dict[tuple, int] = {}  # (target, engine, model, metric, labels, bounds) as scraped
-        self._configs: dict[tuple[int, str, str], tuple[int, str]] = {}  # -> (row id, json)
+        self._configs: dict[tuple[int, str, str], tuple[int, dict[str, str]]] = {}  # -> (row id, config)
         self._scrapes: dict[str, int] = {}  # target -> scrapes stored or recorded failed by this process
 
     def scrapes(self, target: str) -> int:
@@ -203,6 +203,7 @@ class Store:
         scrapes: list[tuple] = []
         healths: list[tuple] = []
         written: list[int] = []
+        touches: list[tuple[int, int]] = []  # (ts, config row id): a config seen again
         with self._lock, self._write() as conn:
             try:
                 for item in items:
@@ -215,7 +216,7 @@ class Store:
                         continue
                     snap = item.snap
                     tid = self._target_id(conn, snap.target, snap.backend, item.url, item.labels)
-                    n = self._rows(conn, tid, snap, plain, hist)
+                    n = self._rows(conn, tid, snap, plain, hist, touches)
                     ts = _ms(snap.ts)
                     health = "degraded" if snap.problems else "up"
                     error = "; ".join(snap.problems)
@@ -231,13 +232,15 @@ class Store:
                 if scrapes:
                     raw.executemany(_INSERT_SCRAPE, scrapes)
                     raw.executemany(_UPSERT_HEALTH, healths)  # in order: a target twice in one batch counts up
+                if touches:
+                    raw.executemany(_TOUCH_CONFIG, touches)
             except sqlite3.DatabaseError as exc:  # locked, full, read-only: the whole batch rolls back
                 raise StoreError(f"{self.engine.url}: {exc}") from None
         for item in items:  # committed
             self._scrapes[item.target] = self._scrapes.get(item.target, 0) + 1
         return written
 
-    def _rows(self, conn, tid: int, snap: TargetSnapshot, plain: list, hist: list) -> int:
+    def _rows(self, conn, tid: int, snap: TargetSnapshot, plain: list, hist: list, touches: list) -> int:
         """Append one scrape's sample rows; returns how many."""
         ts = _ms(snap.ts)
         known = self._series_by_key
@@ -255,7 +258,7 @@ class Store:
                 hist.append((sid, ts, h.count, h.sum, encode_counts(h.counts)))
             n += len(e.values) + len(e.histograms)
             if e.config:
-                self._config_seen(conn, tid, e.engine, e.model_name, dict(e.config), ts)
+                self._config_seen(conn, tid, e.engine, e.model_name, e.config, ts, touches)
         return n
 
     def _new_series(self, conn, tid: int, snap: TargetSnapshot) -> dict[tuple, int]:
@@ -278,24 +281,27 @@ class Store:
             self._series_by_key[key] = ids[(row[1], row[2], row[3], row[4], row[6])]
         return self._series_by_key
 
-    def _config_seen(self, conn, tid: int, engine: str, model: str, config: dict[str, str], ts: int) -> None:
+    def _config_seen(self, conn, tid: int, engine: str, model: str, config: Mapping[str, str], ts: int,
+                     touches: list[tuple[int, int]]) -> None:
+        """The engine's config as of ``ts``: the same as last seen is a touch of its row (``touches``, written with
+        the batch), a new one a new row."""
         key = (tid, engine, model)
-        config_json = json.dumps(config, sort_keys=True)
         cached = self._configs.get(key)
         if cached is None:
             row = conn.execute(select(EngineConfigRow.id, EngineConfigRow.config)
                                .where(EngineConfigRow.target_id == tid, EngineConfigRow.engine == engine,
                                       EngineConfigRow.model_name == model)
                                .order_by(EngineConfigRow.last_seen_ms.desc()).limit(1)).first()
-            cached = (row.id, row.config) if row else None
-        if cached is not None and cached[1] == config_json:
-            conn.exec_driver_sql(_TOUCH_CONFIG, (ts, cached[0]))
+            cached = (row.id, json.loads(row.config)) if row else None
+        if cached is not None and cached[1] == config:
+            touches.append((ts, cached[0]))
             self._configs[key] = cached
             return
         rid = conn.execute(insert(EngineConfigRow).values(target_id=tid, engine=engine, model_name=model,
-                                                          first_seen_ms=ts, last_seen_ms=ts, config=config_json)
+                                                          first_seen_ms=ts, last_seen_ms=ts,
+                                                          config=json.dumps(dict(config), sort_keys=True))
                            ).inserted_primary_key[0]
-        self._configs[key] = (rid, config_json)
+        self._configs[key] = (rid, dict(config))
 
     def ingest_gpu(self, reading: GpuReading) -> int:
         if not reading.available:
