@@ -190,7 +190,8 @@ def quantile(xs: list[float], q: float) -> float | None:
 # ---- one run -------------------------------------------------------------------------------------
 
 def run_one(n: int, interval_s: float, duration_s: float, fixture: Path, work: Path,
-            procs: Procs, profile: bool = False, signals: bool = True, source: str = "direct") -> dict[str, object]:
+            procs: Procs, profile: bool = False, signals: bool = True, source: str = "direct",
+            warmup_s: float | None = None) -> dict[str, object]:
     """tuner and Prometheus over the same ``n`` endpoints. ``source="prometheus"``: tuner reads every target
     from that Prometheus instead (the fleet path), and after the run both ways of reading it are timed in this
     process: the whole fleet in one call (what the daemon does) and one target at a time."""
@@ -234,8 +235,10 @@ def run_one(n: int, interval_s: float, duration_s: float, fixture: Path, work: P
              tuner_log)
     wait_for("prometheus", lambda: get(f"http://127.0.0.1:{prom_port}/-/ready", 2) is not None, 120, prom,
              prom_log)
-    # Both spread first scrapes over one interval: measure from the second interval on.
-    time.sleep(interval_s * 1.5)
+    # Both spread first scrapes over one interval: measure from the second interval on (or after ``warmup_s``:
+    # tuner's alert rules read up to 5 minutes of history each evaluation, so their cost grows until it is there).
+    warmup_s = interval_s * 1.5 if warmup_s is None else max(warmup_s, interval_s * 1.5)
+    time.sleep(warmup_s)
 
     pids = {"tuner": tuner.pid, "prometheus": prom.pid, "farm": farm.pid}
     load_start = loadavg()
@@ -280,7 +283,8 @@ def run_one(n: int, interval_s: float, duration_s: float, fixture: Path, work: P
     spy_out = work / "tuner.pyspy.txt"
     return {
         "profile": profile_summary(spy_out) if profile and spy_out.exists() else [],
-        "targets": n, "signals": signals, "source": source, "reads": reads, "interval_s": interval_s, "elapsed_s": elapsed, "scheduled": scheduled,
+        "targets": n, "signals": signals, "source": source, "reads": reads, "interval_s": interval_s,
+        "warmup_s": warmup_s, "elapsed_s": elapsed, "scheduled": scheduled,
         "load_start": load_start, "load_end": load_end,
         "cpu_s": {k: c1[k] - c0[k] for k in pids}, "peak_rss": rss,
         "tuner": {"scrapes_ok": tuner_scrapes, "scrapes_failed": tdb["failed"], "rows": tdb["rows"],
