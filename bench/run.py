@@ -130,7 +130,9 @@ def _fleet_report(runs: list[dict], interval: float, duration: float) -> list[st
 
 def _scale_report(runs: list[dict], interval: float, duration: float) -> list[str]:
     warmup = (runs[0].get("warmup_s") if runs else None) or 1.5 * interval
-    filled = "the rules read full 5-minute windows" if warmup >= 300 else "the rules' windows hold only that much"
+    filled = ("the rules read full 5-minute windows; the ingest-only run from the second interval on" if warmup >= 300
+              else "the rules' windows start with only that much history: a daemon that has run 5 minutes costs more; "
+                   "see --warmup")
     out = [f"### tuner vs Prometheus: same endpoints, every {interval:g} s, {duration:g} s measured",
            "", "Both scrape every endpoint at the same time (one farm process serves all "
            "endpoints; its CPU is shown and excluded). tuner scrapes /metrics and /health, "
@@ -157,9 +159,10 @@ def main() -> int:
     ap.add_argument("--targets", default="100,500,1000", help="comma-separated target counts")
     ap.add_argument("--interval", default="5s")
     ap.add_argument("--duration", default="60s", help="measured time per target count")
-    ap.add_argument("--warmup", default=None,
-                    help="run this long before measuring (default: 1.5 intervals); 6m measures tuner with its "
-                         "alert rules' 5-minute windows full")
+    ap.add_argument("--warmup", default="6m",
+                    help="how long tuner and Prometheus run before the measured time (default 6m: the default "
+                         "alert rules' 5-minute windows full, as in a daemon that has run a while; 0: from the "
+                         "second interval on). The ingest-only diagnostic run needs none.")
     ap.add_argument("--storage-days", type=int, default=30, help="days of history for the storage bench (0: skip)")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: parser,storage,scale,fleet")
     ap.add_argument("--no-profile", action="store_true",
@@ -177,7 +180,7 @@ def main() -> int:
     skip = set(filter(None, args.skip.split(",")))
     interval = parse_duration(args.interval).total_seconds()
     duration = parse_duration(args.duration).total_seconds()
-    warmup = parse_duration(args.warmup).total_seconds() if args.warmup else None
+    warmup = parse_duration(args.warmup).total_seconds() if args.warmup not in ("", "0") else None
     counts = [int(x) for x in args.targets.split(",") if x.strip()]
     fleet = ([int(x) for x in args.fleet.split(",") if x.strip()] if args.fleet is not None
              else [max(counts)] if counts else [])
@@ -254,8 +257,7 @@ def main() -> int:
                 if counts and not args.no_diagnose:
                     n = max(counts)
                     print(f"scale: {n} targets again, tuner's signals and rules off (diagnostic: ingest only) …", flush=True)
-                    r = run_one(n, interval, duration, FIXTURE, work / f"n{n}-nosignals", procs, signals=False,
-                                warmup_s=warmup)
+                    r = run_one(n, interval, duration, FIXTURE, work / f"n{n}-nosignals", procs, signals=False)
                     runs.append(r)
                     print("\n".join(_scale_table([r])[2:]), flush=True)
             finally:  # the target counts measured so far are reported even when a later one fails
@@ -269,7 +271,7 @@ def main() -> int:
                     print(f"fleet: {n} targets read from Prometheus every {interval:g}s for {duration:g}s …",
                           flush=True)
                     fleets.append(run_one(n, interval, duration, FIXTURE, work / f"fleet{n}", procs,
-                                          source="prometheus"))
+                                          source="prometheus", warmup_s=warmup))
                     print("\n".join(_fleet_table(fleets[-1:])), flush=True)
             finally:
                 if fleets:
