@@ -304,3 +304,43 @@ def test_a_chunked_body_over_the_cap_is_refused() -> None:
             http.get(f"http://127.0.0.1:{server.port}/metrics", timeout_s=5, max_bytes=1000)
     finally:
         server.close()
+
+
+def test_https_verifies_the_server_certificate_as_http_client_does(tmp_path, monkeypatch) -> None:
+    import shutil
+    import ssl
+    import subprocess
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl (the command) makes the test's certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
+                   check=True, capture_output=True)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", "9")
+            self.end_headers()
+            self.wfile.write(b"vllm:x 1\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"https://localhost:{server.server_address[1]}/metrics"
+    try:
+        with pytest.raises(ScrapeError, match="CERTIFICATE_VERIFY_FAILED"):  # self-signed, not trusted
+            http.get(url, timeout_s=5, max_bytes=MB)
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted the way OpenSSL is told to
+        assert http.get(url, timeout_s=5, max_bytes=MB).body == b"vllm:x 1\n"
+    finally:
+        server.shutdown()
+        server.server_close()
