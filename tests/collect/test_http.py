@@ -279,29 +279,16 @@ def test_each_answer_reads_as_http_client_reads_it(answer: bytes) -> None:
     assert theirs[1] or theirs[0] == 204  # the case has a body to compare (a silent empty read would pass)
 
 
-def test_a_body_cut_short_is_an_error_not_a_short_body() -> None:
-    server = _Canned(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+@pytest.mark.parametrize(("answer", "max_bytes", "error"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", MB, "closed the connection after 3 of its 10 bytes"),
+    (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", MB, "not an HTTP answer: 'SSH-2.0-OpenSSH_9.2'"),
+    (_ANSWERS["a long chunked body"], 1000, "exceeds max_body_bytes=1000"),
+], ids=["a body cut short", "not HTTP", "a chunked body over the cap"])
+def test_a_bad_answer_is_an_error_that_says_what_was_wrong(answer: bytes, max_bytes: int, error: str) -> None:
+    server = _Canned(answer)
     try:
-        with pytest.raises(ScrapeError, match="closed the connection after 3 of its 10 bytes"):
-            http.get(f"http://127.0.0.1:{server.port}/metrics", timeout_s=5, max_bytes=MB)
-    finally:
-        server.close()
-
-
-def test_an_answer_that_is_not_http_is_named() -> None:
-    server = _Canned(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
-    try:
-        with pytest.raises(ScrapeError, match="not an HTTP answer: 'SSH-2.0-OpenSSH_9.2'"):
-            http.get(f"http://127.0.0.1:{server.port}/metrics", timeout_s=5, max_bytes=MB)
-    finally:
-        server.close()
-
-
-def test_a_chunked_body_over_the_cap_is_refused() -> None:
-    server = _Canned(_ANSWERS["a long chunked body"])
-    try:
-        with pytest.raises(ScrapeError, match="exceeds max_body_bytes=1000"):
-            http.get(f"http://127.0.0.1:{server.port}/metrics", timeout_s=5, max_bytes=1000)
+        with pytest.raises(ScrapeError, match=error):
+            http.get(f"http://127.0.0.1:{server.port}/metrics", timeout_s=5, max_bytes=max_bytes)
     finally:
         server.close()
 
