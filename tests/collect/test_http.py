@@ -123,21 +123,17 @@ def test_body_exactly_at_the_cap_is_accepted() -> None:
             http.get(f"{url}/metrics", timeout_s=5, max_bytes=len(body) - 1)
 
 
-class _KeepAliveServer:
-    """A raw HTTP/1.1 server that counts connections and requests; ``close_after`` answers per connection, then
-    it closes the socket without saying so (as a server whose keep-alive timer fired would)."""
+class _RawServer:
+    """A listening socket on 127.0.0.1 whose connections, one at a time, go to ``handle``."""
 
-    def __init__(self, close_after: int | None = None) -> None:
+    def __init__(self) -> None:
         import threading
 
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(8)
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.connections = 0
-        self.closed = 0
-        self.requests: list[str] = []
-        self.close_after = close_after
+        self.port = self.listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -146,9 +142,30 @@ class _KeepAliveServer:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
-            self.connections += 1
-            self._serve(conn)
-            self.closed += 1
+            self.handle(conn)
+
+    def handle(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+class _KeepAliveServer(_RawServer):
+    """A raw HTTP/1.1 server that counts connections and requests; ``close_after`` answers per connection, then
+    it closes the socket without saying so (as a server whose keep-alive timer fired would)."""
+
+    def __init__(self, close_after: int | None = None) -> None:
+        self.connections = 0
+        self.closed = 0
+        self.requests: list[str] = []
+        self.close_after = close_after
+        super().__init__()
+
+    def handle(self, conn: socket.socket) -> None:
+        self.connections += 1
+        self._serve(conn)
+        self.closed += 1
 
     def _serve(self, conn: socket.socket) -> None:
         buf, answered = b"", 0
@@ -166,9 +183,6 @@ class _KeepAliveServer:
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s"
                                  % (len(body), body))
                     answered += 1
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 def test_a_scrape_asks_metrics_and_health_over_one_connection() -> None:
@@ -222,41 +236,27 @@ _ANSWERS = {
 }
 
 
-class _Canned:
+class _Canned(_RawServer):
     """Answers every connection's first request with ``answer`` (sent in small pieces), then closes it."""
 
     def __init__(self, answer: bytes) -> None:
-        import threading
-
         self.answer = answer
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(8)
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
-    def _accept(self) -> None:
-        while True:
+    def handle(self, conn: socket.socket) -> None:
+        with conn:
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                data = conn.recv(65536)
+                if not data:
+                    break
+                buf += data
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            with conn:
-                buf = b""
-                while b"\r\n\r\n" not in buf:
-                    data = conn.recv(65536)
-                    if not data:
-                        break
-                    buf += data
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                try:
-                    for i in range(0, len(self.answer), 997):  # pieces that split lines, sizes and bodies
-                        conn.sendall(self.answer[i:i + 997])
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # a client that stopped reading (over its cap)
-
-    def close(self) -> None:
-        self.listener.close()
+                for i in range(0, len(self.answer), 997):  # pieces that split lines, sizes and bodies
+                    conn.sendall(self.answer[i:i + 997])
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # a client that stopped reading (over its cap)
 
 
 @pytest.mark.parametrize("answer", list(_ANSWERS.values()), ids=list(_ANSWERS))
