@@ -17,4 +17,4 @@ else
     log "installed in $((SECONDS - start)) s"
 fi
 command -v chromium >/dev/null 2>&1 || { log "missing after install: chromium"; exit 1; }
-chromium --version 2>/dev/null | head -1 >&2 || true
+chromium --version 2>/dev/null | sed -n 1p >&2 || true

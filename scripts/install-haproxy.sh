@@ -30,4 +30,4 @@ if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
 elif [[ -x /etc/init.d/haproxy ]]; then
     $SUDO /etc/init.d/haproxy stop >/dev/null 2>&1 || true
 fi
-haproxy -v | head -1 >&2
+haproxy -v | sed -n 1p >&2  # sed reads it all: head could close the pipe early (SIGPIPE, exit 141 under pipefail)

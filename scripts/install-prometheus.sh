@@ -48,5 +48,5 @@ fi
 for cmd in prometheus promtool prometheus-alertmanager amtool; do
     command -v "$cmd" >/dev/null 2>&1 || { log "missing after install: $cmd"; exit 1; }
 done
-prometheus --version 2>&1 | head -1 >&2
+prometheus --version 2>&1 | sed -n 1p >&2  # not head: see install-haproxy.sh
 command -v prometheus
