@@ -4,6 +4,9 @@ status API (the default signal window) and the alert rules (each rule's window; 
 share the exporter's). A scrape of the target that the store wrote, successful or not, starts a new tick for
 it; so does the scrape interval passing without one, so a window keeps sliding while scrapes are missed.
 
+The store keeps the newest points of the series signals read in memory (tuner/store/head.py), so after a
+target's first window its windows come from there, not from SQLite.
+
 The advisor (auto mode, `tuner recommend`) reads the raw window beside the signals and derives its own: it runs
 once per ``apply.auto_interval``, not per tick.
 """
@@ -25,6 +28,7 @@ class SignalBook:
     def __init__(self, cfg: Config, store: Store, *,
                  derive: Callable[..., TargetSignals] = compute_signals) -> None:
         self.cfg, self.store, self._derive = cfg, store, derive
+        store.keep_head(SIGNAL_METRICS)  # the rules' windows from memory, not re-read from SQLite each evaluation
         self._lock = threading.Lock()
         self._book: dict[tuple[str, float], tuple[int, float, TargetSignals | None]] = {}  # -> (tick, at, signals)
         self.derived = 0  # how many times signals were really derived (tests and bench read it)

@@ -10,7 +10,7 @@ import bisect
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from tuner.config import Slo
 from tuner.signals.derive import EngineSignals, compute_signals
@@ -67,7 +67,7 @@ class TargetReport:
     apply_views: dict[int, Any] = field(default_factory=dict)  # apply id -> ApplyView
 
 
-def _cut(points: tuple[Any, ...], lo: int, hi: int, ts: Any) -> tuple[Any, ...]:
+def _cut(points: Sequence[Any], lo: int, hi: int, ts: Any) -> Sequence[Any]:
     keys = [ts(p) for p in points]
     return points[bisect.bisect_left(keys, lo):bisect.bisect_right(keys, hi)]
 

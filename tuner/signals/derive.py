@@ -6,14 +6,15 @@ Pure: the window and the evaluation time come in as arguments; nothing here read
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from tuner.backends import backend as backend_of
 from tuner.config import Slo
-from tuner.signals.promql import bucket_increase, fraction_le, histogram_quantile, increase, rate
+from tuner.signals.promql import bucket_increase, fraction_le, histogram_quantiles, increase, rate
 from tuner.collect.snapshots import SeriesKey
-from tuner.store.window import EngineWindow, HistPoint, HistSeries, Point, TargetHealth, TargetWindow
+from tuner.store.window import EngineWindow, HistPoint, HistSeries, Point, Points, TargetHealth, TargetWindow
 
 __all__ = ["EngineSignals", "TargetSignals", "compute_signals", "group_signals", "queue_ratio", "QUANTILES",
            "LATENCY_HISTOGRAMS", "SIGNAL_METRICS"]
@@ -133,7 +134,8 @@ def _latest(e: EngineWindow, metric: str) -> float | None:
 
 
 def _max(e: EngineWindow, metric: str) -> float | None:
-    found = [v for pts in _summed(e.series, metric) for _, v in pts]
+    found = [max(pts.values) if isinstance(pts, Points) else max(v for _, v in pts)
+             for pts in _summed(e.series, metric) if pts]
     return max(found) if found else None
 
 
@@ -155,14 +157,17 @@ class _Increases:
 def quantile(e: EngineWindow, metric: str, q: float, lo: int, hi: int,
              increases: _Increases | None = None) -> float | None:
     """``histogram_quantile(q, increase(metric_bucket[w]))`` for one engine; None without observations."""
+    return quantiles(e, metric, (q,), lo, hi, increases)[0]
+
+
+def quantiles(e: EngineWindow, metric: str, qs: Sequence[float], lo: int, hi: int,
+              increases: _Increases | None = None) -> list[float | None]:
+    """``quantile`` at each of ``qs``."""
     hist = e.hists.get((metric, ()))
-    if hist is None:
-        return None
-    inc = (increases or _Increases(lo, hi))(hist)
-    if inc is None:
-        return None
-    value = histogram_quantile(q, hist.bounds, inc)
-    return None if math.isnan(value) else value
+    inc = (increases or _Increases(lo, hi))(hist) if hist is not None else None
+    if hist is None or inc is None:
+        return [None] * len(qs)
+    return [None if math.isnan(v) else v for v in histogram_quantiles(qs, hist.bounds, inc)]
 
 
 def _goodput(e: EngineWindow, slo: Slo | None, lo: int, hi: int,
@@ -195,7 +200,8 @@ def _goodput(e: EngineWindow, slo: Slo | None, lo: int, hi: int,
 
 def _restarts(e: EngineWindow) -> int:
     pts = e.series.get(("process_start_time_seconds", ()), ())
-    return sum(1 for (_, a), (_, b) in zip(pts, pts[1:]) if a != b)
+    values = pts.values if isinstance(pts, Points) else [v for _, v in pts]
+    return sum(map(operator.ne, values, values[1:]))
 
 
 def _engine_signals(e: EngineWindow, backend: str, slo: Slo | None, lo: int, hi: int) -> EngineSignals:
@@ -216,8 +222,8 @@ def _engine_signals(e: EngineWindow, backend: str, slo: Slo | None, lo: int, hi:
         values["prefix_cache_hit_ratio"] = hits / queries if hits is not None and queries else None
         increases = _Increases(lo, hi)
         for prefix, metric in LATENCY_HISTOGRAMS.items():
-            for q in QUANTILES:
-                values[f"{prefix}_p{round(q * 100)}"] = quantile(e, metric, q, lo, hi, increases)
+            for q, v in zip(QUANTILES, quantiles(e, metric, QUANTILES, lo, hi, increases)):
+                values[f"{prefix}_p{round(q * 100)}"] = v
         e2e = e.hists.get((LATENCY_HISTOGRAMS["e2e"], ()))
         inc = increases(e2e) if e2e else None
         values["requests_in_window"] = inc[-1] if inc else None

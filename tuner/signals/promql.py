@@ -12,9 +12,9 @@ import math
 import operator
 from typing import Sequence
 
-from tuner.store.window import HistSeries, Point
+from tuner.store.window import HistPoints, HistSeries, Point, Points
 
-__all__ = ["increase", "rate", "histogram_quantile", "bucket_increase", "fraction_le"]
+__all__ = ["increase", "rate", "histogram_quantile", "histogram_quantiles", "bucket_increase", "fraction_le"]
 
 
 def increase(points: Sequence[Point], start_ms: int, end_ms: int, *, is_counter: bool = True) -> float | None:
@@ -24,7 +24,10 @@ def increase(points: Sequence[Point], start_ms: int, end_ms: int, *, is_counter:
     first_t, first_v = points[0]
     last_t, last_v = points[-1]
     result = last_v - first_v
-    if is_counter:
+    if is_counter and isinstance(points, Points):  # the head's: its falls are known, the same sum in the same order
+        for _, prev in points.falls:
+            result += prev
+    elif is_counter:
         prev = 0.0
         for _, v in points:
             if v < prev:  # a reset: the counter restarted, count what it had reached
@@ -69,36 +72,64 @@ def bucket_increase(hist: HistSeries, start_ms: int, end_ms: int) -> tuple[float
     if len(pts) < 2:
         return None
     n = len(hist.bounds)
-    first, last = pts[0].counts, pts[-1].counts
-    result = [last[i] - first[i] for i in range(n)]
-    prev = first
-    for p in pts[1:]:
-        cur = p.counts
-        if any(map(operator.lt, cur, prev)):
-            for i in range(n):
-                if cur[i] < prev[i]:
-                    result[i] += prev[i]
-        prev = cur
+    if isinstance(pts, HistPoints):  # the head's: decode the first and last rows and the rows around each fall
+        first, last = pts.decode(pts.counts[0]), pts.decode(pts.counts[-1])
+        first_t, last_t = pts.ts[0], pts.ts[-1]
+        result = [last[i] - first[i] for i in range(n)]
+        for _, before, at in pts.falls:
+            _add_falls(result, pts.decode(before), pts.decode(at), n)
+    else:
+        first, last = pts[0].counts, pts[-1].counts
+        first_t, last_t = pts[0].ts_ms, pts[-1].ts_ms
+        result = [last[i] - first[i] for i in range(n)]
+        prev = first
+        for p in pts[1:]:
+            cur = p.counts
+            if any(map(operator.lt, cur, prev)):
+                _add_falls(result, prev, cur, n)
+            prev = cur
+    if last_t <= first_t:
+        return None
+    # _extrapolated bucket by bucket, its shared terms once: only the zero-point clamp differs between buckets.
+    to_start, to_end = (first_t - start_ms) / 1000, (end_ms - last_t) / 1000
+    sampled = (last_t - first_t) / 1000
+    average_step = sampled / (len(pts) - 1)
+    threshold = average_step * 1.1
+    end_part = to_end if to_end < threshold else average_step / 2
+    factor = (sampled + (to_start if to_start < threshold else average_step / 2) + end_part) / sampled
     out = []
-    for i in range(n):
-        inc = _extrapolated(result[i], pts[0].ts_ms, first[i], pts[-1].ts_ms, len(pts), start_ms, end_ms, True)
-        if inc is None:
-            return None
-        out.append(inc)
+    for r, f in zip(result, first):
+        if r > 0 and f >= 0 and (to_zero := sampled * (f / r)) < to_start:
+            out.append(r * ((sampled + (to_zero if to_zero < threshold else average_step / 2) + end_part)
+                            / sampled))
+        else:
+            out.append(r * factor)
     return tuple(out)
+
+
+def _add_falls(result: list[float], prev: Sequence[float], cur: Sequence[float], n: int) -> None:
+    for i in range(n):
+        if cur[i] < prev[i]:  # this bucket's counter reset
+            result[i] += prev[i]
 
 
 def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float:
     """Prometheus's bucketQuantile over cumulative ``counts`` at upper ``bounds``; NaN when undefined."""
-    if math.isnan(q):
-        return math.nan
-    if q < 0:
-        return -math.inf
-    if q > 1:
-        return math.inf
+    return histogram_quantiles((q,), bounds, counts)[0]
+
+
+def histogram_quantiles(qs: Sequence[float], bounds: Sequence[float], counts: Sequence[float]) -> list[float]:
+    """``histogram_quantile`` at each of ``qs``, the buckets sorted, coalesced and made monotonic once."""
+    merged = _buckets(bounds, counts)
+    return [_bucket_quantile(q, merged) for q in qs]
+
+
+def _buckets(bounds: Sequence[float], counts: Sequence[float]) -> list[list[float]] | None:
+    """(bound, count) sorted by bound, equal bounds coalesced, counts never decreasing; None when no quantile is
+    defined (no +Inf bucket, fewer than two buckets, no observations)."""
     pairs = sorted(zip(bounds, counts))
     if not pairs or not math.isinf(pairs[-1][0]):
-        return math.nan
+        return None
     merged: list[list[float]] = []
     for b, c in pairs:  # coalesce buckets with the same bound
         if merged and merged[-1][0] == b:
@@ -111,11 +142,21 @@ def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float
             top = m[1]
         elif m[1] < top:
             m[1] = top
-    if len(merged) < 2:
+    if len(merged) < 2 or merged[-1][1] == 0:
+        return None
+    return merged
+
+
+def _bucket_quantile(q: float, merged: list[list[float]] | None) -> float:
+    if math.isnan(q):
+        return math.nan
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    if merged is None:
         return math.nan
     observations = merged[-1][1]
-    if observations == 0:
-        return math.nan
     rank = q * observations
     b = next((i for i in range(len(merged) - 1) if merged[i][1] >= rank), len(merged) - 1)
     if b == len(merged) - 1:

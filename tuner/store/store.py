@@ -19,9 +19,10 @@ from tuner.config import Retention
 from tuner.errors import StoreError, UnknownTargetError
 from tuner.store.counts import decode_counts, encode_counts
 from tuner.store.db import Tx
+from tuner.store.head import MAX_SPAN_MS, Head, SeriesInfo
 from tuner.store.models import (EngineConfigRow, GpuProcessRow, GpuSampleRow, ScrapeRow, TargetRow)
-from tuner.store.window import (EngineWindow, GpuLatest, HistPoint, HistSeries, TargetHealth,
-                                TargetWindow)
+from tuner.store.window import (EngineWindow, GpuLatest, HistPoint, HistPoints, HistSeries, Points,
+                                TargetHealth, TargetWindow)
 
 __all__ = ["Store", "Scraped", "Failed"]
 
@@ -129,6 +130,30 @@ _SELECT_HEALTH = ("SELECT health, last_error, last_scrape_ms, last_success_ms, l
                   "server_healthy FROM target_health WHERE target_id = ?")
 
 
+_FOREVER_MS = 2**62
+
+
+def _assemble(target: str, backend: str, lo: int, hi: int, health: TargetHealth | None,
+              configs: Mapping[tuple[str, str], dict], series: Iterable[tuple]) -> TargetWindow:
+    """A window from its series, in series-id order: (engine, model, metric, labels, bounds or None for a counter
+    or gauge, points)."""
+    engines: dict[tuple[str, str], dict[str, dict]] = defaultdict(lambda: {"series": {}, "hists": {}})
+    for engine, model, metric, labels, bounds, pts in series:
+        key: SeriesKey = (metric, labels)
+        if bounds is None:
+            engines[(engine, model)]["series"][key] = pts
+            continue
+        slot = engines[(engine, model)]["hists"]
+        # After a bucket-layout change keep the layout with the newest data.
+        if key not in slot or slot[key].points[-1].ts_ms < pts[-1].ts_ms:
+            slot[key] = HistSeries(bounds, pts)
+    return TargetWindow(
+        target=target, backend=backend, start_ms=lo, end_ms=hi, health=health,
+        engines=tuple(EngineWindow(engine=k[0], model_name=k[1], series=v["series"], hists=v["hists"],
+                                   config=configs.get(k, {}))
+                      for k, v in sorted(engines.items())))
+
+
 def _health_of(row: Sequence[Any] | None) -> TargetHealth | None:
     if row is None:
         return None
@@ -150,6 +175,14 @@ class Store:
         self._series_by_key: dict[tuple, int] = {}  # (target, engine, model, metric, labels, bounds) as scraped
         self._configs: dict[tuple[int, str, str], tuple[int, dict[str, str]]] = {}  # -> (row id, config)
         self._scrapes: dict[str, int] = {}  # target -> scrapes stored or recorded failed by this process
+        self._head: Head | None = None
+        self._new_infos: list[tuple[str, list[SeriesInfo]]] = []  # series the transaction in progress created
+
+    def keep_head(self, metrics: Collection[str]) -> None:
+        """Keep the newest points of the series named in ``metrics`` in memory (tuner/store/head.py): a window of
+        those series only, within the raw retention, is then read from memory, after the first read of each
+        target. The daemon's signal book asks for it; one-shot commands read SQLite."""
+        self._head = Head(metrics)
 
     def scrapes(self, target: str) -> int:
         """How many scrapes of ``target`` this Store has written (a failed one too): a change means new data."""
@@ -181,10 +214,12 @@ class Store:
         return Tx(self.engine, on_rollback=self._forget_ids)
 
     def _forget_ids(self) -> None:
-        """A rolled-back transaction may have created ids we cached: drop the caches."""
+        """A rolled-back transaction may have created ids we cached: drop the caches (the head's too)."""
         self._targets.clear()
         self._series_by_key.clear()
         self._configs.clear()
+        if self._head is not None:
+            self._head.clear()
 
     def ingest(self, snap: TargetSnapshot, *, url: str = "", labels: dict[str, str] | None = None) -> int:
         """Store one successful scrape; returns the number of samples written."""
@@ -200,11 +235,25 @@ class Store:
         and each statement run once for all rows); the samples written per item. All or nothing."""
         plain: list[tuple[int, int, float]] = []
         hist: list[tuple[int, int, float, float, str]] = []
+        raw_counts: list[tuple[float, ...]] | None = [] if self._head is not None else None  # as scraped
         scrapes: list[tuple] = []
         healths: list[tuple] = []
         written: list[int] = []
         touches: list[tuple[int, int]] = []  # (ts, config row id): a config seen again
-        with self._lock, self._write() as conn:
+        with self._lock:
+            self._new_infos = []
+            self._write_rows(items, plain, hist, raw_counts, scrapes, healths, written, touches)
+            if self._head is not None:  # committed: the head holds what SQLite holds
+                for target, infos in self._new_infos:
+                    self._head.new_series(target, infos)
+                self._head.append(plain, hist, raw_counts or ())
+        for item in items:  # committed
+            self._scrapes[item.target] = self._scrapes.get(item.target, 0) + 1
+        return written
+
+    def _write_rows(self, items: Sequence[Scraped | Failed], plain: list, hist: list, raw_counts: list | None,
+                    scrapes: list, healths: list, written: list, touches: list) -> None:
+        with self._write() as conn:
             try:
                 for item in items:
                     if isinstance(item, Failed):
@@ -216,7 +265,7 @@ class Store:
                         continue
                     snap = item.snap
                     tid = self._target_id(conn, snap.target, snap.backend, item.url, item.labels)
-                    n = self._rows(conn, tid, snap, plain, hist, touches)
+                    n = self._rows(conn, tid, snap, plain, hist, raw_counts, touches)
                     ts = _ms(snap.ts)
                     health = "degraded" if snap.problems else "up"
                     error = "; ".join(snap.problems)
@@ -236,11 +285,9 @@ class Store:
                     raw.executemany(_TOUCH_CONFIG, touches)
             except sqlite3.DatabaseError as exc:  # locked, full, read-only: the whole batch rolls back
                 raise StoreError(f"{self.engine.url}: {exc}") from None
-        for item in items:  # committed
-            self._scrapes[item.target] = self._scrapes.get(item.target, 0) + 1
-        return written
 
-    def _rows(self, conn, tid: int, snap: TargetSnapshot, plain: list, hist: list, touches: list) -> int:
+    def _rows(self, conn, tid: int, snap: TargetSnapshot, plain: list, hist: list, raw_counts: list | None,
+              touches: list) -> int:
         """Append one scrape's sample rows; returns how many."""
         ts = _ms(snap.ts)
         known = self._series_by_key
@@ -256,6 +303,8 @@ class Store:
                 if sid is None:
                     sid = self._new_series(conn, tid, snap)[(tid, e.engine, e.model_name, metric, lbl, h.bounds)]
                 hist.append((sid, ts, h.count, h.sum, encode_counts(h.counts)))
+                if raw_counts is not None:
+                    raw_counts.append(h.counts)
             n += len(e.values) + len(e.histograms)
             if e.config:
                 self._config_seen(conn, tid, e.engine, e.model_name, e.config, ts, touches)
@@ -277,8 +326,14 @@ class Store:
         raw = _driver(conn)
         raw.executemany(_INSERT_SERIES, rows)
         ids = {(r[1], r[2], r[3], r[4], r[6]): r[0] for r in raw.execute(_SELECT_TARGET_SERIES, (tid,))}
+        infos = []
         for row, key in zip(rows, keys):
-            self._series_by_key[key] = ids[(row[1], row[2], row[3], row[4], row[6])]
+            sid = self._series_by_key[key] = ids[(row[1], row[2], row[3], row[4], row[6])]
+            if self._head is not None and row[3] in self._head.metrics:
+                infos.append(SeriesInfo(sid, row[1], row[2], row[3], _labels_parse(row[4]),
+                                        _bounds_parse(row[6]) if row[5] == "histogram" else None))
+        if infos:
+            self._new_infos.append((snap.target, infos))
         return self._series_by_key
 
     def _config_seen(self, conn, tid: int, engine: str, model: str, config: Mapping[str, str], ts: int,
@@ -362,6 +417,13 @@ class Store:
         step = None
         if self.retention is not None and not self.reads_every_point(end - start):
             step = max(1, int(self.retention.rollup_step.total_seconds() * 1000))
+        head = self._head
+        if head is not None and step is None and metrics is not None and head.metrics.issuperset(metrics):
+            if not head.covers(target, lo):
+                self._fill_head(head, target, lo, hi)
+            got = head.window(target, lo, hi, metrics)
+            if got is not None:
+                return self._head_window(target, lo, hi, got)
         # The driver's own cursor: a window is thousands of rows, and SQLAlchemy's per-row work cost more
         # than SQLite's (bench/RESULTS.md).
         with self.engine.connect() as conn:
@@ -410,23 +472,61 @@ class Store:
                 health = _health_of(raw.execute(_SELECT_HEALTH, (tid,)).fetchone())  # as of the same read
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"{self.engine.url}: {exc}") from None
-        engines: dict[tuple[str, str], dict[str, dict]] = defaultdict(lambda: {"series": {}, "hists": {}})
-        for sid, pts in plain.items():
-            s = by_id[sid]
-            key: SeriesKey = (s.metric, _labels_parse(s.labels))
-            engines[(s.engine, s.model_name)]["series"][key] = tuple(pts)
-        for sid, hpts in hists.items():
-            s = by_id[sid]
-            key = (s.metric, _labels_parse(s.labels))
-            slot = engines[(s.engine, s.model_name)]["hists"]
-            # After a bucket-layout change keep the layout with the newest data.
-            if key not in slot or slot[key].points[-1].ts_ms < hpts[-1].ts_ms:
-                slot[key] = HistSeries(_bounds_parse(s.bounds), tuple(hpts))
-        return TargetWindow(
-            target=target, backend=backend, start_ms=lo, end_ms=hi, health=health,
-            engines=tuple(EngineWindow(engine=k[0], model_name=k[1], series=v["series"], hists=v["hists"],
-                                       config=configs.get(k, {}))
-                          for k, v in sorted(engines.items())))
+        return _assemble(target, backend, lo, hi, health, configs,
+                         [((s := by_id[sid]).engine, s.model_name, s.metric, _labels_parse(s.labels), None,
+                           tuple(pts)) for sid, pts in plain.items()]
+                         + [((s := by_id[sid]).engine, s.model_name, s.metric, _labels_parse(s.labels),
+                             _bounds_parse(s.bounds), tuple(hpts)) for sid, hpts in hists.items()])
+
+    def _head_window(self, target: str, lo: int, hi: int,
+                     got: list[tuple[SeriesInfo, Points | HistPoints]]) -> TargetWindow:
+        """The window from the head's points, with the target's health and configs read from SQLite."""
+        with self.engine.connect() as conn:
+            raw = _driver(conn)
+            try:
+                trow = raw.execute(_SELECT_TARGET, (target,)).fetchone()
+                if trow is None:  # deleted since the head held it
+                    raise UnknownTargetError(target, self.target_names())
+                tid, backend = trow
+                configs = {(engine, model): json.loads(config)
+                           for engine, model, config in raw.execute(_SELECT_CONFIGS, (tid,))}
+                health = _health_of(raw.execute(_SELECT_HEALTH, (tid,)).fetchone())
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"{self.engine.url}: {exc}") from None
+        got.sort(key=lambda g: g[0].id)  # the order a read from SQLite gives (series id)
+        return _assemble(target, backend, lo, hi, health, configs,
+                         [(i.engine, i.model_name, i.metric, i.labels, i.bounds, pts) for i, pts in got])
+
+    def _fill_head(self, head: Head, target: str, lo: int, hi: int) -> None:
+        """Give the head ``target``'s points from ``lo`` on, when that is at most MAX_SPAN_MS before its last
+        scrape (a window far in the past is read from SQLite and left there). Under the write lock: no scrape
+        lands between the read and the head taking it."""
+        if hi - lo > MAX_SPAN_MS:
+            return
+        with self._lock, self.engine.connect() as conn:
+            raw = _driver(conn)
+            try:
+                trow = raw.execute(_SELECT_TARGET, (target,)).fetchone()
+                if trow is None:
+                    return
+                tid = trow[0]
+                health = _health_of(raw.execute(_SELECT_HEALTH, (tid,)).fetchone())
+                if health is not None and health.last_scrape_ms - lo > MAX_SPAN_MS:
+                    return
+                infos = [SeriesInfo(sid, engine, model, metric, _labels_parse(labels),
+                                    _bounds_parse(bounds) if kind == "histogram" else None)
+                         for sid, engine, model, metric, labels, kind, bounds
+                         in raw.execute(_SELECT_TARGET_SERIES, (tid,)) if metric in head.metrics]
+                infos.sort(key=lambda i: i.id)
+                ids = [i.id for i in infos if i.bounds is None]
+                plain = raw.execute(_SELECT_POINTS % ("ts_ms, value", "samples", ",".join("?" * len(ids))),
+                                    (*ids, lo, _FOREVER_MS)).fetchall()
+                ids = [i.id for i in infos if i.bounds is not None]
+                hists = raw.execute(_SELECT_POINTS % ("ts_ms, count, sum, counts", "hist_samples",
+                                                      ",".join("?" * len(ids))), (*ids, lo, _FOREVER_MS)).fetchall()
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"{self.engine.url}: {exc}") from None
+            head.fill(target, lo, hi - lo, infos, plain, hists)
 
     def gpu_latest(self, max_age_s: float, now: float) -> list[GpuLatest]:
         with self.engine.connect() as conn:

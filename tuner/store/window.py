@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from array import array
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Callable, Iterator, Mapping, Sequence, overload
 
 from tuner.collect.snapshots import SeriesKey
 
-__all__ = ["Point", "HistPoint", "HistSeries", "EngineWindow", "TargetWindow", "TargetHealth", "GpuLatest"]
+__all__ = ["Point", "Points", "HistPoint", "HistPoints", "HistSeries", "EngineWindow", "TargetWindow",
+           "TargetHealth", "GpuLatest"]
 
 Point = tuple[int, float]  # (ts_ms, value)
 
@@ -21,17 +23,114 @@ class HistPoint:
     count: float
 
 
+class Points(Sequence[Point]):
+    """A counter's or gauge's points as the store's in-memory head holds them (tuner/store/head.py): two arrays
+    and the series' falls, so that a window's increase is worked out from its first and last points and its
+    falls (tuner/signals/promql.py) instead of a pass over every point. A sequence of (ts_ms, value) like the
+    tuple a read from SQLite gives, and read the same by everything else. Immutable (the arrays are copies)."""
+
+    __slots__ = ("ts", "values", "falls")
+
+    def __init__(self, ts: array, values: array, falls: tuple[tuple[int, float], ...] = ()) -> None:
+        self.ts = ts  # array('q'), ascending
+        self.values = values  # array('d')
+        # (ts of a point lower than the one before it, that one's value), for each such point after the first
+        self.falls = falls
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @overload
+    def __getitem__(self, i: int) -> Point: ...
+    @overload
+    def __getitem__(self, i: slice) -> "Points": ...  # noqa: E301
+
+    def __getitem__(self, i: int | slice) -> "Point | Points":
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(len(self.ts))
+            if step != 1:
+                raise ValueError("Points: only contiguous slices")
+            return self._cut(lo, hi)
+        return self.ts[i], self.values[i]
+
+    def __iter__(self) -> Iterator[Point]:
+        return zip(self.ts, self.values)
+
+    def __repr__(self) -> str:
+        return f"Points({list(self)!r})"
+
+    def _cut(self, lo: int, hi: int) -> "Points":
+        if hi <= lo:
+            return Points(array("q"), array("d"))
+        first, last = self.ts[lo], self.ts[hi - 1]
+        return Points(self.ts[lo:hi], self.values[lo:hi], tuple(f for f in self.falls if first < f[0] <= last))
+
+    def since(self, start_ms: int) -> "Points":
+        return self._cut(bisect_left(self.ts, start_ms), len(self.ts))
+
+
+class HistPoints(Sequence[HistPoint]):
+    """A histogram's rows as the in-memory head holds them: times, sums and counts as arrays and each row's bucket
+    counts as stored (tuner/store/counts.py), decoded only when a row is read, plus the rows where some bucket
+    fell, so that a window's bucket increases decode its first and last rows and those only. A sequence of
+    HistPoint like a read from SQLite gives. Immutable."""
+
+    __slots__ = ("ts", "sums", "totals", "counts", "falls", "_decode")
+
+    def __init__(self, ts: array, sums: array, totals: array, counts: list[str],
+                 falls: tuple[tuple[int, str, str], ...], decode: Callable[[str], tuple[float, ...]]) -> None:
+        self.ts = ts  # array('q'), ascending
+        self.sums, self.totals = sums, totals  # array('d'): each row's sum and count
+        self.counts = counts  # each row's encoded bucket counts
+        self.falls = falls  # (ts, counts before, counts at ts) for each row where some bucket fell, after the first
+        self._decode = decode
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @overload
+    def __getitem__(self, i: int) -> HistPoint: ...
+    @overload
+    def __getitem__(self, i: slice) -> "HistPoints": ...  # noqa: E301
+
+    def __getitem__(self, i: int | slice) -> "HistPoint | HistPoints":
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(len(self.ts))
+            if step != 1:
+                raise ValueError("HistPoints: only contiguous slices")
+            return self._cut(lo, hi)
+        return HistPoint(self.ts[i], self.decode(self.counts[i]), self.sums[i], self.totals[i])
+
+    def __iter__(self) -> Iterator[HistPoint]:
+        return (self[i] for i in range(len(self.ts)))
+
+    def decode(self, counts: str) -> tuple[float, ...]:
+        return self._decode(counts)
+
+    def _cut(self, lo: int, hi: int) -> "HistPoints":
+        hi = max(lo, hi)
+        first, last = (self.ts[lo], self.ts[hi - 1]) if hi > lo else (0, -1)
+        return HistPoints(self.ts[lo:hi], self.sums[lo:hi], self.totals[lo:hi], self.counts[lo:hi],
+                          tuple(f for f in self.falls if first < f[0] <= last), self._decode)
+
+    def since(self, start_ms: int) -> "HistPoints":
+        return self._cut(bisect_left(self.ts, start_ms), len(self.ts))
+
+    def until(self, end_ms: int) -> "HistPoints":
+        return self._cut(0, bisect_right(self.ts, end_ms))
+
+
 @dataclass(frozen=True)
 class HistSeries:
     bounds: tuple[float, ...]  # ascending upper bounds, last +Inf
-    points: tuple[HistPoint, ...]  # ascending ts
+    points: Sequence[HistPoint]  # ascending ts: a tuple, or HistPoints from the in-memory head
 
 
 @dataclass(frozen=True)
 class EngineWindow:
     engine: str
     model_name: str
-    series: Mapping[SeriesKey, tuple[Point, ...]]  # counters and gauges, ascending ts
+    series: Mapping[SeriesKey, Sequence[Point]]  # counters and gauges, ascending ts: tuples, or Points (the head)
     hists: Mapping[SeriesKey, HistSeries]
     config: Mapping[str, str] = field(default_factory=dict)  # latest config seen
 
@@ -64,14 +163,17 @@ class TargetWindow:
         for e in self.engines:
             series = {}
             for key, pts in e.series.items():
-                kept = pts[bisect_left(pts, (start_ms,)):]
+                kept = pts.since(start_ms) if isinstance(pts, Points) else pts[bisect_left(pts, (start_ms,)):]
                 if kept:
                     series[key] = kept
             hists = {}
             for key, h in e.hists.items():
-                i = bisect_left(h.points, start_ms, key=lambda p: p.ts_ms)
-                if i < len(h.points):
-                    hists[key] = HistSeries(h.bounds, h.points[i:])
+                if isinstance(h.points, HistPoints):
+                    hpts: Sequence[HistPoint] = h.points.since(start_ms)
+                else:
+                    hpts = h.points[bisect_left(h.points, start_ms, key=lambda p: p.ts_ms):]
+                if hpts:
+                    hists[key] = HistSeries(h.bounds, hpts)
             if series or hists:
                 engines.append(replace(e, series=series, hists=hists))
         return replace(self, start_ms=start_ms, engines=tuple(engines))
