@@ -73,7 +73,7 @@ def bucket_increase(hist: HistSeries, start_ms: int, end_ms: int) -> tuple[float
         return None
     n = len(hist.bounds)
     if isinstance(pts, HistPoints):  # the head's: decode the first and last rows and the rows around each fall
-        first, last = pts.decode(pts.counts[0]), pts.decode(pts.counts[-1])
+        first, last = pts.decode(pts.text(0)), pts.decode(pts.text(-1))
         first_t, last_t = pts.ts[0], pts.ts[-1]
         result = [last[i] - first[i] for i in range(n)]
         for _, before, at in pts.falls:

@@ -31,7 +31,7 @@ from tuner.store.window import HistPoints, Points
 __all__ = ["Head", "SeriesInfo", "MAX_SPAN_MS"]
 
 MAX_SPAN_MS = 3_600_000  # the longest window the head fills itself for (longer ones are read from SQLite)
-_MARGIN_MS = 60_000  # kept beyond a target's longest window (scrape times lag the evaluation's clock)
+_MARGIN_MS = 15_000  # kept beyond a target's longest window (a scrape's time may pass the evaluation's clock)
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class _Plain:
 
 
 class _Hist:
-    __slots__ = ("info", "ts", "sums", "totals", "counts", "falls", "last", "decode")
+    __slots__ = ("info", "ts", "sums", "totals", "blob", "ends", "base", "falls", "last", "last_text", "decode")
 
     def __init__(self, info: SeriesInfo) -> None:
         assert info.bounds is not None
@@ -90,9 +90,14 @@ class _Hist:
         self.ts = array("q")
         self.sums = array("d")
         self.totals = array("d")
-        self.counts: list[str] = []
+        # Each row's encoded counts, one after another (~20 bytes a row where a str would take ~70): row k ends at
+        # ends[k] - base, and starts where row k - 1 ends (row 0 at 0).
+        self.blob = bytearray()
+        self.ends = array("q")
+        self.base = 0
         self.falls: list[tuple[int, str, str]] = []
-        self.last: Sequence[float] = ()  # the newest row's bucket counts
+        self.last: Sequence[float] = ()  # the newest row's bucket counts, and as stored
+        self.last_text = ""
         self.decode: Callable[[str], tuple[float, ...]] = partial(decode_counts, n=len(info.bounds))
 
     def add(self, ts: int, count: float, total: float, counts: str, raw: Sequence[float] | None = None) -> bool:
@@ -103,18 +108,21 @@ class _Hist:
             if ts <= last:
                 return ts == last
             if any(map(lt, raw, self.last)):
-                self.falls.append((ts, self.counts[-1], counts))
+                self.falls.append((ts, self.last_text, counts))
         self.ts.append(ts)
         self.totals.append(count)
         self.sums.append(total)
-        self.counts.append(counts)
-        self.last = raw
+        self.blob += counts.encode("ascii")
+        self.ends.append(self.base + len(self.blob))
+        self.last, self.last_text = raw, counts
         return True
 
     def cut(self, before: int) -> None:
         i = bisect_left(self.ts, before)
         if i:
-            del self.ts[:i], self.sums[:i], self.totals[:i], self.counts[:i]
+            start = self.ends[i - 1]
+            del self.ts[:i], self.sums[:i], self.totals[:i], self.ends[:i], self.blob[:start - self.base]
+            self.base = start
             self.falls = [f for f in self.falls if f[0] >= before]
 
     def view(self, lo: int, hi: int) -> HistPoints | None:
@@ -122,7 +130,9 @@ class _Hist:
         if i >= j:
             return None
         first, last = self.ts[i], self.ts[j - 1]
-        return HistPoints(self.ts[i:j], self.sums[i:j], self.totals[i:j], self.counts[i:j],
+        start = self.ends[i - 1] if i else self.base
+        return HistPoints(self.ts[i:j], self.sums[i:j], self.totals[i:j],
+                          bytes(self.blob[start - self.base:self.ends[j - 1] - self.base]), self.ends[i:j], start,
                           tuple(f for f in self.falls if first < f[0] <= last), self.decode)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Mapping, Sequence, overload
 
@@ -70,18 +70,20 @@ class Points(Sequence[Point]):
 
 
 class HistPoints(Sequence[HistPoint]):
-    """A histogram's rows as the in-memory head holds them: times, sums and counts as arrays and each row's bucket
-    counts as stored (tuner/store/counts.py), decoded only when a row is read, plus the rows where some bucket
-    fell, so that a window's bucket increases decode its first and last rows and those only. A sequence of
-    HistPoint like a read from SQLite gives. Immutable."""
+    """A histogram's rows as the in-memory head holds them: times, sums and counts as arrays, each row's bucket
+    counts as stored (tuner/store/counts.py) one after another in one bytes object, decoded only when a row is
+    read, and the rows where some bucket fell, so that a window's bucket increases decode its first and last rows
+    and those only. A sequence of HistPoint like a read from SQLite gives. Immutable."""
 
-    __slots__ = ("ts", "sums", "totals", "counts", "falls", "_decode")
+    __slots__ = ("ts", "sums", "totals", "blob", "ends", "start", "falls", "_decode")
 
-    def __init__(self, ts: array, sums: array, totals: array, counts: list[str],
+    def __init__(self, ts: array, sums: array, totals: array, blob: bytes, ends: array, start: int,
                  falls: tuple[tuple[int, str, str], ...], decode: Callable[[str], tuple[float, ...]]) -> None:
         self.ts = ts  # array('q'), ascending
         self.sums, self.totals = sums, totals  # array('d'): each row's sum and count
-        self.counts = counts  # each row's encoded bucket counts
+        # Row k's encoded counts are blob[ends[k-1] - start:ends[k] - start] (row 0's from 0): offsets as the head
+        # numbers them, ``start`` where row 0 begins.
+        self.blob, self.ends, self.start = blob, ends, start
         self.falls = falls  # (ts, counts before, counts at ts) for each row where some bucket fell, after the first
         self._decode = decode
 
@@ -99,25 +101,35 @@ class HistPoints(Sequence[HistPoint]):
             if step != 1:
                 raise ValueError("HistPoints: only contiguous slices")
             return self._cut(lo, hi)
-        return HistPoint(self.ts[i], self.decode(self.counts[i]), self.sums[i], self.totals[i])
+        return HistPoint(self.ts[i], self.decode(self.text(i)), self.sums[i], self.totals[i])
 
     def __iter__(self) -> Iterator[HistPoint]:
         return (self[i] for i in range(len(self.ts)))
+
+    def text(self, i: int) -> str:
+        """Row ``i``'s bucket counts as stored."""
+        if i < 0:
+            i += len(self.ts)
+        if not 0 <= i < len(self.ts):
+            raise IndexError(i)
+        a = self.ends[i - 1] if i else self.start
+        return self.blob[a - self.start:self.ends[i] - self.start].decode("ascii")
 
     def decode(self, counts: str) -> tuple[float, ...]:
         return self._decode(counts)
 
     def _cut(self, lo: int, hi: int) -> "HistPoints":
         hi = max(lo, hi)
-        first, last = (self.ts[lo], self.ts[hi - 1]) if hi > lo else (0, -1)
-        return HistPoints(self.ts[lo:hi], self.sums[lo:hi], self.totals[lo:hi], self.counts[lo:hi],
+        if hi == lo:
+            return HistPoints(array("q"), array("d"), array("d"), b"", array("q"), 0, (), self._decode)
+        first, last = self.ts[lo], self.ts[hi - 1]
+        start = self.ends[lo - 1] if lo else self.start
+        return HistPoints(self.ts[lo:hi], self.sums[lo:hi], self.totals[lo:hi],
+                          self.blob[start - self.start:self.ends[hi - 1] - self.start], self.ends[lo:hi], start,
                           tuple(f for f in self.falls if first < f[0] <= last), self._decode)
 
     def since(self, start_ms: int) -> "HistPoints":
         return self._cut(bisect_left(self.ts, start_ms), len(self.ts))
-
-    def until(self, end_ms: int) -> "HistPoints":
-        return self._cut(0, bisect_right(self.ts, end_ms))
 
 
 @dataclass(frozen=True)
