@@ -32,6 +32,7 @@ from tuner.collect.promsource import scrape_fleet
 from tuner.collect.scrape import scrape_target
 from tuner.collect.snapshots import TargetSnapshot
 from tuner.config import Config, Target, replica_groups
+from tuner.daemon.malloc import ARENAS, limit_arenas
 from tuner.daemon.metrics import serve_metrics
 from tuner.daemon.state import DaemonState
 from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
@@ -357,6 +358,8 @@ class Daemon:
     # ---- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
+        if limit_arenas():  # before the worker threads: each would take a malloc arena of its own (daemon/malloc.py)
+            log.debug("malloc: at most %d arenas", ARENAS)
         apply_jobs = sum((t.managed is not None) + (t.apply.mode == "auto") for t in self.cfg.targets)
         workers = max(4, min(32, len(self.cfg.targets) + 2)) + apply_jobs + 2  # + reconcile, apply-status
         sched = BackgroundScheduler(executors={"default": ThreadPoolExecutor(workers)},
