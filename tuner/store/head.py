@@ -74,11 +74,10 @@ class _Plain:
             self.falls = [f for f in self.falls if f[0] >= before]
 
     def view(self, lo: int, hi: int) -> Points | None:
+        """The points in [lo, hi], copied; None when there are none."""
         i, j = bisect_left(self.ts, lo), bisect_right(self.ts, hi)
-        if i >= j:
-            return None
-        first, last = self.ts[i], self.ts[j - 1]
-        return Points(self.ts[i:j], self.values[i:j], tuple(f for f in self.falls if first < f[0] <= last))
+        # a view over the live arrays, cut: the cut copies
+        return Points(self.ts, self.values, self.falls)._cut(i, j) if i < j else None
 
 
 class _Hist:
@@ -126,14 +125,13 @@ class _Hist:
             self.falls = [f for f in self.falls if f[0] >= before]
 
     def view(self, lo: int, hi: int) -> HistPoints | None:
+        """The rows in [lo, hi], copied; None when there are none."""
         i, j = bisect_left(self.ts, lo), bisect_right(self.ts, hi)
         if i >= j:
             return None
-        first, last = self.ts[i], self.ts[j - 1]
-        start = self.ends[i - 1] if i else self.base
-        return HistPoints(self.ts[i:j], self.sums[i:j], self.totals[i:j],
-                          bytes(self.blob[start - self.base:self.ends[j - 1] - self.base]), self.ends[i:j], start,
-                          tuple(f for f in self.falls if first < f[0] <= last), self.decode)
+        whole = HistPoints(self.ts, self.sums, self.totals, self.blob, self.ends, self.base,
+                           self.falls, self.decode)  # over the live arrays: cut copies
+        return whole._cut(i, j)
 
 
 class _TargetHead:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterator, Mapping, Sequence, overload
+from typing import Callable, Iterable, Iterator, Mapping, Sequence, TypeVar, overload
 
 from tuner.collect.snapshots import SeriesKey
 
@@ -23,7 +23,50 @@ class HistPoint:
     count: float
 
 
-class Points(Sequence[Point]):
+_T = TypeVar("_T")
+_R = TypeVar("_R", bound="_Rows")
+
+
+class _Rows(Sequence[_T]):
+    """What Points and HistPoints share: rows at ascending times ``ts`` (an array), read one by one or cut to a
+    contiguous range (a copy)."""
+
+    __slots__ = ()
+    ts: array
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @overload
+    def __getitem__(self, i: int) -> _T: ...
+    @overload
+    def __getitem__(self: _R, i: slice) -> _R: ...  # noqa: E301
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(len(self.ts))
+            if step != 1:
+                raise ValueError(f"{type(self).__name__}: only contiguous slices")
+            return self._cut(lo, hi)
+        return self._row(i)
+
+    def since(self: _R, start_ms: int) -> _R:
+        return self._cut(bisect_left(self.ts, start_ms), len(self.ts))
+
+    def _row(self, i: int) -> _T:
+        raise NotImplementedError
+
+    def _cut(self: _R, lo: int, hi: int) -> _R:
+        """Rows lo..hi-1 (none when hi <= lo), as copies."""
+        raise NotImplementedError
+
+
+def _falls_within(falls: Iterable[tuple], ts: array) -> tuple:
+    """The falls after the first of the times ``ts`` and up to the last."""
+    return tuple(f for f in falls if ts[0] < f[0] <= ts[-1]) if ts else ()
+
+
+class Points(_Rows[Point]):
     """A counter's or gauge's points as the store's in-memory head holds them (tuner/store/head.py): two arrays
     and the series' falls, so that a window's increase is worked out from its first and last points and its
     falls (tuner/signals/promql.py) instead of a pass over every point. A sequence of (ts_ms, value) like the
@@ -31,26 +74,13 @@ class Points(Sequence[Point]):
 
     __slots__ = ("ts", "values", "falls")
 
-    def __init__(self, ts: array, values: array, falls: tuple[tuple[int, float], ...] = ()) -> None:
+    def __init__(self, ts: array, values: array, falls: Sequence[tuple[int, float]] = ()) -> None:
         self.ts = ts  # array('q'), ascending
         self.values = values  # array('d')
         # (ts of a point lower than the one before it, that one's value), for each such point after the first
         self.falls = falls
 
-    def __len__(self) -> int:
-        return len(self.ts)
-
-    @overload
-    def __getitem__(self, i: int) -> Point: ...
-    @overload
-    def __getitem__(self, i: slice) -> "Points": ...  # noqa: E301
-
-    def __getitem__(self, i: int | slice) -> "Point | Points":
-        if isinstance(i, slice):
-            lo, hi, step = i.indices(len(self.ts))
-            if step != 1:
-                raise ValueError("Points: only contiguous slices")
-            return self._cut(lo, hi)
+    def _row(self, i: int) -> Point:
         return self.ts[i], self.values[i]
 
     def __iter__(self) -> Iterator[Point]:
@@ -60,16 +90,11 @@ class Points(Sequence[Point]):
         return f"Points({list(self)!r})"
 
     def _cut(self, lo: int, hi: int) -> "Points":
-        if hi <= lo:
-            return Points(array("q"), array("d"))
-        first, last = self.ts[lo], self.ts[hi - 1]
-        return Points(self.ts[lo:hi], self.values[lo:hi], tuple(f for f in self.falls if first < f[0] <= last))
-
-    def since(self, start_ms: int) -> "Points":
-        return self._cut(bisect_left(self.ts, start_ms), len(self.ts))
+        ts = self.ts[lo:max(lo, hi)]
+        return Points(ts, self.values[lo:max(lo, hi)], _falls_within(self.falls, ts))
 
 
-class HistPoints(Sequence[HistPoint]):
+class HistPoints(_Rows[HistPoint]):
     """A histogram's rows as the in-memory head holds them: times, sums and counts as arrays, each row's bucket
     counts as stored (tuner/store/counts.py) one after another in one bytes object, decoded only when a row is
     read, and the rows where some bucket fell, so that a window's bucket increases decode its first and last rows
@@ -77,8 +102,8 @@ class HistPoints(Sequence[HistPoint]):
 
     __slots__ = ("ts", "sums", "totals", "blob", "ends", "start", "falls", "_decode")
 
-    def __init__(self, ts: array, sums: array, totals: array, blob: bytes, ends: array, start: int,
-                 falls: tuple[tuple[int, str, str], ...], decode: Callable[[str], tuple[float, ...]]) -> None:
+    def __init__(self, ts: array, sums: array, totals: array, blob: bytes | bytearray, ends: array, start: int,
+                 falls: Sequence[tuple[int, str, str]], decode: Callable[[str], tuple[float, ...]]) -> None:
         self.ts = ts  # array('q'), ascending
         self.sums, self.totals = sums, totals  # array('d'): each row's sum and count
         # Row k's encoded counts are blob[ends[k-1] - start:ends[k] - start] (row 0's from 0): offsets as the head
@@ -87,20 +112,7 @@ class HistPoints(Sequence[HistPoint]):
         self.falls = falls  # (ts, counts before, counts at ts) for each row where some bucket fell, after the first
         self._decode = decode
 
-    def __len__(self) -> int:
-        return len(self.ts)
-
-    @overload
-    def __getitem__(self, i: int) -> HistPoint: ...
-    @overload
-    def __getitem__(self, i: slice) -> "HistPoints": ...  # noqa: E301
-
-    def __getitem__(self, i: int | slice) -> "HistPoint | HistPoints":
-        if isinstance(i, slice):
-            lo, hi, step = i.indices(len(self.ts))
-            if step != 1:
-                raise ValueError("HistPoints: only contiguous slices")
-            return self._cut(lo, hi)
+    def _row(self, i: int) -> HistPoint:
         return HistPoint(self.ts[i], self.decode(self.text(i)), self.sums[i], self.totals[i])
 
     def __iter__(self) -> Iterator[HistPoint]:
@@ -122,14 +134,11 @@ class HistPoints(Sequence[HistPoint]):
         hi = max(lo, hi)
         if hi == lo:
             return HistPoints(array("q"), array("d"), array("d"), b"", array("q"), 0, (), self._decode)
-        first, last = self.ts[lo], self.ts[hi - 1]
         start = self.ends[lo - 1] if lo else self.start
-        return HistPoints(self.ts[lo:hi], self.sums[lo:hi], self.totals[lo:hi],
-                          self.blob[start - self.start:self.ends[hi - 1] - self.start], self.ends[lo:hi], start,
-                          tuple(f for f in self.falls if first < f[0] <= last), self._decode)
-
-    def since(self, start_ms: int) -> "HistPoints":
-        return self._cut(bisect_left(self.ts, start_ms), len(self.ts))
+        ts = self.ts[lo:hi]
+        return HistPoints(ts, self.sums[lo:hi], self.totals[lo:hi],
+                          bytes(self.blob[start - self.start:self.ends[hi - 1] - self.start]), self.ends[lo:hi],
+                          start, _falls_within(self.falls, ts), self._decode)
 
 
 @dataclass(frozen=True)
