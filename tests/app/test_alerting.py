@@ -109,3 +109,78 @@ groups:
     assert fired.keys() == {("GroupSlowLow", "chat"), ("ReplicaSlowHigh", slowest), ("GroupWaiting", "chat")}
     assert fired[("GroupSlowLow", "chat")] == group
     assert fired[("GroupWaiting", "chat")] == 9  # 9 waiting on the busy replica, 0 on the calm one
+
+
+def test_the_store_holds_the_evaluated_alerts_after_each_evaluation_writing_only_what_changed(tmp_path, store):
+    """Each evaluation writes only the alerts that changed and deletes the gone ones: after every one, a new
+    process would load exactly the alerts in memory (pending, firing, resolved and kept, dropped; a rule removed
+    by a reload). An evaluation that changes nothing writes nothing; a write that fails (a trigger) is written in
+    full by the next one."""
+    from sqlalchemy import text
+
+    from tuner.errors import StoreError
+    from tuner.rules.state import to_row
+    from tuner.store.alerts import load_states
+
+    rules = RULES.replace("for: 5m}", "for: 30s}") + \
+        "      - {alert: KVLow, signal: kv_cache_usage, op: \"<\", threshold: 0.5, window: 10m}\n"
+    cfg, path = _cfg(tmp_path, rules)
+    t0 = 1_800_000_000.0
+    clock = [t0]
+    alerting = Alerting(cfg, store, clock=lambda: clock[0])
+    with store.engine.begin() as conn:  # every row written to alert_states counted
+        conn.execute(text("CREATE TABLE writes (n INTEGER)"))
+        conn.execute(text("INSERT INTO writes VALUES (0)"))
+        for op in ("INSERT", "UPDATE", "DELETE"):
+            conn.execute(text(f"CREATE TRIGGER count_{op} AFTER {op} ON alert_states "
+                              "BEGIN UPDATE writes SET n = n + 1; END"))
+
+    def written() -> int:
+        with store.engine.connect() as conn:
+            return conn.execute(text("SELECT n FROM writes")).scalar_one()
+
+    def evaluate(kv: float) -> int:
+        """Scrape, evaluate; how many alert rows the evaluation wrote."""
+        _scrape(store, clock[0], kv)
+        before = written()
+        alerting.evaluate_group(alerting.rules.groups[0])
+        return written() - before
+
+    def same() -> None:
+        memory = {(a.rule, a.fingerprint): to_row(a) for alerts in alerting.state.values() for a in alerts.values()}
+        assert load_states(store) == memory
+
+    kvs = [0.95, 0.95, 0.97, 0.97, 0.2, 0.2, 0.96, 0.3]
+    rows = []
+    for i, kv in enumerate(kvs):
+        clock[0] = t0 + 15 * i
+        rows.append(evaluate(kv))
+        same()
+    # rows written: KVHigh new (pending); unchanged; fired with a new value; unchanged; KVHigh resolved and KVLow
+    # new (firing at once); unchanged (not due for a resend); KVLow resolved and KVHigh pending again; KVHigh's
+    # pending alert gone (deleted) and KVLow firing again
+    assert rows == [1, 0, 1, 0, 2, 0, 2, 2]
+    states = {a.labels["alertname"]: a.state for a in alerting.active()}
+    assert states == {"KVLow": "firing"}, states  # KVHigh went pending, firing, resolved, pending, gone
+    clock[0] += 0.001  # nothing changed since: nothing is written (the firing KVLow is not due for a resend)
+    assert evaluate(0.3) == 0
+    same()
+
+    with store.engine.begin() as conn:  # the next write of alert states fails; it is written by the one after
+        conn.execute(text("CREATE TRIGGER fail BEFORE UPDATE ON alert_states BEGIN SELECT RAISE(ABORT, 'full'); END"))
+    clock[0] += 15
+    _scrape(store, clock[0], 0.4)
+    with pytest.raises(StoreError, match="full"):
+        alerting.evaluate_group(alerting.rules.groups[0])
+    with store.engine.begin() as conn:
+        conn.execute(text("DROP TRIGGER fail"))
+    clock[0] += 15
+    evaluate(0.99)
+    same()
+
+    path.write_text(RULES)  # KVLow removed by a reload: its alerts leave the store with the next evaluation
+    assert alerting.reload()
+    clock[0] += 15
+    evaluate(0.99)
+    same()
+    assert {k.split("/")[1] for k, _ in load_states(store)} == {"KVHigh"}

@@ -46,6 +46,10 @@ class Alerting:
         self.state: dict[str, dict[str, Alert]] = {}
         for (key, fp), row in load_states(store).items():
             self.state.setdefault(key, {})[fp] = from_row(row)
+        # What the store holds, as of the last write that went through: an evaluation writes only the differences.
+        # evaluate() never modifies the alerts it is given (it works on copies), so these stay as written.
+        self._stored: dict[tuple[str, str], Alert] = {(a.rule, a.fingerprint): a for alerts in self.state.values()
+                                                      for a in alerts.values()}
         self.notifier = Notifier(store)
         host, port = cfg.listen_host_port
         self.base_url = (cfg.alerting.external_url or f"http://{host}:{port}").rstrip("/")
@@ -101,10 +105,18 @@ class Alerting:
                               interval=group.interval)
                 outgoing += [payload(a, f"{self.base_url}/metrics#alert={key}") for a in due]
             batches = [(am, outgoing) for am in self.cfg.alerting.alertmanagers] if outgoing else []
-            save_states(self.store, [to_row(a) for alerts in self.state.values() for a in alerts.values()],
-                        events=events, outbox=batches, now_ms=now_ms)
+            self._save(events, batches, now_ms)
         for e in events:
             log.info("alert %s %s -> %s (%s)", e["rule"], e["from_state"], e["to_state"], e["labels"])
+
+    def _save(self, events: list[dict], outbox: list[tuple[str, list[dict]]], now_ms: int) -> None:
+        """Persist the alert set (what changed since the last write), the events and the notifications due."""
+        now = {(a.rule, a.fingerprint): a for alerts in self.state.values() for a in alerts.values()}
+        stored = self._stored
+        changed = [to_row(a) for k, a in now.items() if stored.get(k) != a]
+        gone = [k for k in stored if k not in now]
+        save_states(self.store, changed, gone, events=events, outbox=outbox, now_ms=now_ms)
+        self._stored = now  # written (a failed write raised: the next one writes the differences from before)
 
     def flush(self) -> FlushResult:
         return self.notifier.flush(int(self.clock() * 1000))

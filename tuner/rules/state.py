@@ -3,7 +3,7 @@ inactive -> pending -> firing -> resolved). The store persists it as plain rows 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 __all__ = ["Alert", "from_row", "to_row"]
@@ -32,4 +32,4 @@ def from_row(row: Mapping[str, Any]) -> Alert:
 
 
 def to_row(a: Alert) -> dict[str, Any]:
-    return asdict(a)
+    return dict(vars(a))  # its fields (labels and annotations are replaced, never changed in place)

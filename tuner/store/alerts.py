@@ -8,14 +8,16 @@ outbox first and deleted from it only once an Alertmanager accepted it.
 from __future__ import annotations
 
 import json
+import sqlite3
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from sqlalchemy import Float, Index, Integer, String, Text, UniqueConstraint, delete, insert, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
+from tuner.errors import StoreError
 from tuner.store.models import Base
-from tuner.store.store import Store
+from tuner.store.store import Store, _driver
 
 __all__ = ["AlertStateRow", "AlertEventRow", "OutboxRow", "OutboxItem", "load_states",
            "save_states", "record_events", "history", "enqueue", "queued", "mark_sent", "mark_failed",
@@ -98,14 +100,30 @@ def load_states(store: Store) -> dict[tuple[str, str], dict[str, Any]]:
         "valid_until_ms": r.valid_until_ms, "keep_firing_since_ms": r.keep_firing_since_ms} for r in rows}
 
 
-def save_states(store: Store, alerts: Iterable[Mapping[str, Any]], *, events: Iterable[dict] = (),
-                outbox: Iterable[tuple[str, list[dict]]] = (), now_ms: int = 0) -> None:
-    """Replace the stored alert set, append events and enqueue notifications: one transaction."""
+_UPSERT_STATE = f"""
+    INSERT INTO alert_states (rule, fingerprint, {", ".join(_FIELDS)}) VALUES ({", ".join("?" * (len(_FIELDS) + 2))})
+    ON CONFLICT (rule, fingerprint) DO UPDATE SET {", ".join(f"{f} = excluded.{f}" for f in _FIELDS)}"""
+_DELETE_STATE = "DELETE FROM alert_states WHERE rule = ? AND fingerprint = ?"
+
+
+def _state_params(a: Mapping[str, Any]) -> tuple:
+    row = _row(a)
+    return (a["rule"], a["fingerprint"], *(row[f] for f in _FIELDS))
+
+
+def save_states(store: Store, changed: Iterable[Mapping[str, Any]], gone: Iterable[tuple[str, str]] = (), *,
+                events: Iterable[dict] = (), outbox: Iterable[tuple[str, list[dict]]] = (), now_ms: int = 0) -> None:
+    """Write the alerts that changed (a new one, or any field of a stored one), delete the ``gone`` ones (rule,
+    fingerprint), append events and enqueue notifications: one transaction. The caller knows what it stored last:
+    an evaluation that changed nothing writes nothing (1,000 pending alerts rewritten every 15 s were ~6% of a
+    busy daemon's CPU, bench/RESULTS.md)."""
     with store._lock, store._write() as conn:
-        conn.execute(delete(AlertStateRow))
-        rows = [{"rule": a["rule"], "fingerprint": a["fingerprint"], **_row(a)} for a in alerts]
-        if rows:
-            conn.execute(insert(AlertStateRow), rows)
+        raw = _driver(conn)
+        try:
+            raw.executemany(_DELETE_STATE, list(gone))
+            raw.executemany(_UPSERT_STATE, [_state_params(a) for a in changed])
+        except sqlite3.DatabaseError as exc:  # locked, full, read-only: nothing of it is written
+            raise StoreError(f"{store.engine.url}: {exc}") from None
         ev = list(events)
         if ev:
             conn.execute(insert(AlertEventRow), ev)
