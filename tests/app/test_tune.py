@@ -131,6 +131,10 @@ def test_a_stopped_trial_server_leaves_no_sentinel_behind(tmp_path):
     proc = ServerProcess.start([sys.executable, "-c", "import time; time.sleep(600)"], env=None,
                                log_path=tmp_path / "s.log", die_with_parent=True)
     # Only the watcher of this server's group counts: other tests on the machine may run watchers of their own.
+    # Between its fork and its exec the watcher's /proc cmdline is still this process's: wait for the exec.
+    deadline = time.monotonic() + 10
+    while not _sentinels(group=proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(_sentinels(group=proc.pid)) == 1
     proc.stop(grace_s=1)
     deadline = time.monotonic() + 10
