@@ -209,6 +209,38 @@ def test_a_kept_alive_connection_the_server_dropped_is_asked_again_on_a_fresh_on
         server.close()
 
 
+def test_kept_peers_scrape_over_one_connection_from_one_scrape_to_the_next() -> None:
+    """The daemon's Peers: a target's scrapes reuse its connection (as Prometheus's do); closed, they let it go."""
+    server = _KeepAliveServer()
+    peers = http.Peers()
+    try:
+        for _ in range(3):
+            assert vllm.scrape(server.url, target="t", timeout_s=3, max_bytes=MB, peers=peers).healthy is True
+        assert server.requests == ["/metrics", "/health"] * 3 and server.connections == 1
+        peers.close()
+        assert wait_until(lambda: server.closed == 1)
+    finally:
+        server.close()
+
+
+def test_a_kept_connection_the_server_closed_while_idle_is_replaced_before_the_next_scrape() -> None:
+    """uvicorn (vLLM) closes an idle connection after 5 s, llama-server after its keep-alive timeout: the next
+    scrape notices and asks on a fresh connection, every request once, no error."""
+    server = _KeepAliveServer(close_after=2)  # one scrape's two answers, then it drops the connection silently
+    peers = http.Peers()
+    try:
+        vllm.scrape(server.url, target="t", timeout_s=3, max_bytes=MB, peers=peers)
+        assert wait_until(lambda: server.closed == 1)
+        peer = peers.peer("t", server.url)
+        assert peer.conn is not None and peer.conn.dropped()
+        snap = vllm.scrape(server.url, target="t", timeout_s=3, max_bytes=MB, peers=peers)
+        assert snap.healthy is True and snap.engines
+        assert server.requests == ["/metrics", "/health"] * 2 and server.connections == 2
+    finally:
+        peers.close()
+        server.close()
+
+
 def test_a_peer_that_closes_after_every_answer_still_gets_each_request_once() -> None:
     with serve({"/metrics": Route(body=b"m"), "/health": Route(body=b"")}) as url:  # HTTP/1.0: closes each time
         with http.Peer(url) as peer:

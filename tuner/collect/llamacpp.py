@@ -103,7 +103,8 @@ def snapshot_from_text(text: str, *, target: str, ts: float, slots: SlotsState |
 
 
 def scrape(base_url: str, *, target: str, timeout_s: float, max_bytes: int, model_name: str = "",
-           now: float | None = None, layouts: Layouts | None = None) -> TargetSnapshot:
+           now: float | None = None, layouts: Layouts | None = None,
+           peers: http.Peers | None = None) -> TargetSnapshot:
     """GET /health, /metrics and /slots within one ``timeout_s`` budget."""
     ts = time.time() if now is None else now
     start = time.monotonic()
@@ -111,7 +112,7 @@ def scrape(base_url: str, *, target: str, timeout_s: float, max_bytes: int, mode
     def remaining() -> float:
         return max(0.05, start + timeout_s - time.monotonic())
 
-    with http.Peer(base_url) as peer:
+    with http.peer_for(peers, target, base_url) as peer:
         health = peer.get("/health", timeout_s=remaining(), max_bytes=65536)
         if health.status == 503:
             raise ScrapeError(f"{base_url}/health answered 503: llama-server is still loading the model")

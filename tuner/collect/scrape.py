@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from tuner.collect import llamacpp, vllm
+from tuner.collect.http import Peers
 from tuner.collect.layout import Layouts
 from tuner.collect.snapshots import SlotsState, TargetSnapshot
 from tuner.config import Config, Target
@@ -16,7 +17,7 @@ class _Reader(Protocol):
     """What collect knows of one backend: how to scrape a live server and how to read a saved exposition."""
 
     def scrape(self, base_url: str, *, target: str, timeout_s: float, max_bytes: int, model_name: str,
-               now: float | None, layouts: Layouts | None) -> TargetSnapshot: ...
+               now: float | None, layouts: Layouts | None, peers: Peers | None) -> TargetSnapshot: ...
 
     def parse(self, text: str, *, target: str, ts: float, slots: SlotsState | None,
               model_name: str) -> TargetSnapshot: ...
@@ -24,9 +25,9 @@ class _Reader(Protocol):
 
 class _Vllm:
     def scrape(self, base_url: str, *, target: str, timeout_s: float, max_bytes: int, model_name: str,
-               now: float | None, layouts: Layouts | None) -> TargetSnapshot:
+               now: float | None, layouts: Layouts | None, peers: Peers | None) -> TargetSnapshot:
         return vllm.scrape(base_url, target=target, timeout_s=timeout_s, max_bytes=max_bytes, now=now,
-                           layouts=layouts)
+                           layouts=layouts, peers=peers)
 
     def parse(self, text: str, *, target: str, ts: float, slots: SlotsState | None,
               model_name: str) -> TargetSnapshot:
@@ -35,9 +36,9 @@ class _Vllm:
 
 class _Llamacpp:
     def scrape(self, base_url: str, *, target: str, timeout_s: float, max_bytes: int, model_name: str,
-               now: float | None, layouts: Layouts | None) -> TargetSnapshot:
+               now: float | None, layouts: Layouts | None, peers: Peers | None) -> TargetSnapshot:
         return llamacpp.scrape(base_url, target=target, timeout_s=timeout_s, max_bytes=max_bytes,
-                               model_name=model_name, now=now, layouts=layouts)
+                               model_name=model_name, now=now, layouts=layouts, peers=peers)
 
     def parse(self, text: str, *, target: str, ts: float, slots: SlotsState | None,
               model_name: str) -> TargetSnapshot:
@@ -55,10 +56,12 @@ def _reader(backend: str) -> _Reader:
 
 
 def scrape_url(backend: str, base_url: str, *, target: str, timeout_s: float, max_bytes: int,
-               model_name: str = "", now: float | None = None, layouts: Layouts | None = None) -> TargetSnapshot:
-    """One scrape of a live server (ScrapeError / ExpositionError on failure). ``layouts``: see collect/layout.py."""
+               model_name: str = "", now: float | None = None, layouts: Layouts | None = None,
+               peers: Peers | None = None) -> TargetSnapshot:
+    """One scrape of a live server (ScrapeError / ExpositionError on failure). ``layouts``: see collect/layout.py;
+    ``peers``: connections kept from the target's last scrape (collect/http.py)."""
     return _reader(backend).scrape(base_url, target=target, timeout_s=timeout_s, max_bytes=max_bytes,
-                                   model_name=model_name, now=now, layouts=layouts)
+                                   model_name=model_name, now=now, layouts=layouts, peers=peers)
 
 
 def snapshot_from_text(backend: str, text: str, *, target: str, ts: float, slots: SlotsState | None = None,
@@ -68,7 +71,7 @@ def snapshot_from_text(backend: str, text: str, *, target: str, ts: float, slots
 
 
 def scrape_target(target: Target, cfg: Config, *, now: float, timeout_s: float | None = None,
-                  layouts: Layouts | None = None) -> TargetSnapshot:
+                  layouts: Layouts | None = None, peers: Peers | None = None) -> TargetSnapshot:
     """Raise ScrapeError / ExpositionError on failure; the caller records it. ``timeout_s`` overrides the
     configured scrape timeout."""
     timeout = cfg.timeout(target).total_seconds() if timeout_s is None else timeout_s
@@ -79,4 +82,4 @@ def scrape_target(target: Target, cfg: Config, *, now: float, timeout_s: float |
         return scrape_via_prometheus(cfg.prometheus.url, target, timeout_s=timeout, now=now)
     return scrape_url(target.backend, target.url, target=target.name, timeout_s=timeout,
                       max_bytes=cfg.defaults.max_body_bytes, model_name=target.labels.get("model_name", ""), now=now,
-                      layouts=layouts)
+                      layouts=layouts, peers=peers)

@@ -25,11 +25,12 @@ def snapshot_from_text(text: str, *, target: str, ts: float, duration_s: float =
 
 
 def scrape(base_url: str, *, target: str, timeout_s: float, max_bytes: int,
-           now: float | None = None, layouts: Layouts | None = None) -> TargetSnapshot:
+           now: float | None = None, layouts: Layouts | None = None,
+           peers: http.Peers | None = None) -> TargetSnapshot:
     """GET /metrics then /health (one connection) within one ``timeout_s`` budget."""
     ts = time.time() if now is None else now
     start = time.monotonic()
-    with http.Peer(base_url) as peer:
+    with http.peer_for(peers, target, base_url) as peer:
         resp = peer.get("/metrics", timeout_s=timeout_s, max_bytes=max_bytes)
         if resp.status != 200:
             raise ScrapeError(f"{base_url}/metrics answered HTTP {resp.status}: "

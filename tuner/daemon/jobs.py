@@ -27,6 +27,7 @@ from tuner.app.signalbook import SignalBook
 from tuner.app.status import group_signals_at
 from tuner.apply.guard import Decision, halted
 from tuner.collect.gpu import GpuCollector
+from tuner.collect.http import Peers
 from tuner.collect.layout import Layouts
 from tuner.collect.promsource import scrape_fleet
 from tuner.collect.scrape import scrape_target
@@ -34,6 +35,7 @@ from tuner.collect.snapshots import TargetSnapshot
 from tuner.config import Config, Target, replica_groups
 from tuner.daemon.malloc import ARENAS, limit_arenas
 from tuner.daemon.metrics import serve_metrics
+from tuner.daemon.rlimit import raise_open_files
 from tuner.daemon.state import DaemonState
 from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
 from tuner.flags import takes
@@ -63,6 +65,7 @@ class Daemon:
                                 max_body_bytes=cfg.defaults.max_body_bytes)
         self._stop = threading.Event()
         self.layouts = Layouts()  # each target's last exposition shape: a scrape of the same shape skips parsing
+        self.peers = Peers()  # each target's connection, kept alive from one scrape to the next
         self._pending: list[Scraped | Failed] = []  # scrapes waiting for the writer's next transaction
         self._pending_lock = threading.Lock()
         self._flush_lock = threading.Lock()  # one transaction at a time, in queue order
@@ -88,7 +91,8 @@ class Daemon:
         now = self.clock()
         start = time.monotonic()
         try:
-            got: TargetSnapshot | Exception = scrape_target(target, self.cfg, now=now, layouts=self.layouts)
+            got: TargetSnapshot | Exception = scrape_target(target, self.cfg, now=now, layouts=self.layouts,
+                                                                     peers=self.peers)
         except Exception as exc:  # recorded as the target's failure (a bug too: it must not kill the job)
             got = exc
         return self._record(target, got, now, time.monotonic() - start)
@@ -360,6 +364,10 @@ class Daemon:
     def start(self) -> None:
         if limit_arenas():  # before the worker threads: each would take a malloc arena of its own (daemon/malloc.py)
             log.debug("malloc: at most %d arenas", ARENAS)
+        files, warning = raise_open_files(len(self.cfg.targets))  # one kept connection per target (daemon/rlimit.py)
+        if warning:
+            log.warning("%s", warning)
+        log.debug("open files: at most %d", files)
         apply_jobs = sum((t.managed is not None) + (t.apply.mode == "auto") for t in self.cfg.targets)
         workers = max(4, min(32, len(self.cfg.targets) + 2)) + apply_jobs + 2  # + reconcile, apply-status
         sched = BackgroundScheduler(executors={"default": ThreadPoolExecutor(workers)},
@@ -451,6 +459,7 @@ class Daemon:
             if self._writer is not None:
                 self._writer.join()
                 self.flush()  # what the last scrapes queued
+            self.peers.close()
             log.info("stopped")
 
 
