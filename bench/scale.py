@@ -338,6 +338,7 @@ _STAGES = (  # (stage, frame substring); a stack counts for the first stage it c
     ("retention", "apply_retention (tuner/store/retention.py"),
     ("exporter /metrics", "tuner/daemon/metrics.py"),
     ("scrape job (the rest)", "scrape_once (tuner/daemon/jobs.py"),
+    ("scheduler (tuner's scrape loop + its worker pool)", "tuner/daemon/scrapeloop.py"),
     ("scheduler (APScheduler)", "apscheduler/"),
     ("worker threads (idle or between jobs)", "concurrent/futures/thread.py"),
 )

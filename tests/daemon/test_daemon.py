@@ -102,13 +102,11 @@ def test_every_bad_target_is_recorded_and_the_good_one_still_stored(tmp_path, st
 def test_no_overlapping_scrapes_of_one_target(tmp_path, store):
     """A scrape job slower than its interval (e.g. a slow store write) never runs twice at once.
 
-    The first scrape blocks until the scheduler has come back for the same target three times and refused each
-    (APScheduler's max-instances event); then it is released. Conditions, not wall time, move the test."""
+    The first scrape blocks until the scrape loop has come back for the same target three times and refused each;
+    then it is released. Conditions, not wall time, move the test."""
     import threading
 
-    from apscheduler.events import EVENT_JOB_MAX_INSTANCES
-
-    release, refused = threading.Event(), threading.Semaphore(0)
+    release = threading.Event()
 
     class SlowDaemon(Daemon):
         inflight = peak = runs = 0
@@ -132,10 +130,8 @@ def test_no_overlapping_scrapes_of_one_target(tmp_path, store):
         runner = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False})
         runner.start()
         try:
-            wait_for(lambda: daemon.scheduler is not None, 10, "the scheduler")
-            daemon.scheduler.add_listener(lambda _e: refused.release(), EVENT_JOB_MAX_INSTANCES)
-            for _ in range(3):
-                assert refused.acquire(timeout=30), "the scheduler never came back for the busy target"
+            wait_for(lambda: daemon.scrape_loop is not None and daemon.scrape_loop.refused >= 3, 30,
+                     "the scrape loop to come back three times for the busy target")
             assert SlowDaemon.runs == 1  # three due runs came and went while the first was in flight
         finally:
             release.set()

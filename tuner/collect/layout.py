@@ -49,7 +49,7 @@ class _Layout:
 
 class Layouts:
     """One learned layout per key (a target, its backend and default model). Safe to share between
-    threads as long as one key is read and learned by one thread at a time (the daemon's scrape jobs never run
+    threads as long as one key is read and learned by one thread at a time (the daemon's scrape loop never runs
     two scrapes of one target at once)."""
 
     def __init__(self, max_keys: int = 100_000) -> None:

@@ -1,8 +1,9 @@
 """``tuner run``: scrape every target on its own interval, read the GPUs, keep signals fresh, prune old data.
 
 Every job catches its own failures and records them: one bad target never stops the others.
-APScheduler runs each target's job with ``max_instances=1`` (no overlapping scrapes of one target)
-and ``coalesce`` (a late job runs once, not in a burst).
+Direct scrapes run on the daemon's own ScrapeLoop (daemon/scrapeloop.py: no overlapping scrapes of one target, a
+late scrape runs once, not in a burst, timed by the monotonic clock); everything else is an APScheduler job with
+``max_instances=1`` and ``coalesce``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from tuner.config import Config, Target, replica_groups
 from tuner.daemon.malloc import ARENAS, limit_arenas
 from tuner.daemon.metrics import serve_metrics
 from tuner.daemon.rlimit import raise_open_files
+from tuner.daemon.scrapeloop import ScrapeLoop
 from tuner.daemon.state import DaemonState
 from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
 from tuner.flags import takes
@@ -72,6 +74,7 @@ class Daemon:
         self._writer: threading.Thread | None = None
         self._applied: set[str] = jr.targets_with_applies(store.engine)  # targets the journal has applies of
         self.scheduler: BackgroundScheduler | None = None
+        self.scrape_loop: ScrapeLoop[str] | None = None
         for t in cfg.targets:
             store.ensure_target(t.name, t.backend, t.url, t.labels)
         self.state.targets = {t.name: t for t in cfg.targets}
@@ -369,19 +372,17 @@ class Daemon:
             log.warning("%s", warning)
         log.debug("open files: at most %d", files)
         apply_jobs = sum((t.managed is not None) + (t.apply.mode == "auto") for t in self.cfg.targets)
-        workers = max(4, min(32, len(self.cfg.targets) + 2)) + apply_jobs + 2  # + reconcile, apply-status
+        # + signals, rules groups, gpu, fleet reads, notify, reconcile, apply-status, retention
+        workers = max(4, len(self.alerting.rules.groups) + 8) + apply_jobs
         sched = BackgroundScheduler(executors={"default": ThreadPoolExecutor(workers)},
                                     job_defaults={"max_instances": 1, "coalesce": True},
                                     timezone=timezone.utc)
         now = datetime.now(timezone.utc)
-        direct = [t for t in self.cfg.targets if t.source != "prometheus"]
-        for i, t in enumerate(direct):
-            every = self.cfg.interval(t)
-            # Spread first scrapes over the interval so many targets do not fire at once.
-            first = now + every * (i / max(1, len(direct)))
-            sched.add_job(self.scrape_once, IntervalTrigger(seconds=every.total_seconds(), start_date=first),
-                          args=[t], id=f"scrape:{t.name}", name=f"scrape {t.name}", next_run_time=first,
-                          misfire_grace_time=int(every.total_seconds()) or 1)
+        direct = {t.name: t for t in self.cfg.targets if t.source != "prometheus"}
+        # First scrapes spread over the interval, so many targets do not fire at once.
+        self.scrape_loop = ScrapeLoop(list(direct), lambda name: self.cfg.interval(direct[name]).total_seconds(),
+                                      lambda name: self.scrape_once(direct[name]),
+                                      workers=max(4, min(32, len(direct) + 2)))
         fleets: dict[timedelta, list[Target]] = defaultdict(list)  # read from Prometheus: one job per interval
         for t in self.cfg.targets:
             if t.source == "prometheus":
@@ -417,14 +418,16 @@ class Daemon:
             sched.add_job(self.notify_once, IntervalTrigger(seconds=1), id="notify", next_run_time=now)
         self._writer = threading.Thread(target=self._write_forever, name="store-writer", daemon=True)
         self._writer.start()
+        self.scrape_loop.start()
         sched.start()
         self.scheduler = sched
         threading.Thread(target=self._watch_clock, name="clock-watch", daemon=True).start()
 
     def _watch_clock(self) -> None:
         """APScheduler times its jobs by the wall clock: after the clock steps back an hour it would wait that
-        hour before the next scrape. Measured against the monotonic clock, a step back reschedules every job
-        stranded in the future to run now (a step forward needs nothing: late jobs run once, coalesced)."""
+        hour before the next evaluation (scrapes are on the monotonic clock). Measured against the monotonic
+        clock, a step back reschedules every job stranded in the future to run now (a step forward needs nothing:
+        late jobs run once, coalesced)."""
         skew = time.time() - time.monotonic()
         while not self._stop.wait(1.0):
             step, skew = time.time() - time.monotonic() - skew, time.time() - time.monotonic()
@@ -454,7 +457,8 @@ class Daemon:
             self._stop.wait(max_seconds)
         finally:
             self._stop.set()  # max_seconds ran out: the writer and the clock watch stop too
-            assert self.scheduler is not None
+            assert self.scheduler is not None and self.scrape_loop is not None
+            self.scrape_loop.stop(wait=True)
             self.scheduler.shutdown(wait=True)
             if self._writer is not None:
                 self._writer.join()
