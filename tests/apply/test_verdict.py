@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuner.apply.verdict import CONFIDENT, bootstrap_p_up, judge, rank_p_up
+from tuner.apply.verdict import CONFIDENT, MIN_SCRAPES, bootstrap_p_up, judge, rank_p_up
 from tuner.cli import main
 from tuner.signals.load import Interval, LoadProfile
 from tuner.signals.promql import histogram_quantile
@@ -80,6 +80,21 @@ def test_bootstrap_is_seeded_and_sees_a_shift():
 
 FAST = [40, 30, 20, 10, 0, 0, 0, 0]
 SLOW = [0, 0, 10, 20, 30, 40, 0, 0]
+
+
+def test_a_window_of_too_few_scrapes_judges_nothing():
+    """A daemon starved on a loaded machine scraped 3 times after a change: a bootstrap over two intervals is
+    sure of anything (a clean-clone demo run kept a change whose capacity had fallen 12% on 3 scrapes). Inconclusive
+    (the apply observes on); with MIN_SCRAPES scrapes on each side the same windows are judged."""
+    before = _profile(rate=3.0, saturated=True, e2e=SLOW, attainment=0.5)
+    for n, outcome in ((2, "inconclusive"), (MIN_SCRAPES - 2, "inconclusive"), (MIN_SCRAPES - 1, "kept")):
+        after = _profile(rate=8.0, saturated=False, e2e=FAST, attainment=1.0, n_intervals=n)
+        v = judge(before, after, min_requests=20)
+        assert v.outcome == outcome, (n, v)
+        if outcome == "inconclusive":
+            assert f"too few scrapes to judge: {n + 1} after the change" in v.reason and v.confidence == 0.0
+        v = judge(after, before, min_requests=20)
+        assert (v.outcome == "inconclusive") == (outcome == "inconclusive"), (n, v)
 
 
 def test_saturated_before_more_capacity_is_kept_even_if_per_request_speed_fell():

@@ -23,7 +23,8 @@ effect counts when that probability reaches CONFIDENT and the change is at least
 LATENCY_EFFECT (the median): both floors are the noise of a restart of the same config, measured. A latency shift
 must also be at least LATENCY_SLO_SHARE of its SLO budget, where one is set: smaller ones change nothing the SLO
 measures. Too little traffic (fewer than ``min_requests`` finished on either side; llama-server:
-tokens) is inconclusive. No KPI here falls by construction when concurrency rises: per-request throughput is not
+tokens) is inconclusive, and so is a window of fewer than MIN_SCRAPES scrapes (a daemon starved by a loaded
+machine, or scrapes that timed out): a bootstrap over two or three intervals is sure of what it cannot know. No KPI here falls by construction when concurrency rises: per-request throughput is not
 one. A change that improved every KPI it could be judged on is never rolled back.
 """
 
@@ -36,7 +37,7 @@ from typing import Any, Sequence
 
 from tuner.signals.load import Interval, LoadProfile
 
-__all__ = ["Verdict", "judge", "CONFIDENT", "MIN_EFFECT", "LATENCY_EFFECT", "LATENCY_SLO_SHARE", "LOAD_MATCH",
+__all__ = ["Verdict", "judge", "MIN_SCRAPES", "CONFIDENT", "MIN_EFFECT", "LATENCY_EFFECT", "LATENCY_SLO_SHARE", "LOAD_MATCH",
            "BOOTSTRAP"]
 
 CONFIDENT = 0.95
@@ -49,6 +50,9 @@ LATENCY_EFFECT = 0.25  # relative change of the median (P50) that matters, besid
 LATENCY_SLO_SHARE = 0.05
 LOAD_MATCH = 1.25  # offered loads within this ratio are "matched"
 BOOTSTRAP = 2000
+# Fewer scrapes than this in a window judge nothing: a clean-clone demo run kept a change on 3 scrapes after it (its
+# daemon stalled 10-15 s under the demo's load) whose capacity had in fact fallen 12%. The apply observes on.
+MIN_SCRAPES = 6
 _SEED = 20261122
 
 
@@ -236,6 +240,9 @@ def judge(before: LoadProfile | None, after: LoadProfile | None, *, min_requests
         if n < min_requests:
             return v("inconclusive", f"too little traffic to judge: {n:.0f} {unit} {side} the change "
                      f"(min_requests {min_requests})", 0.0, "none")
+        if p.samples < MIN_SCRAPES:
+            return v("inconclusive", f"too few scrapes to judge: {p.samples} {side} the change (at least "
+                     f"{MIN_SCRAPES}; scrapes were late or failed)", 0.0, "none")
 
     cap = _capacity(before, after)
     load = _load_text(before, after)

@@ -101,7 +101,7 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{workdir / 'vllm-cache'}'}}\n"
         "      drain_timeout: 30s\n"
 
-        f"    apply: {{baseline: {BASELINE_S}s, observe: 30s, observe_max: 60s, min_requests: 5}}\n")
+        f"    apply: {{baseline: {BASELINE_S}s, observe: 30s, observe_max: 90s, min_requests: 5}}\n")
     _say(f"config {config}")
     print(config.read_text(), end="")
     _say("tuner db upgrade")
@@ -163,7 +163,7 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
             _say(f"tuner apply-recommendation {rec['id']} --dry-run")
             _show(config, "apply-recommendation", str(rec["id"]), "--dry-run")
             _say(f"tuner apply-recommendation {rec['id']} --yes   (under a steady load of 16 clients: baseline "
-                 f"{BASELINE_S}s, drain, restart, health gate, observe 30s (up to 60s while inconclusive), verdict)")
+                 f"{BASELINE_S}s, drain, restart, health gate, observe 30s (up to 90s while inconclusive), verdict)")
             # 16 clients keep 16 requests in flight through the baseline, the restart (retrying while the server is
             # down) and the observation: more than the old and the new --max-num-seqs, so both windows are
             # saturated and the verdict compares what matters, the server's capacity, like with like.
