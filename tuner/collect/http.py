@@ -11,6 +11,7 @@ http.client on the same answers. No proxy is ever used: targets, servers and Ale
 
 from __future__ import annotations
 
+import functools
 import json
 import select
 import socket
@@ -182,7 +183,8 @@ def _head(conn: _Connection, deadline: float, answer: _Answer) -> tuple[str, int
         start = 0
         while True:
             end = conn.buf.find(b"\n\r\n", start)
-            bare = conn.buf.find(b"\n\n", start)
+            # a bare-LF head ends earlier, or not at all: never search the body behind a CRLF head (52 KB a scrape)
+            bare = conn.buf.find(b"\n\n", start, end + 1 if end >= 0 else len(conn.buf))
             if bare >= 0 and (end < 0 or bare < end):
                 end, sep = bare, 2
             else:
@@ -308,14 +310,25 @@ def _keeps_alive(version: str, headers: dict[str, str]) -> bool:
     return version != "HTTP/1.0" or "keep-alive" in tokens
 
 
-def _request(method: str, url: str, body: bytes | None, headers: dict[str, str], *, timeout_s: float,
-             max_bytes: int, peer: Peer | None = None) -> Response:
+@functools.lru_cache(maxsize=4096)
+def _split(url: str) -> tuple[str, str, int | None, str, str]:
+    """(scheme, host name, port, Host header, path with query) of ``url`` (a target's URLs repeat every scrape)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ScrapeError(f"{url}: not an http(s) URL")
-    deadline = time.monotonic() + timeout_s
+    try:
+        port = parts.port
+    except ValueError as exc:  # "Port out of range 0-65535", a port that is not a number
+        raise ScrapeError(f"{url}: ValueError: {exc}") from None
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {parts.netloc.rpartition('@')[2]}",
+    return parts.scheme, parts.hostname, port, parts.netloc.rpartition("@")[2], path
+
+
+def _request(method: str, url: str, body: bytes | None, headers: dict[str, str], *, timeout_s: float,
+             max_bytes: int, peer: Peer | None = None) -> Response:
+    scheme, hostname, port, host, path = _split(url)
+    deadline = time.monotonic() + timeout_s
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}",
              "Accept-Encoding: identity", f"User-Agent: {_USER_AGENT}"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     if body is not None:
@@ -327,7 +340,7 @@ def _request(method: str, url: str, body: bytes | None, headers: dict[str, str],
     try:
         if conn is None:
             try:
-                conn = _Connection(parts.scheme, parts.hostname, parts.port, timeout_s)
+                conn = _Connection(scheme, hostname, port, timeout_s)
             except (socket.timeout, TimeoutError):
                 raise _Timeout from None
         remaining = deadline - time.monotonic()
