@@ -517,3 +517,44 @@ def test_the_keep_migration_marks_what_earlier_thinning_kept(tmp_path: Path) -> 
                 (1000, 1), (2000, 1), (3000, 0)]
             assert "WITHOUT ROWID" in conn.execute(
                 text("SELECT sql FROM sqlite_master WHERE name = :n"), {"n": table}).scalar()
+
+
+def test_each_scrape_stores_its_own_values_whatever_changed_in_its_series(tmp_path: Path) -> None:
+    """The store remembers an engine's series ids in its last scrape's order (a scrape of the same shape skips the
+    key lookups). Every scrape's rows, read back from SQLite, are that scrape's values, bucket counts, sums and
+    counts, through a series added and one gone, the same keys in another order, a histogram's buckets changed,
+    and back to the first shape."""
+    from dataclasses import replace
+
+    from tuner.store.counts import decode_counts
+
+    store = migrated_store(tmp_path)
+    base = _snapshot("metrics_under_load.txt", T)
+    (e,) = base.engines
+    (hkey, h), *_ = e.histograms.items()
+    (vkey, _), *_ = e.values.items()
+    added = dict(e.values)
+    del added[vkey]
+    added[("vllm:num_requests_waiting", (("extra", "x"),))] = 7.0
+    reordered = dict(reversed(list(e.values.items())))
+    rebucketed = {**e.histograms, hkey: Histogram(bounds=h.bounds[:-2] + (h.bounds[-1],),
+                                                  counts=h.counts[:-2] + (h.counts[-1],), sum=h.sum, count=h.count)}
+    shapes = [e, replace(e, values={k: v + 1 for k, v in e.values.items()}), replace(e, values=added),
+              replace(e, values=reordered), replace(e, values=reordered, histograms=rebucketed),
+              replace(e, values=reordered),
+              replace(e, values={k: v + 2 for k, v in e.values.items()})]
+    for i, engine in enumerate(shapes):
+        ts = T + 5 * i
+        store.ingest(replace(base, ts=ts, engines=(engine,)))
+        with store.engine.connect() as conn:
+            values = {(r.metric, r.labels): r.value for r in conn.execute(text(
+                "SELECT s.metric, s.labels, p.value FROM samples p JOIN series s ON s.id = p.series_id "
+                "WHERE p.ts_ms = :ts"), {"ts": int(ts * 1000)})}
+            hists = {(r.metric, r.labels, r.bounds): (r.count, r.sum, r.counts) for r in conn.execute(text(
+                "SELECT s.metric, s.labels, s.bounds, p.count, p.sum, p.counts FROM hist_samples p "
+                "JOIN series s ON s.id = p.series_id WHERE p.ts_ms = :ts"), {"ts": int(ts * 1000)})}
+        assert values == {(m, json.dumps(lbl)): v for (m, lbl), v in engine.values.items()}, i
+        want = {(m, json.dumps(lbl), json.dumps([b if b != float("inf") else "+Inf" for b in x.bounds])):
+                (x.count, x.sum, x.counts)
+                for (m, lbl), x in engine.histograms.items()}
+        assert {k: (c, s, decode_counts(counts, len(want[k][2]))) for k, (c, s, counts) in hists.items()} == want, i

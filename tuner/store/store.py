@@ -8,13 +8,13 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import groupby
+from itertools import groupby, repeat
 from operator import itemgetter
 from typing import Any, Collection, Iterable, Mapping, NamedTuple, Sequence
 
 from sqlalchemy import Engine, delete, func, insert, select, update
 
-from tuner.collect.snapshots import GpuReading, SeriesKey, TargetSnapshot
+from tuner.collect.snapshots import EngineSnapshot, GpuReading, SeriesKey, TargetSnapshot
 from tuner.config import Retention
 from tuner.errors import StoreError, UnknownTargetError
 from tuner.store.counts import decode_counts, encode_counts
@@ -163,6 +163,16 @@ def _health_of(row: Sequence[Any] | None) -> TargetHealth | None:
                         consecutive_failures=failures, server_healthy=None if healthy is None else bool(healthy))
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """One engine's series keys at its last scrape and their series ids, in the same order."""
+    values: tuple
+    hists: tuple
+    bounds: tuple
+    value_ids: list[int]
+    hist_ids: list[int]
+
+
 class Store:
     """The only module that writes SQL. Methods take snapshots in and give windows out."""
 
@@ -174,6 +184,9 @@ class Store:
         self._targets: dict[str, int] = {}
         self._series_by_key: dict[tuple, int] = {}  # (target, engine, model, metric, labels, bounds) as scraped
         self._configs: dict[tuple[int, str, str], tuple[int, dict[str, str]]] = {}  # -> (row id, config)
+        # (target id, engine, model) -> its last scrape's series keys and their ids, in the snapshot's order: the
+        # next scrape of the same shape (the learned layout fills the same keys each time) skips the key lookups
+        self._shapes: dict[tuple[int, str, str], _Shape] = {}
         self._scrapes: dict[str, int] = {}  # target -> scrapes stored or recorded failed by this process
         self._head: Head | None = None
         self._new_infos: list[tuple[str, list[SeriesInfo]]] = []  # series the transaction in progress created
@@ -218,6 +231,7 @@ class Store:
         self._targets.clear()
         self._series_by_key.clear()
         self._configs.clear()
+        self._shapes.clear()
         if self._head is not None:
             self._head.clear()
 
@@ -290,25 +304,35 @@ class Store:
               touches: list) -> int:
         """Append one scrape's sample rows; returns how many."""
         ts = _ms(snap.ts)
-        known = self._series_by_key
         n = 0
         for e in snap.engines:
-            for (metric, lbl), value in e.values.items():
-                sid = known.get((tid, e.engine, e.model_name, metric, lbl, None))
-                if sid is None:
-                    sid = self._new_series(conn, tid, snap)[(tid, e.engine, e.model_name, metric, lbl, None)]
-                plain.append((sid, ts, value))
-            for (metric, lbl), h in e.histograms.items():
-                sid = known.get((tid, e.engine, e.model_name, metric, lbl, h.bounds))
-                if sid is None:
-                    sid = self._new_series(conn, tid, snap)[(tid, e.engine, e.model_name, metric, lbl, h.bounds)]
+            shape = self._shapes.get((tid, e.engine, e.model_name))
+            values, hists = tuple(e.values), tuple(e.histograms)
+            bounds = tuple(h.bounds for h in e.histograms.values())
+            if shape is None or shape.values != values or shape.hists != hists or shape.bounds != bounds:
+                shape = self._shape(conn, tid, snap, e, values, hists, bounds)
+            plain.extend(zip(shape.value_ids, repeat(ts), e.values.values()))
+            for sid, h in zip(shape.hist_ids, e.histograms.values()):
                 hist.append((sid, ts, h.count, h.sum, encode_counts(h.counts)))
                 if raw_counts is not None:
                     raw_counts.append(h.counts)
-            n += len(e.values) + len(e.histograms)
+            n += len(values) + len(hists)
             if e.config:
                 self._config_seen(conn, tid, e.engine, e.model_name, e.config, ts, touches)
         return n
+
+    def _shape(self, conn, tid: int, snap: TargetSnapshot, e: EngineSnapshot, values: tuple, hists: tuple,
+               bounds: tuple) -> _Shape:
+        """The series ids of one engine's keys (made to exist where new), remembered for its next scrape."""
+        known = self._series_by_key
+        keys = [(tid, e.engine, e.model_name, metric, lbl, None) for metric, lbl in values] + \
+            [(tid, e.engine, e.model_name, metric, lbl, b) for (metric, lbl), b in zip(hists, bounds)]
+        if any(k not in known for k in keys):
+            known = self._new_series(conn, tid, snap)
+        ids = [known[k] for k in keys]
+        shape = self._shapes[(tid, e.engine, e.model_name)] = _Shape(values, hists, bounds, ids[:len(values)],
+                                                                      ids[len(values):])
+        return shape
 
     def _new_series(self, conn, tid: int, snap: TargetSnapshot) -> dict[tuple, int]:
         """Every series of ``snap`` made to exist in two statements (a target's first scrape has dozens)."""
