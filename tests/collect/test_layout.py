@@ -3,7 +3,8 @@
 Every recorded real exposition is read once (learning its shape), then later bodies of the same shape (counters
 advanced by ReplayExposition, or numbers rewritten at random) must give exactly what parse_exposition +
 assemble_engines give on that body, through the fast path (counted as a hit). Bodies that differ in anything
-but their numbers must miss and be parsed in full.
+but their numbers must miss and be parsed in full. Every test runs twice: with the compiled split (where tuner
+was built with it) and with the regex.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.collect import llamacpp, vllm
+from tuner.collect import layout, llamacpp, vllm
 from tuner.collect.layout import Layouts
 from tuner.collect.llamacpp import parse_slots
 from tuner.lab.replay import ReplayExposition
@@ -23,6 +24,14 @@ FIXTURES = Path(__file__).parent.parent / "fixtures"
 VLLM = sorted((FIXTURES / "vllm-0.32-cpu").glob("metrics_*.txt"))
 LLAMA = sorted(p for p in (FIXTURES / "llama-server").glob("metrics_*.txt"))
 _NUMBER = re.compile(r"(?<= )(-?[0-9][0-9.eE+-]*)$", re.M)
+
+
+@pytest.fixture(autouse=True, params=["compiled", "regex"])
+def _split(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.param == "regex":
+        monkeypatch.setattr(layout, "COMPILED", None)
+    elif layout.COMPILED is None:
+        pytest.skip("tuner was built without its C split")  # tests/collect/test_numbers.py fails that in CI
 
 
 def _read(path: Path, text: str, layouts: Layouts | None):
