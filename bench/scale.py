@@ -216,14 +216,22 @@ def run_one(n: int, interval_s: float, duration_s: float, fixture: Path, work: P
         for t in cfg["targets"]:  # type: ignore[union-attr]
             t["source"] = "prometheus"  # type: ignore[index]
     (work / "tuner.yaml").write_text(json.dumps(cfg, indent=1))  # JSON is YAML
-    prom_cfg = {"global": {"scrape_interval": f"{interval_s:g}s", "scrape_timeout": f"{timeout_s:g}s"},
-                "scrape_configs": [{"job_name": "vllm",
-                                    "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports]}]}]}
-    (work / "prometheus.yml").write_text(json.dumps(prom_cfg, indent=1))
-
     tuner_bin = str(Path(sys.executable).parent / "tuner")
     subprocess.run([tuner_bin, "--config", str(work / "tuner.yaml"), "db", "upgrade"], check=True,
                    capture_output=True)
+    # Each series carries its target's name, as the exported rules expect. Where tuner evaluates its rules,
+    # Prometheus evaluates the same pack (`tuner alerts export`) on the same interval: the same work each side.
+    prom_cfg: dict[str, object] = {
+        "global": {"scrape_interval": f"{interval_s:g}s", "scrape_timeout": f"{timeout_s:g}s"},
+        "scrape_configs": [{"job_name": "vllm",
+                            "static_configs": [{"targets": [f"127.0.0.1:{p}"], "labels": {"target": f"t{i:04d}"}}
+                                               for i, p in enumerate(ports)]}]}
+    if signals and source == "direct":
+        subprocess.run([tuner_bin, "--config", str(work / "tuner.yaml"), "alerts", "export", "-o",
+                        str(work / "prom-rules.yml")], check=True, capture_output=True)
+        prom_cfg["global"]["evaluation_interval"] = "15s"  # type: ignore[index]  # tuner's default
+        prom_cfg["rule_files"] = [str(work / "prom-rules.yml")]
+    (work / "prometheus.yml").write_text(json.dumps(prom_cfg, indent=1))
     tuner_log, prom_log = work / "tuner.log", work / "prometheus.log"
     tuner_argv = [tuner_bin] if signals else [sys.executable, str(ROOT / "bench" / "tuner_nosignals.py")]
     tuner = procs.start([*tuner_argv, "--config", str(work / "tuner.yaml"), "--log-level", "WARNING", "run"],
