@@ -1,4 +1,5 @@
-"""Histogram rows' bucket counts (tuner/store/counts.py): exact round trips, old JSON rows read the same."""
+"""Histogram rows' bucket counts (tuner/store/counts.py): exact round trips, old JSON rows read the same, and the
+compiled encoder (collect/_numbers.c) writes what the Python one writes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,19 @@ import pytest
 
 from tests.helpers import migrated_store, store_recorded_history
 from tuner.config import Slo
-from tuner.store.counts import decode_counts, encode_counts
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tuner.store import counts as counts_module
+from tuner.store.counts import decode_counts, encode_counts, encode_counts_python
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def _encoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.param == "python":
+        monkeypatch.setattr(counts_module, "COMPILED", None)
+    elif counts_module.COMPILED is None:
+        pytest.skip("tuner was built without its compiled part")  # tests/collect/test_numbers.py fails that in CI
 
 
 def _same(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
@@ -41,6 +54,21 @@ def accumulate_ints(xs):  # type: ignore[no-untyped-def]
     for x in xs:
         total += x
         yield total
+
+
+@pytest.mark.parametrize("counts", _cases())
+def test_the_compiled_encoder_writes_what_python_writes(counts: tuple[float, ...]) -> None:
+    assert encode_counts(counts) == encode_counts_python(counts)
+
+
+_COUNT = st.one_of(st.integers(-2**54, 2**54).map(float), st.floats(), st.integers(0, 10**6).map(float),
+                   st.sampled_from([0.0, -0.0, 2.0**53, 2.0**53 - 1, -(2.0**53 - 1), 0.5]))
+
+
+@settings(max_examples=3000, derandomize=True, database=None, deadline=None)
+@given(st.lists(_COUNT, max_size=60).map(tuple))
+def test_any_counts_encode_as_python_encodes_them(counts: tuple[float, ...]) -> None:
+    assert encode_counts(counts) == encode_counts_python(counts)
 
 
 @pytest.mark.parametrize("counts", _cases())

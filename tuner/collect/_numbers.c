@@ -1,5 +1,6 @@
-/* The layout fast path's split, compiled (optional: collect/layout.py falls back to a regex when this module was
- * not built, or when TUNER_PURE_PYTHON is set).
+/* The two per-scrape loops over numbers, compiled: the layout fast path's split and the store's encoding of a
+ * histogram's counts. Optional: collect/layout.py and store/counts.py fall back to Python when this module was not
+ * built, or when TUNER_PURE_PYTHON is set.
  *
  * A body is split at its line-final numbers exactly as the regex r" ([-+0-9.eE]+)(?:\n|$)" splits it: a number
  * is the text after a line's last space when that text is not empty and made only of "-+0123456789.eE"; the
@@ -13,6 +14,8 @@
  *       numbers: the numbers as floats (float(token) + 0.0, so "-0" is 0.0), or None when one is not a
  *                float literal ("1e", "+-1") or overflows to +-inf.
  *   split(text) -> (pieces, tokens): the same split as lists of str, for tests.
+ *   encode_counts(counts) -> str or None: a histogram row's bucket counts as store/counts.py writes them; None
+ *       where they are not all whole numbers below 2^53 (the caller writes JSON then).
  *
  * A str that cannot be encoded as UTF-8 (a lone surrogate) raises UnicodeEncodeError.
  */
@@ -245,9 +248,59 @@ fail:
     return NULL;
 }
 
+/* encode_counts(counts) -> str or None: a histogram row's bucket counts as store/counts.py writes them (the
+ * increments from bucket to bucket, in decimal, trailing zeros left out: "0,0,3,8,2"), or None where they are
+ * not all whole numbers below 2^53 (the caller writes JSON then). */
+static PyObject *encode_counts(PyObject *module, PyObject *counts) {
+    (void)module;
+    PyObject *seq = PySequence_Fast(counts, "encode_counts() takes a sequence of floats");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    char stack[512];
+    char *buf = stack;
+    size_t size = sizeof stack, len = 0, kept = 0; /* kept: the length up to the last non-zero increment */
+    int64_t previous = 0;
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double x = PyFloat_AsDouble(items[i]);
+        if (x == -1.0 && PyErr_Occurred())
+            goto done;
+        if (!(fabs(x) < 9007199254740992.0) || x != (double)(int64_t)x) { /* NaN, Inf, a fraction, 2^53 up */
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        int64_t whole = (int64_t)x, step = whole - previous;
+        previous = whole;
+        if (len + 24 > size) {
+            size_t bigger = size * 2;
+            char *grown = buf == stack ? PyMem_Malloc(bigger) : PyMem_Realloc(buf, bigger);
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            if (buf == stack)
+                memcpy(grown, stack, len);
+            buf = grown;
+            size = bigger;
+        }
+        len += (size_t)snprintf(buf + len, size - len, i ? ",%lld" : "%lld", (long long)step);
+        if (step)
+            kept = len;
+    }
+    result = PyUnicode_FromStringAndSize(buf, (Py_ssize_t)kept);
+done:
+    if (buf != stack)
+        PyMem_Free(buf);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_O, "scan(text) -> (shape, pieces, numbers or None): the layout fast path's split."},
     {"split", split, METH_O, "split(text) -> (pieces, tokens): the same split as lists of str."},
+    {"encode_counts", encode_counts, METH_O, "encode_counts(counts) -> str or None: store/counts.py's format."},
     {NULL, NULL, 0, NULL},
 };
 
