@@ -9,6 +9,15 @@ log() { echo "[test] $*" >&2; }
 
 log "tuner venv (.venv)"
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
+# tuner's one compiled part (tuner/collect/_numbers.c) is optional for users, but the tests check it: a C compiler
+# and Python's headers, so that pip builds it.
+headers='import os, sys, sysconfig; sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))'
+if ! command -v cc >/dev/null 2>&1 || ! .venv/bin/python -c "$headers"; then
+    log "a C compiler or Python's headers are missing; installing with apt-get"
+    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo -n"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends build-essential python3-dev >&2
+fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' >&2
 
 bash scripts/install-prometheus.sh >&2
