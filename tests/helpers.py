@@ -13,7 +13,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from types import ModuleType
+from typing import Any, Callable, Iterable, Iterator
+
+import pytest
 
 from tuner.store.db import open_engine, upgrade
 from tuner.store.store import Store
@@ -213,3 +216,18 @@ def slot_tokens(slot: dict) -> int:
     prompt = slot.get("n_prompt_tokens_processed", 0) + slot.get("n_prompt_tokens_cache", 0) \
         if "n_prompt_tokens_processed" in slot else slot["n_prompt_tokens"]
     return min(slot["n_ctx"], max(slot["n_prompt_tokens"], prompt + decoded))
+
+
+def both_ways(module: ModuleType) -> Any:
+    """An autouse fixture that runs each test of a file twice: with ``module.COMPILED``, the compiled part
+    (skipped where tuner was built without it; tests/collect/test_numbers.py fails that in CI), and with it set to
+    None, so that ``module`` does the same work in Python. Assign it to a name in the test file."""
+
+    @pytest.fixture(autouse=True, params=["compiled", "python"])
+    def _both_ways(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+        if request.param == "python":
+            monkeypatch.setattr(module, "COMPILED", None)
+        elif module.COMPILED is None:
+            pytest.skip("tuner was built without its compiled part")
+
+    return _both_ways

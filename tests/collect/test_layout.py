@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import both_ways
 from tuner.collect import layout, llamacpp, vllm
 from tuner.collect.layout import Layouts
 from tuner.collect.llamacpp import parse_slots
@@ -25,13 +26,7 @@ VLLM = sorted((FIXTURES / "vllm-0.32-cpu").glob("metrics_*.txt"))
 LLAMA = sorted(p for p in (FIXTURES / "llama-server").glob("metrics_*.txt"))
 _NUMBER = re.compile(r"(?<= )(-?[0-9][0-9.eE+-]*)$", re.M)
 
-
-@pytest.fixture(autouse=True, params=["compiled", "regex"])
-def _split(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    if request.param == "regex":
-        monkeypatch.setattr(layout, "COMPILED", None)
-    elif layout.COMPILED is None:
-        pytest.skip("tuner was built without its C split")  # tests/collect/test_numbers.py fails that in CI
+_split = both_ways(layout)  # each test with the compiled split and with the regex
 
 
 def _read(path: Path, text: str, layouts: Layouts | None):

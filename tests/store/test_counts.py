@@ -10,22 +10,15 @@ import sqlite3
 from datetime import timedelta
 
 import pytest
-
-from tests.helpers import migrated_store, store_recorded_history
-from tuner.config import Slo
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import both_ways, migrated_store, store_recorded_history
+from tuner.config import Slo
 from tuner.store import counts as counts_module
 from tuner.store.counts import decode_counts, encode_counts, encode_counts_python
 
-
-@pytest.fixture(autouse=True, params=["compiled", "python"])
-def _encoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    if request.param == "python":
-        monkeypatch.setattr(counts_module, "COMPILED", None)
-    elif counts_module.COMPILED is None:
-        pytest.skip("tuner was built without its compiled part")  # tests/collect/test_numbers.py fails that in CI
+_encoder = both_ways(counts_module)  # each test with the compiled encoder and with Python's
 
 
 def _same(a: tuple[float, ...], b: tuple[float, ...]) -> bool:

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 import operator
-import os
 import re
 from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import Callable, Literal, Sequence
 
 from tuner.collect.assemble import assemble_engines
+from tuner.collect.compiled import compiled
 from tuner.collect.exposition import CatalogueSample, parse_exposition
 from tuner.collect.snapshots import EngineSnapshot, Histogram, SeriesKey
 from tuner.errors import ScrapeError
@@ -52,18 +52,7 @@ def _scan_regex(text: str) -> tuple[int, int, list[float] | None]:
     return hash(tuple(pieces)), len(pieces), numbers
 
 
-def _compiled() -> Callable[[str], tuple[int, int, list[float] | None]] | None:
-    if os.environ.get("TUNER_PURE_PYTHON"):
-        return None
-    try:
-        from tuner.collect import _numbers  # type: ignore[attr-defined]
-    except ImportError:  # built without a C compiler
-        return None
-    scan: Callable[[str], tuple[int, int, list[float] | None]] = _numbers.scan
-    return scan
-
-
-COMPILED = _compiled()
+COMPILED: Callable[[str], tuple[int, int, list[float] | None]] | None = compiled("scan")
 
 
 @dataclass(frozen=True)
@@ -86,8 +75,8 @@ class Layouts:
     threads as long as one key is read and learned by one thread at a time (the daemon's scrape loop never runs
     two scrapes of one target at once)."""
 
-    def __init__(self, max_keys: int = 100_000, *, compiled: bool = True) -> None:
-        self._scan = COMPILED if compiled and COMPILED is not None else _scan_regex
+    def __init__(self, max_keys: int = 100_000) -> None:
+        self._scan = COMPILED or _scan_regex
         self._by_key: dict[tuple[str, str, str], _Layout] = {}
         self._max_keys = max_keys
         self.hits = 0

@@ -15,27 +15,17 @@ Python; tests/store/test_counts.py holds the two equal.
 from __future__ import annotations
 
 import json
-import os
 from itertools import accumulate
 from typing import Callable
+
+from tuner.collect.compiled import compiled
 
 __all__ = ["encode_counts", "decode_counts"]
 
 _EXACT = 2.0**53  # integers up to here are exact as floats, so increments add back to the same counts
 
 
-def _compiled() -> Callable[[tuple[float, ...]], str | None] | None:
-    if os.environ.get("TUNER_PURE_PYTHON"):
-        return None
-    try:
-        from tuner.collect import _numbers  # type: ignore[attr-defined]
-    except ImportError:  # built without a C compiler
-        return None
-    encode: Callable[[tuple[float, ...]], str | None] = _numbers.encode_counts
-    return encode
-
-
-COMPILED = _compiled()
+COMPILED: Callable[[tuple[float, ...]], str | None] | None = compiled("encode_counts")
 
 
 def encode_counts(counts: tuple[float, ...]) -> str:
