@@ -173,14 +173,19 @@ static int scan_number(void *p, const char *s, Py_ssize_t ps, Py_ssize_t pe, Py_
     return rc;
 }
 
+/* The UTF-8 bytes of str ``text`` (no copy for an ASCII str), or NULL with an exception set. */
+static const char *utf8_of(const char *function, PyObject *text, Py_ssize_t *n) {
+    if (!PyUnicode_Check(text)) {
+        PyErr_Format(PyExc_TypeError, "%s() takes a str", function);
+        return NULL;
+    }
+    return PyUnicode_AsUTF8AndSize(text, n);
+}
+
 static PyObject *scan(PyObject *module, PyObject *text) {
     (void)module;
     Py_ssize_t n;
-    if (!PyUnicode_Check(text)) {
-        PyErr_SetString(PyExc_TypeError, "scan() takes a str");
-        return NULL;
-    }
-    const char *s = PyUnicode_AsUTF8AndSize(text, &n);
+    const char *s = utf8_of("scan", text, &n);
     if (s == NULL)
         return NULL;
     scan_ctx ctx = {HASH_SEED, 0, PyList_New(0)};
@@ -201,31 +206,25 @@ typedef struct {
     PyObject *pieces, *tokens;
 } split_ctx;
 
+/* Appends s[start:end] to ``list`` as a str; -1 on error. */
+static int append_text(PyObject *list, const char *s, Py_ssize_t start, Py_ssize_t end) {
+    PyObject *text = PyUnicode_DecodeUTF8(s + start, end - start, "strict");
+    if (text == NULL)
+        return -1;
+    int rc = PyList_Append(list, text);
+    Py_DECREF(text);
+    return rc;
+}
+
 static int split_number(void *p, const char *s, Py_ssize_t ps, Py_ssize_t pe, Py_ssize_t ns, Py_ssize_t ne) {
     split_ctx *ctx = p;
-    PyObject *piece = PyUnicode_DecodeUTF8(s + ps, pe - ps, "strict");
-    if (piece == NULL)
-        return -1;
-    int rc = PyList_Append(ctx->pieces, piece);
-    Py_DECREF(piece);
-    if (rc < 0)
-        return -1;
-    PyObject *token = PyUnicode_DecodeUTF8(s + ns, ne - ns, "strict");
-    if (token == NULL)
-        return -1;
-    rc = PyList_Append(ctx->tokens, token);
-    Py_DECREF(token);
-    return rc;
+    return append_text(ctx->pieces, s, ps, pe) < 0 ? -1 : append_text(ctx->tokens, s, ns, ne);
 }
 
 static PyObject *split(PyObject *module, PyObject *text) {
     (void)module;
     Py_ssize_t n;
-    if (!PyUnicode_Check(text)) {
-        PyErr_SetString(PyExc_TypeError, "split() takes a str");
-        return NULL;
-    }
-    const char *s = PyUnicode_AsUTF8AndSize(text, &n);
+    const char *s = utf8_of("split", text, &n);
     if (s == NULL)
         return NULL;
     split_ctx ctx = {PyList_New(0), PyList_New(0)};
@@ -234,12 +233,7 @@ static PyObject *split(PyObject *module, PyObject *text) {
     Py_ssize_t last = walk(s, n, split_number, &ctx);
     if (last < 0)
         goto fail;
-    PyObject *tail = PyUnicode_DecodeUTF8(s + last, n - last, "strict");
-    if (tail == NULL)
-        goto fail;
-    int rc = PyList_Append(ctx.pieces, tail);
-    Py_DECREF(tail);
-    if (rc < 0)
+    if (append_text(ctx.pieces, s, last, n) < 0)
         goto fail;
     return Py_BuildValue("(NN)", ctx.pieces, ctx.tokens);
 fail:
