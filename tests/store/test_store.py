@@ -558,3 +558,53 @@ def test_each_scrape_stores_its_own_values_whatever_changed_in_its_series(tmp_pa
                 (x.count, x.sum, x.counts)
                 for (m, lbl), x in engine.histograms.items()}
         assert {k: (c, s, decode_counts(counts, len(want[k][2]))) for k, (c, s, counts) in hists.items()} == want, i
+
+
+def test_the_target_order_migration_keeps_every_point_and_downgrades_back(tmp_path: Path) -> None:
+    """0007 puts samples and hist_samples in (target, time, series) order: every row comes through with its
+    series' target, a window reads the same points from them, and the downgrade gives back the rows it had."""
+    engine = open_engine(f"sqlite:///{tmp_path / 'm.db'}")
+    upgrade(engine, "0006")
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO targets (id, name, backend, url, labels) VALUES "
+                          "(1, 'a', 'vllm', '', '{}'), (2, 'b', 'vllm', '', '{}')"))
+        conn.execute(text("INSERT INTO series (id, target_id, engine, model_name, metric, labels, kind, bounds) VALUES "
+                          "(1, 2, '0', 'm', 'vllm:num_requests_running', '[]', 'gauge', ''), "
+                          "(2, 1, '0', 'm', 'vllm:num_requests_running', '[]', 'gauge', ''), "
+                          "(3, 1, '0', 'm', 'vllm:e2e_request_latency_seconds', '[]', 'histogram', "
+                          "'[1.0, \"+Inf\"]')"))
+        for i, ts in enumerate((5000, 1000, 3000)):  # inserted out of order
+            conn.execute(text("INSERT INTO samples (series_id, ts_ms, value, keep) VALUES (1, :t, :v, :k), "
+                              "(2, :t, :w, 0)"), {"t": ts, "v": float(i), "w": 10.0 + i, "k": i % 2})
+            conn.execute(text("INSERT INTO hist_samples (series_id, ts_ms, count, sum, counts, keep) "
+                              "VALUES (3, :t, :c, 0.5, :counts, 1)"), {"t": ts, "c": float(i), "counts": f"[{i}.0, {i}.0]"})
+    with engine.connect() as conn:
+        before = {t: conn.execute(text(f"SELECT * FROM {t} ORDER BY series_id, ts_ms")).all()
+                  for t in ("samples", "hist_samples")}
+    upgrade(engine)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT target_id, series_id, ts_ms, value, keep FROM samples "
+                                 "ORDER BY series_id, ts_ms")).all() == [
+            (2, 1, 1000, 1.0, 1), (2, 1, 3000, 2.0, 0), (2, 1, 5000, 0.0, 0),
+            (1, 2, 1000, 11.0, 0), (1, 2, 3000, 12.0, 0), (1, 2, 5000, 10.0, 0)]
+        assert conn.execute(text("SELECT target_id, series_id, ts_ms, count, counts FROM hist_samples "
+                                 "ORDER BY ts_ms")).all() == [
+            (1, 3, 1000, 1.0, "[1.0, 1.0]"), (1, 3, 3000, 2.0, "[2.0, 2.0]"), (1, 3, 5000, 0.0, "[0.0, 0.0]")]
+        for table in ("samples", "hist_samples"):
+            assert "WITHOUT ROWID" in conn.execute(
+                text("SELECT sql FROM sqlite_master WHERE name = :n"), {"n": table}).scalar()
+    w = Store(engine).window("a", 0.0, 10.0)
+    (e,) = w.engines
+    assert [(ts, v) for ts, v in e.series[("vllm:num_requests_running", ())]] == [
+        (1000, 11.0), (3000, 12.0), (5000, 10.0)]
+    assert [p.ts_ms for p in e.hists[("vllm:e2e_request_latency_seconds", ())].points] == [1000, 3000, 5000]
+    from alembic import command
+
+    from tuner.store.db import _alembic_config
+    cfg = _alembic_config(engine)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0006")
+    with engine.connect() as conn:
+        assert {t: conn.execute(text(f"SELECT * FROM {t} ORDER BY series_id, ts_ms")).all()
+                for t in ("samples", "hist_samples")} == before

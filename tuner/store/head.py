@@ -198,21 +198,22 @@ class Head:
                     held.series[info.id] = s
                     self._by_id[info.id] = (target, s)
 
-    def append(self, plain: Sequence[tuple[int, int, float]], hists: Sequence[tuple[int, int, float, float, str]],
-               raw_counts: Sequence[Sequence[float]]) -> None:
-        """A committed write's rows (Store.write's lists; ``raw_counts``: each histogram row's counts as scraped)."""
+    def append(self, plain: Sequence[tuple[int, int, float, int]],
+               hists: Sequence[tuple[int, int, float, float, str, int]], raw_counts: Sequence[Sequence[float]]) -> None:
+        """A committed write's rows (Store.write's lists, each row's target id last; ``raw_counts``: each histogram
+        row's counts as scraped)."""
         by_id = self._by_id
         touched: dict[str, int] = {}  # target -> newest ts appended
         lost: set[str] = set()
         with self._lock:
-            for sid, ts, value in plain:
+            for sid, ts, value, _ in plain:
                 got = by_id.get(sid)
                 if got is not None and isinstance(s := got[1], _Plain):
                     if not s.add(ts, value):
                         lost.add(got[0])
                     elif ts > touched.get(got[0], -1):
                         touched[got[0]] = ts
-            for (sid, ts, count, total, counts), raw in zip(hists, raw_counts):
+            for (sid, ts, count, total, counts, _), raw in zip(hists, raw_counts):
                 got = by_id.get(sid)
                 if got is not None and isinstance(h := got[1], _Hist):
                     if not h.add(ts, count, total, counts, raw):

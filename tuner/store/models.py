@@ -40,11 +40,16 @@ class SeriesRow(Base):
     bounds: Mapped[str] = mapped_column(Text, default="")  # JSON list of bucket upper bounds ("" if none)
 
 
+# Samples are kept in (target, time, series) order: a scrape's rows are neighbours, so a write touches one or two
+# pages where (series, time) order touched one per series, and a target's window is one range of the key
+# (bench/store_growth.py; migrations/versions/0007_samples_by_target.py). series_id is not a foreign key: one would
+# need an index by series (random writes again) for its checks; the target's cascade removes a target's rows.
 class SampleRow(Base):
     __tablename__ = "samples"
     __table_args__ = ({"sqlite_with_rowid": False},)
-    series_id: Mapped[int] = mapped_column(ForeignKey("series.id", ondelete="CASCADE"), primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"), primary_key=True)
     ts_ms: Mapped[int] = mapped_column(Integer, primary_key=True)
+    series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     value: Mapped[float] = mapped_column(Float)
     keep: Mapped[int] = mapped_column(Integer, server_default="0")  # retention keeps it (tuner/store/retention.py)
 
@@ -52,8 +57,9 @@ class SampleRow(Base):
 class HistSampleRow(Base):
     __tablename__ = "hist_samples"
     __table_args__ = ({"sqlite_with_rowid": False},)
-    series_id: Mapped[int] = mapped_column(ForeignKey("series.id", ondelete="CASCADE"), primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"), primary_key=True)
     ts_ms: Mapped[int] = mapped_column(Integer, primary_key=True)
+    series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     count: Mapped[float] = mapped_column(Float)
     sum: Mapped[float] = mapped_column(Float)
     counts: Mapped[str] = mapped_column(Text)  # cumulative counts, aligned with bounds: see tuner/store/counts.py

@@ -42,12 +42,12 @@ def apply_retention(store: Store, retention: Retention, *, now: float) -> dict[s
                 # The last point of each step, and both points around a counter reset: with only the last
                 # ones, the growth between the last kept point and the reset would be lost.
                 counts[f"marked_{table}"] = conn.execute(text(f"""
-                    UPDATE {table} SET keep = 1 WHERE keep = 0 AND (series_id, ts_ms) IN (
-                        SELECT series_id, MAX(ts_ms) FROM {table} WHERE ts_ms >= :lo AND ts_ms < :hi
+                    UPDATE {table} SET keep = 1 WHERE keep = 0 AND (target_id, ts_ms, series_id) IN (
+                        SELECT target_id, MAX(ts_ms), series_id FROM {table} WHERE ts_ms >= :lo AND ts_ms < :hi
                         GROUP BY series_id, ts_ms / :step
                         UNION ALL
-                        SELECT series_id, ts_ms FROM (
-                            SELECT t.series_id, t.ts_ms, t.{value} AS v,
+                        SELECT target_id, ts_ms, series_id FROM (
+                            SELECT t.target_id, t.series_id, t.ts_ms, t.{value} AS v,
                                    LAG(t.{value}) OVER w AS prev, LEAD(t.{value}) OVER w AS nxt
                             FROM {table} t JOIN series r ON r.id = t.series_id
                             WHERE r.kind = '{kind}' AND t.ts_ms >= :lo - :step AND t.ts_ms < :hi

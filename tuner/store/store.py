@@ -65,8 +65,10 @@ class Failed:
 # The per-scrape writes as the driver's SQL (SQLite, like the OR IGNOREs): prepared once by sqlite3 and
 # run without SQLAlchemy's per-row parameter processing, which cost more than the writes. Columns as in
 # models.py.
-_INSERT_SAMPLES = "INSERT OR IGNORE INTO samples (series_id, ts_ms, value) VALUES (?, ?, ?)"
-_INSERT_HISTS = "INSERT OR IGNORE INTO hist_samples (series_id, ts_ms, count, sum, counts) VALUES (?, ?, ?, ?, ?)"
+# A row as the head takes it (series id, ts, values...), its target last.
+_INSERT_SAMPLES = "INSERT OR IGNORE INTO samples (series_id, ts_ms, value, target_id) VALUES (?, ?, ?, ?)"
+_INSERT_HISTS = ("INSERT OR IGNORE INTO hist_samples (series_id, ts_ms, count, sum, counts, target_id) "
+                 "VALUES (?, ?, ?, ?, ?, ?)")
 _INSERT_SCRAPE = ("INSERT INTO scrapes (target_id, ts_ms, duration_s, health, error, body_bytes, samples) "
                   "VALUES (?, ?, ?, ?, ?, ?, ?)")
 # One statement instead of SELECT + INSERT/UPDATE: a failure counts up, anything else resets the count.
@@ -84,14 +86,15 @@ _INSERT_SERIES = ("INSERT OR IGNORE INTO series (target_id, engine, model_name, 
                   "VALUES (?, ?, ?, ?, ?, ?, ?)")
 _SELECT_TARGET = "SELECT id, backend FROM targets WHERE name = ?"
 _SELECT_TARGET_SERIES = "SELECT id, engine, model_name, metric, labels, kind, bounds FROM series WHERE target_id = ?"
-_SELECT_POINTS = ("SELECT series_id, %s FROM %s WHERE series_id IN (%s) AND ts_ms >= ? AND ts_ms <= ? "
-                  "ORDER BY series_id, ts_ms")
+# One target's range of the key (target, time, series), its points in series order.
+_SELECT_POINTS = ("SELECT series_id, %s FROM %s WHERE target_id = ? AND ts_ms >= ? AND ts_ms <= ? "
+                  "AND series_id IN (%s) ORDER BY series_id, ts_ms")
 # A long window at the rollup step: the points retention marked to keep (tuner/store/retention.py), every point
 # after the last marked step, and each series' last point within the window.
-_SELECT_MARKED = ("SELECT series_id, %s FROM %s WHERE series_id IN (%s) AND ts_ms >= ? AND ts_ms <= ? "
-                  "AND (keep = 1 OR ts_ms >= ?) ORDER BY series_id, ts_ms")
-_SELECT_LAST = "SELECT series_id, MAX(ts_ms), %s FROM %s WHERE series_id IN (%s) AND ts_ms >= ? AND ts_ms <= ? " \
-               "GROUP BY series_id"
+_SELECT_MARKED = ("SELECT series_id, %s FROM %s WHERE target_id = ? AND ts_ms >= ? AND ts_ms <= ? "
+                  "AND series_id IN (%s) AND (keep = 1 OR ts_ms >= ?) ORDER BY series_id, ts_ms")
+_SELECT_LAST = "SELECT series_id, MAX(ts_ms), %s FROM %s WHERE target_id = ? AND ts_ms >= ? AND ts_ms <= ? " \
+               "AND series_id IN (%s) GROUP BY series_id"
 MARKED_UNTIL = "marked_until_ms"  # meta key: retention has marked every step before it
 _SELECT_MARKED_UNTIL = f"SELECT value FROM meta WHERE key = '{MARKED_UNTIL}'"
 _SELECT_CONFIGS = "SELECT engine, model_name, config FROM engine_configs WHERE target_id = ? ORDER BY last_seen_ms"
@@ -247,8 +250,8 @@ class Store:
     def write(self, items: Sequence[Scraped | Failed]) -> list[int]:
         """Store scrapes and failures in one transaction (the daemon writes a tick's worth at once: one commit,
         and each statement run once for all rows); the samples written per item. All or nothing."""
-        plain: list[tuple[int, int, float]] = []
-        hist: list[tuple[int, int, float, float, str]] = []
+        plain: list[tuple[int, int, float, int]] = []  # (series id, ts, value, target id)
+        hist: list[tuple[int, int, float, float, str, int]] = []
         raw_counts: list[tuple[float, ...]] | None = [] if self._head is not None else None  # as scraped
         scrapes: list[tuple] = []
         healths: list[tuple] = []
@@ -311,9 +314,9 @@ class Store:
             bounds = tuple(h.bounds for h in e.histograms.values())
             if shape is None or shape.values != values or shape.hists != hists or shape.bounds != bounds:
                 shape = self._shape(conn, tid, snap, e, values, hists, bounds)
-            plain.extend(zip(shape.value_ids, repeat(ts), e.values.values()))
+            plain.extend(zip(shape.value_ids, repeat(ts), e.values.values(), repeat(tid)))
             for sid, h in zip(shape.hist_ids, e.histograms.values()):
-                hist.append((sid, ts, h.count, h.sum, encode_counts(h.counts)))
+                hist.append((sid, ts, h.count, h.sum, encode_counts(h.counts), tid))
                 if raw_counts is not None:
                     raw_counts.append(h.counts)
             n += len(values) + len(hists)
@@ -468,14 +471,14 @@ class Store:
                 def points(table: str, cols: str, ids: list[int]) -> list[tuple]:
                     marks = ",".join("?" * len(ids))
                     if step is None or marked <= lo:
-                        return raw.execute(_SELECT_POINTS % (cols, table, marks), (*ids, lo, hi)).fetchall()
-                    rows = raw.execute(_SELECT_MARKED % (cols, table, marks), (*ids, lo, hi, marked)).fetchall()
+                        return raw.execute(_SELECT_POINTS % (cols, table, marks), (tid, lo, hi, *ids)).fetchall()
+                    rows = raw.execute(_SELECT_MARKED % (cols, table, marks), (tid, lo, hi, *ids, marked)).fetchall()
                     if hi >= marked:
                         return rows
                     # The last point of the window, where its step goes on after it (a marked step's last point).
                     cols_last = cols.split(", ", 1)[1]
                     last = {r[0]: r for r in raw.execute(_SELECT_LAST % (cols_last, table, marks),
-                                                         (*ids, max(lo, hi - step), hi))}
+                                                         (tid, max(lo, hi - step), hi, *ids))}
                     newest = {r[0]: r[1] for r in rows}
                     extra = [r for sid, r in last.items() if r[1] > newest.get(sid, -1)]
                     return sorted(rows + extra, key=lambda r: (r[0], r[1])) if extra else rows
@@ -544,10 +547,11 @@ class Store:
                 infos.sort(key=lambda i: i.id)
                 ids = [i.id for i in infos if i.bounds is None]
                 plain = raw.execute(_SELECT_POINTS % ("ts_ms, value", "samples", ",".join("?" * len(ids))),
-                                    (*ids, lo, _FOREVER_MS)).fetchall()
+                                    (tid, lo, _FOREVER_MS, *ids)).fetchall()
                 ids = [i.id for i in infos if i.bounds is not None]
                 hists = raw.execute(_SELECT_POINTS % ("ts_ms, count, sum, counts", "hist_samples",
-                                                      ",".join("?" * len(ids))), (*ids, lo, _FOREVER_MS)).fetchall()
+                                                      ",".join("?" * len(ids))), (tid, lo, _FOREVER_MS, *ids)
+                                    ).fetchall()
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"{self.engine.url}: {exc}") from None
             head.fill(target, lo, hi - lo, infos, plain, hists)
