@@ -35,9 +35,9 @@ def test_the_exporter_and_the_rules_share_one_derivation_per_scrape(tmp_path, st
     daemon = Daemon(cfg, store, clock=lambda: now[0])
     calls: list[str] = []
 
-    def derive(window, *, slo=None):  # the real derivation, counted
+    def derive(window, *, slo=None, only=None):  # the real derivation, counted
         calls.append(window.target)
-        return compute_signals(window, slo=slo)
+        return compute_signals(window, slo=slo, only=only)
 
     daemon.signals._derive = derive
     _scrape(store, T0 - 5, 0.95)
@@ -97,18 +97,26 @@ def test_a_groups_windows_come_from_one_read_per_target_and_equal_a_read_of_each
                        "  - {name: l, backend: llamacpp, url: 'http://127.0.0.1:2'}\n"
                        "defaults: {scrape_interval: 5s, signal_window: 5m}\n"
                        f"alerting: {{rule_files: ['{rules}']}}\n")
+    from tuner.rules.evaluate import reads_by_window
     end = store_recorded_history(store, T0)  # 36 vLLM scrapes over 3 minutes, restarted at the 25th
     for now in (end - 5, end - 61.5, end + 400):  # windows holding all, part of and none of the history
         daemon = Daemon(cfg, store, clock=lambda: now)
         daemon.evaluate_once("g")
         assert daemon.signals.reads == 2  # one per target, for four rules over three windows
+        # what the rules read: the exporter's 5 m window whole, the others for their rules' fields
+        fields = reads_by_window(daemon.alerting.rules.groups[0].rules)
+        assert fields == {60.0: {"requests_per_s"}, 300.0: {"e2e_p99"}, 600.0: {"goodput_ratio", "restarts"}}
         for name in ("v", "l"):
             for w in (60.0, 300.0, 600.0):
-                got = daemon.signals.get(name, w, now)
+                got = daemon.signals.get(name, w, now, fields=fields)
+                only = None if w == 300.0 else fields[w]
                 want = compute_signals(store.window(name, now - w, now, metrics=SIGNAL_METRICS),
-                                       slo=cfg.target(name).slo)
+                                       slo=cfg.target(name).slo, only=only)
                 assert got is not None and got.as_json() == want.as_json(), (name, w, now)
         assert daemon.signals.reads == 2  # all of them held for the tick
+        whole = daemon.signals.get("v", 600.0, now)  # a reader that wants every field: a whole derivation
+        assert whole.as_json() == compute_signals(store.window("v", now - 600, now, metrics=SIGNAL_METRICS),
+                                                  slo=cfg.target("v").slo).as_json()
 
 
 def test_a_window_past_the_raw_retention_is_not_cut_down(tmp_path, store):
@@ -127,3 +135,44 @@ def test_a_window_past_the_raw_retention_is_not_cut_down(tmp_path, store):
     assert got.as_json() == compute_signals(short.window("v", end - 60, end, metrics=SIGNAL_METRICS)).as_json()
     assert book.get("v", 600.0, end).as_json() == compute_signals(short.window("v", end - 600, end, metrics=SIGNAL_METRICS)).as_json()
     assert book.reads == 2
+
+
+def test_a_window_of_its_own_is_derived_for_the_fields_its_rules_read_and_never_served_short(tmp_path):
+    """An alert group's own window (not the exporter's) is derived for the fields its rules read only; a reader
+    that wants more (status, another group) gets a whole derivation, never the short one; a reader that wants
+    no more than was derived shares it. The exporter's window is always derived whole."""
+    from tests.helpers import migrated_store, store_recorded_history
+    from tuner.app.signalbook import SignalBook
+
+    store = migrated_store(tmp_path)
+    t0 = store_recorded_history(store, T0)
+    cfg = parse_config("targets:\n  - {name: v, backend: vllm, url: 'http://127.0.0.1:1'}\n"
+                       "defaults: {scrape_interval: 5s, signal_window: 5m}\n")
+    book = SignalBook(cfg, store)
+    whole = compute_signals(store.window("v", t0 - 120, t0))
+    assert whole.engines[0].ttft_p99 is not None and whole.engines[0].requests_per_s is not None
+
+    short = book.get("v", 120.0, t0, fields={120.0: {"restarts"}})
+    assert short.engines[0].ttft_p99 is None and short.engines[0].requests_per_s is None
+    assert short.engines[0].restarts == whole.engines[0].restarts
+    assert book.get("v", 120.0, t0, fields={120.0: {"restarts"}}) is short  # shared within the tick
+    assert book.derived == 1
+    rates = book.get("v", 120.0, t0, fields={120.0: {"requests_per_s"}})  # another group's rules: more fields
+    assert book.derived == 2
+    assert rates.engines[0].requests_per_s == whole.engines[0].requests_per_s
+    assert rates.engines[0].ttft_p99 is None
+    both = book.get("v", 120.0, t0, fields={120.0: {"restarts", "requests_per_s"}})
+    assert both is rates and book.derived == 2  # what was derived for both serves both for the rest of the tick
+    full = book.get("v", 120.0, t0)  # wants everything: derived again, whole
+    assert book.derived == 3
+
+    assert full == compute_signals(store.window("v", t0 - 120, t0, metrics=full_metrics()))
+    assert book.get("v", 120.0, t0, fields={120.0: {"ttft_p99"}}) is full  # the whole one serves a short ask
+
+    exporter = book.get("v", 300.0, t0, fields={300.0: {"restarts"}})  # the daemon's signal window: whole
+    assert exporter.engines[0].ttft_p99 is not None
+
+
+def full_metrics():
+    from tuner.signals.derive import SIGNAL_METRICS
+    return SIGNAL_METRICS

@@ -225,3 +225,39 @@ def test_a_groups_signals_are_what_its_replicas_served_together(tmp_path):
     assert e.goodput_ratio is not None and e.goodput_ratio <= e2e_share[1] + 1e-12
     with pytest.raises(ValueError, match="different ranges"):
         group_signals("g", [windows[0], store.window("g.r2", lo, hi - 5, metrics=SIGNAL_METRICS)])
+
+
+@pytest.mark.parametrize("only", [
+    {"goodput_ratio"}, {"ttft_p99"}, {"e2e_p50", "requests_in_window"}, {"requests_queued"},
+    {"requests_per_s", "prefix_cache_hit_ratio"}, {"kv_cache_usage"}, {"restarts"}, set()])
+def test_a_derivation_of_some_fields_gives_those_as_the_whole_one_and_leaves_the_rest_out(tmp_path, only):
+    """compute_signals(only=...) for an alert group's own window: each field asked for equals the whole
+    derivation's, on recorded vLLM and llama-server scrapes with an SLO and a restart; the costly fields no one
+    asked for are None; gauges, restarts and the sample count are always there."""
+    from dataclasses import fields as dc_fields
+
+    from tests.helpers import migrated_store, store_recorded_history
+    from tuner.signals.derive import ALWAYS_DERIVED, EngineSignals
+
+    store = migrated_store(tmp_path)
+    t0 = store_recorded_history(store, 1_700_000_000.0)
+    slo = Slo(ttft_p99=timedelta(seconds=0.5), itl_p99=timedelta(seconds=0.05), e2e_p99=timedelta(seconds=4))
+    always = ALWAYS_DERIVED
+    costly = {f.name for f in dc_fields(EngineSignals)} - always
+    # worked out together: a histogram's three quantiles, goodput's two bounds, the queue count and its bound
+    together = [{f"{p}_p50", f"{p}_p95", f"{p}_p99"} for p in ("ttft", "itl", "e2e", "queue")] + [
+        {"goodput_ratio", "goodput_ratio_upper"}, {"requests_queued", "queued_over_s"}]
+    asked = set(only).union(*(g for g in together if g & set(only)))
+    left_out = 0
+    for target in ("v", "l"):
+        window = store.window(target, t0 - 300, t0)
+        whole = compute_signals(window, slo=slo)
+        some = compute_signals(window, slo=slo, only=only)
+        assert (some.target, some.health, len(some.engines)) == (whole.target, whole.health, len(whole.engines))
+        for e, w in zip(some.engines, whole.engines):
+            for name in always | asked:
+                assert getattr(e, name) == getattr(w, name), name
+            for name in costly - asked:
+                assert getattr(e, name) is None, name
+                left_out += getattr(w, name) is not None
+    assert left_out > 0  # the whole derivation had figures the partial one did not work out

@@ -17,7 +17,7 @@ from tuner.app.status import group_signals_at
 from tuner.config import Config, Target, replica_groups
 from tuner.errors import TunerError
 from tuner.notify import FlushResult, Notifier
-from tuner.rules.evaluate import configured_max_num_seqs, evaluate, payload, to_send, vector
+from tuner.rules.evaluate import configured_max_num_seqs, evaluate, payload, reads_by_window, to_send, vector
 from tuner.rules.model import RuleGroup, RuleSet, default_rule_files, load_rule_files
 from tuner.signals.derive import TargetSignals, compute_signals
 from tuner.rules.state import Alert, from_row, to_row
@@ -78,6 +78,7 @@ class Alerting:
         now_ms = int(now * 1000)
         cache: dict[tuple[str, timedelta], TargetSignals | None] = {}
         windows = {r.window.total_seconds() for r in group.rules}
+        fields = reads_by_window(group.rules)
         replica_sets = replica_groups(self.cfg.targets) if any(r.over == "groups" for r in group.rules) else {}
 
         def signals(name: str, window: timedelta) -> TargetSignals | None:
@@ -87,7 +88,8 @@ class Alerting:
                         cache[(name, window)] = group_signals_at(self.store, self.cfg, name,
                                                                  window_s=window.total_seconds(), at=now)
                     else:
-                        cache[(name, window)] = self.signals_for(name, window.total_seconds(), now, windows=windows)
+                        cache[(name, window)] = self.signals_for(name, window.total_seconds(), now, windows=windows,
+                                                                 fields=fields)
                 except TunerError:
                     cache[(name, window)] = None  # never scraped yet: no data, no alert
             return cache[(name, window)]

@@ -14,11 +14,11 @@ once per ``apply.auto_interval``, not per tick.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Collection
+from typing import Callable, Collection, Mapping
 
 from tuner.config import Config
 from tuner.errors import UnknownTargetError
-from tuner.signals.derive import SIGNAL_METRICS, TargetSignals, compute_signals
+from tuner.signals.derive import ALWAYS_DERIVED, SIGNAL_METRICS, TargetSignals, compute_signals
 from tuner.store.store import Store
 
 __all__ = ["SignalBook"]
@@ -30,30 +30,46 @@ class SignalBook:
         self.cfg, self.store, self._derive = cfg, store, derive
         store.keep_head(SIGNAL_METRICS)  # the rules' windows from memory, not re-read from SQLite each evaluation
         self._lock = threading.Lock()
-        self._book: dict[tuple[str, float], tuple[int, float, TargetSignals | None]] = {}  # -> (tick, at, signals)
+        # (target, window) -> (tick, at, signals, the fields derived: None for all of them)
+        self._book: dict[tuple[str, float], tuple[int, float, TargetSignals | None, frozenset[str] | None]] = {}
         self.derived = 0  # how many times signals were really derived (tests and bench read it)
         self.reads = 0  # how many windows were read from the store for them
 
-    def get(self, name: str, window_s: float, now: float, *, windows: Collection[float] = ()) -> TargetSignals | None:
+    def get(self, name: str, window_s: float, now: float, *, windows: Collection[float] = (),
+            fields: Mapping[float, Collection[str]] | None = None) -> TargetSignals | None:
         """The target's signals over the ``window_s`` before ``now``, derived once per tick; None when the target
         has never been scraped (no data, no signal). A store error propagates and nothing is kept.
 
         ``windows``: other windows the caller will ask for in this tick (an alert group's rules). They are derived
         now from the same read, the longest, cut down to each (TargetWindow.since): one read of the store per
-        target instead of one per window, when the longest holds every stored point (within the raw retention)."""
+        target instead of one per window, when the longest holds every stored point (within the raw retention).
+
+        ``fields``: for a window, the only EngineSignals fields the caller reads (compute_signals's ``only``); the
+        others are left None. The daemon's signal window is always derived whole: the exporter reads all of it."""
         target = self.cfg.target(name)
         interval = self.cfg.interval(target).total_seconds()
+        whole = self.cfg.defaults.signal_window.total_seconds()
+
+        def wanted(w: float) -> frozenset[str] | None:  # beyond what every derivation has
+            got = (fields or {}).get(w)
+            return None if got is None or w == whole else frozenset(got) - ALWAYS_DERIVED
+
+        def this_tick(held: tuple | None) -> bool:
+            return held is not None and held[0] == tick and 0 <= now - held[1] < interval
+
         key = (name, float(window_s))
         tick = self.store.scrapes(name)
+        need: dict[float, frozenset[str] | None] = {}  # window -> the fields to derive (None: all)
         with self._lock:
-            held = self._book.get(key)
-            if held is not None and held[0] == tick and 0 <= now - held[1] < interval:
-                return held[2]
-            spans = {float(window_s)}
-            for w in windows:
-                other = self._book.get((name, float(w)))
-                if other is None or other[0] != tick or not 0 <= now - other[1] < interval:
-                    spans.add(float(w))
+            for w in {float(window_s), *map(float, windows)}:
+                held, want = self._book.get((name, w)), wanted(w)
+                if held is None or not this_tick(held):
+                    need[w] = want
+                elif held[3] is not None and (want is None or not want <= held[3]):  # short of what is asked
+                    need[w] = None if want is None else want | held[3]  # and what the last reader wanted
+            if float(window_s) not in need:
+                return self._book[key][2]
+            spans = set(need)
         longest = max(spans)
         if not self.store.reads_every_point(longest):
             spans = {float(window_s)}
@@ -65,11 +81,13 @@ class SignalBook:
             derived = dict.fromkeys(spans)  # never scraped yet
         else:
             for w in sorted(spans, reverse=True):
-                derived[w] = self._derive(raw if w == longest else raw.since(int(round((now - w) * 1000))),
-                                          slo=target.slo)
+                cut = raw if w == longest else raw.since(int(round((now - w) * 1000)))
+                only = need.get(w)
+                derived[w] = self._derive(cut, slo=target.slo) if only is None else \
+                    self._derive(cut, slo=target.slo, only=only)
         with self._lock:
             self.derived += len(derived)
             self.reads += 1
             for w, sig in derived.items():
-                self._book[(name, w)] = (tick, now, sig)
+                self._book[(name, w)] = (tick, now, sig, need.get(w))
         return derived[float(window_s)]

@@ -24,7 +24,8 @@ from tuner.rules.templates import render
 from tuner.signals.derive import TargetSignals, queue_ratio
 from tuner.store.window import GpuLatest
 
-__all__ = ["Sample", "fingerprint", "vector", "configured_max_num_seqs", "evaluate", "to_send", "payload", "RESOLVED_RETENTION"]
+__all__ = ["Sample", "fingerprint", "vector", "reads_by_window", "configured_max_num_seqs", "evaluate", "to_send", "payload",
+           "RESOLVED_RETENTION"]
 
 RESOLVED_RETENTION = timedelta(minutes=15)
 Sample = tuple[dict[str, str], float]  # (labels, value) of one query result
@@ -41,6 +42,23 @@ def configured_max_num_seqs(target: Target) -> float | None:
             if flags.get(key) is not None:
                 return float(flags[key])
     return None
+
+
+def reads_by_window(rules: Iterable[Rule]) -> dict[float, set[str]]:
+    """The EngineSignals fields ``rules`` read from a target's signals, per window (seconds): what a derivation
+    for them needs (compute_signals's ``only``). Rules over groups and over GPUs read no target's signals."""
+    out: dict[float, set[str]] = {}
+    for rule in rules:
+        if rule.scope == "gpu" or rule.over == "groups" or rule.signal in APPLY_SIGNALS:
+            continue
+        need = out.setdefault(rule.window.total_seconds(), set())
+        if rule.signal == "queue_to_max_num_seqs":
+            need.add("requests_waiting")
+        elif rule.scope == "target":
+            need.add("restarts")  # up and server_healthy read the health, which every derivation carries
+        else:
+            need.add(rule.signal)
+    return out
 
 
 def _engine_value(rule: Rule, target: Target, e, limit: float | None) -> float | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from tuner.backends import backend as backend_of
 from tuner.config import Slo
@@ -16,7 +16,7 @@ from tuner.signals.promql import bucket_increase, fraction_le, histogram_quantil
 from tuner.collect.snapshots import SeriesKey
 from tuner.store.window import EngineWindow, HistPoint, HistSeries, Point, Points, TargetHealth, TargetWindow
 
-__all__ = ["EngineSignals", "TargetSignals", "compute_signals", "group_signals", "queue_ratio", "QUANTILES",
+__all__ = ["EngineSignals", "TargetSignals", "compute_signals", "ALWAYS_DERIVED", "group_signals", "queue_ratio", "QUANTILES",
            "LATENCY_HISTOGRAMS", "SIGNAL_METRICS"]
 
 QUANTILES = (0.5, 0.95, 0.99)
@@ -204,7 +204,18 @@ def _restarts(e: EngineWindow) -> int:
     return sum(map(operator.ne, values, values[1:]))
 
 
-def _engine_signals(e: EngineWindow, backend: str, slo: Slo | None, lo: int, hi: int) -> EngineSignals:
+# What every derivation works out, whatever ``only`` says (compute_signals): they cost next to nothing.
+ALWAYS_DERIVED = frozenset(["engine", "model_name", "samples", "restarts", "kv_cache_usage", "kv_cache_usage_max",
+                            "requests_running", "requests_running_max", "requests_waiting", "requests_waiting_max",
+                            "slots_total", "slots_busy"])
+
+
+def _wants(only: Collection[str] | None, *fields: str) -> bool:
+    return only is None or any(f in only for f in fields)
+
+
+def _engine_signals(e: EngineWindow, backend: str, slo: Slo | None, lo: int, hi: int,
+                    only: Collection[str] | None = None) -> EngineSignals:
     values: dict[str, Any] = {}
     for name, metric in _GAUGES.get(backend, {}).items():
         values[name] = _latest(e, metric)
@@ -215,26 +226,31 @@ def _engine_signals(e: EngineWindow, backend: str, slo: Slo | None, lo: int, hi:
     running = _GAUGES.get(backend, {}).get("requests_running")
     values["requests_running_max"] = _max(e, running) if running else None
     for name, metric in _RATES.get(backend, {}).items():
-        values[name] = _sum_rate(e, metric, lo, hi)
+        if _wants(only, name):
+            values[name] = _sum_rate(e, metric, lo, hi)
     if backend_of(backend).counts_requests:  # request counters and latency histograms
-        hits = _sum_increase(e, "vllm:prefix_cache_hits_total", lo, hi)
-        queries = _sum_increase(e, "vllm:prefix_cache_queries_total", lo, hi)
-        values["prefix_cache_hit_ratio"] = hits / queries if hits is not None and queries else None
+        if _wants(only, "prefix_cache_hit_ratio"):
+            hits = _sum_increase(e, "vllm:prefix_cache_hits_total", lo, hi)
+            queries = _sum_increase(e, "vllm:prefix_cache_queries_total", lo, hi)
+            values["prefix_cache_hit_ratio"] = hits / queries if hits is not None and queries else None
         increases = _Increases(lo, hi)
         for prefix, metric in LATENCY_HISTOGRAMS.items():
-            for q, v in zip(QUANTILES, quantiles(e, metric, QUANTILES, lo, hi, increases)):
-                values[f"{prefix}_p{round(q * 100)}"] = v
-        e2e = e.hists.get((LATENCY_HISTOGRAMS["e2e"], ()))
-        inc = increases(e2e) if e2e else None
-        values["requests_in_window"] = inc[-1] if inc else None
+            names = [f"{prefix}_p{round(q * 100)}" for q in QUANTILES]
+            if _wants(only, *names):
+                values.update(zip(names, quantiles(e, metric, QUANTILES, lo, hi, increases)))
+        if _wants(only, "requests_in_window"):
+            e2e = e.hists.get((LATENCY_HISTOGRAMS["e2e"], ()))
+            inc = increases(e2e) if e2e else None
+            values["requests_in_window"] = inc[-1] if inc else None
         # Queueing from the queue-time histogram: its counts are cumulative, so no missed scrape loses them
         # (the waiting gauge is only a sample, and a loaded server answers /metrics late exactly then).
         queue = e.hists.get((LATENCY_HISTOGRAMS["queue"], ()))
-        q_inc = increases(queue) if queue else None
+        q_inc = increases(queue) if queue and _wants(only, "requests_queued", "queued_over_s") else None
         if queue is not None and q_inc:
             values["requests_queued"] = max(0.0, q_inc[-1] - q_inc[0])
             values["queued_over_s"] = queue.bounds[0]
-        values["goodput_ratio"], values["goodput_ratio_upper"] = _goodput(e, slo, lo, hi, increases)
+        if _wants(only, "goodput_ratio", "goodput_ratio_upper"):
+            values["goodput_ratio"], values["goodput_ratio_upper"] = _goodput(e, slo, lo, hi, increases)
     return EngineSignals(engine=e.engine, model_name=e.model_name, samples=_samples(e), restarts=_restarts(e),
                          **values)
 
@@ -251,12 +267,19 @@ def queue_ratio(e: EngineSignals, max_num_seqs: float | None) -> float | None:
     return e.requests_waiting / float(max_num_seqs)
 
 
-def compute_signals(window: TargetWindow, *, slo: Slo | None = None) -> TargetSignals:
-    """Signals for every engine of a target over ``window`` (evaluated at its end)."""
+def compute_signals(window: TargetWindow, *, slo: Slo | None = None,
+                    only: Collection[str] | None = None) -> TargetSignals:
+    """Signals for every engine of a target over ``window`` (evaluated at its end).
+
+    ``only``: the EngineSignals fields the caller reads (an alert group's rules over a window of their own); the
+    rates, quantiles, prefix-cache ratio, request counts and goodput no one asked for are left None, and the
+    rest are the same figures as a full derivation's (tests/signals/test_derive.py). Gauges, restarts and the
+    sample count are always there (they cost next to nothing)."""
     lo, hi = window.start_ms, window.end_ms
     return TargetSignals(target=window.target, backend=window.backend, window_s=(hi - lo) / 1000,
                          at=hi / 1000, health=window.health,
-                         engines=tuple(_engine_signals(e, window.backend, slo, lo, hi) for e in window.engines))
+                         engines=tuple(_engine_signals(e, window.backend, slo, lo, hi, only)
+                                       for e in window.engines))
 
 
 _COUNTERS = frozenset([*(m for b in _RATES.values() for m in b.values()), "vllm:prefix_cache_hits_total",
