@@ -222,3 +222,22 @@ def test_a_prometheus_selector_is_parsed_into_matchers_and_a_bad_one_names_its_k
     with pytest.raises(ConfigError, match=r"targets\[0\]\.prometheus_selector: .*bad regex"):
         parse_config("prometheus: {url: 'http://127.0.0.1:9090'}\ntargets:\n  - {name: a, backend: vllm, "
                      "url: 'http://h:1', source: prometheus, prometheus_selector: 'instance=~\"[\"'}\n")
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("0s", 0.0), ("0", 0.0), ("0.0ms", 0.0), ("15s", 15.0), (30, 30.0)])
+def test_health_interval_takes_a_duration_or_zero(value, seconds: float) -> None:
+    t = parse_config(f"defaults: {{health_interval: {value}}}\n"
+                     f"targets:\n  - {{name: a, backend: vllm, url: 'http://h:1', health_interval: {value}}}\n")
+    assert t.defaults.health_interval.total_seconds() == seconds == t.health_interval(t.targets[0]).total_seconds()
+
+
+@pytest.mark.parametrize("value", ["-1s", "soon", "true", ".nan"])
+def test_a_bad_health_interval_names_its_key(value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"targets:\n  - {{name: a, backend: vllm, url: 'http://h:1', health_interval: {value}}}\n")
+    assert info.value.key == "targets[0].health_interval", info.value
+
+
+def test_a_target_without_health_interval_takes_the_default() -> None:
+    cfg = parse_config("targets:\n  - {name: a, backend: vllm, url: 'http://h:1'}\n")
+    assert cfg.health_interval(cfg.targets[0]).total_seconds() == 15.0

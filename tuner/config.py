@@ -36,6 +36,7 @@ DEFAULT_LISTEN = "127.0.0.1:9464"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 _COMPOUND = re.compile(r"^(?:\d+(?:ms|s|m|h|d))+$")
+_ZERO = re.compile(r"^0+(?:\.0*)?\s*(?:ms|s|m|h|d)?$")
 _PART = re.compile(r"(\d+)(ms|s|m|h|d)")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$")
 _UNIT_B = {"B": 1, None: 1, "KB": 10**3, "MB": 10**6, "GB": 10**9,
@@ -128,6 +129,16 @@ def _parse_size(value: Any) -> int:
 
 
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+
+def _duration_or_zero(value: Any) -> timedelta:
+    """A duration, or 0 (``0``, ``0s``): "every time" where a key allows it (health_interval)."""
+    if not isinstance(value, bool) and (value == 0 or (isinstance(value, str) and _ZERO.match(value.strip()))):
+        return timedelta(0)
+    return parse_duration(value)
+
+
+DurationOrZero = Annotated[timedelta, BeforeValidator(_duration_or_zero)]
 Size = Annotated[int, BeforeValidator(_parse_size)]
 
 
@@ -390,6 +401,7 @@ class Target(_Model):
     labels: dict[str, str] = Field(default_factory=dict)
     scrape_interval: Duration | None = None
     scrape_timeout: Duration | None = None
+    health_interval: DurationOrZero | None = None
     slo: Slo | None = None
     # "direct" scrapes the server; "prometheus" reads the same series from the top-level prometheus.url.
     source: Literal["direct", "prometheus"] = "direct"
@@ -528,6 +540,9 @@ class PrometheusSource(_Model):
 class Defaults(_Model):
     scrape_interval: Duration = timedelta(seconds=5)
     scrape_timeout: Duration = timedelta(seconds=3)
+    # vLLM's /health is asked at most this often (0s: at every scrape); after an answer other than 200, or a
+    # failed scrape, at the next one. llama-server's is asked at every scrape (it says whether the model is loaded).
+    health_interval: DurationOrZero = timedelta(seconds=15)
     max_body_bytes: Size = 10 * 2**20
     signal_window: Duration = timedelta(minutes=5)
 
@@ -625,6 +640,9 @@ class Config(_Model):
 
     def interval(self, t: Target) -> timedelta:
         return t.scrape_interval or self.defaults.scrape_interval
+
+    def health_interval(self, t: Target) -> timedelta:
+        return t.health_interval if t.health_interval is not None else self.defaults.health_interval
 
     def timeout(self, t: Target) -> timedelta:
         return min(t.scrape_timeout or self.defaults.scrape_timeout, self.interval(t))

@@ -215,6 +215,15 @@ def test_scrape_reads_metrics_and_health_from_a_server() -> None:
     assert routes["/metrics"].hits == routes["/health"].hits == 1
 
 
+def test_a_scrape_told_not_to_ask_health_makes_one_request() -> None:
+    body = (VLLM_DIR / "metrics_under_load.txt").read_bytes()
+    routes = {"/metrics": Route(body=body), "/health": Route(body=b"")}
+    with serve(routes) as url:
+        snap = vllm.scrape(url, target="gpu-box", timeout_s=5, max_bytes=len(body), health=False)
+    assert snap.healthy is None and snap.engines
+    assert (routes["/metrics"].hits, routes["/health"].hits) == (1, 0)
+
+
 def test_scrape_with_unhealthy_health_endpoint_still_returns_metrics() -> None:
     body = (VLLM_DIR / "metrics_idle.txt").read_bytes()
     with serve({"/metrics": Route(body=body), "/health": Route(status=503)}) as url:

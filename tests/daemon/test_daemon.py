@@ -177,3 +177,55 @@ def server_scrapes(server: ReplayServer) -> int:
 
 def test_default_listen_is_loopback():
     assert parse_config("targets: []\n").listen_host_port == ("127.0.0.1", 9464)
+
+
+def test_health_is_asked_every_health_interval_while_it_answers_200_and_every_scrape_after_anything_else(store):
+    """vLLM's /health costs as much as /metrics per scrape: the daemon asks it at most every health_interval
+    while it answers 200, and at every scrape once it does not (or a scrape failed) until it answers 200 again.
+    What the store says of the target's health is the last answer, through the scrapes that did not ask; a
+    target that is down has none."""
+    body = fixture_text(VLLM_FIXTURE)
+    routes = {"/metrics": Route(body=body), "/health": Route(body=b"")}
+    with serve(routes) as url:
+        cfg = parse_config(f"targets:\n  - {{name: v, backend: vllm, url: '{url}'}}\n"
+                           "defaults: {scrape_interval: 5s, scrape_timeout: 2s, health_interval: 15s}\n")
+        now = [1_800_000_000.0]
+        daemon = Daemon(cfg, store, clock=lambda: now[0])
+        seen = []
+
+        def scrape(at: float, health_status: int | None = None, metrics_status: int = 200) -> None:
+            if health_status is not None:
+                routes["/health"].status = health_status
+            routes["/metrics"].status = metrics_status
+            now[0] = 1_800_000_000.0 + at
+            before = routes["/health"].hits
+            daemon.scrape_once(cfg.targets[0])
+            h = store.health("v")
+            seen.append((at, routes["/health"].hits - before, h.health, h.server_healthy))
+
+        for at in (0, 5, 10, 15, 20):
+            scrape(at)
+        scrape(25, health_status=503)  # not asked: 10 s since the last 200
+        scrape(30)  # asked: 503
+        scrape(35)  # asked again at once
+        scrape(40, health_status=200)  # recovered: seen at this scrape
+        scrape(45)
+        scrape(50, metrics_status=500)  # down: health unknown, asked again at the next scrape
+        scrape(55, metrics_status=200)
+        scrape(60)
+    assert seen == [(0, 1, "up", True), (5, 0, "up", True), (10, 0, "up", True), (15, 1, "up", True),
+                    (20, 0, "up", True), (25, 0, "up", True), (30, 1, "up", False), (35, 1, "up", False),
+                    (40, 1, "up", True), (45, 0, "up", True), (50, 0, "down", None), (55, 1, "up", True),
+                    (60, 0, "up", True)]
+
+
+def test_health_interval_0s_asks_at_every_scrape(store):
+    routes = {"/metrics": Route(body=fixture_text(VLLM_FIXTURE)), "/health": Route(body=b"")}
+    with serve(routes) as url:
+        cfg = parse_config(f"targets:\n  - {{name: v, backend: vllm, url: '{url}', health_interval: 0s}}\n")
+        now = [1_800_000_000.0]
+        daemon = Daemon(cfg, store, clock=lambda: now[0])
+        for k in range(4):
+            now[0] += 5
+            daemon.scrape_once(cfg.targets[0])
+    assert routes["/health"].hits == routes["/metrics"].hits == 4

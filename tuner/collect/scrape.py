@@ -17,7 +17,7 @@ class _Reader(Protocol):
     """What collect knows of one backend: how to scrape a live server and how to read a saved exposition."""
 
     def scrape(self, base_url: str, *, target: str, timeout_s: float, max_bytes: int, model_name: str,
-               now: float | None, layouts: Layouts | None, peers: Peers | None) -> TargetSnapshot: ...
+               now: float | None, layouts: Layouts | None, peers: Peers | None, health: bool) -> TargetSnapshot: ...
 
     def parse(self, text: str, *, target: str, ts: float, slots: SlotsState | None,
               model_name: str) -> TargetSnapshot: ...
@@ -25,9 +25,9 @@ class _Reader(Protocol):
 
 class _Vllm:
     def scrape(self, base_url: str, *, target: str, timeout_s: float, max_bytes: int, model_name: str,
-               now: float | None, layouts: Layouts | None, peers: Peers | None) -> TargetSnapshot:
+               now: float | None, layouts: Layouts | None, peers: Peers | None, health: bool) -> TargetSnapshot:
         return vllm.scrape(base_url, target=target, timeout_s=timeout_s, max_bytes=max_bytes, now=now,
-                           layouts=layouts, peers=peers)
+                           layouts=layouts, peers=peers, health=health)
 
     def parse(self, text: str, *, target: str, ts: float, slots: SlotsState | None,
               model_name: str) -> TargetSnapshot:
@@ -36,7 +36,8 @@ class _Vllm:
 
 class _Llamacpp:
     def scrape(self, base_url: str, *, target: str, timeout_s: float, max_bytes: int, model_name: str,
-               now: float | None, layouts: Layouts | None, peers: Peers | None) -> TargetSnapshot:
+               now: float | None, layouts: Layouts | None, peers: Peers | None, health: bool) -> TargetSnapshot:
+        # /health always: it says whether the model is loaded (503), which decides whether /metrics is read
         return llamacpp.scrape(base_url, target=target, timeout_s=timeout_s, max_bytes=max_bytes,
                                model_name=model_name, now=now, layouts=layouts, peers=peers)
 
@@ -57,11 +58,12 @@ def _reader(backend: str) -> _Reader:
 
 def scrape_url(backend: str, base_url: str, *, target: str, timeout_s: float, max_bytes: int,
                model_name: str = "", now: float | None = None, layouts: Layouts | None = None,
-               peers: Peers | None = None) -> TargetSnapshot:
+               peers: Peers | None = None, health: bool = True) -> TargetSnapshot:
     """One scrape of a live server (ScrapeError / ExpositionError on failure). ``layouts``: see collect/layout.py;
-    ``peers``: connections kept from the target's last scrape (collect/http.py)."""
+    ``peers``: connections kept from the target's last scrape (collect/http.py); ``health``: ask vLLM's /health
+    too (llama-server's is always asked: it says whether the model is loaded)."""
     return _reader(backend).scrape(base_url, target=target, timeout_s=timeout_s, max_bytes=max_bytes,
-                                   model_name=model_name, now=now, layouts=layouts, peers=peers)
+                                   model_name=model_name, now=now, layouts=layouts, peers=peers, health=health)
 
 
 def snapshot_from_text(backend: str, text: str, *, target: str, ts: float, slots: SlotsState | None = None,
@@ -71,7 +73,7 @@ def snapshot_from_text(backend: str, text: str, *, target: str, ts: float, slots
 
 
 def scrape_target(target: Target, cfg: Config, *, now: float, timeout_s: float | None = None,
-                  layouts: Layouts | None = None, peers: Peers | None = None) -> TargetSnapshot:
+                  layouts: Layouts | None = None, peers: Peers | None = None, health: bool = True) -> TargetSnapshot:
     """Raise ScrapeError / ExpositionError on failure; the caller records it. ``timeout_s`` overrides the
     configured scrape timeout."""
     timeout = cfg.timeout(target).total_seconds() if timeout_s is None else timeout_s
@@ -82,4 +84,4 @@ def scrape_target(target: Target, cfg: Config, *, now: float, timeout_s: float |
         return scrape_via_prometheus(cfg.prometheus.url, target, timeout_s=timeout, now=now)
     return scrape_url(target.backend, target.url, target=target.name, timeout_s=timeout,
                       max_bytes=cfg.defaults.max_body_bytes, model_name=target.labels.get("model_name", ""), now=now,
-                      layouts=layouts, peers=peers)
+                      layouts=layouts, peers=peers, health=health)

@@ -26,8 +26,9 @@ def snapshot_from_text(text: str, *, target: str, ts: float, duration_s: float =
 
 def scrape(base_url: str, *, target: str, timeout_s: float, max_bytes: int,
            now: float | None = None, layouts: Layouts | None = None,
-           peers: http.Peers | None = None) -> TargetSnapshot:
-    """GET /metrics then /health (one connection) within one ``timeout_s`` budget."""
+           peers: http.Peers | None = None, health: bool = True) -> TargetSnapshot:
+    """GET /metrics then, with ``health``, /health (one connection) within one ``timeout_s`` budget; a snapshot
+    whose ``healthy`` is None when /health was not asked or no time was left for it."""
     ts = time.time() if now is None else now
     start = time.monotonic()
     with http.peer_for(peers, target, base_url) as peer:
@@ -35,7 +36,7 @@ def scrape(base_url: str, *, target: str, timeout_s: float, max_bytes: int,
         if resp.status != 200:
             raise ScrapeError(f"{base_url}/metrics answered HTTP {resp.status}: "
                               f"{resp.body[:200].decode('utf-8', 'replace').strip()!r}")
-        healthy = _health(peer, deadline=start + timeout_s)
+        healthy = _health(peer, deadline=start + timeout_s) if health else None
     text = decode_body(resp.body)
     return snapshot_from_text(text, target=target, ts=ts, duration_s=time.monotonic() - start,
                               body_bytes=len(resp.body), healthy=healthy, layouts=layouts)

@@ -68,6 +68,7 @@ class Daemon:
         self._stop = threading.Event()
         self.layouts = Layouts()  # each target's last exposition shape: a scrape of the same shape skips parsing
         self.peers = Peers()  # each target's connection, kept alive from one scrape to the next
+        self._health_asked: dict[str, float] = {}  # target -> when its /health last answered 200 (clock())
         self._pending: list[Scraped | Failed] = []  # scrapes waiting for the writer's next transaction
         self._pending_lock = threading.Lock()
         self._flush_lock = threading.Lock()  # one transaction at a time, in queue order
@@ -93,12 +94,23 @@ class Daemon:
         tick for every target); False (and a recorded error) when the scrape failed."""
         now = self.clock()
         start = time.monotonic()
+        asked = self._health_due(target, now)
         try:
             got: TargetSnapshot | Exception = scrape_target(target, self.cfg, now=now, layouts=self.layouts,
-                                                                     peers=self.peers)
+                                                                     peers=self.peers, health=asked)
         except Exception as exc:  # recorded as the target's failure (a bug too: it must not kill the job)
             got = exc
+        if isinstance(got, Exception) or (asked and got.healthy is not True):  # ask again at the next scrape
+            self._health_asked.pop(target.name, None)
+        elif asked:
+            self._health_asked[target.name] = now
         return self._record(target, got, now, time.monotonic() - start)
+
+    def _health_due(self, target: Target, now: float) -> bool:
+        """Whether this scrape asks vLLM's /health: at most every ``health_interval`` while it answers 200, at
+        every scrape after anything else (so a failing engine is seen at every scrape, and its recovery too)."""
+        last = self._health_asked.get(target.name)
+        return last is None or not 0 <= now - last < self.cfg.health_interval(target).total_seconds()
 
     def scrape_fleet_once(self, targets: list[Target]) -> int:
         """Read every target of one interval whose source is Prometheus in one query per backend (collect/

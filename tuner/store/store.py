@@ -79,7 +79,10 @@ _UPSERT_HEALTH = """
     ON CONFLICT (target_id) DO UPDATE SET
         health = excluded.health, last_error = excluded.last_error, last_scrape_ms = excluded.last_scrape_ms,
         last_success_ms = COALESCE(excluded.last_success_ms, target_health.last_success_ms),
-        last_duration_s = excluded.last_duration_s, server_healthy = excluded.server_healthy,
+        last_duration_s = excluded.last_duration_s,
+        -- /health not asked at this scrape (collect/vllm.py): the last answer stands; a down target has none
+        server_healthy = CASE WHEN excluded.health = 'down' THEN NULL
+                              ELSE COALESCE(excluded.server_healthy, target_health.server_healthy) END,
         consecutive_failures = CASE WHEN excluded.health = 'down'
                                     THEN target_health.consecutive_failures + 1 ELSE 0 END"""
 _INSERT_SERIES = ("INSERT OR IGNORE INTO series (target_id, engine, model_name, metric, labels, kind, bounds) "
