@@ -15,6 +15,7 @@ ingest-only run measured on a store seconds old would understate what a store th
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -73,8 +74,12 @@ def main() -> int:
     ap.add_argument("--targets", type=int, default=1000)
     ap.add_argument("--minutes", type=float, default=7.0, help="simulated minutes of scrapes (every 5 s)")
     args = ap.parse_args()
+    load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="tuner-store-growth-") as tmp:
         rows = grow(args.targets, args.minutes, Path(tmp))
+    print()
+    print(f"{args.targets} targets; load average at start: {' '.join(f'{x:.2f}' for x in load_start)}, "
+          f"at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print()
     print("| minute | store (DB + WAL) | Store.write CPU µs per scrape | wall µs per scrape |")
     print("|---:|---:|---:|---:|")
