@@ -146,11 +146,15 @@ def test_tuner_killed_while_the_new_vllm_starts_is_reconciled(managed_vllm):
     rid = propose(m.engine, "tiny", {"max_num_seqs": 4}, {"max_num_seqs": 2})
     apply = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(m.cfg), "apply-recommendation",
                               str(rid), "--yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    def new_server_started() -> bool:
+    def new_server_starting() -> bool:
+        # The managed record names the new process a moment before the journal's health_check step is written
+        # (ApplyFlow.launch: _save, then spawned): killed in between, the apply is still at "starting", a
+        # different case (the CI run of 2026-11-25 hit it). Wait for both.
         argv = proc_argv(m.pid() or 0) or []
-        return "--max-num-seqs" in argv and argv[argv.index("--max-num-seqs") + 1] == "4"
+        started = "--max-num-seqs" in argv and argv[argv.index("--max-num-seqs") + 1] == "4"
+        return started and any(a.state == "health_check" for a in jr.open_applies(m.engine))
 
-    wait_for(new_server_started, 120, "the new vLLM (--max-num-seqs 4) to be starting")
+    wait_for(new_server_starting, 120, "the new vLLM (--max-num-seqs 4) to be starting, its apply at health_check")
     apply.send_signal(signal.SIGKILL)
     apply.wait()
     (open_,) = jr.open_applies(m.engine)
