@@ -19,6 +19,11 @@ from tuner.collect.snapshots import EngineSnapshot, Histogram, Labels, SeriesKey
 __all__ = ["assemble_engines"]
 
 _IGNORED_LABELS = frozenset(ENGINE_LABELS) | {"le", "instance", "job", "__name__"}
+# One tuple per distinct set of histogram bounds: every target's histogram of a metric has the same, and the
+# learned layouts keep one per histogram per target (10 MiB of floats at 1,000 targets otherwise). Bounded: a
+# server that makes up new bounds at every scrape cannot grow it past this.
+_BOUNDS: dict[tuple[float, ...], tuple[float, ...]] = {}
+_MAX_BOUNDS = 4096
 
 
 def _extra(labels: dict[str, str]) -> Labels:
@@ -97,6 +102,9 @@ def _histogram(name: str, p: dict[str, object], problems: list[str]) -> Histogra
         problems.append(f"{name}: histogram without a +Inf bucket; dropped")
         return None
     bounds = tuple(sorted(buckets))
+    bounds = _BOUNDS.get(bounds, bounds)
+    if len(_BOUNDS) < _MAX_BOUNDS:
+        _BOUNDS.setdefault(bounds, bounds)
     counts = tuple(buckets[b] for b in bounds)
     if any(b < a for a, b in zip(counts, counts[1:])):
         problems.append(f"{name}: bucket counts decrease with le; kept as served")

@@ -58,8 +58,26 @@ COMPILED: Callable[[str], tuple[int, int, list[float] | None]] | None = compiled
 @dataclass(frozen=True)
 class _EnginePlan:
     engine: EngineSnapshot  # engine, model_name, config as learned; values and histograms refilled
-    values: tuple[tuple[SeriesKey, int], ...]  # key -> index of its number
-    hists: tuple[tuple[SeriesKey, tuple[float, ...], tuple[int, ...], int, int], ...]  # bounds, buckets, sum, count
+    value_keys: tuple[SeriesKey, ...]
+    value_numbers: Callable[[list[float]], tuple[float, ...]]  # the numbers of value_keys, in their order
+    # key, bounds, where the buckets' numbers are (a slice: a histogram's buckets are consecutive lines, as
+    # servers write them; else their indices), sum's index and count's (-1: absent)
+    hists: tuple[tuple[SeriesKey, tuple[float, ...], slice | tuple[int, ...], int, int], ...]
+
+
+def _picker(indices: Sequence[int]) -> Callable[[list[float]], tuple[float, ...]]:
+    """``numbers`` -> the numbers at ``indices``, as a tuple (itemgetter gives a bare number for one index)."""
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda numbers: (numbers[i],)
+    return operator.itemgetter(*indices) if indices else (lambda numbers: ())
+
+
+def _where(indices: tuple[int, ...]) -> slice | tuple[int, ...]:
+    """Consecutive indices as a slice (a slice of the numbers is one C copy), others as they are."""
+    if indices and indices == tuple(range(indices[0], indices[0] + len(indices))):
+        return slice(indices[0], indices[0] + len(indices))
+    return indices
 
 
 @dataclass(frozen=True)
@@ -98,16 +116,16 @@ class Layouts:
             return None
         engines = []
         for plan in layout.engines:
-            values = {vkey: numbers[i] for vkey, i in plan.values}
+            values = dict(zip(plan.value_keys, plan.value_numbers(numbers)))
             hists = {}
             for hkey, bounds, buckets, s, c in plan.hists:
-                counts = [numbers[i] for i in buckets]
+                counts = numbers[buckets] if type(buckets) is slice else [numbers[i] for i in buckets]
                 if counts != sorted(counts):  # decreasing: a server bug the full path reports in its place
                     self.misses += 1
                     return None
-                hists[hkey] = Histogram(bounds=bounds, counts=tuple(counts), sum=numbers[s] if s >= 0 else 0.0,
-                                        count=numbers[c])
-            engines.append(replace(plan.engine, values=values, histograms=hists))
+                hists[hkey] = Histogram(bounds, tuple(counts), numbers[s] if s >= 0 else 0.0, numbers[c])
+            e = plan.engine
+            engines.append(EngineSnapshot(e.backend, e.engine, e.model_name, values, hists, e.config))
         self.hits += 1
         return tuple(engines), list(layout.problems)
 
@@ -138,10 +156,10 @@ class Layouts:
         scratch: list[str] = []
         plans = []
         for e in assemble_engines(stand_ins, backend, key[2], scratch):
-            hists = tuple((hkey, h.bounds, tuple(int(x) - 1 for x in h.counts), int(h.sum) - 1, int(h.count) - 1)
-                          for hkey, h in e.histograms.items())
-            plans.append(_EnginePlan(replace(e, values={}, histograms={}),
-                                     tuple((vkey, int(v) - 1) for vkey, v in e.values.items()), hists))
+            hists = tuple((hkey, h.bounds, _where(tuple(int(x) - 1 for x in h.counts)), int(h.sum) - 1,
+                           int(h.count) - 1) for hkey, h in e.histograms.items())
+            plans.append(_EnginePlan(replace(e, values={}, histograms={}), tuple(e.values),
+                                     _picker([int(v) - 1 for v in e.values.values()]), hists))
         try:
             shape, count, _ = self._scan(text)
         except UnicodeEncodeError:

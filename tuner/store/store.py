@@ -120,7 +120,10 @@ def _bounds_json(bounds: tuple[float, ...]) -> str:
 
 
 @lru_cache(maxsize=65536)
+@lru_cache(maxsize=4096)
 def _bounds_parse(text: str) -> tuple[float, ...]:
+    """A histogram's stored bounds (memoized: every target's histogram of a metric has the same ones, and the
+    head holds one tuple for all of them, bench/RESULTS.md)."""
     return tuple(float("inf") if b == "+Inf" else float(b) for b in json.loads(text))
 
 
