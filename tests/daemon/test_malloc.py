@@ -56,3 +56,26 @@ def test_the_daemons_threads_share_two_arenas_unless_malloc_arena_max_is_set() -
     assert took == "True" and limited <= 2, limited
     took, free = _arenas({"MALLOC_ARENA_MAX": "16"})  # the user's setting stands: tuner asks for nothing
     assert took == "False" and free > 2, free  # six threads, six more arenas: what the limit saves
+
+
+_GC = r"""
+import gc, sys, weakref
+sys.path.insert(0, {root!r})
+from tuner.daemon.malloc import GC_THRESHOLDS, collect_less
+class Node: pass
+built = [Node() for _ in range(1000)]  # what start-up built and keeps
+a = Node(); a.me = a; gone = weakref.ref(a); del a  # start-up garbage in a cycle
+collect_less()
+print(gone() is None, gc.get_freeze_count() >= 1000, gc.get_threshold() == GC_THRESHOLDS)
+b = Node(); b.me = b; later = weakref.ref(b); del b  # a cycle made while running
+kept = [Node() for _ in range(GC_THRESHOLDS[0] * 2)]  # allocations alone run a young collection
+print(later() is None)
+"""
+
+
+def test_the_daemon_freezes_what_it_built_and_still_collects_the_cycles_it_makes_later() -> None:
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", _GC.format(root=root)], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    assert out == ["True", "True", "True", "True"], out

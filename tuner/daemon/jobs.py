@@ -34,7 +34,7 @@ from tuner.collect.promsource import scrape_fleet
 from tuner.collect.scrape import scrape_target
 from tuner.collect.snapshots import TargetSnapshot
 from tuner.config import Config, Target, replica_groups
-from tuner.daemon.malloc import ARENAS, limit_arenas
+from tuner.daemon.malloc import ARENAS, collect_less, limit_arenas
 from tuner.daemon.metrics import serve_metrics
 from tuner.daemon.rlimit import raise_open_files
 from tuner.daemon.scrapeloop import ScrapeLoop
@@ -487,6 +487,7 @@ def serve_daemon(session: Session, *, max_seconds: float | None, log: logging.Lo
     server, _thread = serve_metrics(daemon.state, host, port, daemon=daemon, token=cfg.api.token(session.config_dir))
     log.info("tuner %d target(s); own metrics on http://%s:%d/metrics; store %s", len(cfg.targets), host, port,
              cfg.store.url)
+    collect_less()  # the daemon is built: its objects out of the collector's sight (daemon/malloc.py)
     try:
         daemon.run_forever(max_seconds=max_seconds)
     finally:
