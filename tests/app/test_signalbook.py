@@ -176,3 +176,60 @@ def test_a_window_of_its_own_is_derived_for_the_fields_its_rules_read_and_never_
 def full_metrics():
     from tuner.signals.derive import SIGNAL_METRICS
     return SIGNAL_METRICS
+
+
+TWO_GROUPS = """\
+groups:
+  - name: serving
+    interval: 15s
+    rules:
+      - {alert: A, signal: e2e_p99, op: ">", threshold: 100, window: 5m, for: 0s}
+      - {alert: B, signal: goodput_ratio, op: "<", threshold: 0, window: 10m, for: 0s}
+  - name: targets
+    interval: 15s
+    rules:
+      - {alert: C, signal: requests_per_s, op: "<", threshold: 0, window: 1m, for: 0s}
+      - {alert: D, signal: restarts, op: ">", threshold: 100, window: 10m, for: 0s}
+  - name: slow
+    interval: 1m
+    rules:
+      - {alert: E, signal: ttft_p99, op: ">", threshold: 100, window: 30m, for: 0s}
+"""
+
+
+def test_groups_of_one_interval_share_one_read_and_one_derivation_of_each_window(tmp_path, store):
+    """Groups that run in the same ticks: the first derives every window and field the others read, from one read
+    of each target, so the second derives nothing (it used to re-derive the 10 m window for the field it adds).
+    A group of another interval adds nothing to theirs. Every figure the rules read equals a derivation of its
+    own from the store, on recorded vLLM history with a restart."""
+    from tests.helpers import store_recorded_history
+    from tuner.rules.evaluate import reads_by_window
+    from tuner.signals.derive import ALWAYS_DERIVED, SIGNAL_METRICS
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(TWO_GROUPS)
+    cfg = parse_config("targets:\n  - {name: v, backend: vllm, url: 'http://127.0.0.1:1'}\n"
+                       "defaults: {scrape_interval: 5s, signal_window: 5m}\n"
+                       f"alerting: {{rule_files: ['{rules}']}}\n")
+    end = store_recorded_history(store, T0)
+    daemon = Daemon(cfg, store, clock=lambda: end)
+    asked: list[tuple[float, frozenset | None]] = []
+
+    def derive(window, *, slo=None, only=None):
+        asked.append((round((window.end_ms - window.start_ms) / 1000), None if only is None else frozenset(only)))
+        return compute_signals(window, slo=slo, only=only)
+
+    daemon.signals._derive = derive
+    daemon.evaluate_once("serving")
+    first = sorted(asked, key=lambda a: a[0])
+    daemon.evaluate_once("targets")
+    assert daemon.signals.reads == 1 and len(asked) == 3, asked  # 1 m, 5 m, 10 m: once each, none again
+    assert [w for w, _ in first] == [60, 300, 600]  # not the slow group's 30 m
+    fields = reads_by_window([r for g in daemon.alerting.rules.groups[:2] for r in g.rules])
+    assert fields[600.0] == {"goodput_ratio", "restarts"}  # the 10 m window: a field from each group
+    assert first[2][1] == fields[600.0] - ALWAYS_DERIVED  # what the first derivation was asked for (restarts: always)
+    for w in (60.0, 300.0, 600.0):
+        got = daemon.signals.get("v", w, end, fields=fields)
+        want = compute_signals(store.window("v", end - w, end, metrics=SIGNAL_METRICS), slo=cfg.target("v").slo,
+                               only=None if w == 300.0 else fields[w])
+        assert got.as_json() == want.as_json(), w
+    assert len(asked) == 3

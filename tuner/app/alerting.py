@@ -77,8 +77,13 @@ class Alerting:
         now = self.clock()
         now_ms = int(now * 1000)
         cache: dict[tuple[str, timedelta], TargetSignals | None] = {}
-        windows = {r.window.total_seconds() for r in group.rules}
-        fields = reads_by_window(group.rules)
+        # What every group of this interval reads (they run in the same ticks): the first group to ask for a
+        # target derives the windows and fields of all of them from one read, and the others find them in the
+        # book, instead of each deriving its own and the next one deriving the shared windows again for the fields
+        # it adds (bench/RESULTS.md). Windows no rule reads a target's signals over are not derived.
+        peers = [r for g in self.rules.groups if g.interval == group.interval for r in g.rules]
+        fields = reads_by_window(peers)
+        windows = set(fields)
         replica_sets = replica_groups(self.cfg.targets) if any(r.over == "groups" for r in group.rules) else {}
 
         def signals(name: str, window: timedelta) -> TargetSignals | None:
