@@ -5,7 +5,8 @@ evaluation interval (1 s): by `tuner run` with the default alert pack, and by Pr
 evaluating the same pack exported with `tuner alerts export`. Each sends to its own Alertmanager
 0.25 (group_wait 1 s) and webhook. A trial drives distinct long prompts until KV use passes the
 threshold; the onset is the first scrape Prometheus stored above it. We report, per trial, the time
-from onset to each webhook's KVCacheHigh notification.
+from onset to each webhook's KVCacheHigh notification, and the medians from that onset and from the first sample
+above the threshold by either scraper (medians()).
 
 Usage: .venv/bin/python bench/alert_latency.py [--trials 3]   (appends to bench/RESULTS.md)
 Needs: scripts/setup-real-servers.sh exports (TUNER_VLLM_PYTHON, TUNER_TINY_MODEL), Prometheus, Alertmanager.
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -83,6 +85,24 @@ def start_am(home: Path, hook: Hook) -> tuple[ServerProcess, str]:
 
 def _d(t: float | None, ref: float | None) -> str:
     return "-" if t is None or ref is None else f"{t - ref:.2f}"
+
+
+def medians(rows: list[tuple], seen: list[float | None]) -> dict[str, tuple[float, float, float, int]] | None:
+    """Median onset → webhook for each side (and the worst trial's tuner/Prometheus ratio, and how many trials),
+    over the trials where both sides notified, for two onsets: Prometheus's first sample above the threshold
+    (what every run before 2026-11-25 reported), and the first sample above it by either scraper (``seen``: tuner's
+    first scrape above, per trial), which credits neither side's scrape phase to the other: with Prometheus's onset
+    alone, a tuner scrape that saw the condition before Prometheus's did counts as zero lead, and one just after
+    counts as a whole interval."""
+    both = [(o, t, p, s) for (_, o, t, p), s in zip(rows, seen) if o is not None and t is not None and p is not None]
+    if not both:
+        return None
+    out = {}
+    for name, onset in (("prometheus", lambda o, s: o), ("either", lambda o, s: o if s is None else min(o, s))):
+        lt = [t - onset(o, s) for o, t, _, s in both]
+        lp = [p - onset(o, s) for o, _, p, s in both]
+        out[name] = (statistics.median(lt), statistics.median(lp), max(a / b for a, b in zip(lt, lp)), len(both))
+    return out
 
 
 def tuner_steps(db: Path, start: float) -> tuple[float | None, float | None, float | None]:
@@ -168,7 +188,12 @@ def main() -> int:
 
         rows: list[tuple] = []
         steps: list[tuple[float | None, float | None, float | None]] = []
+        phase = random.Random(15)
         for trial in range(args.trials):
+            # A random part of a scrape interval before the load: the trials otherwise start a fixed time after the
+            # last alert resolved, i.e. at nearly the same phase of both scrapers' schedules, and one scraper's
+            # lead on the other is then lumped into a few trials (2026-11-25 05:39 run).
+            time.sleep(phase.uniform(0.0, 1.0))
             start = time.time()
             run_load(url, model="tiny", n_requests=32, concurrency=16, prompt_tokens_approx=600, max_tokens=380,
                      timeout_s=300)
@@ -220,6 +245,11 @@ def main() -> int:
             f"| median | {statistics.median(lat_t):.2f} | | | | | {statistics.median(lat_p):.2f} |"
             if lat_t and lat_p else "",
             "",
+            *([f"Over the {m['prometheus'][3]} trials where both notified: from Prometheus's first sample above, "
+               f"tuner {m['prometheus'][0]:.2f} s against {m['prometheus'][1]:.2f} s (worst trial "
+               f"{m['prometheus'][2]:.2f}× theirs); from either scraper's first sample above (neither side's scrape "
+               f"phase credited to the other), tuner {m['either'][0]:.2f} s against {m['either'][1]:.2f} s (worst "
+               f"{m['either'][2]:.2f}×).", ""] if (m := medians(rows, [st[0] for st in steps])) else []),
             "Both include up to 1 s of scrape and 1 s of evaluation phase, and Alertmanager's 1 s group_wait; "
             "tuner sends right after the evaluation that queued the alert, as Prometheus does.",
         ]

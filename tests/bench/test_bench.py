@@ -94,3 +94,18 @@ def test_lateness_is_read_around_the_interval_so_a_phase_at_its_edge_is_not_a_wh
     late = lateness_ms(stamps, interval)
     assert late[4] == 3000 + 14 + 15 and max(late[:4] + late[5:]) == 30
     assert lateness_ms([], interval) == []
+
+
+def test_alert_latency_medians_take_the_onset_from_either_scraper_as_well() -> None:
+    """Prometheus's onset alone gives tuner no credit for seeing the condition first; the other onset does, and a
+    trial where one side never notified counts for neither."""
+    from bench.alert_latency import medians
+    # (trial, Prometheus's onset, tuner's webhook, Prometheus's webhook); tuner's first scrape above, per trial
+    rows = [(1, 100.0, 102.0, 101.0), (2, 200.0, 201.0, 201.5), (3, 300.0, None, 303.0)]
+    seen = [100.9, 199.5, None]  # trial 1: tuner saw it 0.9 s after Prometheus; trial 2: 0.5 s before
+    m = medians(rows, seen)
+    assert m is not None
+    assert m["prometheus"] == (1.5, 1.25, 2.0, 2)  # tuner 2.0 and 1.0; Prometheus 1.0 and 1.5
+    t, p, worst, n = m["either"]  # trial 2 now starts at 199.5: tuner 1.5, Prometheus 2.0
+    assert (t, p, n) == (1.75, 1.5, 2) and abs(worst - 2.0) < 1e-9
+    assert medians([(1, 100.0, None, 101.0)], [None]) is None
