@@ -229,3 +229,46 @@ def test_health_interval_0s_asks_at_every_scrape(store):
             now[0] += 5
             daemon.scrape_once(cfg.targets[0])
     assert routes["/health"].hits == routes["/metrics"].hits == 4
+
+
+def test_an_evaluation_reads_the_scrape_due_with_it_the_moment_it_lands(tmp_path, store):
+    """The rules are evaluated in phase with the scrapes, each evaluation first waiting for the scrapes due by then
+    to land: an alert fires as soon as the scrape that saw its condition is stored. The scrape that sees the
+    condition is slowed by 0.3 s, so it is still in flight when its round's evaluation is due. Half an interval out
+    of phase (tuner before 2026-11-25) it fired 1 s after that scrape began; in phase without waiting, an evaluation
+    read the store while the scrape was in flight and it fired a whole interval (2 s) after."""
+    import threading
+
+    line = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} '
+    text_ = fixture_text(VLLM_FIXTURE)
+    assert line + "0.0\n" in text_
+    metrics = Route(body=text_.replace(line + "0.0\n", line + "0.1\n"))
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("groups:\n  - name: g\n    interval: 2s\n    rules:\n"
+                     "      - {alert: KVHigh, signal: kv_cache_usage, op: '>', threshold: 0.5, window: 1m, for: 0s}\n")
+    with serve({"/metrics": metrics, "/health": Route(body=b"")}) as url:
+        cfg = parse_config(_config(tmp_path, {"chat": url}, interval="2s")
+                           + f"alerting: {{rule_files: ['{rules}'], evaluation_interval: 2s}}\n")
+        daemon = Daemon(cfg, store)
+        runner = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False})
+        runner.start()
+        try:
+            wait_for(lambda: metrics.hits >= 2, 30, "two scrapes of the calm server")
+            metrics.finished.clear()
+            assert metrics.finished.wait(30)  # a calm scrape was just answered: the next one is an interval away
+            metrics.delay_s, metrics.body = 0.3, text_.replace(line + "0.0\n", line + "0.9\n")
+            wait_for(lambda: _first(store, "SELECT MIN(ts_ms) FROM alert_events WHERE rule LIKE '%KVHigh%' "
+                                           "AND to_state = 'firing'") is not None, 30, "KVHigh to fire")
+        finally:
+            daemon.stop()
+            runner.join(30)
+    seen = _first(store, "SELECT MIN(s.ts_ms) FROM samples s JOIN series r ON r.id = s.series_id "
+                         "WHERE r.metric = 'vllm:kv_cache_usage_perc' AND s.value > 0.5")
+    fired = _first(store, "SELECT MIN(ts_ms) FROM alert_events WHERE rule LIKE '%KVHigh%' AND to_state = 'firing'")
+    assert seen is not None and fired is not None
+    assert 0.3 <= (fired - seen) / 1000 < 0.8, (seen, fired)  # after the slow scrape landed, and at once
+
+
+def _first(store, sql: str):
+    with store.engine.connect() as conn:
+        return conn.execute(text(sql)).scalar()

@@ -84,3 +84,60 @@ def test_a_target_still_being_scraped_is_refused_not_run_twice() -> None:
     loop, _ = _run({"a": 1.0}, clock, run=slow)
     assert loop.refused == 3  # due at 1, 2, 3 while the first run was in flight
     assert calls == [0.0, 4.0, 5.0, 6.0]
+
+
+def _held_loop(items: dict[str, float], clock: list[float]) -> tuple[ScrapeLoop[str], dict[str, threading.Event],
+                                                                       threading.Event]:
+    """A loop on a hand-moved clock whose runs each block until their item's event is set; its loop thread
+    only looks at the clock when woken (so the test decides when runs are handed out)."""
+    gates = {item: threading.Event() for item in items}
+    wake = threading.Event()
+
+    def sleep(dt: float) -> None:
+        wake.wait(30)
+        wake.clear()
+
+    loop = ScrapeLoop(list(items), items.__getitem__, lambda item: gates[item].wait(30), workers=2,
+                      clock=lambda: clock[0], sleep=sleep, start=0.0)
+    return loop, gates, wake
+
+
+def test_settle_waits_for_the_runs_due_by_then_to_finish_and_no_others() -> None:
+    clock = [0.0]
+    loop, gates, wake = _held_loop({"a": 1.0, "b": 1.0}, clock)  # a due at 0, 1, 2...; b at 0.5, 1.5...
+    loop.start()
+    try:
+        assert wait_until(lambda: "a" in loop._running, 10)  # noqa: SLF001 (a's first run is in flight)
+        assert loop.settle(before=0.2, timeout=0.05) is False  # a's run (due 0) still going
+        assert loop.settle(before=-0.1, timeout=0.05) is True  # nothing was due before the origin
+        gates["a"].set()  # a's run lands: whoever waits for 0.2 is let go at once
+        assert loop.settle(before=0.2, timeout=10) is True
+        # b is due at 0.5 but the loop has not handed it out (its clock is still at 0): a reader at 0.6 waits for it
+        assert loop.settle(before=0.6, timeout=0.05) is False
+        clock[0] = 0.6
+        wake.set()
+        assert wait_until(lambda: "b" in loop._running, 10)  # noqa: SLF001
+        assert loop.settle(before=0.6, timeout=0.05) is False  # handed out, not finished
+        gates["b"].set()
+        assert loop.settle(before=0.6, timeout=10) is True
+        assert loop.settle(before=1.0, timeout=0.05) is False  # a's second run is due at 1.0: not handed out yet
+    finally:
+        for gate in gates.values():
+            gate.set()
+        loop.stop(wait=False)
+        wake.set()
+
+
+def test_settle_returns_once_the_loop_stops() -> None:
+    clock = [0.0]
+    loop, gates, wake = _held_loop({"a": 1.0}, clock)
+    loop.start()
+    assert wait_until(lambda: "a" in loop._running, 10)  # noqa: SLF001
+    done: list[bool] = []
+    waiter = threading.Thread(target=lambda: done.append(loop.settle(before=0.5, timeout=30)))
+    waiter.start()
+    loop.stop(wait=False)
+    waiter.join(10)
+    gates["a"].set()
+    wake.set()
+    assert done == [True]  # not held for its 30 s: a stopping loop has nothing more to wait for

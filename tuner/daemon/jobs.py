@@ -9,6 +9,7 @@ late scrape runs once, not in a burst, timed by the monotonic clock); everything
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -52,6 +53,9 @@ log = logging.getLogger("tuner.daemon")
 _CLOCK_STEP_S = 2.0  # a wall-clock jump larger than this (against the monotonic clock) is a step, not drift
 _FLUSH_S = 0.25  # the writer commits queued scrapes this often: one transaction for ~50 at 1,000 targets / 5 s
 _FLUSH_MAX = 100  # or as soon as this many wait
+# An evaluation is due this long after a round of the first target's scrapes is handed out: time for the scrape loop
+# to hand it out (the two schedules run on different threads), and settle() then waits for it to land.
+_EVAL_AFTER = timedelta(milliseconds=5)
 _SIGNALS_COST_S = 0.015  # one target's window + derive over a full 5-minute window (bench/RESULTS.md)
 
 
@@ -76,6 +80,8 @@ class Daemon:
         self._applied: set[str] = jr.targets_with_applies(store.engine)  # targets the journal has applies of
         self.scheduler: BackgroundScheduler | None = None
         self.scrape_loop: ScrapeLoop[str] | None = None
+        self._origin = datetime.now(timezone.utc)  # the scrape schedule's origin (its first round), by the wall clock
+        self._settle_s = 0.0  # how long an evaluation may wait for the scrapes due before it to land
         for t in cfg.targets:
             store.ensure_target(t.name, t.backend, t.url, t.labels)
         self.state.targets = {t.name: t for t in cfg.targets}
@@ -231,6 +237,8 @@ class Daemon:
         group = next((g for g in self.alerting.rules.groups if g.name == group_name), None)
         if group is None:  # removed by a reload; its job is being replaced
             return
+        if self.scrape_loop is not None:  # the scrapes due by now landed (they were handed out just before this)
+            self.scrape_loop.settle(time.monotonic(), min(self._settle_s, group.interval.total_seconds() / 2))
         if self._writer is not None:
             self.flush()  # the scrapes already done are in the store for this evaluation, not a quarter second on
         try:
@@ -266,12 +274,16 @@ class Daemon:
         for job in sched.get_jobs():
             if job.id.startswith("rules:"):
                 job.remove()
-        # Half an interval out of phase with the scrapes (the first target's start at the scheduler's start):
-        # in phase, an evaluation ran as its interval's scrape was still in flight and saw it one interval late.
+        # In phase with the scrapes: each evaluation is due just after a round of the first target's scrapes is handed
+        # out (its interval a multiple of the scrapes': every round), and it first waits for the scrapes due by then
+        # to land (evaluate_once), so a condition is evaluated the moment its scrape is stored. Half an interval out of
+        # phase, as before, every alert waited half an evaluation interval more for nothing (bench/RESULTS.md,
+        # "Alert latency"); Prometheus's rules run at a phase of their own, on average as late.
         now = datetime.now(timezone.utc)
         for g in self.alerting.rules.groups:
+            rounds = max(1, math.ceil((now - self._origin) / g.interval))
             sched.add_job(self.evaluate_once, IntervalTrigger(seconds=g.interval.total_seconds()), args=[g.name],
-                          id=f"rules:{g.name}", next_run_time=now + g.interval * 1.5)
+                          id=f"rules:{g.name}", next_run_time=self._origin + g.interval * rounds + _EVAL_AFTER)
 
     # ---- apply side: managed servers, auto mode, crash recovery ----------------------------------
 
@@ -389,12 +401,15 @@ class Daemon:
         sched = BackgroundScheduler(executors={"default": ThreadPoolExecutor(workers)},
                                     job_defaults={"max_instances": 1, "coalesce": True},
                                     timezone=timezone.utc)
-        now = datetime.now(timezone.utc)
+        # One origin, read by both clocks at once, for the scrape schedule (monotonic) and the rules' (wall clock).
+        origin, now = time.monotonic(), datetime.now(timezone.utc)
+        self._origin = now
         direct = {t.name: t for t in self.cfg.targets if t.source != "prometheus"}
+        self._settle_s = max((self.cfg.timeout(t).total_seconds() for t in direct.values()), default=0.0)
         # First scrapes spread over the interval, so many targets do not fire at once.
         self.scrape_loop = ScrapeLoop(list(direct), lambda name: self.cfg.interval(direct[name]).total_seconds(),
                                       lambda name: self.scrape_once(direct[name]),
-                                      workers=max(4, min(32, len(direct) + 2)))
+                                      workers=max(4, min(32, len(direct) + 2)), start=origin)
         fleets: dict[timedelta, list[Target]] = defaultdict(list)  # read from Prometheus: one job per interval
         for t in self.cfg.targets:
             if t.source == "prometheus":

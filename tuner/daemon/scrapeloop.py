@@ -8,6 +8,9 @@ catching up in a burst. The monotonic clock means a step of the wall clock moves
 
 This replaced one APScheduler job per target: at 1,000 targets APScheduler's own bookkeeping (its job store,
 trigger arithmetic on aware datetimes, events) was ~8% of tuner's CPU (bench/RESULTS.md).
+
+``settle(before)`` lets a reader wait for the data of a moment: until every run due at or before it has been handed
+out and has finished. The alert evaluation uses it to read a scrape the moment it lands, not an interval on.
 """
 
 from __future__ import annotations
@@ -30,15 +33,21 @@ class ScrapeLoop(Generic[T]):
 
     def __init__(self, items: Sequence[T], every: Callable[[T], float], run: Callable[[T], object], *,
                  workers: int, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], object] | None = None) -> None:
-        """``clock`` and ``sleep`` (wait at most that long; the default wakes at ``stop``) are for tests."""
+                 sleep: Callable[[float], object] | None = None, start: float | None = None) -> None:
+        """``start``: the schedule's origin on ``clock`` (the first item's first run; default: when the loop's
+        thread starts), so that another schedule can be laid in phase with this one. ``clock`` and ``sleep``
+        (wait at most that long; the default wakes at ``stop``) are for tests."""
         self._items = list(items)
         self._every = {item: max(every(item), 1e-3) for item in self._items}
         self._run = run
         self._clock = clock
         self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="scrape")
-        self._running: set[T] = set()
+        self._origin = start
+        self._running: dict[T, float] = {}  # item -> the due time of its run in flight
+        self._heap: list[tuple[float, int, T]] = []  # (next due, index, item): built when the loop starts
+        self._started = False
         self._lock = threading.Lock()
+        self._finished = threading.Condition(self._lock)  # a run finished: settle() looks again
         self._wake = threading.Event()
         self._sleep = sleep or self._wake.wait
         self._stopping = False
@@ -54,15 +63,34 @@ class ScrapeLoop(Generic[T]):
         """No new runs; with ``wait``, the runs in flight finish before this returns."""
         self._stopping = True
         self._wake.set()
+        with self._finished:  # a settle() waiting returns now
+            self._finished.notify_all()
         if self._thread is not None and wait:
             self._thread.join()
         self._pool.shutdown(wait=wait)
 
+    def settle(self, before: float, timeout: float) -> bool:
+        """Wait, at most ``timeout`` seconds, until every run due at or before ``before`` (on the loop's clock) has
+        been handed out and has finished; True if so, False if some run due by then is still pending or going."""
+
+        def settled() -> bool:
+            if not self._started or self._stopping:
+                return True
+            if self._heap and self._heap[0][0] <= before:  # due by then, not handed out yet (the loop is late)
+                return False
+            return all(due > before for due in self._running.values())
+
+        with self._finished:
+            return self._finished.wait_for(settled, timeout)
+
     def _loop(self) -> None:
-        start = self._clock()
+        start = self._clock() if self._origin is None else self._origin
         n = max(1, len(self._items))
-        heap = [(start + self._every[item] * (i / n), i, item) for i, item in enumerate(self._items)]
-        heapq.heapify(heap)
+        heap = self._heap
+        with self._lock:
+            heap[:] = [(start + self._every[item] * (i / n), i, item) for i, item in enumerate(self._items)]
+            heapq.heapify(heap)
+            self._started = True
         while heap and not self._stopping:
             due, i, item = heap[0]
             wait = due - self._clock()
@@ -76,11 +104,11 @@ class ScrapeLoop(Generic[T]):
                 self.skipped += late
                 log.warning("scrape of %s ran %.1f s late; %d due run(s) folded into this one", item, now - due,
                             late)
-            heapq.heapreplace(heap, (due + (late + 1) * every, i, item))
             with self._lock:
+                heapq.heapreplace(heap, (due + (late + 1) * every, i, item))
                 busy = item in self._running
                 if not busy:
-                    self._running.add(item)
+                    self._running[item] = due
             if busy:
                 self.refused += 1
                 log.warning("scrape of %s skipped: its previous scrape is still running (slower than its "
@@ -90,7 +118,8 @@ class ScrapeLoop(Generic[T]):
                 self._pool.submit(self._one, item)
             except RuntimeError:  # the pool was shut down under us: stopping
                 with self._lock:
-                    self._running.discard(item)
+                    self._running.pop(item, None)
+                    self._finished.notify_all()
                 return
 
     def _one(self, item: T) -> None:
@@ -100,4 +129,5 @@ class ScrapeLoop(Generic[T]):
             log.exception("scrape of %s failed unexpectedly", item)
         finally:
             with self._lock:
-                self._running.discard(item)
+                self._running.pop(item, None)
+                self._finished.notify_all()
