@@ -124,15 +124,14 @@ def tuner_steps(db: Path, start: float) -> tuple[float | None, float | None, flo
     return (seen / 1000 if seen else None, took[0] if took else None, fired / 1000 if fired else None)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trials", type=int, default=3)
-    ap.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"))
-    args = ap.parse_args()
+def measure(trials: int) -> dict:
+    """Run the trials; what each side measured: ``rows`` (trial, onset, tuner's webhook, Prometheus's webhook; unix
+    seconds), ``steps`` (tuner's own breakdown per trial, tuner_steps()), ``load_end``. Raises if the real parts
+    (TUNER_VLLM_PYTHON, TUNER_TINY_MODEL from scripts/setup-real-servers.sh) are not there."""
     vllm_py, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
     if not vllm_py or not model:
-        print("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL: eval \"$(bash scripts/setup-real-servers.sh | grep ^export)\"")
-        return 2
+        raise RuntimeError("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL: "
+                           "eval \"$(bash scripts/setup-real-servers.sh | grep ^export)\"")
     work = Path(tempfile.mkdtemp(prefix="tuner-alert-bench-"))
     procs: list[ServerProcess] = []
     tuner = None
@@ -189,7 +188,7 @@ def main() -> int:
         rows: list[tuple] = []
         steps: list[tuple[float | None, float | None, float | None]] = []
         phase = random.Random(15)
-        for trial in range(args.trials):
+        for trial in range(trials):
             # A random part of a scrape interval before the load: the trials otherwise start a fixed time after the
             # last alert resolved, i.e. at nearly the same phase of both scrapers' schedules, and one scraper's
             # lead on the other is then lumped into a few trials (2026-11-25 05:39 run).
@@ -221,42 +220,7 @@ def main() -> int:
                 time.sleep(0.5)
             time.sleep(3)
 
-        lat_t = [t - o for _, o, t, _ in rows if o and t]
-        lat_p = [p - o for _, o, _, p in rows if o and p]
-        prom_ver = subprocess.run(["prometheus", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True).stdout.strip()
-        lines = [
-            "", f"## Alert latency: condition onset on a real vLLM → Alertmanager webhook ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
-            "",
-            f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; tuner {rev}; "
-            f"{prom_ver}; Alertmanager 0.25 (group_wait 1s) for each side; load average at end "
-            f"{os.getloadavg()[0]:.2f} (other work may have shared the machine).",
-            f"Command: `.venv/bin/python bench/alert_latency.py --trials {args.trials}`",
-            f"Setup: vLLM 0.32 CPU, tiny model, --kv-cache-memory-bytes 3000000; scrape 1s and evaluation 1s on both "
-            f"sides; KVCacheHigh > {THRESHOLD} for {HOLD}; onset = first sample above the threshold in Prometheus.",
-            "",
-            "| trial | tuner: onset → webhook (s) | of which: onset → tuner's first scrape above (its start) | "
-            "that scrape's duration | its start → firing (evaluation) | firing → webhook | "
-            "Prometheus: onset → webhook (s) |",
-            "|---|---|---|---|---|---|---|",
-            *[f"| {n} | {_d(t, o)} | {_d(st[0], o)} | {'-' if st[1] is None else f'{st[1]:.2f}'} | "
-              f"{_d(st[2], st[0])} | {_d(t, st[2])} | {_d(p, o)} |" for (n, o, t, p), st in zip(rows, steps)],
-            f"| median | {statistics.median(lat_t):.2f} | | | | | {statistics.median(lat_p):.2f} |"
-            if lat_t and lat_p else "",
-            "",
-            *([f"Over the {m['prometheus'][3]} trials where both notified: from Prometheus's first sample above, "
-               f"tuner {m['prometheus'][0]:.2f} s against {m['prometheus'][1]:.2f} s (worst trial "
-               f"{m['prometheus'][2]:.2f}× theirs); from either scraper's first sample above (neither side's scrape "
-               f"phase credited to the other), tuner {m['either'][0]:.2f} s against {m['either'][1]:.2f} s (worst "
-               f"{m['either'][2]:.2f}×).", ""] if (m := medians(rows, [st[0] for st in steps])) else []),
-            "Both include up to 1 s of scrape and 1 s of evaluation phase, and Alertmanager's 1 s group_wait; "
-            "tuner sends right after the evaluation that queued the alert, as Prometheus does.",
-        ]
-        with open(args.results, "a") as f:
-            f.write("\n".join(lines) + "\n")
-        print("\n".join(lines))
-        return 0
+        return {"rows": rows, "steps": steps, "load_end": os.getloadavg()[0]}
     finally:
         if tuner is not None:
             tuner.terminate()
@@ -264,6 +228,74 @@ def main() -> int:
         for p in reversed(procs):
             p.stop(grace_s=10)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def verdict(m: dict) -> tuple[bool, str]:
+    """Issue 15's goal 3 on one measure(): tuner's median onset -> webhook at most Prometheus + Alertmanager's and
+    no trial above 2x theirs, over the trials where both notified, with both onsets (Prometheus's first sample
+    above, and either scraper's); met only if it holds with both."""
+    got = medians(m["rows"], [st[0] for st in m["steps"]])
+    if got is None:
+        return False, "no trial where both notified"
+    ok = all(t <= p and worst <= 2.0 for t, p, worst, _ in got.values())
+    return ok, "; ".join(f"onset {name}: tuner {t:.2f} s vs {p:.2f} s, worst trial {worst:.2f}× ({n} trials)"
+                         for name, (t, p, worst, n) in got.items())
+
+
+def report_lines(m: dict, command: str) -> list[str]:
+    rows, steps = m["rows"], m["steps"]
+    lat_t = [t - o for _, o, t, _ in rows if o and t]
+    lat_p = [p - o for _, o, _, p in rows if o and p]
+    prom_ver = subprocess.run(["prometheus", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True).stdout.strip()
+    lines = [
+        "", f"## Alert latency: condition onset on a real vLLM → Alertmanager webhook ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; tuner {rev}; "
+        f"{prom_ver}; Alertmanager 0.25 (group_wait 1s) for each side; load average at end "
+        f"{m['load_end']:.2f} (other work may have shared the machine).",
+        f"Command: `{command}`",
+        f"Setup: vLLM 0.32 CPU, tiny model, --kv-cache-memory-bytes 3000000; scrape 1s and evaluation 1s on both "
+        f"sides; KVCacheHigh > {THRESHOLD} for {HOLD}; onset = first sample above the threshold in Prometheus.",
+        "",
+        "| trial | tuner: onset → webhook (s) | of which: onset → tuner's first scrape above (its start) | "
+        "that scrape's duration | its start → firing (evaluation) | firing → webhook | "
+        "Prometheus: onset → webhook (s) |",
+        "|---|---|---|---|---|---|---|",
+        *[f"| {n} | {_d(t, o)} | {_d(st[0], o)} | {'-' if st[1] is None else f'{st[1]:.2f}'} | "
+          f"{_d(st[2], st[0])} | {_d(t, st[2])} | {_d(p, o)} |" for (n, o, t, p), st in zip(rows, steps)],
+        f"| median | {statistics.median(lat_t):.2f} | | | | | {statistics.median(lat_p):.2f} |"
+        if lat_t and lat_p else "",
+        "",
+        *([f"Over the {m['prometheus'][3]} trials where both notified: from Prometheus's first sample above, "
+           f"tuner {m['prometheus'][0]:.2f} s against {m['prometheus'][1]:.2f} s (worst trial "
+           f"{m['prometheus'][2]:.2f}× theirs); from either scraper's first sample above (neither side's scrape "
+           f"phase credited to the other), tuner {m['either'][0]:.2f} s against {m['either'][1]:.2f} s (worst "
+           f"{m['either'][2]:.2f}×).", ""] if (m := medians(rows, [st[0] for st in steps])) else []),
+        "Both include up to 1 s of scrape phase and Alertmanager's 1 s group_wait; Prometheus's also up to 1 s of "
+        "evaluation phase (its rules run at a phase of their own), tuner's the wait for its evaluation (since "
+        "2026-11-25 in phase with its scrapes: due as a round of scrapes is handed out, it reads them as they land). "
+        "Each side sends right after the evaluation that queued the alert.",
+    ]
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"))
+    args = ap.parse_args()
+    try:
+        m = measure(args.trials)
+    except RuntimeError as exc:
+        print(exc)
+        return 2
+    lines = report_lines(m, f".venv/bin/python bench/alert_latency.py --trials {args.trials}")
+    with open(args.results, "a") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
 
 
 if __name__ == "__main__":

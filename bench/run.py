@@ -1,4 +1,5 @@
-"""The benchmark: parser, storage, then tuner vs Prometheus at each target count; appends bench/RESULTS.md.
+"""The benchmark: parser, storage, tuner vs Prometheus at each target count, alert latency on a real vLLM (and
+whether issue 15's goals 1-3 were met in this run), the fleet path; appends bench/RESULTS.md.
 
 Run it through ``bash bench/run.sh`` (which also cleans up on Ctrl-C); see README "Benchmarks".
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import alert_latency  # noqa: E402
 from bench.micro import bench_parser, bench_scrape_loop, bench_storage  # noqa: E402
 from bench.scale import ROOT, PROMETHEUS, Procs, loadavg, run_one  # noqa: E402
 from tuner.config import parse_duration  # noqa: E402
@@ -96,6 +98,41 @@ def _ratios(runs: list[dict]) -> list[str]:
     return out
 
 
+def _goals(runs: list[dict], alerts: dict | None) -> list[str]:
+    """Issue 15's goals 1-3, each met or not, from this run's largest target count and its alert trials."""
+    out = ["### Issue 15, goals 1-3 in this run", "", "| goal | measured | met? |", "|---|---|---|"]
+    full = [r for r in runs if r.get("signals", True)]
+    if full:
+        r = max(full, key=lambda r: r["targets"])
+        t, p = r["tuner"], r["prometheus"]
+        ratio = (r["cpu_s"]["tuner"] / t["scrapes_ok"]) / (r["cpu_s"]["prometheus"] / p["scrapes_ok"])
+        core, rss = r["cpu_s"]["tuner"] / r["elapsed_s"], r["peak_rss"]["tuner"]
+        every = t["scrapes_ok"] >= t["scheduled"]
+        lag = t["lag_p99_s"]
+        out += [f"| 1. CPU per target-scrape ≤ Prometheus's ({r['targets']} targets, rules on both sides) | "
+                f"{ratio:.2f}× | {'yes' if ratio <= 1.0 else 'no'} |",
+                f"| 2. {r['targets']} targets: every scheduled scrape, lag p99 < 1 s, ≤ 25% of a core, RSS ≤ 250 MB | "
+                f"{t['scrapes_ok']:,} / {t['scheduled']:,}, lag p99 {lag:.3f} s, {core * 100:.0f}%, {_mib(rss)} | "
+                f"{'yes' if every and lag < 1.0 and core <= CORE_BUDGET and rss <= RSS_BUDGET else 'no'} |"]
+    if alerts is not None:
+        ok, how = alert_latency.verdict(alerts)
+        out.append(f"| 3. alert latency median ≤ Prometheus + Alertmanager's, no trial > 2× | {how} | "
+                   f"{'yes' if ok else 'no'} |")
+    return out + [""]
+
+
+def _real_servers() -> None:
+    """The vLLM the alert trials start: scripts/setup-real-servers.sh's exports, unless they are set already."""
+    if os.environ.get("TUNER_VLLM_PYTHON") and os.environ.get("TUNER_TINY_MODEL"):
+        return
+    out = subprocess.run(["bash", str(ROOT / "scripts/setup-real-servers.sh")], check=True, capture_output=True,
+                         text=True).stdout
+    for line in out.splitlines():
+        if line.startswith("export ") and "=" in line:
+            key, value = line[len("export "):].split("=", 1)
+            os.environ[key] = shlex.split(value)[0] if value else ""
+
+
 def _fleet_table(runs: list[dict]) -> list[str]:
     out = ["| targets | tuner CPU % of a core | tuner CPU µs per target-read | reads done / scheduled | "
            "lag p99 | tuner RSS | Prometheus CPU % (its scrapes + tuner's queries) | "
@@ -167,7 +204,10 @@ def main() -> int:
                          "second interval on). The ingest-only diagnostic run warms up as long: a fuller store costs more "
                          "to write to, and the split between ingest and rules is only fair at the same age.")
     ap.add_argument("--storage-days", type=int, default=30, help="days of history for the storage bench (0: skip)")
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: parser,storage,scale,fleet")
+    ap.add_argument("--skip", default="",
+                    help="comma-separated parts to skip: parser,storage,scale,alerts,fleet")
+    ap.add_argument("--alert-trials", type=int, default=10,
+                    help="trials of the alert-latency part (a real vLLM; issue 15's goal 3 asks for at least 10)")
     ap.add_argument("--no-profile", action="store_true",
                     help="do not run py-spy on tuner during the largest target count")
     ap.add_argument("--no-diagnose", action="store_true",
@@ -268,6 +308,17 @@ def main() -> int:
                 if runs:
                     report += _scale_report(runs, interval, duration)
                     print("\n".join(_ratios(runs)), flush=True)
+        alerts: dict | None = None
+        if "alerts" not in skip:
+            print(f"alerts: {args.alert_trials} trials of condition onset -> webhook on a real vLLM …", flush=True)
+            _real_servers()
+            alerts = alert_latency.measure(args.alert_trials)
+            lines = alert_latency.report_lines(alerts, command)  # "", "## Alert latency …", …
+            report += ["### " + lines[1].lstrip("# "), *lines[2:], ""]
+            print("\n".join(lines[-8:]), flush=True)
+        if runs or alerts is not None:
+            report += _goals(runs, alerts)
+            print("\n".join(_goals(runs, alerts)), flush=True)
         fleets: list[dict] = []
         if "fleet" not in skip:
             try:

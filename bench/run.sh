@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tuner vs Prometheus 2.42 on the same endpoints; appends bench/RESULTS.md. See README "Benchmarks".
 #   bash bench/run.sh [--targets 100,500,1000] [--interval 5s] [--duration 60s] [--storage-days 30]
-#                     [--skip parser,storage,scale,fleet] [--fleet 1000] [--keep]
+#                     [--skip parser,storage,scale,alerts,fleet] [--alert-trials 10] [--fleet 1000] [--keep]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

@@ -109,3 +109,24 @@ def test_alert_latency_medians_take_the_onset_from_either_scraper_as_well() -> N
     t, p, worst, n = m["either"]  # trial 2 now starts at 199.5: tuner 1.5, Prometheus 2.0
     assert (t, p, n) == (1.75, 1.5, 2) and abs(worst - 2.0) < 1e-9
     assert medians([(1, 100.0, None, 101.0)], [None]) is None
+
+
+def test_alert_latency_goal_is_met_only_by_a_median_no_later_and_no_trial_past_twice_theirs_with_both_onsets() -> None:
+    """Issue 15's goal 3 as the bench judges it: tuner's median onset -> webhook at most Prometheus + Alertmanager's
+    and no trial above 2x theirs, from Prometheus's onset and from either scraper's."""
+    from bench.alert_latency import verdict
+
+    def run(rows, seen):
+        return {"rows": rows, "steps": [(s, 0.01, None) for s in seen], "load_end": 0.0}
+
+    # tuner faster in every trial (its scrape saw the condition with Prometheus's)
+    fast = run([(1, 100.0, 101.1, 101.6), (2, 200.0, 201.2, 201.9), (3, 300.0, 301.0, 301.3)], [100.0, 200.0, 300.0])
+    assert verdict(fast)[0] is True
+    # the same medians, but one trial 2.5x theirs: not met
+    spike = run([(1, 100.0, 101.1, 101.6), (2, 200.0, 201.2, 201.9), (3, 300.0, 302.5, 301.0)], [100.0, 200.0, 300.0])
+    ok, how = verdict(spike)
+    assert ok is False and "2.50×" in how
+    # slower median from Prometheus's onset: not met
+    slow = run([(1, 100.0, 102.0, 101.5), (2, 200.0, 202.0, 201.5), (3, 300.0, 301.0, 301.5)], [100.9, 200.9, 300.0])
+    assert verdict(slow)[0] is False
+    assert verdict(run([(1, 100.0, None, 101.0)], [None])) == (False, "no trial where both notified")
