@@ -261,3 +261,39 @@ def test_a_derivation_of_some_fields_gives_those_as_the_whole_one_and_leaves_the
                 assert getattr(e, name) is None, name
                 left_out += getattr(w, name) is not None
     assert left_out > 0  # the whole derivation had figures the partial one did not work out
+
+
+def test_a_window_of_the_series_metrics_for_names_derives_each_field_as_a_window_of_every_series(tmp_path):
+    """metrics_for(only) is what the signal book reads for an alert group's own window (and so what the store's
+    head keeps that long): each field, asked alone, and every always-derived one but the sample count, must be the
+    whole window's, on recorded vLLM and llama-server scrapes with an SLO and a restart, at two window lengths.
+    A field whose series metrics_for leaves out fails here."""
+    from dataclasses import fields as dc_fields
+
+    from tests.helpers import migrated_store, store_recorded_history
+    from tuner.signals.derive import ALWAYS_DERIVED, SIGNAL_METRICS, EngineSignals, metrics_for
+
+    store = migrated_store(tmp_path)
+    t0 = store_recorded_history(store, 1_700_000_000.0)
+    slo = Slo(ttft_p99=timedelta(seconds=0.5), itl_p99=timedelta(seconds=0.05), e2e_p99=timedelta(seconds=4))
+    names = [f.name for f in dc_fields(EngineSignals)]
+    assert metrics_for(None) == SIGNAL_METRICS
+    compared = 0
+    for target in ("v", "l"):
+        for span in (60, 300):
+            whole = compute_signals(store.window(target, t0 - span, t0, metrics=SIGNAL_METRICS), slo=slo)
+            for name in names:
+                only = {name}
+                metrics = metrics_for(only)
+                assert metrics <= SIGNAL_METRICS
+                some = compute_signals(store.window(target, t0 - span, t0, metrics=metrics), slo=slo, only=only)
+                assert len(some.engines) == len(whole.engines), (target, name)
+                for e, w in zip(some.engines, whole.engines):
+                    for field in (ALWAYS_DERIVED - {"samples"}) | only:
+                        if field == "samples":
+                            continue
+                        assert getattr(e, field) == getattr(w, field), (target, span, name, field)
+                        compared += getattr(w, field) is not None
+    assert compared > 100
+    # and it reads less than every series for the fields the default pack's 10 m rules read
+    assert metrics_for({"goodput_ratio", "restarts"}) < SIGNAL_METRICS

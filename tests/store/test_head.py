@@ -205,3 +205,45 @@ def test_increases_from_the_heads_falls_equal_a_pass_over_every_point_bit_for_bi
             got = bucket_increase(HistSeries(bounds, hpts), lo, hi)
             assert repr(got) == repr(want), case
     assert falls > 50  # the corpus holds falls in the windows
+
+
+def test_each_metric_is_kept_for_the_longest_window_asked_of_it_and_reads_the_same_as_sqlite(tmp_path: Path) -> None:
+    """The signal book's reads at every tick: 10 minutes of goodput's and the restart's series (metrics_for), 5
+    minutes of every series. The head keeps the 10-minute series 10 minutes and the rest 5 (each with its margin),
+    every window equal to SQLite's, and is filled from SQLite once: the shorter-kept series are never asked for
+    longer than they are kept. A metric no window asked of is kept no longer than the margin."""
+    from tuner.signals.derive import metrics_for
+
+    mem, sql = _stores(tmp_path)
+    history = _History()
+    long = metrics_for({"goodput_ratio", "restarts"})
+    for step in range(200):  # 1,000 s of scrapes, 5 s apart; the restart at step 60, a new series at 40
+        ts = T + 5 * step
+        mem.write([Scraped(s) for s in history.scrape(step, ts)])
+        now = ts + 2.5
+        for window_s, metrics in ((600.0, long), (300.0, SIGNAL_METRICS)):
+            got = mem.window("v", now - window_s, now, metrics=metrics)
+            assert _plain(got) == _plain(sql.window("v", now - window_s, now, metrics=metrics)), (step, window_s)
+            assert compute_signals(got, slo=SLO, only={"goodput_ratio", "restarts"}) == compute_signals(
+                sql.window("v", now - window_s, now, metrics=metrics), slo=SLO, only={"goodput_ratio", "restarts"})
+    head = mem._head
+    assert head is not None and head.fills == 1, head.fills  # never refilled: what was asked was held
+    held = head._targets["v"]
+    newest = int((T + 5 * 199) * 1000)
+    for s in held.series.values():
+        if not s.ts:  # the TTFT histogram's series of its old bucket layout (before step 90): nothing left
+            continue
+        kept_s = (newest - s.ts[0]) / 1000
+        # (the TTFT histogram's new layout has existed since step 90 only: 545 s)
+        at_least = 545 if s.info.metric == "vllm:time_to_first_token_seconds" else 600
+        if s.info.metric in long:
+            assert at_least <= kept_s <= 600 + 3 * 15 + 5, (s.info.metric, kept_s)
+        else:
+            assert 300 <= kept_s <= 300 + 3 * 15 + 5, (s.info.metric, kept_s)
+    # a metric asked for 10 minutes once more is still held 5 minutes back only: read from SQLite and refilled
+    counters = frozenset(["vllm:generation_tokens_total"])
+    now = T + 5 * 199 + 2.5
+    assert not head.covers("v", int((now - 600) * 1000), counters)
+    assert _plain(mem.window("v", now - 600, now, metrics=counters)) == _plain(
+        sql.window("v", now - 600, now, metrics=counters))
+    assert head.fills == 2 and head.covers("v", int((now - 600) * 1000), counters)

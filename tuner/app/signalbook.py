@@ -18,8 +18,9 @@ from typing import Callable, Collection, Mapping
 
 from tuner.config import Config
 from tuner.errors import UnknownTargetError
-from tuner.signals.derive import ALWAYS_DERIVED, SIGNAL_METRICS, TargetSignals, compute_signals
+from tuner.signals.derive import ALWAYS_DERIVED, SIGNAL_METRICS, TargetSignals, compute_signals, metrics_for
 from tuner.store.store import Store
+from tuner.store.window import TargetWindow
 
 __all__ = ["SignalBook"]
 
@@ -41,11 +42,14 @@ class SignalBook:
         has never been scraped (no data, no signal). A store error propagates and nothing is kept.
 
         ``windows``: other windows the caller will ask for in this tick (an alert group's rules). They are derived
-        now from the same read, the longest, cut down to each (TargetWindow.since): one read of the store per
-        target instead of one per window, when the longest holds every stored point (within the raw retention).
+        now, each from the read of the longest window that holds its series, cut down to it (TargetWindow.since):
+        one read of the store per target and set of series instead of one per window, when the longest holds every
+        stored point (within the raw retention).
 
         ``fields``: for a window, the only EngineSignals fields the caller reads (compute_signals's ``only``); the
-        others are left None. The daemon's signal window is always derived whole: the exporter reads all of it."""
+        others are left None, and the window is read for the series those fields read only (metrics_for), so the
+        store's head keeps no series longer than a reader wants it (its ``samples`` counts those series' points).
+        The daemon's signal window is always derived whole: the exporter reads all of it."""
         target = self.cfg.target(name)
         interval = self.cfg.interval(target).total_seconds()
         whole = self.cfg.defaults.signal_window.total_seconds()
@@ -75,19 +79,23 @@ class SignalBook:
             spans = {float(window_s)}
             longest = float(window_s)
         derived: dict[float, TargetSignals | None] = {}
+        reads: list[tuple[frozenset[str], float, TargetWindow]] = []  # (series, window, what was read), longest first
         try:
-            raw = self.store.window(name, now - longest, now, metrics=SIGNAL_METRICS)
-        except UnknownTargetError:
-            derived = dict.fromkeys(spans)  # never scraped yet
-        else:
             for w in sorted(spans, reverse=True):
-                cut = raw if w == longest else raw.since(int(round((now - w) * 1000)))
                 only = need.get(w)
+                metrics = metrics_for(only)
+                got = next(((span, raw) for held, span, raw in reads if metrics <= held), None)
+                if got is None:
+                    got = (w, self.store.window(name, now - w, now, metrics=metrics))
+                    reads.append((metrics, *got))
+                cut = got[1] if w == got[0] else got[1].since(int(round((now - w) * 1000)))
                 derived[w] = self._derive(cut, slo=target.slo) if only is None else \
                     self._derive(cut, slo=target.slo, only=only)
+        except UnknownTargetError:
+            derived = dict.fromkeys(spans)  # never scraped yet
         with self._lock:
             self.derived += len(derived)
-            self.reads += 1
+            self.reads += len(reads)
             for w, sig in derived.items():
                 self._book[(name, w)] = (tick, now, sig, need.get(w))
         return derived[float(window_s)]

@@ -16,8 +16,8 @@ from tuner.signals.promql import bucket_increase, fraction_le, histogram_quantil
 from tuner.collect.snapshots import SeriesKey
 from tuner.store.window import EngineWindow, HistPoint, HistSeries, Point, Points, TargetHealth, TargetWindow
 
-__all__ = ["EngineSignals", "TargetSignals", "compute_signals", "ALWAYS_DERIVED", "group_signals", "queue_ratio", "QUANTILES",
-           "LATENCY_HISTOGRAMS", "SIGNAL_METRICS"]
+__all__ = ["EngineSignals", "TargetSignals", "compute_signals", "ALWAYS_DERIVED", "group_signals", "queue_ratio",
+           "QUANTILES", "LATENCY_HISTOGRAMS", "SIGNAL_METRICS", "metrics_for"]
 
 QUANTILES = (0.5, 0.95, 0.99)
 # signal prefix → histogram (seconds)
@@ -208,6 +208,29 @@ def _restarts(e: EngineWindow) -> int:
 ALWAYS_DERIVED = frozenset(["engine", "model_name", "samples", "restarts", "kv_cache_usage", "kv_cache_usage_max",
                             "requests_running", "requests_running_max", "requests_waiting", "requests_waiting_max",
                             "slots_total", "slots_busy"])
+
+
+# What the fields beyond ALWAYS_DERIVED read (metrics_for): a field not named here reads only what those do.
+_ALWAYS_READ = frozenset([*(m for b in _GAUGES.values() for m in b.values()), "process_start_time_seconds"])
+_FIELD_METRICS: dict[str, frozenset[str]] = {
+    **{name: frozenset([b[name] for b in _RATES.values() if name in b]) for r in _RATES.values() for name in r},
+    "prefix_cache_hit_ratio": frozenset(["vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"]),
+    **{f"{p}_p{round(q * 100)}": frozenset([m]) for p, m in LATENCY_HISTOGRAMS.items() for q in QUANTILES},
+    "requests_in_window": frozenset([LATENCY_HISTOGRAMS["e2e"]]),
+    "requests_queued": frozenset([LATENCY_HISTOGRAMS["queue"]]),
+    "queued_over_s": frozenset([LATENCY_HISTOGRAMS["queue"]]),
+    "goodput_ratio": frozenset(LATENCY_HISTOGRAMS[k] for k in ("ttft", "itl", "e2e")),
+    "goodput_ratio_upper": frozenset(LATENCY_HISTOGRAMS[k] for k in ("ttft", "itl", "e2e")),
+}
+
+
+def metrics_for(only: Collection[str] | None) -> frozenset[str]:
+    """The stored series a derivation of ``only`` (compute_signals's) reads, for every backend: a window of these
+    alone derives those fields, and ALWAYS_DERIVED's but ``samples`` (it counts the points read), as a window of
+    SIGNAL_METRICS does (tests/signals/test_derive.py). SIGNAL_METRICS for None (every field)."""
+    if only is None:
+        return SIGNAL_METRICS
+    return _ALWAYS_READ.union(*(_FIELD_METRICS.get(f, ()) for f in only))
 
 
 def _wants(only: Collection[str] | None, *fields: str) -> bool:

@@ -4,12 +4,16 @@ memory for the same reason).
 
 The store's one writer appends each committed scrape's points (Store.write); a target's head is filled from
 SQLite the first time a window of it is asked for (Store.window), and from then on holds every stored point of
-its series from ``held_from`` on, so a window within that span reads the same points from here as from SQLite
-(tests/store/test_head.py holds the two equal). Points are arrays, and each series remembers where it fell (a
+its series from ``held_from`` on (each metric's from its ``since``), so a window within that span reads the same
+points from here as from SQLite (tests/store/test_head.py holds the two equal). Points are arrays, and each series remembers where it fell (a
 counter reset, a histogram bucket lower than the row before), so a window's increase is worked out from its
 first and last points and its falls (tuner/signals/promql.py): a histogram row is decoded only when read.
 
-What the head does not hold it does not answer: a window that starts before ``held_from`` is read from SQLite
+Each metric is kept for the longest window asked of it (and a margin), not the target's longest: the alert rules'
+10-minute windows read goodput's histograms and the process start time, so the other series are not kept 10 minutes
+for nothing (bench/RESULTS.md, 2026-11-25: the head was most of the daemon's growth over its ingest).
+
+What the head does not hold it does not answer: a window that starts before a metric's ``since`` is read from SQLite
 and fills the head from there (up to MAX_SPAN_MS); a point older than the series' newest (a clock stepped back)
 drops the target's head, to be filled again at its next window.
 """
@@ -135,12 +139,42 @@ class _Hist:
 
 
 class _TargetHead:
-    __slots__ = ("held_from", "span_ms", "series")
+    __slots__ = ("held_from", "trimmed", "spans", "series", "trim_at")
 
-    def __init__(self, held_from: int, span_ms: int) -> None:
-        self.held_from = held_from  # every stored point of the series from here on is held
-        self.span_ms = span_ms  # the longest window asked for: what trimming keeps
+    def __init__(self, held_from: int, spans: dict[str, int]) -> None:
+        self.held_from = held_from  # filled from here: every stored point of every series from here on is held...
+        self.trimmed: dict[str, int] = {}  # ...but a metric's trimmed since: from here on for its series
+        self.spans = spans  # metric -> the longest window asked of it: what trimming keeps (0: never asked)
         self.series: dict[int, _Plain | _Hist] = {}
+        self.trim_at = held_from  # a scrape this new or newer may let some metric be trimmed
+
+    def since(self, metric: str) -> int:
+        """From when on every stored point of ``metric``'s series is held."""
+        return self.trimmed.get(metric, self.held_from)
+
+    def covers(self, lo: int, metrics: Collection[str] | None) -> bool:
+        if lo < self.held_from:
+            return False
+        trimmed = self.trimmed
+        return not trimmed or all(trimmed.get(m, self.held_from) <= lo
+                                  for m in (trimmed if metrics is None else metrics))
+
+    def trim(self, newest: int) -> None:
+        """Cut each metric's series to its span and a margin before ``newest``, in steps (not at every scrape)."""
+        by_metric: dict[str, list[_Plain | _Hist]] = {}
+        for s in self.series.values():
+            by_metric.setdefault(s.info.metric, []).append(s)
+        next_at = None
+        for metric, series in by_metric.items():
+            span, since = self.spans.get(metric, 0), self.since(metric)
+            keep_from = newest - span - _MARGIN_MS
+            if keep_from - since > _MARGIN_MS:
+                for s in series:
+                    s.cut(keep_from)
+                self.trimmed[metric] = since = keep_from
+            due = since + span + 2 * _MARGIN_MS + 1  # the newest point at which this metric is cut next
+            next_at = due if next_at is None else min(next_at, due)
+        self.trim_at = newest + _MARGIN_MS if next_at is None else next_at
 
 
 class Head:
@@ -155,17 +189,20 @@ class Head:
         self.fills = 0  # targets filled from SQLite (tests and the bench read these)
         self.served = 0  # windows answered from memory
 
-    def covers(self, target: str, lo: int) -> bool:
+    def covers(self, target: str, lo: int, metrics: Collection[str] | None = None) -> bool:
+        """Whether the head holds every stored point of ``target``'s series of ``metrics`` (None: all it holds)
+        from ``lo`` on."""
         with self._lock:
             held = self._targets.get(target)
-            return held is not None and lo >= held.held_from
+            return held is not None and held.covers(lo, metrics)
 
     def fill(self, target: str, lo: int, span_ms: int, infos: Iterable[SeriesInfo],
-             plain: Iterable[tuple[int, int, float]], hists: Iterable[tuple[int, int, float, float, str]]) -> None:
+             plain: Iterable[tuple[int, int, float]], hists: Iterable[tuple[int, int, float, float, str]],
+             metrics: Collection[str] | None = None) -> None:
         """Hold ``target`` from ``lo`` on: its series (``infos``, of the head's metrics) and every stored point of
-        them from ``lo`` on (rows as SQLite gives them, ascending per series). The caller holds the store's write
-        lock, so no scrape lands in between."""
-        held = _TargetHead(lo, span_ms)
+        them from ``lo`` on (rows as SQLite gives them, ascending per series), keeping ``metrics`` (None: all) for
+        ``span_ms`` at least. The caller holds the store's write lock, so no scrape lands in between."""
+        held = _TargetHead(lo, dict.fromkeys(self.metrics if metrics is None else metrics, span_ms))
         for info in infos:
             held.series[info.id] = _Hist(info) if info.bounds is not None else _Plain(info)
         for sid, ts, value in plain:
@@ -178,8 +215,9 @@ class Head:
                 s.add(ts, count, total, counts)
         with self._lock:
             old = self._targets.get(target)
-            if old is not None:
-                held.span_ms = max(held.span_ms, old.span_ms)
+            if old is not None:  # what was asked before is still asked: kept as long
+                for metric, span in old.spans.items():
+                    held.spans[metric] = max(span, held.spans.get(metric, 0))
             self._drop(target)
             self._targets[target] = held
             self.fills += 1
@@ -224,13 +262,8 @@ class Head:
                 self._drop(target)
             for target, newest in touched.items():
                 held = self._targets.get(target)
-                if held is None:
-                    continue
-                keep_from = newest - held.span_ms - _MARGIN_MS
-                if keep_from - held.held_from > _MARGIN_MS:  # trim in steps, not at every scrape
-                    for s in held.series.values():
-                        s.cut(keep_from)
-                    held.held_from = keep_from
+                if held is not None and newest >= held.trim_at:
+                    held.trim(newest)
 
     def window(self, target: str, lo: int, hi: int, metrics: Collection[str] | None
                ) -> list[tuple[SeriesInfo, Points | HistPoints]] | None:
@@ -239,9 +272,12 @@ class Head:
         out: list[tuple[SeriesInfo, Points | HistPoints]] = []
         with self._lock:
             held = self._targets.get(target)
-            if held is None or lo < held.held_from:
+            if held is None or not held.covers(lo, metrics):
                 return None
-            held.span_ms = max(held.span_ms, hi - lo)
+            spans = held.spans
+            for metric in (self.metrics if metrics is None else metrics):
+                if spans.get(metric, 0) < hi - lo:
+                    spans[metric] = hi - lo  # kept as long from now on (trim_at may come early: trim() looks again)
             for s in held.series.values():
                 if metrics is not None and s.info.metric not in metrics:
                     continue

@@ -452,8 +452,8 @@ class Store:
             step = max(1, int(self.retention.rollup_step.total_seconds() * 1000))
         head = self._head
         if head is not None and step is None and metrics is not None and head.metrics.issuperset(metrics):
-            if not head.covers(target, lo):
-                self._fill_head(head, target, lo, hi)
+            if not head.covers(target, lo, metrics):
+                self._fill_head(head, target, lo, hi, metrics)
             got = head.window(target, lo, hi, metrics)
             if got is not None:
                 return self._head_window(target, lo, hi, got)
@@ -530,7 +530,7 @@ class Store:
         return _assemble(target, backend, lo, hi, health, configs,
                          [(i.engine, i.model_name, i.metric, i.labels, i.bounds, pts) for i, pts in got])
 
-    def _fill_head(self, head: Head, target: str, lo: int, hi: int) -> None:
+    def _fill_head(self, head: Head, target: str, lo: int, hi: int, metrics: Collection[str] | None = None) -> None:
         """Give the head ``target``'s points from ``lo`` on, when that is at most MAX_SPAN_MS before its last
         scrape (a window far in the past is read from SQLite and left there). Under the write lock: no scrape
         lands between the read and the head taking it."""
@@ -560,7 +560,7 @@ class Store:
                                     ).fetchall()
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"{self.engine.url}: {exc}") from None
-            head.fill(target, lo, hi - lo, infos, plain, hists)
+            head.fill(target, lo, hi - lo, infos, plain, hists, metrics)
 
     def gpu_latest(self, max_age_s: float, now: float) -> list[GpuLatest]:
         with self.engine.connect() as conn:
