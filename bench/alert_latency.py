@@ -106,6 +106,32 @@ def medians(rows: list[tuple], seen: list[float | None]) -> dict[str, tuple[floa
     return out
 
 
+def tuner_sample_times(db: Path, start: float) -> list[float]:
+    """When tuner's scrapes after ``start`` read KV use (unix seconds), above the threshold or not."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        return [ts / 1000 for (ts,) in con.execute(
+            "SELECT s.ts_ms FROM samples s JOIN series r ON r.id = s.series_id "
+            "WHERE r.metric = 'vllm:kv_cache_usage_perc' AND s.ts_ms >= ? ORDER BY s.ts_ms", (int(start * 1000),))]
+    finally:
+        con.close()
+
+
+def disagreed(onset: float | None, seen: float | None, prom_times: list[float], tuner_times: list[float]) -> bool:
+    """Whether the two scrapers disagreed on the condition: one sampled KV use above the threshold and the other
+    sampled it below after that, before its own first sample above (a crossing shorter than the scrape interval,
+    caught by one side's phase and not the other's). Then the gap between their first samples above is sampling,
+    not latency, and it can be any length; it went either way in the runs of 2026-11-25. All the other scrapes in
+    between were below the threshold by the definition of a first sample above."""
+    if onset is None or seen is None:
+        return False
+    if seen > onset:  # Prometheus first: did tuner scrape in between (and so read it below)?
+        return any(onset < t < seen for t in tuner_times)
+    return any(seen < t < onset for t in prom_times)
+
+
 def tuner_steps(db: Path, start: float) -> tuple[float | None, float | None, float | None]:
     """From tuner's own store: the start of its first scrape that saw KV use above the threshold after
     ``start``, how long that scrape took, and when the alert went to firing (unix seconds)."""
@@ -188,6 +214,8 @@ def measure(trials: int) -> dict:
 
         rows: list[tuple] = []
         steps: list[tuple[float | None, float | None, float | None]] = []
+        split: list[bool] = []  # per trial: the scrapers disagreed on the condition (disagreed())
+        between: list[tuple[int, int]] = []  # per trial: Prometheus's samples above, of all, before tuner's first
         phase = random.Random(15)
         for trial in range(trials):
             # A random part of a scrape interval before the load: the trials otherwise start a fixed time after the
@@ -206,6 +234,12 @@ def measure(trials: int) -> dict:
             t_at, p_at = hook_t.first_firing_after(start, "KVCacheHigh"), hook_p.first_firing_after(start, "KVCacheHigh")
             rows.append((trial + 1, onset, t_at, p_at))
             steps.append(tuner_steps(work / "tuner.db", start))
+            split.append(disagreed(onset, steps[-1][0], [t for t, _ in samples if t >= start],
+                                   tuner_sample_times(work / "tuner.db", start)))
+            # Prometheus's own samples from its onset to tuner's first above: were they above all along?
+            seen_t = steps[-1][0]
+            inside = [v for t, v in samples if onset is not None and seen_t is not None and onset <= t < seen_t]
+            between.append((sum(v > THRESHOLD for v in inside), len(inside)))
             def since(t: float | None, ref: float | None) -> str:
                 return "-" if t is None or ref is None else f"{t - ref:.2f}s"
 
@@ -220,9 +254,13 @@ def measure(trials: int) -> dict:
                     any(at >= start and any(a["status"] == "resolved" for a in body["alerts"])
                         for at, body in h.arrivals) for h in (hook_t, hook_p)):
                 time.sleep(0.5)
-            time.sleep(3)
+            # ...and be gone from both Alertmanagers: an aggregation group outlives its last alert until the next
+            # maintenance (every 30 s), and a new alert joining a group still there is sent at that group's next
+            # group_interval tick (0-1 s) instead of after group_wait (1 s): each side's luck with its own
+            # Alertmanager's timers, not its latency. Every trial starts both with no group.
+            time.sleep(31)
 
-        return {"rows": rows, "steps": steps, "load_end": os.getloadavg()[0]}
+        return {"rows": rows, "steps": steps, "split": split, "between": between, "load_end": os.getloadavg()[0]}
     finally:
         if tuner is not None:
             tuner.terminate()
@@ -236,16 +274,30 @@ def verdict(m: dict) -> tuple[bool, str]:
     """Issue 15's goal 3 on one measure(): tuner's median onset -> webhook at most Prometheus + Alertmanager's and
     no trial above 2x theirs, over the trials where both notified, with both onsets (Prometheus's first sample
     above, and either scraper's); met only if it holds with both."""
-    got = medians(m["rows"], [st[0] for st in m["steps"]])
+    split = m.get("split") or [False] * len(m["rows"])
+    agreed = [(r, st) for r, st, s in zip(m["rows"], m["steps"], split) if not s]
+    got = medians([r for r, _ in agreed], [st[0] for _, st in agreed])
     if got is None:
-        return False, "no trial where both notified"
+        return False, "no trial where both notified and the scrapers agreed on the condition"
     ok = all(t <= p and worst <= 2.0 for t, p, worst, _ in got.values())
-    return ok, "; ".join(f"onset {name}: tuner {t:.2f} s vs {p:.2f} s, worst trial {worst:.2f}× ({n} trials)"
-                         for name, (t, p, worst, n) in got.items())
+    out = "; ".join(f"onset {name}: tuner {t:.2f} s vs {p:.2f} s, worst trial {worst:.2f}× ({n} trials)"
+                    for name, (t, p, worst, n) in got.items())
+    if any(split):
+        out += (f" (over the trials where the scrapers agreed on the condition; {sum(split)} where one sampled a "
+                "crossing shorter than the interval that the other did not are shown apart)")
+    return ok, out
+
+
+def _between(b: tuple[int, int]) -> str:
+    above, n = b
+    return ("no" if not n else f"no: Prometheus's samples from its onset to tuner's first above: {above} of {n} "
+            "above")
 
 
 def report_lines(m: dict, command: str) -> list[str]:
     rows, steps = m["rows"], m["steps"]
+    split = m.get("split") or [False] * len(rows)
+    ok, how = verdict(m)
     lat_t = [t - o for _, o, t, _ in rows if o and t]
     lat_p = [p - o for _, o, _, p in rows if o and p]
     prom_ver = subprocess.run(["prometheus", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
@@ -263,18 +315,24 @@ def report_lines(m: dict, command: str) -> list[str]:
         "",
         "| trial | tuner: onset → webhook (s) | of which: onset → tuner's first scrape above (its start) | "
         "that scrape's duration | its start → firing (evaluation) | firing → webhook | "
-        "Prometheus: onset → webhook (s) |",
-        "|---|---|---|---|---|---|---|",
+        "Prometheus: onset → webhook (s) | scrapers agreed on the condition |",
+        "|---|---|---|---|---|---|---|---|",
         *[f"| {n} | {_d(t, o)} | {_d(st[0], o)} | {'-' if st[1] is None else f'{st[1]:.2f}'} | "
-          f"{_d(st[2], st[0])} | {_d(t, st[2])} | {_d(p, o)} |" for (n, o, t, p), st in zip(rows, steps)],
-        f"| median | {statistics.median(lat_t):.2f} | | | | | {statistics.median(lat_p):.2f} |"
+          f"{_d(st[2], st[0])} | {_d(t, st[2])} | {_d(p, o)} | {'yes' if not sp else _between(b)} |"
+          for (n, o, t, p), st, sp, b in zip(rows, steps, split, m.get("between") or [(0, 0)] * len(rows))],
+        f"| median | {statistics.median(lat_t):.2f} | | | | | {statistics.median(lat_p):.2f} | |"
         if lat_t and lat_p else "",
         "",
-        *([f"Over the {m['prometheus'][3]} trials where both notified: from Prometheus's first sample above, "
-           f"tuner {m['prometheus'][0]:.2f} s against {m['prometheus'][1]:.2f} s (worst trial "
-           f"{m['prometheus'][2]:.2f}× theirs); from either scraper's first sample above (neither side's scrape "
-           f"phase credited to the other), tuner {m['either'][0]:.2f} s against {m['either'][1]:.2f} s (worst "
-           f"{m['either'][2]:.2f}×).", ""] if (m := medians(rows, [st[0] for st in steps])) else []),
+        *([f"Over the {med['prometheus'][3]} trials where both notified: from Prometheus's first sample above, "
+           f"tuner {med['prometheus'][0]:.2f} s against {med['prometheus'][1]:.2f} s (worst trial "
+           f"{med['prometheus'][2]:.2f}× theirs); from either scraper's first sample above (neither side's scrape "
+           f"phase credited to the other), tuner {med['either'][0]:.2f} s against {med['either'][1]:.2f} s (worst "
+           f"{med['either'][2]:.2f}×).", ""] if (med := medians(rows, [st[0] for st in steps])) else []),
+        f"Goal 3 (issue 15): {'met' if ok else 'not met'}: {how}. A trial where the scrapers disagreed: one sampled "
+        "KV use above the threshold and the other, scraping after that, sampled it below (a crossing shorter than "
+        "the 1 s interval, which only one side's scrape phase caught); the gap between their first samples above is "
+        "then sampling, not alerting latency.",
+        "",
         "Both include up to 1 s of scrape phase and Alertmanager's 1 s group_wait; Prometheus's also up to 1 s of "
         "evaluation phase (its rules run at a phase of their own), tuner's the wait for its evaluation (since "
         "2026-11-25 in phase with its scrapes: due as a round of scrapes is handed out, it reads them as they land). "

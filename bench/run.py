@@ -112,8 +112,9 @@ def _goals(runs: list[dict], alerts: dict | None) -> list[str]:
         lag = t["lag_p99_s"]
         out += [f"| 1. CPU per target-scrape ≤ Prometheus's ({r['targets']} targets, rules on both sides) | "
                 f"{ratio:.2f}× | {'yes' if ratio <= 1.0 else 'no'} |",
-                f"| 2. {r['targets']} targets: every scheduled scrape, lag p99 < 1 s, ≤ 25% of a core, RSS ≤ 250 MB | "
-                f"{t['scrapes_ok']:,} / {r['scheduled']:,.0f} (Prometheus {p['scrapes_ok']:,}), lag p99 {lag:.3f} s, {core * 100:.0f}%, {_mib(rss)} | "
+                f"| 2. {r['targets']} targets: every scheduled scrape, lag p99 < 1 s, ≤ 25% of a core, "
+                f"RSS ≤ 250 MB | {t['scrapes_ok']:,} / {r['scheduled']:,.0f} (Prometheus {p['scrapes_ok']:,}), "
+                f"lag p99 {lag:.3f} s, {core * 100:.0f}%, {_mib(rss)} | "
                 f"{'yes' if every and lag < 1.0 and core <= CORE_BUDGET and rss <= RSS_BUDGET else 'no'} |"]
     if alerts is not None:
         ok, how = alert_latency.verdict(alerts)

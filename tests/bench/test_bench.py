@@ -129,4 +129,23 @@ def test_alert_latency_goal_is_met_only_by_a_median_no_later_and_no_trial_past_t
     # slower median from Prometheus's onset: not met
     slow = run([(1, 100.0, 102.0, 101.5), (2, 200.0, 202.0, 201.5), (3, 300.0, 301.0, 301.5)], [100.9, 200.9, 300.0])
     assert verdict(slow)[0] is False
-    assert verdict(run([(1, 100.0, None, 101.0)], [None])) == (False, "no trial where both notified")
+    assert verdict(run([(1, 100.0, None, 101.0)], [None]))[0] is False
+
+
+def test_scrapers_disagree_only_when_one_scraped_the_condition_below_after_the_other_saw_it_above() -> None:
+    """A trial where one side's scrape came between the other's first sample above and its own, and so read the
+    condition below, is a crossing shorter than the interval (sampling); consecutive first samples are not."""
+    from bench.alert_latency import disagreed, verdict
+
+    prom, tuner = [100.0, 101.0, 102.0, 103.0], [99.8, 100.8, 101.8, 102.8]
+    assert disagreed(101.0, 101.8, prom, tuner) is False  # tuner's next scrape after Prometheus's onset saw it
+    assert disagreed(101.0, 102.8, prom, tuner) is True  # tuner scraped at 101.8 in between, below
+    assert disagreed(102.0, 100.8, prom, tuner) is True  # the other way: Prometheus scraped 101.0 below
+    assert disagreed(101.0, 100.8, prom, tuner) is False
+    assert disagreed(None, 100.8, prom, tuner) is False
+    # the verdict leaves the disagreeing trials out (here the one that was 6x theirs), whichever side was first
+    m = {"rows": [(1, 100.0, 101.0, 101.5), (2, 200.0, 206.8, 201.1), (3, 300.0, 301.2, 301.6)],
+         "steps": [(100.0, 0.01, None), (205.8, 0.01, None), (300.0, 0.01, None)], "split": [False, True, False]}
+    ok, how = verdict(m)
+    assert ok is True and "(2 trials)" in how and "1 where one sampled" in how
+    assert verdict({**m, "split": [False, False, False]})[0] is False

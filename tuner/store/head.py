@@ -5,16 +5,17 @@ memory for the same reason).
 The store's one writer appends each committed scrape's points (Store.write); a target's head is filled from
 SQLite the first time a window of it is asked for (Store.window), and from then on holds every stored point of
 its series from ``held_from`` on (each metric's from its ``since``), so a window within that span reads the same
-points from here as from SQLite (tests/store/test_head.py holds the two equal). Points are arrays, and each series remembers where it fell (a
-counter reset, a histogram bucket lower than the row before), so a window's increase is worked out from its
-first and last points and its falls (tuner/signals/promql.py): a histogram row is decoded only when read.
+points from here as from SQLite (tests/store/test_head.py holds the two equal). Points are arrays, and each series
+remembers where it fell (a counter reset, a histogram bucket lower than the row before), so a window's increase is
+worked out from its first and last points and its falls (tuner/signals/promql.py): a histogram row is decoded only
+when read.
 
 Each metric is kept for the longest window asked of it (and a margin), not the target's longest: the alert rules'
 10-minute windows read goodput's histograms and the process start time, so the other series are not kept 10 minutes
 for nothing (bench/RESULTS.md, 2026-11-25: the head was most of the daemon's growth over its ingest).
 
-What the head does not hold it does not answer: a window that starts before a metric's ``since`` is read from SQLite
-and fills the head from there (up to MAX_SPAN_MS); a point older than the series' newest (a clock stepped back)
+What the head does not hold it does not answer: a window that starts before a metric's ``since`` is read from
+SQLite and fills the head from there (up to MAX_SPAN_MS); a point older than the series' newest (a clock stepped back)
 drops the target's head, to be filled again at its next window.
 """
 
