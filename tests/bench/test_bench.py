@@ -149,3 +149,13 @@ def test_scrapers_disagree_only_when_one_scraped_the_condition_below_after_the_o
     ok, how = verdict(m)
     assert ok is True and "(2 trials)" in how and "1 where one sampled" in how
     assert verdict({**m, "split": [False, False, False]})[0] is False
+
+
+def test_a_trial_where_only_prometheus_notified_fails_goal_3() -> None:
+    from bench.alert_latency import verdict
+
+    m = {"rows": [(1, 100.0, 101.0, 101.5), (2, 200.0, None, 204.6), (3, 300.0, 301.2, 301.6)],
+         "steps": [(100.0, 0.01, None), (200.2, 0.01, None), (300.0, 0.01, None)], "split": [False, False, False]}
+    ok, how = verdict(m)
+    assert ok is False and "1 trial(s) where Prometheus notified and tuner did not" in how
+    assert verdict({**m, "rows": [m["rows"][0], (2, 200.0, 201.1, None), m["rows"][2]]})[0] is True
