@@ -272,3 +272,34 @@ def test_an_evaluation_reads_the_scrape_due_with_it_the_moment_it_lands(tmp_path
 def _first(store, sql: str):
     with store.engine.connect() as conn:
         return conn.execute(text(sql)).scalar()
+
+
+def test_a_rules_reload_in_a_running_daemon_replaces_the_evaluation_loop(tmp_path, store):
+    """SIGHUP's reload while the daemon runs: the old groups' loop stops, the new groups are evaluated on the
+    scrapes' clock (here: a new group's rule fires on the served condition)."""
+    import threading
+
+    line = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} '
+    metrics = Route(body=fixture_text(VLLM_FIXTURE).replace(line + "0.0\n", line + "0.9\n"))
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("groups:\n  - name: g\n    interval: 1s\n    rules:\n"
+                     "      - {alert: Low, signal: kv_cache_usage, op: '<', threshold: 0.5, window: 1m, for: 0s}\n")
+    with serve({"/metrics": metrics, "/health": Route(body=b"")}) as url:
+        cfg = parse_config(_config(tmp_path, {"chat": url}) + f"alerting: {{rule_files: ['{rules}']}}\n")
+        daemon = Daemon(cfg, store)
+        runner = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False})
+        runner.start()
+        try:
+            wait_for(lambda: daemon.rule_loop is not None, 30, "the rules' loop to start")
+            old = daemon.rule_loop
+            rules.write_text("groups:\n  - name: h\n    interval: 1s\n    rules:\n"
+                             "      - {alert: High, signal: kv_cache_usage, op: '>', threshold: 0.5, window: 1m, "
+                             "for: 0s}\n")
+            assert daemon.reload_rules() is True
+            assert daemon.rule_loop is not old and old is not None and old._stopping  # noqa: SLF001
+            wait_for(lambda: _first(store, "SELECT COUNT(*) FROM alert_events WHERE rule LIKE '%High%' "
+                                           "AND to_state = 'firing'"), 30, "the new group's alert to fire")
+        finally:
+            daemon.stop()
+            runner.join(30)
+    assert not _first(store, "SELECT COUNT(*) FROM alert_events WHERE rule LIKE '%Low%'")

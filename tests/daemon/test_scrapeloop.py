@@ -141,3 +141,18 @@ def test_settle_returns_once_the_loop_stops() -> None:
     gates["a"].set()
     wake.set()
     assert done == [True]  # not held for its 30 s: a stopping loop has nothing more to wait for
+
+
+def test_unspread_first_runs_all_start_at_the_origin() -> None:
+    """The alert groups' loop: every group's first evaluation at the origin, then each on its own interval."""
+    clock = _Clock(until=4.0)
+    runs: list[tuple[str, float]] = []
+    loop = ScrapeLoop(["a", "b"], {"a": 1.0, "b": 2.0}.__getitem__, lambda item: runs.append((item, clock())),
+                      workers=2, clock=clock, sleep=clock.sleep, start=0.5, spread=False)
+    clock.loop = loop
+    loop.start()
+    assert loop._thread is not None  # noqa: SLF001
+    loop._thread.join(30)  # noqa: SLF001
+    loop.stop()
+    assert [t for i, t in runs if i == "a"] == [0.5, 1.5, 2.5, 3.5]
+    assert [t for i, t in runs if i == "b"] == [0.5, 2.5]

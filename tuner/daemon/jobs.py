@@ -55,7 +55,7 @@ _FLUSH_S = 0.25  # the writer commits queued scrapes this often: one transaction
 _FLUSH_MAX = 100  # or as soon as this many wait
 # An evaluation is due this long after a round of the first target's scrapes is handed out: time for the scrape loop
 # to hand it out (the two schedules run on different threads), and settle() then waits for it to land.
-_EVAL_AFTER = timedelta(milliseconds=5)
+_EVAL_AFTER_S = 0.005
 _SIGNALS_COST_S = 0.015  # one target's window + derive over a full 5-minute window (bench/RESULTS.md)
 
 
@@ -80,7 +80,9 @@ class Daemon:
         self._applied: set[str] = jr.targets_with_applies(store.engine)  # targets the journal has applies of
         self.scheduler: BackgroundScheduler | None = None
         self.scrape_loop: ScrapeLoop[str] | None = None
-        self._origin = datetime.now(timezone.utc)  # the scrape schedule's origin (its first round), by the wall clock
+        self.rule_loop: ScrapeLoop[str] | None = None  # the alert groups' evaluations (_start_rules)
+        self._origin = time.monotonic()  # the scrape schedule's origin (its first round)
+        self._step = 1.0  # the first scraped target's interval: a round of scrapes starts every _step from _origin
         self._settle_s = 0.0  # how long an evaluation may wait for the scrapes due before it to land
         for t in cfg.targets:
             store.ensure_target(t.name, t.backend, t.url, t.labels)
@@ -266,24 +268,31 @@ class Daemon:
         ok = self.alerting.reload()
         if not ok:
             self._job_error("rules", self.alerting.last_error)
-        elif self.scheduler is not None:
-            self._schedule_rules(self.scheduler)
+        elif self.rule_loop is not None:
+            self._start_rules()
         return ok
 
-    def _schedule_rules(self, sched: BackgroundScheduler) -> None:
-        for job in sched.get_jobs():
-            if job.id.startswith("rules:"):
-                job.remove()
-        # In phase with the scrapes: each evaluation is due just after a round of the first target's scrapes is handed
-        # out (its interval a multiple of the scrapes': every round), and it first waits for the scrapes due by then
-        # to land (evaluate_once), so a condition is evaluated the moment its scrape is stored. Half an interval out of
-        # phase, as before, every alert waited half an evaluation interval more for nothing (bench/RESULTS.md,
-        # "Alert latency"); Prometheus's rules run at a phase of their own, on average as late.
-        now = datetime.now(timezone.utc)
-        for g in self.alerting.rules.groups:
-            rounds = max(1, math.ceil((now - self._origin) / g.interval))
-            sched.add_job(self.evaluate_once, IntervalTrigger(seconds=g.interval.total_seconds()), args=[g.name],
-                          id=f"rules:{g.name}", next_run_time=self._origin + g.interval * rounds + _EVAL_AFTER)
+    def _start_rules(self) -> None:
+        """Evaluate each alert group every ``interval``, in phase with the scrapes, on their clock (monotonic):
+        each evaluation is due just after a round of scrapes is handed out (its interval a multiple of the first
+        target's: every round), and it first waits for the scrapes due by then to land (evaluate_once), so a
+        condition is evaluated the moment its scrape is stored. Half an interval out of phase, as before 2026-11-25,
+        every alert waited half an evaluation interval more for nothing (bench/RESULTS.md, "Alert latency");
+        Prometheus's rules run at a phase of their own, on average as late. On APScheduler's wall clock the phase
+        was not the scrapes' to keep. A group still evaluating when it is due again is not run twice; a late loop
+        runs once and comes back in phase (ScrapeLoop). A reload replaces the loop."""
+        old, self.rule_loop = self.rule_loop, None
+        if old is not None:
+            old.stop(wait=False)
+        groups = {g.name: g for g in self.alerting.rules.groups}
+        if not groups:
+            return
+        # the first evaluation a round after now (at the start: after the first round, every target scraped once)
+        rounds = max(1, math.ceil((time.monotonic() - self._origin) / self._step))
+        self.rule_loop = ScrapeLoop(list(groups), lambda name: groups[name].interval.total_seconds(),
+                                    self.evaluate_once, workers=len(groups) + 1, spread=False, what="evaluation",
+                                    start=self._origin + rounds * self._step + _EVAL_AFTER_S)
+        self.rule_loop.start()
 
     # ---- apply side: managed servers, auto mode, crash recovery ----------------------------------
 
@@ -401,15 +410,15 @@ class Daemon:
         sched = BackgroundScheduler(executors={"default": ThreadPoolExecutor(workers)},
                                     job_defaults={"max_instances": 1, "coalesce": True},
                                     timezone=timezone.utc)
-        # One origin, read by both clocks at once, for the scrape schedule (monotonic) and the rules' (wall clock).
-        origin, now = time.monotonic(), datetime.now(timezone.utc)
-        self._origin = now
+        now = datetime.now(timezone.utc)
+        self._origin = time.monotonic()  # the scrapes' schedule and the rules' (_start_rules) from here
         direct = {t.name: t for t in self.cfg.targets if t.source != "prometheus"}
+        self._step = next((self.cfg.interval(t).total_seconds() for t in direct.values()), 1.0)
         self._settle_s = max((self.cfg.timeout(t).total_seconds() for t in direct.values()), default=0.0)
         # First scrapes spread over the interval, so many targets do not fire at once.
         self.scrape_loop = ScrapeLoop(list(direct), lambda name: self.cfg.interval(direct[name]).total_seconds(),
                                       lambda name: self.scrape_once(direct[name]),
-                                      workers=max(4, min(32, len(direct) + 2)), start=origin)
+                                      workers=max(4, min(32, len(direct) + 2)), start=self._origin)
         fleets: dict[timedelta, list[Target]] = defaultdict(list)  # read from Prometheus: one job per interval
         for t in self.cfg.targets:
             if t.source == "prometheus":
@@ -440,12 +449,12 @@ class Daemon:
         sched.add_job(self.apply_status_once, IntervalTrigger(seconds=5), id="apply-status", next_run_time=now)
         sched.add_job(self.retention_once, IntervalTrigger(minutes=10), id="retention",
                       next_run_time=now + timedelta(seconds=30))
-        self._schedule_rules(sched)
         if self.cfg.alerting.alertmanagers:
             sched.add_job(self.notify_once, IntervalTrigger(seconds=1), id="notify", next_run_time=now)
         self._writer = threading.Thread(target=self._write_forever, name="store-writer", daemon=True)
         self._writer.start()
         self.scrape_loop.start()
+        self._start_rules()
         sched.start()
         self.scheduler = sched
         threading.Thread(target=self._watch_clock, name="clock-watch", daemon=True).start()
@@ -486,6 +495,8 @@ class Daemon:
             self._stop.set()  # max_seconds ran out: the writer and the clock watch stop too
             assert self.scheduler is not None and self.scrape_loop is not None
             self.scrape_loop.stop(wait=True)
+            if self.rule_loop is not None:
+                self.rule_loop.stop(wait=True)
             self.scheduler.shutdown(wait=True)
             if self._writer is not None:
                 self._writer.join()

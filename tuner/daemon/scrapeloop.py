@@ -33,11 +33,14 @@ class ScrapeLoop(Generic[T]):
 
     def __init__(self, items: Sequence[T], every: Callable[[T], float], run: Callable[[T], object], *,
                  workers: int, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], object] | None = None, start: float | None = None) -> None:
+                 sleep: Callable[[float], object] | None = None, start: float | None = None, spread: bool = True,
+                 what: str = "scrape") -> None:
         """``start``: the schedule's origin on ``clock`` (the first item's first run; default: when the loop's
-        thread starts), so that another schedule can be laid in phase with this one. ``clock`` and ``sleep``
-        (wait at most that long; the default wakes at ``stop``) are for tests."""
+        thread starts), so that another schedule can be laid in phase with this one; ``spread``: the first runs
+        spread over one interval (False: every item's at the origin); ``what``: the runs' name in the log.
+        ``clock`` and ``sleep`` (wait at most that long; the default wakes at ``stop``) are for tests."""
         self._items = list(items)
+        self._spread, self._what = spread, what
         self._every = {item: max(every(item), 1e-3) for item in self._items}
         self._run = run
         self._clock = clock
@@ -85,7 +88,7 @@ class ScrapeLoop(Generic[T]):
 
     def _loop(self) -> None:
         start = self._clock() if self._origin is None else self._origin
-        n = max(1, len(self._items))
+        n = max(1, len(self._items)) if self._spread else float("inf")  # i / inf: every first run at the start
         heap = self._heap
         with self._lock:
             heap[:] = [(start + self._every[item] * (i / n), i, item) for i, item in enumerate(self._items)]
@@ -102,8 +105,8 @@ class ScrapeLoop(Generic[T]):
             late = int((now - due) // every)  # whole intervals missed: run once, then back in phase
             if late:
                 self.skipped += late
-                log.warning("scrape of %s ran %.1f s late; %d due run(s) folded into this one", item, now - due,
-                            late)
+                log.warning("%s of %s ran %.1f s late; %d due run(s) folded into this one", self._what, item,
+                            now - due, late)
             with self._lock:
                 heapq.heapreplace(heap, (due + (late + 1) * every, i, item))
                 busy = item in self._running
@@ -111,8 +114,8 @@ class ScrapeLoop(Generic[T]):
                     self._running[item] = due
             if busy:
                 self.refused += 1
-                log.warning("scrape of %s skipped: its previous scrape is still running (slower than its "
-                            "interval)", item)
+                log.warning("%s of %s skipped: its previous %s is still running (slower than its interval)",
+                            self._what, item, self._what)
                 continue
             try:
                 self._pool.submit(self._one, item)
@@ -126,7 +129,7 @@ class ScrapeLoop(Generic[T]):
         try:
             self._run(item)
         except Exception:  # the run records its own failures; this is a bug, and must not stop the schedule
-            log.exception("scrape of %s failed unexpectedly", item)
+            log.exception("%s of %s failed unexpectedly", self._what, item)
         finally:
             with self._lock:
                 self._running.pop(item, None)
