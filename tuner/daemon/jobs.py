@@ -462,9 +462,8 @@ class Daemon:
     def _watch_clock(self) -> None:
         """APScheduler times its jobs by the wall clock: after the clock steps back an hour it would wait that
         hour before the next signals refresh or notification (scrapes and rule evaluations are on the monotonic
-        clock). Measured against the monotonic
-        clock, a step back reschedules every job stranded in the future to run now (a step forward needs nothing:
-        late jobs run once, coalesced)."""
+        clock). Measured against the monotonic clock, a step back reschedules every job stranded in the future to
+        run now (a step forward needs nothing: late jobs run once, coalesced)."""
         skew = time.time() - time.monotonic()
         while not self._stop.wait(1.0):
             step, skew = time.time() - time.monotonic() - skew, time.time() - time.monotonic()

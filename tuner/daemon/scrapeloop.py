@@ -44,7 +44,7 @@ class ScrapeLoop(Generic[T]):
         self._every = {item: max(every(item), 1e-3) for item in self._items}
         self._run = run
         self._clock = clock
-        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="scrape")
+        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix=what)
         self._origin = start
         self._running: dict[T, float] = {}  # item -> the due time of its run in flight
         self._heap: list[tuple[float, int, T]] = []  # (next due, index, item): built when the loop starts
