@@ -73,7 +73,8 @@ def test_a_target_still_being_scraped_is_refused_not_run_twice() -> None:
 
     class _Busy(_Clock):
         def sleep(self, dt: float) -> None:  # time passes while the first run hangs; released at 3.5
-            if started.is_set() and not release.is_set():
+            assert started.wait(10)  # the first run (due at 0, handed out before this sleep) is in flight
+            if not release.is_set():
                 if self.now + dt < 3.5:
                     self.now += dt
                     return
