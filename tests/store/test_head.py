@@ -4,7 +4,8 @@ One store writes with the head on; a second Store over the same file, without on
 The history is recorded vLLM and llama-server expositions with counters advancing, and everything the head keeps
 track of happening in it: counter resets and histogram buckets falling (a server restart), a series appearing
 on a held target, a histogram's bucket layout changing, a scrape older than the newest (a clock stepped back), a
-write rolled back, and long enough for the head to trim itself.
+write rolled back, failed scrapes, /health answers and a config change (the target's health and configs, which
+the store keeps beside the head), and long enough for the head to trim itself.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tuner.errors import StoreError
 from tuner.lab.replay import ReplayExposition
 from tuner.signals.derive import SIGNAL_METRICS, compute_signals
 from tuner.store.db import open_engine
-from tuner.store.store import Scraped, Store
+from tuner.store.store import Failed, Scraped, Store
 from tuner.store.window import HistPoints, Points, TargetWindow
 
 T = 1_700_000_000.0
@@ -65,7 +66,11 @@ class _History:
             counts = list(h.counts)
             counts[8] = counts[7] = counts[6] = 0.0
             hists[key] = Histogram(h.bounds, tuple(counts), h.sum, h.count)
-        snap = replace(snap, engines=(replace(e, values=values, histograms=hists),))
+        config = dict(e.config)
+        if step >= 80:  # the engine restarted with another config: the newest is the window's
+            config["gpu_memory_utilization"] = "0.85"
+        healthy = True if 45 <= step < 50 else False if step == 50 else None  # /health asked, then not (None)
+        snap = replace(snap, engines=(replace(e, values=values, histograms=hists, config=config),), healthy=healthy)
         llama = llamacpp.snapshot_from_text(self.llama.render().decode(), target="l", ts=ts, slots=self.slots)
         return [snap, llama]
 
@@ -101,7 +106,10 @@ def test_head_windows_and_signals_equal_sqlites_over_a_recorded_history(tmp_path
         ts = T + 5 * step
         if step == 100:  # a clock stepped back: a scrape older than the newest
             mem.write([Scraped(s) for s in history.scrape(step, ts - 12.5)])
-        mem.write([Scraped(s) for s in history.scrape(step, ts)])
+        items: list[Scraped | Failed] = [Scraped(s) for s in history.scrape(step, ts)]
+        if 70 <= step < 73:  # "v" down for three scrapes: its failures count up, its last success stands
+            items[0] = Failed("v", "vllm", "", ts, 3.0, "connection refused")
+        mem.write(items)
         now = ts + 2.5
         for target in ("v", "l"):
             for window_s in (300.0, 60.0):
@@ -219,7 +227,10 @@ def test_each_metric_is_kept_for_the_longest_window_asked_of_it_and_reads_the_sa
     long = metrics_for({"goodput_ratio", "restarts"})
     for step in range(200):  # 1,000 s of scrapes, 5 s apart; the restart at step 60, a new series at 40
         ts = T + 5 * step
-        mem.write([Scraped(s) for s in history.scrape(step, ts)])
+        items: list[Scraped | Failed] = [Scraped(s) for s in history.scrape(step, ts)]
+        if 70 <= step < 73:  # "v" down for three scrapes: its failures count up, its last success stands
+            items[0] = Failed("v", "vllm", "", ts, 3.0, "connection refused")
+        mem.write(items)
         now = ts + 2.5
         for window_s, metrics in ((600.0, long), (300.0, SIGNAL_METRICS)):
             got = mem.window("v", now - window_s, now, metrics=metrics)

@@ -199,6 +199,10 @@ class Store:
         self._scrapes: dict[str, int] = {}  # target -> scrapes stored or recorded failed by this process
         self._head: Head | None = None
         self._new_infos: list[tuple[str, list[SeriesInfo]]] = []  # series the transaction in progress created
+        # target -> (backend, configs, health) as SQLite holds them, for the windows the head answers: read once,
+        # then kept by this Store's writes (_keep_meta), not read back at every window (3 queries and a pooled
+        # connection: ~40% of a head window's cost at 1,000 targets, bench/RESULTS.md 2026-11-25 evening)
+        self._meta: dict[str, tuple[str, dict[tuple[str, str], dict], TargetHealth | None]] = {}
 
     def keep_head(self, metrics: Collection[str]) -> None:
         """Keep the newest points of the series named in ``metrics`` in memory (tuner/store/head.py): a window of
@@ -241,6 +245,7 @@ class Store:
         self._series_by_key.clear()
         self._configs.clear()
         self._shapes.clear()
+        self._meta.clear()
         if self._head is not None:
             self._head.clear()
 
@@ -270,9 +275,36 @@ class Store:
                 for target, infos in self._new_infos:
                     self._head.new_series(target, infos)
                 self._head.append(plain, hist, raw_counts or ())
+            if self._meta:
+                self._keep_meta(items, healths)
         for item in items:  # committed
             self._scrapes[item.target] = self._scrapes.get(item.target, 0) + 1
         return written
+
+    def _keep_meta(self, items: Sequence[Scraped | Failed], healths: list[tuple]) -> None:
+        """The committed batch's health rows and configs on the targets whose meta is kept: what _UPSERT_HEALTH and
+        _config_seen made of them in SQLite (tests/store/test_head.py holds the two equal)."""
+        for item, (_, health, error, ts, success, duration, failed, healthy) in zip(items, healths):
+            kept = self._meta.get(item.target)
+            if kept is None:
+                continue
+            backend, configs, prev = kept
+            if prev is not None and ts < prev.last_scrape_ms:  # a clock stepped back: read it again when asked
+                del self._meta[item.target]
+                continue
+            now = TargetHealth(
+                health=health, last_error=error, last_scrape_ms=ts,
+                last_success_ms=success if success is not None or prev is None else prev.last_success_ms,
+                last_duration_s=duration,
+                consecutive_failures=(prev.consecutive_failures + 1 if prev is not None else 1) if failed else 0,
+                server_healthy=None if health == "down" else
+                bool(healthy) if healthy is not None else None if prev is None else prev.server_healthy)
+            if isinstance(item, Scraped) and any(e.config for e in item.snap.engines):
+                configs = dict(configs)  # a window already handed out keeps its own
+                for e in item.snap.engines:
+                    if e.config:
+                        configs[(e.engine, e.model_name)] = dict(sorted(e.config.items()))
+            self._meta[item.target] = (backend, configs, now)
 
     def _write_rows(self, items: Sequence[Scraped | Failed], plain: list, hist: list, raw_counts: list | None,
                     scrapes: list, healths: list, written: list, touches: list) -> None:
@@ -513,19 +545,24 @@ class Store:
 
     def _head_window(self, target: str, lo: int, hi: int,
                      got: list[tuple[SeriesInfo, Points | HistPoints]]) -> TargetWindow:
-        """The window from the head's points, with the target's health and configs read from SQLite."""
-        with self.engine.connect() as conn:
-            raw = _driver(conn)
-            try:
-                trow = raw.execute(_SELECT_TARGET, (target,)).fetchone()
-                if trow is None:  # deleted since the head held it
-                    raise UnknownTargetError(target, self.target_names())
-                tid, backend = trow
-                configs = {(engine, model): json.loads(config)
-                           for engine, model, config in raw.execute(_SELECT_CONFIGS, (tid,))}
-                health = _health_of(raw.execute(_SELECT_HEALTH, (tid,)).fetchone())
-            except sqlite3.DatabaseError as exc:
-                raise StoreError(f"{self.engine.url}: {exc}") from None
+        """The window from the head's points, with the target's backend, health and configs (read from SQLite
+        the first time, then kept by the writes: _keep_meta)."""
+        kept = self._meta.get(target)
+        if kept is None:
+            with self._lock, self.engine.connect() as conn:  # no write lands between the read and keeping it
+                raw = _driver(conn)
+                try:
+                    trow = raw.execute(_SELECT_TARGET, (target,)).fetchone()
+                    if trow is None:  # deleted since the head held it
+                        raise UnknownTargetError(target, self.target_names())
+                    tid, backend = trow
+                    configs = {(engine, model): json.loads(config)
+                               for engine, model, config in raw.execute(_SELECT_CONFIGS, (tid,))}
+                    health = _health_of(raw.execute(_SELECT_HEALTH, (tid,)).fetchone())
+                except sqlite3.DatabaseError as exc:
+                    raise StoreError(f"{self.engine.url}: {exc}") from None
+                kept = self._meta[target] = (backend, configs, health)
+        backend, configs, health = kept
         got.sort(key=lambda g: g[0].id)  # the order a read from SQLite gives (series id)
         return _assemble(target, backend, lo, hi, health, configs,
                          [(i.engine, i.model_name, i.metric, i.labels, i.bounds, pts) for i, pts in got])
