@@ -35,6 +35,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.stallwatch import StallWatch  # noqa: E402
 from tuner.rules.model import default_rule_files  # noqa: E402
 from tuner.apply.launch import ServerProcess, free_port, vllm_argv, vllm_cpu_env  # noqa: E402
 
@@ -206,7 +207,8 @@ def measure(trials: int) -> dict:
         procs += [am_t, am_p]
 
         cfg = work / "tuner.yaml"
-        cfg.write_text(f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\nlisten: 127.0.0.1:{free_port()}\n"
+        tuner_port = free_port()
+        cfg.write_text(f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\nlisten: 127.0.0.1:{tuner_port}\n"
                        "defaults: {scrape_interval: 1s, scrape_timeout: 1s}\n"
                        f"targets:\n  - {{name: tiny, backend: vllm, url: '{url}'}}\n"
                        f"alerting: {{rule_files: ['{work / 'rules.yaml'}'], alertmanagers: ['{am_t_url}'], "
@@ -229,12 +231,16 @@ def measure(trials: int) -> dict:
         prom.wait_healthy(f"http://127.0.0.1:{prom_port}", 20, path="/-/ready")
         tuner = subprocess.Popen([*tuner_cmd, "run"], stdout=open(work / "tuner.log", "w"), stderr=subprocess.STDOUT)
         time.sleep(5)
+        # tuner's process stalled for up to 10 s in earlier runs (2026-11-25 14:45): catch one in the act
+        watch = StallWatch(tuner.pid, tuner_port, out=work / "stalls.txt")
+        watch.start()
 
         rows: list[tuple] = []
         steps: list[tuple[float | None, float | None, float | None]] = []
         split: list[bool] = []  # per trial: the scrapers disagreed on the condition (disagreed())
         between: list[tuple[int, int]] = []  # per trial: Prometheus's samples above, of all, before tuner's first
         late: list[float] = []  # per trial: the longest tuner's scrape loop ran late (tuner_late())
+        stalls: list[list[tuple[float, str]]] = []  # per trial: tuner's stalls caught by the watch (length, what)
         phase = random.Random(15)
         for trial in range(trials):
             # A random part of a scrape interval before the load: the trials otherwise start a fixed time after the
@@ -269,6 +275,7 @@ def measure(trials: int) -> dict:
             inside = [v for t, v in samples if onset is not None and seen_t is not None and onset <= t < seen_t]
             between.append((sum(v > THRESHOLD for v in inside), len(inside)))
             late.append(tuner_late(work / "tuner.log", start, time.time()))
+            stalls.append([(st.seconds, st.summary) for st in watch.within(start, time.time())])
             def since(t: float | None, ref: float | None) -> str:
                 return "-" if t is None or ref is None else f"{t - ref:.2f}s"
 
@@ -289,8 +296,14 @@ def measure(trials: int) -> dict:
             # Alertmanager's timers, not its latency. Every trial starts both with no group.
             time.sleep(31)
 
-        return {"rows": rows, "steps": steps, "split": split, "between": between, "late": late, "load_end": os.getloadavg()[0]}
+        watch.stop()
+        return {"rows": rows, "steps": steps, "split": split, "between": between, "late": late, "stalls": stalls,
+                "load_end": os.getloadavg()[0]}
     finally:
+        if (work / "stalls.txt").exists():  # every thread's stack in each stall: kept for whoever reads the run
+            kept = Path(tempfile.gettempdir()) / f"tuner-alert-stalls-{time.strftime('%Y%m%dT%H%M%S')}.txt"
+            shutil.copy(work / "stalls.txt", kept)
+            print(f"tuner's stalls, with every thread's stack: {kept}")
         if tuner is not None:
             tuner.terminate()
             tuner.wait(15)
@@ -327,6 +340,17 @@ def _between(b: tuple[int, int]) -> str:
             "above")
 
 
+def _stall_lines(stalls: list[list[tuple[float, str]]]) -> list[str]:
+    """What the stall watch (bench/stallwatch.py) caught of tuner's process, trial by trial."""
+    caught = [(n, secs, what) for n, trial in enumerate(stalls, 1) for secs, what in trial]
+    if not caught:
+        return [f"tuner's process answered its HTTP port within 1 s all through the {len(stalls)} trials (probed every "
+                "0.25 s by bench/stallwatch.py): no stall.", ""] if stalls else []
+    return ["Stalls of tuner's process (its HTTP port unanswered over 1 s; probed every 0.25 s by "
+            "bench/stallwatch.py, which recorded its threads while each lasted):", "",
+            *[f"- trial {n}: {secs:.1f} s: {what}" for n, secs, what in caught], ""]
+
+
 def report_lines(m: dict, command: str) -> list[str]:
     rows, steps = m["rows"], m["steps"]
     split = m.get("split") or [False] * len(rows)
@@ -357,6 +381,7 @@ def report_lines(m: dict, command: str) -> list[str]:
         f"| median | {statistics.median(lat_t):.2f} | | | | | {statistics.median(lat_p):.2f} | | |"
         if lat_t and lat_p else "",
         "",
+        *_stall_lines(m.get("stalls") or []),
         *([f"Over the {med['prometheus'][3]} trials where both notified: from Prometheus's first sample above, "
            f"tuner {med['prometheus'][0]:.2f} s against {med['prometheus'][1]:.2f} s (worst trial "
            f"{med['prometheus'][2]:.2f}× theirs); from either scraper's first sample above (neither side's scrape "

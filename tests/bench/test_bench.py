@@ -159,3 +159,62 @@ def test_a_trial_where_only_prometheus_notified_fails_goal_3() -> None:
     ok, how = verdict(m)
     assert ok is False and "1 trial(s) where Prometheus notified and tuner did not" in how
     assert verdict({**m, "rows": [m["rows"][0], (2, 200.0, 201.1, None), m["rows"][2]]})[0] is True
+
+
+_STALLER = """
+import re, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(404); self.send_header("Content-Length", "0"); self.end_headers()
+    def log_message(self, *a):
+        pass
+
+srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+print(srv.server_address[1], flush=True)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+sys.stdin.readline()
+# Holds the GIL for seconds: the regex engine never lets go while it backtracks.
+re.match(r"(a+)+$", "a" * int(sys.argv[1]) + "b")
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_the_stall_watch_catches_a_process_that_stops_answering_and_names_the_gil_holder(tmp_path: Path) -> None:
+    """A real process whose one thread holds the GIL in a long C call (a backtracking regex) while its HTTP server
+    thread waits: the watch records one stall, as long as the call, with that thread running and holding the GIL.
+    Before the call the same process answers, and no stall is recorded."""
+    from bench.stallwatch import StallWatch
+
+    n = 26  # ~2**26 backtracking steps: a second or more here
+    proc = subprocess.Popen([sys.executable, "-c", _STALLER, str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        port = int(proc.stdout.readline())
+        watch = StallWatch(proc.pid, port, out=tmp_path / "stalls.txt", every_s=0.05, after_s=0.3)
+        watch.start()
+        time.sleep(0.5)  # answered promptly all along: nothing recorded
+        assert watch.stalls == []
+        t0 = time.monotonic()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "done"
+        held = time.monotonic() - t0
+        deadline = time.monotonic() + 10
+        while not watch.stalls and time.monotonic() < deadline:  # the stall's answer came; its record follows
+            time.sleep(0.05)
+        watch.stop()
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert held > 0.8, f"the regex held the GIL only {held:.2f} s: too short to be a stall here"
+    assert len(watch.stalls) == 1, watch.stalls
+    stall = watch.stalls[0]
+    assert held - 0.3 - 0.2 <= stall.seconds <= held + 0.2, (stall.seconds, held)
+    assert "R" in stall.summary and "CPU in the next 0.5 s: python" in stall.summary, stall.summary
+    if watch.py_spy is not None:  # py-spy is the bench's; the test suite may run without it
+        assert "re.py" in stall.summary or "match" in stall.summary, stall.summary
+    assert (tmp_path / "stalls.txt").read_text().count("=== stall") == 1
