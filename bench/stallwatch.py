@@ -5,8 +5,10 @@ late", bench/RESULTS.md 2026-11-25 14:45), and a log line written after the stal
 process's HTTP port every ``every_s``; when an answer takes longer than ``after_s``, it records, while the stall
 lasts: each thread's state, kernel wait channel and CPU time over half a second (/proc), the machine's pressure
 (/proc/pressure), and, where py-spy is installed, every thread's stack with native frames and which one holds the
-GIL. One stall's record tells the cases apart: a thread running with the GIL (a long call that never lets go), threads
-runnable but given no CPU (the machine or a cgroup), a thread in uninterruptible sleep (IO).
+GIL; and over the whole stall, how long its threads ran and how long they waited runnable for a CPU (schedstat), and
+which processes on the machine used the CPU meanwhile. One stall's record tells the cases apart: a thread running with
+the GIL (a long call that never lets go), threads runnable but given no CPU (the machine or a cgroup), threads asleep
+with nothing to wake them, a thread in uninterruptible sleep (IO).
 
     watch = StallWatch(pid, port, out=Path("stalls.txt")); watch.start(); ...; watch.stop(); watch.stalls
 """
@@ -56,6 +58,39 @@ def threads_of(pid: int) -> dict[int, tuple[str, str, str, float]]:
     return out
 
 
+def schedstat(pid: int) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) summed over ``pid``'s threads (/proc schedstat)."""
+    ran = waited = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0, 0.0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                on_cpu, delay, _ = f.read().split()
+        except (OSError, ValueError):
+            continue
+        ran, waited = ran + int(on_cpu), waited + int(delay)
+    return ran / 1e9, waited / 1e9
+
+
+def cpu_by_process() -> dict[int, tuple[str, float]]:
+    """pid -> (name, CPU seconds) of every process on the machine."""
+    out: dict[int, tuple[str, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2:].split()
+        out[int(entry)] = (raw[raw.index("(") + 1:raw.rindex(")")], (int(fields[11]) + int(fields[12])) / _CLK)
+    return out
+
+
 def _pressure() -> str:
     parts = []
     for kind in ("cpu", "io", "memory"):
@@ -92,6 +127,7 @@ class StallWatch:
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
             at, t0 = time.time(), time.monotonic()
+            sched0 = schedstat(self.pid)  # what the stall, if this probe finds one, is measured from
             try:
                 sock = socket.create_connection(("127.0.0.1", self.port), timeout=self.after_s)
             except OSError:
@@ -103,7 +139,8 @@ class StallWatch:
                     continue
                 except (socket.timeout, TimeoutError):
                     pass
-                summary = self._capture(at)
+                procs0, c0 = cpu_by_process(), time.monotonic()
+                summary = f"captured {c0 - t0:.1f} s after the probe: " + self._capture(at)
                 sock.settimeout(0.25)
                 while not self._stop.is_set():  # the stall lasts until the answer comes
                     try:
@@ -113,7 +150,17 @@ class StallWatch:
                         continue
                     except OSError:
                         break
-                self.stalls.append(Stall(at, time.monotonic() - t0, summary))
+                seconds = time.monotonic() - t0
+                ran, waited = (b - a for a, b in zip(sched0, schedstat(self.pid)))
+                procs1, c1 = cpu_by_process(), time.monotonic()
+                top = sorted(((procs1[p][1] - procs0[p][1], procs1[p][0], p) for p in procs1 if p in procs0),
+                             reverse=True)[:4]
+                whole = (f"over the whole stall its threads ran {ran:.2f} s and waited {waited:.2f} s runnable for a "
+                         f"CPU; the machine's busiest processes from its capture on ({c1 - c0:.1f} s): "
+                         + ", ".join(f"{name}[{p}] {cpu:.1f} s" for cpu, name, p in top))
+                with open(self.out, "a") as f:
+                    f.write(f"=== stall ended after {seconds:.1f} s: {whole}\n\n")
+                self.stalls.append(Stall(at, seconds, f"{whole}; {summary}"))
             except OSError:
                 continue
             finally:
