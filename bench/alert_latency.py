@@ -42,7 +42,8 @@ from tuner.apply.launch import ServerProcess, free_port, vllm_argv, vllm_cpu_env
 THRESHOLD, HOLD = 0.5, "0s"  # no `for`: the time measured is detection + delivery
 INTERVAL_S = 1.0  # both sides' scrape and evaluation interval
 # The trial's load, in a process of its own started before the trial: it imports, says so, and sends when told.
-_LOAD = ("import sys; from tuner.lab.load import run_load; print('ready', flush=True); sys.stdin.readline(); "
+_LOAD = ("import sys; from tuner.lab.load import run_load; print('ready', flush=True); "
+         "sys.stdin.readline() or sys.exit(0); "
          "run_load(sys.argv[1], model='tiny', n_requests=32, concurrency=16, prompt_tokens_approx=600, "
          "max_tokens=380, timeout_s=300)")
 
@@ -230,7 +231,12 @@ def measure(trials: int) -> dict:
                                     f"--web.listen-address=127.0.0.1:{prom_port}"], None, work / "prom.log")
         procs.append(prom)
         prom.wait_healthy(f"http://127.0.0.1:{prom_port}", 20, path="/-/ready")
-        tuner = subprocess.Popen([*tuner_cmd, "run"], stdout=open(work / "tuner.log", "w"), stderr=subprocess.STDOUT)
+        # Each process in a session of its own, as Prometheus, vLLM and the Alertmanagers are (ServerProcess) and as
+        # a service runs: with the kernel's autogroup scheduling (kernel.sched_autogroup_enabled=1 here) a session
+        # shares one CPU weight, and in the bench's session with the busy load process tuner's threads waited
+        # 5.3 s runnable and ran 0.02 s (bench/RESULTS.md 2026-11-25 16:56, the stall watch's schedstat).
+        tuner = subprocess.Popen([*tuner_cmd, "run"], stdout=open(work / "tuner.log", "w"), stderr=subprocess.STDOUT,
+                                 start_new_session=True)
         time.sleep(5)
         # tuner's process stalled for up to 10 s in earlier runs (2026-11-25 14:45): catch one in the act
         watch = StallWatch(tuner.pid, tuner_port, out=work / "stalls.txt")
@@ -250,8 +256,9 @@ def measure(trials: int) -> dict:
             # The load from a process of its own: in this one its 16 streaming clients held the GIL while the
             # webhooks arrived, and each arrival's time was taken late by as much (both sides alike, at random).
             # Started and imported before the trial: an interpreter starting at the onset competed with both sides.
+            # In a session of its own as well: not sharing a CPU weight with the webhooks' receiver (this process).
             load = subprocess.Popen([sys.executable, "-c", _LOAD, url], cwd=ROOT, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, text=True)
+                                    stdout=subprocess.PIPE, text=True, start_new_session=True)
             assert load.stdout is not None and load.stdin is not None
             if load.stdout.readline().strip() != "ready":
                 raise RuntimeError("the load process did not start")
