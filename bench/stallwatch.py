@@ -37,6 +37,13 @@ class Stall:
     summary: str  # one line: thread states, who used CPU, the GIL holder's frames, pressure
 
 
+def _stat(path: str) -> tuple[str, list[str]]:
+    """A /proc stat file: the command name, and the fields after it (state first)."""
+    with open(path) as f:
+        raw = f.read()
+    return raw[raw.index("(") + 1:raw.rindex(")")], raw[raw.rindex(")") + 2:].split()
+
+
 def threads_of(pid: int) -> dict[int, tuple[str, str, str, float]]:
     """tid -> (name, state, wchan, CPU seconds) of each of ``pid``'s threads; empty when it is gone."""
     out: dict[int, tuple[str, str, str, float]] = {}
@@ -46,14 +53,11 @@ def threads_of(pid: int) -> dict[int, tuple[str, str, str, float]]:
         return out
     for tid in tids:
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                raw = f.read()
+            name, fields = _stat(f"/proc/{pid}/task/{tid}/stat")
             with open(f"/proc/{pid}/task/{tid}/wchan") as f:
                 wchan = f.read().strip() or "-"
         except OSError:
             continue
-        name = raw[raw.index("(") + 1:raw.rindex(")")]
-        fields = raw[raw.rindex(")") + 2:].split()
         out[int(tid)] = (name, fields[0], wchan, (int(fields[11]) + int(fields[12])) / _CLK)
     return out
 
@@ -82,12 +86,10 @@ def cpu_by_process() -> dict[int, tuple[str, float]]:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                raw = f.read()
+            name, fields = _stat(f"/proc/{entry}/stat")
         except OSError:
             continue
-        fields = raw[raw.rindex(")") + 2:].split()
-        out[int(entry)] = (raw[raw.index("(") + 1:raw.rindex(")")], (int(fields[11]) + int(fields[12])) / _CLK)
+        out[int(entry)] = (name, (int(fields[11]) + int(fields[12])) / _CLK)
     return out
 
 

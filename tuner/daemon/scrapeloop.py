@@ -49,7 +49,9 @@ class ScrapeLoop(Generic[T]):
         self._workers = max(1, workers)
         self._queue: queue.SimpleQueue[T | None] = queue.SimpleQueue()  # runs handed out; None: a worker stops
         self._threads: list[threading.Thread] = []  # started as runs need them, up to ``workers``
-        self._idle = 0  # workers waiting on the queue
+        # workers that finished a run and went back to the queue, less the runs handed to them since; with every
+        # worker started it may count one that took a run queued while all were busy (then no worker is started)
+        self._idle = 0
         self._origin = start
         self._running: dict[T, float] = {}  # item -> the due time of its run in flight
         self._heap: list[tuple[float, int, T]] = []  # (next due, index, item): built when the loop starts

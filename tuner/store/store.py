@@ -163,6 +163,12 @@ def _assemble(target: str, backend: str, lo: int, hi: int, health: TargetHealth 
                       for k, v in sorted(engines.items())))
 
 
+def _configs_and_health(raw: sqlite3.Connection, tid: int) -> tuple[dict[tuple[str, str], dict], TargetHealth | None]:
+    """A target's engine configs (the newest seen of each engine and model) and its health, as SQLite holds them."""
+    configs = {(engine, model): json.loads(config) for engine, model, config in raw.execute(_SELECT_CONFIGS, (tid,))}
+    return configs, _health_of(raw.execute(_SELECT_HEALTH, (tid,)).fetchone())
+
+
 def _health_of(row: Sequence[Any] | None) -> TargetHealth | None:
     if row is None:
         return None
@@ -292,13 +298,18 @@ class Store:
             if prev is not None and ts < prev.last_scrape_ms:  # a clock stepped back: read it again when asked
                 del self._meta[item.target]
                 continue
+            if health == "down":  # a down target has no /health answer
+                server_healthy = None
+            elif healthy is not None:  # /health asked at this scrape
+                server_healthy = bool(healthy)
+            else:  # not asked: the last answer stands
+                server_healthy = None if prev is None else prev.server_healthy
             now = TargetHealth(
                 health=health, last_error=error, last_scrape_ms=ts,
                 last_success_ms=success if success is not None or prev is None else prev.last_success_ms,
                 last_duration_s=duration,
                 consecutive_failures=(prev.consecutive_failures + 1 if prev is not None else 1) if failed else 0,
-                server_healthy=None if health == "down" else
-                bool(healthy) if healthy is not None else None if prev is None else prev.server_healthy)
+                server_healthy=server_healthy)
             if isinstance(item, Scraped) and any(e.config for e in item.snap.engines):
                 configs = dict(configs)  # a window already handed out keeps its own
                 for e in item.snap.engines:
@@ -531,10 +542,7 @@ class Store:
                     n = len(_bounds_parse(by_id[sid].bounds))
                     hists[sid] = [HistPoint(ts, decode_counts(counts, n), total, count)
                                   for _, ts, count, total, counts in rows]
-                configs = {}
-                for engine, model, config in raw.execute(_SELECT_CONFIGS, (tid,)):
-                    configs[(engine, model)] = json.loads(config)
-                health = _health_of(raw.execute(_SELECT_HEALTH, (tid,)).fetchone())  # as of the same read
+                configs, health = _configs_and_health(raw, tid)  # as of the same read
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"{self.engine.url}: {exc}") from None
         return _assemble(target, backend, lo, hi, health, configs,
@@ -556,9 +564,7 @@ class Store:
                     if trow is None:  # deleted since the head held it
                         raise UnknownTargetError(target, self.target_names())
                     tid, backend = trow
-                    configs = {(engine, model): json.loads(config)
-                               for engine, model, config in raw.execute(_SELECT_CONFIGS, (tid,))}
-                    health = _health_of(raw.execute(_SELECT_HEALTH, (tid,)).fetchone())
+                    configs, health = _configs_and_health(raw, tid)
                 except sqlite3.DatabaseError as exc:
                     raise StoreError(f"{self.engine.url}: {exc}") from None
                 kept = self._meta[target] = (backend, configs, health)
