@@ -1,6 +1,17 @@
 """Keep, roll back, or say "inconclusive": the window after a change against the window before it. Pure.
 
-Like is compared with like (tuner/signals/load.py says how each window is read):
+**The SLO first.** Where the target has an SLO (budgets at P99 and an objective, the share of requests that must meet
+them) and both windows measured its attainment, the SLO is the first question, in every branch:
+
+* the before window met the objective, the after window breaches it beyond the binomial noise of the two windows'
+  request counts (its 95% Wilson interval lies wholly below the objective, and a two-proportion z-test is CONFIDENT
+  that attainment fell), and the offered load did not rise beyond LOAD_MATCH -> **rolled_back**, whether the windows
+  are below capacity, saturated, or a queue appeared;
+* the before window breached the objective (beyond the noise, as above), the after window meets it, and the offered
+  load did not fall beyond LOAD_MATCH -> **kept**.
+
+Otherwise (no SLO, or its status did not flip) capacity and latency decide, comparing like with like
+(tuner/signals/load.py says how each window is read); for a target with an SLO they are the second signal:
 
 * **Before saturated** (requests waited for the server): what it served was its capacity, so capacity is the
   KPI and more is better. Capacity is finished requests/s over the busy scrape intervals (llama-server:
@@ -8,13 +19,18 @@ Like is compared with like (tuner/signals/load.py says how each window is read):
   - after saturated too: capacity up -> kept, down -> rolled_back;
   - after no longer saturated: the queue is gone, and the new capacity is at least what it served. Served as
     much as before or more -> kept; less -> inconclusive (the load fell, so the new capacity is unknown).
-* **Before below capacity, after saturated**: a queue appeared. If the after window served less than the before
+* **Before below capacity, after saturated**: a queue appeared. If the after window sustained less than the before
   window was offered, the new capacity is below a load the old config handled -> rolled_back. If the offered load
-  also rose, the queue may be the load's doing -> inconclusive, never a rollback.
+  rose beyond LOAD_MATCH, the queue may be the load's doing -> inconclusive. At matched load the latency tests below
+  decide (a queue that costs latency -> rolled_back), else inconclusive.
 * **Both below capacity**: SLO attainment and the latency distributions (TTFT, E2E; llama-server: seconds per
   generated token) at matched offered load. If the loads differ by more than LOAD_MATCH, a verdict is given only
   where it holds whatever the load did: worse under less load -> rolled_back, better under more load -> kept;
   otherwise inconclusive, saying by how much the load differed.
+
+**Reasons are made of facts.** Every clause of a reason ("the offered load rose", "a queue appeared", "capacity
+fell", "the SLO broke") is a ``Clause`` built by one function from the numbers it cites, and carries them: its word
+agrees with its numbers by construction (tests/apply/test_verdict.py holds that over generated profiles).
 
 Every difference must be beyond the noise before it decides anything. Capacity: a bootstrap over the windows'
 scrape intervals (BOOTSTRAP replicates, seeded, so the same data gives the same verdict), giving the probability
@@ -22,10 +38,12 @@ that after > before. Latency: a Mann-Whitney rank test over the histogram's buck
 effect counts when that probability reaches CONFIDENT and the change is at least MIN_EFFECT (capacity) or
 LATENCY_EFFECT (the median): both floors are the noise of a restart of the same config, measured. A latency shift
 must also be at least LATENCY_SLO_SHARE of its SLO budget, where one is set: smaller ones change nothing the SLO
-measures. Too little traffic (fewer than ``min_requests`` finished on either side; llama-server:
-tokens) is inconclusive, and so is a window of fewer than MIN_SCRAPES scrapes (a daemon starved by a loaded
-machine, or scrapes that timed out): a bootstrap over two or three intervals is sure of what it cannot know. No KPI here falls by construction when concurrency rises: per-request throughput is not
-one. A change that improved every KPI it could be judged on is never rolled back.
+measures. No data judges nothing: too little traffic (fewer than ``min_requests`` finished on either side;
+llama-server: tokens) is inconclusive, never a failure, and so is a window of fewer than MIN_SCRAPES scrapes (a
+daemon starved by a loaded machine, or scrapes that timed out): a bootstrap over two or three intervals is sure of
+what it cannot know. What an apply does when observation ends inconclusive is the target's
+``apply.on_inconclusive`` (keep | rollback). No KPI here falls by construction when concurrency rises: per-request
+throughput is not one. A change that improved every KPI it could be judged on is never rolled back.
 """
 
 from __future__ import annotations
@@ -37,8 +55,9 @@ from typing import Any, Sequence
 
 from tuner.signals.load import Interval, LoadProfile
 
-__all__ = ["Verdict", "judge", "MIN_SCRAPES", "CONFIDENT", "MIN_EFFECT", "LATENCY_EFFECT", "LATENCY_SLO_SHARE", "LOAD_MATCH",
-           "BOOTSTRAP"]
+__all__ = ["Verdict", "Clause", "SloCheck", "SloSide", "judge", "slo_check", "slo_line", "wilson", "load_clause",
+           "queue_clause", "effect_clause", "slo_clause", "MIN_SCRAPES", "CONFIDENT", "MIN_EFFECT", "LATENCY_EFFECT",
+           "LATENCY_SLO_SHARE", "LOAD_MATCH", "LOAD_HELD", "BOOTSTRAP"]
 
 CONFIDENT = 0.95
 # Noise floors, measured: the same vLLM config restarted under the same load on a 2-core host served 11% less and
@@ -49,11 +68,76 @@ LATENCY_EFFECT = 0.25  # relative change of the median (P50) that matters, besid
 # moving 12 -> 18 ms under a 2 s budget is significant to a rank test over 150 requests, and irrelevant).
 LATENCY_SLO_SHARE = 0.05
 LOAD_MATCH = 1.25  # offered loads within this ratio are "matched"
+LOAD_HELD = 0.05  # a load that moved less than this share "held" (in words; LOAD_MATCH decides)
+Z95 = 1.959964  # the 95% interval of an attainment (Wilson)
 BOOTSTRAP = 2000
 # Fewer scrapes than this in a window judge nothing: a clean-clone demo run kept a change on 3 scrapes after it (its
 # daemon stalled 10-15 s under the demo's load) whose capacity had in fact fallen 12%. The apply observes on.
 MIN_SCRAPES = 6
 _SEED = 20261122
+
+
+@dataclass(frozen=True)
+class Clause:
+    """One fact of a reason, with the numbers it is made of: ``word`` is read off them, never chosen apart.
+
+    kind: load | queue | capacity | goodput | attainment | latency | slo | traffic; word: rose | fell | held
+    (load, capacity, latency...), appeared | gone | stayed | none (queue), broke | cured | met | breached | unsure
+    (slo)."""
+
+    kind: str
+    word: str
+    text: str
+    before: float | None = None
+    after: float | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "word": self.word, "text": self.text, "before": self.before, "after": self.after}
+
+
+@dataclass(frozen=True)
+class SloSide:
+    attainment: float
+    n: float  # finished requests it is a share of
+    lo: float  # 95% Wilson interval
+    hi: float
+    status: str  # met (attainment >= objective) | breached (hi < objective) | unsure (below, within the noise)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"attainment": round(self.attainment, 4), "n": self.n, "interval": [round(self.lo, 4),
+                round(self.hi, 4)], "status": self.status}
+
+
+@dataclass(frozen=True)
+class SloCheck:
+    """The SLO line: the objective, and each window's attainment with its interval."""
+
+    objective: float
+    budgets: dict[str, float]  # ttft/itl/e2e -> P99 budget, seconds
+    before: SloSide
+    after: SloSide
+    p_worse: float  # P(after's attainment < before's), two-proportion z-test
+
+    @property
+    def broke(self) -> bool:
+        return self.before.status == "met" and self.after.status == "breached" and self.p_worse >= CONFIDENT
+
+    @property
+    def cured(self) -> bool:
+        return self.before.status == "breached" and self.after.status == "met" and 1 - self.p_worse >= CONFIDENT
+
+    def line(self) -> str:
+        budgets = ", ".join(f"{k.upper()} P99 {v:g}s" for k, v in self.budgets.items())
+
+        def side(s: SloSide) -> str:
+            return f"{s.attainment:.1%} [{s.lo:.1%}, {s.hi:.1%}] of {s.n:.0f} ({s.status})"
+        return (f"SLO {self.objective:.4g} of requests within {budgets or 'its budgets'}: before {side(self.before)}"
+                f", after {side(self.after)} (95% Wilson intervals)")
+
+    def as_json(self) -> dict[str, Any]:
+        return {"objective": self.objective, "budgets": self.budgets, "before": self.before.as_json(),
+                "after": self.after.as_json(), "p_worse": round(self.p_worse, 4), "broke": self.broke,
+                "cured": self.cured, "line": self.line()}
 
 
 @dataclass(frozen=True)
@@ -64,10 +148,13 @@ class Verdict:
     test: str  # the method that decided
     before: dict[str, Any] = field(default_factory=dict)
     after: dict[str, Any] = field(default_factory=dict)
+    clauses: tuple[Clause, ...] = ()  # the facts the reason is made of, deciding ones first
+    slo: SloCheck | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"outcome": self.outcome, "reason": self.reason, "confidence": round(self.confidence, 4),
-                "test": self.test, "before": self.before, "after": self.after}
+                "test": self.test, "slo": self.slo.as_json() if self.slo else None, "before": self.before,
+                "after": self.after, "clauses": [c.as_json() for c in self.clauses]}
 
 
 @dataclass(frozen=True)
@@ -215,6 +302,146 @@ def _attainment(b: LoadProfile, a: LoadProfile) -> _Effect | None:
     return _Effect("SLO attainment", pb, pa, p_up, pa - pb if pb else _rel(pb, pa), True)
 
 
+# ---- the SLO line ---------------------------------------------------------------------------------------------
+
+def wilson(p: float, n: float, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a share ``p`` of ``n`` trials."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = min(1.0, max(0.0, p))
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _slo_side(attainment: float, n: float, objective: float) -> SloSide:
+    lo, hi = wilson(attainment, n)
+    status = "met" if attainment >= objective else "breached" if hi < objective else "unsure"
+    return SloSide(attainment, n, lo, hi, status)
+
+
+def slo_check(b: LoadProfile, a: LoadProfile) -> SloCheck | None:
+    """Each window's SLO attainment against the objective; None without an SLO or an attainment on both sides."""
+    objective = b.slo_objective if b.slo_objective is not None else a.slo_objective
+    eff = _attainment(b, a)
+    if objective is None or eff is None or b.slo_attainment is None or a.slo_attainment is None:
+        return None
+    return SloCheck(objective, dict(b.slo_budgets or a.slo_budgets),
+                    _slo_side(b.slo_attainment, b.finished or 0.0, objective),
+                    _slo_side(a.slo_attainment, a.finished or 0.0, objective), 1 - eff.p_up)
+
+
+def slo_line(before: dict[str, Any], after: dict[str, Any]) -> str | None:
+    """The SLO line from two windows' summaries (LoadProfile.summary(), as the journal keeps them); None without an
+    SLO on record."""
+    objective = before.get("slo_objective") or after.get("slo_objective")
+    pb, pa = before.get("slo_attainment"), after.get("slo_attainment")
+    if not isinstance(objective, (int, float)):
+        return None
+    budgets = before.get("slo_budgets") or after.get("slo_budgets") or {}
+
+    def side(p: Any, n: Any) -> SloSide | None:
+        if not isinstance(p, (int, float)) or not isinstance(n, (int, float)) or n <= 0:
+            return None
+        return _slo_side(float(p), float(n), float(objective))
+
+    sb, sa = side(pb, before.get("finished")), side(pa, after.get("finished"))
+    if sb is None or sa is None:
+        have = sb or sa
+        which = "before" if sb else "after" if sa else None
+        return (f"SLO {objective:.4g} of requests within their budgets: attainment measured "
+                f"{'on neither side' if which is None else 'only ' + which + f' ({have.attainment:.1%})'}")  # type: ignore[union-attr]
+    nb, na = float(before["finished"]), float(after["finished"])
+    pooled = (sb.attainment * nb + sa.attainment * na) / (nb + na)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / nb + 1 / na))
+    p_up = 0.5 if se == 0 else 0.5 * (1 + math.erf((sa.attainment - sb.attainment) / se / math.sqrt(2)))
+    if se == 0 and sa.attainment != sb.attainment:
+        p_up = 1.0 if sa.attainment > sb.attainment else 0.0
+    return SloCheck(float(objective), dict(budgets), sb, sa, 1 - p_up).line()
+
+
+# ---- the clauses: one function each, the word read off the numbers the clause cites ---------------------------
+
+def load_clause(b: LoadProfile, a: LoadProfile) -> Clause:
+    """The offered load before and after (llama-server: generated tokens/s stand in for it)."""
+    bv, av = b.offered, a.offered
+    what = "offered load" if b.counts_requests else "generated load"
+    if bv is None or av is None:
+        return Clause("load", "unknown", f"the {what} is not known ({_num(bv)} -> {_num(av)} {b.unit})", bv, av)
+    if bv <= 0:
+        word = "rose" if av > 0 else "held"
+        return Clause("load", word, f"the {what} {word}: {bv:.3f} -> {av:.3f} {b.unit}", bv, av)
+    ratio = av / bv
+    word = "rose" if ratio > 1 + LOAD_HELD else "fell" if ratio < 1 - LOAD_HELD else "held"
+    same = 1 / LOAD_MATCH <= ratio <= LOAD_MATCH
+    return Clause("load", word, f"the {what} {word}: {bv:.3f} -> {av:.3f} {b.unit} ({ratio - 1:+.0%}, "
+                  f"{'within' if same else 'beyond'} the {LOAD_MATCH:g}x that counts as the same load)", bv, av)
+
+
+def queue_clause(b: LoadProfile, a: LoadProfile) -> Clause:
+    """Whether requests waited for the server, before and after (signals/load.py's ``saturated``)."""
+    bv, av = b.queue_time_share, a.queue_time_share
+    if bv is None or av is None:
+        bv, av = b.waiting_share, a.waiting_share
+        shares = f"samples with requests waiting {_pct(bv)} -> {_pct(av)}"
+    else:
+        shares = f"time queued {_pct(bv)} -> {_pct(av)} of request time, queued share {_pct(b.queued_share)} -> " \
+                 f"{_pct(a.queued_share)}"
+    if not b.saturated and a.saturated:
+        return Clause("queue", "appeared", f"a queue appeared ({shares})", bv, av)
+    if b.saturated and not a.saturated:
+        return Clause("queue", "gone", f"the queue is gone ({shares})", bv, av)
+    if b.saturated:
+        return Clause("queue", "stayed", f"requests waited on both sides: both windows saturated ({shares})", bv, av)
+    return Clause("queue", "none", f"below capacity on both sides ({shares})", bv, av)
+
+
+def effect_clause(e: _Effect, kind: str) -> Clause:
+    """A KPI before and after with its test: rose or fell only beyond the noise, else held."""
+    word = "rose" if e._up else "fell" if e._down else "held"
+    verb = word if word != "held" else "did not change beyond the noise"
+    return Clause(kind, word, f"{e.name} {verb}: {_num(e.before)} -> {_num(e.after)} ({e.rel:+.0%}, P(up) "
+                  f"{e.p_up:.2f})", e.before, e.after)
+
+
+def slo_clause(c: SloCheck) -> Clause:
+    """The SLO's status before and after: broke, cured, or what it was on both sides."""
+    b, a = c.before, c.after
+    if c.broke:
+        word, text = "broke", "the SLO broke"
+    elif c.cured:
+        word, text = "cured", "the SLO was cured"
+    elif b.status == a.status:
+        word, text = b.status, f"the SLO {'held' if b.status == 'met' else 'was ' + b.status + ' on both sides'}"
+    else:
+        word, text = "unsure", "the SLO's status changed within the noise"
+    return Clause("slo", word, f"{text}: attainment {b.attainment:.1%} [{b.lo:.1%}, {b.hi:.1%}] -> {a.attainment:.1%} "
+                  f"[{a.lo:.1%}, {a.hi:.1%}] against its objective {c.objective:.4g} (P(fell) {c.p_worse:.2f})",
+                  b.attainment, a.attainment)
+
+
+def _served_clause(b: LoadProfile, a: LoadProfile) -> Clause:
+    """After a queue went: what the server serves now against the capacity it sustained with the queue."""
+    bv, av = b.capacity or 0.0, a.served or 0.0
+    word = "held" if av >= bv * (1 - MIN_EFFECT) else "fell"
+    return Clause("served", word, f"it serves {av:.3f} {b.unit}, {'at least' if word == 'held' else 'less than'} "
+                  f"{1 - MIN_EFFECT:.0%} of the {bv:.3f} it sustained with a queue", bv, av)
+
+
+def _sustained_clause(b: LoadProfile, a: LoadProfile) -> Clause:
+    """After a queue appeared: what the server sustains now against the load the old flags served."""
+    bv, av = b.offered or 0.0, a.capacity or 0.0
+    word = "below" if av < bv * (1 - MIN_EFFECT) else "near"
+    return Clause("sustained", word, f"the server now sustains {av:.3f} {b.unit}, "
+                  f"{'less than' if word == 'below' else 'within ' + format(MIN_EFFECT, '.0%') + ' of or above'} "
+                  f"the {bv:.3f} the old flags served without a queue", bv, av)
+
+
+def _traffic_clause(side: str, what: str) -> Clause:
+    return Clause("traffic", "too_little", what)
+
+
 # ---- the verdict ----------------------------------------------------------------------------------------------
 
 def _traffic(p: LoadProfile) -> tuple[float, str]:
@@ -223,91 +450,114 @@ def _traffic(p: LoadProfile) -> tuple[float, str]:
     return p.generated_tokens or 0.0, "tokens generated (the server counts no requests)"
 
 
+_SLO_TEST = "SLO attainment: two-proportion z-test, 95% Wilson intervals"
+_CAP_TEST = "capacity: bootstrap over busy scrape intervals"
+_LAT_TEST = "latency: Mann-Whitney U over histogram buckets; attainment: two-proportion z-test"
+
+
 def judge(before: LoadProfile | None, after: LoadProfile | None, *, min_requests: int) -> Verdict:
     """The verdict on a change, from the window before it and the window after it."""
     bs = before.summary() if before else {}
     as_ = after.summary() if after else {}
+    slo: SloCheck | None = None
 
-    def v(outcome: str, reason: str, confidence: float, test: str) -> Verdict:
-        return Verdict(outcome, reason, confidence, test, bs, as_)
+    def v(outcome: str, clauses: Sequence[Clause], confidence: float, test: str) -> Verdict:
+        return Verdict(outcome, "; ".join(c.text for c in clauses), confidence, test, bs, as_, tuple(clauses), slo)
 
     if before is None or after is None:
         side = "before" if before is None else "after"
-        return v("inconclusive", f"too little traffic to judge: fewer than two scrapes {side} the change", 0.0,
-                 "none")
+        return v("inconclusive", [_traffic_clause(side, f"too little traffic to judge: fewer than two scrapes {side} "
+                                  "the change")], 0.0, "none")
     for side, p in (("before", before), ("after", after)):
         n, unit = _traffic(p)
         if n < min_requests:
-            return v("inconclusive", f"too little traffic to judge: {n:.0f} {unit} {side} the change "
-                     f"(min_requests {min_requests})", 0.0, "none")
+            return v("inconclusive", [_traffic_clause(side, f"too little traffic to judge: {n:.0f} {unit} {side} the "
+                                      f"change (min_requests {min_requests})")], 0.0, "none")
         if p.samples < MIN_SCRAPES:
-            return v("inconclusive", f"too few scrapes to judge: {p.samples} {side} the change (at least "
-                     f"{MIN_SCRAPES}; scrapes were late or failed)", 0.0, "none")
+            return v("inconclusive", [_traffic_clause(side, f"too few scrapes to judge: {p.samples} {side} the change "
+                                      f"(at least {MIN_SCRAPES}; scrapes were late or failed)")], 0.0, "none")
 
     cap = _capacity(before, after)
-    load = _load_text(before, after)
+    load, queue = load_clause(before, after), queue_clause(before, after)
+    ratio = _load_ratio(before, after)
+    not_risen = ratio is None or ratio <= LOAD_MATCH
+    not_fallen = ratio is None or ratio >= 1 / LOAD_MATCH
+    slo = slo_check(before, after)
+    slo_said: list[Clause] = []
+    if slo is not None:
+        said = slo_clause(slo)
+        if slo.broke and not_risen:
+            return v("rolled_back", [said, load, queue, effect_clause(cap, "capacity")], slo.p_worse, _SLO_TEST)
+        if slo.cured and not_fallen:
+            return v("kept", [said, load, queue, effect_clause(cap, "capacity")], 1 - slo.p_worse, _SLO_TEST)
+        slo_said = [said]  # no flip to decide on: the SLO's status is said after what decided
+
+    out = _second_signal(before, after, cap, load, queue, not_risen)
+    outcome, clauses, confidence, test = out
+    if outcome == "rolled_back" and slo is not None and slo.cured:
+        # attainment went from breached to met (under a load that fell): never rolled back for it
+        outcome, confidence = "inconclusive", 1 - slo.p_worse
+    return v(outcome, [*clauses, *slo_said], confidence, test)
+
+
+def _second_signal(before: LoadProfile, after: LoadProfile, cap: _Effect, load: Clause, queue: Clause,
+                   not_risen: bool) -> tuple[str, list[Clause], float, str]:
+    """Capacity and latency: the judgement without an SLO, the second signal with one."""
     if before.saturated:
         good = _goodput(before, after)
-        effects = [cap] + ([good] if good else [])
-        worse = [e for e in effects if e.worse]
-        better = [e for e in effects if e.better]
-        test = "capacity: bootstrap over busy scrape intervals"
-        detail = "; ".join(e.text() for e in effects)
+        effects = [(cap, "capacity")] + ([(good, "goodput")] if good else [])
+        worse = [e for e, _ in effects if e.worse]
+        better = [e for e, _ in effects if e.better]
+        said = [effect_clause(e, kind) for e, kind in effects]
         if after.saturated:
             if better and not worse:
-                return v("kept", f"capacity rose (both windows saturated): {detail}", cap.confidence, test)
+                return "kept", [*said, queue, load], cap.confidence, _CAP_TEST
             if worse and not better:
-                return v("rolled_back", f"capacity fell (both windows saturated): {detail}", cap.confidence, test)
-            return v("inconclusive", f"capacity did not change beyond the noise (both windows saturated): {detail}",
-                     max((e.confidence for e in effects), default=0.5), test)
-        served_now = after.served or 0.0
-        capacity_before = before.capacity or 0.0
-        if cap.better or (not cap.worse and served_now >= capacity_before * (1 - MIN_EFFECT)):
-            return v("kept", f"the queue is gone and it serves at least as much: {detail}; queued share "
-                     f"{_pct(before.queued_share)} -> {_pct(after.queued_share)}", cap.confidence, test)
-        return v("inconclusive", f"the queue is gone but the load fell, so the new capacity is unknown: {detail}; "
-                 f"{load}", cap.confidence, test)
+                return "rolled_back", [*said, queue, load], cap.confidence, _CAP_TEST
+            return ("inconclusive", [*said, queue, load], max((e.confidence for e, _ in effects), default=0.5),
+                    _CAP_TEST)
+        served = _served_clause(before, after)
+        if cap.better or (not cap.worse and served.word == "held"):
+            return "kept", [queue, served, *said, load], cap.confidence, _CAP_TEST
+        return "inconclusive", [queue, served, load, *said], cap.confidence, _CAP_TEST
 
     if after.saturated:
-        offered_before, served_after = before.offered, after.capacity
-        ratio = _load_ratio(before, after)
-        if offered_before and served_after is not None and served_after < offered_before * (1 - MIN_EFFECT) and \
-                (ratio is None or ratio <= LOAD_MATCH):
-            return v("rolled_back", f"a queue appeared and the server now sustains {served_after:.3f} "
-                     f"{before.unit}, less than the {offered_before:.3f} the "
-                     f"old flags served without one; {load}", cap.confidence,
-                     "capacity after vs offered load before")
-        return v("inconclusive", f"a queue appeared, but the offered load rose too; {load}; {cap.text()}",
-                 cap.confidence, "offered load")
+        sustained = _sustained_clause(before, after)
+        if sustained.word == "below" and not_risen:
+            return ("rolled_back", [queue, sustained, load, effect_clause(cap, "capacity")], cap.confidence,
+                    "capacity after vs offered load before")
+        if not not_risen:
+            return ("inconclusive", [queue, load, sustained, effect_clause(cap, "capacity")], cap.confidence,
+                    "offered load")
+        lat = [e for e in _latencies(before, after)]
+        worse_lat = [e for e in lat if e.worse]
+        if worse_lat:
+            return ("rolled_back", [queue, *(effect_clause(e, "latency") for e in worse_lat), load, sustained],
+                    max(e.confidence for e in worse_lat), _LAT_TEST)
+        return ("inconclusive", [queue, sustained, load, *(effect_clause(e, "latency") for e in lat)],
+                max((e.confidence for e in lat), default=cap.confidence), _LAT_TEST)
 
-    effects = [e for e in [_attainment(before, after), *_latencies(before, after)] if e is not None]
-    test = "latency: Mann-Whitney U over histogram buckets; attainment: two-proportion z-test"
-    if not effects:
-        return v("inconclusive", f"below capacity on both sides and no latency to compare; {load}", 0.5, test)
-    worse = [e for e in effects if e.worse]
-    better = [e for e in effects if e.better]
-    detail = "; ".join(e.text() for e in effects)
+    kinds = [(e, "attainment") for e in [_attainment(before, after)] if e is not None] + \
+        [(e, "latency") for e in _latencies(before, after)]
+    if not kinds:
+        return "inconclusive", [queue, load], 0.5, _LAT_TEST
+    worse = [(e, k) for e, k in kinds if e.worse]
+    better = [(e, k) for e, k in kinds if e.better]
     ratio = _load_ratio(before, after)
     matched = ratio is None or 1 / LOAD_MATCH <= ratio <= LOAD_MATCH
-    best = max(e.confidence for e in effects)
+    best = max(e.confidence for e, _ in kinds)
+    said = [effect_clause(e, k) for e, k in kinds]
     if worse and (matched or (ratio is not None and ratio < 1)):
-        return v("rolled_back", f"worse below capacity{'' if matched else ' under less load'}: "
-                 + "; ".join(e.text() for e in worse) + f"; {load}", max(e.confidence for e in worse), test)
+        return ("rolled_back", [*(effect_clause(e, k) for e, k in worse), queue, load],
+                max(e.confidence for e, _ in worse), _LAT_TEST)
     if better and not worse and (matched or (ratio is not None and ratio > 1)):
-        return v("kept", f"better below capacity{'' if matched else ' under more load'}: "
-                 + "; ".join(e.text() for e in better) + f"; {load}", max(e.confidence for e in better), test)
-    if not matched:
-        return v("inconclusive", f"the offered load differed too much to compare latencies: {load}; {detail}", best,
-                 test)
-    return v("inconclusive", f"no difference beyond the noise at matched load: {detail}; {load}", best, test)
+        return ("kept", [*(effect_clause(e, k) for e, k in better), queue, load],
+                max(e.confidence for e, _ in better), _LAT_TEST)
+    return "inconclusive", [queue, load, *said], best, _LAT_TEST
 
 
 def _load_ratio(b: LoadProfile, a: LoadProfile) -> float | None:
     return a.offered / b.offered if b.offered and a.offered is not None else None
-
-
-def _load_text(b: LoadProfile, a: LoadProfile) -> str:
-    return f"{'offered load' if b.counts_requests else 'generated'} {_num(b.offered)} -> {_num(a.offered)} {b.unit}"
 
 
 def _num(v: float | None) -> str:

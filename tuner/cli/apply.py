@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from tuner.app import apply as apply_app
 from tuner.app.judge import judge_dirs, judge_target
+from tuner.apply.verdict import slo_line
 from tuner.cli.common import confirm, session, when
 from tuner.cli.progress import Heartbeat
 from tuner.config import Slo, parse_duration
@@ -25,6 +26,8 @@ def _print_apply(a: jr.StoredApply, *, steps: bool = True) -> None:
     diff = ", ".join(f"{k}: {a.old_flags.get(k, '(default)')} -> {v}" for k, v in a.diff.items())
     rec = f" rec #{a.recommendation_id}" if a.recommendation_id is not None else ""
     print(f"apply #{a.id} {a.target} {a.kind}{rec} ({a.mode}) {when(a.created_ms)}  {diff}")
+    if (line := slo_line(a.baseline, a.after)) is not None:
+        print(f"    {line}")  # the SLO first
     print(f"    state {a.state}" + (f", outcome {a.outcome}" if a.outcome else "") + (f": {a.note}" if a.note else ""))
     if a.kind == "canary" and a.baseline and a.after:  # control and canary over the same window, side by side
         control, canary = a.baseline.get("replica", "control"), a.after.get("replica", "canary")
@@ -36,13 +39,16 @@ def _print_apply(a: jr.StoredApply, *, steps: bool = True) -> None:
     else:
         for label, k in (("before", a.baseline), ("after", a.after)):
             if k:
-                print(f"    {label}: " + ", ".join(f"{n}={_fmt(v)}" for n, v in k.items()))
+                print(f"    {label}: " + ", ".join(f"{n}={_fmt(v)}" for n, v in k.items() if n not in _SLO_KEYS))
     if (cost := _cost_line(a)) is not None:
         print(f"    cost: {cost}")
     if steps:
         for s in a.steps:
             detail = s["detail"] if len(s["detail"]) < 200 else s["detail"][:200] + "…"
             print(f"      {when(s['ts_ms'])} {s['step']}" + (f": {detail}" if detail else ""))
+
+
+_SLO_KEYS = ("slo_objective", "slo_budgets")  # said by the SLO line
 
 
 def _cost_line(a: jr.StoredApply) -> str | None:
@@ -152,6 +158,9 @@ def cmd_judge(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(v.as_json()))
         return 0
+    line = v.slo.line() if v.slo else slo_line(v.before, v.after)
+    if line:
+        print(line)  # the SLO first: the objective, each window's attainment with its interval
     print(f"{v.outcome} (confidence {v.confidence:.2f}): {v.reason}")
     print(f"test: {v.test}")
     keys = [k for k in jr.KPI_KEYS if k in v.before or k in v.after]

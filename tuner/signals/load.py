@@ -80,6 +80,7 @@ class LoadProfile:
     seconds_per_token: float | None  # llama-server's mean decode time per generated token
     intervals: tuple[Interval, ...] = field(default=(), repr=False)
     slo_budgets: dict[str, float] = field(default_factory=dict, repr=False)  # ttft/itl/e2e -> P99 budget, seconds
+    slo_objective: float | None = None  # the share of requests that must meet every budget (None: no SLO)
     hists: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict, repr=False)
 
     # The window's rates in the unit its backend counts: requests where it counts them (vLLM), else tokens.
@@ -109,8 +110,11 @@ class LoadProfile:
         keys = ("start", "end", "samples", "saturated", "offered_rps", "served_rps", "capacity_rps",
                 "slo_goodput_rps", "slo_attainment", "ttft_p99", "e2e_p99", "tokens_per_s", "capacity_tokens_per_s",
                 "queued_share", "queue_time_share", "waiting_share", "mean_in_flight", "ttft_p50", "e2e_p50",
-                "finished", "aborted", "generated_tokens", "seconds_per_token")
-        return {k: _finite(getattr(self, k)) for k in keys}
+                "finished", "aborted", "generated_tokens", "seconds_per_token", "slo_objective")
+        out = {k: _finite(getattr(self, k)) for k in keys}
+        if self.slo_budgets:
+            out["slo_budgets"] = dict(self.slo_budgets)
+        return out
 
 
 def _budgets(slo: Slo | None) -> dict[str, float]:
@@ -295,7 +299,8 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
         e2e_p99=_quantile(*hists["e2e"], 0.99) if "e2e" in hists else None,
         ttft_p50=_quantile(*hists["ttft"], 0.5) if "ttft" in hists else None,
         e2e_p50=_quantile(*hists["e2e"], 0.5) if "e2e" in hists else None,
-        seconds_per_token=None, intervals=intervals, hists=hists, slo_budgets=_budgets(slo))
+        seconds_per_token=None, intervals=intervals, hists=hists, slo_budgets=_budgets(slo),
+        slo_objective=slo.objective if slo is not None and _budgets(slo) else None)
 
 
 def group_profile(name: str, windows: Sequence[TargetWindow], *, slo: Slo | None = None) -> LoadProfile | None:
