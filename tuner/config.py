@@ -276,8 +276,9 @@ class ApplyPolicy(_Model):
     observe: Duration = timedelta(minutes=5)  # window after the health gate
     # an inconclusive verdict keeps observing, in steps of `observe`, up to this long (default 3 x observe)
     observe_max: Duration | None = None
-    # what an apply still inconclusive at observe_max does: restore the previous flags, or keep the new ones
-    on_inconclusive: Literal["keep_previous", "keep_new"] = "keep_previous"
+    # what an apply still inconclusive at observe_max does: roll back to the previous flags, or keep the new ones
+    # (keep_previous and keep_new, the names before, are read as rollback and keep)
+    on_inconclusive: Literal["keep", "rollback"] = "rollback"
     min_requests: int = Field(20, ge=0)  # fewer finished on either side: too little traffic, inconclusive
     # auto mode guardrails
     auto_interval: Duration = timedelta(seconds=30)  # how often auto mode re-evaluates and may apply
@@ -286,6 +287,11 @@ class ApplyPolicy(_Model):
     max_restarts_per_hour: int = Field(2, ge=1)
     maintenance_windows: list[str] = Field(default_factory=list)  # "daily 02:00-04:00", "Sat,Sun 00:00-06:00" (UTC)
     max_consecutive_rollbacks: int = Field(2, ge=1)
+
+    @field_validator("on_inconclusive", mode="before")
+    @classmethod
+    def _old_names(cls, v: object) -> object:
+        return {"keep_new": "keep", "keep_previous": "rollback"}.get(v, v) if isinstance(v, str) else v
 
     @field_validator("maintenance_windows")
     @classmethod

@@ -67,15 +67,20 @@ def test_inconclusive_first_step_observes_on_until_the_verdict_is_sure(store, tm
     assert a.outcome == "kept", (a.note, a.steps)
     assert 10.0 <= clock.slept < 60.0, clock.slept
     assert a.after["window"][1] - a.after["window"][0] == clock.slept  # judged on everything it observed
-    assert a.note.startswith("capacity rose"), a.note  # the client saw it too: 227 -> 613 requests in 25 s
+    assert a.note.startswith("capacity (req/s) rose"), a.note  # the client saw it too: 227 -> 613 requests in 25 s
 
 
 def test_still_inconclusive_at_observe_max_keeps_the_previous_flags(store, tmp_path):
     a, clock = _run(store, tmp_path, "observe_max: 5s")
     assert clock.slept == 5.0 and not any("observing on" in d for d in _details(a, "observing"))
     assert _details(a, "verdict")[0].startswith("inconclusive"), a.steps
-    # by hand: tuner cannot restart the server, so the apply fails with the command that restores the old flags
-    assert a.outcome == "failed" and "previous flags are restored" in a.note and "--max-num-seqs 2" in a.note
+    # by hand: tuner cannot restart the server, so the note gives the command that restores the old flags; no data
+    # judged nothing, which is inconclusive, never a failure (apply.on_inconclusive: rollback says what to do)
+    assert a.outcome == "inconclusive" and "apply.on_inconclusive: rollback" in a.note, a.note
+    assert "restart it by hand" in a.note and "--max-num-seqs 2" in a.note
+    assert _details(a, "restore_by_hand") == ["--max-num-seqs 2"], a.steps
+    from tuner.store import journal as jr
+    assert not jr.new_flags_stand(a)  # the old flags are what should run now
 
 
 def test_still_inconclusive_at_observe_max_with_keep_new_keeps_the_change(store, tmp_path):

@@ -108,9 +108,9 @@ def journal(session: Session, target: str | None = None, limit: int = 20) -> lis
 
 
 def held(session: Session, a: jr.StoredApply) -> bool:
-    """Whether the change stands as the caller asked: kept, inconclusive under ``on_inconclusive: keep_new``, or
+    """Whether the change stands as the caller asked: kept, inconclusive under ``on_inconclusive: keep``, or
     waiting for a restart by hand."""
-    keep_new = a.outcome == "inconclusive" and session.cfg.target(a.target).apply.on_inconclusive == "keep_new"
+    keep_new = a.outcome == "inconclusive" and session.cfg.target(a.target).apply.on_inconclusive == "keep"
     return a.outcome == "kept" or keep_new or a.state == "awaiting_manual"
 
 

@@ -112,7 +112,7 @@ def flags_in_force(engine: Any, t: Target, *, journaled: bool = True) -> dict[st
     caller knows the journal holds no apply of the target (a fleet asks for every target at once).
 
     Managed: what tuner last started it with, unless the config's flags changed since (then the config's).
-    Otherwise: the flags of the last apply whose new flags stand (kept, or inconclusive under keep_new) or of the
+    Otherwise: the flags of the last apply whose new flags stand (kept, or inconclusive under on_inconclusive: keep) or of the
     last rollback, else the config's ``flags``.
     """
     if t.managed is not None:
@@ -355,8 +355,12 @@ class Applier:
         else:
             outcome, reason = v.outcome, (f"canary against control over the same window: {v.reason} (confidence "
                                           f"{v.confidence:.2f}; {v.test})")
+        if v is not None and v.slo is not None:
+            self._step(aid, "slo", v.slo.line())
         self._step(aid, "verdict", f"{outcome}: {reason}")
-        if outcome == "kept" or (outcome == "inconclusive" and t.apply.on_inconclusive == "keep_new"):
+        if outcome == "kept" or (outcome == "inconclusive" and t.apply.on_inconclusive == "keep"):
+            if outcome == "inconclusive":
+                reason += "; the new flags stay (apply.on_inconclusive: keep)"
             try:
                 lb = rolling._lb(self, t)
                 for m in self.cfg.group(t):
@@ -370,7 +374,7 @@ class Applier:
             self.expire_stale(t, aid)
             return jr.get_apply(self.engine, aid)
         if outcome == "inconclusive":
-            reason += "; the previous flags are restored (apply.on_inconclusive: keep_previous)"
+            reason += "; the previous flags are restored (apply.on_inconclusive: rollback)"
         restored = self._restore(aid, p)
         jr.finish(self.engine, aid, outcome, f"{reason}; {restored}; the control was never changed",
                   now=self.clock())
@@ -507,19 +511,27 @@ class Applier:
             outcome, reason = "rolled_back", f"the server died while observed: {died}"
         else:
             outcome, reason = v.outcome, f"{v.reason} (confidence {v.confidence:.2f}; {v.test})"
+        if v is not None and v.slo is not None:
+            self._step(aid, "slo", v.slo.line())  # the SLO line first, before the verdict it led
         self._step(aid, "verdict", f"{outcome}: {reason}")
-        if outcome == "kept" or (outcome == "inconclusive" and t.apply.on_inconclusive == "keep_new"):
+        if outcome == "kept" or (outcome == "inconclusive" and t.apply.on_inconclusive == "keep"):
+            if outcome == "inconclusive":
+                reason += "; the new flags stay (apply.on_inconclusive: keep)"
             jr.finish(self.engine, aid, outcome, prefix + reason, now=self.clock())
             if rec_id is not None:
                 recs.set_status(self.engine, rec_id, "applied", now=self.clock(), note=prefix + reason)
             self.expire_stale(t, aid)
             return jr.get_apply(self.engine, aid)
         if outcome == "inconclusive":
-            reason += "; the previous flags are restored (apply.on_inconclusive: keep_previous)"
+            reason += ("; the previous flags are restored (apply.on_inconclusive: rollback)" if p.route.restarts else
+                       "; apply.on_inconclusive: rollback")
         if not p.route.restarts:
             note = (f"{prefix}{reason}; tuner does not restart this server: restart it by hand with "
                     f"{' '.join(flags_argv(t.backend, p.old_flags))}")
-            jr.finish(self.engine, aid, "failed", note, now=self.clock())
+            self._step(aid, "restore_by_hand", " ".join(flags_argv(t.backend, p.old_flags)))
+            # no data judges nothing: an inconclusive verdict stays inconclusive, never a failure
+            jr.finish(self.engine, aid, "inconclusive" if outcome == "inconclusive" else "failed", note,
+                      now=self.clock())
         else:
             restored = self._restore(aid, p)
             jr.finish(self.engine, aid, outcome, f"{prefix}{reason}; {restored}", now=self.clock())

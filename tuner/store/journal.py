@@ -204,10 +204,10 @@ def _steps(conn: Any, ids: list[int]) -> dict[int, list[dict[str, Any]]]:
 
 def new_flags_stand(a: StoredApply) -> bool:
     """Whether a finished apply (or a canary rolled out) left its new flags in force: kept, or inconclusive and kept under
-    ``apply.on_inconclusive: keep_new`` (then no step restored the old ones)."""
+    ``apply.on_inconclusive: keep`` (then no step restored the old ones)."""
     if a.state != "done" or a.kind not in ("apply", "canary"):
         return False
-    restored = any(st["step"] in ("restoring", "restored") for st in a.steps)
+    restored = any(st["step"] in ("restoring", "restored", "restore_by_hand") for st in a.steps)
     return a.outcome == "kept" or (a.outcome == "inconclusive" and not restored)
 
 
