@@ -102,3 +102,35 @@ def test_time_left_in_the_open_windows():
 def test_bad_windows_are_named(text):
     with pytest.raises(ValueError, match="maintenance window"):
         parse_window(text)
+
+
+def _rolled_back(id_, *, new_flags, offered, ago_s=7200, outcome="rolled_back"):
+    a = applied(id_, ago_s=ago_s, outcome=outcome, starts=0)
+    import dataclasses
+    return dataclasses.replace(a, new_flags=new_flags, baseline={"offered_rps": offered} if offered else {})
+
+
+def test_a_rolled_back_flag_set_is_not_proposed_again_until_the_load_changes():
+    """Apply #5 set max_num_seqs 8 and was rolled back, judged under 3.4 req/s. The same change proposed again is
+    skipped while the load stays within LOAD_MATCH of 3.4, taken once it moved beyond, and a different change is
+    taken at once. The memory is of the resulting flag set, not of the recommendation's id."""
+    history = [_rolled_back(5, new_flags={"max_num_seqs": 8, "max_model_len": 1024}, offered=3.4)]
+    flags = {"max_num_seqs": 16, "max_model_len": 1024}
+    same = rec(11, diff={"max_num_seqs": 8})
+    for load in (3.4, 3.0, 4.2):  # within 1.25x of 3.4
+        d = decide(now=NOW, policy=POLICY, history=history, proposals=[same], flags_now=flags, load_now=load)
+        assert not d.go and "apply #5 rolled back" in d.reason and "#11" in d.reason, (load, d)
+    for load in (2.5, 4.5):  # beyond it: the verdict was judged under another load
+        d = decide(now=NOW, policy=POLICY, history=history, proposals=[same], flags_now=flags, load_now=load)
+        assert d.go and d.recommendation.id == 11, (load, d)
+    other = rec(12, rank=2, diff={"max_num_seqs": 4})
+    d = decide(now=NOW, policy=POLICY, history=history, proposals=[same, other], flags_now=flags, load_now=3.4)
+    assert d.go and d.recommendation.id == 12
+    # the load unknown now (no scrape) or then: counted as the same load, so not proposed again
+    assert not decide(now=NOW, policy=POLICY, history=history, proposals=[same], flags_now=flags,
+                      load_now=None).go
+    unknown = [_rolled_back(5, new_flags={"max_num_seqs": 8, "max_model_len": 1024}, offered=None)]
+    assert not decide(now=NOW, policy=POLICY, history=unknown, proposals=[same], flags_now=flags, load_now=9.0).go
+    # a kept apply of those flags is no reason to skip them
+    kept = [_rolled_back(5, new_flags={"max_num_seqs": 8, "max_model_len": 1024}, offered=3.4, outcome="kept")]
+    assert decide(now=NOW, policy=POLICY, history=kept, proposals=[same], flags_now=flags, load_now=3.4).go

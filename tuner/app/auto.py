@@ -11,6 +11,7 @@ from tuner.app.recommend import RecommendRequest, recommend
 from tuner.apply.flow import Applier
 from tuner.apply.guard import Decision, decide
 from tuner.config import Config, Target
+from tuner.signals.load import profile
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 from tuner.store.store import Store
@@ -22,6 +23,15 @@ __all__ = ["AutoStep", "auto_step"]
 class AutoStep:
     decision: Decision
     applied: jr.StoredApply | None  # the apply it ran, when the guardrails let it
+
+
+def _load_now(store: Store, target: Target, now: float) -> float | None:
+    """The offered load over the target's baseline window (llama-server: generated tokens/s), as an apply's
+    baseline records it: what a remembered rollback is compared with."""
+    if target.name not in store.target_names():
+        return None
+    p = profile(store.window(target.name, now - target.apply.baseline.total_seconds(), now), slo=target.slo)
+    return None if p is None else p.offered
 
 
 def auto_step(cfg: Config, store: Store, applier: Applier, target: Target, *, now: float,
@@ -36,7 +46,8 @@ def auto_step(cfg: Config, store: Store, applier: Applier, target: Target, *, no
             and jr.open_applies_for(store.engine, t.name) for g in t.managed.gpus}
     d = decide(now=now, policy=target.apply, history=jr.list_applies(store.engine, target=target.name, limit=50),
                proposals=recs.proposed_for(store.engine, target.name),
-               gpus=target.managed.gpus if target.managed else (), busy_gpus=busy)
+               gpus=target.managed.gpus if target.managed else (), busy_gpus=busy, flags_now=flags,
+               load_now=_load_now(store, target, now))
     decided(d)
     if not d.go or d.recommendation is None:
         return AutoStep(d, None)

@@ -7,19 +7,24 @@ A target in auto mode gets a recommendation applied only when all hold:
   * fewer than ``max_restarts_per_hour`` server starts in the last hour (rollbacks count: they start it again);
   * fewer than ``max_consecutive_rollbacks`` auto applies in a row rolled back or failed in the last 24 hours
     (then auto mode halts for the target, and tuner raises the AutoApplyHalted alert);
-  * some proposal reaches ``min_confidence``: the best rank, then the highest confidence, is taken.
+  * some proposal reaches ``min_confidence``: the best rank, then the highest confidence, is taken;
+  * and it does not lead to a flag set that an earlier apply of the target rolled back under the load there is now:
+    a rolled-back set is remembered, with the offered load its verdict was judged under (the apply's baseline), and
+    proposed again only once the load has moved beyond LOAD_MATCH from that (or when nothing says what it was).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
+from tuner.apply.verdict import LOAD_MATCH
 from tuner.config import Window, in_window, parse_window
 from tuner.store.journal import StoredApply
 from tuner.store.recommendations import StoredRecommendation
 
-__all__ = ["Window", "parse_window", "in_window", "Decision", "decide", "halted", "rollback_streak", "HALT_PERIOD_S"]
+__all__ = ["Window", "parse_window", "in_window", "Decision", "decide", "halted", "rollback_streak", "rolled_back_under",
+           "HALT_PERIOD_S"]
 
 HALT_PERIOD_S = 24 * 3600
 
@@ -51,13 +56,43 @@ def halted(history: Sequence[StoredApply], now: float, limit: int) -> bool:
     return rollback_streak(history, now) >= limit
 
 
+def _norm(flags: Mapping[str, Any]) -> dict[str, str]:
+    return {str(k).replace("-", "_"): str(v).lower() for k, v in flags.items()}
+
+
+def _judged_load(a: StoredApply) -> float | None:
+    """The offered load an apply's verdict was judged under: its baseline's (llama-server: generated tokens/s)."""
+    for key in ("offered_rps", "tokens_per_s"):
+        v = a.baseline.get(key)
+        if isinstance(v, (int, float)) and v > 0:
+            return float(v)
+    return None
+
+
+def rolled_back_under(history: Sequence[StoredApply], flags: Mapping[str, Any], load_now: float | None
+                      ) -> StoredApply | None:
+    """The newest apply that rolled back to leave ``flags`` under a load like ``load_now`` (within LOAD_MATCH; an
+    unknown load on either side counts as the same), else None."""
+    want = _norm(flags)
+    for a in history:  # newest first
+        if a.state != "done" or a.kind not in ("apply", "canary") or a.outcome != "rolled_back" or \
+                _norm(a.new_flags) != want:
+            continue
+        judged = _judged_load(a)
+        if judged is None or load_now is None or 1 / LOAD_MATCH <= load_now / judged <= LOAD_MATCH:
+            return a
+    return None
+
+
 def _starts(history: Iterable[StoredApply], since_ms: float) -> int:
     return sum(1 for a in history for s in a.steps if s["step"] in ("starting", "restoring") and s["ts_ms"] >= since_ms)
 
 
 def decide(*, now: float, policy: object, history: Sequence[StoredApply], proposals: Sequence[StoredRecommendation],
-           gpus: Iterable[int] = (), busy_gpus: Iterable[int] = ()) -> Decision:
-    """history: this target's applies, newest first. busy_gpus: GPUs of other targets with an open apply."""
+           gpus: Iterable[int] = (), busy_gpus: Iterable[int] = (), flags_now: Mapping[str, Any] | None = None,
+           load_now: float | None = None) -> Decision:
+    """history: this target's applies, newest first. busy_gpus: GPUs of other targets with an open apply.
+    flags_now, load_now: the flags in force and the offered load now (for the rolled-back memory)."""
     open_now = [a for a in history if a.state != "done"]
     if open_now:
         return Decision(False, f"apply #{open_now[0].id} is in progress")
@@ -87,5 +122,18 @@ def decide(*, now: float, policy: object, history: Sequence[StoredApply], propos
     good = [r for r in proposals if r.status == "proposed" and r.confidence >= bar and "backend" not in r.diff]
     if not good:
         return Decision(False, f"no flag change reaches confidence {bar:g}" if proposals else "nothing proposed")
+    remembered = []
+    if flags_now is not None:
+        for r in list(good):
+            undone = rolled_back_under(history, {**flags_now, **r.diff}, load_now)
+            if undone is not None:
+                good.remove(r)
+                judged = _judged_load(undone)
+                remembered.append(f"#{r.id} leads to the flags apply #{undone.id} rolled back under "
+                                  f"{'an unknown load' if judged is None else format(judged, '.3g')} (now "
+                                  f"{'unknown' if load_now is None else format(load_now, '.3g')}; proposed again "
+                                  f"once the load moves beyond {LOAD_MATCH:g}x)")
+    if not good:
+        return Decision(False, "; ".join(remembered))
     best = min(good, key=lambda r: (r.rank, -r.confidence, r.id))
     return Decision(True, f"#{best.id} (rank {best.rank}, confidence {best.confidence:.2f})", best)
