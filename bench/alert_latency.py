@@ -8,7 +8,8 @@ threshold; the onset is the first scrape Prometheus stored above it. We report, 
 from onset to each webhook's KVCacheHigh notification, and the medians from that onset and from the first sample
 above the threshold by either scraper (medians()).
 
-Usage: .venv/bin/python bench/alert_latency.py [--trials 3]   (appends to bench/RESULTS.md)
+Usage: .venv/bin/python bench/alert_latency.py [--trials 3]
+(writes bench/results/YYYY-MM-DD-HHMM-alert-latency.md and refreshes the summary in bench/README.md)
 Needs: scripts/setup-real-servers.sh exports (TUNER_VLLM_PYTHON, TUNER_TINY_MODEL), Prometheus, Alertmanager.
 """
 
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -33,8 +35,9 @@ import requests
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
 
+from bench import summary  # noqa: E402
 from bench.stallwatch import StallWatch  # noqa: E402
 from tuner.rules.model import default_rule_files  # noqa: E402
 from tuner.apply.launch import ServerProcess, free_port, vllm_argv, vllm_cpu_env  # noqa: E402
@@ -234,7 +237,8 @@ def measure(trials: int) -> dict:
         # Each process in a session of its own, as Prometheus, vLLM and the Alertmanagers are (ServerProcess) and as
         # a service runs: with the kernel's autogroup scheduling (kernel.sched_autogroup_enabled=1 here) a session
         # shares one CPU weight, and in the bench's session with the busy load process tuner's threads waited
-        # 5.3 s runnable and ran 0.02 s (bench/RESULTS.md 2026-11-25 16:56, the stall watch's schedstat).
+        # 5.3 s runnable and ran 0.02 s (bench/results/2026-11-25-1655-whole-run.md, the stall
+        # watch's schedstat).
         tuner = subprocess.Popen([*tuner_cmd, "run"], stdout=open(work / "tuner.log", "w"), stderr=subprocess.STDOUT,
                                  start_new_session=True)
         time.sleep(5)
@@ -427,7 +431,9 @@ def report_lines(m: dict, command: str) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=3)
-    ap.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"))
+    ap.add_argument("--results", type=Path, default=None,
+                    help="the results file (default: bench/results/YYYY-MM-DD-HHMM-alert-latency.md, appended to if "
+                         "it exists)")
     args = ap.parse_args()
     try:
         m = measure(args.trials)
@@ -435,9 +441,14 @@ def main() -> int:
         print(exc)
         return 2
     lines = report_lines(m, f".venv/bin/python bench/alert_latency.py --trials {args.trials}")
-    with open(args.results, "a") as f:
-        f.write("\n".join(lines) + "\n")
+    results_file = args.results or summary.results_path("alert-latency", datetime.now(timezone.utc))
+    results_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(results_file, "a") as f:
+        f.write("\n".join(lines).lstrip("\n") + "\n")
     print("\n".join(lines))
+    print(f"written to {results_file}")
+    if args.results is None:
+        summary.update_readme()
     return 0
 
 

@@ -45,11 +45,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
 
 from tuner.apply import managed as mg  # noqa: E402
 from tuner.apply.launch import ServerProcess, free_port  # noqa: E402
 from tuner.config import load_config  # noqa: E402
+from tuner.lab.proc import wait_for  # noqa: E402
 from tuner.store import journal as jr  # noqa: E402
 from tuner.store import recommendations as recs  # noqa: E402
 from tuner.store.db import open_engine  # noqa: E402
@@ -210,16 +211,6 @@ def direct_starts(cfg: Path, backend: str, n: int) -> tuple[list[float], list[fl
     return starts, gates
 
 
-def wait_for(pred: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.3)
-    raise SystemExit(f"timed out after {timeout_s:.0f}s waiting for {what}")
-
-
 def healthy(url: str, timeout: float = 2) -> bool:
     try:
         with mg._OPENER.open(url + "/health", timeout=timeout) as resp:
@@ -324,7 +315,8 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     runs: list[ApplyRun] = []
     try:
         wait_for(lambda: (st := jr.get_managed(engine, TARGET)) and st.pid and healthy(f"http://127.0.0.1:{port}"),
-                 b["start_timeout_s"] + 30, "tuner run to start the managed server")
+                 b["start_timeout_s"] + 30, "tuner run to start the managed server", proc=daemon, log=root / "run.log",
+                 every_s=0.3)
         load.start()
         time.sleep(args.warmup)  # a baseline window with traffic, and every client busy
         for i in range(args.applies):

@@ -33,14 +33,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
 
-from apply import Load, requests_summary, save_config, tuner_cli  # noqa: E402  (bench/apply.py: the recording closed-loop client)
-
+from bench.apply import Load, requests_summary, save_config, tuner_cli  # noqa: E402  (the recording closed-loop client)
 from tuner.apply import managed as mg  # noqa: E402
 from tuner.apply.launch import ServerProcess, free_port  # noqa: E402
 from tuner.config import load_config  # noqa: E402
+from tuner.lab.proc import wait_for  # noqa: E402
 from tuner.store import journal as jr  # noqa: E402
 from tuner.store.db import open_engine  # noqa: E402
 
@@ -52,6 +51,14 @@ MAX_TOKENS = 256
 WARMUP_S, W_S = 10.0, 30.0
 BUDGET_S, IDLE_S = 900.0, 150.0  # idle: longer than cooldown + baseline + two auto ticks
 
+
+
+def _gate_passes(t: Any) -> bool:
+    """The managed server's health gate passes (a server still starting refuses, or fails the gate)."""
+    try:
+        return bool(mg.health_gate(t, timeout_s=10))
+    except Exception:  # noqa: BLE001 (not up yet)
+        return False
 
 def write_config(root: Path, port: int, seqs: int) -> Path:
     exe, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
@@ -122,16 +129,8 @@ def auto(root: Path) -> tuple[list[dict[str, Any]], Load]:
                                "run"], stdout=open(root / "auto" / "tuner.log", "w"), stderr=subprocess.STDOUT)
     load = None
     try:
-        t0 = time.monotonic()
-        while True:
-            try:
-                if mg.health_gate(t, timeout_s=10):
-                    break
-            except Exception:  # noqa: BLE001 (not up yet)
-                pass
-            if daemon.poll() is not None or time.monotonic() - t0 > 400:
-                raise SystemExit(f"the managed vLLM did not come up: {root / 'auto'}")
-            time.sleep(1)
+        wait_for(lambda: _gate_passes(t), 400, f"the managed vLLM to come up ({root / 'auto'})", proc=daemon,
+                 log=root / "auto" / "tuner.log", every_s=1)
         load = Load(port, TARGET, CLIENTS, MAX_TOKENS)
         load.start()
         started = time.monotonic()

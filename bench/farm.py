@@ -13,9 +13,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 from pathlib import Path
 
-from tuner.lab.replay import ReplayExposition
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
+
+from tuner.lab.replay import ReplayExposition  # noqa: E402
 
 _HEADERS = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
             b"Content-Length: %d\r\n%s\r\n")

@@ -22,8 +22,11 @@ from pathlib import Path
 
 import requests
 
-from tuner.apply.launch import ServerProcess, free_port, vllm_argv, vllm_cpu_env
-from tuner.lab.load import make_prompt
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
+
+from tuner.apply.launch import ServerProcess, free_port, vllm_argv, vllm_cpu_env  # noqa: E402
+from tuner.lab.load import make_prompt  # noqa: E402
 
 CACHE = Path(os.environ.get("TUNER_CACHE") or Path.home() / ".cache" / "tuner")
 

@@ -10,22 +10,27 @@ import dataclasses
 import gc
 import sqlite3
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tuner.collect.exposition import fast_samples, parse_exposition
-from tuner.collect.snapshots import EngineSnapshot, Histogram, TargetSnapshot
-from tuner.collect.layout import Layouts
-from tuner.collect.vllm import snapshot_from_text
-from tuner.lab.replay import ReplayExposition
-from tuner.config import Retention
-from tuner.signals.derive import SIGNAL_METRICS, compute_signals
-from tuner.store.db import open_engine, upgrade
-from tuner.store.retention import apply_retention
-from tuner.store.store import Store
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
+
+from tuner.collect.exposition import fast_samples, parse_exposition  # noqa: E402
+from tuner.collect.layout import Layouts  # noqa: E402
+from tuner.collect.snapshots import EngineSnapshot, Histogram, TargetSnapshot  # noqa: E402
+from tuner.collect.vllm import snapshot_from_text  # noqa: E402
+from tuner.config import Retention  # noqa: E402
+from tuner.lab.proc import wait_for  # noqa: E402
+from tuner.lab.replay import ReplayExposition  # noqa: E402
+from tuner.signals.derive import SIGNAL_METRICS, compute_signals  # noqa: E402
+from tuner.store.db import open_engine, upgrade  # noqa: E402
+from tuner.store.retention import apply_retention  # noqa: E402
+from tuner.store.store import Store  # noqa: E402
 
 DAY = 86400.0
 
@@ -190,11 +195,7 @@ def bench_scrape_loop(fixture: Path, iterations: int = 300, workdir: Path | None
                              "--fixture", str(fixture), "--ports-file", str(ports)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while not ports.exists():  # bounded by the deadline
-            if time.monotonic() > deadline or farm.poll() is not None:
-                raise RuntimeError("farm did not start")
-            time.sleep(0.05)
+        wait_for(ports.exists, 60, "the farm's ports", proc=farm, every_s=0.05)
         url = f"http://127.0.0.1:{ports.read_text().split()[0]}"
         engine = open_engine(f"sqlite:///{tmp / 'tuner.db'}")
         upgrade(engine)

@@ -41,8 +41,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
 
+from bench.reliability_apply import ApplySurface  # noqa: E402  (kill -9 during an apply)
 from tuner.lab.proc import AlertSink, TunerProcess, wait_for  # noqa: E402
 from tuner.lab.replay import ReplayExposition, ReplayServer  # noqa: E402
 
@@ -290,8 +291,6 @@ def _count(db: Path, table: str) -> int:
     with sqlite3.connect(db, timeout=30) as conn:
         return conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]  # noqa: S608 (fixed names)
 
-
-from bench.reliability_apply import ApplySurface  # noqa: E402  (kill -9 during an apply)
 
 SURFACES: dict[str, type] = {"ingest": IngestSurface, "apply": ApplySurface}
 

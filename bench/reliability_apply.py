@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
 
 from tuner.apply.launch import free_port  # noqa: E402
 from tuner.apply.managed import proc_argv  # noqa: E402

@@ -30,11 +30,13 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
 
 from tuner.apply.balancer import HAProxy  # noqa: E402
 from tuner.apply.launch import free_port  # noqa: E402
 from tuner.lab.load import run_load  # noqa: E402
+from tuner.lab.proc import wait_for  # noqa: E402
 from tuner.store import recommendations as recs  # noqa: E402
 from tuner.store.db import open_engine  # noqa: E402
 
@@ -86,10 +88,8 @@ def measure(work: Path, server: str, model: str, setup: str, applies: int) -> di
         proxy = subprocess.Popen([shutil.which("haproxy") or "/usr/sbin/haproxy", "-db", "-f",
                                   str(work / "haproxy.cfg")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         lb = HAProxy(str(work / "haproxy.sock"), "chat")
-        deadline = time.monotonic() + 30
-        while not ((work / "haproxy.sock").exists() and all(s.status == "UP" for s in lb.stats().values())):
-            assert time.monotonic() < deadline, "replicas not UP in HAProxy"
-            time.sleep(0.2)
+        wait_for(lambda: (work / "haproxy.sock").exists() and all(s.status == "UP" for s in lb.stats().values()),
+                 30, "the replicas UP in HAProxy", proc=proxy, every_s=0.2)
     url = f"http://127.0.0.1:{front}"  # HAProxy's frontend, or the single server itself
     engine = open_engine(f"sqlite:///{work / 'tuner.db'}")
     stop, box = threading.Event(), {}

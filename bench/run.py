@@ -1,7 +1,8 @@
 """The benchmark: parser, storage, tuner vs Prometheus at each target count, alert latency on a real vLLM (and
-whether issue 15's goals 1-3 were met in this run), the fleet path; appends bench/RESULTS.md.
+whether issue 15's goals 1-3 were met in this run), the fleet path; writes bench/results/YYYY-MM-DD-HHMM-whole-run.md
+and refreshes the summary in bench/README.md.
 
-Run it through ``bash bench/run.sh`` (which also cleans up on Ctrl-C); see README "Benchmarks".
+Run it through ``bash bench/run.sh`` (which also cleans up on Ctrl-C); see bench/README.md.
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
 
-from bench import alert_latency  # noqa: E402
+from bench import alert_latency, summary  # noqa: E402
 from bench.micro import bench_parser, bench_scrape_loop, bench_storage  # noqa: E402
-from bench.scale import ROOT, PROMETHEUS, Procs, loadavg, run_one  # noqa: E402
+from bench.scale import PROMETHEUS, Procs, loadavg, run_one  # noqa: E402
 from tuner.config import parse_duration  # noqa: E402
 
 FIXTURE = ROOT / "tests/fixtures/vllm-0.32-cpu/metrics_kv_pressure.txt"
-RESULTS = ROOT / "bench/RESULTS.md"
 CORE_BUDGET, RSS_BUDGET, P99_BUDGET_MS = 0.25, 250 * 10**6, 20.0  # issue 15's goal 2 at 1,000 targets (250 MB)
 
 
@@ -219,7 +220,9 @@ def main() -> int:
                          "(default: the largest of --targets; '' to skip)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs, databases)")
     ap.add_argument("--pidfile", type=Path, help="written with the pids of started processes (run.sh kills them)")
-    ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--results", type=Path, default=None,
+                    help="the results file (default: bench/results/YYYY-MM-DD-HHMM-whole-run.md, this run's start in UTC; "
+                         "appended to if it exists)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run.sh's trap: clean up like on Ctrl-C
     skip = set(filter(None, args.skip.split(",")))
@@ -233,7 +236,9 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="tuner-bench-"))
     procs = Procs(pidfile=args.pidfile)
-    report = [f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "", f"Command: `{command}`", "",
+    started = datetime.now(timezone.utc)
+    results_file = args.results or summary.results_path("whole-run", started)
+    report = [f"## {started:%Y-%m-%d %H:%M} UTC", "", f"Command: `{command}`", "",
               *_machine(), f"- load average at start: {loadavg()} (other engineers may be running tests on "
               "this machine at the same time; see each run's start/end load below)", ""]
     try:
@@ -344,9 +349,13 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
         else:
             print(f"work directory kept: {work}")
-        with open(args.results, "a", encoding="utf-8") as f:
+        results_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(results_file, "a", encoding="utf-8") as f:
             f.write("\n".join(report) + "\n\n")
-        print(f"appended to {args.results}")
+        print(f"written to {results_file}")
+        if args.results is None:
+            summary.update_readme()
+            print(f"summary refreshed: {summary.README}")
     return 0
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# tuner vs Prometheus 2.42 on the same endpoints; appends bench/RESULTS.md. See README "Benchmarks".
+# tuner vs Prometheus 2.42 on the same endpoints; writes bench/results/YYYY-MM-DD-HHMM-whole-run.md and refreshes
+# the summary in bench/README.md (see there).
 #   bash bench/run.sh [--targets 100,500,1000] [--interval 5s] [--duration 60s] [--storage-days 30]
 #                     [--skip parser,storage,scale,alerts,fleet] [--alert-trials 10] [--fleet 1000] [--keep]
 set -euo pipefail

@@ -23,6 +23,11 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
+
+from tuner.apply.launch import free_port  # noqa: E402
+from tuner.lab.proc import wait_for  # noqa: E402
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PROMETHEUS = os.environ.get("PROMETHEUS", "prometheus")
 
@@ -87,28 +92,13 @@ def get(url: str, timeout: float = 30.0) -> bytes:
         return r.read()
 
 
-def wait_for(what: str, check, deadline_s: float, proc: subprocess.Popen | None = None,  # type: ignore[no-untyped-def]
-             log: Path | None = None) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if proc is not None and proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:] if log else ""
-            raise RuntimeError(f"{what} exited with {proc.returncode} while starting:\n{tail}")
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{what} not ready within {deadline_s:g}s")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def answers(url: str) -> bool:
+    """True once url answers (a process still starting refuses or resets the connection)."""
+    try:
+        get(url, 2)
+        return True
+    except OSError:
+        return False
 
 
 # ---- what each scraper reports -------------------------------------------------------------------
@@ -200,7 +190,7 @@ def run_one(n: int, interval_s: float, duration_s: float, fixture: Path, work: P
     farm_log = work / "farm.log"
     farm = procs.start([sys.executable, str(ROOT / "bench" / "farm.py"), "--targets", str(n),
                         "--fixture", str(fixture), "--ports-file", str(ports_file)], farm_log)
-    wait_for("farm", ports_file.exists, 120, farm, farm_log)
+    wait_for(ports_file.exists, 120, "the farm's ports", proc=farm, log=farm_log, every_s=0.2)
     ports = ports_file.read_text().split()
 
     timeout_s = min(3.0, interval_s)
@@ -239,10 +229,10 @@ def run_one(n: int, interval_s: float, duration_s: float, fixture: Path, work: P
     prom = procs.start([PROMETHEUS, f"--config.file={work / 'prometheus.yml'}",
                         f"--storage.tsdb.path={work / 'prom-data'}",
                         f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"], prom_log)
-    wait_for("tuner", lambda: get(f"http://127.0.0.1:{tuner_port}/metrics", 2) is not None, 120, tuner,
-             tuner_log)
-    wait_for("prometheus", lambda: get(f"http://127.0.0.1:{prom_port}/-/ready", 2) is not None, 120, prom,
-             prom_log)
+    wait_for(lambda: answers(f"http://127.0.0.1:{tuner_port}/metrics"), 120, "tuner's /metrics", proc=tuner,
+             log=tuner_log, every_s=0.2)
+    wait_for(lambda: answers(f"http://127.0.0.1:{prom_port}/-/ready"), 120, "prometheus to be ready", proc=prom,
+             log=prom_log, every_s=0.2)
     # Both spread first scrapes over one interval: measure from the second interval on (or after ``warmup_s``:
     # tuner's alert rules read up to 5 minutes of history each evaluation, so their cost grows until it is there).
     warmup_s = interval_s * 1.5 if warmup_s is None else max(warmup_s, interval_s * 1.5)

@@ -1,14 +1,14 @@
 """Catch a stall of a process in the act: what its threads were doing while it answered nothing.
 
 The alert bench saw tuner's whole process stop for 1.5-10 s under a saturated vLLM (its scrape loop "ran 10.1 s
-late", bench/RESULTS.md 2026-11-25 14:45), and a log line written after the stall cannot say why. This probes the
-process's HTTP port every ``every_s``; when an answer takes longer than ``after_s``, it records, while the stall
-lasts: each thread's state, kernel wait channel and CPU time over half a second (/proc), the machine's pressure
-(/proc/pressure), and, where py-spy is installed, every thread's stack with native frames and which one holds the
-GIL; and over the whole stall, how long its threads ran and how long they waited runnable for a CPU (schedstat), and
-which processes on the machine used the CPU meanwhile. One stall's record tells the cases apart: a thread running with
-the GIL (a long call that never lets go), threads runnable but given no CPU (the machine or a cgroup), threads asleep
-with nothing to wake them, a thread in uninterruptible sleep (IO).
+late", bench/results/2026-11-25-1445-whole-run.md), and a log line written after the stall cannot say why. This
+probes the process's HTTP port every ``every_s``; when an answer takes longer than ``after_s``, it records, while
+the stall lasts: each thread's state, kernel wait channel and CPU time over half a second (/proc), the machine's
+pressure (/proc/pressure), and, where py-spy is installed, every thread's stack with native frames and which one
+holds the GIL; and over the whole stall, how long its threads ran and how long they waited runnable for a CPU
+(schedstat), and which processes on the machine used the CPU meanwhile. One stall's record tells the cases apart: a
+thread running with the GIL (a long call that never lets go), threads runnable but given no CPU (the machine or a
+cgroup), threads asleep with nothing to wake them, a thread in uninterruptible sleep (IO).
 
     watch = StallWatch(pid, port, out=Path("stalls.txt")); watch.start(); ...; watch.stop(); watch.stalls
 """

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
 
 from tuner.collect.layout import Layouts  # noqa: E402
 from tuner.collect.vllm import snapshot_from_text  # noqa: E402

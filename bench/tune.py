@@ -47,7 +47,8 @@ WORKLOADS = {
                       "max_num_seqs=1/2/4/8/16/32,enable_prefix_caching=false/true",
                       {"max_num_seqs": 2, "enable_prefix_caching": False}),
     # short answers and a 2 s TTFT budget: with 128-token answers and 1 s, one sequence met the SLO only at
-    # 0.06 req/s and 30-request runs held too few bursts for a stable share (bench/RESULTS.md, 2026-11-24 04:32)
+    # 0.06 req/s and 30-request runs held too few bursts for a stable share
+    # (bench/results/2026-11-24-0432-tune-bursty-chat.md)
     "bursty-chat": ({"input_len": 128, "output_len": 32, "range_ratio": 0.3, "burstiness": 0.25, "rate_rps": 2.0},
                     "{ttft_p99: 2s, e2e_p99: 4s, objective: 0.95}",
                     "max_num_seqs=1/2/4/8/16/32,max_num_batched_tokens=256/2048",

@@ -9,9 +9,13 @@ rule evaluations that derive each target's signals every group interval).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from tuner.daemon import jobs as daemon
-from tuner.cli import main
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
+
+from tuner.cli import main  # noqa: E402
+from tuner.daemon import jobs as daemon  # noqa: E402
 
 daemon.Daemon.signals_once = lambda self: None  # type: ignore[method-assign]
 daemon.Daemon.evaluate_once = lambda self, group_name: None  # type: ignore[method-assign]

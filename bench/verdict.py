@@ -1,6 +1,8 @@
 """The verdict on every recorded real before/after series (tests/fixtures/verdict/), beside what the client saw.
 
-Usage: .venv/bin/python bench/verdict.py [--append]   (prints a Markdown table; --append adds it to RESULTS.md)
+Usage: .venv/bin/python bench/verdict.py [--append]
+(prints a Markdown table; --append also writes it to bench/results/YYYY-MM-DD-HHMM-verdict.md and refreshes the
+summary in bench/README.md)
 The series come from scripts/record_verdict_fixtures.py; each case.json holds the flags, the clients, the
 client's own counts and the outcome the case must get.
 """
@@ -10,13 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
-from tuner.app.judge import judge_dirs
-from tuner.config import Slo, parse_duration
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
+
+from bench import summary  # noqa: E402
+from tuner.app.judge import judge_dirs  # noqa: E402
+from tuner.config import Slo, parse_duration  # noqa: E402
 CASES = ROOT / "tests" / "fixtures" / "verdict"
 
 
@@ -26,7 +32,8 @@ def _flags(f: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--append", action="store_true", help="append the table to bench/RESULTS.md")
+    ap.add_argument("--append", action="store_true",
+                    help="also write the table to bench/results/YYYY-MM-DD-HHMM-verdict.md")
     args = ap.parse_args()
     slo = Slo(ttft_p99=parse_duration("2s"), e2e_p99=parse_duration("10s"))
     rows = ["| case | before -> after | clients | client tokens/s before -> after | must be | verdict | confidence | "
@@ -54,8 +61,12 @@ def main() -> int:
             + "\n".join(rows) + f"\n\n{right} of {len(cases)} right.\n")
     print(text)
     if args.append:
-        with open(ROOT / "bench" / "RESULTS.md", "a") as f:
-            f.write("\n" + text)
+        results_file = summary.results_path("verdict", datetime.now(timezone.utc))
+        results_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(results_file, "a") as f:
+            f.write(text)
+        summary.update_readme()
+        print(f"written to {results_file}")
     return 0 if right == len(cases) else 1
 
 

@@ -302,7 +302,7 @@ class ApplyPolicy(_Model):
 
 
 class Balancer(_Model):
-    """HAProxy in front of a replica group, driven through its runtime API (README "Replica groups")."""
+    """HAProxy in front of a replica group, driven through its runtime API (docs/replica-groups.md)."""
 
     kind: Literal["haproxy"] = "haproxy"
     socket: str  # its admin socket: `stats socket PATH mode 600 level admin` in HAProxy's global section
@@ -332,7 +332,7 @@ class Balancer(_Model):
 class Replica(_Model):
     """One server of a replica group: its name in the balancer's backend, its own URL, and environment variables of
     its own over ``managed.env`` (e.g. CUDA_VISIBLE_DEVICES to give each replica its GPU; VLLM_CPU_OMP_THREADS_BIND
-    per replica starved a restart on a two-core host, README "Replica groups")."""
+    per replica starved a restart on a two-core host, docs/replica-groups.md)."""
 
     name: str
     url: str
@@ -700,7 +700,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             sub, _, msg = msg.partition(": ")
             key = f"{key}.{sub}"
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see README 'Config')"
+            msg = "unknown key (check the spelling; see docs/configuration.md)"
         raise ConfigError(path, key, msg) from None
 
 

@@ -37,7 +37,8 @@ VARIABLES = {**DEFAULT_VARIABLES, "__rate_interval": "1m"}
 
 
 def _prometheus(tmp_path: Path, jobs: dict[str, tuple[str, dict[str, str]]]) -> realservers.RealServer:
-    """Prometheus with one job per scraped endpoint, each with its labels (a server's `target`, as the README says)."""
+    """Prometheus with one job per scraped endpoint, each with its labels (a server's `target`, as docs/alerts.md
+    says)."""
     require(realservers.PROMETHEUS)
     port, home = free_port(), tmp_path / "prometheus"
     (home / "data").mkdir(parents=True)

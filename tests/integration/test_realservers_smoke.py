@@ -31,7 +31,7 @@ def test_vllm_serves_metrics_and_completions(vllm_server: RealServer):
 
 
 def test_vllm_closes_kept_alive_connections_after_5s_idle(vllm_server: RealServer):
-    """The root of "Remote end closed connection without response" under load (README, notes on vLLM CPU).
+    """The root of "Remote end closed connection without response" under load (docs/cpu-hosts.md).
 
     uvicorn in vLLM closes a kept-alive connection 5 s after its last response (VLLM_HTTP_TIMEOUT_KEEP_ALIVE).
     On 2 cores saturated by vLLM a client can take that long to read one answer and send the next request on
@@ -74,7 +74,7 @@ def test_llama_server_serves_metrics_and_slots(llama_server: RealServer):
 
 
 def test_llama_server_closes_a_fresh_connection_that_sends_nothing_for_5s(llama_server: RealServer):
-    """The root of llama-server's "Remote end closed connection without response" under load (README, notes).
+    """The root of llama-server's "Remote end closed connection without response" under load (docs/cpu-hosts.md).
 
     cpp-httplib's keep-alive wait (a fixed 5 s, no llama-server flag changes it; `--timeout` is the read timeout)
     also guards a new connection's first request: a client that connects and is then starved for 5 s before its

@@ -376,7 +376,10 @@ def _config_doc(draw: st.DrawFn) -> str:
     return "\n".join(lines) + "\n"
 
 
-_README_CONFIG = re.search(r"```yaml\n(store:.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S)
+# The documented example config (docs/configuration.md, its first YAML block that starts with `store:`) seeds the
+# mutations.
+_DOC_CONFIG = re.search(r"```yaml\n(store:.*?)```", (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8"),
+                        re.S)
 
 
 def _check_config(text: str) -> str:
@@ -391,8 +394,8 @@ def _check_config(text: str) -> str:
 
 
 def test_fuzz_config() -> None:
-    texts = [_README_CONFIG.group(1)] if _README_CONFIG else []
-    assert texts, "README's config example not found"
+    texts = [_DOC_CONFIG.group(1)] if _DOC_CONFIG else []
+    assert texts, "docs/configuration.md's config example not found"
     strategy = st.one_of(_config_doc(), _config_doc().flatmap(lambda d: _mutated([d])),
                          _mutated(texts, window=40), st.text(max_size=200))
     out = _fuzz("config", strategy, _check_config)

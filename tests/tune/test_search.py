@@ -2,7 +2,7 @@
 
 The bar of the tuning issue, held here on a known landscape: the best found is within 5% of the grid's best
 with at most a quarter of the grid's trials, no infeasible point is ever measured, and a crash is data that is
-never retried. The real-server score is bench/tune.py's (bench/RESULTS.md).
+never retried. The real-server score is bench/tune.py's (bench/results/*-tune-*.md).
 """
 
 from __future__ import annotations
@@ -169,7 +169,8 @@ def test_grid_visits_every_feasible_point_once_and_random_uses_no_seeds_beyond_t
                sampler="bayes")
 
 
-# The grid bench/tune.py measured on real vLLM CPU for the chat workload (bench/RESULTS.md, 2026-11-23):
+# The grid bench/tune.py measured on real vLLM CPU for the chat workload
+# (bench/results/2026-11-23-0717-tune-chat.md):
 # capacity within the SLO by (max_num_seqs, max_num_batched_tokens).
 CHAT_GRID = {(1, 256): 1.3, (1, 2048): 1.3, (2, 256): 3.67, (2, 2048): 3.67, (4, 256): 2.59, (4, 2048): 5.19,
              (8, 256): 5.19, (8, 2048): 10.4, (16, 256): 16.0, (16, 2048): 17.4, (32, 256): 8.72, (32, 2048): 6.17}
@@ -201,7 +202,8 @@ def test_galloping_along_max_num_seqs_reaches_the_measured_grids_best_with_a_qua
     assert got >= 0.95 * best and seeds == ["baseline", "gallop", "gallop"]
 
 
-# The grid bench/tune.py measured on real vLLM CPU for the shared-prefix workload (bench/RESULTS.md, 2026-11-23):
+# The grid bench/tune.py measured on real vLLM CPU for the shared-prefix workload
+# (bench/results/2026-11-23-2328-tune-shared-prefix.md):
 # 640-token prompts sharing a 576-token prefix; capacity by (max_num_seqs, enable_prefix_caching).
 PREFIX_GRID = {(1, False): 8.0, (1, True): 11.3, (2, False): 16.0, (2, True): 19.0, (4, False): 29.3,
                (4, True): 32.0, (8, False): 45.3, (8, True): 45.3, (16, False): 53.8, (16, True): 58.7,
@@ -238,7 +240,8 @@ def test_the_gallop_carries_the_flags_the_workload_argues_for_and_lands_on_the_e
     assert path[-1] == (32, True) and got == max(PREFIX_GRID.values())
 
 
-# The grid bench/tune.py measured for the bursty-chat workload (bench/RESULTS.md, 2026-11-24 06:10):
+# The grid bench/tune.py measured for the bursty-chat workload
+# (bench/results/2026-11-24-0610-tune-bursty-chat.md):
 # 128 prompt / 32 output tokens, burstiness 0.25; capacity by (max_num_seqs, max_num_batched_tokens).
 BURSTY_GRID = {(1, 256): 16.0, (1, 2048): 16.0, (2, 256): 16.0, (2, 2048): 22.6, (4, 256): 26.9, (4, 2048): 34.9,
                (8, 256): 41.5, (8, 2048): 34.9, (16, 256): 49.4, (16, 2048): 69.8, (32, 256): 83.0,

@@ -80,7 +80,7 @@ class Alerting:
         # What every group of this interval reads (they run in the same ticks): the first group to ask for a
         # target derives the windows and fields of all of them from one read, and the others find them in the
         # book, instead of each deriving its own and the next one deriving the shared windows again for the fields
-        # it adds (bench/RESULTS.md). Windows no rule reads a target's signals over are not derived.
+        # it adds (bench/results/). Windows no rule reads a target's signals over are not derived.
         peers = [r for g in self.rules.groups if g.interval == group.interval for r in g.rules]
         fields = reads_by_window(peers)
         windows = set(fields)

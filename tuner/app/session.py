@@ -43,7 +43,7 @@ class Session:
         path, _ = config_path(given)
         if not Path(path).exists():
             raise ConfigError(path, "", "no such file; pass --config PATH or set TUNER_CONFIG "
-                                        "(see README 'Config' for an example)")
+                                        "(see docs/configuration.md for an example)")
         return cls(load_config(path), Path(path).resolve().parent)
 
     @classmethod

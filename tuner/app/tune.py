@@ -289,7 +289,7 @@ def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
 
 def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: Callable[[str], None] = print,
          clock: Callable[[], float] = time.time, waiting: list[str] | None = None) -> dict[str, Any]:
-    """Run a tuning session; the result as `tuner tune --json` prints it (README 'tuner tune')."""
+    """Run a tuning session; the result as `tuner tune --json` prints it (docs/tune.md)."""
     now = clock()
     reap_orphans(store, say, now)
     t = cfg.target(req.target)

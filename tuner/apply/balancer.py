@@ -149,7 +149,7 @@ class HAProxy:
 
 def haproxy_config(*, frontend: str, socket_path: str, backend: str, servers: list[tuple[str, str, int]],
                    check_interval_ms: int = 500) -> str:
-    """The HAProxy config tuner expects in front of a replica group (README "Replica groups"): the admin socket at
+    """The HAProxy config tuner expects in front of a replica group (docs/replica-groups.md): the admin socket at
     level admin, HTTP mode, a health check on /health so that a restarting replica is taken out by HAProxy too,
     and retries with redispatch so a connection refused by a replica that just stopped goes to another one.
     ``frontend``: HOST:PORT clients use; ``servers``: (name, host, port)."""

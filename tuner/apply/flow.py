@@ -220,8 +220,8 @@ class Applier:
         assert t.managed is not None
         grace = t.managed.drain_timeout.total_seconds()
         if backend_of(t.backend).drain == "slots_idle":
-            # llama-server stops decoding at the first signal but exits only at the second (bench/RESULTS.md,
-            # Apply): waiting longer in between only keeps connections hanging.
+            # llama-server stops decoding at the first signal but exits only at the second (bench/results/
+            # 2026-11-21-1037-apply.md): waiting longer in between only keeps connections hanging.
             idle = mg.drain_llama(t.url, grace)
             return f"{idle}; " + mg.stop_server(r, grace_s=0.5)
         # vLLM got --shutdown-timeout: on SIGTERM it finishes in-flight requests for up to that long.

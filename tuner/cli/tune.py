@@ -22,7 +22,7 @@ __all__ = ["add_parsers"]
 def cmd_workload(args: argparse.Namespace) -> int:
     s = session(args)
     w = workload_of(s.cfg, s.store, args.target, window_s=args.window.total_seconds(), path=None, now=time.time())
-    text = ("# tuner workload: what " + args.target + " served (README 'Workload files')\n" +
+    text = ("# tuner workload: what " + args.target + " served (docs/tune.md, 'Workload files')\n" +
             yaml.safe_dump(dump_workload(w), sort_keys=False))
     if args.output and args.output != "-":
         with open(args.output, "w", encoding="utf-8") as f:
@@ -82,7 +82,7 @@ def add_parsers(sub: Any) -> None:
     w.set_defaults(func=cmd_workload)
 
     t = sub.add_parser("tune", help="measure candidate flags on trial servers and find the most traffic within "
-                                    "the SLO (README 'tuner tune')")
+                                    "the SLO (docs/tune.md)")
     t.add_argument("target")
     t.add_argument("--workload", metavar="FILE", help="workload file (default: what the target served in --window)")
     t.add_argument("--window", type=duration, default=parse_duration("1h"), help="stored window the workload is "

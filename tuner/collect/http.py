@@ -4,7 +4,7 @@ bounded amount. Scrapes, health checks, health gates, drains and Alertmanager no
 Its own HTTP/1.1 over a socket rather than requests or http.client: every read waits at most what is left of the
 request's deadline, so a server that trickles bytes still hits it (requests' per-read timeout would wait
 forever), and a scrape's two requests cost a fraction of http.client's CPU (its header parsing goes through the
-email package; bench/RESULTS.md). It speaks what servers answer a GET or a POST with: Content-Length,
+email package; bench/results/). It speaks what servers answer a GET or a POST with: Content-Length,
 chunked and close-delimited bodies, 1xx interim answers, keep-alive. tests/collect/test_http.py holds it equal to
 http.client on the same answers. No proxy is ever used: targets, servers and Alertmanagers are addressed directly.
 """
@@ -92,7 +92,7 @@ class Peer:
 
 class Peers:
     """Connections kept alive from one scrape of a target to the next, as Prometheus keeps its scrape connections:
-    a scrape then costs no TCP connect and close (~5% of the daemon's CPU at 1,000 targets, bench/RESULTS.md).
+    a scrape then costs no TCP connect and close (~5% of the daemon's CPU at 1,000 targets, bench/results/).
     One Peer per (target, base URL); a target's scrapes must not overlap (the daemon never runs two at once).
     A server that closed the idle connection (uvicorn after 5 s, llama-server's keep-alive timeout) is noticed
     before the next request, which goes on a fresh one."""

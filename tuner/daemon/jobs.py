@@ -56,7 +56,7 @@ _FLUSH_MAX = 100  # or as soon as this many wait
 # An evaluation is due this long after a round of the first target's scrapes is handed out: time for the scrape loop
 # to hand it out (the two schedules run on different threads), and settle() then waits for it to land.
 _EVAL_AFTER_S = 0.005
-_SIGNALS_COST_S = 0.015  # one target's window + derive over a full 5-minute window (bench/RESULTS.md)
+_SIGNALS_COST_S = 0.015  # one target's window + derive over a full 5-minute window (bench/results/)
 
 
 class Daemon:
@@ -277,7 +277,7 @@ class Daemon:
         each evaluation is due just after a round of scrapes is handed out (its interval a multiple of the first
         target's: every round), and it first waits for the scrapes due by then to land (evaluate_once), so a
         condition is evaluated the moment its scrape is stored. Half an interval out of phase, as before 2026-11-25,
-        every alert waited half an evaluation interval more for nothing (bench/RESULTS.md, "Alert latency");
+        every alert waited half an evaluation interval more for nothing (bench/results/, the alert latency runs);
         Prometheus's rules run at a phase of their own, on average as late. On APScheduler's wall clock the phase
         was not the scrapes' to keep. A group still evaluating when it is due again is not run twice; a late loop
         runs once and comes back in phase (ScrapeLoop). A reload replaces the loop."""
@@ -431,7 +431,7 @@ class Daemon:
             sched.add_job(self.gpu_once, IntervalTrigger(seconds=self.cfg.gpu.interval.total_seconds()),
                           id="gpu", next_run_time=now)
         step = min((self.cfg.interval(t) for t in self.cfg.targets), default=timedelta(seconds=5))
-        # Re-reading a target's window and deriving its signals costs ~10-20 ms (bench/RESULTS.md): with many
+        # Re-reading a target's window and deriving its signals costs ~10-20 ms (bench/results/): with many
         # targets refresh less often, so this job stays near a fifth of one core and never starves the scrapes
         # (100 targets: every 7.5 s; 1,000: every 75 s). Alert rules read the store directly, not this cache.
         signals_every = max(1.0, step.total_seconds(), len(self.cfg.targets) * _SIGNALS_COST_S / 0.2)

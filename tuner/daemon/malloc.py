@@ -4,16 +4,16 @@ cyclic garbage collector runs.
 glibc gives every thread that allocates its own arena, up to 8 per core, and an arena keeps the memory its thread
 freed: a daemon whose few dozen worker threads each read and free windows and snapshots holds several arenas'
 worth of freed memory. At 1,000 targets every 5 s that was 312 MiB of RSS against 251 MiB with two arenas, for
-the same CPU (bench/RESULTS.md 2026-11-24 15:20 and 15:31). The daemon asks for two before it starts its threads,
-unless MALLOC_ARENA_MAX is set (glibc read it at start: the user's choice stands). Not glibc (musl, macOS): left
-as it is.
+the same CPU (bench/results/2026-11-24-1520-whole-run.md and -1531-whole-run.md). The daemon asks for two before
+it starts its threads, unless MALLOC_ARENA_MAX is set (glibc read it at start: the user's choice stands). Not glibc
+(musl, macOS): left as it is.
 
 The collector: with the defaults (a young collection every 700 net allocations, a full one every 100 of those) a
 daemon holding a million objects (1,000 targets' layouts, heads, series and alert state) spends 8% of its CPU
 walking objects that live for its whole life, to find the few cycles its code makes (in process, 300 targets:
-0.29 s of 3.81 s; bench/RESULTS.md). After start-up the daemon moves what it has built so far out of the
-collector's sight (gc.freeze: its start-up objects are never garbage) and collects young objects every 10,000
-allocations, which found the same cycles for 0.08 s.
+0.29 s of 3.81 s; bench/results/2026-11-25-0443-whole-run.md). After start-up the daemon moves what it has built
+so far out of the collector's sight (gc.freeze: its start-up objects are never garbage) and collects young objects
+every 10,000 allocations, which found the same cycles for 0.08 s.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ runs a late target once and puts its next run back in phase, as APScheduler's ``
 catching up in a burst. The monotonic clock means a step of the wall clock moves no scrape.
 
 This replaced one APScheduler job per target: at 1,000 targets APScheduler's own bookkeeping (its job store,
-trigger arithmetic on aware datetimes, events) was ~8% of tuner's CPU (bench/RESULTS.md). The workers take runs
-from a queue of their own rather than a ThreadPoolExecutor: a run then costs no Future and no semaphore round
-(at 1,000 targets the executor's handoff was ~15% of the samples in which the ingest held the GIL).
+trigger arithmetic on aware datetimes, events) was ~8% of tuner's CPU (bench/results/2026-11-23-1909-whole-run.md).
+The workers take runs from a queue of their own rather than a ThreadPoolExecutor: a run then costs no Future and no
+semaphore round (at 1,000 targets the executor's handoff was ~15% of the samples in which the ingest held the GIL).
 
 ``settle(before)`` lets a reader wait for the data of a moment: until every run due at or before it has been handed
 out and has finished. The alert evaluation uses it to read a scrape the moment it lands, not an interval on.

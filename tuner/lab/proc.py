@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from tuner.apply.launch import free_port
 from tuner.collect import http
@@ -16,13 +16,24 @@ from tuner.errors import ScrapeError
 
 __all__ = ["free_port", "TunerProcess", "AlertSink", "wait_for"]
 
+T = TypeVar("T")
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str = "condition") -> None:
+
+def wait_for(predicate: Callable[[], T], timeout_s: float, what: str = "condition", *,
+             proc: subprocess.Popen | None = None, log: Path | None = None, every_s: float = 0.1) -> T:
+    """Poll ``predicate`` every ``every_s`` until it returns something true, and return that. AssertionError naming
+    ``what`` after ``timeout_s``, or at once when ``proc`` (the process that should bring it about) has exited,
+    with the end of its ``log``. The tests' and the benches' one wait helper."""
     deadline = time.monotonic() + timeout_s
-    while not predicate():
+    while not (value := predicate()):
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log is not None and log.exists() else ""
+            raise AssertionError(f"{what}: the process exited with {proc.returncode} first"
+                                 + (f"; the end of {log}:\n{tail}" if tail else ""))
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(0.1)
+        time.sleep(every_s)
+    return value
 
 
 class TunerProcess:

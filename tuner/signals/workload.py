@@ -154,7 +154,7 @@ def parse_workload(text: str, path: str = "<workload>") -> Workload:
         raise ConfigError(path, f"line {exc.line}" if exc.line else "", f"not valid YAML: {exc.problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(path, "", "expected a mapping of workload keys (input_len, output_len, ...; "
-                                    "see README 'Workload files')")
+                                    "see docs/tune.md, 'Workload files')")
     try:
         return Workload.model_validate(data)
     except ValidationError as exc:
@@ -164,7 +164,7 @@ def parse_workload(text: str, path: str = "<workload>") -> Workload:
         if not key and ": " in msg:
             key, _, msg = msg.partition(": ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (see README 'Workload files')"
+            msg = "unknown key (see docs/tune.md, 'Workload files')"
         raise ConfigError(path, key, msg) from None
 
 

@@ -116,7 +116,7 @@ def save_states(store: Store, changed: Iterable[Mapping[str, Any]], gone: Iterab
     """Write the alerts that changed (a new one, or any field of a stored one), delete the ``gone`` ones (rule,
     fingerprint), append events and enqueue notifications: one transaction. The caller knows what it stored last:
     an evaluation that changed nothing writes nothing (1,000 pending alerts rewritten every 15 s were ~6% of a
-    busy daemon's CPU, bench/RESULTS.md)."""
+    busy daemon's CPU, bench/results/)."""
     with store._lock, store._write() as conn:
         raw = _driver(conn)
         try:

@@ -2,7 +2,7 @@
 
 A scrape's cumulative counts are whole numbers that mostly repeat ("[0.0, 0.0, 3.0, 11.0, 13.0, 13.0, …]"),
 so they are stored as the increments from one bucket to the next, in decimal, with the trailing zeros
-left out: "0,0,3,8,2". That is a quarter of the JSON list's bytes on vLLM's histograms (bench/RESULTS.md)
+left out: "0,0,3,8,2". That is a quarter of the JSON list's bytes on vLLM's histograms (bench/results/)
 and decodes as fast. Counts it cannot hold exactly (fractions, NaN, ±Inf, beyond 2**53) are written as
 the JSON list of cumulative counts, which is also what every row written before this format holds: a
 row starting with "[" is JSON, so old databases read the same without a migration.

@@ -12,7 +12,7 @@ when read.
 
 Each metric is kept for the longest window asked of it (and a margin), not the target's longest: the alert rules'
 10-minute windows read goodput's histograms and the process start time, so the other series are not kept 10 minutes
-for nothing (bench/RESULTS.md, 2026-11-25: the head was most of the daemon's growth over its ingest).
+for nothing (bench/results/2026-11-25-*-whole-run.md: the head was most of the daemon's growth over its ingest).
 
 What the head does not hold it does not answer: a window that starts before a metric's ``since`` is read from
 SQLite and fills the head from there (up to MAX_SPAN_MS); a point older than the series' newest (a clock stepped back)

@@ -123,7 +123,7 @@ def _bounds_json(bounds: tuple[float, ...]) -> str:
 @lru_cache(maxsize=4096)
 def _bounds_parse(text: str) -> tuple[float, ...]:
     """A histogram's stored bounds (memoized: every target's histogram of a metric has the same ones, and the
-    head holds one tuple for all of them, bench/RESULTS.md)."""
+    head holds one tuple for all of them, bench/results/)."""
     return tuple(float("inf") if b == "+Inf" else float(b) for b in json.loads(text))
 
 
@@ -207,7 +207,7 @@ class Store:
         self._new_infos: list[tuple[str, list[SeriesInfo]]] = []  # series the transaction in progress created
         # target -> (backend, configs, health) as SQLite holds them, for the windows the head answers: read once,
         # then kept by this Store's writes (_keep_meta), not read back at every window (3 queries and a pooled
-        # connection: ~40% of a head window's cost at 1,000 targets, bench/RESULTS.md 2026-11-25 evening)
+        # connection: ~40% of a head window's cost at 1,000 targets, bench/results/2026-11-25-1619-whole-run.md)
         self._meta: dict[str, tuple[str, dict[tuple[str, str], dict], TargetHealth | None]] = {}
 
     def keep_head(self, metrics: Collection[str]) -> None:
@@ -488,7 +488,7 @@ class Store:
         (of each series the last point of each step, and both points around each counter or histogram reset),
         every point after the last marked step, and the window's last point. Its older days hold only those
         points already, so this is the answer the same query gives once the newest days are thinned too, at a
-        cost of steps instead of scrapes (a 30-day window: bench/RESULTS.md)."""
+        cost of steps instead of scrapes (a 30-day window: bench/results/)."""
         lo, hi = _ms(start), _ms(end)
         step = None
         if self.retention is not None and not self.reads_every_point(end - start):
@@ -501,7 +501,7 @@ class Store:
             if got is not None:
                 return self._head_window(target, lo, hi, got)
         # The driver's own cursor: a window is thousands of rows, and SQLAlchemy's per-row work cost more
-        # than SQLite's (bench/RESULTS.md).
+        # than SQLite's (bench/results/).
         with self.engine.connect() as conn:
             raw = _driver(conn)
             try:

@@ -72,7 +72,8 @@ def _first_step(axis: Axis, start: int, base: Point) -> int:
     flight: a server held to 2 sequences with 11 requests in flight at its capacity queued 9 of them, the traffic
     asks for ~16, and 2 -> 4 -> 8 -> 16 would spend two trials getting there. How many were in flight at the
     highest passing rate swings with how close that rate is to the true capacity (2.8 and 9.9 on two servers of the
-    same config at the same 16 req/s, bench/RESULTS.md): the queue is the steady signal, its size the rough one."""
+    same config at the same 16 req/s, bench/results/2026-11-24-0743-tune-gallop.md): the queue is the steady
+    signal, its size the rough one."""
     want, have = base.outcome.detail.get("in_flight"), axis.values[start]
     if (not isinstance(want, (int, float)) or isinstance(want, bool) or not math.isfinite(want)
             or not isinstance(have, int) or isinstance(have, bool) or want <= have):

@@ -143,7 +143,7 @@ def workload_flags(axes: Sequence[Axis], workload: Workload) -> dict[str, Any]:
     """Flags the workload itself argues for, among the axes searched: prefix caching when the prompts share a
     prefix. The search's gallop carries them on its steps (tuner/tune/search.py): an operator who knows the prompts
     share a 576-token system prompt turns caching on before counting sequences, and a three-trial budget spent on
-    max-num-seqs alone never tries it (bench/RESULTS.md, the shared-prefix workload)."""
+    max-num-seqs alone never tries it (bench/results/2026-11-23-2328-tune-shared-prefix.md)."""
     names = {a.name: a for a in axes}
     out: dict[str, Any] = {}
     cache = names.get("enable_prefix_caching")
