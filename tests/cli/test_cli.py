@@ -226,3 +226,30 @@ def test_a_replica_groups_signals_are_its_replicas_together_in_status_signals_an
     assert exported[("tuner_queue_to_max_num_seqs_ratio", "chat.r1", "0")] == 9 / 4
     assert exported[("tuner_requests_per_second", "chat", "all")] == pytest.approx(
         exported[("tuner_requests_per_second", "chat.r1", "0")] + exported[("tuner_requests_per_second", "chat.r2", "0")])
+
+
+def test_journal_prints_the_slo_line_first(tmp_path, store):
+    """An apply judged under an SLO: `tuner journal` says the objective and each window's attainment with its
+    interval before anything else about it (issue 38), from what the journal itself holds."""
+    from tuner.store import journal as jr
+
+    now = time.time()
+    aid = jr.begin_apply(store.engine, target="v", recommendation_id=None, kind="apply", mode="manual", now=now - 30,
+                         diff={"max_num_seqs": 2}, old_flags={"max_num_seqs": 16}, new_flags={"max_num_seqs": 2},
+                         old_argv=[], new_argv=[], owner_pid=1, owner_start=1)
+    slo = {"slo_objective": 0.99, "slo_budgets": {"ttft": 1.5, "e2e": 12.0}}
+    jr.set_kpis(store.engine, aid, now=now - 20, baseline={"slo_attainment": 1.0, "finished": 160, **slo},
+                after={"slo_attainment": 0.822, "finished": 136, **slo})
+    jr.finish(store.engine, aid, "rolled_back", "the SLO broke", now=now - 10)
+    cfg = tmp_path / "tuner.yaml"
+    cfg.write_text(f"store: {{url: '{store.engine.url}'}}\ntargets:\n  - {{name: v, backend: vllm, url: 'http://127.0.0.1:9'}}\n")
+    proc = tuner("--config", str(cfg), "journal")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"apply #{aid} v apply"), lines
+    # Wilson by hand: 0.822 of 136 -> centre 0.8132, half-width 0.0640; 1.0 of 160 -> lower 0.9766
+    assert lines[1].strip() == ("SLO 0.99 of requests within TTFT P99 1.5s, E2E P99 12s: before 100.0% [97.7%, "
+                                "100.0%] of 160 (met), after 82.2% [74.9%, 87.7%] of 136 (breached) (95% Wilson "
+                                "intervals)"), lines[1]
+    assert lines[2].strip().startswith("state done, outcome rolled_back")
+    assert "slo_budgets" not in proc.stdout  # said once, by the SLO line
