@@ -226,7 +226,9 @@ class Kube:
             items, _ = api.pods(k.namespace, selector_of(w))
             pods = sorted(q.name for q in (Pod.of(i, k.container) for i in items) if q.owner == owner and q.ready)
             sides.append((owner, [f"{t.group}.{name}" for name in pods]))
-        return sides[0], sides[1]
+        # as many control pods as the canary has: the verdict compares what each side served, like for like
+        (canary, canary_in), (control, control_in) = sides
+        return (canary, canary_in), (control, control_in[:len(canary_in)])
 
     def promote(self, ap: Applier, aid: int, p: Plan) -> None:
         """After a kept canary: the first Deployment takes the flags too."""
