@@ -28,13 +28,14 @@ from tuner.backends import backend as backend_of
 from tuner.config import Kubernetes, Target
 from tuner.errors import ApplyError, FlagError, KubernetesError, ServerStartError
 from tuner.flags import render
-from tuner.kube.api import KubeApi
+from tuner.kube import connect
 from tuner.kube.args import parse_flags, rewrite_args, tunable_in
 from tuner.kube.pods import Pod, selector_of
 from tuner.store import journal as jr
 
 if TYPE_CHECKING:  # the flow hands itself in; routes never import it at run time
     from tuner.apply.flow import Applier, Plan
+    from tuner.kube.api import KubeApi
 
 __all__ = ["Kube", "budget_refusal", "rollout_state", "unavailable_during_roll", "selects"]
 
@@ -200,7 +201,10 @@ class Kube:
 
     @staticmethod
     def _api(ap: Applier) -> KubeApi:
-        return KubeApi.connect(ap.cfg.kubernetes, ap.config_dir)
+        try:
+            return connect(ap.cfg.kubernetes, ap.config_dir)
+        except KubernetesError as exc:
+            raise ApplyError(str(exc)) from None
 
     def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
         t, k = p.target, self._k(p.target)

@@ -16,12 +16,14 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from tuner.config import Config, Target, parse_selector
 from tuner.errors import FlagError, KubernetesError
-from tuner.kube.api import KubeApi
 from tuner.kube.args import parse_flags
+
+if TYPE_CHECKING:  # the client is an optional extra: imported where a connection is made (tuner.kube.connect)
+    from tuner.kube.api import KubeApi
 
 __all__ = ["Pod", "PodWatch", "expand", "from_prometheus", "is_template", "members", "owner_pattern",
            "pods_from_prometheus", "prometheus_up_query", "selector_of", "templates"]
@@ -222,7 +224,7 @@ class PodWatch:
     that count (ready once, not gone); ``failed(template, error)`` after every failure (and ``""`` when it works
     again). A pod counts from its first Ready on (a vLLM still loading its model is not down) until it is gone."""
 
-    def __init__(self, api: KubeApi, targets: Sequence[Target], *, changed: Callable[[], None] = lambda: None,
+    def __init__(self, api: "KubeApi", targets: Sequence[Target], *, changed: Callable[[], None] = lambda: None,
                  failed: Callable[[str, str], None] = lambda name, error: None, watch_s: float = 300.0) -> None:
         self.api, self.targets = api, list(targets)
         self.changed, self.failed, self.watch_s = changed, failed, watch_s
