@@ -5,7 +5,8 @@ It answers as the API does, with the object shapes of the official client's mode
 the model, then serialized with ``ApiClient().sanitize_for_serialization``): list and watch pods (label selectors,
 resourceVersion, a 410 Gone ERROR event for a history it no longer has), get and patch Deployments (strategic
 merge patch and JSON merge patch, ``metadata.resourceVersion`` as a precondition: 409 Conflict), list
-PodDisruptionBudgets, bearer-token auth (401) and Status objects for errors. Clients reach it through a real
+PodDisruptionBudgets, bearer-token auth (401), RBAC when given a Role's rules (403, as the API refuses a
+ServiceAccount) and Status objects for errors. Clients reach it through a real
 kubeconfig file (``Cluster.kubeconfig``), as they would reach a cluster.
 
 Its Deployment controller rolls the pods as the real one does, one step per ``tick`` (each read of the Deployment is
@@ -162,6 +163,7 @@ class Cluster:
     events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)  # (rv, type, pod) for watches
     compacted: int = 0  # watches from a resourceVersion below this get 410 Gone
     requests: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, content type) as received
+    rules: list[dict[str, Any]] | None = None  # a Role's rules: when set, every request must be allowed by one
     next_ip: int = 2
     _serial: int = 0
 
@@ -412,6 +414,32 @@ class Cluster:
 # ---- the HTTP face --------------------------------------------------------------------------------------------
 
 
+def _request(method: str, path: str, query: dict[str, str]) -> tuple[str, str, str, str | None] | None:
+    """(verb, API group, resource, name) of a request, as RBAC reads it."""
+    m = re.fullmatch(r"/api/v1/namespaces/[^/]+/(pods)(?:/([^/]+))?", path) or re.fullmatch(
+        r"/apis/(?:apps|policy)/v1/namespaces/[^/]+/(deployments|statefulsets|poddisruptionbudgets)(?:/([^/]+))?",
+        path)
+    if m is None:
+        return None
+    group = {"pods": "", "deployments": "apps", "statefulsets": "apps", "poddisruptionbudgets": "policy"}[m[1]]
+    if method == "PATCH":
+        verb = "patch"
+    elif m[2]:
+        verb = "get"
+    else:
+        verb = "watch" if query.get("watch") in ("true", "1") else "list"
+    return verb, group, m[1], m[2]
+
+
+def _allowed(rules: list[dict[str, Any]], verb: str, group: str, resource: str, name: str | None) -> bool:
+    for r in rules:
+        if group in r.get("apiGroups", []) and resource in r.get("resources", []) and verb in r.get("verbs", []):
+            names = r.get("resourceNames")
+            if not names or (name is not None and name in names):
+                return True
+    return False
+
+
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     return _API.sanitize_for_serialization(client.V1Status(api_version="v1", kind="Status", status="Failure",
                                                            code=code, reason=reason, message=message))
@@ -433,9 +461,19 @@ def _handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def _authorized(self) -> bool:
-            if self.headers.get("Authorization") == f"Bearer {cluster.token}":
+            if self.headers.get("Authorization") != f"Bearer {cluster.token}":
+                self._send(401, _status(401, "Unauthorized", "Unauthorized"))
+                return False
+            url = urlsplit(self.path)
+            req = _request(self.command, url.path, {k: v[0] for k, v in parse_qs(url.query).items()})
+            if cluster.rules is None or req is None or _allowed(cluster.rules, *req):
                 return True
-            self._send(401, _status(401, "Unauthorized", "Unauthorized"))
+            verb, group, resource, name = req
+            ns = url.path.split("/namespaces/")[1].split("/")[0]
+            self._send(403, _status(403, "Forbidden", f'{resource}{"." + group if group else ""}'
+                                    f'{" " + repr(name) if name else ""} is forbidden: User '
+                                    f'"system:serviceaccount:{ns}:tuner" cannot {verb} resource "{resource}" in API '
+                                    f'group "{group}" in the namespace "{ns}"'))
             return False
 
         def do_GET(self) -> None:  # noqa: N802
