@@ -608,6 +608,10 @@ class Target(_Model):
                              "Service; remove balancer: and replicas:")
         if self.apply.hook is not None:
             raise ValueError("kubernetes: an apply patches the workload's container args; remove apply.hook")
+        if self.apply.mode == "auto" and k.pods is not None:
+            raise ValueError("kubernetes: apply.mode auto is not supported on a Kubernetes pods group: auto mode's "
+                             "guardrails (restart budget, halt after rollbacks) count per target, and every rollout "
+                             "makes new pods; use mode: manual")
         return self
 
     @property

@@ -151,7 +151,7 @@ def rollout_state(kind: str, w: Any, pods: Sequence[Any], container: str, args: 
             continue
         cs = next((s for s in (p.status.container_statuses or [] if p.status else []) if s.name == container), None)
         waiting = cs.state.waiting if cs is not None and cs.state is not None else None
-        if waiting is not None and waiting.reason in _STUCK:
+        if cs is not None and waiting is not None and waiting.reason in _STUCK:
             last = cs.last_state.terminated if cs.last_state is not None else None
             said = ""
             if last is not None:

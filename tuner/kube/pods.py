@@ -321,7 +321,7 @@ class PodWatch:
                 started = time.monotonic()
                 for kind, raw in self.api.watch_pods(k.namespace, self.selector(t), rv, timeout_s=self.watch_s):
                     self._event(t, kind, raw)
-                    rv = raw.metadata.resource_version or rv
+                    rv = (raw.metadata.resource_version if raw.metadata is not None else None) or rv
                     if self._stop.is_set():
                         return
                 if time.monotonic() - started < 0.05 and not math.isinf(self.watch_s):
