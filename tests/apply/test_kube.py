@@ -436,6 +436,8 @@ def test_the_config_names_the_workload_by_kubernetes_rules():
                      ("namespace: " + "a" * 64 + ", name: c, container: v", "kubernetes.namespace")]:
         with pytest.raises(Exception, match=key.replace(".", r"\.")):
             parse_config(base % bad)
+    with pytest.raises(Exception, match="auto mode's guardrails .* count per target"):
+        parse_config(base % "namespace: llm, name: c, container: v, pods: {}}, apply: {mode: auto")
     with pytest.raises(Exception, match="Kubernetes starts this server"):
         parse_config("targets:\n  - {name: c, backend: vllm, url: 'http://x:1', managed: {model: m}, "
                      "kubernetes: {namespace: a, name: b, container: c}}")

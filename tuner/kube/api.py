@@ -45,7 +45,7 @@ class KubeApi:
                 config.load_incluster_config(client_configuration=conf)
                 where = "in-cluster (ServiceAccount)"
             else:
-                path = access.kubeconfig
+                path = os.path.expanduser(access.kubeconfig) if access.kubeconfig else None
                 if path is not None and config_dir is not None and not Path(path).is_absolute():
                     path = str(config_dir / path)
                 config.load_kube_config(config_file=path, context=access.context, client_configuration=conf,
