@@ -162,7 +162,9 @@ class Cluster:
     pdbs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)  # (rv, type, pod) for watches
     compacted: int = 0  # watches from a resourceVersion below this get 410 Gone
-    requests: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, content type) as received
+    # (method, path, the PATCH's content type or "watch" for a watch) and the PATCH bodies, as received
+    requests: list[tuple[str, str, str]] = field(default_factory=list)
+    patches: list[dict[str, Any]] = field(default_factory=list)
     rules: list[dict[str, Any]] | None = None  # a Role's rules: when set, every request must be allowed by one
     next_ip: int = 2
     _serial: int = 0
@@ -480,7 +482,7 @@ def _handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
             url = urlsplit(self.path)
             q = {k: v[0] for k, v in parse_qs(url.query).items()}
             with cluster.lock:
-                cluster.requests.append(("GET", url.path, ""))
+                cluster.requests.append(("GET", url.path, "watch" if q.get("watch") in ("true", "1") else ""))
             if not self._authorized():
                 return
             if m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods", url.path):
@@ -515,6 +517,7 @@ def _handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
             patch = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
             with cluster.lock:
                 cluster.requests.append(("PATCH", url.path, ctype))
+                cluster.patches.append(patch)
             if not self._authorized():
                 return
             m = re.fullmatch(r"/apis/apps/v1/namespaces/([^/]+)/deployments/([^/]+)", url.path)

@@ -133,6 +133,11 @@ def test_an_apply_on_a_two_pod_deployment_rolls_is_judged_on_its_pods_and_rolls_
         assert any("waiting for the controller to see generation 2" in r for r in rollout), rollout
         assert ("PATCH", "/apis/apps/v1/namespaces/llm/deployments/chat",
                 "application/strategic-merge-patch+json") in c.cluster.requests
+        # the patch is data: the container's args and tuner's annotation, on the resourceVersion tuner read
+        body = c.cluster.patches[0]
+        assert body["spec"] == {"template": {"spec": {"containers": [{"name": "vllm", "args": patches[0]["to"]}]}}}
+        assert set(body["metadata"]) == {"resourceVersion", "annotations"} and body["metadata"]["resourceVersion"]
+        assert body["metadata"]["annotations"] == {"tuner.dev/apply": str(a.id)}
         # never below the budget: maxUnavailable 0 and a surge of 1, so at least 2 pods available at every read
         assert all("2 available" in r or "3 available" in r for r in rollout if "available" in r), rollout
     # judged on the group's pods: the old ones before, the new ones after (the group fell by half: undone)

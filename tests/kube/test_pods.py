@@ -56,6 +56,10 @@ def test_discovery_follows_pods_as_they_come_and_go(cluster, tmp_path):
     assert sorted(p.name for p in watch.list_now()["chat"]) == first
     watch.start()
     try:
+        if c.real:
+            time.sleep(2)
+        else:  # the deletion comes as a watch event, not in the watch's first list
+            assert wait_until(lambda: ("GET", "/api/v1/namespaces/llm/pods", "watch") in c.cluster.requests, 10)
         c.delete_pod(first[0])
         assert wait_until(lambda: names() == [first[1]], 20), names()
         if not c.real:
