@@ -397,6 +397,155 @@ def parse_selector(selector: str) -> tuple[Matcher, ...]:
     return tuple(out)
 
 
+# ---- Kubernetes (a target's workload; its pods as the group's replicas) ----------------------------
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_KUBE_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_PORT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_REQUIREMENT = re.compile(r"\s*(!?)\s*([^\s!=,()]+)\s*(?:(==|=|!=)\s*([^\s,()]*)|\s+(in|notin)\s*\(([^)]*)\))?\s*")
+
+
+def dns_label(v: str, what: str) -> str:
+    """``v`` if it is a DNS-1123 label (namespaces, container names), else a ValueError saying the rule."""
+    if len(v) > 63 or not _DNS_LABEL.fullmatch(v):
+        raise ValueError(f"{what} {v!r} is not a DNS-1123 label: at most 63 characters, lowercase letters, digits "
+                         "and '-', starting and ending with a letter or digit")
+    return v
+
+
+def dns_subdomain(v: str, what: str) -> str:
+    """``v`` if it is a DNS-1123 subdomain (Deployment and StatefulSet names), else a ValueError saying the rule."""
+    if len(v) > 253 or not _DNS_SUBDOMAIN.fullmatch(v):
+        raise ValueError(f"{what} {v!r} is not a DNS-1123 subdomain: at most 253 characters, lowercase letters, "
+                         "digits, '-' and '.', each part starting and ending with a letter or digit")
+    return v
+
+
+def _label_key(key: str, selector: str) -> None:
+    prefix, _, name = key.rpartition("/")
+    if prefix:
+        dns_subdomain(prefix, f"label selector {selector!r}: key prefix")
+    if len(name) > 63 or not _KUBE_LABEL_NAME.fullmatch(name):
+        raise ValueError(f"label selector {selector!r}: {key!r} is not a label key (at most 63 characters of "
+                         "letters, digits, '-', '_', '.', after an optional DNS prefix and '/')")
+
+
+def _label_value(value: str, selector: str) -> None:
+    if value and (len(value) > 63 or not _KUBE_LABEL_NAME.fullmatch(value)):
+        raise ValueError(f"label selector {selector!r}: {value!r} is not a label value (at most 63 characters of "
+                         "letters, digits, '-', '_', '.', starting and ending with a letter or digit)")
+
+
+def label_selector(selector: str) -> str:
+    """A Kubernetes label selector as the API takes it (``app=vllm,tier in (a,b),!canary``), checked here so a
+    typo is a config error, not an API error at run time; ValueError saying what is wrong."""
+    if not selector.strip():
+        raise ValueError("label selector is empty (leave it out to use the workload's own selector)")
+    depth, parts, start = 0, [], 0
+    for i, ch in enumerate(selector):  # commas inside "in (a,b)" do not separate requirements
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            parts.append(selector[start:i])
+            start = i + 1
+    parts.append(selector[start:])
+    for part in parts:
+        m = _REQUIREMENT.fullmatch(part)
+        if m is None or (m[1] and (m[3] or m[5])):
+            raise ValueError(f"label selector {selector!r}: cannot read {part.strip()!r} (use key=value, key!=value, "
+                             "key in (a,b), key notin (a,b), key or !key)")
+        _label_key(m[2], selector)
+        for value in ([m[4]] if m[3] else [v.strip() for v in m[6].split(",")] if m[5] else []):
+            _label_value(value, selector)
+    return selector.strip()
+
+
+class KubePods(_Model):
+    """One target per pod of the workload (and of its canary): the group's replicas, added and removed as pods come
+    and go. Found through the Kubernetes API (pods by label selector in the namespace, grouped by the workload that
+    owns them) or, on a target whose ``source`` is prometheus, from the labels Prometheus's kubernetes_sd gave the
+    series it scrapes (no API read for discovery)."""
+
+    selector: str | None = None  # default: the workload's own spec.selector.matchLabels
+    port: int | str | None = None  # the container port scraped, a number or its name; default: the url's port
+    scheme: Literal["http", "https"] = "http"
+    # source: prometheus: the labels that name each series' namespace and pod (kube-prometheus relabels them so)
+    namespace_label: str = "namespace"
+    pod_label: str = "pod"
+
+    @field_validator("selector")
+    @classmethod
+    def _selector(cls, v: str | None) -> str | None:
+        return None if v is None else label_selector(v)
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, v: int | str | None) -> int | str | None:
+        if isinstance(v, int) and not 0 < v < 65536:
+            raise ValueError(f"port {v} is outside 1..65535")
+        if isinstance(v, str) and (len(v) > 15 or not _PORT_NAME.fullmatch(v) or not re.search("[a-z]", v)):
+            raise ValueError(f"port {v!r}: expected a number or a container port's name (at most 15 lowercase "
+                             "letters, digits and '-', with a letter)")
+        return v
+
+    @field_validator("namespace_label", "pod_label")
+    @classmethod
+    def _prom_label(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError(f"{v!r} is not a Prometheus label name")
+        return v
+
+
+class Kubernetes(_Model):
+    """Where a target's flags live when Kubernetes runs its server: a container's args in a Deployment (or a
+    StatefulSet). Applies patch those args (the allow-listed flags only) and Kubernetes rolls the pods
+    (tuner/apply/kube.py); with ``pods``, each pod is a replica of the target's group."""
+
+    kind: Literal["Deployment", "StatefulSet"] = "Deployment"
+    namespace: str
+    name: str
+    container: str
+    canary: str | None = None  # a second Deployment beside the first (same pod labels): `apply --canary` uses it
+    pods: KubePods | None = None
+    rollout_timeout: Duration = timedelta(minutes=15)  # tuner's own bound, beyond the Deployment's deadline
+    poll: Duration = timedelta(seconds=2)  # how often a rollout is read
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        return dns_label(v, "namespace")
+
+    @field_validator("container")
+    @classmethod
+    def _container(cls, v: str) -> str:
+        return dns_label(v, "container")
+
+    @field_validator("name", "canary")
+    @classmethod
+    def _workload(cls, v: str | None) -> str | None:
+        return None if v is None else dns_subdomain(v, "name")
+
+    @model_validator(mode="after")
+    def _canary(self) -> "Kubernetes":
+        if self.canary is not None and self.kind != "Deployment":
+            raise ValueError("canary: a canary is a second Deployment beside a Deployment (a StatefulSet has none)")
+        if self.canary is not None and self.canary == self.name:
+            raise ValueError(f"canary: {self.canary!r} is the workload itself; name the second Deployment")
+        return self
+
+
+class KubeAccess(_Model):
+    """How tuner reaches the Kubernetes API: in a pod, its ServiceAccount (in-cluster config); elsewhere a
+    kubeconfig (``kubeconfig``, else $KUBECONFIG, else ~/.kube/config) and its current or named context."""
+
+    kubeconfig: str | None = None  # relative to the config file
+    context: str | None = None
+    timeout: Duration = timedelta(seconds=10)  # one API request
+
+
+__all__ += ["Kubernetes", "KubePods", "KubeAccess", "dns_label", "dns_subdomain", "label_selector"]
+
+
 class Target(_Model):
     """One inference server to watch; or, with ``replicas``, a group of them behind a balancer (the config
     expands a group into one target per replica, named GROUP.REPLICA, that share everything but the URL)."""
@@ -423,6 +572,8 @@ class Target(_Model):
     group: str | None = None
     replica: str | None = None
     group_url: str | None = None
+    # Kubernetes runs the server: applies patch the workload's container args (tuner/apply/kube.py)
+    kubernetes: Kubernetes | None = None
 
     @field_validator("name")
     @classmethod
@@ -449,6 +600,24 @@ class Target(_Model):
         urls = [r.url for r in self.replicas]
         if len(set(urls)) != len(urls):
             raise ValueError(f"replicas: two replicas share a URL in {urls}")
+        return self
+
+    @model_validator(mode="after")
+    def _kube(self) -> "Target":
+        k = self.kubernetes
+        if k is None:
+            return self
+        if self.managed is not None:
+            raise ValueError("kubernetes: Kubernetes starts this server, not tuner; remove managed:")
+        if self.balancer is not None or self.replicas:
+            raise ValueError("kubernetes: the workload's pods are the replicas (kubernetes.pods), behind its "
+                             "Service; remove balancer: and replicas:")
+        if self.apply.hook is not None:
+            raise ValueError("kubernetes: an apply patches the workload's container args; remove apply.hook")
+        if self.apply.mode == "auto" and k.pods is not None:
+            raise ValueError("kubernetes: apply.mode auto is not supported on a Kubernetes pods group: auto mode's "
+                             "guardrails (restart budget, halt after rollbacks) count per target, and every rollout "
+                             "makes new pods; use mode: manual")
         return self
 
     @property
@@ -604,6 +773,7 @@ class Config(_Model):
     prometheus: PrometheusSource | None = None
     alerting: Alerting = Alerting()
     api: Api = Api()
+    kubernetes: KubeAccess = KubeAccess()
 
     @field_validator("listen")
     @classmethod

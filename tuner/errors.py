@@ -202,3 +202,17 @@ class GrafanaError(TunerError):
 
 
 __all__ += ["GrafanaError"]
+
+
+class KubernetesError(TunerError):
+    """Raised when the Kubernetes API cannot be reached or refuses a request tuner needs (list pods, read or patch a
+    workload); names the object and what the API answered."""
+
+    exit_code = 4
+
+    def __init__(self, what: str, reason: str) -> None:
+        self.what, self.reason = what, reason
+        super().__init__(f"Kubernetes {what}: {reason}")
+
+
+__all__ += ["KubernetesError"]

@@ -43,7 +43,7 @@ class FakeClock:
 class RollingStandIn:
     """The rolling route's name and kind (restarts, no outage); restoring is not what this test is about."""
 
-    name, restarts, outage = "rolling", True, False
+    name, restarts, outage, whole_group = "rolling", True, False, True
 
     def restore(self, ap, aid, p) -> bool:
         return True

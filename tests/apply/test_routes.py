@@ -71,6 +71,8 @@ def _config(tmp_path: Path, route: str, port: int = 9, apply_extra: str = "") ->
         (tmp_path / "model").mkdir(exist_ok=True)
         return head + f"    managed: {{model: '{tmp_path / 'model'}', flags: {{max_num_seqs: 4}}}}\n"
     head += "    flags: {max-num-seqs: 4}\n"
+    if route == "kubernetes":
+        return head + "    kubernetes: {namespace: llm, name: chat, container: vllm}\n"
     if route == "hook":
         return head + (f"    apply: {{hook: {{command: ['{sys.executable}', '{tmp_path / 'hook.py'}', "
                        f"'{tmp_path / 'server.pid'}', '{tmp_path / 'server.py'}', '{port}', '{{flags}}']}}"
@@ -110,7 +112,7 @@ def test_each_route_is_chosen_by_its_config_and_plans_the_same_diff(tmp_path, st
         assert route.in_flight(ap, t) is None
         route.settle(ap, 1, t)  # nothing in a balancer to settle: no call reaches anything
     # clients go unserved while the server switches, except by hand and behind a balancer
-    assert route.outage == (name not in ("manual", "rolling", "blue_green"))
+    assert route.outage == (name not in ("manual", "rolling", "blue_green", "kubernetes"))
 
 
 def test_by_hand_never_switches_and_never_restores(tmp_path, store):

@@ -157,3 +157,34 @@ def test_unspread_first_runs_all_start_at_the_origin() -> None:
     loop.stop()
     assert [t for i, t in runs if i == "a"] == [0.5, 1.5, 2.5, 3.5]
     assert [t for i, t in runs if i == "b"] == [0.5, 2.5]
+
+
+def test_items_added_and_removed_while_it_runs_keep_their_own_intervals() -> None:
+    """Kubernetes pods come and go: an added item runs within one interval and then every interval; a removed one
+    is not run again, the others are untouched."""
+    clock = _Clock(until=8.0)
+    runs: list[tuple[str, float]] = []
+    holder: list[ScrapeLoop[str]] = []
+
+    def run(item: str) -> None:
+        runs.append((item, clock()))
+        if (item, clock()) == ("a", 2.0):
+            holder[0].add("b", 1.0)
+            holder[0].add("a", 5.0)  # already scheduled: its own interval stands
+        if (item, clock()) == ("a", 4.0):
+            holder[0].remove("a")
+
+    loop = ScrapeLoop(["a", "c"], {"a": 1.0, "c": 2.0}.__getitem__, run, workers=2, clock=clock, sleep=clock.sleep)
+    holder.append(loop)
+    clock.loop = loop
+    loop.start()
+    assert loop._thread is not None  # noqa: SLF001
+    loop._thread.join(30)  # noqa: SLF001
+    loop.stop()
+    assert [t for i, t in runs if i == "a"] == [0.0, 1.0, 2.0, 3.0, 4.0]  # removed at 4: not run again
+    assert [t for i, t in runs if i == "c"] == [1.0, 3.0, 5.0, 7.0]  # untouched
+    b = [t for i, t in runs if i == "b"]
+    # due within an interval of the add at 2.0 (this fake sleep is not woken by it: the first run is at 3.0 at the
+    # latest), then every interval in its own phase
+    assert 2.0 <= b[0] <= 3.0 and 2.0 <= b[1] - 1.0 < 3.0 and len(b) >= 5, b
+    assert all(abs(y - x - 1.0) < 1e-9 for x, y in zip(b[1:], b[2:])), b

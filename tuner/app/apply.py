@@ -26,7 +26,8 @@ _WAITS = {"planned": "reading the baseline window", "baseline": "about to drain"
           "health_check": "waiting for the new server's health gate (/health, then one real request)",
           "healthy": "observing the new flags", "observing": "observing the new flags",
           "restoring": "restoring the previous flags", "hook": "running the apply hook",
-          "reconcile": "finishing what a stopped tuner left half done"}
+          "reconcile": "finishing what a stopped tuner left half done",
+          "patch": "patching the workload's container args", "rollout": "Kubernetes rolls the pods (tuner follows)"}
 
 
 @dataclass

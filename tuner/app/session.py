@@ -16,6 +16,7 @@ from tuner.app.room import second_server
 from tuner.apply.flow import Applier
 from tuner.config import Config, load_config
 from tuner.errors import ConfigError
+from tuner.kube import expand, list_pods, templates
 from tuner.store.db import check_schema, open_engine
 from tuner.store.store import Store
 
@@ -38,13 +39,23 @@ class Session:
     _store: Store | None = field(default=None, repr=False)
 
     @classmethod
-    def load(cls, given: str | None) -> "Session":
-        """The named config (else ./tuner.yaml); ConfigError naming the file when there is none."""
+    def load(cls, given: str | None, *, pods: bool = False) -> "Session":
+        """The named config (else ./tuner.yaml); ConfigError naming the file when there is none. ``pods``: with
+        Kubernetes pods in place of their templates (``with_pods``)."""
         path, _ = config_path(given)
         if not Path(path).exists():
             raise ConfigError(path, "", "no such file; pass --config PATH or set TUNER_CONFIG "
                                         "(see docs/configuration.md for an example)")
-        return cls(load_config(path), Path(path).resolve().parent)
+        s = cls(load_config(path), Path(path).resolve().parent)
+        return s.with_pods() if pods else s
+
+    def with_pods(self) -> "Session":
+        """This session with each target whose ``kubernetes.pods`` is set replaced by its pods, listed now: a
+        command sees the targets the daemon scrapes (``chat.POD``). KubernetesError when they cannot be listed."""
+        if not templates(self.cfg):
+            return self
+        return Session(expand(self.cfg, list_pods(self.cfg, self.config_dir, now=time.time())), self.config_dir,
+                       self._store)
 
     @classmethod
     def optional(cls, given: str | None) -> "Session | None":

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tuner.apply import managed as mg
-from tuner.apply.routes import ROUTES, Route, flags_argv, route_for
+from tuner.apply.routes import ROUTES, Canaried, Route, flags_argv, route_for
 from tuner.apply.verdict import Verdict, judge
 from tuner.backends import backend as backend_of
 from tuner.collect.scrape import scrape_target
@@ -54,7 +54,7 @@ class Plan:
     @property
     def whole_group(self) -> bool:
         """The route changes every replica of the target's group (a rolling apply): the verdict reads the group."""
-        return self.route.name == "rolling" and self.target.group is not None
+        return self.route.whole_group and self.target.group is not None
 
 
 @dataclass(frozen=True)
@@ -323,33 +323,33 @@ class Applier:
         return self._carry_out(aid, p, rec.id)
 
     def canary(self, rec_id: int, *, mode: str = "manual", force: bool = False) -> jr.StoredApply:
-        """A replica group's canary: the recommendation's replica takes the new flags, a peer keeps the old ones,
-        both serve the same live traffic through the balancer, and the verdict compares the canary with the
-        control over the same window (same offered load by construction). Kept: the rest of the group rolls.
-        Otherwise the canary goes back."""
+        """A replica group's canary: part of the group takes the new flags (the recommendation's replica behind a
+        balancer; a Kubernetes workload's canary Deployment), the rest keeps the old ones, both serve the same live
+        traffic, and the verdict compares the canary with the control over the same window (same offered load by
+        construction). Kept: the rest of the group rolls. Otherwise the canary goes back."""
         rec = self.fresh(rec_id)
         p = self.plan(rec)
         t = p.target
-        if p.route.name != "rolling":
+        if not isinstance(p.route, Canaried):
             raise ApplyError(f"{t.name} is not a replica of a group behind a balancer: a canary needs peers serving "
-                             "the same traffic to compare with (replicas: and balancer: in its config)")
-        control = next(m for m in self.cfg.group(t) if m.name != t.name)
+                             "the same traffic to compare with (replicas: and balancer: in its config, or "
+                             "kubernetes.canary and kubernetes.pods)")
+        route: Canaried = p.route
         if not force:
             self.check_restart_budget(t)
         aid = self._begin(p, rec.id, "canary", mode)
-        rolling: Any = p.route
-        self._step(aid, "canary", f"{t.name} takes the new flags; {control.name} keeps the old ones as the control")
         try:
-            rolling._one(self, aid, t, p.new_flags, rolling._lb(self, t))
+            (canary, canary_in), (control, control_in) = route.canary(self, aid, p)
         except (ServerStartError, ApplyError) as exc:
             return self._switch_failed(aid, p, rec.id, exc)
         died, v, t0, now = self._observe(
-            aid, t, f"canary {t.name} against control {control.name}, same window, ",
-            lambda t0, now: judge(self._profile(control, t0, now), self._profile(t, t0, now),
+            aid, t, f"canary {canary} against control {control}, same window, ",
+            lambda t0, now: judge(self._served(t, control_in, t0, now), self._served(t, canary_in, t0, now),
                                   min_requests=t.apply.min_requests))
         # the journal's "before" is the control, its "after" the canary: the same window, side by side
-        jr.set_kpis(self.engine, aid, now=now, baseline={"replica": control.name, **self._kpis(control, t0, now)},
-                    after={"replica": t.name, **self._kpis(t, t0, now)})
+        jr.set_kpis(self.engine, aid, now=now,
+                    baseline={"replica": control, **self._kpis_of(t, control_in, t0, now)},
+                    after={"replica": canary, **self._kpis_of(t, canary_in, t0, now)})
         if died or v is None:
             outcome, reason = "rolled_back", f"the canary died while observed: {died}"
         else:
@@ -362,13 +362,9 @@ class Applier:
             if outcome == "inconclusive":
                 reason += "; the new flags stay (apply.on_inconclusive: keep)"
             try:
-                lb = rolling._lb(self, t)
-                for m in self.cfg.group(t):
-                    if m.name != t.name:
-                        rolling._one(self, aid, m, p.new_flags, lb)
+                route.promote(self, aid, p)
             except (ServerStartError, ApplyError) as exc:
                 return self._switch_failed(aid, p, rec.id, exc)
-            self._step(aid, "healthy", f"rolled out to all {len(self.cfg.group(t))} replicas of {t.group}")
             jr.finish(self.engine, aid, outcome, reason + "; rolled out to the group", now=self.clock())
             recs.set_status(self.engine, rec.id, "applied", now=self.clock(), note=reason)
             self.expire_stale(t, aid)
@@ -430,22 +426,36 @@ class Applier:
         jr.step(self.engine, aid, name, detail, now=self.clock(), state=state)
         self.say(f"[apply #{aid}] {name}" + (f": {detail}" if detail else ""))
 
+    def _members(self, t: Target, start: float, end: float, group: bool) -> list[str]:
+        """The targets whose data make up ``t``'s in [start, end]: itself, or its group's replicas that served then."""
+        return route_for(t).replicas(self, t, start, end) if group else [t.name]
+
     def _profile(self, t: Target, start: float, end: float, *, group: bool = False) -> LoadProfile | None:
         """What ``t`` served in [start, end]; with ``group``, what its whole replica group served (every replica
         must have been scraped)."""
-        members = self.cfg.group(t) if group else [t]
+        return self._served(t, self._members(t, start, end, group), start, end)
+
+    def _served(self, t: Target, names: list[str], start: float, end: float) -> LoadProfile | None:
+        """What the targets ``names`` (``t`` or replicas of its group) served in [start, end], together."""
         scraped = self.store.target_names()
-        if any(m.name not in scraped for m in members):
+        if not names or any(n not in scraped for n in names):
             return None  # never scraped (no `tuner run` yet): nothing to judge with
-        if not group or len(members) == 1:
-            return profile(self.store.window(t.name, start, end), slo=t.slo)
-        return group_profile(t.group or t.name, [self.store.window(m.name, start, end) for m in members], slo=t.slo)
+        if len(names) == 1:
+            return profile(self.store.window(names[0], start, end), slo=t.slo)
+        return group_profile(t.group or t.name, [self.store.window(n, start, end) for n in names], slo=t.slo)
 
     def _kpis(self, t: Target, start: float, end: float, *, group: bool = False) -> dict[str, Any]:
         """The window's load profile for the journal, with the window itself so the verdict can read it again."""
-        prof = self._profile(t, start, end, group=group)
-        scope = {"group": t.group, "replicas": [m.name for m in self.cfg.group(t)]} if group and t.group else {}
+        names = self._members(t, start, end, group)
+        prof = self._served(t, names, start, end)
+        scope = {"group": t.group, "replicas": names} if group and t.group else {}
         return {"window": [start, end], **scope, **(prof.summary() if prof else {})}
+
+    def _kpis_of(self, t: Target, names: list[str], start: float, end: float) -> dict[str, Any]:
+        """The journal's KPIs of a canary's or a control's targets over one window."""
+        prof = self._served(t, names, start, end)
+        return {"window": [start, end], **({"replicas": names} if names != [t.name] else {}),
+                **(prof.summary() if prof else {})}
 
     def judge_windows(self, t: Target, before: tuple[float, float], after: tuple[float, float], *,
                       group: bool = False) -> Verdict:

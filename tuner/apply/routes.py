@@ -7,7 +7,9 @@
   * ``Rolling``: a replica group behind HAProxy; one replica at a time is drained in the balancer until idle,
     restarted like ``Managed``, health-gated, put back and waited on until HAProxy's own check says UP;
   * ``BlueGreen``: one managed server behind HAProxy with room beside it for a second: the new flags start on a
-    spare port and join the backend before the server is drained and restarted with them, then the spare leaves.
+    spare port and join the backend before the server is drained and restarted with them, then the spare leaves;
+  * ``Kube`` (kube.py): a Deployment's or StatefulSet's container args patched; Kubernetes rolls the pods, tuner
+    follows the rollout and patches the previous args back to restore.
 
 The apply flow (flow.py) asks a route for the argv before and after, the lines of a dry run, whether tuner itself
 restarts the server (the restart budget, the outage), how to switch the server to some flags, what the server
@@ -23,10 +25,11 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tuner.apply import managed as mg
 from tuner.apply.balancer import HAProxy
+from tuner.apply.kube import Kube
 from tuner.apply.launch import _render_flags, free_port
 from tuner.backends import backend as backend_of
 from tuner.config import Target
@@ -37,8 +40,8 @@ from tuner.store import journal as jr
 if TYPE_CHECKING:  # the flow hands itself in; routes never import it at run time
     from tuner.apply.flow import Applier, Plan
 
-__all__ = ["Route", "Managed", "Hook", "Systemd", "ByHand", "Rolling", "BlueGreen", "ROUTES", "route_for", "flags_argv",
-           "hook_argv"]
+__all__ = ["Route", "Canaried", "Managed", "Hook", "Systemd", "ByHand", "Rolling", "BlueGreen", "Kube", "ROUTES",
+           "route_for", "flags_argv", "hook_argv"]
 
 _HOOK_HEALTH_TIMEOUT_S = 600.0
 
@@ -73,6 +76,7 @@ class Route(Protocol):
     name: str  # the plan's and the journal's word for it: managed | hook | manual
     restarts: bool  # tuner itself restarts the server: the restart budget applies
     outage: bool  # clients go unserved while it switches: the CLI says for how long, the journal measures it
+    whole_group: bool  # it changes every replica of the target's group: the verdict reads the group
 
     def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
         """What runs (or what to run) for ``flags``: the journal's old and new argv."""
@@ -102,9 +106,32 @@ class Route(Protocol):
         """A tuner died during an apply on ``t``: leave no server out of rotation and no temporary one behind."""
         ...
 
+    def replicas(self, ap: Applier, t: Target, start: float, end: float) -> list[str]:
+        """The targets of ``t``'s group that served in [start, end] (the config's replicas; a Kubernetes group's
+        pods come and go)."""
+        ...
+
+
+@runtime_checkable
+class Canaried(Route, Protocol):
+    """A route that can put new flags on part of a group first, beside an unchanged part serving the same traffic."""
+
+    def canary(self, ap: Applier, aid: int, p: Plan) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
+        """The canary part takes ``p.new_flags``: ((canary, its targets), (control, its targets)) to compare."""
+        ...
+
+    def promote(self, ap: Applier, aid: int, p: Plan) -> None:
+        """After a kept canary: the rest of the group takes ``p.new_flags``."""
+        ...
+
+
+def _config_replicas(self: Any, ap: Applier, t: Target, start: float, end: float) -> list[str]:
+    return [m.name for m in ap.cfg.group(t)]
+
 
 class Managed:
-    name, restarts, outage = "managed", True, True
+    name, restarts, outage, whole_group = "managed", True, True, False
+    replicas = _config_replicas
 
     def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
         return mg.build_argv(t, flags)
@@ -145,7 +172,8 @@ class Managed:
 class _Gated:
     """Routes that restart a server tuner does not own, then wait for its health gate."""
 
-    name, restarts, outage = "hook", True, True
+    name, restarts, outage, whole_group = "hook", True, True, False
+    replicas = _config_replicas
 
     def commands(self, ap: Applier, aid: int, t: Target, flags: dict[str, Any],
                  diff: dict[str, Any]) -> list[list[str]]:
@@ -254,7 +282,8 @@ class Systemd(_Gated):
 
 
 class ByHand:
-    name, restarts, outage = "manual", False, False
+    name, restarts, outage, whole_group = "manual", False, False, False
+    replicas = _config_replicas
 
     def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
         return flags_argv(t.backend, flags)
@@ -282,6 +311,8 @@ class ByHand:
 class _Balanced:
     """Routes of managed servers behind HAProxy: the argv is the managed one, tuner reads the in-flight count."""
 
+    replicas = _config_replicas
+
     def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
         return mg.build_argv(t, flags)
 
@@ -297,7 +328,7 @@ class _Balanced:
 class Rolling(_Balanced):
     """A replica group behind HAProxy, tuner managing each replica: one at a time, the others serving."""
 
-    name, restarts, outage = "rolling", True, False
+    name, restarts, outage, whole_group = "rolling", True, False, True
 
     def describe(self, p: Plan) -> list[str]:
         b = p.target.balancer
@@ -332,6 +363,21 @@ class Rolling(_Balanced):
                                                             state="health_check"))
         st = lb.ready(server, b.up_timeout.total_seconds())
         ap._step(aid, "in_rotation", f"{m.name}: HAProxy {b.backend}/{server} {st.status}; pid {r.pid}")
+
+    def canary(self, ap: Applier, aid: int, p: Plan) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
+        """The recommendation's replica takes the flags; a peer keeps the old ones as the control."""
+        t = p.target
+        control = next(m for m in ap.cfg.group(t) if m.name != t.name)
+        ap._step(aid, "canary", f"{t.name} takes the new flags; {control.name} keeps the old ones as the control")
+        self._one(ap, aid, t, p.new_flags, self._lb(ap, t))
+        return (t.name, [t.name]), (control.name, [control.name])
+
+    def promote(self, ap: Applier, aid: int, p: Plan) -> None:
+        lb = self._lb(ap, p.target)
+        for m in ap.cfg.group(p.target):
+            if m.name != p.target.name:
+                self._one(ap, aid, m, p.new_flags, lb)
+        ap._step(aid, "healthy", f"rolled out to all {len(ap.cfg.group(p.target))} replicas of {p.target.group}")
 
     def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
         lb = self._lb(ap, p.target)
@@ -382,7 +428,7 @@ class BlueGreen(_Balanced):
     (the one tuner scrapes, the config names and the verdict watches), at the cost of a second start.
     The room (memory for both at once) is the app's answer, ``Applier.room``; without room it refuses."""
 
-    name, restarts, outage = "blue_green", True, False
+    name, restarts, outage, whole_group = "blue_green", True, False, False
 
     def describe(self, p: Plan) -> list[str]:
         b = p.target.balancer
@@ -506,11 +552,13 @@ class BlueGreen(_Balanced):
 
 
 ROUTES: dict[str, Route] = {"managed": Managed(), "hook": Hook(), "systemd": Systemd(), "manual": ByHand(),
-                            "rolling": Rolling(), "blue_green": BlueGreen()}
+                            "rolling": Rolling(), "blue_green": BlueGreen(), "kubernetes": Kube()}
 
 
 def route_for(t: Target) -> Route:
     """The one place that decides how a target's flags change."""
+    if t.kubernetes is not None:
+        return ROUTES["kubernetes"]
     if t.managed is not None and t.balancer is not None and t.group is not None:
         return ROUTES["rolling"]
     if t.managed is not None and t.balancer is not None:

@@ -54,7 +54,14 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    rules, text = alerts_app.export(optional_session(args), args.files)
+    labels = {}
+    for item in args.label or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError("tuner alerts export", "--label", f"expected KEY=VALUE, got {item!r}")
+        labels[key] = value
+    rules, text = alerts_app.export(optional_session(args), args.files, fmt=args.format, name=args.name,
+                                    namespace=args.namespace, labels=labels)
     if args.output in (None, "-"):
         sys.stdout.write(text)
     else:
@@ -112,7 +119,13 @@ def add_parsers(sub: Any) -> None:
         p = asub.add_parser(name, help=helptext)
         p.add_argument("--files", nargs="+", help="rule files (default: alerting.rule_files, else the default pack)")
         if name == "export":
-            p.add_argument("--format", choices=["prometheus"], default="prometheus")
+            p.add_argument("--format", choices=["prometheus", "prometheus-operator"], default="prometheus",
+                           help="a Prometheus rule file, or a PrometheusRule object for the Prometheus Operator")
+            p.add_argument("--name", default="tuner", help="prometheus-operator: the PrometheusRule's name")
+            p.add_argument("--namespace", help="prometheus-operator: its namespace (default: kubectl's)")
+            p.add_argument("--label", action="append", metavar="KEY=VALUE",
+                           help="prometheus-operator: a label of the object, as the Prometheus resource's "
+                                "ruleSelector matches it (e.g. release=prometheus); repeatable")
             p.add_argument("-o", "--output", help="file to write (default: stdout)")
         p.set_defaults(func=fn)
     p = asub.add_parser("test", help="run alert scenarios in tuner and in promtool; both must pass")

@@ -114,7 +114,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
                 f"; {plan.target.name} serves nothing while it drains and restarts" if plan.route.outage else
                 f"; {plan.target.name} first as a canary against its peers, then the rest of {plan.target.group} if "
                 "it is kept" if args.canary else
-                f"; rolling over {plan.target.group}'s replicas, the others serving" if plan.route.name == "rolling"
+                f"; rolling over {plan.target.group}'s replicas, the others serving" if plan.whole_group
                 else "")
         if args.yes and not args.json:  # without --yes the question below says it
             print(f"apply recommendation #{args.id} to {plan.target.name}{cost}", flush=True)

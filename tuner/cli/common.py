@@ -15,8 +15,9 @@ from tuner.errors import ApplyError
 __all__ = ["session", "optional_session", "duration", "table", "when", "fmt", "confirm"]
 
 
-def session(args: argparse.Namespace) -> Session:
-    return Session.load(args.config)
+def session(args: argparse.Namespace, *, pods: bool = True) -> Session:
+    """The session of --config; Kubernetes pods listed in place of their templates unless ``pods`` is False."""
+    return Session.load(args.config, pods=pods)
 
 
 def optional_session(args: argparse.Namespace) -> Session | None:

@@ -27,12 +27,12 @@ __all__ = ["add_parsers"]
 def cmd_run(args: argparse.Namespace) -> int:
     from tuner.daemon import serve_daemon  # the daemon face: imported only by the command that starts it
 
-    return serve_daemon(session(args), max_seconds=args.duration.total_seconds() if args.duration else None,
+    return serve_daemon(session(args, pods=False), max_seconds=args.duration.total_seconds() if args.duration else None,
                         log=logging.getLogger("tuner"))
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    cfg = session(args).cfg  # its store is not opened through the session: no schema check here
+    cfg = session(args, pods=False).cfg  # its store is not opened through the session: no schema check here
     engine = open_engine(cfg.store.url)
     if args.db_command == "upgrade":
         before, after = upgrade(engine)

@@ -118,15 +118,20 @@ def scrape_fleet(prom_url: str, targets: Sequence[Target], *, timeout_s: float,
     split = _Split(targets)
     sel = f",{selector_for(targets[0])}" if len(targets) == 1 else ""
     down: dict[int, list[float]] = defaultdict(list)
+    # The labels Prometheus put on the target (those of its `up`: instance, job, and what relabeling added, such as
+    # kubernetes_sd's namespace and pod) are not the server's: its series are read without them.
+    own: dict[int, set[str]] = defaultdict(set)
     for r in _query(client, prom_url, f"up{{{sel[1:]}}}" if sel else "up", at):
         for i in split.owners(r["metric"]):
             down[i].append(float(r["value"][1]))
+            own[i].update(k for k in r["metric"] if k not in ("__name__", "instance", "job"))
     values: dict[int, list[tuple[dict[str, str], float]]] = defaultdict(list)
     for backend in sorted({_backend(t) for t in targets}):
         for r in _query(client, prom_url, f'{{__name__=~"{_names(backend)}"{sel}}}', at):
             for i in split.owners(r["metric"]):
                 if _backend(targets[i]) == backend:
-                    values[i].append((r["metric"], float(r["value"][1])))
+                    labels = {k: v for k, v in r["metric"].items() if k not in own[i]} if own[i] else r["metric"]
+                    values[i].append((labels, float(r["value"][1])))
     took = time.monotonic() - start
     out: dict[str, TargetSnapshot | ScrapeError] = {}
     for i, t in enumerate(targets):

@@ -42,6 +42,7 @@ from tuner.daemon.scrapeloop import ScrapeLoop
 from tuner.daemon.state import DaemonState
 from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
 from tuner.flags import takes
+from tuner.kube import Discovery, templates
 from tuner.store.retention import apply_retention
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
@@ -62,10 +63,18 @@ _SIGNALS_COST_S = 0.015  # one target's window + derive over a full 5-minute win
 class Daemon:
     def __init__(self, cfg: Config, store: Store, *, clock: Callable[[], float] = time.time,
                  config_dir: Path | None = None) -> None:
+        self.state = DaemonState()
+        # Kubernetes: each template's pods in its place, followed as they come and go (_retarget)
+        self.discovery: Discovery | None = None
+        self._retarget_lock = threading.Lock()
+        self._following = False  # pods changes are followed once the daemon is built (start)
+        if templates(cfg):
+            self.discovery = Discovery(cfg, config_dir, changed=self._pods_changed,
+                                       failed=lambda name, error: self._discover_error(name, error), clock=clock)
+            cfg = self.discovery.first()
         self.cfg = cfg
         self.store = store
         self.clock = clock
-        self.state = DaemonState()
         self.gpu = GpuCollector(cfg.gpu.source, cfg.gpu.url,
                                 timeout_s=cfg.defaults.scrape_timeout.total_seconds(),
                                 max_body_bytes=cfg.defaults.max_body_bytes)
@@ -80,6 +89,7 @@ class Daemon:
         self._applied: set[str] = jr.targets_with_applies(store.engine)  # targets the journal has applies of
         self.scheduler: BackgroundScheduler | None = None
         self.scrape_loop: ScrapeLoop[str] | None = None
+        self._direct: dict[str, Target] = {}  # what the scrape loop scrapes, by name (pods come and go)
         self.rule_loop: ScrapeLoop[str] | None = None  # the alert groups' evaluations (_start_rules)
         self._origin = time.monotonic()  # the scrape schedule's origin (its first round)
         self._step = 1.0  # the first scraped target's interval: a round of scrapes starts every _step from _origin
@@ -113,6 +123,60 @@ class Daemon:
         elif asked:
             self._health_asked[target.name] = now
         return self._record(target, got, now, time.monotonic() - start)
+
+    def _scrape_direct(self, name: str) -> None:
+        t = self._direct.get(name)
+        if t is not None:  # None: a pod gone while its scrape was due
+            self.scrape_once(t)
+
+    def _scrape_fleet_every(self, every: timedelta) -> int:
+        """The fleet job of one interval when pods come and go: the targets read from Prometheus now."""
+        targets = [t for t in self.cfg.targets if t.source == "prometheus" and self.cfg.interval(t) == every]
+        return self.scrape_fleet_once(targets) if targets else 0
+
+    # ---- Kubernetes pods: targets that come and go -------------------------------------------------
+
+    def _discover_error(self, template: str, error: str) -> None:
+        if error:
+            self._job_error(f"discover:{template}", error)
+        else:
+            with self.state.lock:
+                self.state.job_errors.pop(f"discover:{template}", None)
+
+    def _pods_changed(self) -> None:
+        assert self.discovery is not None
+        with self._retarget_lock:
+            if self._following and not self._stop.is_set():
+                self._retarget(self.discovery.current())
+
+    def _retarget(self, cfg: Config) -> None:
+        """The targets are now ``cfg``'s (pods came or went): a new one is scraped from its first interval on, a
+        gone one is scraped no more; the store keeps what was scraped of it (a verdict reads it)."""
+        old = {t.name: t for t in self.cfg.targets}
+        new = {t.name: t for t in cfg.targets}
+        for name in new.keys() - old.keys():
+            t = new[name]
+            self.store.ensure_target(t.name, t.backend, t.url, t.labels)
+        self.cfg = self.signals.cfg = self.alerting.cfg = self.session.cfg = self.applier.cfg = cfg
+        gone = old.keys() - new.keys()
+        with self.state.lock:
+            self.state.targets = dict(new)
+            for name in gone:
+                for kept in (self.state.signals, self.state.scrapes_total, self.state.scrape_failures_total,
+                             self.state.last_duration_s):
+                    kept.pop(name, None)  # tuner's /metrics shows the targets it has; the store their history
+        for name, t in new.items():
+            if t.source != "prometheus":
+                added = name not in self._direct
+                self._direct[name] = t
+                if added and self.scrape_loop is not None:
+                    self.scrape_loop.add(name, self.cfg.interval(t).total_seconds())
+        for name in gone:
+            if self._direct.pop(name, None) is not None and self.scrape_loop is not None:
+                self.scrape_loop.remove(name)
+        if gone or new.keys() - old.keys():
+            log.info("targets: %d (+%s, -%s)", len(new), ",".join(sorted(new.keys() - old.keys())) or "0",
+                     ",".join(sorted(gone)) or "0")
 
     def _health_due(self, target: Target, now: float) -> bool:
         """Whether this scrape asks vLLM's /health: at most every ``health_interval`` while it answers 200, at
@@ -412,21 +476,30 @@ class Daemon:
                                     timezone=timezone.utc)
         now = datetime.now(timezone.utc)
         self._origin = time.monotonic()  # the scrapes' schedule and the rules' (_start_rules) from here
-        direct = {t.name: t for t in self.cfg.targets if t.source != "prometheus"}
+        direct = self._direct = {t.name: t for t in self.cfg.targets if t.source != "prometheus"}
         self._step = next((self.cfg.interval(t).total_seconds() for t in direct.values()), 1.0)
         self._settle_s = max((self.cfg.timeout(t).total_seconds() for t in direct.values()), default=0.0)
         # First scrapes spread over the interval, so many targets do not fire at once.
         self.scrape_loop = ScrapeLoop(list(direct), lambda name: self.cfg.interval(direct[name]).total_seconds(),
-                                      lambda name: self.scrape_once(direct[name]),
-                                      workers=max(4, min(32, len(direct) + 2)), start=self._origin)
+                                      self._scrape_direct, workers=max(4, min(32, len(direct) + 2)),
+                                      start=self._origin)
         fleets: dict[timedelta, list[Target]] = defaultdict(list)  # read from Prometheus: one job per interval
         for t in self.cfg.targets:
             if t.source == "prometheus":
                 fleets[self.cfg.interval(t)].append(t)
+        for t in self.discovery.prom_side if self.discovery is not None else []:
+            fleets.setdefault(self.cfg.interval(t), [])  # its pods join the job of their interval as they come
         for every, targets in fleets.items():
-            sched.add_job(self.scrape_fleet_once, IntervalTrigger(seconds=every.total_seconds()), args=[targets],
+            # with pods coming and going, each run reads the targets of its interval then
+            job, args = ((self.scrape_fleet_once, [targets]) if self.discovery is None
+                         else (self._scrape_fleet_every, [every]))
+            sched.add_job(job, IntervalTrigger(seconds=every.total_seconds()), args=args,
                           id=f"scrape-prometheus:{every.total_seconds():g}s", next_run_time=now,
                           misfire_grace_time=int(every.total_seconds()) or 1)
+        if self.discovery is not None and self.discovery.prom_side:
+            every_s = min(self.cfg.interval(t).total_seconds() for t in self.discovery.prom_side)
+            sched.add_job(self.discovery.poll_prometheus, IntervalTrigger(seconds=max(every_s, 5.0)), id="pods",
+                          next_run_time=now + timedelta(seconds=max(every_s, 5.0)))
         if self.cfg.gpu.source != "none":
             sched.add_job(self.gpu_once, IntervalTrigger(seconds=self.cfg.gpu.interval.total_seconds()),
                           id="gpu", next_run_time=now)
@@ -454,6 +527,11 @@ class Daemon:
         self._writer = threading.Thread(target=self._write_forever, name="store-writer", daemon=True)
         self._writer.start()
         self.scrape_loop.start()
+        if self.discovery is not None:
+            with self._retarget_lock:
+                self._following = True
+                self._retarget(self.discovery.current())  # what changed since the first list
+            self.discovery.start()
         self._start_rules()
         sched.start()
         self.scheduler = sched
@@ -481,6 +559,8 @@ class Daemon:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.discovery is not None:
+            self.discovery.stop()
 
     def run_forever(self, *, install_signal_handlers: bool = True, max_seconds: float | None = None) -> None:
         """Run until SIGTERM/SIGINT (or ``max_seconds``); in-flight scrapes finish before returning."""
@@ -493,6 +573,8 @@ class Daemon:
             self._stop.wait(max_seconds)
         finally:
             self._stop.set()  # max_seconds ran out: the writer and the clock watch stop too
+            if self.discovery is not None:
+                self.discovery.stop()
             assert self.scheduler is not None and self.scrape_loop is not None
             self.scrape_loop.stop(wait=True)
             if self.rule_loop is not None:

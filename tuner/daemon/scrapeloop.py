@@ -13,6 +13,9 @@ semaphore round (at 1,000 targets the executor's handoff was ~15% of the samples
 
 ``settle(before)`` lets a reader wait for the data of a moment: until every run due at or before it has been handed
 out and has finished. The alert evaluation uses it to read a scrape the moment it lands, not an interval on.
+
+``add`` and ``remove`` change the items while the loop runs (Kubernetes pods come and go): an added item's first
+run is within one interval, a removed one is not run again (a run of it in flight finishes).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class ScrapeLoop(Generic[T]):
         self._origin = start
         self._running: dict[T, float] = {}  # item -> the due time of its run in flight
         self._heap: list[tuple[float, int, T]] = []  # (next due, index, item): built when the loop starts
+        self._removed: set[T] = set()  # items taken out while scheduled: dropped when they come due
         self._started = False
         self._lock = threading.Lock()
         self._finished = threading.Condition(self._lock)  # a run finished: settle() looks again
@@ -99,6 +103,25 @@ class ScrapeLoop(Generic[T]):
         with self._finished:
             return self._finished.wait_for(settled, timeout)
 
+    def add(self, item: T, every: float) -> None:
+        """Run ``item`` too, every ``every`` seconds, the first run within one interval from now."""
+        with self._lock:
+            if item in self._every:
+                self._removed.discard(item)  # taken out and back before it came due: its schedule stands
+                return
+            self._every[item] = max(every, 1e-3)
+            self._items.append(item)
+            if self._started:
+                first = self._clock() + self._every[item] * (hash(item) % 997) / 997  # spread, as the first runs
+                heapq.heappush(self._heap, (first, len(self._items), item))
+        self._wake.set()
+
+    def remove(self, item: T) -> None:
+        """Run ``item`` no more (a run in flight finishes)."""
+        with self._lock:
+            if item in self._every:
+                self._removed.add(item)
+
     def _loop(self) -> None:
         start = self._clock() if self._origin is None else self._origin
         n = max(1, len(self._items)) if self._spread else float("inf")  # i / inf: every first run at the start
@@ -107,8 +130,19 @@ class ScrapeLoop(Generic[T]):
             heap[:] = [(start + self._every[item] * (i / n), i, item) for i, item in enumerate(self._items)]
             heapq.heapify(heap)
             self._started = True
-        while heap and not self._stopping:
-            due, i, item = heap[0]
+        while not self._stopping:
+            self._wake.clear()  # an add() from here on wakes the wait below
+            with self._lock:
+                while heap and heap[0][2] in self._removed:  # taken out: dropped, not run
+                    gone = heapq.heappop(heap)[2]
+                    self._removed.discard(gone)
+                    self._items.remove(gone)
+                    del self._every[gone]
+                head = heap[0] if heap else None
+            if head is None:
+                self._wake.wait(1.0)  # no items (yet): an add() or stop() wakes it
+                continue
+            due, i, item = head
             wait = due - self._clock()
             if wait > 0:
                 self._sleep(wait)
@@ -121,6 +155,8 @@ class ScrapeLoop(Generic[T]):
                 log.warning("%s of %s ran %.1f s late; %d due run(s) folded into this one", self._what, item,
                             now - due, late)
             with self._lock:
+                if not heap or heap[0] != head:  # an add() put another item first meanwhile: look again
+                    continue
                 heapq.heapreplace(heap, (due + (late + 1) * every, i, item))
                 busy = item in self._running
                 if not busy:

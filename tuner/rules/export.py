@@ -19,7 +19,7 @@ from tuner.config import Target, replica_groups
 from tuner.rules.model import Rule, RuleSet
 from tuner.rules.signals import ENGINE_BY, SIGNALS
 
-__all__ = ["prometheus_rules", "promql", "fmt_duration", "dump"]
+__all__ = ["prometheus_rules", "prometheus_rule_object", "promql", "fmt_duration", "dump"]
 
 
 def fmt_duration(d: timedelta) -> str:
@@ -106,3 +106,16 @@ def prometheus_rules(rules: RuleSet, targets: Iterable[Target] = ()) -> dict[str
 
 def dump(doc: dict[str, Any]) -> str:
     return yaml.safe_dump(doc, sort_keys=False, width=200, allow_unicode=True)
+
+
+def prometheus_rule_object(doc: dict[str, Any], *, name: str, namespace: str | None = None,
+                           labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """The rule file ``doc`` as a prometheus-operator PrometheusRule object (monitoring.coreos.com/v1): its groups
+    are the spec; ``labels`` are what the Prometheus resource's ruleSelector matches (e.g. release: prometheus)."""
+    meta: dict[str, Any] = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    meta["labels"] = {"app.kubernetes.io/name": "tuner", "app.kubernetes.io/component": "alert-rules",
+                      **(labels or {})}
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": meta,
+            "spec": {"groups": doc["groups"]}}
