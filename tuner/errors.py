@@ -153,10 +153,10 @@ class TargetBusyError(ApplyError):
     one at a time per target and per group. Names the apply that holds it."""
 
     def __init__(self, target: str, apply_id: int, *, held_target: str | None = None, kind: str = "apply",
-                 mode: str = "", group: str | None = None, detail: str | None = None) -> None:
+                 mode: str = "", group: str | None = None) -> None:
         self.target, self.apply_id, self.held_target, self.group = target, apply_id, held_target or target, group
-        what = detail or (f"apply #{apply_id}" if kind == "apply" else f"apply #{apply_id} ({kind}"
-                          + (f", {mode}" if mode == "shadow" else "") + ")")
+        what = f"apply #{apply_id}" if kind == "apply" else (f"apply #{apply_id} ({kind}"
+                                                             + (f", {mode}" if mode == "shadow" else "") + ")")
         if self.held_target != target:
             what += f" on {self.held_target}"
         scope = (f"replica group {group} of target {target!r}" if group and self.held_target != target

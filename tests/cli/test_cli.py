@@ -250,7 +250,7 @@ def test_an_apply_of_a_held_group_is_refused_with_the_holder_named_and_exit_8(tm
     proc = tuner("--config", str(cfg), "apply-recommendation", str(rid), "--yes")
     assert proc.returncode == 8, proc.stderr
     err = proc.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].endswith(f"replica group g of target 'g.r2' has apply #{holder} on g.r1 in progress (one change "
-                            "at a time per target and per group); wait for it, or run `tuner reconcile` if the "
-                            "tuner doing it died"), proc.stderr
+    assert len(err) == 1 and err[0].endswith(
+        f"replica group g of target 'g.r2' has apply #{holder} on g.r1 in progress (one change at a time per target "
+        "and per group); wait for it, or run `tuner reconcile` if the tuner doing it died"), proc.stderr
     assert [a.id for a in jr.open_applies(store.engine)] == [holder]

@@ -158,7 +158,8 @@ def test_two_apply_requests_at_the_same_instant_one_is_refused_before_the_answer
             for th in list(httpd.actions):  # what the 202s started (a by-hand apply: it opens and waits)
                 th.join(30)
             httpd.actions.clear()
-            answers.append(sorted((r.status_code, r.json().get("error", r.json().get("apply_id"))) for r in got.values()))
+            answers.append(sorted((r.status_code, r.json().get("error", r.json().get("apply_id")))
+                                  for r in got.values()))
             open_now = jr.open_applies(store.engine)
             opened.append(len(open_now))
             for a in open_now:

@@ -37,7 +37,7 @@ def test_two_processes_register_the_same_targets_at_once(store):
     a, b = results.get(timeout=120), results.get(timeout=120)
     for p in procs:
         p.join(30)
-    failed = sum(1 for x, y in zip(a, b) if isinstance(x, str) or isinstance(y, str))
-    assert failed == 0, f"{failed}/{trials} trials died: {next(x if isinstance(x, str) else y for x, y in zip(a, b) if isinstance(x, str) or isinstance(y, str))}"
+    died = [x if isinstance(x, str) else y for x, y in zip(a, b) if isinstance(x, str) or isinstance(y, str)]
+    assert not died, f"{len(died)}/{trials} trials died: {died[0]}"
     assert a == b  # the same ids in both processes
     assert len(store.target_names()) == trials * TARGETS

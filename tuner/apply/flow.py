@@ -368,9 +368,10 @@ class Applier:
         if p.route.restarts and not force:
             self.check_restart_budget(p.target)
         aid = self._begin(p, rec.id, "apply", mode)
+        what = f"apply of recommendation #{rec.id}"
         if not p.route.restarts:
-            return self._opened(aid, p, f"apply of recommendation #{rec.id}", lambda: self._await_manual(aid, p, rec.id))
-        return self._opened(aid, p, f"apply of recommendation #{rec.id}", lambda: self._carry_out(aid, p, rec.id))
+            return self._opened(aid, p, what, lambda: self._await_manual(aid, p, rec.id))
+        return self._opened(aid, p, what, lambda: self._carry_out(aid, p, rec.id))
 
     def _opened(self, aid: int, p: Plan, what: str, carry: Callable[[], jr.StoredApply]) -> Opened:
         return Opened(aid, p.target.name, what, carry, lambda: _drop(self.engine, aid))

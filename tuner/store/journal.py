@@ -33,8 +33,9 @@ from tuner.store.db import Tx
 from tuner.store.models import Base
 
 __all__ = ["ApplyRow", "ApplyStepRow", "ManagedServerRow", "StoredApply", "ManagedState", "STATES", "OUTCOMES", "new_flags_stand",
-           "KPI_KEYS", "begin_apply", "hold_key", "holder", "claim", "step", "finish", "set_kpis", "get_apply", "list_applies",
-           "open_applies", "open_applies_for", "outcome_counts", "get_managed", "save_managed", "forget_managed"]
+           "KPI_KEYS", "begin_apply", "hold_key", "holder", "claim", "step", "finish", "set_kpis", "get_apply",
+           "list_applies", "open_applies", "open_applies_for", "outcome_counts", "get_managed", "save_managed",
+           "forget_managed"]
 
 STATES = ("planned", "draining", "starting", "health_check", "observing", "awaiting_manual", "tuning", "done")
 OUTCOMES = ("kept", "rolled_back", "inconclusive", "failed")
@@ -55,8 +56,8 @@ class ApplyRow(Base):
     target: Mapped[str] = mapped_column(String(63))
     holds: Mapped[str] = mapped_column(String(72), server_default="")  # hold_key(): group:NAME or target:NAME
     recommendation_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    kind: Mapped[str] = mapped_column(String(16))  # apply | rollback | restore
-    mode: Mapped[str] = mapped_column(String(16))  # manual | auto | reconcile
+    kind: Mapped[str] = mapped_column(String(16))  # apply | rollback | canary | tune
+    mode: Mapped[str] = mapped_column(String(16))  # manual | auto | api | shadow (a tune beside production)
     created_ms: Mapped[int] = mapped_column(Integer)
     updated_ms: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(16))
@@ -167,10 +168,11 @@ def holder(engine: Engine, key: str) -> StoredApply | None:
     return None if r is None else _stored(r, [])
 
 
-def _busy(engine: Engine, target: str, key: str) -> TargetBusyError:
+def _busy(engine: Engine, target: str, key: str) -> TargetBusyError | None:
+    """The refusal naming what holds ``key``; None when it was closed in between (the caller tries again)."""
     held = holder(engine, key)
-    if held is None:  # closed in between: say so rather than nothing (the caller may try again)
-        return TargetBusyError(target, 0, detail="an apply that has just finished")
+    if held is None:
+        return None
     return TargetBusyError(target, held.id, held_target=held.target, kind=held.kind, mode=held.mode,
                            group=key[len("group:"):] if key.startswith("group:") else None)
 
@@ -182,19 +184,23 @@ def begin_apply(engine: Engine, *, target: str, recommendation_id: int | None, k
     replica group ``group`` it belongs to, already has an open one. The unique index decides: of two processes
     opening at the same instant, the second's insert fails, whatever either read before."""
     key = hold_key(target, group)
-    try:
-        with Tx(engine) as conn:
-            apply_id = int(conn.execute(insert(ApplyRow).values(
-                target=target, holds=key, recommendation_id=recommendation_id, kind=kind, mode=mode,
-                created_ms=_ms(now), updated_ms=_ms(now), state="planned", outcome=None, diff=json.dumps(diff),
-                old_flags=json.dumps(old_flags), new_flags=json.dumps(new_flags), old_argv=json.dumps(old_argv),
-                new_argv=json.dumps(new_argv), baseline="{}", after="{}", note="", owner_pid=owner_pid,
-                owner_start=owner_start)).inserted_primary_key[0])
-            conn.execute(insert(ApplyStepRow).values(apply_id=apply_id, ts_ms=_ms(now), step="planned",
-                                                     detail=json.dumps(diff)))
-    except IntegrityError:
-        raise _busy(engine, target, key) from None
-    return apply_id
+    for _ in range(3):  # again only when the holder closed between the refused insert and the look at it
+        try:
+            with Tx(engine) as conn:
+                apply_id = int(conn.execute(insert(ApplyRow).values(
+                    target=target, holds=key, recommendation_id=recommendation_id, kind=kind, mode=mode,
+                    created_ms=_ms(now), updated_ms=_ms(now), state="planned", outcome=None, diff=json.dumps(diff),
+                    old_flags=json.dumps(old_flags), new_flags=json.dumps(new_flags), old_argv=json.dumps(old_argv),
+                    new_argv=json.dumps(new_argv), baseline="{}", after="{}", note="", owner_pid=owner_pid,
+                    owner_start=owner_start)).inserted_primary_key[0])
+                conn.execute(insert(ApplyStepRow).values(apply_id=apply_id, ts_ms=_ms(now), step="planned",
+                                                         detail=json.dumps(diff)))
+            return apply_id
+        except IntegrityError:
+            busy = _busy(engine, target, key)
+            if busy is not None:
+                raise busy from None
+    raise StoreError(f"{engine.url}: could not open an apply of {target}: its hold ({key}) kept changing hands")
 
 
 def claim(engine: Engine, a: StoredApply, owner: tuple[int, int], step_name: str, detail: str, *, now: float,
