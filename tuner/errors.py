@@ -17,6 +17,7 @@ __all__ = [
     "MetricsDisabledError",
     "SchemaOutdatedError",
     "StoreError",
+    "StoreBusyError",
     "UnknownTargetError",
     "ServerStartError",
     "RuleFileError",
@@ -91,6 +92,17 @@ class StoreError(TunerError):
     exit_code = 6
 
 
+class StoreBusyError(StoreError):
+    """Raised when a second `tuner run` is started on a store another one holds: one daemon per store (two would
+    both alert, supervise and auto-apply). Names the process holding it and the lock file."""
+
+    def __init__(self, url: str, lock: Path, holder: str) -> None:
+        self.lock, self.holder = lock, holder
+        who = f"pid {holder}" if holder.isdigit() else "a process whose pid it has not written yet"
+        super().__init__(f"store {url} is held by another `tuner run` ({who}; lock {lock}): one daemon per store; "
+                         "stop that one first, or give this one its own store.url")
+
+
 class UnknownTargetError(TunerError, KeyError):
     """Raised when a command names a target the config (or the store) does not have."""
 
@@ -137,12 +149,20 @@ class NotProposedError(ApplyError):
 
 
 class TargetBusyError(ApplyError):
-    """Raised when a target already has an apply in progress (one at a time per target)."""
+    """Raised when a target, or the replica group it belongs to, already has an apply (or a tuning run) in progress:
+    one at a time per target and per group. Names the apply that holds it."""
 
-    def __init__(self, target: str, apply_id: int) -> None:
-        self.target, self.apply_id = target, apply_id
-        super().__init__(f"target {target!r} has apply #{apply_id} in progress; wait for it or run "
-                         "`tuner reconcile` if the tuner doing it died")
+    def __init__(self, target: str, apply_id: int, *, held_target: str | None = None, kind: str = "apply",
+                 mode: str = "", group: str | None = None) -> None:
+        self.target, self.apply_id, self.held_target, self.group = target, apply_id, held_target or target, group
+        what = f"apply #{apply_id}" if kind == "apply" else (f"apply #{apply_id} ({kind}"
+                                                             + (f", {mode}" if mode == "shadow" else "") + ")")
+        if self.held_target != target:
+            what += f" on {self.held_target}"
+        scope = (f"replica group {group} of target {target!r}" if group and self.held_target != target
+                 else f"target {target!r}")
+        super().__init__(f"{scope} has {what} in progress (one change at a time per target and per group); wait for "
+                         "it, or run `tuner reconcile` if the tuner doing it died")
 
 
 class FlagError(TunerError, ValueError):

@@ -3,19 +3,25 @@ trial server left by a dead tuner is stopped (a real process, found again by pid
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
 from tuner.app.tune import TuneRequest, reap_orphans, tune
 from tuner.apply import managed as mg
+from tuner.apply.flow import Applier, own_identity
 from tuner.config import parse_config
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, TargetBusyError
+from tuner.store import journal as jr
+from tuner.store import recommendations as recs
 from tuner.store import tuning as tj
+from tuner.store.db import open_engine
 
 
 def _cfg(tmp_path, target: str) -> object:
@@ -80,7 +86,7 @@ def test_a_trial_server_left_running_by_a_dead_tuner_is_stopped_and_its_trial_ma
     assert reap_orphans(store, said.append, time.time()) == 1
     assert sleeper.gone() and "pid" in said[0]
     assert [t.status for t in tj.trials(store.engine, run)] == ["interrupted", "interrupted"]
-    assert tj.orphans(store.engine) == []
+    assert tj.orphans(store.engine, alive=mg.is_alive) == []
 
 
 def test_a_trial_server_dies_with_the_tuner_that_started_it(tmp_path):
@@ -155,3 +161,81 @@ def _sentinels(group: int | None = None) -> set[int]:
             if b"os.killpg(int(sys.argv[1])" in cmd and (group is None or cmd.split(b"\0")[-2] == str(group).encode()):
                 out.add(int(d))
     return out
+
+
+def _first_tuner(db: str, log: str, started, stop) -> None:
+    """A `tuner tune` at work, reduced to what it journals: its run (owned by it), a trial, the trial's server."""
+    engine = open_engine(f"sqlite:///{db}")
+    run = tj.begin_run(engine, target="v", now=time.time(), request={}, workload={}, slo={}, baseline_flags={},
+                       owner=own_identity())
+    tid = tj.begin_trial(engine, run, now=time.time(), flags={"max_num_seqs": 4}, seed="", url="u")
+    # not die_with_parent: when this tuner dies, its server is left running, as after a kill -9 of a whole group
+    server = mg.start_server([sys.executable, "-c", "import time; time.sleep(600)"], {}, Path(log))
+    tj.trial_started(engine, tid, pid=server.pid, proc_start=server.start)
+    started.put((run, tid, server.pid, server.start))
+    stop.wait(120)
+    os._exit(1)  # dies mid-trial: nothing finished, nothing cleaned up
+
+
+def test_a_second_tune_leaves_the_trial_servers_of_a_tune_still_running_alone(tmp_path, store):
+    """Before the fix the second `tuner tune` (any target) stopped every trial journaled running: the live trial
+    server of a tune at work in another process was killed under it. Now each run records its tuner; the trials
+    of a live tuner are left alone, and once that tuner is dead the next tune reaps them."""
+    ctx = multiprocessing.get_context("fork")
+    started, stop = ctx.Queue(), ctx.Event()
+    first = ctx.Process(target=_first_tuner, args=(store.engine.url.database, str(tmp_path / "s.log"), started, stop))
+    first.start()
+    try:
+        run, _, pid, start = started.get(timeout=60)
+        said: list[str] = []
+        assert reap_orphans(store, said.append, time.time()) == 0, said  # what a second `tuner tune` does first
+        assert mg.is_alive(pid, start) and [t.status for t in tj.trials(store.engine, run)] == ["running"]
+        assert tj.get_run(store.engine, run).owner == (first.pid, mg.proc_start_time(first.pid))
+    finally:
+        stop.set()
+        first.join(30)
+    assert reap_orphans(store, said.append, time.time()) == 1  # its tuner is gone: the server is an orphan now
+    assert not mg.is_alive(pid, start) and [t.status for t in tj.trials(store.engine, run)] == ["interrupted"]
+
+
+WORKLOAD = "input_len: 64\noutput_len: 16\nrate_rps: 1\n"
+
+
+def test_a_tune_is_refused_while_an_apply_holds_the_target_and_holds_it_against_applies(tmp_path, store):
+    """The apply journal's hold covers tuning runs: a tune does not start while an apply (or another tune) holds
+    the target, and while a tune beside production runs, an apply of the target is refused with the tune's entry
+    named, while the supervisor keeps production up (a shadow tune does not touch it)."""
+    cfg = _cfg(tmp_path, VLLM)
+    (tmp_path / "w.yaml").write_text(WORKLOAD)
+    req = TuneRequest("v", workload_file=str(tmp_path / "w.yaml"), client_python=sys.executable, budget=1)
+    me = own_identity()
+    aid = jr.begin_apply(store.engine, target="v", recommendation_id=None, kind="apply", mode="manual",
+                         now=time.time(), diff={}, old_flags={}, new_flags={}, old_argv=[], new_argv=[],
+                         owner_pid=me[0], owner_start=me[1])  # a live tuner's apply
+    with pytest.raises(TargetBusyError, match=f"target 'v' has apply #{aid} in progress"):
+        tune(cfg, store, req, config_dir=tmp_path, say=lambda m: None)
+    assert tj.latest_run(store.engine, "v") is None  # refused before anything was journaled
+    jr.finish(store.engine, aid, "kept", "", now=time.time())
+
+    rid = recs.add_recommendation(store.engine, target="v", now=time.time(), rules=["r"], diff_key="{}",
+                                  diff={"max_num_seqs": 4}, current={"max_num_seqs": 2}, evidence=[],
+                                  expected_effect="", risk="", confidence=0.9, rank=1, memory_check={"ok": True})
+    ap = Applier(cfg, store, tmp_path, say=lambda m: None)
+    seen: list[str] = []
+
+    def meanwhile(line: str) -> None:  # the tune's progress: its search is about to start, the target is held
+        if line.startswith("tuning v:"):
+            try:
+                ap.open_apply(rid)
+                seen.append("apply opened")
+            except TargetBusyError as exc:
+                seen.append(str(exc))
+            seen.append(f"supervisor sees busy: {ap._busy(cfg.targets[0], shadow=False)}")
+    tune(cfg, store, req, config_dir=tmp_path, say=meanwhile)  # no vLLM here: its one trial crashes at once
+    assert len(seen) == 2 and "(tune, shadow) in progress" in seen[0], seen
+    assert seen[1] == "supervisor sees busy: []"
+    [entry] = [a for a in jr.list_applies(store.engine, target="v") if a.kind == "tune"]
+    assert entry.state == "done" and entry.mode == "shadow" and "not touched" in entry.note, entry
+    from tuner.app.status import _last_apply
+    assert _last_apply(store, "v").id == aid  # `tuner status` shows the last apply, not a tune that changed nothing
+    assert ap.open_apply(rid).id > entry.id  # free again once the tune ended

@@ -93,3 +93,53 @@ def test_which_applies_leave_their_new_flags_standing(store):
     u = parse_config("targets:\n  - {name: u, backend: vllm, url: 'http://127.0.0.1:9', "
                      "flags: {max-num-seqs: 4}}\n").targets[0]
     assert flags_in_force(store.engine, u) == {"max_num_seqs": 8}  # was 4 before: the inconclusive one was ignored
+
+
+def test_the_one_open_apply_migration_keeps_the_oldest_holding_and_downgrades(tmp_path):
+    """0008 builds the unique index over open applies' keys; a store where the old race left two open applies on
+    one target upgrades all the same (the oldest holds it, the other is left for `tuner reconcile`), and the
+    downgrade gives the columns back."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from tuner.store.db import _alembic_config, open_engine, upgrade
+
+    engine = open_engine(f"sqlite:///{tmp_path / 'm.db'}")
+    upgrade(engine, "0007")
+    cols = ("target, kind, mode, created_ms, updated_ms, state, outcome, diff, old_flags, new_flags, old_argv, "
+            "new_argv, baseline, after, note, owner_pid, owner_start")
+    with engine.begin() as conn:
+        for target, state in (("t", "done"), ("t", "observing"), ("t", "planned"), ("u", "draining")):
+            conn.execute(text(f"INSERT INTO applies ({cols}) VALUES (:t, 'apply', 'manual', 1, 1, :s, NULL, '{{}}', "
+                              "'{}', '{}', '[]', '[]', '{}', '{}', '', 1, 1)"), {"t": target, "s": state})
+    upgrade(engine)
+    assert [(a.id, a.holds) for a in jr.open_applies(engine)] == [(2, "target:t"), (3, "target:t#3"), (4, "target:u")]
+    with pytest.raises(TargetBusyError, match="apply #2 in progress"):
+        jr.begin_apply(engine, target="t", recommendation_id=None, kind="apply", mode="manual", now=1, diff={},
+                       old_flags={}, new_flags={}, old_argv=[], new_argv=[], owner_pid=1, owner_start=1)
+    cfg = _alembic_config(engine)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0007")
+    with engine.connect() as conn:
+        names = [r[1] for r in conn.execute(text("PRAGMA table_info(applies)"))]
+        assert "holds" not in names and "owner_pid" not in [r[1] for r in conn.execute(text(
+            "PRAGMA table_info(tune_runs)"))]
+        assert conn.execute(text("SELECT count(*) FROM applies")).scalar() == 4
+
+
+def test_a_replica_holds_its_group_and_a_claim_is_taken_once(store):
+    r1 = jr.begin_apply(store.engine, target="g.r1", recommendation_id=None, kind="apply", mode="manual", now=1,
+                        diff={}, old_flags={}, new_flags={}, old_argv=[], new_argv=[], owner_pid=1, owner_start=2,
+                        group="g")
+    with pytest.raises(TargetBusyError, match=f"replica group g of target 'g.r2' has apply #{r1} on g.r1 in prog"):
+        jr.begin_apply(store.engine, target="g.r2", recommendation_id=None, kind="apply", mode="manual", now=2,
+                       diff={}, old_flags={}, new_flags={}, old_argv=[], new_argv=[], owner_pid=1, owner_start=2,
+                       group="g")
+    assert jr.holder(store.engine, "group:g").id == r1 and jr.holder(store.engine, "target:g.r2") is None
+    # two reconcilers read the same open apply; the compare-and-set on its owner lets one take it
+    seen = jr.get_apply(store.engine, r1)
+    assert jr.claim(store.engine, seen, (10, 11), "reconcile", "first", now=3) is True
+    assert jr.claim(store.engine, seen, (20, 21), "reconcile", "second", now=3) is False
+    a = jr.get_apply(store.engine, r1)
+    assert (a.owner_pid, a.owner_start) == (10, 11) and [s["detail"] for s in a.steps] == ["{}", "first"]

@@ -253,3 +253,31 @@ def test_journal_prints_the_slo_line_first(tmp_path, store):
                                 "intervals)"), lines[1]
     assert lines[2].strip().startswith("state done, outcome rolled_back")
     assert "slo_budgets" not in proc.stdout  # said once, by the SLO line
+
+
+def test_an_apply_of_a_held_group_is_refused_with_the_holder_named_and_exit_8(tmp_path, store):
+    """One change at a time per replica group: an apply of g.r2 while apply #N holds g.r1 (a live tuner's) is
+    refused in one line naming it, exit 8, and nothing is opened."""
+    from tuner.apply.flow import own_identity
+    from tuner.store import journal as jr
+    from tuner.store import recommendations as recs
+
+    cfg = tmp_path / "tuner.yaml"
+    cfg.write_text(f"store: {{url: '{store.engine.url}'}}\ntargets:\n  - name: g\n    backend: vllm\n"
+                   "    url: http://127.0.0.1:9\n    flags: {max-num-seqs: 4}\n"
+                   f"    balancer: {{socket: '{tmp_path / 'haproxy.sock'}', backend: g}}\n"
+                   "    replicas: [{name: r1, url: 'http://127.0.0.1:10'}, {name: r2, url: 'http://127.0.0.1:11'}]\n")
+    me = own_identity()
+    holder = jr.begin_apply(store.engine, target="g.r1", recommendation_id=None, kind="apply", mode="manual",
+                            now=time.time(), diff={}, old_flags={}, new_flags={}, old_argv=[], new_argv=[],
+                            owner_pid=me[0], owner_start=me[1], group="g")
+    rid = recs.add_recommendation(store.engine, target="g.r2", now=time.time(), rules=["r"], diff_key="{}",
+                                  diff={"max_num_seqs": 8}, current={"max_num_seqs": 4}, evidence=[],
+                                  expected_effect="", risk="", confidence=0.9, rank=1, memory_check={"ok": True})
+    proc = tuner("--config", str(cfg), "apply-recommendation", str(rid), "--yes")
+    assert proc.returncode == 8, proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(
+        f"replica group g of target 'g.r2' has apply #{holder} on g.r1 in progress (one change at a time per target "
+        "and per group); wait for it, or run `tuner reconcile` if the tuner doing it died"), proc.stderr
+    assert [a.id for a in jr.open_applies(store.engine)] == [holder]

@@ -171,6 +171,34 @@ def test_sigterm_stops_run_cleanly(tmp_path):
         assert "stopped" in err
 
 
+def test_one_daemon_per_store_a_second_run_exits_with_one_line_naming_the_first(tmp_path):
+    """Two `tuner run` started together on one fresh store: one runs, the other exits at once with one line naming
+    the pid that holds the store (before: both ran, and both alerted; or the second died on an IntegrityError
+    traceback registering the same targets). When the first is gone, a new one starts."""
+    config = tmp_path / "tuner.yaml"
+    config.write_text(_config(tmp_path, {f"t{k}": "http://127.0.0.1:9" for k in range(20)}))
+    subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(config), "db", "upgrade"], check=True,
+                   capture_output=True)
+    procs = [_run_tuner(config, "run") for _ in range(2)]
+    try:
+        wait_for(lambda: any(p.poll() is not None for p in procs), 60, "one of the two `tuner run` to exit")
+        loser = next(p for p in procs if p.poll() is not None)
+        winner = next(p for p in procs if p is not loser)
+        _, err = loser.communicate(timeout=10)
+        assert loser.returncode == 6 and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1, err
+        assert f"held by another `tuner run` (pid {winner.pid};" in err and "tuner.db.daemon.lock" in err, err
+        assert winner.poll() is None  # still running: the refusal did not touch it
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.communicate(timeout=30)
+    again = _run_tuner(config, "run", "--for", "1s")
+    _, err = again.communicate(timeout=60)
+    assert again.returncode == 0, err  # the lock went with the process that held it
+
+
 def server_scrapes(server: ReplayServer) -> int:
     return server.exposition.scrapes
 

@@ -6,6 +6,7 @@ hook), so it changes the journal without needing a server: tests/integration/tes
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -107,7 +108,8 @@ def test_rollback_needs_a_kept_apply(api, store):
     daemon, start = api
     base = start(TOKEN)
     r = post(f"{base}/api/v1/targets/u/rollback", TOKEN)
-    assert r.status_code == 202  # accepted; the rollback itself finds nothing to undo and says so in the log
+    # refused before the answer (it was a 202 that only the log contradicted): the reason is in the answer
+    assert r.status_code == 409 and "u: no kept apply to roll back" in r.json()["error"], r.text
     assert jr.list_applies(store.engine, target="u") == []
 
 
@@ -122,3 +124,52 @@ def test_defaults_bind_loopback_and_tokens_are_checked(tmp_path, monkeypatch):
         parse_config("api: {token_file: short}").api.token(tmp_path)
     with pytest.raises(ConfigError, match="cannot read"):
         parse_config("api: {token_file: missing}").api.token(tmp_path)
+
+
+GROUPED = ("targets:\n  - {name: t, backend: vllm, url: 'http://127.0.0.1:9', flags: {max-num-seqs: 4}}\n"
+           "  - name: g\n    backend: vllm\n    url: http://127.0.0.1:9\n    flags: {max-num-seqs: 4}\n"
+           "    balancer: {socket: SOCKET, backend: g}\n"
+           "    replicas: [{name: r1, url: 'http://127.0.0.1:10'}, {name: r2, url: 'http://127.0.0.1:11'}]\n")
+
+
+@pytest.mark.parametrize("first, second", [("t", "t"), ("g.r1", "g.r2")], ids=["one target", "two replicas"])
+def test_two_apply_requests_at_the_same_instant_one_is_refused_before_the_answer(tmp_path, store, first, second):
+    """Two POSTs released together by a barrier, against the daemon's real listener, many pairs: one 202, one 409
+    naming the apply that holds the target (or its group), one apply opened. Before the fix both were answered 202
+    (the target was checked, then the apply opened on a thread after the answer) and some pairs ran both."""
+    cfg = parse_config(GROUPED.replace("SOCKET", str(tmp_path / "haproxy.sock")))
+    daemon = Daemon(cfg, store)
+    httpd, _ = serve_metrics(daemon.state, "127.0.0.1", 0, daemon=daemon, token=TOKEN)
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    pairs, answers, opened = 30, [], []
+    try:
+        for _ in range(pairs):
+            ids = [rec(store, first), rec(store, second)]
+            barrier, got = threading.Barrier(2), {}
+
+            def ask(rid):
+                barrier.wait(10)
+                got[rid] = post(f"{base}/api/v1/recommendations/{rid}/apply", TOKEN)
+            threads = [threading.Thread(target=ask, args=(rid,)) for rid in ids]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(30)
+            for th in list(httpd.actions):  # what the 202s started (a by-hand apply: it opens and waits)
+                th.join(30)
+            httpd.actions.clear()
+            answers.append(sorted((r.status_code, r.json().get("error", r.json().get("apply_id")))
+                                  for r in got.values()))
+            open_now = jr.open_applies(store.engine)
+            opened.append(len(open_now))
+            for a in open_now:
+                jr.finish(store.engine, a.id, "failed", "cancelled by the test", now=time.time())
+    finally:
+        httpd.shutdown()
+    both = sum(1 for a in answers if [s for s, _ in a] == [202, 202])
+    assert both == 0 and opened == [1] * pairs, f"{both}/{pairs} pairs both answered 202; applies opened: {opened}"
+    for (ok, aid), (refused, error) in answers:
+        assert (ok, refused) == (202, 409), answers
+        assert f"apply #{aid}" in error and "in progress" in error, error
+        if first != second:
+            assert "replica group g" in error, error

@@ -11,13 +11,13 @@ from typing import Callable
 
 from tuner.app.session import Session
 from tuner.apply.balancer import haproxy_config
-from tuner.apply.flow import Applier, Plan, proposed
+from tuner.apply.flow import Applier, Opened, Plan
 from tuner.config import Config, Target
-from tuner.errors import ApplyError, ConfigError, TargetBusyError
+from tuner.errors import ApplyError, ConfigError
 from tuner.store import journal as jr
 
 __all__ = ["haproxy_config_for", "PendingApply", "plan", "apply", "applied_by_hand", "rollback", "reconcile", "journal", "held",
-           "check_startable", "managed_targets", "waiting_on"]
+           "start", "managed_targets", "waiting_on"]
 
 # What each journal step of a running apply waits for, in words (the CLI's progress line).
 _WAITS = {"planned": "reading the baseline window", "baseline": "about to drain",
@@ -73,14 +73,15 @@ def waiting_on(session: Session, target: str, now: float) -> str | None:
     return f"apply #{a.id}: {_WAITS.get(last['step'], last['step'])} ({since:.0f}s)"
 
 
-def check_startable(session: Session, rec_id: int | None = None, target: str | None = None) -> str:
-    """The target an apply (of ``rec_id``) or a rollback (of ``target``) would change, if it may start now:
-    NotProposedError, UnknownTargetError or TargetBusyError otherwise. (The journal's lock is the final word.)"""
-    name = proposed(session.store.engine, rec_id).target if rec_id is not None else session.cfg.target(str(target)).name
-    busy = jr.open_applies_for(session.store.engine, name)
-    if busy:
-        raise TargetBusyError(name, busy[0])
-    return name
+def start(applier: Applier, *, rec_id: int | None = None, target: str | None = None, mode: str = "api") -> Opened:
+    """Open an apply of ``rec_id`` (or a rollback of ``target``) now and return it to be carried out (``run``, e.g. on
+    another thread): its journal entry holds the target and its replica group from here. The refusal is raised
+    instead, before anything changed: NotProposedError, UnknownTargetError, TargetBusyError naming the apply that
+    holds the target, ApplyError (nothing to roll back, a stale proposal, the restart budget). The journal's unique
+    index decides between two requests at the same instant: one opens, the other is refused."""
+    if rec_id is not None:
+        return applier.open_apply(rec_id, mode=mode)
+    return applier.open_rollback(str(target), mode=mode)
 
 
 def apply(session: Session, rec_id: int, *, mode: str = "manual", force: bool = False,

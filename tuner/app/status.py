@@ -67,12 +67,18 @@ def group_signals_at(store: Store, cfg: Config, group: str, *, window_s: float, 
     return group_signals(group, windows, slo=members[0].slo) if windows else None
 
 
+def _last_apply(store: Store, target: str) -> jr.StoredApply | None:
+    """The newest apply or rollback of ``target``: a finished tuning run beside production changed nothing."""
+    return next((a for a in jr.list_applies(store.engine, target=target, limit=10)
+                 if not (a.mode == "shadow" and a.state == "done")), None)
+
+
 def status(session: Session, *, window_s: float, now: float) -> Status:
     store, cfg = session.store, session.cfg
     known = set(store.target_names())
     rows = [TargetStatus(t, compute_signals(store.window(t.name, now - window_s, now, metrics=SIGNAL_METRICS),
                                             slo=t.slo) if t.name in known else None,
-                         next(iter(jr.list_applies(store.engine, target=t.name, limit=1)), None))
+                         _last_apply(store, t.name))
             for t in cfg.targets]
     gpus = store.gpu_latest(max_age_s=max(60.0, 3 * cfg.gpu.interval.total_seconds()), now=now)
     note = ""

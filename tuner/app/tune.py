@@ -1,16 +1,21 @@
 """Tune: find the flags that serve the most traffic within the SLO, by measuring candidates on trial servers.
 
 What it does, in order:
-  1. reap: a trial server journaled ``running`` by a tuner that died is stopped, its trial marked interrupted;
+  1. reap: a trial server journaled ``running`` by a tuner that died is stopped, its trial marked interrupted (a
+     trial of a tune still at work, in another process, is left alone: each run records its tuner);
   2. the workload (a file, or the stored window: tuner/signals/workload.py), the SLO (the target's), the flags in
      force (the baseline), the memory model's facts (the model's config.json; a GPU reading, or on a CPU host
      the KV space vLLM is given);
   3. where trials run: shadow mode, a second server on a spare port beside production, when the memory model
      says both fit (the host's available memory, or the GPU's free memory); otherwise it stops and says so,
      unless ``--on-target``: then, only inside one of the target's maintenance windows, production is drained and
-     the trials run on its own port; that is journaled as an open apply of kind ``tune`` (the target's lock: no
-     apply, auto step or supervised restart meanwhile), and production comes back with the flags in force at the
-     end, or from the reconcile of the next tuner if this one dies;
+     the trials run on its own port; production comes back with the flags in force at the end, or from the
+     reconcile of the next tuner if this one dies. Either way the run holds the target (and its replica group) in
+     the apply journal, as an open entry of kind ``tune``: no apply, canary, rollback, auto step or second tune of
+     it starts meanwhile, and the tune is refused while one of those holds it (TargetBusyError naming it). Trials
+     beside production load the host an apply's verdict reads and take the room a restart or a spare needs; an
+     apply changes the flags the tune measures against. In shadow mode (mode ``shadow``) production stays
+     supervised; on the target (``--on-target``) the supervisor leaves it down, as for an apply;
   4. the search (tuner/tune/search.py): the baseline first, then the advisor's proposals, then optuna's TPE;
      every candidate passes the memory model and vLLM's start-up checks before it starts (tuner/tune/space.py);
   5. each trial: journaled, started, health-gated, its capacity bracketed with vLLM's benchmark client
@@ -89,6 +94,8 @@ class _Ctx:
     bench: Any = None  # the BenchClient of this run
     tokenizer: str = ""
     on_target: bool = False  # trials run on the target's own port (production drained)
+    applier: Any = None  # the Applier holding the target for this run
+    hold: int = 0  # the apply-journal entry (kind tune) holding the target
 
 
 def _flag_text(flags: dict[str, Any]) -> str:
@@ -116,9 +123,10 @@ def workload_of(cfg: Config, store: Store, target: str, *, window_s: float, path
 
 
 def reap_orphans(store: Store, say: Callable[[str], None], now: float) -> int:
-    """Stop trial servers journaled running whose tuner is gone; mark their trials interrupted."""
+    """Stop trial servers journaled running whose tuner is gone; mark their trials interrupted. The trials of a
+    tune still at work in another process are its own: left alone."""
     n = 0
-    for t in tj.orphans(store.engine):
+    for t in tj.orphans(store.engine, alive=mg.is_alive):
         note = "its tuner stopped before the trial finished"
         if t.pid is not None and mg.is_alive(t.pid, t.proc_start):
             how = mg.stop_server(mg.Running(t.pid, t.proc_start or 0, [], Path("/dev/null")), grace_s=5.0)
@@ -242,17 +250,13 @@ def _window_time(t: Target, now: float) -> float:
 
 @contextmanager
 def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
-    """On-target trials: production drained for the body and started again with ``current`` after it, all in one
-    apply-journal entry of kind ``tune`` (the target's lock). Nothing to do in shadow mode."""
+    """On-target trials: production drained for the body and started again with ``current`` after it, journaled in
+    the run's entry of kind ``tune`` (``ctx.hold``, which holds the target already). Nothing to do in shadow mode."""
     if not ctx.on_target:
         yield
         return
-    t, engine = ctx.target, ctx.store.engine
-    ap = Applier(ctx.cfg, ctx.store, ctx.config_dir, say=ctx.say, clock=ctx.clock)
+    t, engine, ap, aid = ctx.target, ctx.store.engine, ctx.applier, ctx.hold
     argv = mg.build_argv(t, current)
-    aid = jr.begin_apply(engine, target=t.name, recommendation_id=None, kind="tune", mode="manual", now=ctx.clock(),
-                         diff={}, old_flags=current, new_flags=current, old_argv=argv, new_argv=argv,
-                         owner_pid=ap.owner[0], owner_start=ap.owner[1])
     r = ap.running(t)
     ap._step(aid, "draining", f"tuning run {ctx.run_id} on the target: " + (f"pid {r.pid}" if r else
                                                                           "no server running"), state="draining")
@@ -287,6 +291,34 @@ def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
                                                   "force restored and healthy", now=ctx.clock())
 
 
+@contextmanager
+def _held(ap: Applier, t: Target, in_force: dict[str, Any], *, on_target: bool) -> Iterator[list[Any]]:
+    """The run's entry in the apply journal, holding ``t`` and its replica group for the whole run (TargetBusyError
+    naming what holds it otherwise: nothing is journaled then). Yields ``[entry id, run id]``; the entry is closed
+    at the end unless the on-target restore closed it."""
+    argv = mg.build_argv(t, in_force)
+    aid = ap.hold(t, kind="tune", mode="manual" if on_target else "shadow", old_flags=in_force, new_flags=in_force,
+                  old_argv=argv, new_argv=argv)
+    if not on_target:
+        ap._step(aid, "tuning", "trials on spare ports beside production (shadow mode)", state="tuning")
+    ids: list[Any] = [aid, None]
+    how = "done"
+    try:
+        yield ids
+    except BaseException as exc:
+        how = f"stopped: {type(exc).__name__}"
+        raise
+    finally:
+        try:
+            if jr.get_apply(ap.engine, aid).state != "done":
+                run = f"tuning run {ids[1]}" if ids[1] is not None else "the tuning run"
+                jr.finish(ap.engine, aid, "rolled_back", f"{run} ({how}); " + (
+                    "production was not drained" if on_target else "its trials ran beside production, which was "
+                                                                   "not touched"), now=ap.clock())
+        finally:
+            ap.release(aid)
+
+
 def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: Callable[[str], None] = print,
          clock: Callable[[], float] = time.time, waiting: list[str] | None = None) -> dict[str, Any]:
     """Run a tuning session; the result as `tuner tune --json` prints it (docs/tune.md)."""
@@ -305,11 +337,14 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     if req.budget < 1:
         raise ConfigError("tuner tune", "--budget", f"expected at least 1 trial, got {req.budget}")
     max_time_s = req.max_time_s
+    ap = Applier(cfg, store, config_dir, say=say, clock=clock, room=lambda t, f: second_server(store, t, f, clock()))
     if req.on_target:
         max_time_s = min(max_time_s, _window_time(t, now))
         # an on-target tune (or apply) whose tuner died left production down or changed: put it back first
-        for line in Applier(cfg, store, config_dir, say=say, clock=clock,
-                            room=lambda t, f: second_server(store, t, f, clock())).reconcile():
+        for line in ap.reconcile():
+            say(line)
+    else:  # a shadow tune whose tuner died holds the target still: close it (production was never touched)
+        for line in ap.reconcile(only=lambda a: a.kind == "tune" and a.mode == "shadow"):
             say(line)
     llama = t.backend != "vllm"
     client_python = req.client_python or (None if llama else t.managed.executable or "python3")
@@ -350,73 +385,77 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     request_json = {"budget": req.budget, "max_time_s": max_time_s, "flags": [a.name for a in axes],
                     "sampler": req.sampler, "where": "on_target" if req.on_target else "shadow", "hardware": hw_json,
                     "shadow_fit": why}
-    history: list[Point] = []
-    if previous is not None:
-        run_id = previous.id
-        for tr in tj.trials(store.engine, run_id):
-            if tr.status in ("measured", "crashed", "pruned"):
-                history.append(Point(tr.flags, Outcome(tr.status, tr.capacity_rps or 0.0, tr.detail), tr.seed))
-        say(f"resuming tuning run {run_id} of {t.name}: {len(history)} trials done")
-    else:
-        run_id = tj.begin_run(store.engine, target=t.name, now=now, request=request_json,
-                              workload=dump_workload(workload), slo=slo_json, baseline_flags=current)
-    ctx = _Ctx(cfg, store, t, req, config_dir, say, clock, run_id=run_id, workload=workload,
-               waiting=waiting if waiting is not None else [], log_dir=(config_dir / t.managed.log_dir).resolve(),
-               on_target=req.on_target)
-    ctx.trial_no = sum(1 for p in history if p.outcome.status != "pruned")
-    ctx.best_rps = max((p.outcome.capacity_rps for p in history), default=0.0)
-    say(f"tuning {t.name}: workload {workload.input_len} in / {workload.output_len} out tokens "
-        f"(range {workload.range_ratio:g}, prefix {workload.prefix_len}), burstiness {workload.burstiness:g}, "
-        f"from {workload.source}; SLO {slo_json}; {why}")
-    say(f"searching {', '.join(a.name for a in axes)} around {_flag_text(current)}; budget {req.budget} trials, "
-        f"{max_time_s:g}s")
-    seeds = [("baseline", current)]
-    if req.sampler == "tpe":
-        seeds += _advisor_seeds(cfg, store, t, current, req.window_s, now)
-    elif req.sampler == "grid":
-        seeds = []
-    noise_budget = 1 if req.noise_check and req.budget >= 3 else 0
-    carry = workload_flags(axes, workload)
-    if carry and req.sampler == "tpe":
-        say(f"the workload argues for {_flag_text(carry)}: the search's steps along "
-            f"{'max-num-seqs' if t.backend == 'vllm' else '--parallel'} set it")
-    try:
-        with BenchClient(client_python, ctx.log_dir / f"tune-{run_id}") as client, _target_taken(ctx, in_force):
-            ctx.bench, ctx.tokenizer = client, tokenizer
+    with _held(ap, t, in_force, on_target=req.on_target) as held:  # the target is this run's until it ends
+        history: list[Point] = []
+        if previous is not None:
+            run_id = previous.id
+            for tr in tj.trials(store.engine, run_id):
+                if tr.status in ("measured", "crashed", "pruned"):
+                    history.append(Point(tr.flags, Outcome(tr.status, tr.capacity_rps or 0.0, tr.detail), tr.seed))
+            tj.set_owner(store.engine, run_id, ap.owner, now=clock())  # its trials are this tuner's now
+            say(f"resuming tuning run {run_id} of {t.name}: {len(history)} trials done")
+        else:
+            run_id = tj.begin_run(store.engine, target=t.name, now=now, request=request_json,
+                                  workload=dump_workload(workload), slo=slo_json, baseline_flags=current,
+                                  owner=ap.owner)
+        held[1] = run_id
+        ctx = _Ctx(cfg, store, t, req, config_dir, say, clock, run_id=run_id, workload=workload,
+                   waiting=waiting if waiting is not None else [], log_dir=(config_dir / t.managed.log_dir).resolve(),
+                   on_target=req.on_target, applier=ap, hold=held[0])
+        ctx.trial_no = sum(1 for p in history if p.outcome.status != "pruned")
+        ctx.best_rps = max((p.outcome.capacity_rps for p in history), default=0.0)
+        say(f"tuning {t.name}: workload {workload.input_len} in / {workload.output_len} out tokens "
+            f"(range {workload.range_ratio:g}, prefix {workload.prefix_len}), burstiness {workload.burstiness:g}, "
+            f"from {workload.source}; SLO {slo_json}; {why}")
+        say(f"searching {', '.join(a.name for a in axes)} around {_flag_text(current)}; budget {req.budget} trials, "
+            f"{max_time_s:g}s")
+        seeds = [("baseline", current)]
+        if req.sampler == "tpe":
+            seeds += _advisor_seeds(cfg, store, t, current, req.window_s, now)
+        elif req.sampler == "grid":
+            seeds = []
+        noise_budget = 1 if req.noise_check and req.budget >= 3 else 0
+        carry = workload_flags(axes, workload)
+        if carry and req.sampler == "tpe":
+            say(f"the workload argues for {_flag_text(carry)}: the search's steps along "
+                f"{'max-num-seqs' if t.backend == 'vllm' else '--parallel'} set it")
+        try:
+            with BenchClient(client_python, ctx.log_dir / f"tune-{run_id}") as client, _target_taken(ctx, in_force):
+                ctx.bench, ctx.tokenizer = client, tokenizer
 
-            def measure(flags: dict[str, Any], label: str) -> Outcome:
-                try:
-                    return _trial(ctx, flags, label, hw)
-                except BenchError as exc:
-                    return Outcome("crashed", 0.0, {"error": str(exc)})
+                def measure(flags: dict[str, Any], label: str) -> Outcome:
+                    try:
+                        return _trial(ctx, flags, label, hw)
+                    except BenchError as exc:
+                        return Outcome("crashed", 0.0, {"error": str(exc)})
 
-            def pruned(flags: dict[str, Any], v: Verdict) -> None:
-                tj.begin_trial(store.engine, run_id, now=clock(), flags=flags, seed="", url="", status="pruned",
-                               capacity_rps=0.0, detail={"reason": v.reason, "memory": dict(v.memory)})
+                def pruned(flags: dict[str, Any], v: Verdict) -> None:
+                    tj.begin_trial(store.engine, run_id, now=clock(), flags=flags, seed="", url="", status="pruned",
+                                   capacity_rps=0.0, detail={"reason": v.reason, "memory": dict(v.memory)})
 
-            points = list(history) + search(
-                axes, fixed, measure=measure, feasible=check, seeds=seeds, budget=req.budget - noise_budget,
-                max_time_s=max_time_s - (clock() - now), clock=clock, history=history, on_pruned=pruned,
-                seed=req.seed, sampler=req.sampler, gallop="max_num_seqs" if t.backend == "vllm" else "parallel",
-                carry=carry)
-            measured = [p for p in points if p.outcome.status == "measured"]
-            noise = None
-            best = _ranked(measured)[0] if measured else None
-            if best is not None and noise_budget and best.outcome.capacity_rps > 0:
-                say("noise: the winner again, on a fresh server")
-                again = measure(dict(best.flags), "noise")
-                if again.status == "measured":
-                    a, b = best.outcome.capacity_rps, again.capacity_rps
-                    noise = {"first_rps": a, "second_rps": b, "spread": round(abs(a - b) / max(a, b), 4)}
-    except BaseException as exc:
-        tj.finish_run(store.engine, run_id, now=clock(), state="failed", result={},
-                      note=f"stopped: {type(exc).__name__}: {exc}")
-        raise
-    result = _result(ctx, points, current, workload, slo_json, noise, axes=[a.name for a in axes])
-    rec_id = _recommend(ctx, result, current)
-    result["recommendation_id"] = rec_id
-    tj.finish_run(store.engine, run_id, now=clock(), state="done", result=result)
-    return result
+                points = list(history) + search(
+                    axes, fixed, measure=measure, feasible=check, seeds=seeds, budget=req.budget - noise_budget,
+                    max_time_s=max_time_s - (clock() - now), clock=clock, history=history, on_pruned=pruned,
+                    seed=req.seed, sampler=req.sampler, gallop="max_num_seqs" if t.backend == "vllm" else "parallel",
+                    carry=carry)
+                measured = [p for p in points if p.outcome.status == "measured"]
+                noise = None
+                best = _ranked(measured)[0] if measured else None
+                if best is not None and noise_budget and best.outcome.capacity_rps > 0:
+                    say("noise: the winner again, on a fresh server")
+                    again = measure(dict(best.flags), "noise")
+                    if again.status == "measured":
+                        a, b = best.outcome.capacity_rps, again.capacity_rps
+                        noise = {"first_rps": a, "second_rps": b, "spread": round(abs(a - b) / max(a, b), 4)}
+        except BaseException as exc:
+            tj.finish_run(store.engine, run_id, now=clock(), state="failed", result={},
+                          note=f"stopped: {type(exc).__name__}: {exc}")
+            raise
+        result = _result(ctx, points, current, workload, slo_json, noise, axes=[a.name for a in axes])
+        rec_id = _recommend(ctx, result, current)
+        result["recommendation_id"] = rec_id
+        tj.finish_run(store.engine, run_id, now=clock(), state="done", result=result)
+        return result
 
 
 def _trial_json(p: Point) -> dict[str, Any]:

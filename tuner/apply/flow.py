@@ -6,12 +6,17 @@ A managed start that fails restores the previous flags at once and records the s
 After the gate tuner observes for ``apply.observe`` and compares the window after with the window before.
 Every step is journaled before it is taken (tuner/store/journal.py); ``reconcile`` finishes what a dead tuner
 left half done.
+
+Opening an apply is its own step (``open_apply``, ``open_rollback``): the journal entry it opens holds the target
+(and its replica group), or the refusal names what holds it, before anything is changed; the caller carries it out
+(``Opened.run``) then or on another thread. The API answers 202 or 409 from the first step.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +35,7 @@ from tuner.signals.load import LoadProfile, group_profile, profile
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 
-__all__ = ["Applier", "Plan", "Restored", "flags_in_force", "proposed", "stale"]
+__all__ = ["Applier", "Opened", "Plan", "Restored", "flags_in_force", "own_identity", "proposed", "stale"]
 
 _OBSERVE_POLL_S = 1.0
 _IN_FLIGHT_TIMEOUT_S = 15.0
@@ -68,8 +73,47 @@ class Restored:
         return self.text
 
 
-def _own_identity() -> tuple[int, int]:
+def own_identity() -> tuple[int, int]:
+    """This process as the journal names an owner: pid and kernel start time (a reused pid is another process)."""
     return os.getpid(), mg.proc_start_time(os.getpid()) or 0
+
+
+# Journal entries a thread of this process is carrying out, by (database, id): the journal names this process as
+# their owner, alive, so only this set tells a reconcile in another thread (auto mode reconciles before each step)
+# that the entry is not a leftover. Taking an id in it is how a thread claims an entry within the process.
+_carried: set[tuple[str, int]] = set()
+_carried_lock = threading.Lock()
+
+
+def _take(engine: Any, aid: int) -> bool:
+    with _carried_lock:
+        if (str(engine.url), aid) in _carried:
+            return False
+        _carried.add((str(engine.url), aid))
+        return True
+
+
+def _drop(engine: Any, aid: int) -> None:
+    with _carried_lock:
+        _carried.discard((str(engine.url), aid))
+
+
+@dataclass
+class Opened:
+    """An apply or rollback whose journal entry is open (its target is held): ``run`` carries it out and returns the
+    finished entry. Run it once; until it runs, no reconcile of this process touches the entry."""
+
+    id: int
+    target: str
+    what: str
+    _carry: Callable[[], jr.StoredApply]
+    _release: Callable[[], None]
+
+    def run(self) -> jr.StoredApply:
+        try:
+            return self._carry()
+        finally:
+            self._release()
 
 
 def _canonical(backend: str, flags: dict[str, Any]) -> dict[str, Any]:
@@ -139,7 +183,7 @@ class Applier:
     say: Callable[[str], None] = print
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
-    owner: tuple[int, int] = field(default_factory=_own_identity)
+    owner: tuple[int, int] = field(default_factory=own_identity)
     room: Callable[[Target, dict[str, Any]], tuple[bool, str]] | None = None
 
     @property
@@ -229,7 +273,7 @@ class Applier:
 
     def supervise(self, t: Target) -> str | None:
         """Start a managed server that should run and does not; restarts after a crash are bounded."""
-        if t.managed is None or self._busy(t):
+        if t.managed is None or self._busy(t, shadow=False):  # a tune beside production: keep production up
             return None
         st = jr.get_managed(self.engine, t.name)
         if st is not None and st.state in ("stopped", "given_up"):
@@ -313,14 +357,24 @@ class Applier:
         return done
 
     def apply(self, rec_id: int, *, mode: str = "manual", force: bool = False) -> jr.StoredApply:
+        return self.open_apply(rec_id, mode=mode, force=force).run()
+
+    def open_apply(self, rec_id: int, *, mode: str = "manual", force: bool = False) -> Opened:
+        """Open the apply of ``rec_id`` in the journal (its target is held from here) and return it to be carried
+        out; the refusal instead when it may not start (TargetBusyError naming the apply that holds the target or
+        its group, NotProposedError, a stale proposal, the restart budget)."""
         rec = self.fresh(rec_id)
         p = self.plan(rec)
         if p.route.restarts and not force:
             self.check_restart_budget(p.target)
         aid = self._begin(p, rec.id, "apply", mode)
+        what = f"apply of recommendation #{rec.id}"
         if not p.route.restarts:
-            return self._await_manual(aid, p, rec.id)
-        return self._carry_out(aid, p, rec.id)
+            return self._opened(aid, p, what, lambda: self._await_manual(aid, p, rec.id))
+        return self._opened(aid, p, what, lambda: self._carry_out(aid, p, rec.id))
+
+    def _opened(self, aid: int, p: Plan, what: str, carry: Callable[[], jr.StoredApply]) -> Opened:
+        return Opened(aid, p.target.name, what, carry, lambda: _drop(self.engine, aid))
 
     def canary(self, rec_id: int, *, mode: str = "manual", force: bool = False) -> jr.StoredApply:
         """A replica group's canary: part of the group takes the new flags (the recommendation's replica behind a
@@ -338,6 +392,11 @@ class Applier:
         if not force:
             self.check_restart_budget(t)
         aid = self._begin(p, rec.id, "canary", mode)
+        return self._opened(aid, p, f"canary of recommendation #{rec.id}",
+                            lambda: self._canary(aid, p, rec, route)).run()
+
+    def _canary(self, aid: int, p: Plan, rec: recs.StoredRecommendation, route: Canaried) -> jr.StoredApply:
+        t = p.target
         try:
             (canary, canary_in), (control, control_in) = route.canary(self, aid, p)
         except (ServerStartError, ApplyError) as exc:
@@ -389,6 +448,11 @@ class Applier:
         return jr.get_apply(self.engine, aid)
 
     def rollback(self, target: str, *, mode: str = "manual", force: bool = False) -> jr.StoredApply:
+        return self.open_rollback(target, mode=mode, force=force).run()
+
+    def open_rollback(self, target: str, *, mode: str = "manual", force: bool = False) -> Opened:
+        """Open the rollback of ``target``'s last kept apply in the journal and return it to be carried out; the
+        refusal instead (nothing to roll back, TargetBusyError, the restart budget)."""
         t = self.cfg.target(target)
         if not force:
             self.check_restart_budget(t)
@@ -402,25 +466,37 @@ class Applier:
                 raise ApplyError(f"{target}: flag {k} was not set before apply #{last.id}; set it in the config")
         p = self._plan(t, diff)
         aid = self._begin(p, last.recommendation_id, "rollback", mode)
-        return self._carry_out(aid, p, last.recommendation_id, rollback_of=last.id)
+        return self._opened(aid, p, f"rollback of {t.name}",
+                            lambda: self._carry_out(aid, p, last.recommendation_id, rollback_of=last.id))
 
-    def _busy(self, t: Target) -> list[int]:
-        """Open applies on ``t`` or on any replica of its group (a rolling apply holds them all)."""
-        return [a for m in self.cfg.group(t) for a in jr.open_applies_for(self.engine, m.name)]
+    def _busy(self, t: Target, *, shadow: bool = True) -> list[int]:
+        """Open applies on ``t`` or on any replica of its group (a rolling apply holds them all); ``shadow=False``
+        leaves out tuning runs beside production (they do not touch it)."""
+        return [a for m in self.cfg.group(t) for a in jr.open_applies_for(self.engine, m.name, shadow=shadow)]
 
     def _begin(self, p: Plan, rec_id: int | None, kind: str, mode: str) -> int:
-        busy = [a for m in self.cfg.group(p.target) if m.name != p.target.name
-                for a in jr.open_applies_for(self.engine, m.name)]
-        if busy:
-            raise ApplyError(f"{p.target.group}: apply #{busy[0]} is running on a replica of the group; one change "
-                             "at a time per group")
+        """Open the journal entry (TargetBusyError when the target or its group is held: the journal's unique index
+        decides) and take it for this thread."""
+        return self.hold(p.target, kind=kind, mode=mode, rec_id=rec_id, diff=p.diff, old_flags=p.old_flags,
+                         new_flags=p.new_flags, old_argv=p.old_argv, new_argv=p.new_argv)
+
+    def hold(self, t: Target, *, kind: str, mode: str, rec_id: int | None = None, diff: dict[str, Any] | None = None,
+             old_flags: dict[str, Any], new_flags: dict[str, Any], old_argv: list[str], new_argv: list[str]) -> int:
+        """Open a journal entry holding ``t`` and its replica group, owned by this tuner and taken by this thread
+        (``release`` when done without ``run``): an apply's, or a tuning run's (kind ``tune``)."""
         try:
-            return jr.begin_apply(self.engine, target=p.target.name, recommendation_id=rec_id, kind=kind, mode=mode,
-                                  now=self.clock(), diff=p.diff, old_flags=p.old_flags, new_flags=p.new_flags,
-                                  old_argv=p.old_argv, new_argv=p.new_argv, owner_pid=self.owner[0],
-                                  owner_start=self.owner[1])
+            aid = jr.begin_apply(self.engine, target=t.name, recommendation_id=rec_id, kind=kind, mode=mode,
+                                 now=self.clock(), diff=diff or {}, old_flags=old_flags, new_flags=new_flags,
+                                 old_argv=old_argv, new_argv=new_argv, owner_pid=self.owner[0],
+                                 owner_start=self.owner[1], group=t.group)
         except StoreError as exc:
             raise ApplyError(str(exc)) from None
+        _take(self.engine, aid)
+        return aid
+
+    def release(self, aid: int) -> None:
+        """This thread is done with entry ``aid`` (finished, or left for a reconcile)."""
+        _drop(self.engine, aid)
 
     def _step(self, aid: int, name: str, detail: str = "", state: str | None = None) -> None:
         jr.step(self.engine, aid, name, detail, now=self.clock(), state=state)
@@ -645,33 +721,55 @@ class Applier:
         if cancel:
             jr.finish(self.engine, a.id, "failed", "cancelled before it was applied", now=self.clock())
             return jr.get_apply(self.engine, a.id)
-        jr.step(self.engine, a.id, "applied_by_hand", "", now=self.clock(), state="health_check", owner=self.owner)
+        if not _take(self.engine, a.id):
+            raise ApplyError(f"apply #{a.id} is being finished already (a second --applied)")
         try:
-            self._step(a.id, "healthy", mg.health_gate(t))
-        except ServerStartError as exc:
-            jr.finish(self.engine, a.id, "failed", f"the server does not pass the health gate: {exc}; restart it "
-                      f"by hand with {' '.join(flags_argv(t.backend, a.old_flags))}", now=self.clock())
-            recs.set_status(self.engine, rec_id, "failed", now=self.clock(), note=str(exc))
-            return jr.get_apply(self.engine, a.id)
-        return self._observe_and_judge(a.id, p, rec_id, a.baseline)
+            if not jr.claim(self.engine, a, self.owner, "applied_by_hand", "", now=self.clock(), state="health_check"):
+                raise ApplyError(f"apply #{a.id} was taken over meanwhile (a second --applied or --cancel); see "
+                                 f"`tuner journal {a.target}`")
+            try:
+                self._step(a.id, "healthy", mg.health_gate(t))
+            except ServerStartError as exc:
+                jr.finish(self.engine, a.id, "failed", f"the server does not pass the health gate: {exc}; restart it "
+                          f"by hand with {' '.join(flags_argv(t.backend, a.old_flags))}", now=self.clock())
+                recs.set_status(self.engine, rec_id, "failed", now=self.clock(), note=str(exc))
+                return jr.get_apply(self.engine, a.id)
+            return self._observe_and_judge(a.id, p, rec_id, a.baseline)
+        finally:
+            _drop(self.engine, a.id)
 
     # ---- crash safety ------------------------------------------------------------------------------
 
-    def reconcile(self) -> list[str]:
-        """Finish or roll back every apply whose tuner died; what was done, one line each."""
+    def reconcile(self, *, only: Callable[[jr.StoredApply], bool] | None = None) -> list[str]:
+        """Finish or roll back every apply whose tuner died (those ``only`` accepts, when given); what was done, one
+        line each.
+
+        Each is claimed first, by compare-and-set on the owner and state read (jr.claim), and within this process by
+        taking its id: of two reconcilers at once (`tuner run` starting while `tuner reconcile` runs, or two auto
+        steps) one restores it and the other leaves it alone."""
         done: list[str] = []
         for a in jr.open_applies(self.engine):
-            if a.state == "awaiting_manual":
+            if a.state == "awaiting_manual" or (only is not None and not only(a)):
                 continue
             if (a.owner_pid, a.owner_start) != self.owner and mg.is_alive(a.owner_pid, a.owner_start):
                 continue  # another live tuner is doing it
-            done.append(self._reconcile_one(a))
+            if not _take(self.engine, a.id):
+                continue  # a thread of this process is doing it
+            try:
+                if jr.claim(self.engine, a, self.owner, "reconcile",
+                            f"tuner pid {a.owner_pid} stopped at step {a.state}", now=self.clock()):
+                    done.append(self._reconcile_one(a))
+                # else: another tuner claimed it first
+            finally:
+                _drop(self.engine, a.id)
         return done
 
     def _reconcile_one(self, a: jr.StoredApply) -> str:
         now = self.clock()
-        jr.step(self.engine, a.id, "reconcile", f"tuner pid {a.owner_pid} stopped at step {a.state}", now=now,
-                owner=self.owner)
+        if a.kind == "tune" and a.mode == "shadow":  # its trials ran beside production: nothing to put back
+            jr.finish(self.engine, a.id, "rolled_back", "reconciled: the tuner of this tuning run stopped; its trials "
+                      "ran beside production, which was not touched", now=now)
+            return self._line(jr.get_apply(self.engine, a.id))
         try:
             t = self.cfg.target(a.target)
         except Exception:  # noqa: BLE001  (UnknownTargetError: the config no longer has it)

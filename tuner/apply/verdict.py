@@ -541,18 +541,18 @@ def _second_signal(before: LoadProfile, after: LoadProfile, cap: _Effect, load: 
         [(e, "latency") for e in _latencies(before, after)]
     if not kinds:
         return "inconclusive", [queue, load], 0.5, _LAT_TEST
-    worse = [(e, k) for e, k in kinds if e.worse]
-    better = [(e, k) for e, k in kinds if e.better]
+    worse_k = [(e, k) for e, k in kinds if e.worse]
+    better_k = [(e, k) for e, k in kinds if e.better]
     ratio = _load_ratio(before, after)
     matched = ratio is None or 1 / LOAD_MATCH <= ratio <= LOAD_MATCH
     best = max(e.confidence for e, _ in kinds)
     said = [effect_clause(e, k) for e, k in kinds]
-    if worse and (matched or (ratio is not None and ratio < 1)):
-        return ("rolled_back", [*(effect_clause(e, k) for e, k in worse), queue, load],
-                max(e.confidence for e, _ in worse), _LAT_TEST)
-    if better and not worse and (matched or (ratio is not None and ratio > 1)):
-        return ("kept", [*(effect_clause(e, k) for e, k in better), queue, load],
-                max(e.confidence for e, _ in better), _LAT_TEST)
+    if worse_k and (matched or (ratio is not None and ratio < 1)):
+        return ("rolled_back", [*(effect_clause(e, k) for e, k in worse_k), queue, load],
+                max(e.confidence for e, _ in worse_k), _LAT_TEST)
+    if better_k and not worse_k and (matched or (ratio is not None and ratio > 1)):
+        return ("kept", [*(effect_clause(e, k) for e, k in better_k), queue, load],
+                max(e.confidence for e, _ in better_k), _LAT_TEST)
     return "inconclusive", [queue, load, *said], best, _LAT_TEST
 
 

@@ -6,6 +6,10 @@
     POST /api/v1/recommendations/{id}/apply         apply one (202: started; `tuner journal` follows it)
     POST /api/v1/targets/{name}/rollback            roll a target back (202)
 
+An action is opened in the journal before the answer: 202 means its entry holds the target (its id is in the answer);
+409 is the refusal, decided then (the target or its replica group is held by another apply, which the error names;
+the recommendation is not proposed; nothing to roll back). Of two requests at the same instant one gets 202.
+
 Anything that changes state needs ``Authorization: Bearer <token>``; the token comes from ``api.token_file`` or
 ``$TUNER_API_TOKEN`` and is compared in constant time. Without a configured token those endpoints answer 403:
 tuner never runs unauthenticated actions. The listener binds to 127.0.0.1 unless ``listen`` says otherwise.
@@ -26,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from tuner.app import apply as apply_app
 from tuner.app.recommend import stored
-from tuner.errors import NotProposedError, TargetBusyError, TunerError
+from tuner.errors import ApplyError, TunerError
 
 __all__ = ["serve", "ApiServer"]
 
@@ -122,29 +126,24 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             return
         d = self.server.tuner
-        action: Callable[[], Any]
         try:
             if apply:
-                rec_id = int(apply.group(1))
-                target = apply_app.check_startable(d.session, rec_id=rec_id)
-                what = f"apply of recommendation #{rec_id}"
-                action = lambda: d.applier.apply(rec_id, mode="api")  # noqa: E731
+                opened = apply_app.start(d.applier, rec_id=int(apply.group(1)), mode="api")
             else:
                 assert rollback is not None
-                target = apply_app.check_startable(d.session, target=rollback.group(1))
-                what = f"rollback of {target}"
-                action = lambda: d.applier.rollback(target, mode="api")  # noqa: E731
-        except (NotProposedError, TargetBusyError) as exc:
+                opened = apply_app.start(d.applier, target=rollback.group(1), mode="api")
+        except ApplyError as exc:  # busy, not proposed, nothing to roll back, stale, the restart budget
             self._json(409, {"error": str(exc)})
             return
-        except TunerError as exc:
+        except TunerError as exc:  # no such recommendation or target
             self._json(404, {"error": str(exc)})
             return
-        thread = threading.Thread(target=_run, args=(what, action), name=what, daemon=True)
+        thread = threading.Thread(target=_run, args=(opened.what, opened.run), name=opened.what, daemon=True)
         self.server.actions.append(thread)
         thread.start()
-        log.warning("api: %s started by %s", what, self.client_address[0])
-        self._json(202, {"started": what, "follow": f"/api/v1/journal?target={target}"})
+        log.warning("api: %s started by %s (apply #%d)", opened.what, self.client_address[0], opened.id)
+        self._json(202, {"started": opened.what, "apply_id": opened.id,
+                         "follow": f"/api/v1/journal?target={opened.target}"})
 
 
 def _run(what: str, action: Callable[[], Any]) -> None:

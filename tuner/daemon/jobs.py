@@ -43,6 +43,7 @@ from tuner.daemon.state import DaemonState
 from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
 from tuner.flags import takes
 from tuner.kube import Discovery, templates
+from tuner.store.db import daemon_lock
 from tuner.store.retention import apply_retention
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
@@ -590,14 +591,16 @@ class Daemon:
 def serve_daemon(session: Session, *, max_seconds: float | None, log: logging.Logger = log) -> int:
     """`tuner run`: the daemon and its listener (/metrics, /api/v1) until SIGTERM/SIGINT or ``max_seconds``."""
     cfg = session.cfg
-    daemon = Daemon(cfg, session.store, config_dir=session.config_dir)
-    host, port = cfg.listen_host_port
-    server, _thread = serve_metrics(daemon.state, host, port, daemon=daemon, token=cfg.api.token(session.config_dir))
-    log.info("tuner %d target(s); own metrics on http://%s:%d/metrics; store %s", len(cfg.targets), host, port,
-             cfg.store.url)
-    collect_less()  # the daemon is built: its objects out of the collector's sight (daemon/malloc.py)
-    try:
-        daemon.run_forever(max_seconds=max_seconds)
-    finally:
-        server.shutdown()  # type: ignore[attr-defined]
+    with daemon_lock(session.store.engine):  # one daemon per store: a second one exits here, naming the first
+        daemon = Daemon(cfg, session.store, config_dir=session.config_dir)
+        host, port = cfg.listen_host_port
+        server, _thread = serve_metrics(daemon.state, host, port, daemon=daemon,
+                                        token=cfg.api.token(session.config_dir))
+        log.info("tuner %d target(s); own metrics on http://%s:%d/metrics; store %s", len(cfg.targets), host, port,
+                 cfg.store.url)
+        collect_less()  # the daemon is built: its objects out of the collector's sight (daemon/malloc.py)
+        try:
+            daemon.run_forever(max_seconds=max_seconds)
+        finally:
+            server.shutdown()  # type: ignore[attr-defined]
     return 0

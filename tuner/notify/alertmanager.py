@@ -5,11 +5,17 @@ so a notification is never lost across a restart. ``flush`` posts each Alertmana
 first and stops at the first failure, so a "resolved" never overtakes its "firing". An item leaves
 the outbox only when Alertmanager answered 2xx (or 4xx: it rejected the payload, and retrying the
 same bytes cannot help; that is logged).
+
+One sender: the daemon flushes from every rule group's thread and from its notify job, at once. Only one of them
+sends; a flush asked for while one is under way is done by that one, in another pass, and returns at once (nothing
+waits on a slow Alertmanager twice). Each row is posted once per attempt, and a failure is counted once.
+(One daemon per store, tuner/daemon/jobs.py, keeps a second process from sending the same outbox.)
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 
 from tuner.collect import http
@@ -43,12 +49,37 @@ class Notifier:
         self.store = store
         self.timeout_s = timeout_s
         self.max_backoff_s = max_backoff_s
+        self._lock = threading.Lock()
+        self._sending = False  # a flush is under way
+        self._again: int | None = None  # the latest time a flush was asked for meanwhile: the sender passes again
+
 
     def _backoff_ms(self, attempts: int) -> int:
         return int(min(self.max_backoff_s, 2.0 ** attempts) * 1000)
 
     def flush(self, now_ms: int, *, limit: int = 200) -> FlushResult:
+        """Send what is due at ``now_ms``. While another thread is sending, hand the work to it (it passes again
+        with this ``now_ms``) and return an empty result."""
+        with self._lock:
+            if self._sending:
+                self._again = max(now_ms, self._again or now_ms)
+                return FlushResult()
+            self._sending = True
         result = FlushResult()
+        try:
+            while True:
+                self._pass(now_ms, limit, result)
+                with self._lock:
+                    if self._again is None:
+                        self._sending = False
+                        return result
+                    now_ms, self._again = max(now_ms, self._again), None
+        except BaseException:
+            with self._lock:
+                self._sending, self._again = False, None
+            raise
+
+    def _pass(self, now_ms: int, limit: int, result: FlushResult) -> None:
         blocked: set[str] = set()
         for row in queued(self.store, limit):
             am = row.alertmanager
@@ -72,7 +103,6 @@ class Notifier:
                 result.failed += 1
                 result.errors[am] = error
                 blocked.add(am)
-        return result
 
     def _post(self, am: str, payload: list[dict]) -> Answer:
         try:  # addressed directly, never through an env proxy

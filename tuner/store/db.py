@@ -1,9 +1,12 @@
-"""Opening the database: SQLite in WAL mode, the schema version checked against the migrations."""
+"""Opening the database: SQLite in WAL mode, the schema version checked against the migrations; the daemon's hold
+on a store (one `tuner run` per store)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
@@ -13,9 +16,10 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import DatabaseError, OperationalError
 
-from tuner.errors import SchemaOutdatedError, StoreError
+from tuner.errors import SchemaOutdatedError, StoreBusyError, StoreError
 
-__all__ = ["Tx", "open_engine", "upgrade", "current_revision", "head_revision", "check_schema", "migrations_dir"]
+__all__ = ["Tx", "open_engine", "upgrade", "current_revision", "head_revision", "check_schema", "migrations_dir",
+           "daemon_lock"]
 
 
 def migrations_dir() -> Path:
@@ -124,3 +128,40 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
     except (OperationalError, DatabaseError) as exc:
         raise StoreError(f"migrating {engine.url} failed: {exc.orig}") from None
     return before, current_revision(engine) or ""
+
+
+def _lock_path(engine: Engine) -> Path | None:
+    """``<database file>.daemon.lock`` beside a SQLite file; None for a database in memory (one process only)."""
+    db = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    path = Path(db).resolve()
+    return path.with_name(path.name + ".daemon.lock")
+
+
+@contextmanager
+def daemon_lock(engine: Engine) -> Iterator[Path | None]:
+    """Hold the store for this daemon while the block runs: an exclusive flock on ``<db>.daemon.lock`` beside the
+    SQLite file, which says the holder's pid. A second holder gets StoreBusyError naming that pid, at once. The
+    kernel drops the lock with the process, however it ends (kill -9 too): never a stale lock to clean up. The file
+    stays (removing it would let a third process lock a file the second still has open)."""
+    path = _lock_path(engine)
+    if path is None:
+        yield None
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise StoreError(f"cannot open the daemon lock {path}: {exc.strerror or exc}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            raise StoreBusyError(engine.url.render_as_string(hide_password=True), path, holder) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield path
+        os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # releases the lock

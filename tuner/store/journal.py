@@ -2,8 +2,16 @@
 
 An apply row moves through ``STATES`` and ends ``done`` with an ``outcome``; every step is also a row of
 ``apply_steps`` written *before* the action it names, so a tuner killed at any point leaves a journal that says
-where it was (``tuner/apply/reconcile.py`` reads it on restart). An apply whose state is not ``done`` holds the
-target: no second apply, restart or supervisor action touches that server meanwhile.
+where it was (``Applier.reconcile`` in tuner/apply/flow.py reads it on restart). An apply whose state is not ``done``
+holds the target: no second apply, restart or supervisor action touches that server meanwhile. What it holds is its
+``holds`` key, the target's replica group (``group:NAME``) or the target itself (``target:NAME``), and a unique index
+over the keys of open applies makes that the database's rule, not a check a second process can slip past (two
+processes at the same instant both opened an apply before: migrations/versions/0008_one_open_apply.py). A tuning run
+holds its target the same way (kind ``tune``; mode ``shadow`` when its trials run beside production, which then keeps
+being supervised).
+
+A tuner that takes over an apply left by a dead one (``claim``) does it by compare-and-set on the owner it read, so
+of two reconcilers at once one takes it and the other leaves it alone.
 
 ``managed_servers`` holds, per managed target, the process tuner started (pid + its kernel start time, so a
 reused pid is never mistaken for it), its argv and the flags in force. Migration:
@@ -16,7 +24,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, Index, Integer, String, Text, delete, insert, select, update
+from sqlalchemy import Engine, Index, Integer, String, Text, delete, insert, select, text, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, mapped_column
 
 from tuner.errors import StoreError, TargetBusyError
@@ -24,8 +33,9 @@ from tuner.store.db import Tx
 from tuner.store.models import Base
 
 __all__ = ["ApplyRow", "ApplyStepRow", "ManagedServerRow", "StoredApply", "ManagedState", "STATES", "OUTCOMES", "new_flags_stand",
-           "KPI_KEYS", "begin_apply", "step", "finish", "set_kpis", "get_apply", "list_applies", "open_applies",
-           "open_applies_for", "outcome_counts", "get_managed", "save_managed", "forget_managed"]
+           "KPI_KEYS", "begin_apply", "hold_key", "holder", "claim", "step", "finish", "set_kpis", "get_apply",
+           "list_applies", "open_applies", "open_applies_for", "outcome_counts", "get_managed", "save_managed",
+           "forget_managed"]
 
 STATES = ("planned", "draining", "starting", "health_check", "observing", "awaiting_manual", "tuning", "done")
 OUTCOMES = ("kept", "rolled_back", "inconclusive", "failed")
@@ -33,14 +43,21 @@ KPI_KEYS = ("saturated", "offered_rps", "capacity_rps", "slo_goodput_rps", "slo_
             "capacity_tokens_per_s")
 
 
+# The one rule every apply, rollback, canary and tune obeys: one open entry per key (a target, or its whole group).
+_OPEN = text("state != 'done'")
+
+
 class ApplyRow(Base):
     __tablename__ = "applies"
-    __table_args__ = (Index("ix_applies_target_state", "target", "state"),)
+    __table_args__ = (Index("ix_applies_target_state", "target", "state"),
+                      Index("ux_applies_open_holds", "holds", unique=True, sqlite_where=_OPEN,
+                            postgresql_where=_OPEN))
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     target: Mapped[str] = mapped_column(String(63))
+    holds: Mapped[str] = mapped_column(String(72), server_default="")  # hold_key(): group:NAME or target:NAME
     recommendation_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    kind: Mapped[str] = mapped_column(String(16))  # apply | rollback | restore
-    mode: Mapped[str] = mapped_column(String(16))  # manual | auto | reconcile
+    kind: Mapped[str] = mapped_column(String(16))  # apply | rollback | canary | tune
+    mode: Mapped[str] = mapped_column(String(16))  # manual | auto | api | shadow (a tune beside production)
     created_ms: Mapped[int] = mapped_column(Integer)
     updated_ms: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(16))
@@ -103,6 +120,7 @@ class StoredApply:
     note: str
     owner_pid: int
     owner_start: int
+    holds: str = ""  # hold_key(): what it holds while open
     steps: list[dict[str, Any]] = field(default_factory=list)  # {ts_ms, step, detail}, oldest first
 
     def as_json(self) -> dict[str, Any]:
@@ -134,25 +152,72 @@ def _stored(r: Any, steps: list[dict[str, Any]]) -> StoredApply:
         created_ms=r.created_ms, updated_ms=r.updated_ms, state=r.state, outcome=r.outcome, diff=json.loads(r.diff),
         old_flags=json.loads(r.old_flags), new_flags=json.loads(r.new_flags), old_argv=json.loads(r.old_argv),
         new_argv=json.loads(r.new_argv), baseline=json.loads(r.baseline), after=json.loads(r.after), note=r.note,
-        owner_pid=r.owner_pid, owner_start=r.owner_start, steps=steps)
+        owner_pid=r.owner_pid, owner_start=r.owner_start, holds=r.holds, steps=steps)
+
+
+def hold_key(target: str, group: str | None = None) -> str:
+    """What an apply of ``target`` holds: its replica group when it is in one (one change at a time per group: a
+    rolling apply changes every replica), else the target. Target names have no ``:``: the two never meet."""
+    return f"group:{group}" if group else f"target:{target}"
+
+
+def holder(engine: Engine, key: str) -> StoredApply | None:
+    """The open apply (or tune) holding ``key``, if any."""
+    with engine.connect() as conn:
+        r = conn.execute(select(ApplyRow).where(ApplyRow.holds == key, ApplyRow.state != "done")).first()
+    return None if r is None else _stored(r, [])
+
+
+def _busy(engine: Engine, target: str, key: str) -> TargetBusyError | None:
+    """The refusal naming what holds ``key``; None when it was closed in between (the caller tries again)."""
+    held = holder(engine, key)
+    if held is None:
+        return None
+    return TargetBusyError(target, held.id, held_target=held.target, kind=held.kind, mode=held.mode,
+                           group=key[len("group:"):] if key.startswith("group:") else None)
 
 
 def begin_apply(engine: Engine, *, target: str, recommendation_id: int | None, kind: str, mode: str, now: float,
                 diff: dict[str, Any], old_flags: dict[str, Any], new_flags: dict[str, Any], old_argv: list[str],
-                new_argv: list[str], owner_pid: int, owner_start: int) -> int:
-    """Open an apply in state ``planned``; TargetBusyError when the target already has an open one (the lock)."""
+                new_argv: list[str], owner_pid: int, owner_start: int, group: str | None = None) -> int:
+    """Open an apply in state ``planned``; TargetBusyError (naming the apply that holds it) when the target, or the
+    replica group ``group`` it belongs to, already has an open one. The unique index decides: of two processes
+    opening at the same instant, the second's insert fails, whatever either read before."""
+    key = hold_key(target, group)
+    for _ in range(3):  # again only when the holder closed between the refused insert and the look at it
+        try:
+            with Tx(engine) as conn:
+                apply_id = int(conn.execute(insert(ApplyRow).values(
+                    target=target, holds=key, recommendation_id=recommendation_id, kind=kind, mode=mode,
+                    created_ms=_ms(now), updated_ms=_ms(now), state="planned", outcome=None, diff=json.dumps(diff),
+                    old_flags=json.dumps(old_flags), new_flags=json.dumps(new_flags), old_argv=json.dumps(old_argv),
+                    new_argv=json.dumps(new_argv), baseline="{}", after="{}", note="", owner_pid=owner_pid,
+                    owner_start=owner_start)).inserted_primary_key[0])
+                conn.execute(insert(ApplyStepRow).values(apply_id=apply_id, ts_ms=_ms(now), step="planned",
+                                                         detail=json.dumps(diff)))
+            return apply_id
+        except IntegrityError:
+            busy = _busy(engine, target, key)
+            if busy is not None:
+                raise busy from None
+    raise StoreError(f"{engine.url}: could not open an apply of {target}: its hold ({key}) kept changing hands")
+
+
+def claim(engine: Engine, a: StoredApply, owner: tuple[int, int], step_name: str, detail: str, *, now: float,
+          state: str | None = None) -> bool:
+    """Take over open apply ``a`` as ``owner`` (and move it to ``state``) if it is still as it was read: same state,
+    same owner (compare-and-set); journals step ``step_name`` when it did. False: another tuner took it first, or it
+    moved on meanwhile."""
+    values: dict[str, Any] = {"owner_pid": owner[0], "owner_start": owner[1], "updated_ms": _ms(now)}
+    if state is not None:
+        values["state"] = state
     with Tx(engine) as conn:
-        busy = conn.execute(select(ApplyRow.id).where(ApplyRow.target == target, ApplyRow.state != "done")).first()
-        if busy is not None:
-            raise TargetBusyError(target, int(busy[0]))
-        apply_id = int(conn.execute(insert(ApplyRow).values(
-            target=target, recommendation_id=recommendation_id, kind=kind, mode=mode, created_ms=_ms(now),
-            updated_ms=_ms(now), state="planned", outcome=None, diff=json.dumps(diff), old_flags=json.dumps(old_flags),
-            new_flags=json.dumps(new_flags), old_argv=json.dumps(old_argv), new_argv=json.dumps(new_argv),
-            baseline="{}", after="{}", note="", owner_pid=owner_pid, owner_start=owner_start)).inserted_primary_key[0])
-        conn.execute(insert(ApplyStepRow).values(apply_id=apply_id, ts_ms=_ms(now), step="planned",
-                                                 detail=json.dumps(diff)))
-    return apply_id
+        done = conn.execute(update(ApplyRow).where(
+            ApplyRow.id == a.id, ApplyRow.state == a.state, ApplyRow.owner_pid == a.owner_pid,
+            ApplyRow.owner_start == a.owner_start).values(**values)).rowcount
+        if done == 1:
+            conn.execute(insert(ApplyStepRow).values(apply_id=a.id, ts_ms=_ms(now), step=step_name, detail=detail))
+    return done == 1
 
 
 def step(engine: Engine, apply_id: int, name: str, detail: str = "", *, now: float, state: str | None = None,
@@ -241,11 +306,14 @@ def open_applies(engine: Engine) -> list[StoredApply]:
     return [_stored(r, steps[r.id]) for r in rows]
 
 
-def open_applies_for(engine: Engine, target: str) -> list[int]:
-    """Ids of the target's applies not done (cheap: the supervisor asks every few seconds)."""
+def open_applies_for(engine: Engine, target: str, *, shadow: bool = True) -> list[int]:
+    """Ids of the target's applies not done (cheap: the supervisor asks every few seconds); ``shadow=False`` leaves
+    out tuning runs whose trials run beside production (they hold the target against applies, not its server)."""
+    q = select(ApplyRow.id).where(ApplyRow.target == target, ApplyRow.state != "done")
+    if not shadow:
+        q = q.where(ApplyRow.mode != "shadow")
     with engine.connect() as conn:
-        return [r[0] for r in conn.execute(select(ApplyRow.id).where(ApplyRow.target == target,
-                                                                     ApplyRow.state != "done"))]
+        return [r[0] for r in conn.execute(q)]
 
 
 def get_apply(engine: Engine, apply_id: int) -> StoredApply:
@@ -257,10 +325,12 @@ def get_apply(engine: Engine, apply_id: int) -> StoredApply:
 
 
 def outcome_counts(engine: Engine) -> dict[tuple[str, str], int]:
-    """(target, outcome) -> finished applies, for tuner's own /metrics."""
+    """(target, outcome) -> finished applies, for tuner's own /metrics (a tuning run beside production changed
+    nothing: not counted)."""
     from sqlalchemy import func
 
-    q = select(ApplyRow.target, ApplyRow.outcome, func.count()).where(ApplyRow.state == "done") \
+    q = select(ApplyRow.target, ApplyRow.outcome, func.count()).where(ApplyRow.state == "done",
+                                                                      ApplyRow.mode != "shadow") \
         .group_by(ApplyRow.target, ApplyRow.outcome)
     with engine.connect() as conn:
         return {(t, o or ""): int(n) for t, o, n in conn.execute(q)}  # done: never without an outcome

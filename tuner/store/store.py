@@ -13,6 +13,7 @@ from operator import itemgetter
 from typing import Any, Collection, Iterable, Mapping, NamedTuple, Sequence
 
 from sqlalchemy import Engine, delete, func, insert, select, update
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from tuner.collect.snapshots import EngineSnapshot, GpuReading, SeriesKey, TargetSnapshot
 from tuner.config import Retention
@@ -229,16 +230,16 @@ class Store:
     def _target_id(self, conn, name: str, backend: str, url: str, labels: dict[str, str]) -> int:
         if name in self._targets:
             return self._targets[name]
-        row = conn.execute(select(TargetRow.id, TargetRow.backend, TargetRow.url)
-                           .where(TargetRow.name == name)).first()
-        if row is None:
-            tid = conn.execute(insert(TargetRow).values(name=name, backend=backend, url=url,
-                                                        labels=json.dumps(labels))).inserted_primary_key[0]
-        else:
-            tid = row.id
-            if (row.backend, row.url) != (backend, url):
-                conn.execute(update(TargetRow).where(TargetRow.id == tid)
-                             .values(backend=backend, url=url, labels=json.dumps(labels)))
+        query = select(TargetRow.id, TargetRow.backend, TargetRow.url).where(TargetRow.name == name)
+        row = conn.execute(query).first()
+        if row is None:  # an upsert: another process may register the same name at the same instant
+            conn.execute(sqlite_insert(TargetRow).values(name=name, backend=backend, url=url, labels=json.dumps(labels))
+                         .on_conflict_do_nothing(index_elements=["name"]))
+            row = conn.execute(query).one()
+        tid = row.id
+        if (row.backend, row.url) != (backend, url):
+            conn.execute(update(TargetRow).where(TargetRow.id == tid)
+                         .values(backend=backend, url=url, labels=json.dumps(labels)))
         self._targets[name] = tid
         return tid
 

@@ -2,14 +2,16 @@
 
 A trial is journaled ``running`` with its server's pid and kernel start time before tuner waits on that server, so
 a tuner killed at any moment leaves a record of what it started: the next `tuner tune` stops it (``orphans``), and
-``--resume`` continues the run from its finished trials. Migration: migrations/versions/0005_tuning.py.
+``--resume`` continues the run from its finished trials. A run records the tuner running it (pid + kernel start
+time): only trials of runs whose tuner is gone are orphans, never those of a tune still at work. Migrations:
+migrations/versions/0005_tuning.py, 0008_one_open_apply.py (the owner).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy import Engine, Float, Index, Integer, String, Text, insert, select, update
 from sqlalchemy.orm import Mapped, mapped_column
@@ -18,7 +20,8 @@ from tuner.store.db import Tx
 from tuner.store.models import Base
 
 __all__ = ["TuneRunRow", "TuneTrialRow", "StoredRun", "StoredTrial", "begin_run", "finish_run", "begin_trial",
-           "trial_started", "finish_trial", "get_run", "latest_run", "runs_since", "trials", "orphans", "TRIAL_STATUSES"]
+           "trial_started", "finish_trial", "get_run", "latest_run", "runs_since", "trials", "orphans", "set_owner",
+           "TRIAL_STATUSES"]
 
 TRIAL_STATUSES = ("running", "measured", "crashed", "pruned", "interrupted")
 
@@ -37,6 +40,8 @@ class TuneRunRow(Base):
     baseline_flags: Mapped[str] = mapped_column(Text)  # JSON
     result: Mapped[str] = mapped_column(Text)  # JSON ({} until done)
     note: Mapped[str] = mapped_column(Text)
+    owner_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the tuner running it (None: unknown)
+    owner_start: Mapped[int | None] = mapped_column(Integer, nullable=True)  # its kernel start time
 
 
 class TuneTrialRow(Base):
@@ -87,6 +92,7 @@ class StoredRun:
     baseline_flags: dict[str, Any]
     result: dict[str, Any]
     note: str
+    owner: tuple[int, int] | None = None  # (pid, kernel start time) of the tuner running it
 
 
 def _ms(ts: float) -> int:
@@ -94,12 +100,21 @@ def _ms(ts: float) -> int:
 
 
 def begin_run(engine: Engine, *, target: str, now: float, request: dict[str, Any], workload: dict[str, Any],
-              slo: dict[str, Any], baseline_flags: dict[str, Any]) -> int:
+              slo: dict[str, Any], baseline_flags: dict[str, Any], owner: tuple[int, int] | None = None) -> int:
+    """A run in state ``running``, owned by ``owner`` (the tuner doing it: pid, kernel start time)."""
     with Tx(engine) as conn:
         return int(conn.execute(insert(TuneRunRow).values(
             target=target, created_ms=_ms(now), updated_ms=_ms(now), state="running", request=json.dumps(request),
             workload=json.dumps(workload), slo=json.dumps(slo), baseline_flags=json.dumps(baseline_flags),
-            result="{}", note="")).inserted_primary_key[0])
+            result="{}", note="", owner_pid=owner[0] if owner else None,
+            owner_start=owner[1] if owner else None)).inserted_primary_key[0])
+
+
+def set_owner(engine: Engine, run_id: int, owner: tuple[int, int], *, now: float) -> None:
+    """``--resume``: the tuner resuming the run owns it (and its trials) from now."""
+    with Tx(engine) as conn:
+        conn.execute(update(TuneRunRow).where(TuneRunRow.id == run_id).values(
+            owner_pid=owner[0], owner_start=owner[1], state="running", updated_ms=_ms(now)))
 
 
 def finish_run(engine: Engine, run_id: int, *, now: float, state: str, result: dict[str, Any], note: str = "") -> None:
@@ -138,7 +153,8 @@ def finish_trial(engine: Engine, trial_id: int, *, now: float, status: str, capa
 def _run(r: Any) -> StoredRun:
     return StoredRun(id=r.id, target=r.target, created_ms=r.created_ms, updated_ms=r.updated_ms, state=r.state,
                      request=json.loads(r.request), workload=json.loads(r.workload), slo=json.loads(r.slo),
-                     baseline_flags=json.loads(r.baseline_flags), result=json.loads(r.result), note=r.note)
+                     baseline_flags=json.loads(r.baseline_flags), result=json.loads(r.result), note=r.note,
+                     owner=(r.owner_pid, r.owner_start or 0) if r.owner_pid is not None else None)
 
 
 def _trial(r: Any) -> StoredTrial:
@@ -176,8 +192,12 @@ def trials(engine: Engine, run_id: int) -> list[StoredTrial]:
         return [_trial(r) for r in rows]
 
 
-def orphans(engine: Engine) -> list[StoredTrial]:
-    """Trials journaled running: their tuner died (or is still at work) with their server possibly up."""
+def orphans(engine: Engine, *, alive: Callable[[int, int], bool]) -> list[StoredTrial]:
+    """Trials journaled running whose run's tuner is gone (``alive(pid, start)`` says no, or it was never recorded):
+    their server may still be up. A trial of a run whose tuner is alive is that tuner's, at work."""
+    q = (select(TuneTrialRow, TuneRunRow.owner_pid, TuneRunRow.owner_start)
+         .join(TuneRunRow, TuneRunRow.id == TuneTrialRow.run_id, isouter=True)
+         .where(TuneTrialRow.status == "running"))
     with Tx(engine) as conn:
-        rows = conn.execute(select(TuneTrialRow).where(TuneTrialRow.status == "running"))
-        return [_trial(r) for r in rows]
+        rows = conn.execute(q).all()
+    return [_trial(r) for r in rows if r.owner_pid is None or not alive(r.owner_pid, r.owner_start or 0)]
