@@ -26,13 +26,15 @@ from pydantic import (
     model_validator,
 )
 
-from tuner.errors import ConfigError, FlagError, UnknownTargetError
+from tuner.errors import ConfigError, FlagError, InputFileError, UnknownTargetError
+from tuner.files import read_text
 from tuner.flags import validate
 
 __all__ = ["Matcher", "parse_selector", "replica_groups", "Window", "parse_window", "in_window", "window_left", "Config", "Target", "Balancer", "Replica", "Managed", "Hook", "ApplyPolicy", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
            "parse_duration", "DEFAULT_LISTEN"]
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
+MIN_TOKEN = 16  # characters of an API token, from a file or $TUNER_API_TOKEN alike
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 _COMPOUND = re.compile(r"^(?:\d+(?:ms|s|m|h|d))+$")
@@ -571,19 +573,27 @@ class Api(_Model):
     token_file: str | None = None  # relative to the config file; the file holds the token alone
 
     def token(self, config_dir: Path | None = None) -> str | None:
+        """The token from ``token_file``, else ``$TUNER_API_TOKEN`` (None: neither is set); either way at least
+        MIN_TOKEN characters, or a ConfigError naming where it came from."""
         import os
 
         if self.token_file is None:
-            return os.environ.get("TUNER_API_TOKEN") or None
-        path = Path(self.token_file)
-        if not path.is_absolute() and config_dir is not None:
-            path = config_dir / path
-        try:
-            text = path.read_text().strip()
-        except OSError as exc:
-            raise ConfigError("config", "api.token_file", f"cannot read {path}: {exc.strerror}") from None
-        if len(text) < 16:
-            raise ConfigError("config", "api.token_file", f"{path}: the token must be at least 16 characters")
+            text = os.environ.get("TUNER_API_TOKEN", "").strip()
+            if not text:
+                return None
+            where, key = "environment", "TUNER_API_TOKEN"
+        else:
+            path = Path(self.token_file)
+            if not path.is_absolute() and config_dir is not None:
+                path = config_dir / path
+            try:
+                text = read_text(path, max_bytes=4096).strip()
+            except InputFileError as exc:  # missing, not UTF-8, far longer than a token
+                raise ConfigError("config", "api.token_file", str(exc)) from None
+            where, key = "config", "api.token_file"
+        if len(text) < MIN_TOKEN:
+            raise ConfigError(where, key, f"the token must be at least {MIN_TOKEN} characters (it is {len(text)}); "
+                                          "generate one with `openssl rand -hex 32`")
         return text
 
 
@@ -701,9 +711,9 @@ def parse_config(text: str, path: str = "<config>") -> Config:
 def load_config(path: str | Path) -> Config:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(str(p), "", f"cannot read config file: {exc.strerror or exc}") from None
+        text = read_text(p)
+    except InputFileError as exc:  # missing, not UTF-8, larger than any config
+        raise ConfigError(str(p), "", f"cannot read config file: {exc.reason}") from None
     cfg = parse_config(text, str(p))
     return _resolve_rule_files(_resolve_store_path(cfg, p), p)
 

@@ -202,3 +202,17 @@ class GrafanaError(TunerError):
 
 
 __all__ += ["GrafanaError"]
+
+
+class InputFileError(TunerError, ValueError):
+    """Raised when a file handed to tuner (config, rules, workload, token, saved exposition) cannot be read as
+    text: missing, not UTF-8, over its size cap, a truncated or corrupt gzip; names the file and why."""
+
+    exit_code = 2
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: {reason}")
+
+
+__all__ += ["InputFileError"]

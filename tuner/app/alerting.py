@@ -62,9 +62,8 @@ class Alerting:
         """Re-read the rule files; on any error keep the current set and return False."""
         try:
             rules = load_rule_files(self.files, self.cfg.alerting.evaluation_interval)
-        except TunerError as exc:
+        except TunerError as exc:  # the caller logs it (one line naming the file)
             self.last_error = f"rule reload failed, keeping the last good rules: {exc}"
-            log.error(self.last_error)
             return False
         with self.lock:
             self.rules = rules

@@ -265,12 +265,21 @@ class Daemon:
                     del self.state.job_errors[key]
 
     def reload_rules(self) -> bool:
-        ok = self.alerting.reload()
+        """SIGHUP: re-read the rule files; on any failure keep the last good set and log one line naming it (the
+        handler runs on the main thread: an exception escaping it would end the daemon)."""
+        try:
+            ok = self.alerting.reload()
+        except Exception as exc:  # noqa: BLE001  a bug: reported, and the daemon keeps its rules and runs on
+            self._job_error("rules", f"rule reload failed, keeping the last good rules: internal error: {exc!r}")
+            return False
         if not ok:
             self._job_error("rules", self.alerting.last_error)
-        elif self.rule_loop is not None:
+            return False
+        with self.state.lock:
+            self.state.job_errors.pop("rules", None)
+        if self.rule_loop is not None:
             self._start_rules()
-        return ok
+        return True
 
     def _start_rules(self) -> None:
         """Evaluate each alert group every ``interval``, in phase with the scrapes, on their clock (monotonic):

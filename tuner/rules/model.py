@@ -33,7 +33,8 @@ from typing import Any, Literal, Sequence
 import yaml
 
 from tuner.config import Target, YamlLoader, YamlTextError, load_yaml, parse_duration
-from tuner.errors import RuleFileError
+from tuner.errors import InputFileError, RuleFileError
+from tuner.files import read_text
 from tuner.rules.signals import SIGNALS, known_signals
 from tuner.rules.templates import check
 
@@ -272,9 +273,9 @@ def load_rule_files(paths: Sequence[str | Path], default_interval: timedelta = t
     for p in paths:
         path = Path(p)
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise _err(str(path), None, f"cannot read: {exc.strerror or exc}") from None
+            text = read_text(path)
+        except InputFileError as exc:  # missing, not UTF-8, larger than any rule file
+            raise _err(str(path), None, exc.reason) from None
         rs = parse_rules(text, str(path), default_interval)
         for g in rs.groups:
             if g.name in seen:
