@@ -6,6 +6,7 @@ Every error names the file and the key (``targets[1].url``) so the operator know
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import re
@@ -44,6 +45,8 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$")
 _UNIT_B = {"B": 1, None: 1, "KB": 10**3, "MB": 10**6, "GB": 10**9,
            "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+# HOST:PORT; an IPv6 address in brackets ([::1]:9464), as in a URL
+_LISTEN = re.compile(r"(?:\[([^\]]+)\]|([A-Za-z0-9][A-Za-z0-9.-]*)):([0-9]{1,5})")
 _MAX_SECONDS = 10 * 365 * 86400  # durations past ten years are typos (and timedelta overflows near 2.7 million)
 
 
@@ -612,9 +615,15 @@ class Config(_Model):
     @field_validator("listen")
     @classmethod
     def _listen(cls, v: str) -> str:
-        host, sep, port = v.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-            raise ValueError(f"expected HOST:PORT such as {DEFAULT_LISTEN}, got {v!r}")
+        m = _LISTEN.fullmatch(v)
+        if m is None or int(m[3]) > 65535:
+            raise ValueError(f"expected HOST:PORT such as {DEFAULT_LISTEN} (an IPv6 address in brackets: "
+                             f"[::1]:9464), got {v!r}")
+        if m[1] is not None:
+            try:
+                ipaddress.IPv6Address(m[1])
+            except ValueError:
+                raise ValueError(f"{m[1]!r} in {v!r} is not an IPv6 address") from None
         return v
 
     @model_validator(mode="after")
@@ -661,6 +670,11 @@ class Config(_Model):
     def listen_host_port(self) -> tuple[str, int]:
         host, _, port = self.listen.rpartition(":")
         return host.strip("[]"), int(port)
+
+    @property
+    def listen_url(self) -> str:
+        """``http://HOST:PORT`` of the listener (an IPv6 host in brackets, as ``listen`` writes it)."""
+        return f"http://{self.listen}"
 
 
 def _key(loc: tuple[Any, ...]) -> str:

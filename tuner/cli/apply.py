@@ -11,10 +11,11 @@ from typing import Any, Callable
 
 from tuner.app import apply as apply_app
 from tuner.app.judge import judge_dirs, judge_target
-from tuner.cli.common import confirm, session, when
+from tuner.cli.common import COUNT, RECORD_ID, confirm, duration, float_in, int_in, session, when
 from tuner.cli.progress import Heartbeat
-from tuner.config import Slo, parse_duration
+from tuner.config import Slo
 from tuner.errors import ConfigError
+from tuner.files import MAX_FILE_BYTES
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 
@@ -144,11 +145,9 @@ def cmd_judge(args: argparse.Namespace) -> int:
             raise ConfigError("command line", "--backend", "needed with directories: vllm or llamacpp")
         slo = None
         if args.slo_ttft_p99 or args.slo_e2e_p99:
-            slo = Slo(ttft_p99=parse_duration(args.slo_ttft_p99) if args.slo_ttft_p99 else None,
-                      e2e_p99=parse_duration(args.slo_e2e_p99) if args.slo_e2e_p99 else None,
-                      objective=args.objective)
+            slo = Slo(ttft_p99=args.slo_ttft_p99, e2e_p99=args.slo_e2e_p99, objective=args.objective)
         v = judge_dirs(Path(args.before), Path(args.after), backend=args.backend, slo=slo,
-                       min_requests=args.min_requests)
+                       min_requests=args.min_requests, max_bytes=args.max_bytes)
     if args.json:
         print(json.dumps(v.as_json()))
         return 0
@@ -221,7 +220,7 @@ def cmd_haproxy_config(args: argparse.Namespace) -> int:
 def add_parsers(sub: Any) -> None:
     a = sub.add_parser("apply-recommendation", help="apply a stored recommendation: drain, restart with the new flags, "
                        "health gate, observe, keep or roll back (journaled)")
-    a.add_argument("id", type=int)
+    a.add_argument("id", type=RECORD_ID)
     a.add_argument("--dry-run", action="store_true", help="print the flag diff and the full argv; change nothing")
     a.add_argument("--yes", action="store_true", help="do not ask for confirmation (needed without a terminal)")
     a.add_argument("--applied", action="store_true",
@@ -242,7 +241,7 @@ def add_parsers(sub: Any) -> None:
 
     j = sub.add_parser("journal", help="every apply and rollback, step by step, with the verdict and its numbers")
     j.add_argument("target", nargs="?")
-    j.add_argument("--limit", type=int, default=20)
+    j.add_argument("--limit", type=COUNT, default=20)
     j.add_argument("--brief", action="store_true", help="without the steps")
     j.add_argument("--json", action="store_true")
     j.set_defaults(func=cmd_journal)
@@ -257,13 +256,15 @@ def add_parsers(sub: Any) -> None:
     v.add_argument("--before", help="directory (or with TARGET a range START..END) before the change")
     v.add_argument("--after", help="directory (or with TARGET a range START..END) after the change")
     v.add_argument("--backend", choices=["vllm", "llamacpp"], help="the server that wrote the expositions")
-    v.add_argument("--slo-ttft-p99", help="TTFT budget, e.g. 500ms (directories only; a target has its slo)")
-    v.add_argument("--slo-e2e-p99", help="end-to-end budget, e.g. 10s")
-    v.add_argument("--objective", type=float, default=0.99, help="share of requests that must meet the budgets")
-    v.add_argument("--min-requests", type=int, default=20,
+    v.add_argument("--slo-ttft-p99", type=duration, help="TTFT budget, e.g. 500ms (directories only; a target has its slo)")
+    v.add_argument("--slo-e2e-p99", type=duration, help="end-to-end budget, e.g. 10s")
+    v.add_argument("--objective", type=float_in(0, 1, low_open=True), default=0.99, help="share of requests that must meet the budgets")
+    v.add_argument("--min-requests", type=int_in(0, 2**31), default=20,
                    help="fewer finished on either side (llama-server: tokens): inconclusive")
     v.add_argument("--json", action="store_true", help="one JSON object: outcome, reason, confidence, test, "
                    "before, after")
+    v.add_argument("--max-bytes", type=int_in(1, 2**40), default=MAX_FILE_BYTES,
+                   help="largest exposition read, after decompression (default 10 MiB, as a scrape's body)")
     v.set_defaults(func=cmd_judge)
 
     m = sub.add_parser("managed", help="servers tuner starts itself (targets with managed:): status, start, stop")

@@ -13,10 +13,12 @@ tuner never runs unauthenticated actions. The listener binds to 127.0.0.1 unless
 
 from __future__ import annotations
 
+import errno
 import hmac
 import json
 import logging
 import re
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
@@ -26,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from tuner.app import apply as apply_app
 from tuner.app.recommend import stored
-from tuner.errors import NotProposedError, TargetBusyError, TunerError
+from tuner.errors import ConfigError, NotProposedError, TargetBusyError, TunerError
 
 __all__ = ["serve", "ApiServer"]
 
@@ -41,6 +43,8 @@ class ApiServer(ThreadingHTTPServer):
 
     def __init__(self, addr: tuple[str, int], registry: CollectorRegistry, daemon: Any | None,
                  token: str | None) -> None:
+        if ":" in addr[0]:  # an IPv6 address (config's listen: "[::1]:9464")
+            self.address_family = socket.AF_INET6
         super().__init__(addr, _Handler)
         self.registry, self.tuner, self.token = registry, daemon, token
         self.actions: list[threading.Thread] = []
@@ -159,8 +163,15 @@ def _run(what: str, action: Callable[[], Any]) -> None:
 
 def serve(registry: CollectorRegistry, host: str, port: int, *, daemon: Any | None = None,
           token: str | None = None) -> tuple[ApiServer, threading.Thread]:
-    """Start the listener in a thread; returns (server, thread). ``daemon`` enables the /api/v1 endpoints."""
-    httpd = ApiServer((host, port), registry, daemon, token)
+    """Start the listener in a thread; returns (server, thread). ``daemon`` enables the /api/v1 endpoints.
+    ConfigError naming ``listen`` when the address cannot be bound (in use, not this host's)."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        httpd = ApiServer((host, port), registry, daemon, token)
+    except OSError as exc:
+        hint = ("another process listens there (another tuner?): stop it or choose another port"
+                if exc.errno == errno.EADDRINUSE else "check the address")
+        raise ConfigError("config", "listen", f"cannot listen on {where}: {exc.strerror or exc}; {hint}") from None
     thread = threading.Thread(target=httpd.serve_forever, name="tuner-http", daemon=True)
     thread.start()
     return httpd, thread

@@ -23,6 +23,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from tuner.app.alerting import Alerting
+from tuner.rules.model import RuleGroup
 from tuner.app.auto import auto_step
 from tuner.app.session import Session
 from tuner.app.signalbook import SignalBook
@@ -42,6 +43,7 @@ from tuner.daemon.scrapeloop import ScrapeLoop
 from tuner.daemon.state import DaemonState
 from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
 from tuner.flags import takes
+from tuner.store.db import redact_url
 from tuner.store.retention import apply_retention
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
@@ -244,12 +246,33 @@ class Daemon:
         if self._writer is not None:
             self.flush()  # the scrapes already done are in the store for this evaluation, not a quarter second on
         try:
-            self.alerting.evaluate_group(group)
+            failed = self.alerting.evaluate_group(group)
         except TunerError as exc:
             self._job_error(f"rules:{group_name}", str(exc))
             return
+        with self.state.lock:
+            self.state.job_errors.pop(f"rules:{group_name}", None)
+        self._rule_health(group, failed)
         if self.cfg.alerting.alertmanagers:
             self.notify_once()  # send what this evaluation queued now, as Prometheus does, not at the next tick
+
+    def _rule_health(self, group: RuleGroup, failed: dict[str, str]) -> None:
+        """Each rule's failure as a job error of its own (``rule:GROUP/ALERT`` on /metrics' tuner_job_error), logged
+        when it starts or its error changes and when it recovers: once per kind of failure, not at every tick."""
+        with self.state.lock:
+            errors = self.state.job_errors
+            said = []
+            for rule in group.rules:
+                job, error = f"rule:{group.key(rule)}", failed.get(group.key(rule))
+                before = errors.get(job)
+                if error is not None and error != before:
+                    errors[job] = error
+                    said.append((logging.ERROR, error))
+                elif error is None and before is not None:
+                    del errors[job]
+                    said.append((logging.WARNING, f"rule {group.key(rule)} evaluates again"))
+        for level, line in said:
+            log.log(level, "%s", line)
 
     def notify_once(self) -> None:
         try:
@@ -275,8 +298,9 @@ class Daemon:
         if not ok:
             self._job_error("rules", self.alerting.last_error)
             return False
-        with self.state.lock:
-            self.state.job_errors.pop("rules", None)
+        with self.state.lock:  # a new rule set: its groups and rules report afresh at their next evaluation
+            for job in [j for j in self.state.job_errors if j == "rules" or j.startswith(("rules:", "rule:"))]:
+                del self.state.job_errors[job]
         if self.rule_loop is not None:
             self._start_rules()
         return True
@@ -520,8 +544,8 @@ def serve_daemon(session: Session, *, max_seconds: float | None, log: logging.Lo
     daemon = Daemon(cfg, session.store, config_dir=session.config_dir)
     host, port = cfg.listen_host_port
     server, _thread = serve_metrics(daemon.state, host, port, daemon=daemon, token=cfg.api.token(session.config_dir))
-    log.info("tuner %d target(s); own metrics on http://%s:%d/metrics; store %s", len(cfg.targets), host, port,
-             cfg.store.url)
+    log.info("tuner %d target(s); own metrics on %s/metrics; store %s", len(cfg.targets), cfg.listen_url,
+             redact_url(cfg.store.url))
     collect_less()  # the daemon is built: its objects out of the collector's sight (daemon/malloc.py)
     try:
         daemon.run_forever(max_seconds=max_seconds)

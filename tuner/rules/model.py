@@ -187,6 +187,8 @@ def _rule(raw: Any, path: str, group_line: int) -> Rule:
         raise _err(path, line, f"{alert}: threshold must be a number or 'slo', got {threshold!r}")
     elif isinstance(threshold, int) and abs(threshold) >= 2**1023:  # float() would overflow
         raise _err(path, line, f"{alert}: threshold {threshold} is too large")
+    elif not math.isfinite(threshold):  # .nan compares false with everything (and NaN stands for 'slo' here)
+        raise _err(path, line, f"{alert}: threshold must be a finite number, got {threshold!r}")
     spec = SIGNALS[signal]
     backend = str(raw.get("backend", "vllm" if spec.scope == "engine" else "any"))
     if backend not in spec.promql and not (backend == "any" and spec.scope != "engine"):
@@ -209,8 +211,9 @@ def _rule(raw: Any, path: str, group_line: int) -> Rule:
             raise _err(path, raw_over.get("__line__", line), f"{alert}: overrides.{target} may set threshold and for")
         t = o.get("threshold")
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
-                              or (isinstance(t, int) and abs(t) >= 2**1023)):
-            raise _err(path, o["__line__"], f"{alert}: overrides.{target}.threshold must be a number")
+                              or (isinstance(t, int) and abs(t) >= 2**1023) or not math.isfinite(t)):
+            raise _err(path, o["__line__"], f"{alert}: overrides.{target}.threshold must be a finite number, "
+                                            f"got {t!r}")
         f = _duration(o["for"], path, o["__line__"], f"overrides.{target}.for", allow_zero=True) if "for" in o else None
         overrides[str(target)] = Override(None if t is None else float(t), f)
     annotations = _str_map(raw.get("annotations"), path, line, "annotations")

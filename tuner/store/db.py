@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 
 from tuner.errors import SchemaOutdatedError, StoreError
 
-__all__ = ["Tx", "open_engine", "upgrade", "current_revision", "head_revision", "check_schema", "migrations_dir"]
+__all__ = ["Tx", "redact_url", "open_engine", "upgrade", "current_revision", "head_revision", "check_schema", "migrations_dir"]
 
 
 def migrations_dir() -> Path:
@@ -38,15 +39,24 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
+
+
+def redact_url(url: str) -> str:
+    """``store.url`` as it may be shown: a password in it replaced by ``***`` (the URL as written otherwise)."""
+    return _PASSWORD.sub(r"\1***@", url)
+
+
 def open_engine(url: str) -> Engine:
+    shown = redact_url(url)
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         parent = Path(url[len("sqlite:///"):]).parent
         if not parent.exists():
-            raise StoreError(f"store.url {url}: directory {parent} does not exist; create it or change store.url")
+            raise StoreError(f"store.url {shown}: directory {parent} does not exist; create it or change store.url")
     try:
         engine = create_engine(url)
-    except Exception as exc:  # bad URL or missing driver
-        raise StoreError(f"store.url {url!r}: {exc}") from None
+    except Exception as exc:  # bad URL or missing driver (the driver's message may quote the URL: redacted too)
+        raise StoreError(f"store.url {shown!r}: {str(exc).replace(url, shown)}") from None
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     return engine
