@@ -29,24 +29,28 @@ from pydantic import (
 
 from tuner.errors import ConfigError, FlagError, InputFileError, UnknownTargetError
 from tuner.files import read_text
-from tuner.flags import validate
+from tuner.flags import tunable_spelled, validate
 
 __all__ = ["Matcher", "parse_selector", "replica_groups", "Window", "parse_window", "in_window", "window_left", "Config", "Target", "Balancer", "Replica", "Managed", "Hook", "ApplyPolicy", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
-           "parse_duration", "DEFAULT_LISTEN"]
+           "parse_duration", "parse_interval", "MIN_INTERVAL", "DEFAULT_LISTEN"]
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
 MIN_TOKEN = 16  # characters of an API token, from a file or $TUNER_API_TOKEN alike
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*\Z")
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
-_COMPOUND = re.compile(r"^(?:\d+(?:ms|s|m|h|d))+$")
-_ZERO = re.compile(r"^0+(?:\.0*)?\s*(?:ms|s|m|h|d)?$")
+_COMPOUND = re.compile(r"^(?:\d+(?:ms|s|m|h|d))+\Z")
+_ZERO = re.compile(r"^0+(?:\.0*)?\s*(?:ms|s|m|h|d)?\Z")
 _PART = re.compile(r"(\d+)(ms|s|m|h|d)")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*\Z")
 _UNIT_B = {"B": 1, None: 1, "KB": 10**3, "MB": 10**6, "GB": 10**9,
            "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")  # \Z: "$" also matches before a final newline
 # HOST:PORT; an IPv6 address in brackets ([::1]:9464), as in a URL
 _LISTEN = re.compile(r"(?:\[([^\]]+)\]|([A-Za-z0-9][A-Za-z0-9.-]*)):([0-9]{1,5})")
+_BASE_URL = re.compile(r"https?://[^\s/]+(?:/\S*)?")  # no whitespace anywhere (a newline ends up in headers)
+# systemd.unit(5): a name of [A-Za-z0-9:_.\\-], an '@' and instance for a template's, then the type suffix (tuner
+# restarts a service, and its drop-in goes in <unit>.d/); no leading '-' (read as an option by systemctl) or '.'
+_SYSTEMD_SERVICE = re.compile(r"[A-Za-z0-9:_\\][A-Za-z0-9:_.\\-]*(?:@[A-Za-z0-9:_.\\-]*)?\.service")
 _MAX_SECONDS = 10 * 365 * 86400  # durations past ten years are typos (and timedelta overflows near 2.7 million)
 
 
@@ -134,6 +138,23 @@ def _parse_size(value: Any) -> int:
 
 
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+# The shortest scrape, GPU read or rule evaluation interval: each scrape is an HTTP request to the server and a
+# store write, and every signal window is read back at each evaluation. A tenth of a second keeps a fast test
+# or a lab at 10 scrapes a second; 1ms (a typo of 1s or 5s) would be 1,000 requests and writes a second.
+MIN_INTERVAL = timedelta(milliseconds=100)
+
+
+def parse_interval(value: Any) -> timedelta:
+    """A duration of at least MIN_INTERVAL (scrape, GPU and evaluation intervals)."""
+    d = parse_duration(value)
+    if d < MIN_INTERVAL:
+        raise ValueError(f"{value!r} is shorter than {MIN_INTERVAL.total_seconds() * 1000:.0f}ms, the shortest "
+                         "interval tuner takes (a typo? scrapes and evaluations that often flood the server and the "
+                         "store)")
+    return d
+
+
+Interval = Annotated[timedelta, BeforeValidator(parse_interval)]
 
 
 def _duration_or_zero(value: Any) -> timedelta:
@@ -201,6 +222,15 @@ class Hook(_Model):
     systemd_dropin: str | None = None  # default /etc/systemd/system/<unit>.d/tuner-flags.conf
     timeout: Duration = timedelta(minutes=10)
 
+    @field_validator("systemd_unit")
+    @classmethod
+    def _unit(cls, v: str | None) -> str | None:
+        if v is not None and (not _SYSTEMD_SERVICE.fullmatch(v) or len(v) > 255):
+            raise ValueError(f"expected a systemd service unit name such as vllm.service or llama@chat.service "
+                             f"(letters, digits, ':', '_', '.', '-', '\\', one '@' for a template; at most 255 "
+                             f"characters), got {v!r}")
+        return v
+
     @model_validator(mode="after")
     def _one(self) -> "Hook":
         if (self.command is None) == (self.systemd_unit is None):
@@ -214,7 +244,7 @@ class Hook(_Model):
 
 _DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _WINDOW = re.compile(r"^\s*(daily|[A-Za-z]{3}(?:-[A-Za-z]{3})?(?:,[A-Za-z]{3}(?:-[A-Za-z]{3})?)*)\s+"
-                     r"(\d{2}):(\d{2})-(\d{2}):(\d{2})\s*$")
+                     r"(\d{2}):(\d{2})-(\d{2}):(\d{2})\s*\Z")
 
 
 @dataclass(frozen=True)
@@ -323,7 +353,7 @@ class Balancer(_Model):
     @field_validator("frontend")
     @classmethod
     def _frontend(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^([A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\]):\d{1,5}$", v):
+        if v is not None and not re.match(r"^([A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\]):\d{1,5}\Z", v):
             raise ValueError(f"expected HOST:PORT where HAProxy listens for clients, got {v!r}")
         return v
 
@@ -347,7 +377,7 @@ class Replica(_Model):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not re.match(r"^https?://([^/:\s]+|\[[^\]]+\]):\d+/?$", v):
+        if not re.match(r"^https?://([^/:\s]+|\[[^\]\s]+\]):\d+/?\Z", v):
             raise ValueError(f"expected http://HOST:PORT of this replica (tuner scrapes and starts it there), got {v!r}")
         return v.rstrip("/")
 
@@ -404,7 +434,7 @@ class Target(_Model):
     backend: Literal["vllm", "llamacpp", "auto"]
     url: str
     labels: dict[str, str] = Field(default_factory=dict)
-    scrape_interval: Duration | None = None
+    scrape_interval: Interval | None = None
     scrape_timeout: Duration | None = None
     health_interval: DurationOrZero | None = None
     slo: Slo | None = None
@@ -470,7 +500,7 @@ class Target(_Model):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not re.match(r"^https?://[^\s/]+", v):
+        if not _BASE_URL.fullmatch(v):
             raise ValueError(f"expected an http(s) base URL like http://127.0.0.1:8000, got {v!r}")
         return v.rstrip("/")
 
@@ -498,7 +528,11 @@ class Target(_Model):
                 validate(backend, name, value)
             except FlagError as exc:
                 raise ValueError(f"managed.flags.{name}: {exc}") from None
-        host = re.match(r"^https?://([^/:]+|\[[^\]]+\])(?::(\d+))?$", self.url)
+        for key in self.managed.extra_args:
+            if (tunable := tunable_spelled(backend, key)) is not None:  # it would be on the argv twice
+                raise ValueError(f"managed.extra_args.{key}: sets the tunable flag {tunable.name} "
+                                 f"({tunable.cli[backend]}); put it in managed.flags, where tuner can change it")
+        host = re.match(r"^https?://([^/:]+|\[[^\]]+\])(?::(\d+))?\Z", self.url)
         if host is None or host.group(2) is None:
             raise ValueError(f"a managed target's url must be http://HOST:PORT (tuner starts the server there), "
                              f"got {self.url!r}")
@@ -516,7 +550,14 @@ class GpuSource(_Model):
 
     source: Literal["none", "nvml", "dcgm"] = "none"
     url: str | None = None
-    interval: Duration = timedelta(seconds=10)
+    interval: Interval = timedelta(seconds=10)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not _BASE_URL.fullmatch(v):
+            raise ValueError(f"expected the exporter's URL like http://127.0.0.1:9400/metrics, got {v!r}")
+        return v
 
     @model_validator(mode="after")
     def _needs_url(self) -> "GpuSource":
@@ -532,6 +573,13 @@ class Retention(_Model):
     rollup: Duration = timedelta(days=30)
     rollup_step: Duration = timedelta(minutes=5)
 
+    @model_validator(mode="after")
+    def _order(self) -> "Retention":
+        if self.raw > self.rollup:  # everything older than rollup is deleted: raw samples with it
+            raise ValueError(f"raw ({self.raw}) is longer than rollup ({self.rollup}): every sample would be deleted "
+                             "at the rollup age; make rollup at least as long as raw")
+        return self
+
 
 class StoreConfig(_Model):
     url: str = "sqlite:///tuner.db"
@@ -541,9 +589,16 @@ class StoreConfig(_Model):
 class PrometheusSource(_Model):
     url: str
 
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not _BASE_URL.fullmatch(v):
+            raise ValueError(f"expected Prometheus's base URL like http://127.0.0.1:9090, got {v!r}")
+        return v
+
 
 class Defaults(_Model):
-    scrape_interval: Duration = timedelta(seconds=5)
+    scrape_interval: Interval = timedelta(seconds=5)
     scrape_timeout: Duration = timedelta(seconds=3)
     # vLLM's /health is asked at most this often (0s: at every scrape); after an answer other than 200, or a
     # failed scrape, at the next one. llama-server's is asked at every scrape (it says whether the model is loaded).
@@ -556,16 +611,23 @@ class Alerting(_Model):
     """Alert rules and where notifications go. No rule_files: the default pack in alerts/default.yaml."""
 
     rule_files: list[str] = Field(default_factory=list)
-    evaluation_interval: Duration = timedelta(seconds=15)
+    evaluation_interval: Interval = timedelta(seconds=15)
     resend_delay: Duration = timedelta(minutes=1)
     alertmanagers: list[str] = Field(default_factory=list)
     external_url: str | None = None  # base of generatorURL; default http://<listen>
+
+    @field_validator("external_url")
+    @classmethod
+    def _external(cls, v: str | None) -> str | None:
+        if v is not None and not _BASE_URL.fullmatch(v):
+            raise ValueError(f"expected a base URL like https://tuner.example.com, got {v!r}")
+        return v
 
     @field_validator("alertmanagers")
     @classmethod
     def _urls(cls, v: list[str]) -> list[str]:
         for url in v:
-            if not re.match(r"^https?://[^\s/]+", url):
+            if not _BASE_URL.fullmatch(url):
                 raise ValueError(f"expected an Alertmanager base URL like http://127.0.0.1:9093, got {url!r}")
         return [u.rstrip("/") for u in v]
 

@@ -43,6 +43,8 @@ def test_default_pack_loads_with_the_rules_the_issue_names():
     (GOOD.replace("threshold: 0.9", "threshold: .nan"), 5, "A: threshold must be a finite number, got nan"),
     (GOOD.replace("threshold: 0.9", "threshold: -.inf"), 5, "A: threshold must be a finite number, got -inf"),
     (GOOD + "        overrides: {chat: {threshold: .inf}}\n", 9, "overrides.chat.threshold must be a finite number"),
+    (GOOD.replace("alert: A", 'alert: "A\\n"'), 5, "is not a valid alert name"),
+    (GOOD + "        labels: {\"team\\n\": x}\n", 9, "labels.'team\\n': expected a label name"),
     ("groups: [\n", 2, "not valid YAML"),
     ("rules: []\n", 1, "top-level 'groups:'"),
 ])

@@ -40,10 +40,10 @@ from tuner.store.window import EngineWindow, HistPoint, HistSeries, TargetWindow
 
 __all__ = ["Scenario", "load_scenario", "expand_values", "parse_series", "run", "to_promtool"]
 
-_SERIES = re.compile(r"^\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*(?:\{(.*)\})?\s*$")
+_SERIES = re.compile(r"^\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*(?:\{(.*)\})?\s*\Z")
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|Inf|NaN)"
-_ITEM = re.compile(rf"^(?:(?P<blank>_)(?:x(?P<bn>\d+))?|(?P<v>{_NUM})(?:(?P<d>[-+]{_NUM[5:]})?x(?P<n>\d+))?|stale)$")
+_ITEM = re.compile(rf"^(?:(?P<blank>_)(?:x(?P<bn>\d+))?|(?P<v>{_NUM})(?:(?P<d>[-+]{_NUM[5:]})?x(?P<n>\d+))?|stale)\Z")
 
 
 def expand_values(text: str) -> list[float | None]:

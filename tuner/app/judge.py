@@ -26,7 +26,7 @@ from tuner.store.store import Store
 
 __all__ = ["judge_dirs", "judge_target", "read_series", "parse_range"]
 
-_NAME = re.compile(r"^(\d{10,16})\.txt(\.gz)?$")
+_NAME = re.compile(r"^(\d{10,16})\.txt(\.gz)?\Z")
 
 
 def read_series(directory: Path, *, max_bytes: int = MAX_FILE_BYTES) -> list[tuple[float, str, object | None]]:

@@ -26,13 +26,10 @@ from tuner.backends import backend as backend_of
 from tuner.collect import http
 from tuner.config import Target
 from tuner.errors import ConfigError, ScrapeError, ServerStartError
-from tuner.flags import FLAGS, render
+from tuner.flags import render, tunable_spelled
 
 __all__ = ["build_argv", "server_env", "log_path", "proc_start_time", "proc_argv", "is_alive", "Running",
            "find_by_argv", "start_server", "stop_server", "wait_healthy", "health_gate", "error_line", "drain_llama"]
-
-_TUNABLE_CLI = {cli.removeprefix("--") for f in FLAGS for cli in f.cli.values()} | \
-               {cli for f in FLAGS for cli in f.cli.values()}
 
 
 def _check_model(target: Target) -> str:
@@ -50,8 +47,8 @@ def build_argv(target: Target, flags: Mapping[str, Any]) -> list[str]:
     m = target.managed
     if m is None:
         raise ConfigError("config", f"targets[{target.name}].managed", "the target is not managed by tuner")
-    for key in m.extra_args:
-        if key in _TUNABLE_CLI or key.replace("-", "_") in {f.name for f in FLAGS}:
+    for key in m.extra_args:  # the config refuses these already; a target built otherwise is checked here
+        if tunable_spelled(target.backend, key) is not None:
             raise ConfigError("config", f"targets[{target.name}].managed.extra_args.{key}",
                               "a tunable flag belongs in managed.flags, where tuner can change it")
     model = _check_model(target)

@@ -34,8 +34,8 @@ __all__ = ["serve", "ApiServer"]
 
 log = logging.getLogger("tuner.api")
 _MAX_BODY = 64 * 1024
-_APPLY = re.compile(r"^/api/v1/recommendations/(\d{1,12})/apply$")
-_ROLLBACK = re.compile(r"^/api/v1/targets/([A-Za-z0-9][A-Za-z0-9_.-]{0,62})/rollback$")
+_APPLY = re.compile(r"^/api/v1/recommendations/(\d{1,12})/apply\Z")
+_ROLLBACK = re.compile(r"^/api/v1/targets/([A-Za-z0-9][A-Za-z0-9_.-]{0,62})/rollback\Z")
 
 
 class ApiServer(ThreadingHTTPServer):

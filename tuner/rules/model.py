@@ -32,7 +32,7 @@ from typing import Any, Literal, Sequence
 
 import yaml
 
-from tuner.config import Target, YamlLoader, YamlTextError, load_yaml, parse_duration
+from tuner.config import Target, YamlLoader, YamlTextError, load_yaml, parse_duration, parse_interval
 from tuner.errors import InputFileError, RuleFileError
 from tuner.files import read_text
 from tuner.rules.signals import SIGNALS, known_signals
@@ -45,7 +45,7 @@ SLO_FIELDS = {"ttft_p99": "ttft_p99", "itl_p99": "itl_p99", "e2e_p99": "e2e_p99"
 
 OPS = {">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
        "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _RULE_KEYS = {"alert", "signal", "op", "threshold", "window", "for", "keep_firing_for", "backend", "labels",
               "annotations", "overrides", "over"}
 
@@ -135,11 +135,12 @@ def _err(path: str, line: int | None, reason: str) -> RuleFileError:
     return RuleFileError(path, line, reason)
 
 
-def _duration(value: Any, path: str, line: int, key: str, *, allow_zero: bool = False) -> timedelta:
+def _duration(value: Any, path: str, line: int, key: str, *, allow_zero: bool = False,
+              interval: bool = False) -> timedelta:
     if allow_zero and value in (0, "0", "0s"):
         return timedelta(0)
     try:
-        return parse_duration(value)
+        return parse_interval(value) if interval else parse_duration(value)
     except ValueError as exc:
         raise _err(path, line, f"{key}: {exc}") from None
 
@@ -154,7 +155,8 @@ def _str_map(value: Any, path: str, line: int, key: str) -> dict[str, str]:
         if k == "__line__":
             continue
         if not _NAME.match(str(k)) or isinstance(v, (dict, list)) or v is None:
-            raise _err(path, value.get("__line__", line), f"{key}.{k}: expected a label name and a string value")
+            shown = k if _NAME.match(str(k)) else repr(str(k))  # one line, whatever the key holds
+            raise _err(path, value.get("__line__", line), f"{key}.{shown}: expected a label name and a string value")
         out[str(k)] = str(v)
     return out
 
@@ -252,7 +254,8 @@ def parse_rules(text: str, path: str = "<rules>", default_interval: timedelta = 
         extra = set(g) - {"name", "interval", "rules", "__line__"}
         if extra:
             raise _err(path, g["__line__"], f"unknown group key {sorted(extra)[0]!r} (name, interval, rules)")
-        interval = _duration(g["interval"], path, g["__line__"], "interval") if "interval" in g else default_interval
+        interval = (_duration(g["interval"], path, g["__line__"], "interval", interval=True) if "interval" in g
+                    else default_interval)
         rules = tuple(_rule(r, path, g["__line__"]) for r in g["rules"])
         dup = [r for i, r in enumerate(rules) if r.alert in {x.alert for x in rules[:i]}]
         if dup:
