@@ -29,7 +29,7 @@ from pydantic import (
 
 from tuner.errors import ConfigError, FlagError, InputFileError, UnknownTargetError
 from tuner.files import read_text
-from tuner.flags import tunable_spelled, validate
+from tuner.flags import REDACTED, redact_argv_text, secret_flag, tunable_spelled, validate
 
 __all__ = ["Matcher", "parse_selector", "replica_groups", "Window", "parse_window", "in_window", "window_left", "Config", "Target", "Balancer", "Replica", "Managed", "Hook", "ApplyPolicy", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
            "parse_duration", "parse_interval", "MIN_INTERVAL", "DEFAULT_LISTEN"]
@@ -208,6 +208,24 @@ class Managed(_Model):
     gpus: list[int] = Field(default_factory=list)  # GPU indices it uses: two applies never share a GPU at once
     # CPU priority (0-19, like nice(1)): on a small CPU-only host a niced server leaves tuner's scrapes on time.
     nice: int = Field(0, ge=0, le=19)
+
+    @property
+    def api_key(self) -> str | None:
+        """The key the server asks its clients for (its --api-key in extra_args, any spelling, else VLLM_API_KEY or
+        LLAMA_API_KEY in env): the health gate sends it as ``Authorization: Bearer``."""
+        for key, value in self.extra_args.items():
+            if key.lstrip("-").replace("_", "-").lower() == "api-key" and value is not None \
+                    and not isinstance(value, bool):
+                return str(value)
+        return self.env.get("VLLM_API_KEY") or self.env.get("LLAMA_API_KEY") or None
+
+    @model_validator(mode="after")
+    def _key(self) -> "Managed":
+        key = self.api_key
+        if key is not None and not (key.isascii() and key.isprintable() and key.strip() == key and key):
+            raise ValueError("the api-key (extra_args or env) must be printable ASCII without spaces around it (the "
+                             "health gate sends it in an Authorization header)")
+        return self
 
 
 class Hook(_Model):
@@ -700,6 +718,26 @@ class Config(_Model):
             if t.source == "prometheus" and self.prometheus is None:
                 raise ValueError(f"targets[{i}].source: 'prometheus' needs a top-level prometheus.url")
         return self
+
+    @cached_property
+    def secrets(self) -> tuple[str, ...]:
+        """Credentials the config hands servers (values of secret flags in managed.extra_args, secret-named
+        managed.env values), longest first: what redact() hides."""
+        found: set[str] = set()
+        for t in self.targets:
+            if t.managed is None:
+                continue
+            found.update(str(v) for k, v in t.managed.extra_args.items()
+                         if secret_flag(k) and v is not None and not isinstance(v, bool))
+            found.update(v for k, v in t.managed.env.items() if secret_flag(k))
+        return tuple(sorted((v for v in found if len(v) >= 4), key=len, reverse=True))  # shorter: argv-level only
+
+    def redact(self, text: str) -> str:
+        """``text`` as it may be shown (journal, API, logs): every secret value and secret flag's value as ***."""
+        text = redact_argv_text(text)
+        for secret in self.secrets:
+            text = text.replace(secret, REDACTED)
+        return text
 
     def group(self, t: Target) -> list[Target]:
         """The replicas of ``t``'s group, in the order the file lists them (``[t]`` when it is in none)."""

@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Literal, Mapping, Sequence
 
 from tuner.backends import BACKENDS as _KNOWN
 from tuner.backends import backend as backend_of
 from tuner.errors import FlagError
 
 __all__ = ["FlagSpec", "FLAGS", "FlagValue", "spec", "validate", "cli_name", "render", "supported", "tunable_spelled",
+           "secret_flag", "redact_argv", "redact_argv_text", "REDACTED",
            "parse_version", "help_flags", "takes", "BACKENDS"]
 
 BACKENDS: tuple[str, ...] = tuple(_KNOWN)
@@ -94,6 +95,37 @@ _SETS: dict[tuple[str, str], FlagSpec] = {
     (b, pre + _spelling(sp)): f
     for f in FLAGS if f.name != "backend" for b, cli in f.cli.items()
     for sp in (cli, f.name, *f.aliases.get(b, ())) for pre in (("", "no-") if f.kind == "bool" else ("",))}
+
+
+# A flag whose value is a credential (vLLM's and llama-server's --api-key, --hf-token, ...): its value is never shown
+_SECRET = re.compile(r"key|token|secret|passw|auth|credential")
+# Such a flag and its value inside a JSON argv (a journal step, a log line): "--api-key", "VALUE"
+_SECRET_IN_JSON = re.compile(r'("--?[A-Za-z0-9_-]*(?:key|token|secret|passw|auth|credential)[A-Za-z0-9_-]*",\s*)'
+                             r'"(?:[^"\\]|\\.)*"', re.IGNORECASE)
+REDACTED = "***"
+
+
+def secret_flag(key: str) -> bool:
+    """Whether the flag ``key`` (any spelling) carries a credential, so its value is never shown."""
+    return _SECRET.search(_spelling(key)) is not None
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` to show: the value after each secret flag (secret_flag) replaced by ***."""
+    out: list[str] = []
+    hide = False
+    for arg in argv:
+        if hide and not arg.startswith("-"):
+            out.append(REDACTED)
+        else:
+            out.append(arg)
+        hide = arg.startswith("-") and secret_flag(arg)
+    return out
+
+
+def redact_argv_text(text: str) -> str:
+    """Text holding a JSON argv (a journal step, a log line), the value after each secret flag replaced by ***."""
+    return _SECRET_IN_JSON.sub(r'\1"***"', text)
 
 
 def tunable_spelled(backend: str, key: str) -> FlagSpec | None:

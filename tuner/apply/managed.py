@@ -26,7 +26,7 @@ from tuner.backends import backend as backend_of
 from tuner.collect import http
 from tuner.config import Target
 from tuner.errors import ConfigError, ScrapeError, ServerStartError
-from tuner.flags import render, tunable_spelled
+from tuner.flags import redact_argv, render, tunable_spelled
 
 __all__ = ["build_argv", "server_env", "log_path", "proc_start_time", "proc_argv", "is_alive", "Running",
            "find_by_argv", "start_server", "stop_server", "wait_healthy", "health_gate", "error_line", "drain_llama"]
@@ -152,7 +152,8 @@ def start_server(argv: list[str], env: Mapping[str, str], log: Path, *, nice: in
                  die_with_parent: bool = False) -> Running:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as f:
-        f.write(f"\n==== tuner {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {json.dumps(argv)}\n".encode())
+        f.write(f"\n==== tuner {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {json.dumps(redact_argv(argv))}\n"
+                .encode())
     proc = ServerProcess.start(argv, env, log, die_with_parent=die_with_parent)
     if nice:  # set before the server forks its workers, which inherit it
         try:
@@ -266,8 +267,10 @@ def health_gate(target: Target, timeout_s: float = 60.0) -> str:
         path, body = "/v1/completions", {"model": model, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
     if not backend_of(target.backend).gate_names_model:
         body.pop("model")
+    key = m.api_key if m is not None else None  # a server started with --api-key refuses requests without it
     try:
-        resp = http.post_json(target.url + path, body, timeout_s=timeout_s)
+        resp = http.post_json(target.url + path, body, timeout_s=timeout_s,
+                              headers={"Authorization": f"Bearer {key}"} if key else None)
     except ScrapeError as exc:
         raise ServerStartError(f"health gate: POST {target.url}{path} failed: {exc}", None, []) from None
     status, answer = resp.status, _json_or_text(resp.body)

@@ -16,6 +16,7 @@ from tuner.cli.progress import Heartbeat
 from tuner.config import Slo
 from tuner.errors import ConfigError
 from tuner.files import MAX_FILE_BYTES
+from tuner.flags import redact_argv
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 
@@ -96,7 +97,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps({"dry_run": True, "target": plan.target.name, "how": plan.how, "diff": plan.diff,
                                   "old_flags": plan.old_flags, "new_flags": plan.new_flags,
-                                  "old_argv": plan.old_argv, "new_argv": plan.new_argv}))
+                                  "old_argv": redact_argv(plan.old_argv), "new_argv": redact_argv(plan.new_argv)}))
             else:
                 print("dry run: nothing is changed")
                 print(pending.describe())
@@ -117,10 +118,11 @@ def cmd_apply(args: argparse.Namespace) -> int:
         hb.what = None if args.json else _waiting(s, plan.target.name)
         with hb:
             a = pending.go(force=args.force, canary=args.canary)
+    shown = apply_app.shown(s.cfg, a)
     if args.json:
-        print(json.dumps(a.as_json()))
+        print(json.dumps(shown.as_json()))
     else:
-        _print_apply(a)
+        _print_apply(shown)
     return 0 if apply_app.held(s, a) else 8
 
 
@@ -129,7 +131,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     confirm(args, f"roll {args.target} back to the flags before its last kept apply")
     with Heartbeat(_waiting(s, args.target)) as hb:
         a = apply_app.rollback(s, args.target, force=args.force, say=hb.say)
-    _print_apply(a)
+    _print_apply(apply_app.shown(s.cfg, a))
     return 0 if a.outcome == "rolled_back" else 8
 
 
@@ -195,7 +197,7 @@ def cmd_managed(args: argparse.Namespace) -> int:
             r = ap.running(t)
             state = "running" if r else (st.state if st else "never started")
             print(f"{t.name:16} {state:10} pid {r.pid if r else '-':<8} flags {json.dumps(ap.flags_in_force(t))}"
-                  + (f"  note: {st.note}" if st and st.note else ""))
+                  + (f"  note: {s.cfg.redact(st.note)}" if st and st.note else ""))
             rc = rc or (0 if r else 1)
     return rc
 
@@ -208,7 +210,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
                     "reconciling (checking open applies and managed servers)")
     with Heartbeat(what) as hb:
         lines = apply_app.reconcile(s, say=hb.say)
-    print("\n".join(lines) if lines else "nothing to reconcile")
+    print(s.cfg.redact("\n".join(lines)) if lines else "nothing to reconcile")
     return 0
 
 

@@ -103,8 +103,8 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "tuner"
 
     def setup(self) -> None:
-        self.timeout = self.server.request_timeout_s  # StreamRequestHandler sets it on the socket
         super().setup()
+        self.connection.settimeout(self.server.request_timeout_s)  # every read and write of this connection
 
     def log_message(self, fmt: str, *args: Any) -> None:
         log.debug("%s " + fmt, self.client_address[0], *args)
@@ -214,7 +214,7 @@ class _Handler(BaseHTTPRequestHandler):
 def _run(what: str, action: Callable[[], Any]) -> None:
     try:
         a = action()
-        log.warning("api: %s: %s %s", what, a.outcome, a.note)
+        log.warning("api: %s: %s %s", what, a.outcome, a.note)  # the daemon's log filter redacts credentials
     except TunerError as exc:
         log.error("api: %s: %s", what, exc)
     except Exception:  # noqa: BLE001

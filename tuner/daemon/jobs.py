@@ -49,7 +49,7 @@ from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 from tuner.store.store import Failed, Scraped, Store
 
-__all__ = ["Daemon", "serve_daemon"]
+__all__ = ["Daemon", "serve_daemon", "RedactSecrets"]
 
 log = logging.getLogger("tuner.daemon")
 _CLOCK_STEP_S = 2.0  # a wall-clock jump larger than this (against the monotonic clock) is a step, not drift
@@ -538,9 +538,28 @@ class Daemon:
             log.info("stopped")
 
 
+class RedactSecrets(logging.Filter):
+    """A log handler's filter: every record's text with the config's credentials as *** (Config.redact): an argv, a
+    server's log tail or an apply's note may quote one, from any logger."""
+
+    def __init__(self, redact: Callable[[str], str]) -> None:
+        super().__init__()
+        self.redact = redact
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        hidden = self.redact(text)
+        if hidden != text:
+            record.msg, record.args = hidden, ()
+        return True
+
+
 def serve_daemon(session: Session, *, max_seconds: float | None, log: logging.Logger = log) -> int:
     """`tuner run`: the daemon and its listener (/metrics, /api/v1) until SIGTERM/SIGINT or ``max_seconds``."""
     cfg = session.cfg
+    if cfg.secrets or any(t.managed and t.managed.extra_args for t in cfg.targets):
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(RedactSecrets(cfg.redact))
     daemon = Daemon(cfg, session.store, config_dir=session.config_dir)
     host, port = cfg.listen_host_port
     server, _thread = serve_metrics(daemon.state, host, port, daemon=daemon, token=cfg.api.token(session.config_dir))
