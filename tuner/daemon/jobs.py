@@ -23,6 +23,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from tuner.app.alerting import Alerting
+from tuner.rules.evaluate import RESOLVED_RETENTION
 from tuner.rules.model import RuleGroup
 from tuner.app.auto import auto_step
 from tuner.app.session import Session
@@ -43,7 +44,7 @@ from tuner.daemon.scrapeloop import ScrapeLoop
 from tuner.daemon.state import DaemonState
 from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
 from tuner.flags import takes
-from tuner.store.db import redact_url
+from tuner.store.db import incremental_vacuum, redact_url
 from tuner.store.retention import apply_retention
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
@@ -423,10 +424,20 @@ class Daemon:
                       t.apply.max_consecutive_rollbacks)
 
     def retention_once(self) -> None:
+        # A notification older than this says nothing Alertmanager still needs: its firing alerts' endsAt has
+        # passed (ValidUntil, 4 x the resend delay) and a resolved one is resent for RESOLVED_RETENTION at most.
+        longest = max((g.interval for g in self.alerting.rules.groups), default=self.cfg.alerting.evaluation_interval)
+        outbox_age = max(RESOLVED_RETENTION, 4 * max(self.cfg.alerting.resend_delay, longest))
         try:
-            apply_retention(self.store, self.cfg.store.retention, now=self.clock())
+            done = apply_retention(self.store, self.cfg.store.retention, now=self.clock(), outbox_max_age=outbox_age)
         except StoreError as exc:
             self._job_error("retention", str(exc))
+            return
+        with self.state.lock:
+            self.state.job_errors.pop("retention", None)
+        if done.get("dropped_outbox"):
+            log.warning("retention: dropped %d notification(s) older than %s that no Alertmanager accepted",
+                        done["dropped_outbox"], outbox_age)
 
     # ---- lifecycle --------------------------------------------------------------------------------
 
@@ -560,6 +571,10 @@ def serve_daemon(session: Session, *, max_seconds: float | None, log: logging.Lo
     if cfg.secrets or any(t.managed and t.managed.extra_args for t in cfg.targets):
         for handler in logging.getLogger().handlers:
             handler.addFilter(RedactSecrets(cfg.redact))
+    started = time.monotonic()
+    if incremental_vacuum(session.store.engine):  # once, for a store made before; no scrape is written meanwhile
+        log.warning("store %s converted to incremental vacuum in %.1f s (retention now gives freed space back)",
+                    redact_url(cfg.store.url), time.monotonic() - started)
     daemon = Daemon(cfg, session.store, config_dir=session.config_dir)
     host, port = cfg.listen_host_port
     server, _thread = serve_metrics(daemon.state, host, port, daemon=daemon, token=cfg.api.token(session.config_dir))
