@@ -719,10 +719,18 @@ class Config(_Model):
                 raise ValueError(f"targets[{i}].source: 'prometheus' needs a top-level prometheus.url")
         return self
 
-    @cached_property
+    @property
     def secrets(self) -> tuple[str, ...]:
         """Credentials the config hands servers (values of secret flags in managed.extra_args, secret-named
         managed.env values), longest first: what redact() hides."""
+        targets, found = self._secrets
+        return found if targets is self.targets else self._find_secrets()[1]  # a model_copy with other targets
+
+    @cached_property
+    def _secrets(self) -> tuple[list[Target], tuple[str, ...]]:
+        return self._find_secrets()
+
+    def _find_secrets(self) -> tuple[list[Target], tuple[str, ...]]:
         found: set[str] = set()
         for t in self.targets:
             if t.managed is None:
@@ -730,7 +738,8 @@ class Config(_Model):
             found.update(str(v) for k, v in t.managed.extra_args.items()
                          if secret_flag(k) and v is not None and not isinstance(v, bool))
             found.update(v for k, v in t.managed.env.items() if secret_flag(k))
-        return tuple(sorted((v for v in found if len(v) >= 4), key=len, reverse=True))  # shorter: argv-level only
+        # shorter ones are hidden by their place in an argv only (as text they would hide innocent digits)
+        return self.targets, tuple(sorted((v for v in found if len(v) >= 4), key=len, reverse=True))
 
     def redact(self, text: str) -> str:
         """``text`` as it may be shown (journal, API, logs): every secret value and secret flag's value as ***."""
