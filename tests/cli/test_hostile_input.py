@@ -68,6 +68,12 @@ def test_a_workload_file_that_is_not_utf8_is_one_line(tmp_path):
     one_line(tuner("--config", str(cfg), "tune", "chat", "--workload", str(workload)), 2, str(workload), "not UTF-8")
 
 
+def test_an_alert_scenario_that_is_not_utf8_is_one_line(tmp_path):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_bytes(b"rules: [r.yaml]\n# \xff\n")
+    one_line(tuner("alerts", "test", str(scenario)), 2, str(scenario), "not UTF-8")
+
+
 def test_a_token_file_that_is_not_utf8_is_one_line(tmp_path):
     token = tmp_path / "token"
     token.write_bytes(b"\xfe" * 40)

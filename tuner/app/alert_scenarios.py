@@ -31,7 +31,8 @@ import yaml
 
 from tuner.collect.catalogue import lookup
 from tuner.config import Target, parse_duration
-from tuner.errors import RuleFileError
+from tuner.errors import InputFileError, RuleFileError
+from tuner.files import read_text
 from tuner.rules.evaluate import evaluate, vector
 from tuner.rules.export import dump, fmt_duration, prometheus_rules
 from tuner.rules.model import RuleSet, load_rule_files
@@ -93,8 +94,10 @@ class Scenario:
 def load_scenario(path: str | Path) -> Scenario:
     p = Path(path)
     try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+        doc = yaml.safe_load(read_text(p))
+    except InputFileError as exc:  # missing, not UTF-8, too large
+        raise RuleFileError(str(p), None, f"cannot read scenario: {exc.reason}") from None
+    except yaml.YAMLError as exc:
         raise RuleFileError(str(p), None, f"cannot read scenario: {exc}") from None
     try:
         files = doc["rules"] if isinstance(doc["rules"], list) else [doc["rules"]]
