@@ -11,7 +11,7 @@ from typing import BinaryIO
 
 from tuner.errors import InputFileError
 
-__all__ = ["read_bytes", "read_text", "decode", "MAX_FILE_BYTES"]
+__all__ = ["read_bytes", "read_tail", "read_text", "decode", "MAX_FILE_BYTES"]
 
 MAX_FILE_BYTES = 10 * 2**20  # as defaults.max_body_bytes: no input file tuner reads is larger than a scrape
 _CHUNK = 1 << 16
@@ -40,6 +40,20 @@ def read_bytes(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES, gzipped: bo
     except (EOFError, zlib.error) as exc:  # cut short, or corrupt inside
         raise InputFileError(name, f"not a complete gzip stream ({exc})") from None
     return b"".join(chunks)
+
+
+def read_tail(path: str | Path, *, max_bytes: int) -> bytes:
+    """The last ``max_bytes`` of a file (a log): a regular file is read from there on; anything else (a pipe, a
+    device) is read_bytes, up to the cap."""
+    p = Path(path)
+    try:
+        if p.is_file():
+            with open(p, "rb") as f:
+                f.seek(max(0, p.stat().st_size - max_bytes))
+                return f.read(max_bytes)
+    except OSError as exc:
+        raise InputFileError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    return read_bytes(path, max_bytes=max_bytes)
 
 
 def decode(raw: bytes, name: str) -> str:

@@ -176,9 +176,29 @@ def test_bad_numbers_on_the_command_line_are_refused_by_name(tmp_path, args, fra
 
 # ---- item 8: unbounded reads -------------------------------------------------------------------------------------
 
+def _bounded() -> None:
+    """The command's address space, capped: a read that does not stop ends in MemoryError (the review's
+    `snapshot --file /dev/zero` grew to 23.7 GB), not in the machine's OOM killer."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+
+
 def test_snapshot_of_dev_zero_stops_at_the_cap(tmp_path):
-    proc = tuner("snapshot", "--file", "/dev/zero", "--backend", "vllm", "--max-bytes", "1048576")
+    proc = tuner("snapshot", "--file", "/dev/zero", "--backend", "vllm", "--max-bytes", "1048576",
+                 preexec_fn=_bounded)
     one_line(proc, 4, "/dev/zero", "larger than 1048576 bytes")
+
+
+@pytest.mark.parametrize("flag, cap", [("--help-file", "10485760"), ("--startup-log", "20000")])
+def test_recommend_reads_its_files_up_to_a_cap(tmp_path, flag, cap):
+    cfg = _config(tmp_path)
+    assert tuner("--config", str(cfg), "db", "upgrade").returncode == 0
+    proc = tuner("--config", str(cfg), "recommend", "chat", flag, "/dev/zero", preexec_fn=_bounded)
+    one_line(proc, 2, flag, "/dev/zero", f"larger than {cap} bytes")
+    log = tmp_path / "start.log"  # a long log: its tail is read, not refused
+    log.write_bytes(b"x" * 3 * 2**20 + b"\nCUDA out of memory\n")
+    assert "Traceback" not in tuner("--config", str(cfg), "recommend", "chat", "--startup-log", str(log)).stderr
 
 
 def test_judge_refuses_an_exposition_that_decompresses_past_the_cap(tmp_path):
