@@ -23,8 +23,6 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from tuner.app.alerting import Alerting
-from tuner.rules.evaluate import RESOLVED_RETENTION
-from tuner.rules.model import RuleGroup
 from tuner.app.auto import auto_step
 from tuner.app.session import Session
 from tuner.app.signalbook import SignalBook
@@ -44,6 +42,8 @@ from tuner.daemon.scrapeloop import ScrapeLoop
 from tuner.daemon.state import DaemonState
 from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
 from tuner.flags import takes
+from tuner.rules.evaluate import RESOLVED_RETENTION
+from tuner.rules.model import RuleGroup
 from tuner.store.db import incremental_vacuum, redact_url
 from tuner.store.retention import apply_retention
 from tuner.store import journal as jr
