@@ -241,3 +241,83 @@ def test_a_bad_health_interval_names_its_key(value: str) -> None:
 def test_a_target_without_health_interval_takes_the_default() -> None:
     cfg = parse_config("targets:\n  - {name: a, backend: vllm, url: 'http://h:1'}\n")
     assert cfg.health_interval(cfg.targets[0]).total_seconds() == 15.0
+
+
+# ---- issue 39 items 12 and 13: names that end in a newline, silently dangerous values ---------------------------
+
+_GROUP = ("targets:\n  - name: g\n    backend: vllm\n    url: http://127.0.0.1:8000\n"
+          "    balancer: {socket: /run/haproxy.sock, backend: llm}\n"
+          "    replicas:\n      - {name: r1, url: 'http://127.0.0.1:8001'}\n      - {name: r2, url: 'http://127.0.0.1:8002'}\n")
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    pytest.param('targets:\n  - {name: "chat\\n", backend: vllm, url: "http://127.0.0.1:8000"}\n', "targets[0].name",
+                 id="target-name"),
+    pytest.param(_GROUP.replace("name: r1", 'name: "r1\\n"'), "targets[0].replicas[0].name", id="replica-name"),
+    pytest.param(_GROUP.replace("backend: llm", 'backend: "llm\\n"'), "targets[0].balancer.backend",
+                 id="balancer-backend"),
+    pytest.param(_GROUP.replace("backend: llm", 'backend: llm, frontend: "127.0.0.1:80\\n"'),
+                 "targets[0].balancer.frontend", id="balancer-frontend"),
+    pytest.param(_GROUP.replace("'http://127.0.0.1:8001'", '"http://127.0.0.1:8001\\n"'), "targets[0].replicas[0].url",
+                 id="replica-url"),
+    pytest.param('targets:\n  - {name: chat, backend: vllm, url: "http://127.0.0.1:8000\\nX-Evil: 1"}\n',
+                 "targets[0].url", id="target-url"),
+    pytest.param('alerting: {alertmanagers: ["http://127.0.0.1:9093\\n"]}\n', "alerting.alertmanagers", id="am-url"),
+])
+def test_a_name_or_url_ending_in_a_newline_is_refused_by_key(text: str, key: str) -> None:
+    """`$` matches before a final newline: "chat\\n" passed every name check and broke `tuner haproxy-config`."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "c.yaml")
+    assert info.value.key == key, info.value
+
+
+@pytest.mark.parametrize(("text", "key", "says"), [
+    pytest.param("defaults: {scrape_interval: 1ms}\n", "defaults.scrape_interval", "shorter than 100ms", id="1ms"),
+    pytest.param("targets:\n  - {name: a, backend: vllm, url: 'http://127.0.0.1:8000', scrape_interval: 10ms}\n",
+                 "targets[0].scrape_interval", "shorter than 100ms", id="target-10ms"),
+    pytest.param("alerting: {evaluation_interval: 50ms}\n", "alerting.evaluation_interval", "shorter than 100ms",
+                 id="evaluation-50ms"),
+    pytest.param("gpu: {source: nvml, interval: 1ms}\n", "gpu.interval", "shorter than 100ms", id="gpu-1ms"),
+    pytest.param("store: {retention: {raw: 30d, rollup: 7d}}\n", "store.retention", "raw (30 days", id="raw>rollup"),
+    pytest.param("targets:\n  - {name: a, backend: vllm, url: 'http://127.0.0.1:8000', "
+                 "apply: {hook: {systemd_unit: '../../tmp/x'}}}\n", "targets[0].apply.hook.systemd_unit",
+                 "systemd service unit name", id="unit-path"),
+    pytest.param("targets:\n  - {name: a, backend: vllm, url: 'http://127.0.0.1:8000', "
+                 "apply: {hook: {systemd_unit: '--now'}}}\n", "targets[0].apply.hook.systemd_unit",
+                 "systemd service unit name", id="unit-option"),
+    pytest.param("targets:\n  - {name: a, backend: vllm, url: 'http://127.0.0.1:8000', "
+                 "apply: {hook: {systemd_unit: vllm}}}\n", "targets[0].apply.hook.systemd_unit",
+                 "such as vllm.service", id="unit-without-suffix"),
+])
+def test_silently_dangerous_values_are_refused_by_key(text: str, key: str, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "c.yaml")
+    assert info.value.key == key and says in info.value.reason, info.value
+
+
+def test_sane_values_next_to_the_refused_ones_still_load() -> None:
+    cfg = parse_config("defaults: {scrape_interval: 100ms}\nstore: {retention: {raw: 7d, rollup: 7d}}\n"
+                       "targets:\n  - {name: a, backend: vllm, url: 'http://127.0.0.1:8000', "
+                       "apply: {hook: {systemd_unit: 'vllm@chat-1.service'}}}\n")
+    assert cfg.defaults.scrape_interval == timedelta(milliseconds=100)
+    assert cfg.targets[0].apply.hook is not None and cfg.targets[0].apply.hook.systemd_unit == "vllm@chat-1.service"
+
+
+@pytest.mark.parametrize(("backend", "flags", "extra", "names"), [
+    ("llamacpp", "{ctx_size: 2048}", "{'--ctx-size': 4096}", "ctx_size (-c)"),
+    ("llamacpp", "{parallel: 2}", "{'-np': 4}", "parallel (--parallel)"),
+    ("llamacpp", "{}", "{'--n-gpu-layers': 99}", "n_gpu_layers (-ngl)"),
+    ("llamacpp", "{}", "{'--flash-attn': 'on'}", "flash_attn (-fa)"),
+    ("vllm", "{}", "{'tp': 2}", "tensor_parallel_size (--tensor-parallel-size)"),
+    ("vllm", "{}", "{'no-enable-prefix-caching': true}", "enable_prefix_caching (--enable-prefix-caching)"),
+    ("vllm", "{}", "{max_num_seqs: 8}", "max_num_seqs (--max-num-seqs)"),
+])
+def test_extra_args_that_set_a_tunable_flag_in_any_spelling_are_refused(tmp_path: Path, backend: str, flags: str,
+                                                                        extra: str, names: str) -> None:
+    """llama-server's long spellings (--ctx-size for -c) went into the argv beside tuner's own: the flag twice."""
+    model = tmp_path / ("m.gguf" if backend == "llamacpp" else "model")
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"targets:\n  - {{name: a, backend: {backend}, url: 'http://127.0.0.1:8000', "
+                     f"managed: {{model: '{model}', flags: {flags}, extra_args: {extra}}}}}\n", "c.yaml")
+    assert info.value.key.startswith("targets[0].managed.extra_args."), info.value
+    assert f"sets the tunable flag {names}" in info.value.reason, info.value

@@ -6,6 +6,7 @@ Every error names the file and the key (``targets[1].url``) so the operator know
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import re
@@ -26,22 +27,30 @@ from pydantic import (
     model_validator,
 )
 
-from tuner.errors import ConfigError, FlagError, UnknownTargetError
-from tuner.flags import validate
+from tuner.errors import ConfigError, FlagError, InputFileError, UnknownTargetError
+from tuner.files import read_text
+from tuner.flags import REDACTED, redact_argv_text, secret_flag, tunable_spelled, validate
 
 __all__ = ["Matcher", "parse_selector", "replica_groups", "Window", "parse_window", "in_window", "window_left", "Config", "Target", "Balancer", "Replica", "Managed", "Hook", "ApplyPolicy", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
-           "parse_duration", "DEFAULT_LISTEN"]
+           "parse_duration", "parse_interval", "MIN_INTERVAL", "DEFAULT_LISTEN"]
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+MIN_TOKEN = 16  # characters of an API token, from a file or $TUNER_API_TOKEN alike
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*\Z")
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
-_COMPOUND = re.compile(r"^(?:\d+(?:ms|s|m|h|d))+$")
-_ZERO = re.compile(r"^0+(?:\.0*)?\s*(?:ms|s|m|h|d)?$")
+_COMPOUND = re.compile(r"^(?:\d+(?:ms|s|m|h|d))+\Z")
+_ZERO = re.compile(r"^0+(?:\.0*)?\s*(?:ms|s|m|h|d)?\Z")
 _PART = re.compile(r"(\d+)(ms|s|m|h|d)")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*\Z")
 _UNIT_B = {"B": 1, None: 1, "KB": 10**3, "MB": 10**6, "GB": 10**9,
            "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")  # \Z: "$" also matches before a final newline
+# HOST:PORT; an IPv6 address in brackets ([::1]:9464), as in a URL
+_LISTEN = re.compile(r"(?:\[([^\]]+)\]|([A-Za-z0-9][A-Za-z0-9.-]*)):([0-9]{1,5})")
+_BASE_URL = re.compile(r"https?://[^\s/]+(?:/\S*)?")  # no whitespace anywhere (a newline ends up in headers)
+# systemd.unit(5): a name of [A-Za-z0-9:_.\\-], an '@' and instance for a template's, then the type suffix (tuner
+# restarts a service, and its drop-in goes in <unit>.d/); no leading '-' (read as an option by systemctl) or '.'
+_SYSTEMD_SERVICE = re.compile(r"[A-Za-z0-9:_\\][A-Za-z0-9:_.\\-]*(?:@[A-Za-z0-9:_.\\-]*)?\.service")
 _MAX_SECONDS = 10 * 365 * 86400  # durations past ten years are typos (and timedelta overflows near 2.7 million)
 
 
@@ -129,6 +138,23 @@ def _parse_size(value: Any) -> int:
 
 
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+# The shortest scrape, GPU read or rule evaluation interval: each scrape is an HTTP request to the server and a
+# store write, and every signal window is read back at each evaluation. A tenth of a second keeps a fast test
+# or a lab at 10 scrapes a second; 1ms (a typo of 1s or 5s) would be 1,000 requests and writes a second.
+MIN_INTERVAL = timedelta(milliseconds=100)
+
+
+def parse_interval(value: Any) -> timedelta:
+    """A duration of at least MIN_INTERVAL (scrape, GPU and evaluation intervals)."""
+    d = parse_duration(value)
+    if d < MIN_INTERVAL:
+        raise ValueError(f"{value!r} is shorter than {MIN_INTERVAL.total_seconds() * 1000:.0f}ms, the shortest "
+                         "interval tuner takes (a typo? scrapes and evaluations that often flood the server and the "
+                         "store)")
+    return d
+
+
+Interval = Annotated[timedelta, BeforeValidator(parse_interval)]
 
 
 def _duration_or_zero(value: Any) -> timedelta:
@@ -183,6 +209,24 @@ class Managed(_Model):
     # CPU priority (0-19, like nice(1)): on a small CPU-only host a niced server leaves tuner's scrapes on time.
     nice: int = Field(0, ge=0, le=19)
 
+    @property
+    def api_key(self) -> str | None:
+        """The key the server asks its clients for (its --api-key in extra_args, any spelling, else VLLM_API_KEY or
+        LLAMA_API_KEY in env): the health gate sends it as ``Authorization: Bearer``."""
+        for key, value in self.extra_args.items():
+            if key.lstrip("-").replace("_", "-").lower() == "api-key" and value is not None \
+                    and not isinstance(value, bool):
+                return str(value)
+        return self.env.get("VLLM_API_KEY") or self.env.get("LLAMA_API_KEY") or None
+
+    @model_validator(mode="after")
+    def _key(self) -> "Managed":
+        key = self.api_key
+        if key is not None and not (key.isascii() and key.isprintable() and key.strip() == key and key):
+            raise ValueError("the api-key (extra_args or env) must be printable ASCII without spaces around it (the "
+                             "health gate sends it in an Authorization header)")
+        return self
+
 
 class Hook(_Model):
     """How to apply flags to a server tuner does not own: an argv template, or a systemd drop-in.
@@ -195,6 +239,15 @@ class Hook(_Model):
     systemd_unit: str | None = None
     systemd_dropin: str | None = None  # default /etc/systemd/system/<unit>.d/tuner-flags.conf
     timeout: Duration = timedelta(minutes=10)
+
+    @field_validator("systemd_unit")
+    @classmethod
+    def _unit(cls, v: str | None) -> str | None:
+        if v is not None and (not _SYSTEMD_SERVICE.fullmatch(v) or len(v) > 255):
+            raise ValueError(f"expected a systemd service unit name such as vllm.service or llama@chat.service "
+                             f"(letters, digits, ':', '_', '.', '-', '\\', one '@' for a template; at most 255 "
+                             f"characters), got {v!r}")
+        return v
 
     @model_validator(mode="after")
     def _one(self) -> "Hook":
@@ -209,7 +262,7 @@ class Hook(_Model):
 
 _DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _WINDOW = re.compile(r"^\s*(daily|[A-Za-z]{3}(?:-[A-Za-z]{3})?(?:,[A-Za-z]{3}(?:-[A-Za-z]{3})?)*)\s+"
-                     r"(\d{2}):(\d{2})-(\d{2}):(\d{2})\s*$")
+                     r"(\d{2}):(\d{2})-(\d{2}):(\d{2})\s*\Z")
 
 
 @dataclass(frozen=True)
@@ -324,7 +377,7 @@ class Balancer(_Model):
     @field_validator("frontend")
     @classmethod
     def _frontend(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^([A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\]):\d{1,5}$", v):
+        if v is not None and not re.match(r"^([A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\]):\d{1,5}\Z", v):
             raise ValueError(f"expected HOST:PORT where HAProxy listens for clients, got {v!r}")
         return v
 
@@ -348,7 +401,7 @@ class Replica(_Model):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not re.match(r"^https?://([^/:\s]+|\[[^\]]+\]):\d+/?$", v):
+        if not re.match(r"^https?://([^/:\s]+|\[[^\]\s]+\]):\d+/?\Z", v):
             raise ValueError(f"expected http://HOST:PORT of this replica (tuner scrapes and starts it there), got {v!r}")
         return v.rstrip("/")
 
@@ -554,7 +607,7 @@ class Target(_Model):
     backend: Literal["vllm", "llamacpp", "auto"]
     url: str
     labels: dict[str, str] = Field(default_factory=dict)
-    scrape_interval: Duration | None = None
+    scrape_interval: Interval | None = None
     scrape_timeout: Duration | None = None
     health_interval: DurationOrZero | None = None
     slo: Slo | None = None
@@ -640,7 +693,7 @@ class Target(_Model):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not re.match(r"^https?://[^\s/]+", v):
+        if not _BASE_URL.fullmatch(v):
             raise ValueError(f"expected an http(s) base URL like http://127.0.0.1:8000, got {v!r}")
         return v.rstrip("/")
 
@@ -668,7 +721,11 @@ class Target(_Model):
                 validate(backend, name, value)
             except FlagError as exc:
                 raise ValueError(f"managed.flags.{name}: {exc}") from None
-        host = re.match(r"^https?://([^/:]+|\[[^\]]+\])(?::(\d+))?$", self.url)
+        for key in self.managed.extra_args:
+            if (tunable := tunable_spelled(backend, key)) is not None:  # it would be on the argv twice
+                raise ValueError(f"managed.extra_args.{key}: sets the tunable flag {tunable.name} "
+                                 f"({tunable.cli[backend]}); put it in managed.flags, where tuner can change it")
+        host = re.match(r"^https?://([^/:]+|\[[^\]]+\])(?::(\d+))?\Z", self.url)
         if host is None or host.group(2) is None:
             raise ValueError(f"a managed target's url must be http://HOST:PORT (tuner starts the server there), "
                              f"got {self.url!r}")
@@ -686,7 +743,14 @@ class GpuSource(_Model):
 
     source: Literal["none", "nvml", "dcgm"] = "none"
     url: str | None = None
-    interval: Duration = timedelta(seconds=10)
+    interval: Interval = timedelta(seconds=10)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not _BASE_URL.fullmatch(v):
+            raise ValueError(f"expected the exporter's URL like http://127.0.0.1:9400/metrics, got {v!r}")
+        return v
 
     @model_validator(mode="after")
     def _needs_url(self) -> "GpuSource":
@@ -702,6 +766,13 @@ class Retention(_Model):
     rollup: Duration = timedelta(days=30)
     rollup_step: Duration = timedelta(minutes=5)
 
+    @model_validator(mode="after")
+    def _order(self) -> "Retention":
+        if self.raw > self.rollup:  # everything older than rollup is deleted: raw samples with it
+            raise ValueError(f"raw ({self.raw}) is longer than rollup ({self.rollup}): every sample would be deleted "
+                             "at the rollup age; make rollup at least as long as raw")
+        return self
+
 
 class StoreConfig(_Model):
     url: str = "sqlite:///tuner.db"
@@ -711,9 +782,16 @@ class StoreConfig(_Model):
 class PrometheusSource(_Model):
     url: str
 
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not _BASE_URL.fullmatch(v):
+            raise ValueError(f"expected Prometheus's base URL like http://127.0.0.1:9090, got {v!r}")
+        return v
+
 
 class Defaults(_Model):
-    scrape_interval: Duration = timedelta(seconds=5)
+    scrape_interval: Interval = timedelta(seconds=5)
     scrape_timeout: Duration = timedelta(seconds=3)
     # vLLM's /health is asked at most this often (0s: at every scrape); after an answer other than 200, or a
     # failed scrape, at the next one. llama-server's is asked at every scrape (it says whether the model is loaded).
@@ -726,16 +804,23 @@ class Alerting(_Model):
     """Alert rules and where notifications go. No rule_files: the default pack in alerts/default.yaml."""
 
     rule_files: list[str] = Field(default_factory=list)
-    evaluation_interval: Duration = timedelta(seconds=15)
+    evaluation_interval: Interval = timedelta(seconds=15)
     resend_delay: Duration = timedelta(minutes=1)
     alertmanagers: list[str] = Field(default_factory=list)
     external_url: str | None = None  # base of generatorURL; default http://<listen>
+
+    @field_validator("external_url")
+    @classmethod
+    def _external(cls, v: str | None) -> str | None:
+        if v is not None and not _BASE_URL.fullmatch(v):
+            raise ValueError(f"expected a base URL like https://tuner.example.com, got {v!r}")
+        return v
 
     @field_validator("alertmanagers")
     @classmethod
     def _urls(cls, v: list[str]) -> list[str]:
         for url in v:
-            if not re.match(r"^https?://[^\s/]+", url):
+            if not _BASE_URL.fullmatch(url):
                 raise ValueError(f"expected an Alertmanager base URL like http://127.0.0.1:9093, got {url!r}")
         return [u.rstrip("/") for u in v]
 
@@ -746,19 +831,27 @@ class Api(_Model):
     token_file: str | None = None  # relative to the config file; the file holds the token alone
 
     def token(self, config_dir: Path | None = None) -> str | None:
+        """The token from ``token_file``, else ``$TUNER_API_TOKEN`` (None: neither is set); either way at least
+        MIN_TOKEN characters, or a ConfigError naming where it came from."""
         import os
 
         if self.token_file is None:
-            return os.environ.get("TUNER_API_TOKEN") or None
-        path = Path(self.token_file)
-        if not path.is_absolute() and config_dir is not None:
-            path = config_dir / path
-        try:
-            text = path.read_text().strip()
-        except OSError as exc:
-            raise ConfigError("config", "api.token_file", f"cannot read {path}: {exc.strerror}") from None
-        if len(text) < 16:
-            raise ConfigError("config", "api.token_file", f"{path}: the token must be at least 16 characters")
+            text = os.environ.get("TUNER_API_TOKEN", "").strip()
+            if not text:
+                return None
+            where, key = "environment", "TUNER_API_TOKEN"
+        else:
+            path = Path(self.token_file)
+            if not path.is_absolute() and config_dir is not None:
+                path = config_dir / path
+            try:
+                text = read_text(path, max_bytes=4096).strip()
+            except InputFileError as exc:  # missing, not UTF-8, far longer than a token
+                raise ConfigError("config", "api.token_file", str(exc)) from None
+            where, key = "config", "api.token_file"
+        if len(text) < MIN_TOKEN:
+            raise ConfigError(where, key, f"the token must be at least {MIN_TOKEN} characters (it is {len(text)}); "
+                                          "generate one with `openssl rand -hex 32`")
         return text
 
 
@@ -778,9 +871,15 @@ class Config(_Model):
     @field_validator("listen")
     @classmethod
     def _listen(cls, v: str) -> str:
-        host, sep, port = v.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-            raise ValueError(f"expected HOST:PORT such as {DEFAULT_LISTEN}, got {v!r}")
+        m = _LISTEN.fullmatch(v)
+        if m is None or int(m[3]) > 65535:
+            raise ValueError(f"expected HOST:PORT such as {DEFAULT_LISTEN} (an IPv6 address in brackets: "
+                             f"[::1]:9464), got {v!r}")
+        if m[1] is not None:
+            try:
+                ipaddress.IPv6Address(m[1])
+            except ValueError:
+                raise ValueError(f"{m[1]!r} in {v!r} is not an IPv6 address") from None
         return v
 
     @model_validator(mode="after")
@@ -795,6 +894,35 @@ class Config(_Model):
             if t.source == "prometheus" and self.prometheus is None:
                 raise ValueError(f"targets[{i}].source: 'prometheus' needs a top-level prometheus.url")
         return self
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Credentials the config hands servers (values of secret flags in managed.extra_args, secret-named
+        managed.env values), longest first: what redact() hides."""
+        targets, found = self._secrets
+        return found if targets is self.targets else self._find_secrets()[1]  # a model_copy with other targets
+
+    @cached_property
+    def _secrets(self) -> tuple[list[Target], tuple[str, ...]]:
+        return self._find_secrets()
+
+    def _find_secrets(self) -> tuple[list[Target], tuple[str, ...]]:
+        found: set[str] = set()
+        for t in self.targets:
+            if t.managed is None:
+                continue
+            found.update(str(v) for k, v in t.managed.extra_args.items()
+                         if secret_flag(k) and v is not None and not isinstance(v, bool))
+            found.update(v for k, v in t.managed.env.items() if secret_flag(k))
+        # shorter ones are hidden by their place in an argv only (as text they would hide innocent digits)
+        return self.targets, tuple(sorted((v for v in found if len(v) >= 4), key=len, reverse=True))
+
+    def redact(self, text: str) -> str:
+        """``text`` as it may be shown (journal, API, logs): every secret value and secret flag's value as ***."""
+        text = redact_argv_text(text)
+        for secret in self.secrets:
+            text = text.replace(secret, REDACTED)
+        return text
 
     def group(self, t: Target) -> list[Target]:
         """The replicas of ``t``'s group, in the order the file lists them (``[t]`` when it is in none)."""
@@ -827,6 +955,11 @@ class Config(_Model):
     def listen_host_port(self) -> tuple[str, int]:
         host, _, port = self.listen.rpartition(":")
         return host.strip("[]"), int(port)
+
+    @property
+    def listen_url(self) -> str:
+        """``http://HOST:PORT`` of the listener (an IPv6 host in brackets, as ``listen`` writes it)."""
+        return f"http://{self.listen}"
 
 
 def _key(loc: tuple[Any, ...]) -> str:
@@ -877,9 +1010,9 @@ def parse_config(text: str, path: str = "<config>") -> Config:
 def load_config(path: str | Path) -> Config:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(str(p), "", f"cannot read config file: {exc.strerror or exc}") from None
+        text = read_text(p)
+    except InputFileError as exc:  # missing, not UTF-8, larger than any config
+        raise ConfigError(str(p), "", f"cannot read config file: {exc.reason}") from None
     cfg = parse_config(text, str(p))
     return _resolve_rule_files(_resolve_store_path(cfg, p), p)
 

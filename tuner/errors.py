@@ -236,3 +236,17 @@ class KubernetesError(TunerError):
 
 
 __all__ += ["KubernetesError"]
+
+
+class InputFileError(TunerError, ValueError):
+    """Raised when a file handed to tuner (config, rules, workload, token, saved exposition) cannot be read as
+    text: missing, not UTF-8, over its size cap, a truncated or corrupt gzip; names the file and why."""
+
+    exit_code = 2
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: {reason}")
+
+
+__all__ += ["InputFileError"]

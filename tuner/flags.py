@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Literal, Mapping, Sequence
 
 from tuner.backends import BACKENDS as _KNOWN
 from tuner.backends import backend as backend_of
 from tuner.errors import FlagError
 
-__all__ = ["FlagSpec", "FLAGS", "FlagValue", "spec", "validate", "cli_name", "render", "supported",
+__all__ = ["FlagSpec", "FLAGS", "FlagValue", "spec", "validate", "cli_name", "render", "supported", "tunable_spelled",
+           "secret_flag", "redact_argv", "redact_argv_text", "REDACTED",
            "parse_version", "help_flags", "takes", "BACKENDS"]
 
 BACKENDS: tuple[str, ...] = tuple(_KNOWN)
@@ -36,6 +37,9 @@ class FlagSpec:
     choices: tuple[str, ...] = ()
     # backend -> oldest version whose server accepts the flag (vLLM release; llama.cpp build number)
     min_version: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # backend -> the server's other spellings of the flag (llama.cpp's long forms, vLLM's short ones): an
+    # extra_args key in any of them would set the flag a second time on the command line
+    aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 FLAGS: tuple[FlagSpec, ...] = (
@@ -55,26 +59,79 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("enable_prefix_caching", "bool", {"vllm": "--enable-prefix-caching"},
              "reuse KV blocks of repeated prompt prefixes", min_version={"vllm": (0, 4, 0)}),
     FlagSpec("tensor_parallel_size", "int", {"vllm": "--tensor-parallel-size"}, "GPUs the model is split over",
-             minimum=1, maximum=64),
+             minimum=1, maximum=64, aliases={"vllm": ("-tp",)}),
     FlagSpec("quantization", "choice", {"vllm": "--quantization"}, "weight quantization method",
-             choices=("awq", "gptq", "fp8", "bitsandbytes")),
+             choices=("awq", "gptq", "fp8", "bitsandbytes"), aliases={"vllm": ("-q",)}),
     # llama-server
     FlagSpec("ctx_size", "int", {"llamacpp": "-c"}, "total context, tokens, split evenly across --parallel slots",
-             minimum=128, maximum=10_485_760),
-    FlagSpec("n_gpu_layers", "int", {"llamacpp": "-ngl"}, "layers offloaded to the GPU", minimum=0, maximum=999),
-    FlagSpec("batch_size", "int", {"llamacpp": "-b"}, "logical batch, tokens", minimum=32, maximum=65536),
+             minimum=128, maximum=10_485_760, aliases={"llamacpp": ("--ctx-size",)}),
+    FlagSpec("n_gpu_layers", "int", {"llamacpp": "-ngl"}, "layers offloaded to the GPU", minimum=0, maximum=999,
+             aliases={"llamacpp": ("--gpu-layers", "--n-gpu-layers")}),
+    FlagSpec("batch_size", "int", {"llamacpp": "-b"}, "logical batch, tokens", minimum=32, maximum=65536,
+             aliases={"llamacpp": ("--batch-size",)}),
     FlagSpec("ubatch_size", "int", {"llamacpp": "-ub"}, "physical batch, tokens (<= -b)", minimum=32,
-             maximum=65536),
-    FlagSpec("parallel", "int", {"llamacpp": "--parallel"}, "slots decoding at once", minimum=1, maximum=256),
+             maximum=65536, aliases={"llamacpp": ("--ubatch-size",)}),
+    FlagSpec("parallel", "int", {"llamacpp": "--parallel"}, "slots decoding at once", minimum=1, maximum=256,
+             aliases={"llamacpp": ("-np",)}),
     # The on|off|auto value form replaced the bare switch in mid-2025 builds.
     FlagSpec("flash_attn", "choice", {"llamacpp": "-fa"}, "flash attention", choices=("on", "off", "auto"),
-             min_version={"llamacpp": (6250,)}),
+             min_version={"llamacpp": (6250,)}, aliases={"llamacpp": ("--flash-attn",)}),
     # Not a server flag: which server to run at all (the seed's backend choice).
     FlagSpec("backend", "choice", {"vllm": "backend", "llamacpp": "backend"}, "which inference server to run",
              choices=BACKENDS),
 )
 _BY_NAME = {f.name: f for f in FLAGS}
 _BY_CLI = {(b, cli): f for f in FLAGS for b, cli in f.cli.items()}
+
+
+def _spelling(key: str) -> str:
+    """A flag as written anywhere, reduced to compare: no leading dashes, '_' as '-' (vLLM's parser takes both)."""
+    return key.lstrip("-").replace("_", "-").lower()
+
+
+# (backend, a spelling reduced) -> the tunable flag it sets, in every spelling the server takes (its --no- form
+# too for a switch); tuner's own name counts as one
+_SETS: dict[tuple[str, str], FlagSpec] = {
+    (b, pre + _spelling(sp)): f
+    for f in FLAGS if f.name != "backend" for b, cli in f.cli.items()
+    for sp in (cli, f.name, *f.aliases.get(b, ())) for pre in (("", "no-") if f.kind == "bool" else ("",))}
+
+
+# A flag whose value is a credential (vLLM's and llama-server's --api-key, --hf-token, ...): its value is never shown
+_SECRET = re.compile(r"key|token|secret|passw|auth|credential")
+# Such a flag and its value inside a JSON argv (a journal step, a log line): "--api-key", "VALUE"
+_SECRET_IN_JSON = re.compile(r'("--?[A-Za-z0-9_-]*(?:key|token|secret|passw|auth|credential)[A-Za-z0-9_-]*",\s*)'
+                             r'"(?:[^"\\]|\\.)*"', re.IGNORECASE)
+REDACTED = "***"
+
+
+def secret_flag(key: str) -> bool:
+    """Whether the flag ``key`` (any spelling) carries a credential, so its value is never shown."""
+    return _SECRET.search(_spelling(key)) is not None
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` to show: the value after each secret flag (secret_flag) replaced by ***."""
+    out: list[str] = []
+    hide = False
+    for arg in argv:
+        if hide and not arg.startswith("-"):
+            out.append(REDACTED)
+        else:
+            out.append(arg)
+        hide = arg.startswith("-") and secret_flag(arg)
+    return out
+
+
+def redact_argv_text(text: str) -> str:
+    """Text holding a JSON argv (a journal step, a log line), the value after each secret flag replaced by ***."""
+    return _SECRET_IN_JSON.sub(r'\1"***"', text)
+
+
+def tunable_spelled(backend: str, key: str) -> FlagSpec | None:
+    """The tunable flag that ``key`` (a managed.extra_args key: ``--ctx-size``, ``np``, ``max_num_seqs``) sets on
+    ``backend``'s command line, in any of the server's spellings; None for a flag tuner never changes."""
+    return _SETS.get((backend, _spelling(key)))
 
 
 def spec(backend: str, name: str) -> FlagSpec:

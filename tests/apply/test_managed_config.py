@@ -71,7 +71,6 @@ def test_a_managed_url_needs_a_port(tmp_path):
 
 
 @pytest.mark.parametrize("extra, reason", [
-    ("{max-num-seqs: 8}", "a tunable flag belongs in managed.flags"),
     ("{api-key: '--no-auth'}", "starts with '-'"),
     ("{'--model': other}", "expected a bare name"),
     ("{port: 9}", "set by the builder's own argument"),
@@ -81,6 +80,13 @@ def test_extra_args_cannot_smuggle_options(tmp_path, extra, reason):
     with pytest.raises(ConfigError) as info:
         build_argv(t, {})
     assert reason in str(info.value)
+
+
+def test_extra_args_that_set_a_tunable_flag_are_refused_when_the_config_loads(tmp_path):
+    """Not only at apply time: the config names the key (tests/test_config.py tries every spelling)."""
+    with pytest.raises(ConfigError) as info:
+        target(tmp_path, ", extra_args: {max-num-seqs: 8}")
+    assert info.value.key == "targets[0].managed.extra_args.max-num-seqs"
 
 
 def test_a_missing_model_is_named(tmp_path):

@@ -113,6 +113,9 @@ def _variant(**changes: Any) -> list[dict[str, Any]]:
     pytest.param(_variant(n_prompt_tokens=-1), "/slots[0].n_prompt_tokens", id="prompt-negative"),
     pytest.param(_variant(n_prompt_tokens=1.5), "/slots[0].n_prompt_tokens", id="prompt-float"),
     pytest.param(_variant(n_decoded="65"), "/slots[0].next_token.n_decoded", id="decoded-string"),
+    # found by tests/reliability/test_fuzz.py: a 300-digit n_ctx overflowed float() (a traceback, not a problem)
+    pytest.param(_variant(n_ctx=10**300), "/slots[0].n_ctx: expected a positive integer up to 2**53", id="n_ctx-huge"),
+    pytest.param(_variant(n_prompt_tokens=2**60), "/slots[0].n_prompt_tokens", id="prompt-huge"),
 ])
 def test_bad_slots_json_names_the_field(data: Any, names: str) -> None:
     with pytest.raises(ExpositionError) as info:

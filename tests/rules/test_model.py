@@ -40,6 +40,11 @@ def test_default_pack_loads_with_the_rules_the_issue_names():
     (GOOD + "      - {alert: A, signal: up, op: '==', threshold: 0}\n", 9, "appears twice"),
     (GOOD.replace("      - alert: A\n", "      - alert: A\n        backend: llamacpp\n")
      .replace("kv_cache_usage", "preemptions_per_s"), 5, "no value for backend 'llamacpp'"),
+    (GOOD.replace("threshold: 0.9", "threshold: .nan"), 5, "A: threshold must be a finite number, got nan"),
+    (GOOD.replace("threshold: 0.9", "threshold: -.inf"), 5, "A: threshold must be a finite number, got -inf"),
+    (GOOD + "        overrides: {chat: {threshold: .inf}}\n", 9, "overrides.chat.threshold must be a finite number"),
+    (GOOD.replace("alert: A", 'alert: "A\\n"'), 5, "is not a valid alert name"),
+    (GOOD + "        labels: {\"team\\n\": x}\n", 9, "labels.'team\\n': expected a label name"),
     ("groups: [\n", 2, "not valid YAML"),
     ("rules: []\n", 1, "top-level 'groups:'"),
 ])
@@ -108,3 +113,11 @@ def test_over_groups_is_for_engine_signals_and_names_its_values():
     with pytest.raises(RuleFileError, match="over: groups works for engine signals only"):
         parse_rules("groups:\n  - name: g\n    rules:\n      - {alert: A, signal: up, op: '==', threshold: 0, "
                     "over: groups}\n")
+
+
+def test_a_rule_file_that_is_not_utf8_is_one_error_naming_the_file(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(GOOD.replace("alert: A", "alert: A\n        labels: {team: caf\xe9}").encode("latin-1"))
+    with pytest.raises(RuleFileError) as err:
+        load_rule_files([path])
+    assert str(err.value) == f"{path}: not UTF-8 text: byte 0xe9 on line 6 (save the file as UTF-8)"

@@ -105,3 +105,29 @@ def test_a_workload_file_round_trips_and_bad_keys_are_named():
     with pytest.raises(ConfigError, match="expected a mapping"):
         parse_workload("- 1\n", "wl.yaml")
     assert Workload(input_len=10, output_len=5).longest == 15
+
+
+@pytest.mark.parametrize(("text", "key", "says"), [
+    ("input_len: true\noutput_len: 5\n", "input_len", "valid integer"),
+    ("input_len: '100'\noutput_len: 5\n", "input_len", "valid integer"),
+    ("input_len: 10.5\noutput_len: 5\n", "input_len", "valid integer"),
+    ("input_len: 10\noutput_len: 5\nrate_rps: .inf\n", "rate_rps", "finite number"),
+    ("input_len: 10\noutput_len: 5\nburstiness: .nan\n", "burstiness", "finite number"),
+    ("input_len: 100\noutput_len: 5\nmax_prompt_tokens: 50\n", "max_prompt_tokens", "below input_len (100)"),
+    ("input_len: 10\noutput_len: 50\nmax_output_tokens: 20\n", "max_output_tokens", "below output_len (50)"),
+])
+def test_a_workload_file_takes_strict_finite_consistent_values(text: str, key: str, says: str) -> None:
+    """Issue 39 item 13: `input_len: true` read as 1, `rate_rps: .inf` and a longest prompt below the mean passed."""
+    with pytest.raises(ConfigError) as info:
+        parse_workload(text, "wl.yaml")
+    assert info.value.key == key and says in info.value.reason, info.value
+    assert parse_workload("input_len: 10\noutput_len: 5\nrate_rps: 2\nburstiness: 1\n").rate_rps == 2.0
+
+
+def test_requests_past_the_last_finite_bucket_give_a_longest_request_no_shorter_than_the_mean():
+    """All prompts above 1024 tokens (+Inf bucket): the histogram bounds the longest at 1024, below the 3,000 mean."""
+    w = _window()
+    e = w.engines[0]
+    hists = {**e.hists, ("vllm:request_prompt_tokens", ()): _hist(9, 15, 3000.0)}
+    got = from_window(TargetWindow("t", "vllm", 0, 60 * S, (EngineWindow("0", "m", e.series, hists),), None))
+    assert got is not None and got.input_len == 3000 and got.max_prompt_tokens == 3000

@@ -31,7 +31,8 @@ import yaml
 
 from tuner.collect.catalogue import lookup
 from tuner.config import Target, parse_duration
-from tuner.errors import RuleFileError
+from tuner.errors import InputFileError, RuleFileError
+from tuner.files import read_text
 from tuner.rules.evaluate import evaluate, vector
 from tuner.rules.export import dump, fmt_duration, prometheus_rules
 from tuner.rules.model import RuleSet, load_rule_files
@@ -40,10 +41,10 @@ from tuner.store.window import EngineWindow, HistPoint, HistSeries, TargetWindow
 
 __all__ = ["Scenario", "load_scenario", "expand_values", "parse_series", "run", "to_promtool"]
 
-_SERIES = re.compile(r"^\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*(?:\{(.*)\})?\s*$")
+_SERIES = re.compile(r"^\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*(?:\{(.*)\})?\s*\Z")
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|Inf|NaN)"
-_ITEM = re.compile(rf"^(?:(?P<blank>_)(?:x(?P<bn>\d+))?|(?P<v>{_NUM})(?:(?P<d>[-+]{_NUM[5:]})?x(?P<n>\d+))?|stale)$")
+_ITEM = re.compile(rf"^(?:(?P<blank>_)(?:x(?P<bn>\d+))?|(?P<v>{_NUM})(?:(?P<d>[-+]{_NUM[5:]})?x(?P<n>\d+))?|stale)\Z")
 
 
 def expand_values(text: str) -> list[float | None]:
@@ -93,8 +94,10 @@ class Scenario:
 def load_scenario(path: str | Path) -> Scenario:
     p = Path(path)
     try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+        doc = yaml.safe_load(read_text(p))
+    except InputFileError as exc:  # missing, not UTF-8, too large
+        raise RuleFileError(str(p), None, f"cannot read scenario: {exc.reason}") from None
+    except yaml.YAMLError as exc:
         raise RuleFileError(str(p), None, f"cannot read scenario: {exc}") from None
     try:
         files = doc["rules"] if isinstance(doc["rules"], list) else [doc["rules"]]

@@ -51,8 +51,7 @@ class Alerting:
         self._stored: dict[tuple[str, str], Alert] = {(a.rule, a.fingerprint): a for alerts in self.state.values()
                                                       for a in alerts.values()}
         self.notifier = Notifier(store)
-        host, port = cfg.listen_host_port
-        self.base_url = (cfg.alerting.external_url or f"http://{host}:{port}").rstrip("/")
+        self.base_url = (cfg.alerting.external_url or cfg.listen_url).rstrip("/")
         self.last_error = ""
 
     def _derive(self, name: str, window_s: float, now: float, **_: object) -> TargetSignals | None:
@@ -62,9 +61,8 @@ class Alerting:
         """Re-read the rule files; on any error keep the current set and return False."""
         try:
             rules = load_rule_files(self.files, self.cfg.alerting.evaluation_interval)
-        except TunerError as exc:
+        except TunerError as exc:  # the caller logs it (one line naming the file)
             self.last_error = f"rule reload failed, keeping the last good rules: {exc}"
-            log.error(self.last_error)
             return False
         with self.lock:
             self.rules = rules
@@ -73,7 +71,10 @@ class Alerting:
         self.last_error = ""
         return True
 
-    def evaluate_group(self, group: RuleGroup) -> None:
+    def evaluate_group(self, group: RuleGroup) -> dict[str, str]:
+        """Evaluate every rule of ``group`` at now and write the outcome; a rule that fails to evaluate (a bug, a
+        value no rule expects) is left as it was and reported, and the others are evaluated as usual (Prometheus
+        keeps a rule's health the same way). Returns the failed rules' errors by key (group/alert)."""
         now = self.clock()
         now_ms = int(now * 1000)
         cache: dict[tuple[str, timedelta], TargetSignals | None] = {}
@@ -100,13 +101,18 @@ class Alerting:
             return cache[(name, window)]
 
         gpus = self.store.gpu_latest(max_age_s=max(60.0, 3 * self.cfg.gpu.interval.total_seconds()), now=now)
+        failed: dict[str, str] = {}
         with self.lock:
             events, outgoing = [], []
             for rule in group.rules:
                 key = group.key(rule)
-                result = vector(rule, self.cfg.targets, signals, gpus, target_signal=self.target_signal,
-                                max_num_seqs=self.max_num_seqs)
-                self.state[key], ev = evaluate(rule, result, self.state.get(key, {}), now_ms, key=key)
+                try:
+                    result = vector(rule, self.cfg.targets, signals, gpus, target_signal=self.target_signal,
+                                    max_num_seqs=self.max_num_seqs)
+                    self.state[key], ev = evaluate(rule, result, self.state.get(key, {}), now_ms, key=key)
+                except Exception as exc:  # noqa: BLE001  isolated: its alerts stay as they were, the group goes on
+                    failed[key] = f"rule {key} ({rule.source}) failed to evaluate: {type(exc).__name__}: {exc}"
+                    continue
                 events += ev
                 due = to_send(self.state[key].values(), now_ms, resend_delay=self.cfg.alerting.resend_delay,
                               interval=group.interval)
@@ -115,6 +121,7 @@ class Alerting:
             self._save(events, batches, now_ms)
         for e in events:
             log.info("alert %s %s -> %s (%s)", e["rule"], e["from_state"], e["to_state"], e["labels"])
+        return failed
 
     def _save(self, events: list[dict], outbox: list[tuple[str, list[dict]]], now_ms: int) -> None:
         """Persist the alert set (what changed since the last write), the events and the notifications due."""

@@ -6,7 +6,7 @@ and says what an outcome means to the caller.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from tuner.app.session import Session
@@ -14,10 +14,11 @@ from tuner.apply.balancer import haproxy_config
 from tuner.apply.flow import Applier, Opened, Plan
 from tuner.config import Config, Target
 from tuner.errors import ApplyError, ConfigError
+from tuner.flags import redact_argv
 from tuner.store import journal as jr
 
-__all__ = ["haproxy_config_for", "PendingApply", "plan", "apply", "applied_by_hand", "rollback", "reconcile", "journal", "held",
-           "start", "managed_targets", "waiting_on"]
+__all__ = ["haproxy_config_for", "PendingApply", "plan", "apply", "applied_by_hand", "rollback", "reconcile", "journal", "shown",
+           "held", "start", "managed_targets", "waiting_on"]
 
 # What each journal step of a running apply waits for, in words (the CLI's progress line).
 _WAITS = {"planned": "reading the baseline window", "baseline": "about to drain",
@@ -106,7 +107,19 @@ def reconcile(session: Session, say: Callable[[str], None] = print) -> list[str]
 
 
 def journal(session: Session, target: str | None = None, limit: int = 20) -> list[jr.StoredApply]:
-    return jr.list_applies(session.store.engine, target=target, limit=limit)
+    """The journal as it is shown (CLI, API): credentials redacted (shown())."""
+    return [shown(session.cfg, a) for a in jr.list_applies(session.store.engine, target=target, limit=limit)]
+
+
+def shown(cfg: Config, a: jr.StoredApply) -> jr.StoredApply:
+    """An apply as it may be shown: the values of secret flags in its argv, and every credential the config holds
+    anywhere in its steps and note, as *** (rows written before redaction existed too). The store keeps the argv
+    as run: a restore needs it."""
+    def argv(args: list[str]) -> list[str]:
+        return [cfg.redact(x) for x in redact_argv(args)]
+
+    return replace(a, old_argv=argv(a.old_argv), new_argv=argv(a.new_argv), note=cfg.redact(a.note),
+                   steps=[{**s, "detail": cfg.redact(s["detail"])} for s in a.steps])
 
 
 def held(session: Session, a: jr.StoredApply) -> bool:

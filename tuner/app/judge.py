@@ -8,7 +8,6 @@ target's store.
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import tempfile
@@ -19,18 +18,21 @@ from tuner.apply.verdict import Verdict, judge
 from tuner.collect import llamacpp
 from tuner.collect.scrape import snapshot_from_text
 from tuner.config import Slo, parse_duration, replica_groups
-from tuner.errors import ConfigError, ExpositionError, ScrapeError
+from tuner.errors import ConfigError, ExpositionError, InputFileError, ScrapeError
+from tuner.files import MAX_FILE_BYTES, read_text
 from tuner.signals.load import profile
 from tuner.store.db import open_engine, upgrade
 from tuner.store.store import Store
 
 __all__ = ["judge_dirs", "judge_target", "read_series", "parse_range"]
 
-_NAME = re.compile(r"^(\d{10,16})\.txt(\.gz)?$")
+_NAME = re.compile(r"^(\d{10,16})\.txt(\.gz)?\Z")
 
 
-def read_series(directory: Path) -> list[tuple[float, str, object | None]]:
-    """(unix seconds, exposition text, llama-server slots or None) per file, in time order."""
+def read_series(directory: Path, *, max_bytes: int = MAX_FILE_BYTES) -> list[tuple[float, str, object | None]]:
+    """(unix seconds, exposition text, llama-server slots or None) per file, in time order. Each file is read (and
+    a ``.gz`` one decompressed) up to ``max_bytes``, as a scrape's body is: anything larger, truncated or corrupt
+    is an ExpositionError naming the file."""
     if not directory.is_dir():
         raise ConfigError(str(directory), "", "not a directory of expositions named <unix_ms>.txt")
     out = []
@@ -39,23 +41,24 @@ def read_series(directory: Path) -> list[tuple[float, str, object | None]]:
         if not m:
             continue
         try:
-            raw = path.read_bytes()
-            text = (gzip.decompress(raw) if m.group(2) else raw).decode("utf-8")
-        except (OSError, UnicodeDecodeError, gzip.BadGzipFile) as exc:
-            raise ExpositionError(f"{path}: cannot be read: {exc}") from None
+            text = read_text(path, max_bytes=max_bytes, gzipped=bool(m.group(2)), cap="--max-bytes")
+        except InputFileError as exc:
+            raise ExpositionError(f"{path}: cannot be read: {exc.reason}") from None
         slots_path = directory / f"{m.group(1)}.slots.json"
         slots = None
         if slots_path.exists():
             try:
-                slots = llamacpp.parse_slots(json.loads(slots_path.read_text()))
-            except (ValueError, OSError) as exc:
+                slots = llamacpp.parse_slots(json.loads(read_text(slots_path, max_bytes=max_bytes, cap="--max-bytes")))
+            except InputFileError as exc:
+                raise ExpositionError(f"{slots_path}: cannot be read: {exc.reason}") from None
+            except (ValueError, RecursionError) as exc:
                 raise ExpositionError(f"{slots_path}: {exc}") from None
         out.append((int(m.group(1)) / 1000, text, slots))
     return sorted(out, key=lambda x: x[0])
 
 
-def _ingest(store: Store, name: str, backend: str, directory: Path) -> tuple[float, float]:
-    series = read_series(directory)
+def _ingest(store: Store, name: str, backend: str, directory: Path, max_bytes: int) -> tuple[float, float]:
+    series = read_series(directory, max_bytes=max_bytes)
     count = 0
     for ts, text, slots in series:
         try:
@@ -70,7 +73,8 @@ def _ingest(store: Store, name: str, backend: str, directory: Path) -> tuple[flo
     return series[0][0], series[-1][0]
 
 
-def judge_dirs(before: Path, after: Path, *, backend: str, slo: Slo | None, min_requests: int) -> Verdict:
+def judge_dirs(before: Path, after: Path, *, backend: str, slo: Slo | None, min_requests: int,
+               max_bytes: int = MAX_FILE_BYTES) -> Verdict:
     with tempfile.TemporaryDirectory(prefix="tuner-judge-") as tmp:
         engine = open_engine(f"sqlite:///{Path(tmp) / 'judge.db'}")
         try:
@@ -79,7 +83,7 @@ def judge_dirs(before: Path, after: Path, *, backend: str, slo: Slo | None, min_
             windows = {}
             for side, directory in (("before", before), ("after", after)):
                 store.ensure_target(side, backend, "")
-                windows[side] = _ingest(store, side, backend, directory)
+                windows[side] = _ingest(store, side, backend, directory, max_bytes)
             profiles = {side: profile(store.window(side, *windows[side]), slo=slo) for side in windows}
         finally:
             engine.dispose()

@@ -18,7 +18,8 @@ from tuner.advise.recommend import Outcome, Previous, evaluate
 from tuner.apply.flow import flags_in_force
 from tuner.collect import http
 from tuner.config import Config
-from tuner.errors import ConfigError, ModelFactsError, ScrapeError
+from tuner.errors import ConfigError, InputFileError, ModelFactsError, ScrapeError
+from tuner.files import read_bytes, read_tail
 from tuner.flags import help_flags, parse_version, spec, validate
 from tuner.signals.derive import EngineSignals, compute_signals
 from tuner.store import recommendations as recs
@@ -92,11 +93,12 @@ def _parse_flag(backend: str, text: str) -> tuple[str, Any]:
 
 
 def _read(path: str, what: str, limit: int | None = None) -> str:
+    """A log's last ``limit`` bytes, or a whole --help text (at most MAX_FILE_BYTES); a stray byte is replaced."""
     try:
-        text = Path(path).read_text(errors="replace")
-    except OSError as exc:
-        raise ConfigError("tuner recommend", what, f"cannot read {path}: {exc}") from None
-    return text if limit is None else text[-limit:]
+        raw = read_tail(path, max_bytes=limit) if limit is not None else read_bytes(path)
+    except InputFileError as exc:
+        raise ConfigError("tuner recommend", what, str(exc)) from None
+    return raw.decode(errors="replace")
 
 
 def gather_inputs(req: RecommendRequest, cfg: Config, store: Store, now: float) -> list[Inputs]:

@@ -42,7 +42,8 @@ from tuner.apply import managed as mg
 from tuner.apply.flow import Applier, flags_in_force
 from tuner.apply.launch import free_port
 from tuner.config import Config, Target, parse_window, window_left
-from tuner.errors import ApplyError, ConfigError, ServerStartError
+from tuner.errors import ApplyError, ConfigError, InputFileError, ServerStartError
+from tuner.files import read_text
 from tuner.signals.workload import Workload, dump_workload, from_window, parse_workload
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
@@ -107,9 +108,9 @@ def workload_of(cfg: Config, store: Store, target: str, *, window_s: float, path
     pass when there is none)."""
     if path:
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(path, "", f"cannot read the workload file: {exc.strerror or exc}") from None
+            text = read_text(path)
+        except InputFileError as exc:  # missing, not UTF-8, larger than any workload
+            raise ConfigError(path, "", f"cannot read the workload file: {exc.reason}") from None
         return parse_workload(text, path)
     t = cfg.target(target)
     if t.backend != "vllm":

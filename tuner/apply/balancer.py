@@ -23,7 +23,7 @@ from tuner.errors import ApplyError
 
 __all__ = ["HAProxy", "ServerStat", "NAME", "haproxy_config"]
 
-NAME = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
+NAME = re.compile(r"^[A-Za-z0-9_.-]{1,63}\Z")
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ class HAProxy:
         """A new server in the backend (HAProxy >= 2.5's dynamic servers), checked on /health like the others
         (a dynamic server inherits no default-server line, so the check's timing is given here) and enabled:
         traffic reaches it once its check says UP (wait with ``ready``)."""
-        if not NAME.match(server) or not re.match(r"^[A-Za-z0-9.:\[\]-]+$", host) or not 0 < port < 65536:
+        if not NAME.match(server) or not re.match(r"^[A-Za-z0-9.:\[\]-]+\Z", host) or not 0 < port < 65536:
             raise ValueError(f"add server {server!r} at {host!r}:{port!r}")
         answer = self.command(f"add server {self.backend}/{server} {host}:{port} check inter {check_interval_ms}ms "
                               "fall 2 rise 2").strip()
@@ -154,7 +154,7 @@ def haproxy_config(*, frontend: str, socket_path: str, backend: str, servers: li
     and retries with redispatch so a connection refused by a replica that just stopped goes to another one.
     ``frontend``: HOST:PORT clients use; ``servers``: (name, host, port)."""
     for name, host, _ in servers:
-        if not NAME.match(name) or not re.match(r"^[A-Za-z0-9.:\[\]-]+$", host):
+        if not NAME.match(name) or not re.match(r"^[A-Za-z0-9.:\[\]-]+\Z", host):
             raise ValueError(f"server {name!r} at {host!r}: names are letters, digits, '.', '_' or '-'")
     lines = [
         "global",

@@ -186,6 +186,10 @@ class Applier:
     owner: tuple[int, int] = field(default_factory=own_identity)
     room: Callable[[Target, dict[str, Any]], tuple[bool, str]] | None = None
 
+    def __post_init__(self) -> None:
+        say = self.say  # what it says may quote an argv or a server's log: never a credential
+        self.say = lambda text: say(self.cfg.redact(text))
+
     @property
     def engine(self) -> Any:
         return self.store.engine
@@ -318,7 +322,7 @@ class Applier:
         lines = [f"target {p.target.name} ({p.target.backend}, {p.how})"]
         for name, value in p.diff.items():
             lines.append(f"  {name}: {p.old_flags.get(name, '(default)')} -> {value}")
-        return "\n".join(lines + p.route.describe(p))
+        return self.cfg.redact("\n".join(lines + p.route.describe(p)))
 
     # ---- apply -----------------------------------------------------------------------------------
 
@@ -499,6 +503,7 @@ class Applier:
         _drop(self.engine, aid)
 
     def _step(self, aid: int, name: str, detail: str = "", state: str | None = None) -> None:
+        detail = self.cfg.redact(detail)  # a step's argv is shown (journal, API): its credentials are not
         jr.step(self.engine, aid, name, detail, now=self.clock(), state=state)
         self.say(f"[apply #{aid}] {name}" + (f": {detail}" if detail else ""))
 

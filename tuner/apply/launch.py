@@ -40,7 +40,7 @@ __all__ = [
 
 FlagValue = str | int | float | bool | None
 
-_FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*\Z")
 # Set through the builders' own arguments; a flag map that repeats them would make two sources of truth.
 _VLLM_RESERVED = frozenset({"model", "host", "port", "served-model-name"})
 _LLAMA_RESERVED = frozenset({"-m", "--model", "--host", "--port"})

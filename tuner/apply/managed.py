@@ -26,13 +26,10 @@ from tuner.backends import backend as backend_of
 from tuner.collect import http
 from tuner.config import Target
 from tuner.errors import ConfigError, ScrapeError, ServerStartError
-from tuner.flags import FLAGS, render
+from tuner.flags import redact_argv, render, tunable_spelled
 
 __all__ = ["build_argv", "server_env", "log_path", "proc_start_time", "proc_argv", "is_alive", "Running",
            "find_by_argv", "start_server", "stop_server", "wait_healthy", "health_gate", "error_line", "drain_llama"]
-
-_TUNABLE_CLI = {cli.removeprefix("--") for f in FLAGS for cli in f.cli.values()} | \
-               {cli for f in FLAGS for cli in f.cli.values()}
 
 
 def _check_model(target: Target) -> str:
@@ -50,8 +47,8 @@ def build_argv(target: Target, flags: Mapping[str, Any]) -> list[str]:
     m = target.managed
     if m is None:
         raise ConfigError("config", f"targets[{target.name}].managed", "the target is not managed by tuner")
-    for key in m.extra_args:
-        if key in _TUNABLE_CLI or key.replace("-", "_") in {f.name for f in FLAGS}:
+    for key in m.extra_args:  # the config refuses these already; a target built otherwise is checked here
+        if tunable_spelled(target.backend, key) is not None:
             raise ConfigError("config", f"targets[{target.name}].managed.extra_args.{key}",
                               "a tunable flag belongs in managed.flags, where tuner can change it")
     model = _check_model(target)
@@ -155,7 +152,8 @@ def start_server(argv: list[str], env: Mapping[str, str], log: Path, *, nice: in
                  die_with_parent: bool = False) -> Running:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as f:
-        f.write(f"\n==== tuner {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {json.dumps(argv)}\n".encode())
+        f.write(f"\n==== tuner {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {json.dumps(redact_argv(argv))}\n"
+                .encode())
     proc = ServerProcess.start(argv, env, log, die_with_parent=die_with_parent)
     if nice:  # set before the server forks its workers, which inherit it
         try:
@@ -269,8 +267,10 @@ def health_gate(target: Target, timeout_s: float = 60.0) -> str:
         path, body = "/v1/completions", {"model": model, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
     if not backend_of(target.backend).gate_names_model:
         body.pop("model")
+    key = m.api_key if m is not None else None  # a server started with --api-key refuses requests without it
     try:
-        resp = http.post_json(target.url + path, body, timeout_s=timeout_s)
+        resp = http.post_json(target.url + path, body, timeout_s=timeout_s,
+                              headers={"Authorization": f"Bearer {key}"} if key else None)
     except ScrapeError as exc:
         raise ServerStartError(f"health gate: POST {target.url}{path} failed: {exc}", None, []) from None
     status, answer = resp.status, _json_or_text(resp.body)

@@ -11,7 +11,7 @@ from typing import Any
 from tuner.advise.facts import load_model
 from tuner.advise.memory import GIB, plan
 from tuner.app.recommend import RecommendRequest, one, recommend, stored
-from tuner.cli.common import duration, session, when
+from tuner.cli.common import RECORD_ID, duration, float_in, int_in, session, when
 from tuner.config import parse_duration
 from tuner.errors import ConfigError
 
@@ -115,14 +115,14 @@ def add_parsers(sub: Any) -> None:
     """Register plan / recommend / recommendations on the top-level subparsers."""
     p = sub.add_parser("plan", help="memory plan: weights, KV bytes per token, KV capacity, concurrency, fits")
     p.add_argument("--model", required=True, help="model dir (config.json [+ safetensors]), a config.json or a .gguf")
-    p.add_argument("--gpu-memory-gib", type=float, required=True, help="memory of one GPU, GiB")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's fraction (default 0.9)")
-    p.add_argument("--max-model-len", type=int, help="default: the model's max_position_embeddings")
+    p.add_argument("--gpu-memory-gib", type=float_in(0, 2**20, low_open=True), required=True, help="memory of one GPU, GiB")
+    p.add_argument("--gpu-memory-utilization", type=float_in(0, 1, low_open=True), default=0.9, help="vLLM's fraction (default 0.9)")
+    p.add_argument("--max-model-len", type=int_in(1, 2**31 - 1), help="default: the model's max_position_embeddings")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8 | fp8_e4m3 | fp8_e5m2")
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--tensor-parallel-size", type=int_in(1, 4096), default=1)
     p.add_argument("--quantization", help="awq | gptq | fp8 (default: the checkpoint's own)")
-    p.add_argument("--block-size", type=int, default=16, help="KV block, tokens (vLLM GPU 16, CPU 128)")
-    p.add_argument("--kv-cache-memory-bytes", type=int, help="vLLM's fixed KV size (skips the utilization arithmetic)")
+    p.add_argument("--block-size", type=int_in(1, 2**20), default=16, help="KV block, tokens (vLLM GPU 16, CPU 128)")
+    p.add_argument("--kv-cache-memory-bytes", type=int_in(1, 2**60), help="vLLM's fixed KV size (skips the utilization arithmetic)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
 
@@ -135,7 +135,7 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--gpu-vendor", choices=["nvidia", "amd", "none"], help="override the GPU vendor NVML implies")
     r.add_argument("--startup-log", help="log of a start that failed (start-up OOM remedies)")
     r.add_argument("--help-file", help="the server's --help output: decides which flags it supports")
-    r.add_argument("--repeated-prefix-share", type=float,
+    r.add_argument("--repeated-prefix-share", type=float_in(0, 1),
                    help="fraction 0-1 of prompt tokens in repeated prefixes (vLLM cannot count them with caching off)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_recommend)
@@ -148,7 +148,7 @@ def add_parsers(sub: Any) -> None:
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_recommendations)
     sh = ssub.add_parser("show", help="one recommendation with its evidence")
-    sh.add_argument("id", type=int)
+    sh.add_argument("id", type=RECORD_ID)
     sh.add_argument("--json", action="store_true")
     sh.set_defaults(func=cmd_recommendations)
 

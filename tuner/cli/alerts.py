@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.app import alerts as alerts_app
-from tuner.cli.common import optional_session, session, table, when
+from tuner.cli.common import COUNT, optional_session, session, table, when
 from tuner.errors import ConfigError
 from tuner.rules.signals import SIGNALS
 
@@ -111,7 +111,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_list)
     p = asub.add_parser("history", help="alert state changes, newest first")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=COUNT, default=50)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_history)
     for name, fn, helptext in (("check", cmd_check, "validate rule files (the config's, or --files)"),

@@ -12,10 +12,12 @@ from typing import Any, Callable
 from tuner.app import apply as apply_app
 from tuner.app.judge import judge_dirs, judge_target
 from tuner.apply.verdict import slo_line
-from tuner.cli.common import confirm, session, when
+from tuner.cli.common import COUNT, RECORD_ID, confirm, duration, float_in, int_in, session, when
 from tuner.cli.progress import Heartbeat
-from tuner.config import Slo, parse_duration
+from tuner.config import Slo
 from tuner.errors import ConfigError
+from tuner.files import MAX_FILE_BYTES
+from tuner.flags import redact_argv
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 
@@ -101,7 +103,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps({"dry_run": True, "target": plan.target.name, "how": plan.how, "diff": plan.diff,
                                   "old_flags": plan.old_flags, "new_flags": plan.new_flags,
-                                  "old_argv": plan.old_argv, "new_argv": plan.new_argv}))
+                                  "old_argv": redact_argv(plan.old_argv), "new_argv": redact_argv(plan.new_argv)}))
             else:
                 print("dry run: nothing is changed")
                 print(pending.describe())
@@ -122,10 +124,11 @@ def cmd_apply(args: argparse.Namespace) -> int:
         hb.what = None if args.json else _waiting(s, plan.target.name)
         with hb:
             a = pending.go(force=args.force, canary=args.canary)
+    shown = apply_app.shown(s.cfg, a)
     if args.json:
-        print(json.dumps(a.as_json()))
+        print(json.dumps(shown.as_json()))
     else:
-        _print_apply(a)
+        _print_apply(shown)
     return 0 if apply_app.held(s, a) else 8
 
 
@@ -134,7 +137,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     confirm(args, f"roll {args.target} back to the flags before its last kept apply")
     with Heartbeat(_waiting(s, args.target)) as hb:
         a = apply_app.rollback(s, args.target, force=args.force, say=hb.say)
-    _print_apply(a)
+    _print_apply(apply_app.shown(s.cfg, a))
     return 0 if a.outcome == "rolled_back" else 8
 
 
@@ -150,11 +153,9 @@ def cmd_judge(args: argparse.Namespace) -> int:
             raise ConfigError("command line", "--backend", "needed with directories: vllm or llamacpp")
         slo = None
         if args.slo_ttft_p99 or args.slo_e2e_p99:
-            slo = Slo(ttft_p99=parse_duration(args.slo_ttft_p99) if args.slo_ttft_p99 else None,
-                      e2e_p99=parse_duration(args.slo_e2e_p99) if args.slo_e2e_p99 else None,
-                      objective=args.objective)
+            slo = Slo(ttft_p99=args.slo_ttft_p99, e2e_p99=args.slo_e2e_p99, objective=args.objective)
         v = judge_dirs(Path(args.before), Path(args.after), backend=args.backend, slo=slo,
-                       min_requests=args.min_requests)
+                       min_requests=args.min_requests, max_bytes=args.max_bytes)
     if args.json:
         print(json.dumps(v.as_json()))
         return 0
@@ -205,7 +206,7 @@ def cmd_managed(args: argparse.Namespace) -> int:
             r = ap.running(t)
             state = "running" if r else (st.state if st else "never started")
             print(f"{t.name:16} {state:10} pid {r.pid if r else '-':<8} flags {json.dumps(ap.flags_in_force(t))}"
-                  + (f"  note: {st.note}" if st and st.note else ""))
+                  + (f"  note: {s.cfg.redact(st.note)}" if st and st.note else ""))
             rc = rc or (0 if r else 1)
     return rc
 
@@ -218,7 +219,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
                     "reconciling (checking open applies and managed servers)")
     with Heartbeat(what) as hb:
         lines = apply_app.reconcile(s, say=hb.say)
-    print("\n".join(lines) if lines else "nothing to reconcile")
+    print(s.cfg.redact("\n".join(lines)) if lines else "nothing to reconcile")
     return 0
 
 
@@ -230,7 +231,7 @@ def cmd_haproxy_config(args: argparse.Namespace) -> int:
 def add_parsers(sub: Any) -> None:
     a = sub.add_parser("apply-recommendation", help="apply a stored recommendation: drain, restart with the new flags, "
                        "health gate, observe, keep or roll back (journaled)")
-    a.add_argument("id", type=int)
+    a.add_argument("id", type=RECORD_ID)
     a.add_argument("--dry-run", action="store_true", help="print the flag diff and the full argv; change nothing")
     a.add_argument("--yes", action="store_true", help="do not ask for confirmation (needed without a terminal)")
     a.add_argument("--applied", action="store_true",
@@ -251,7 +252,7 @@ def add_parsers(sub: Any) -> None:
 
     j = sub.add_parser("journal", help="every apply and rollback, step by step, with the verdict and its numbers")
     j.add_argument("target", nargs="?")
-    j.add_argument("--limit", type=int, default=20)
+    j.add_argument("--limit", type=COUNT, default=20)
     j.add_argument("--brief", action="store_true", help="without the steps")
     j.add_argument("--json", action="store_true")
     j.set_defaults(func=cmd_journal)
@@ -266,13 +267,15 @@ def add_parsers(sub: Any) -> None:
     v.add_argument("--before", help="directory (or with TARGET a range START..END) before the change")
     v.add_argument("--after", help="directory (or with TARGET a range START..END) after the change")
     v.add_argument("--backend", choices=["vllm", "llamacpp"], help="the server that wrote the expositions")
-    v.add_argument("--slo-ttft-p99", help="TTFT budget, e.g. 500ms (directories only; a target has its slo)")
-    v.add_argument("--slo-e2e-p99", help="end-to-end budget, e.g. 10s")
-    v.add_argument("--objective", type=float, default=0.99, help="share of requests that must meet the budgets")
-    v.add_argument("--min-requests", type=int, default=20,
+    v.add_argument("--slo-ttft-p99", type=duration, help="TTFT budget, e.g. 500ms (directories only; a target has its slo)")
+    v.add_argument("--slo-e2e-p99", type=duration, help="end-to-end budget, e.g. 10s")
+    v.add_argument("--objective", type=float_in(0, 1, low_open=True), default=0.99, help="share of requests that must meet the budgets")
+    v.add_argument("--min-requests", type=int_in(0, 2**31), default=20,
                    help="fewer finished on either side (llama-server: tokens): inconclusive")
     v.add_argument("--json", action="store_true", help="one JSON object: outcome, reason, confidence, test, "
                    "before, after")
+    v.add_argument("--max-bytes", type=int_in(1, 2**40), default=MAX_FILE_BYTES,
+                   help="largest exposition read, after decompression (default 10 MiB, as a scrape's body)")
     v.set_defaults(func=cmd_judge)
 
     m = sub.add_parser("managed", help="servers tuner starts itself (targets with managed:): status, start, stop")

@@ -12,14 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from tuner.app import status as status_app
-from tuner.cli.common import duration, fmt, session, table
+from tuner.cli.common import duration, float_in, fmt, int_in, session, table, unix_time
 from tuner.collect import llamacpp
 from tuner.collect.scrape import scrape_url, snapshot_from_text
 from tuner.collect.exposition import decode_body
 from tuner.collect.snapshots import TargetSnapshot
 from tuner.config import parse_duration
-from tuner.errors import ConfigError, ScrapeError
-from tuner.store.db import current_revision, head_revision, open_engine, upgrade
+from tuner.errors import ConfigError, InputFileError, ScrapeError
+from tuner.files import MAX_FILE_BYTES, read_bytes
+from tuner.store.db import current_revision, head_revision, open_engine, redact_url, upgrade
 
 __all__ = ["add_parsers"]
 
@@ -36,11 +37,11 @@ def cmd_db(args: argparse.Namespace) -> int:
     engine = open_engine(cfg.store.url)
     if args.db_command == "upgrade":
         before, after = upgrade(engine)
-        print(f"{cfg.store.url}: {before or 'empty'} -> {after}" if before != after
-              else f"{cfg.store.url}: already at {after}")
+        print(f"{redact_url(cfg.store.url)}: {before or 'empty'} -> {after}" if before != after
+              else f"{redact_url(cfg.store.url)}: already at {after}")
     else:
         current, head = current_revision(engine), head_revision()
-        print(f"{cfg.store.url}: {current or 'no schema'} (this tuner: {head})")
+        print(f"{redact_url(cfg.store.url)}: {current or 'no schema'} (this tuner: {head})")
         return 0 if current == head else 1
     return 0
 
@@ -81,7 +82,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                          f"{fmt(e.requests_running_max, digits=0)}/{fmt(e.requests_waiting_max, digits=0)}",
                          fmt(e.queue_p99, 1, "s", 2), fmt(e.ttft_p99, 1000, "ms", 0), fmt(e.e2e_p99, 1, "s", 2),
                          fmt(e.goodput_ratio, 100, "%", 0), "-", "-", ""])
-    print(f"tuner status — window {st.window_s:g}s (peaks and P99s over it), store {s.cfg.store.url}")
+    print(f"tuner status — window {st.window_s:g}s (peaks and P99s over it), store {redact_url(s.cfg.store.url)}")
     print(table(rows))
     if st.gpu_note:
         print(f"\nGPU ({s.cfg.gpu.source}): {st.gpu_note}" if s.cfg.gpu.source != "none" else f"\nGPU: {st.gpu_note}")
@@ -120,11 +121,12 @@ def cmd_signals(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read(path: str) -> bytes:
+def _read(path: str, max_bytes: int) -> bytes:
+    """A saved body, read up to ``max_bytes`` as a scrape's is (``--file /dev/zero`` stops there)."""
     try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise ScrapeError(f"{path}: {exc.strerror or exc}") from None
+        return read_bytes(path, max_bytes=max_bytes, cap="--max-bytes")
+    except InputFileError as exc:
+        raise ScrapeError(str(exc)) from None
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
@@ -132,8 +134,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     now = time.time()
     snap: TargetSnapshot
     if args.file:
-        text = decode_body(_read(args.file))
-        slots = llamacpp.parse_slots(_read(args.slots_file)) if args.slots_file else None
+        text = decode_body(_read(args.file, args.max_bytes))
+        slots = llamacpp.parse_slots(_read(args.slots_file, args.max_bytes)) if args.slots_file else None
         snap = snapshot_from_text(args.backend, text, target=args.file, ts=now, slots=slots,
                                   model_name=args.model_name or "llama-server")
     else:
@@ -185,7 +187,7 @@ def add_parsers(sub: Any) -> None:
     g.add_argument("--window", type=duration, default=parse_duration("5m"),
                    help="window (default 5m; one longer than store.retention.raw is read at the rollup step, "
                         "as retention will keep it)")
-    g.add_argument("--at", type=float, help="evaluate at this unix time instead of now")
+    g.add_argument("--at", type=unix_time, help="evaluate at this unix time instead of now")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_signals)
 
@@ -198,8 +200,9 @@ def add_parsers(sub: Any) -> None:
     n.add_argument("--slots-file", help="llama-server: a saved /slots JSON (derives slots and KV use)")
     n.add_argument("--model-name", help="llama-server: the model name to report (it serves no such label)")
     n.add_argument("--json", action="store_true", help="one JSON object per line")
-    n.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
-    n.add_argument("--max-bytes", type=int, default=10 * 2**20, help="largest body accepted (default 10 MiB)")
+    n.add_argument("--timeout", type=float_in(0, 3600, low_open=True), default=5.0, help="seconds (default 5)")
+    n.add_argument("--max-bytes", type=int_in(1, 2**40), default=MAX_FILE_BYTES,
+                   help="largest body (or --file) accepted (default 10 MiB, as defaults.max_body_bytes)")
     n.set_defaults(func=cmd_snapshot)
 
     m = sub.add_parser("demo", help="start a real vLLM on a tiny model, run tuner against it under load, "

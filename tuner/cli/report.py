@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.app.report import write_report
-from tuner.cli.common import duration, session
+from tuner.cli.common import duration, int_in, session, unix_time
 from tuner.config import parse_duration
 
 __all__ = ["add_parsers"]
@@ -28,8 +28,8 @@ def add_parsers(sub: Any) -> None:
                        "over time, alerts and applies marked, before/after per apply")
     r.add_argument("--target", help="one target (default: every target in the store)")
     r.add_argument("--since", type=duration, default=parse_duration("24h"), help="how far back (default 24h)")
-    r.add_argument("--until", type=float, help="end at this unix time instead of now")
-    r.add_argument("--points", type=int, default=120, help="evaluation times per plot (default 120)")
+    r.add_argument("--until", type=unix_time, help="end at this unix time instead of now")
+    r.add_argument("--points", type=int_in(2, 10_000), default=120, help="evaluation times per plot (default 120)")
     r.add_argument("--window", type=duration, help="signal window at each point (default: 2 x the step, "
                    "at least 10s)")
     r.add_argument("-o", "--output", required=True, help="the HTML file to write")

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from tuner.app.tune import TuneRequest, tune, workload_of
-from tuner.cli.common import duration, session, table
+from tuner.cli.common import duration, float_in, int_in, session, table
 from tuner.cli.progress import Heartbeat
 from tuner.config import parse_duration
 from tuner.signals.workload import dump_workload
@@ -87,14 +87,14 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--workload", metavar="FILE", help="workload file (default: what the target served in --window)")
     t.add_argument("--window", type=duration, default=parse_duration("1h"), help="stored window the workload is "
                    "read from (default 1h)")
-    t.add_argument("--budget", type=int, default=8, help="trials that start a server, the noise re-run included "
+    t.add_argument("--budget", type=int_in(1, 10_000), default=8, help="trials that start a server, the noise re-run included "
                    "(default 8)")
     t.add_argument("--max-time", type=duration, default=parse_duration("1h"), help="stop starting trials after "
                    "this long (default 1h)")
     t.add_argument("--flags", help="comma-separated flags to search, each NAME or NAME=V1/V2/... (default: every "
                    "searchable one on this host, over tuner's own value ladders)")
-    t.add_argument("--run-seconds", type=float, default=15.0, help="seconds of load per rate tried (default 15)")
-    t.add_argument("--max-runs", type=int, default=6, help="rate runs per trial's capacity search (default 6)")
+    t.add_argument("--run-seconds", type=float_in(0, 86400, low_open=True), default=15.0, help="seconds of load per rate tried (default 15)")
+    t.add_argument("--max-runs", type=int_in(1, 1000), default=6, help="rate runs per trial's capacity search (default 6)")
     t.add_argument("--no-noise-check", action="store_true", help="do not measure the winner a second time")
     t.add_argument("--client-python", help="a Python with vllm installed, for vLLM's benchmark client (default: "
                    "the vLLM target's managed.executable; needed for llama-server)")
@@ -110,6 +110,6 @@ def add_parsers(sub: Any) -> None:
                         "exponential search along max-num-seqs (--parallel) whose first step is long when the best "
                         "so far queued requests (default); random: optuna's random sampler; grid: every feasible "
                         "point (budget permitting)")
-    t.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
+    t.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, help="the sampler's seed (default 0)")
     t.add_argument("--json", action="store_true", help="the result as JSON on stdout (progress on stderr)")
     t.set_defaults(func=cmd_tune)

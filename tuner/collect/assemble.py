@@ -15,8 +15,9 @@ from typing import Iterable, Literal
 from tuner.collect.catalogue import ENGINE_LABELS
 from tuner.collect.exposition import CatalogueSample
 from tuner.collect.snapshots import EngineSnapshot, Histogram, Labels, SeriesKey
+from tuner.errors import ExpositionError
 
-__all__ = ["assemble_engines"]
+__all__ = ["assemble_engines", "MAX_ENGINES"]
 
 _IGNORED_LABELS = frozenset(ENGINE_LABELS) | {"le", "instance", "job", "__name__"}
 # One tuple per distinct set of histogram bounds: every target's histogram of a metric has the same, and the
@@ -24,6 +25,9 @@ _IGNORED_LABELS = frozenset(ENGINE_LABELS) | {"le", "instance", "job", "__name__
 # server that makes up new bounds at every scrape cannot grow it past this.
 _BOUNDS: dict[tuple[float, ...], tuple[float, ...]] = {}
 _MAX_BOUNDS = 4096
+# Engines (engine x model_name) one target may serve: vLLM serves one per data-parallel rank and served model, a
+# handful; past this a body is a server making up labels, and every one of them becomes ~36 stored series a scrape.
+MAX_ENGINES = 256
 
 
 def _extra(labels: dict[str, str]) -> Labels:
@@ -43,7 +47,8 @@ def _le(value: str) -> float | None:
 
 def assemble_engines(samples: Iterable[CatalogueSample], backend: Literal["vllm", "llamacpp"],
                      default_model: str, problems: list[str]) -> tuple[EngineSnapshot, ...]:
-    """Group samples into engines; histogram parts into Histograms. Inconsistencies go to ``problems``."""
+    """Group samples into engines; histogram parts into Histograms. Inconsistencies go to ``problems``.
+    ExpositionError when the body names more than MAX_ENGINES engines."""
     samples = list(samples)
     # An engine is named by a sample carrying both labels; a sample with one of them only joins those.
     engines: set[tuple[str, str]] = {
@@ -53,10 +58,29 @@ def assemble_engines(samples: Iterable[CatalogueSample], backend: Literal["vllm"
         (s.labels.get("engine", "0"), s.labels.get("model_name", default_model))
         for s in samples if "engine" in s.labels or "model_name" in s.labels
     } or {("0", default_model)}
+    if len(engines) > MAX_ENGINES:
+        raise ExpositionError(f"{len(engines)} engines (distinct engine and model_name labels) in one exposition, "
+                              f"over tuner's cap of {MAX_ENGINES} per target: a server whose labels change at "
+                              "every scrape? (scrape refused)")
+
+    # Each sample's engines found by its labels, not by a walk over every engine: linear in the samples (each
+    # sample against every engine cost 87 s of one core for 32k engines in a 1.9 MB body, bench/many_engines.py).
+    everyone = sorted(engines)
+    by_engine: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    by_model: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for k in everyone:
+        by_engine[k[0]].append(k)
+        by_model[k[1]].append(k)
 
     def owners(labels: dict[str, str]) -> list[tuple[str, str]]:
         e, m = labels.get("engine"), labels.get("model_name")
-        return [k for k in engines if (e is None or k[0] == e) and (m is None or k[1] == m)]
+        if e is not None and m is not None:
+            return [(e, m)] if (e, m) in engines else []
+        if e is not None:
+            return by_engine.get(e, [])
+        if m is not None:
+            return by_model.get(m, [])
+        return everyone
 
     values: dict[tuple[str, str], dict[SeriesKey, float]] = defaultdict(dict)
     parts: dict[tuple[str, str], dict[SeriesKey, dict[str, object]]] = defaultdict(

@@ -19,7 +19,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from tuner.errors import ScrapeError
@@ -44,10 +44,12 @@ def get(url: str, *, timeout_s: float, max_bytes: int,
     return _request("GET", url, None, {"Accept": accept}, timeout_s=timeout_s, max_bytes=max_bytes)
 
 
-def post_json(url: str, payload: Any, *, timeout_s: float, max_bytes: int = 2**20) -> Response:
-    """POST ``payload`` as JSON; any status comes back as a Response; ScrapeError as ``get``."""
+def post_json(url: str, payload: Any, *, timeout_s: float, max_bytes: int = 2**20,
+              headers: Mapping[str, str] | None = None) -> Response:
+    """POST ``payload`` as JSON (with ``headers`` besides: a server's Authorization); any status comes back as a
+    Response; ScrapeError as ``get``."""
     return _request("POST", url, json.dumps(payload).encode(),
-                    {"Accept": "application/json", "Content-Type": "application/json"},
+                    {"Accept": "application/json", "Content-Type": "application/json", **(headers or {})},
                     timeout_s=timeout_s, max_bytes=max_bytes)
 
 

@@ -19,6 +19,8 @@ from tuner.errors import ExpositionError, MetricsDisabledError, ScrapeError
 
 __all__ = ["parse_slots", "snapshot_from_text", "scrape"]
 
+_MAX_TOKENS = 2**53  # token counts are stored as floats: past this one would overflow or lose its units
+
 
 def parse_slots(data: Any) -> SlotsState:
     """/slots JSON (a list of slot objects) → SlotsState; ExpositionError names what is wrong."""
@@ -37,8 +39,8 @@ def parse_slots(data: Any) -> SlotsState:
         if not isinstance(slot, dict):
             raise ExpositionError(f"/slots[{i}]: expected an object, got {type(slot).__name__}")
         ctx = slot.get("n_ctx")
-        if not isinstance(ctx, int) or isinstance(ctx, bool) or ctx <= 0:
-            raise ExpositionError(f"/slots[{i}].n_ctx: expected a positive integer, got {ctx!r}")
+        if not isinstance(ctx, int) or isinstance(ctx, bool) or not 0 < ctx <= _MAX_TOKENS:
+            raise ExpositionError(f"/slots[{i}].n_ctx: expected a positive integer up to 2**53, got {_short(ctx)}")
         n_ctx = ctx if n_ctx is None else max(n_ctx, ctx)
         if slot.get("is_processing") is True:
             busy += 1
@@ -71,9 +73,14 @@ def _slot_tokens(slot: dict[str, Any], i: int, n_ctx: int) -> int:
 def _int(value: Any, where: str) -> int:
     if value is None:
         return 0
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ExpositionError(f"{where}: expected a non-negative integer, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_TOKENS:
+        raise ExpositionError(f"{where}: expected a non-negative integer up to 2**53, got {_short(value)}")
     return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _with_slots(engine: EngineSnapshot, slots: SlotsState) -> EngineSnapshot:

@@ -24,7 +24,7 @@ from tuner.collect.catalogue import ALL_SPECS, lookup
 from tuner.collect.exposition import CatalogueSample
 from tuner.collect.snapshots import TargetSnapshot
 from tuner.config import Target, parse_selector
-from tuner.errors import ScrapeError
+from tuner.errors import ExpositionError, ScrapeError
 
 __all__ = ["scrape_via_prometheus", "scrape_fleet", "raw_snapshots", "selector_for"]
 
@@ -143,7 +143,11 @@ def scrape_fleet(prom_url: str, targets: Sequence[Target], *, timeout_s: float,
                                       "is it scraping the server? (set the target's prometheus_selector)")
         else:
             kept, problems = _problems_for(values[i])
-            engines = assemble_engines(_to_samples(kept), _backend(t), t.name, problems)
+            try:
+                engines = assemble_engines(_to_samples(kept), _backend(t), t.name, problems)
+            except ExpositionError as exc:  # too many engines: this target's scrape fails, not the fleet's
+                out[t.name] = ScrapeError(f"{t.name} via Prometheus at {prom_url}: {exc}")
+                continue
             out[t.name] = TargetSnapshot(target=t.name, backend=_backend(t), ts=at, duration_s=took,
                                          engines=engines, problems=tuple(problems), healthy=None)
     return out

@@ -43,13 +43,15 @@ from tuner.daemon.state import DaemonState
 from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
 from tuner.flags import takes
 from tuner.kube import Discovery, templates
-from tuner.store.db import daemon_lock
+from tuner.rules.evaluate import RESOLVED_RETENTION
+from tuner.rules.model import RuleGroup
+from tuner.store.db import daemon_lock, incremental_vacuum, redact_url
 from tuner.store.retention import apply_retention
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 from tuner.store.store import Failed, Scraped, Store
 
-__all__ = ["Daemon", "serve_daemon"]
+__all__ = ["Daemon", "serve_daemon", "RedactSecrets"]
 
 log = logging.getLogger("tuner.daemon")
 _CLOCK_STEP_S = 2.0  # a wall-clock jump larger than this (against the monotonic clock) is a step, not drift
@@ -309,12 +311,33 @@ class Daemon:
         if self._writer is not None:
             self.flush()  # the scrapes already done are in the store for this evaluation, not a quarter second on
         try:
-            self.alerting.evaluate_group(group)
+            failed = self.alerting.evaluate_group(group)
         except TunerError as exc:
             self._job_error(f"rules:{group_name}", str(exc))
             return
+        with self.state.lock:
+            self.state.job_errors.pop(f"rules:{group_name}", None)
+        self._rule_health(group, failed)
         if self.cfg.alerting.alertmanagers:
             self.notify_once()  # send what this evaluation queued now, as Prometheus does, not at the next tick
+
+    def _rule_health(self, group: RuleGroup, failed: dict[str, str]) -> None:
+        """Each rule's failure as a job error of its own (``rule:GROUP/ALERT`` on /metrics' tuner_job_error), logged
+        when it starts or its error changes and when it recovers: once per kind of failure, not at every tick."""
+        with self.state.lock:
+            errors = self.state.job_errors
+            said = []
+            for rule in group.rules:
+                job, error = f"rule:{group.key(rule)}", failed.get(group.key(rule))
+                before = errors.get(job)
+                if error is not None and error != before:
+                    errors[job] = error
+                    said.append((logging.ERROR, error))
+                elif error is None and before is not None:
+                    del errors[job]
+                    said.append((logging.WARNING, f"rule {group.key(rule)} evaluates again"))
+        for level, line in said:
+            log.log(level, "%s", line)
 
     def notify_once(self) -> None:
         try:
@@ -330,12 +353,22 @@ class Daemon:
                     del self.state.job_errors[key]
 
     def reload_rules(self) -> bool:
-        ok = self.alerting.reload()
+        """SIGHUP: re-read the rule files; on any failure keep the last good set and log one line naming it (the
+        handler runs on the main thread: an exception escaping it would end the daemon)."""
+        try:
+            ok = self.alerting.reload()
+        except Exception as exc:  # noqa: BLE001  a bug: reported, and the daemon keeps its rules and runs on
+            self._job_error("rules", f"rule reload failed, keeping the last good rules: internal error: {exc!r}")
+            return False
         if not ok:
             self._job_error("rules", self.alerting.last_error)
-        elif self.rule_loop is not None:
+            return False
+        with self.state.lock:  # a new rule set: its groups and rules report afresh at their next evaluation
+            for job in [j for j in self.state.job_errors if j == "rules" or j.startswith(("rules:", "rule:"))]:
+                del self.state.job_errors[job]
+        if self.rule_loop is not None:
             self._start_rules()
-        return ok
+        return True
 
     def _start_rules(self) -> None:
         """Evaluate each alert group every ``interval``, in phase with the scrapes, on their clock (monotonic):
@@ -455,10 +488,20 @@ class Daemon:
                       t.apply.max_consecutive_rollbacks)
 
     def retention_once(self) -> None:
+        # A notification older than this says nothing Alertmanager still needs: its firing alerts' endsAt has
+        # passed (ValidUntil, 4 x the resend delay) and a resolved one is resent for RESOLVED_RETENTION at most.
+        longest = max((g.interval for g in self.alerting.rules.groups), default=self.cfg.alerting.evaluation_interval)
+        outbox_age = max(RESOLVED_RETENTION, 4 * max(self.cfg.alerting.resend_delay, longest))
         try:
-            apply_retention(self.store, self.cfg.store.retention, now=self.clock())
+            done = apply_retention(self.store, self.cfg.store.retention, now=self.clock(), outbox_max_age=outbox_age)
         except StoreError as exc:
             self._job_error("retention", str(exc))
+            return
+        with self.state.lock:
+            self.state.job_errors.pop("retention", None)
+        if done.get("dropped_outbox"):
+            log.warning("retention: dropped %d notification(s) older than %s that no Alertmanager accepted",
+                        done["dropped_outbox"], outbox_age)
 
     # ---- lifecycle --------------------------------------------------------------------------------
 
@@ -588,16 +631,39 @@ class Daemon:
             log.info("stopped")
 
 
+class RedactSecrets(logging.Filter):
+    """A log handler's filter: every record's text with the config's credentials as *** (Config.redact): an argv, a
+    server's log tail or an apply's note may quote one, from any logger."""
+
+    def __init__(self, redact: Callable[[str], str]) -> None:
+        super().__init__()
+        self.redact = redact
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        hidden = self.redact(text)
+        if hidden != text:
+            record.msg, record.args = hidden, ()
+        return True
+
+
 def serve_daemon(session: Session, *, max_seconds: float | None, log: logging.Logger = log) -> int:
     """`tuner run`: the daemon and its listener (/metrics, /api/v1) until SIGTERM/SIGINT or ``max_seconds``."""
     cfg = session.cfg
+    if cfg.secrets or any(t.managed and t.managed.extra_args for t in cfg.targets):
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(RedactSecrets(cfg.redact))
     with daemon_lock(session.store.engine):  # one daemon per store: a second one exits here, naming the first
+        started = time.monotonic()
+        if incremental_vacuum(session.store.engine):  # once, for a store made before; no scrape is written meanwhile
+            log.warning("store %s converted to incremental vacuum in %.1f s (retention now gives freed space back)",
+                        redact_url(cfg.store.url), time.monotonic() - started)
         daemon = Daemon(cfg, session.store, config_dir=session.config_dir)
         host, port = cfg.listen_host_port
         server, _thread = serve_metrics(daemon.state, host, port, daemon=daemon,
                                         token=cfg.api.token(session.config_dir))
-        log.info("tuner %d target(s); own metrics on http://%s:%d/metrics; store %s", len(cfg.targets), host, port,
-                 cfg.store.url)
+        log.info("tuner %d target(s); own metrics on %s/metrics; store %s", len(cfg.targets), cfg.listen_url,
+                 redact_url(cfg.store.url))
         collect_less()  # the daemon is built: its objects out of the collector's sight (daemon/malloc.py)
         try:
             daemon.run_forever(max_seconds=max_seconds)

@@ -25,7 +25,7 @@ class Query:
     kind: str  # "panel" | "annotation" | "variable"
 
 
-_LABEL_VALUES = re.compile(r"^\s*label_values\((?P<sel>.*),\s*[A-Za-z_][A-Za-z0-9_]*\s*\)\s*$", re.S)
+_LABEL_VALUES = re.compile(r"^\s*label_values\((?P<sel>.*),\s*[A-Za-z_][A-Za-z0-9_]*\s*\)\s*\Z", re.S)
 
 
 def queries(model: Mapping[str, Any]) -> Iterator[Query]:

@@ -32,8 +32,9 @@ from typing import Any, Literal, Sequence
 
 import yaml
 
-from tuner.config import Target, YamlLoader, YamlTextError, load_yaml, parse_duration
-from tuner.errors import RuleFileError
+from tuner.config import Target, YamlLoader, YamlTextError, load_yaml, parse_duration, parse_interval
+from tuner.errors import InputFileError, RuleFileError
+from tuner.files import read_text
 from tuner.rules.signals import SIGNALS, known_signals
 from tuner.rules.templates import check
 
@@ -44,7 +45,7 @@ SLO_FIELDS = {"ttft_p99": "ttft_p99", "itl_p99": "itl_p99", "e2e_p99": "e2e_p99"
 
 OPS = {">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
        "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _RULE_KEYS = {"alert", "signal", "op", "threshold", "window", "for", "keep_firing_for", "backend", "labels",
               "annotations", "overrides", "over"}
 
@@ -134,11 +135,12 @@ def _err(path: str, line: int | None, reason: str) -> RuleFileError:
     return RuleFileError(path, line, reason)
 
 
-def _duration(value: Any, path: str, line: int, key: str, *, allow_zero: bool = False) -> timedelta:
+def _duration(value: Any, path: str, line: int, key: str, *, allow_zero: bool = False,
+              interval: bool = False) -> timedelta:
     if allow_zero and value in (0, "0", "0s"):
         return timedelta(0)
     try:
-        return parse_duration(value)
+        return parse_interval(value) if interval else parse_duration(value)
     except ValueError as exc:
         raise _err(path, line, f"{key}: {exc}") from None
 
@@ -153,7 +155,8 @@ def _str_map(value: Any, path: str, line: int, key: str) -> dict[str, str]:
         if k == "__line__":
             continue
         if not _NAME.match(str(k)) or isinstance(v, (dict, list)) or v is None:
-            raise _err(path, value.get("__line__", line), f"{key}.{k}: expected a label name and a string value")
+            shown = k if _NAME.match(str(k)) else repr(str(k))  # one line, whatever the key holds
+            raise _err(path, value.get("__line__", line), f"{key}.{shown}: expected a label name and a string value")
         out[str(k)] = str(v)
     return out
 
@@ -186,6 +189,8 @@ def _rule(raw: Any, path: str, group_line: int) -> Rule:
         raise _err(path, line, f"{alert}: threshold must be a number or 'slo', got {threshold!r}")
     elif isinstance(threshold, int) and abs(threshold) >= 2**1023:  # float() would overflow
         raise _err(path, line, f"{alert}: threshold {threshold} is too large")
+    elif not math.isfinite(threshold):  # .nan compares false with everything (and NaN stands for 'slo' here)
+        raise _err(path, line, f"{alert}: threshold must be a finite number, got {threshold!r}")
     spec = SIGNALS[signal]
     backend = str(raw.get("backend", "vllm" if spec.scope == "engine" else "any"))
     if backend not in spec.promql and not (backend == "any" and spec.scope != "engine"):
@@ -208,8 +213,9 @@ def _rule(raw: Any, path: str, group_line: int) -> Rule:
             raise _err(path, raw_over.get("__line__", line), f"{alert}: overrides.{target} may set threshold and for")
         t = o.get("threshold")
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
-                              or (isinstance(t, int) and abs(t) >= 2**1023)):
-            raise _err(path, o["__line__"], f"{alert}: overrides.{target}.threshold must be a number")
+                              or (isinstance(t, int) and abs(t) >= 2**1023) or not math.isfinite(t)):
+            raise _err(path, o["__line__"], f"{alert}: overrides.{target}.threshold must be a finite number, "
+                                            f"got {t!r}")
         f = _duration(o["for"], path, o["__line__"], f"overrides.{target}.for", allow_zero=True) if "for" in o else None
         overrides[str(target)] = Override(None if t is None else float(t), f)
     annotations = _str_map(raw.get("annotations"), path, line, "annotations")
@@ -248,7 +254,8 @@ def parse_rules(text: str, path: str = "<rules>", default_interval: timedelta = 
         extra = set(g) - {"name", "interval", "rules", "__line__"}
         if extra:
             raise _err(path, g["__line__"], f"unknown group key {sorted(extra)[0]!r} (name, interval, rules)")
-        interval = _duration(g["interval"], path, g["__line__"], "interval") if "interval" in g else default_interval
+        interval = (_duration(g["interval"], path, g["__line__"], "interval", interval=True) if "interval" in g
+                    else default_interval)
         rules = tuple(_rule(r, path, g["__line__"]) for r in g["rules"])
         dup = [r for i, r in enumerate(rules) if r.alert in {x.alert for x in rules[:i]}]
         if dup:
@@ -272,9 +279,9 @@ def load_rule_files(paths: Sequence[str | Path], default_interval: timedelta = t
     for p in paths:
         path = Path(p)
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise _err(str(path), None, f"cannot read: {exc.strerror or exc}") from None
+            text = read_text(path)
+        except InputFileError as exc:  # missing, not UTF-8, larger than any rule file
+            raise _err(str(path), None, exc.reason) from None
         rs = parse_rules(text, str(path), default_interval)
         for g in rs.groups:
             if g.name in seen:

@@ -14,9 +14,9 @@ from decimal import Decimal
 __all__ = ["render", "check", "go_float"]
 
 _ACTION = re.compile(r"{{-?\s*(.*?)\s*-?}}")
-_LABEL = re.compile(r"^\$labels\.([A-Za-z_][A-Za-z0-9_]*)$")
+_LABEL = re.compile(r"^\$labels\.([A-Za-z_][A-Za-z0-9_]*)\Z")
 _PRINTF = re.compile(r'^printf\s+"(%[-+ #0]*\d*(?:\.\d+)?[dfgeGsv])"\s+\$value$')
-_PIPE = re.compile(r"^\$value\s*\|\s*(humanize|humanizePercentage|humanizeDuration)$")
+_PIPE = re.compile(r"^\$value\s*\|\s*(humanize|humanizePercentage|humanizeDuration)\Z")
 
 
 def go_float(v: float) -> str:

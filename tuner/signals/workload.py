@@ -44,7 +44,8 @@ _PROMPT, _GEN = "vllm:request_prompt_tokens", "vllm:request_generation_tokens"
 class Workload(BaseModel):
     """What a benchmark replays: lengths in tokens, the arrival rate and its burstiness."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: `input_len: true` or `"100"` is refused, not read as 1 or 100; no NaN or infinity anywhere
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     input_len: int = Field(ge=1, le=1_000_000)
     output_len: int = Field(ge=1, le=1_000_000)
@@ -63,6 +64,11 @@ class Workload(BaseModel):
     def _prefix(self) -> "Workload":
         if self.prefix_len >= self.input_len:
             raise ValueError(f"prefix_len: {self.prefix_len} must be shorter than input_len ({self.input_len})")
+        # the longest request is at least as long as the mean one
+        for top, mean in (("max_prompt_tokens", "input_len"), ("max_output_tokens", "output_len")):
+            if getattr(self, top) is not None and getattr(self, top) < getattr(self, mean):
+                raise ValueError(f"{top}: {getattr(self, top)} is below {mean} ({getattr(self, mean)}); the longest "
+                                 f"request cannot be shorter than the mean one")
         return self
 
     @property
@@ -105,6 +111,12 @@ def _top_bound(bounds: tuple[float, ...], cum: list[float]) -> int | None:
     return None
 
 
+def _at_least(top: int | None, mean: int) -> int | None:
+    """The longest request's bound, never below the mean (requests past the last finite bucket: that bound is
+    all a histogram says, and it can be below their mean)."""
+    return None if top is None else max(top, mean)
+
+
 def _counter_increase(e: EngineWindow, metric: str) -> float:
     return math.fsum(math.fsum(_deltas([v for _, v in pts])) for (name, _), pts in e.series.items()
                      if name == metric and len(pts) >= 2)
@@ -142,7 +154,8 @@ def from_window(window: TargetWindow) -> Workload | None:
     return Workload(
         input_len=input_len, output_len=output_len, range_ratio=range_ratio, prefix_len=prefix_len,
         rate_rps=round(rate, 4) if rate else None, burstiness=burstiness, prefix_hit_ratio=hit_ratio,
-        max_prompt_tokens=_top_bound(p_bounds, p_cum), max_output_tokens=_top_bound(g_bounds, g_cum),
+        max_prompt_tokens=_at_least(_top_bound(p_bounds, p_cum), input_len),
+        max_output_tokens=_at_least(_top_bound(g_bounds, g_cum), output_len),
         requests=int(p_count), source="store", window_s=round((window.end_ms - window.start_ms) / 1000, 3))
 
 

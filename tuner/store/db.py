@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
+import sqlite3
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from threading import Lock
+from typing import Any
 from pathlib import Path
 
 from alembic import command
@@ -18,8 +22,8 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 
 from tuner.errors import SchemaOutdatedError, StoreBusyError, StoreError
 
-__all__ = ["Tx", "open_engine", "upgrade", "current_revision", "head_revision", "check_schema", "migrations_dir",
-           "daemon_lock"]
+__all__ = ["Tx", "redact_url", "open_engine", "incremental_vacuum", "give_back_space", "upgrade", "current_revision",
+           "head_revision", "check_schema", "migrations_dir", "daemon_lock"]
 
 
 def migrations_dir() -> Path:
@@ -34,6 +38,9 @@ def migrations_dir() -> Path:
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
+    # A new database frees pages on request (give_back_space): set before its first table. An older one keeps
+    # its mode until one VACUUM converts it (incremental_vacuum()).
+    cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
     # WAL: readers (CLI, exporter) never block the scraper's writes; NORMAL is durable at checkpoints.
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
@@ -42,15 +49,24 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
+
+
+def redact_url(url: str) -> str:
+    """``store.url`` as it may be shown: a password in it replaced by ``***`` (the URL as written otherwise)."""
+    return _PASSWORD.sub(r"\1***@", url)
+
+
 def open_engine(url: str) -> Engine:
+    shown = redact_url(url)
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         parent = Path(url[len("sqlite:///"):]).parent
         if not parent.exists():
-            raise StoreError(f"store.url {url}: directory {parent} does not exist; create it or change store.url")
+            raise StoreError(f"store.url {shown}: directory {parent} does not exist; create it or change store.url")
     try:
         engine = create_engine(url)
-    except Exception as exc:  # bad URL or missing driver
-        raise StoreError(f"store.url {url!r}: {exc}") from None
+    except Exception as exc:  # bad URL or missing driver (the driver's message may quote the URL: redacted too)
+        raise StoreError(f"store.url {shown!r}: {str(exc).replace(url, shown)}") from None
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     return engine
@@ -118,7 +134,8 @@ def check_schema(engine: Engine) -> None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
-    """Migrate to ``revision``; returns (before, after)."""
+    """Migrate to ``revision`` (and convert a store made before incremental vacuum: incremental_vacuum());
+    returns (before, after)."""
     before = current_revision(engine)
     cfg = _alembic_config(engine)
     try:
@@ -127,6 +144,7 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
             command.upgrade(cfg, revision)
     except (OperationalError, DatabaseError) as exc:
         raise StoreError(f"migrating {engine.url} failed: {exc.orig}") from None
+    incremental_vacuum(engine)
     return before, current_revision(engine) or ""
 
 
@@ -165,3 +183,63 @@ def daemon_lock(engine: Engine) -> Iterator[Path | None]:
         os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # releases the lock
+
+
+_INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
+_PAGES_AT_ONCE = 2048  # pages freed per hold of the write lock (8 MiB at SQLite's 4 KiB page)
+
+
+def incremental_vacuum(engine: Engine) -> bool:
+    """Make the store one whose free pages can go back to the file system: a database made before tuner set
+    ``auto_vacuum=INCREMENTAL`` needs one VACUUM for it (it rewrites the file: seconds per 100 MB, with as much
+    free disk again). False when it was so already (or is not SQLite). `tuner db upgrade` and `tuner run` at its
+    start call it, before any scrape is written."""
+    if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
+        return False
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        if cur.execute("PRAGMA auto_vacuum").fetchone()[0] == _INCREMENTAL:
+            return False
+        cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        _sqlite(raw).executescript("VACUUM;")  # outside any transaction; applies the mode
+        return True
+    except (OperationalError, DatabaseError, sqlite3.DatabaseError) as exc:
+        raise StoreError(f"{engine.url}: converting to incremental vacuum failed: {exc}") from None
+    finally:
+        raw.close()
+
+
+def _sqlite(raw: Any) -> sqlite3.Connection:
+    driver = raw.driver_connection
+    assert isinstance(driver, sqlite3.Connection), "tuner's store is SQLite"
+    return driver
+
+
+def give_back_space(engine: Engine, *, lock: Lock | None = None) -> int:
+    """Return the store's free pages (what retention deleted) to the file system, a few thousand at a time under
+    ``lock`` (the store's write lock: a scrape waits for one step, never for the whole); the pages freed. Nothing
+    on a store not yet converted (incremental_vacuum)."""
+    if engine.dialect.name != "sqlite":
+        return 0
+    freed = 0
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        if cur.execute("PRAGMA auto_vacuum").fetchone()[0] != _INCREMENTAL:
+            return 0
+        free = cur.execute("PRAGMA freelist_count").fetchone()[0]
+        while free > 0:
+            with lock or nullcontext():
+                # executescript steps the pragma to the end (a cursor's execute frees one page)
+                _sqlite(raw).executescript(f"PRAGMA incremental_vacuum({_PAGES_AT_ONCE});")
+            left = cur.execute("PRAGMA freelist_count").fetchone()[0]
+            if left >= free:  # nothing moved (cannot happen; never loop on it)
+                break
+            freed, free = freed + free - left, left
+        cur.execute("PRAGMA wal_checkpoint(PASSIVE)")  # the file shrinks when the WAL is written back
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{engine.url}: giving freed pages back failed: {exc}") from None
+    finally:
+        raw.close()
+    return freed

@@ -288,6 +288,16 @@ class Head:
             self.served += 1
         return out
 
+    def forget(self, series_ids: Collection[int]) -> None:
+        """Series retention deleted from SQLite (no point of them is left there, nor here)."""
+        with self._lock:
+            for sid in series_ids:
+                got = self._by_id.pop(sid, None)
+                if got is not None:
+                    held = self._targets.get(got[0])
+                    if held is not None:
+                        held.series.pop(sid, None)
+
     def clear(self) -> None:
         with self._lock:
             self._targets.clear()

@@ -621,6 +621,25 @@ class Store:
                                           if p.uuid == r.uuid))
                 for r in rows]
 
+    def forget_deleted(self, series_ids: Collection[int], config_ids: Collection[int]) -> None:
+        """Retention deleted these series and engine-config rows: drop every id cached for them (a scrape of the same
+        labels later makes new rows), so labels that churn do not grow the caches either. Called under the write
+        lock, after the deletion committed."""
+        if series_ids:
+            gone = set(series_ids)
+            for key in [k for k, sid in self._series_by_key.items() if sid in gone]:
+                del self._series_by_key[key]
+            for key in [k for k, sh in self._shapes.items()
+                        if not (gone.isdisjoint(sh.value_ids) and gone.isdisjoint(sh.hist_ids))]:
+                del self._shapes[key]
+            if self._head is not None:
+                self._head.forget(gone)
+        if config_ids:
+            gone = set(config_ids)
+            for key in [k for k, (rid, _) in self._configs.items() if rid in gone]:
+                del self._configs[key]
+            self._meta.clear()  # each target's configs are read again at its next window
+
     def delete_targets_except(self, keep: Iterable[str]) -> None:
         """Not used by the daemon (history is kept when a target leaves the config); for tests/tools."""
         with self._lock, self._write() as conn:

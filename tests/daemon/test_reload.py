@@ -1,0 +1,77 @@
+"""A running `tuner run` and SIGHUP: a rule file that cannot be read (not UTF-8) is refused with one log line naming
+the file, the daemon keeps the last good rules and runs on (issue 39, item 5)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import Route, fixture_text, serve
+from tuner.lab.proc import wait_for
+
+GOOD = ("groups:\n  - name: g\n    interval: 1s\n    rules:\n"
+        "      - {alert: Up, signal: up, op: '==', threshold: 1, window: 1m, for: 0s}\n")
+
+
+def _metrics_of(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def test_sighup_with_a_rule_file_that_is_not_utf8_keeps_the_daemon_and_its_rules(tmp_path: Path):
+    import socket
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(GOOD)
+    log = tmp_path / "tuner.log"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with serve({"/metrics": Route(body=fixture_text("vllm-0.32-cpu/metrics_after_load.txt")),
+                "/health": Route(body=b"")}) as url:
+        config = tmp_path / "tuner.yaml"
+        config.write_text(f"store: {{url: 'sqlite:///{tmp_path}/tuner.db'}}\nlisten: 127.0.0.1:{port}\n"
+                          f"defaults: {{scrape_interval: 1s}}\n"
+                          f"targets:\n  - {{name: chat, backend: vllm, url: '{url}'}}\n"
+                          f"alerting: {{rule_files: ['{rules}'], evaluation_interval: 1s}}\n")
+        cli = [sys.executable, "-m", "tuner.cli", "--config", str(config)]
+        subprocess.run([*cli, "db", "upgrade"], check=True, capture_output=True)
+        with open(log, "w") as err:
+            proc = subprocess.Popen([*cli, "run"], stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            wait_for(lambda: 'alertname="Up"' in _safe(_metrics_of, port), 60, "the Up alert to fire")
+            rules.write_bytes(GOOD.replace("Up", "Caf\xe9").encode("latin-1"))  # "Café" in Latin-1: not UTF-8
+            os.kill(proc.pid, signal.SIGHUP)
+            wait_for(lambda: proc.poll() is not None or 'tuner_job_error{job="rules"} 1.0' in _safe(_metrics_of, port),
+                     30, "the failed reload to show")
+            assert proc.poll() is None, log.read_text()
+            then = _scrapes(port)
+            wait_for(lambda: proc.poll() is not None or _scrapes(port) >= then + 2, 30, "two more scrapes")
+            assert proc.poll() is None, log.read_text()
+            assert 'alertname="Up"' in _metrics_of(port)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+    text = log.read_text()
+    assert "Traceback" not in text, text
+    lines = [line for line in text.splitlines() if "reload failed" in line]
+    assert len(lines) == 1, text
+    assert str(rules) in lines[0] and "not UTF-8" in lines[0], lines[0]
+    assert proc.returncode == 0, text
+
+
+def _scrapes(port: int) -> float:
+    line = next(x for x in _safe(_metrics_of, port).splitlines() if x.startswith('tuner_scrapes_total{target="chat"}'))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def _safe(fn, *args) -> str:
+    try:
+        return fn(*args)
+    except OSError:
+        return ""
