@@ -76,9 +76,12 @@ def test_cli_plan_bad_input_is_one_line(capsys, tmp_path):
     assert main(["plan", "--model", str(tmp_path / "none"), "--gpu-memory-gib", "24"]) == 2
     err = capsys.readouterr().err
     assert "expected a model directory" in err and "Traceback" not in err
-    assert main(["plan", "--model", str(MODELS / "llama-3-8b"), "--gpu-memory-gib", "24",
-                 "--gpu-memory-utilization", "2"]) == 2
-    assert "gpu-memory-utilization" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # refused as the command line is parsed, as argparse refuses
+        main(["plan", "--model", str(MODELS / "llama-3-8b"), "--gpu-memory-gib", "24", "--gpu-memory-utilization",
+              "2"])
+    assert exited.value.code == 2
+    assert "argument --gpu-memory-utilization: expected a number above 0 and at most 1, got '2'" in \
+        capsys.readouterr().err.splitlines()[-1]
 
 
 def test_cli_recommendations_list_and_show(store, tmp_path, capsys):

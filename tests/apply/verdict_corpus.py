@@ -20,7 +20,10 @@ and the rules, each a statement a person on call would make from those numbers:
 
   1. A trickle judges nothing: fewer than TRICKLE requests finished on a side -> inconclusive.
   2. The SLO first: before met and after breached beyond the binomial noise, the load not risen beyond LOAD_MATCH
-     -> rolled_back; breached then met, the load not fallen beyond it -> kept.
+     -> rolled_back; breached then met, the load not fallen beyond it -> kept. A decision is required only where the
+     clients' evidence is clear (a one-sided two-proportion test at CLEAR, 0.99); a flip that is only just beyond
+     the noise (0.95 to 0.99, e.g. 0 then 3 misses of 79) admits inconclusive beside the SLO's outcome, never the
+     other one (the server's histograms see the same requests a little differently from the clients' clocks).
   3. The same flags restarted are never rolled back.
   4. A large effect decides: saturated on both sides (backlog on both), served x1.3 or more -> kept, x0.77 or less
      -> rolled_back; a queue appeared at the same load and the new flags serve 0.7x or less of what the old ones were
@@ -47,6 +50,7 @@ LOAD_MATCH = 1.25
 TRICKLE = 15  # finished requests a side below which nothing can be judged (the verdict's min_requests is 20)
 BACKLOG = 0.15  # a backlog share above this: the queue grew over the window
 Z95 = 1.959964
+CLEAR = 0.99  # how sure the clients' numbers must be before a decision is required of the verdict
 
 
 @dataclass(frozen=True)
@@ -134,12 +138,17 @@ def _status(p: float, n: int, objective: float) -> str:
     return "met" if p >= objective else "breached" if wilson(p, n)[1] < objective else "unsure"
 
 
-def _fell_beyond_noise(pb: float, nb: int, pa: float, na: int) -> bool:
+def _p_fell(pb: float, nb: int, pa: float, na: int) -> float:
+    """One-sided two-proportion z-test: how sure the numbers are that the share fell from pb (of nb) to pa."""
     pooled = (pb * nb + pa * na) / (nb + na)
     se = math.sqrt(pooled * (1 - pooled) * (1 / nb + 1 / na))
     if se == 0:
-        return pa < pb
-    return 0.5 * (1 + math.erf((pb - pa) / se / math.sqrt(2))) >= 0.95
+        return 1.0 if pa < pb else 0.0 if pa > pb else 0.5
+    return 0.5 * (1 + math.erf((pb - pa) / se / math.sqrt(2)))
+
+
+def _fell_beyond_noise(pb: float, nb: int, pa: float, na: int) -> bool:
+    return _p_fell(pb, nb, pa, na) >= 0.95
 
 
 def truth(pair: Pair) -> tuple[frozenset[str], str]:
@@ -156,12 +165,18 @@ def truth(pair: Pair) -> tuple[frozenset[str], str]:
     if slo is not None and b.attainment is not None and a.attainment is not None:
         sb, sa = _status(b.attainment, b.sent, objective), _status(a.attainment, a.sent, objective)
         facts += f", attainment {b.attainment:.1%} ({sb}) -> {a.attainment:.1%} ({sa})"
-        if sb == "met" and sa == "breached" and _fell_beyond_noise(b.attainment, b.sent, a.attainment, a.sent) \
-                and ratio <= LOAD_MATCH:
-            return frozenset({"rolled_back"}), f"rule 2 (the SLO broke): {facts}"
-        if sb == "breached" and sa == "met" and _fell_beyond_noise(a.attainment, a.sent, b.attainment, b.sent) \
-                and ratio >= 1 / LOAD_MATCH:
-            return frozenset({"kept"}), f"rule 2 (the SLO was cured): {facts}"
+        fell, rose = _p_fell(b.attainment, b.sent, a.attainment, a.sent), _p_fell(a.attainment, a.sent,
+                                                                                     b.attainment, b.sent)
+        if sb == "met" and sa == "breached" and fell >= 0.95 and ratio <= LOAD_MATCH:
+            if fell >= CLEAR:
+                return frozenset({"rolled_back"}), f"rule 2 (the SLO broke): {facts}"
+            return frozenset({"rolled_back", "inconclusive"}), f"rule 2 (the SLO broke, just beyond the noise: " \
+                f"P {fell:.3f}): {facts}"
+        if sb == "breached" and sa == "met" and rose >= 0.95 and ratio >= 1 / LOAD_MATCH:
+            if rose >= CLEAR:
+                return frozenset({"kept"}), f"rule 2 (the SLO was cured): {facts}"
+            return frozenset({"kept", "inconclusive"}), f"rule 2 (the SLO was cured, just beyond the noise: " \
+                f"P {rose:.3f}): {facts}"
     same_flags = m["before"]["flags"] == m["after"]["flags"]
     sat_b, sat_a = b.backlog >= BACKLOG, a.backlog >= BACKLOG
     served = a.served / b.served if b.served else math.inf
