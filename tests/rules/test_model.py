@@ -29,7 +29,8 @@ def test_default_pack_loads_with_the_rules_the_issue_names():
 
 
 @pytest.mark.parametrize("text, line, fragment", [
-    (GOOD.replace("kv_cache_usage", "kv_usage"), 5, "known signals: auto_apply_halted, e2e_p50"),
+    (GOOD.replace("kv_cache_usage", "kv_usage"), 5, "known signals: all_scrape_errors_per_minute, applies_per_hour, "
+                                                    "auto_apply_halted, auto_evaluations_missed, e2e_p50"),
     (GOOD.replace('">"', '"=>"'), 5, "op '=>' is not one of"),
     (GOOD.replace("threshold: 0.9", "threshold: high"), 5, "threshold must be a number or 'slo'"),
     (GOOD.replace("threshold: 0.9", "threshold: slo"), 5, "threshold 'slo' works for"),
