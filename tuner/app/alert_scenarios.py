@@ -251,7 +251,7 @@ def to_promtool(sc: Scenario, firing: dict[int, dict[str, list[dict]]], rules_fi
     rules_text = dump(prometheus_rules(sc.rules, [sc.target]))
     series = []
     for name, labels, values in sc.series:
-        labels = {**labels, "target": sc.target.name}
+        labels = {"target": sc.target.name, **labels}  # a series may name another target (tuner's own series)
         body = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
         series.append({"series": f"{name}{{{body}}}",
                        "values": " ".join("_" if v is None else repr(v) for v in values)})

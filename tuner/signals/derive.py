@@ -17,7 +17,7 @@ from tuner.collect.snapshots import SeriesKey
 from tuner.store.window import EngineWindow, HistPoint, HistSeries, Point, Points, TargetHealth, TargetWindow
 
 __all__ = ["EngineSignals", "TargetSignals", "compute_signals", "ALWAYS_DERIVED", "group_signals", "queue_ratio",
-           "QUANTILES", "LATENCY_HISTOGRAMS", "SIGNAL_METRICS", "PROGRESS_COUNTERS", "metrics_for"]
+           "QUANTILES", "LATENCY_HISTOGRAMS", "SIGNAL_METRICS", "PROGRESS_COUNTERS", "metrics_for", "stall_reason"]
 
 QUANTILES = (0.5, 0.95, 0.99)
 # signal prefix → histogram (seconds)
@@ -322,6 +322,20 @@ def _stalled(e: EngineWindow, backend: str, running: float | None, waiting: floa
 def _samples(e: EngineWindow) -> int:
     """Stored points in an engine's window, all series."""
     return sum(len(p) for p in e.series.values()) + sum(len(h.points) for h in e.hists.values())
+
+
+def stall_reason(sig: TargetSignals) -> str | None:
+    """Why the target's engine is up but not serving, in one line; None when it is not: requests in flight and no
+    progress over the window (stalled_requests), or /health answering 200 while the last scrape failed (llama-server
+    answers /metrics from the loop that runs its slots)."""
+    for e in sig.engines:
+        if e.stalled_requests:
+            return (f"{e.stalled_requests:g} requests in flight on engine {e.engine} ({e.model_name}) and no token "
+                    f"generated, no request finished in {sig.window_s:g}s")
+    h = sig.health
+    if h is not None and h.health == "down" and h.server_healthy:
+        return f"/health answers 200 while /metrics does not ({h.last_error[:160]})"
+    return None
 
 
 def queue_ratio(e: EngineSignals, max_num_seqs: float | None) -> float | None:

@@ -29,8 +29,8 @@ __all__ = ["ApplyRow", "ApplyStepRow", "ManagedServerRow", "StoredApply", "Manag
 
 STATES = ("planned", "draining", "starting", "health_check", "observing", "awaiting_manual", "tuning", "done")
 OUTCOMES = ("kept", "rolled_back", "inconclusive", "failed")
-KPI_KEYS = ("saturated", "offered_rps", "capacity_rps", "slo_goodput_rps", "slo_attainment", "ttft_p99", "e2e_p99",
-            "capacity_tokens_per_s")
+KPI_KEYS = ("saturated", "offered_rps", "capacity_rps", "slo_goodput_rps", "slo_token_goodput_tps", "slo_attainment",
+            "ttft_p99", "e2e_p99", "capacity_tokens_per_s")
 
 
 class ApplyRow(Base):
@@ -39,7 +39,7 @@ class ApplyRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     target: Mapped[str] = mapped_column(String(63))
     recommendation_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    kind: Mapped[str] = mapped_column(String(16))  # apply | rollback | restore
+    kind: Mapped[str] = mapped_column(String(16))  # apply | canary | rollback | restart
     mode: Mapped[str] = mapped_column(String(16))  # manual | auto | reconcile
     created_ms: Mapped[int] = mapped_column(Integer)
     updated_ms: Mapped[int] = mapped_column(Integer)
