@@ -104,12 +104,15 @@ class Timeline:
             time.sleep(max(0.0, every - (time.monotonic() - t)))
 
 
-def background_load(url: str, model: str | None, stop: threading.Event, **load: Any) -> threading.Thread:
-    """Clients that keep ``concurrency`` requests in flight until ``stop`` (and a long timeout for a stall)."""
+def background_load(url: str, model: str | None, stop: threading.Event, said: list[str],
+                    **load: Any) -> threading.Thread:
+    """Clients that keep ``concurrency`` requests in flight until ``stop`` (and a long timeout for a stall); how
+    it went is appended to ``said``."""
     def go() -> None:
         r = run_load(url, model=model, n_requests=10_000, timeout_s=1200, send_for_s=1100, stop=stop,
                      distinct_prompts=True, **load)
-        log(f"load: {r.ok} ok, {r.failed} failed, {r.not_sent} not sent, errors {r.errors[:2]}")
+        said.append(f"load across the stall: {r.ok} ok, {r.failed} failed, errors {list(r.errors[:2])}")
+        log(said[-1])
     th = threading.Thread(target=go, daemon=True)
     th.start()
     return th
@@ -122,7 +125,7 @@ def record_vllm(out: Path, workdir: Path) -> tuple[list[dict[str, Any]], list[st
     try:
         tl = Timeline(server.url, VLLM_GAUGES)
         tl.take("idle")
-        load = background_load(server.url, server.model_name, stop, **VLLM_LOAD)
+        load = background_load(server.url, server.model_name, stop, notes, **VLLM_LOAD)
         tl.run("serving", 45)
         core = engine_core_pid(server.process.pid)
         (out / "vllm_metrics_before_stop.txt").write_text(tl.bodies["serving"])
@@ -148,14 +151,14 @@ def record_vllm(out: Path, workdir: Path) -> tuple[list[dict[str, Any]], list[st
         stop.set()
         load.join(300)
         extra.join(60)
-        notes.append(f"/v1/models while the engine core was stopped: {late[0][0] if late else 'no answer'}")
+        notes.insert(0, f"/v1/models while the engine core was stopped: {late[0][0] if late else 'no answer'}")
         return tl.rows, notes
     finally:
         stop.set()
         log(f"vLLM stop exit code {server.stop()}")
 
 
-def record_llama(out: Path, workdir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def record_llama(out: Path, workdir: Path, notes: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     server = realservers.start_llama_server(workdir / "llama")
     stop = threading.Event()
     try:
@@ -179,7 +182,7 @@ def record_llama(out: Path, workdir: Path) -> tuple[list[dict[str, Any]], list[d
 
         tl = Timeline(server.url, LLAMA_GAUGES)
         tl.take("idle")
-        load = background_load(server.url, None, stop, **LLAMA_LOAD)
+        load = background_load(server.url, None, stop, notes, **LLAMA_LOAD)
         tl.run("serving", 45)
         (out / "llama_metrics_before_stop.txt").write_text(tl.bodies["serving"])
         with ThreadStop(server.process.pid):
@@ -346,11 +349,75 @@ alert_rule_test:
 """
 
 
+def _span(rows: list[dict[str, Any]], phase: str, key: str) -> str:
+    got = [r[key]["seconds"] for r in rows if r["phase"] == phase and r[key]["status"] == 200]
+    statuses = sorted({str(r[key]["status"] or r[key]["error"]) for r in rows if r["phase"] == phase})
+    if not got:
+        return f"{'/'.join(statuses)} every time"
+    return f"{'/'.join(statuses)} every time, in {min(got) * 1000:.0f}-{max(got) * 1000:.0f} ms"
+
+
+def _frozen(rows: list[dict[str, Any]], phase: str, name: str) -> str:
+    vals = sorted({r["values"][name] for r in rows if r["phase"] == phase and "values" in r})
+    return "/".join(f"{v:g}" for v in vals)
+
+
+def write_readme(out: Path, vllm: list[dict[str, Any]] | None, llama: list[dict[str, Any]] | None,
+                 counters: list[dict[str, Any]] | None, notes: list[str], llama_notes: list[str]) -> None:
+    lines = ["# What a stalled real server answers", "",
+             "Recorded by `scripts/record_stall_fixtures.py` (see its docstring; about 8 minutes, needs the real",
+             "servers of `scripts/setup-real-servers.sh`): `eval \"$(bash scripts/setup-real-servers.sh | grep ^export)\"; "
+             ".venv/bin/python scripts/record_stall_fixtures.py`. It also writes",
+             "`tests/rules/scenarios/engine_stalled_vllm.yaml` and `engine_stalled_llamacpp.yaml` from the timelines.",
+             f"Every {STEP_S:g} s the recorder asked `/health` and `/metrics` with a {SCRAPE_TIMEOUT_S:g} s timeout "
+             "(tuner's default scrape timeout); each `*_timeline.jsonl` line is one such look: its phase, what each "
+             "answered and how fast, and the values of the series that matter.", ""]
+    if vllm:
+        stopped = [r for r in vllm if r["phase"] == "stopped"]
+        lines += ["## vLLM (CPU build, tiny model, `--max-num-seqs 2`, 6 clients)", "",
+                  f"The engine core (`VLLM::EngineCore`, a child of the API server) stopped with SIGSTOP for "
+                  f"{stopped[-1]['t'] - stopped[0]['t'] + STEP_S:.0f} s, then SIGCONT:", "",
+                  f"- `/health`: {_span(vllm, 'stopped', 'health')} (`vllm_health_stopped.json`: 200, empty body).",
+                  f"- `/metrics`: {_span(vllm, 'stopped', 'metrics')} (`vllm_metrics_stopped.txt`).",
+                  f"- The gauges stay where the engine left them: running {_frozen(vllm, 'stopped', 'vllm:num_requests_running')}"
+                  f", waiting {_frozen(vllm, 'stopped', 'vllm:num_requests_waiting')}; the counters stop: generation tokens "
+                  f"{_frozen(vllm, 'stopped', 'vllm:generation_tokens_total')}, finished requests "
+                  f"{_frozen(vllm, 'stopped', 'vllm:request_success_total')}.",
+                  "- Two requests sent 30 s into the stop are not counted: waiting stays the same until SIGCONT, then "
+                  "shows them. A stall that begins with nothing in flight leaves the gauges at 0 whatever arrives.",
+                  *(f"- {n}." for n in notes),
+                  "- After SIGCONT the counters move again within the next look.",
+                  "", "Files: `vllm_timeline.jsonl`, `vllm_metrics_before_stop.txt` (under load, just before the stop), "
+                  "`vllm_metrics_stopped.txt` (the last look while stopped), `vllm_health_stopped.json`, "
+                  "`vllm_metrics_resumed.txt`, `vllm_notes.txt`.", ""]
+    if llama:
+        lines += ["## llama-server (tiny GGUF, `--parallel 2 -c 1024 -t 1 --metrics`, 6 clients)", "",
+                  "- The loop that runs the slots (the main thread, tid = pid) stopped alone (ptrace), the HTTP threads "
+                  "running on: "
+                  f"`/health` {_span(llama, 'loop_stopped', 'health')}; `/metrics` {_span(llama, 'loop_stopped', 'metrics')}"
+                  "; `/slots` too (`llama_slots_loop_stopped.json`). That loop answers /metrics and /slots, so a stuck "
+                  "loop shows as a failed scrape while /health answers: there is no `requests_deferred` to read then.",
+                  f"- The whole process stopped with SIGSTOP: `/health` {_span(llama, 'process_stopped', 'health')}, "
+                  f"`/metrics` {_span(llama, 'process_stopped', 'metrics')}: a down target.",
+                  *(f"- {n}." for n in llama_notes), ""]
+    if counters:
+        mid = [c for c in counters if c["llamacpp:requests_processing"] > 0]
+        if mid:
+            lines += [f"`llama_counters_during_generation.jsonl`: /metrics polled as fast as it answers through two "
+                      f"450-token requests. While one ran, `n_decode_total` went {mid[0]['llamacpp:n_decode_total']:g} -> "
+                      f"{mid[-1]['llamacpp:n_decode_total']:g} and `tokens_predicted_total` stayed "
+                      f"{mid[-1]['llamacpp:tokens_predicted_total']:g} (it counts a request's tokens when it finishes): "
+                      "progress is `n_decode_total`, not tokens predicted.", ""]
+    (out / "README.md").write_text("\n".join(lines))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "stall")
     ap.add_argument("--scenarios", type=Path, default=ROOT / "tests" / "rules" / "scenarios")
     ap.add_argument("--only", choices=["vllm", "llama-server"])
+    ap.add_argument("--from-timelines", action="store_true",
+                    help="write README.md and the scenarios again from the recorded timelines (no server)")
     args = ap.parse_args(argv)
     needs = {"vllm": (realservers.VLLM_PYTHON, realservers.TINY_MODEL),
              "llama-server": (realservers.LLAMA_SERVER, realservers.TINY_GGUF)}
@@ -362,20 +429,35 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     rel = os.path.relpath(out, ROOT)
-    with tempfile.TemporaryDirectory(prefix="tuner-record-stall-") as tmp:
-        if "llama-server" in chosen:
-            rows, counters = record_llama(out, Path(tmp))
-            (out / "llama_timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-            (out / "llama_counters_during_generation.jsonl").write_text(
-                "".join(json.dumps(r) + "\n" for r in counters))
-            (args.scenarios / "engine_stalled_llamacpp.yaml").write_text(
-                llama_scenario(rows, f"{rel}/llama_timeline.jsonl"))
-        if "vllm" in chosen:
-            rows, notes = record_vllm(out, Path(tmp))
-            (out / "vllm_timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-            (out / "vllm_notes.txt").write_text("\n".join(notes) + "\n")
-            (args.scenarios / "engine_stalled_vllm.yaml").write_text(vllm_scenario(rows, f"{rel}/vllm_timeline.jsonl"))
-    log(f"recorded {dt.date.today().isoformat()} into {out}; tests/fixtures/stall/README.md says what each file is")
+    if not args.from_timelines:
+        with tempfile.TemporaryDirectory(prefix="tuner-record-stall-") as tmp:
+            if "llama-server" in chosen:
+                llama_notes: list[str] = []
+                llama, counters = record_llama(out, Path(tmp), llama_notes)
+                (out / "llama_notes.txt").write_text("\n".join(llama_notes) + "\n")
+                (out / "llama_timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in llama))
+                (out / "llama_counters_during_generation.jsonl").write_text(
+                    "".join(json.dumps(r) + "\n" for r in counters))
+            if "vllm" in chosen:
+                vllm, notes = record_vllm(out, Path(tmp))
+                (out / "vllm_timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in vllm))
+                (out / "vllm_notes.txt").write_text("\n".join(notes) + "\n")
+        log(f"recorded {dt.date.today().isoformat()} into {out}")
+
+    def read(name: str) -> list[dict[str, Any]] | None:
+        f = out / name
+        return [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else None
+
+    vllm_rows, llama_rows = read("vllm_timeline.jsonl"), read("llama_timeline.jsonl")
+    if vllm_rows:
+        (args.scenarios / "engine_stalled_vllm.yaml").write_text(vllm_scenario(vllm_rows, f"{rel}/vllm_timeline.jsonl"))
+    if llama_rows:
+        (args.scenarios / "engine_stalled_llamacpp.yaml").write_text(
+            llama_scenario(llama_rows, f"{rel}/llama_timeline.jsonl"))
+    def lines(name: str) -> list[str]:
+        return [x for x in (out / name).read_text().splitlines() if x] if (out / name).exists() else []
+    write_readme(out, vllm_rows, llama_rows, read("llama_counters_during_generation.jsonl"), lines("vllm_notes.txt"),
+                 lines("llama_notes.txt"))
     return 0
 
 

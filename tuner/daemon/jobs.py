@@ -23,6 +23,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from tuner.app.alerting import Alerting
+from tuner.app.memory import EngineMemory, memory_of, server_pids
 from tuner.app.selfwatch import SelfSeries, keep_for
 from tuner.app.auto import auto_step
 from tuner.app.session import Session
@@ -49,7 +50,7 @@ from tuner.store.alerts import outbox_size
 from tuner.store.retention import apply_retention
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
-from tuner.store.store import Failed, Scraped, Store
+from tuner.store.store import Failed, GpuLatest, Scraped, Store
 
 __all__ = ["Daemon", "serve_daemon"]
 
@@ -102,6 +103,7 @@ class Daemon:
         self.own = SelfSeries(keep_for(self.alerting.rules))  # tuner's own series, for the rules over its own loop
         started = clock()
         self.state.auto_alive = {t.name: started for t in cfg.targets if t.apply.mode == "auto"}
+        self.state.auto_every = {t.name: self._auto_every(t) for t in cfg.targets if t.apply.mode == "auto"}
 
     # ---- jobs: each one records its failures and returns ----------------------------------------
 
@@ -224,9 +226,11 @@ class Daemon:
         derived once per tick, shared with the alert rules over the same window), and each replica group's."""
         now = self.clock()
         window = self.cfg.defaults.signal_window.total_seconds()
+        gpus = self.store.gpu_latest(max_age_s=max(60.0, 3 * self.cfg.gpu.interval.total_seconds()), now=now)
         for t in self.cfg.targets:
             try:
                 sig = self.signals.get(t.name, window, now)
+                memory = self._memory(t, now, gpus) if sig is not None and t.backend == "vllm" else None
             except TunerError as exc:
                 self._job_error(f"signals:{t.name}", str(exc))
                 continue
@@ -234,6 +238,8 @@ class Daemon:
                 continue
             with self.state.lock:
                 self.state.signals[t.name] = sig
+                if memory is not None:
+                    self.state.memory[t.name] = memory
         for group in replica_groups(self.cfg.targets):  # what each group's replicas served together (engine "all")
             try:
                 gsig = group_signals_at(self.store, self.cfg, group, window_s=window, at=now)
@@ -243,6 +249,14 @@ class Daemon:
             if gsig is not None:
                 with self.state.lock:
                     self.state.signals[group] = gsig
+
+    def _memory(self, t: Target, now: float, gpus: list[GpuLatest]) -> list[EngineMemory]:
+        """Where the target's memory goes (app/memory.py), from its newest scrapes: the KV use and the engine config
+        its last few scrapes stored."""
+        recent = self.store.window(t.name, now - 3 * self.cfg.interval(t).total_seconds(), now,
+                                   metrics=frozenset(["vllm:kv_cache_usage_perc"]))
+        return memory_of(t, recent, gpus, pids=server_pids(self.store.engine, t),
+                         flags=self.applier.flags_in_force(t, journaled=t.name in self._applied))
 
     def evaluate_once(self, group_name: str) -> None:
         group = next((g for g in self.alerting.rules.groups if g.name == group_name), None)

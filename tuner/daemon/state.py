@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass, field
 
 from tuner.app.alerting import Alerting
+from tuner.app.memory import EngineMemory
 from tuner.collect.snapshots import GpuReading
 from tuner.config import Target
 from tuner.signals.derive import TargetSignals
@@ -38,4 +39,6 @@ class DaemonState:
     applies_last_hour: dict[str, int] = field(default_factory=dict)
     flag_flips: dict[str, int] = field(default_factory=dict)
     auto_alive: dict[str, float] = field(default_factory=dict)
+    auto_every: dict[str, float] = field(default_factory=dict)  # auto target -> seconds between its evaluations
+    memory: dict[str, list[EngineMemory]] = field(default_factory=dict)  # vLLM target -> where its memory goes
     lock: threading.Lock = field(default_factory=threading.Lock)
