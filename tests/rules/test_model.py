@@ -109,3 +109,15 @@ def test_over_groups_is_for_engine_signals_and_names_its_values():
     with pytest.raises(RuleFileError, match="over: groups works for engine signals only"):
         parse_rules("groups:\n  - name: g\n    rules:\n      - {alert: A, signal: up, op: '==', threshold: 0, "
                     "over: groups}\n")
+
+
+def test_a_tuner_signal_takes_no_overrides_and_a_target_signal_may_be_kept_to_one_backend(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("groups:\n  - name: g\n    rules:\n      - {alert: A, signal: all_scrape_errors_per_minute, "
+                    "op: '>', threshold: 10, overrides: {chat: {threshold: 1}}}\n")
+    with pytest.raises(RuleFileError, match=r"r.yaml:4: A: all_scrape_errors_per_minute has one value for the whole "
+                                            r"tuner: overrides by target do not apply"):
+        load_rule_files([path])
+    (rule,) = parse_rules("groups: [{name: g, rules: [{alert: S, signal: serving_stalled, op: '==', threshold: 1, "
+                          "backend: llamacpp}]}]").rules
+    assert (rule.scope, rule.backend) == ("target", "llamacpp")

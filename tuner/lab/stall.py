@@ -82,4 +82,10 @@ class ThreadStop:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._call(_PTRACE_DETACH)
+        try:
+            self._call(_PTRACE_DETACH)
+        except OSError:  # it died meanwhile (killed by whoever restarted it): collect it as its tracer, if it waits
+            try:
+                os.waitpid(self.tid, _WALL | os.WNOHANG)
+            except ChildProcessError:
+                pass
