@@ -104,7 +104,7 @@ _SPECS: list[SignalSpec] = [
                "times in the last 24 hours a flag in force went back to the value it had before its last change",
                {"any": "max by (target) (tuner_apply_flag_flips{sel})"}),
     SignalSpec("auto_evaluations_missed", "target", "count",
-               "auto mode's intervals since its last evaluation of the target (an apply in progress counts as one)",
+               "auto mode's intervals since it last evaluated the target (or was busy applying to it)",
                {"any": "(time() - max by (target) (tuner_auto_last_evaluation_timestamp_seconds{sel})) / "
                        "max by (target) (tuner_auto_interval_seconds{sel})"}),
     SignalSpec("scrape_errors_per_minute", "target", "per_minute", "failed scrapes of the target per minute",
