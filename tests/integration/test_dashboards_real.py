@@ -86,7 +86,9 @@ def test_every_dashboard_query_returns_data(vllm_server, llama_server, store, tm
             f"gpu: {{source: dcgm, url: '{dcgm.url}/metrics', interval: 1s}}\n"
             f"alerting: {{rule_files: ['{_rules(tmp_path)}']}}\n"
             "targets:\n"
-            f"  - {{name: vllm, backend: vllm, url: '{vllm_server.url}', slo: {{ttft_p99: 2s, e2e_p99: 60s}}}}\n"
+            # the flags it runs with (realservers.VLLM_TINY_FLAGS): queue / max-num-seqs has a denominator
+            f"  - {{name: vllm, backend: vllm, url: '{vllm_server.url}', slo: {{ttft_p99: 2s, e2e_p99: 60s}}, "
+            "flags: {max-num-seqs: 8}}\n"
             f"  - {{name: llama, backend: llamacpp, url: '{llama_server.url}'}}\n"
             # auto mode on the refused target: its auto series are served (AutoLoopStalled's panel)
             "  - {name: refused, backend: vllm, url: 'http://127.0.0.1:9', apply: {mode: auto}}\n")
