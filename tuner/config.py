@@ -208,6 +208,9 @@ class Managed(_Model):
     gpus: list[int] = Field(default_factory=list)  # GPU indices it uses: two applies never share a GPU at once
     # CPU priority (0-19, like nice(1)): on a small CPU-only host a niced server leaves tuner's scrapes on time.
     nice: int = Field(0, ge=0, le=19)
+    # Restart the server once its engine has been stalled this long (requests in flight and nothing generated or
+    # finished, or /health answering while /metrics does not), journaled as a restart; None (default): never.
+    restart_when_stalled: Duration | None = None
 
     @property
     def api_key(self) -> str | None:

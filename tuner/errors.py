@@ -57,9 +57,11 @@ class ExpositionError(TunerError, ValueError):
 
 class ScrapeError(TunerError):
     """Raised when a target cannot be scraped (refused, timed out, HTTP error, body too large); tuner's one HTTP
-    client (collect/http.py) raises it for any peer it cannot reach in time (a server's /health, Alertmanager)."""
+    client (collect/http.py) raises it for any peer it cannot reach in time (a server's /health, Alertmanager).
+    ``healthy``: what the server's /health answered in the same scrape, when it was asked and answered."""
 
     exit_code = 4
+    healthy: bool | None = None
 
 
 class MetricsDisabledError(ScrapeError):

@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from tests.helpers import VLLM_DIR, series_values
+from tests.helpers import FIXTURES, VLLM_DIR, series_values
 from tuner.advise.facts import load_model
 from tuner.advise.memory import plan, weights_bytes
 from tuner.errors import ModelFactsError
@@ -149,3 +149,27 @@ def test_plan_rejects_bad_arguments():
                    {"gpu_memory_bytes": GIB, "tensor_parallel_size": 0}, {"gpu_memory_bytes": GIB, "kv_cache_dtype": "q4"}):
         with pytest.raises(ValueError):
             plan(m, **kwargs)
+
+
+@pytest.mark.parametrize("fixture, blocks", [("metrics_idle.txt", 16384), ("metrics_kv_pressure.txt", 45)])
+def test_breakdown_of_a_recorded_vllm_from_its_cache_config_and_kv_use(fixture, blocks):
+    """The KV cache the server allocated is its blocks x block size x the KV bytes of a token (512 for the tiny
+    model: 2 layers x 2 KV heads x 32 x K and V x 2 bytes); without the model only its budget is known. In use:
+    allocated x kv_cache_usage_perc, as recorded."""
+    from tuner.advise.memory import OVERHEAD_FIXED_BYTES, breakdown
+
+    text = (VLLM_DIR / fixture).read_text()
+    [(live, _)] = series_values(text, "vllm:cache_config_info")
+    [(_, usage)] = series_values(text, "vllm:kv_cache_usage_perc")
+    model = load_model(FIXTURES / "models" / "tiny-llama")
+    b = breakdown(live, usage, model)
+    assert int(live["num_gpu_blocks"]) == blocks and b.kv_source == "blocks"
+    assert b.kv_cache_allocated_bytes == blocks * 128 * 512 <= int(live["kv_cache_memory_bytes"])
+    assert b.kv_cache_used_bytes == int(blocks * 128 * 512 * usage)
+    assert b.weights_bytes == weights_bytes(model) and b.overhead_bytes > OVERHEAD_FIXED_BYTES
+    unknown = breakdown(live, usage, None)
+    assert (unknown.kv_source, unknown.kv_cache_allocated_bytes) == ("budget", int(live["kv_cache_memory_bytes"]))
+    assert unknown.weights_bytes is None and unknown.overhead_bytes is None
+    assert breakdown({}, None, None).as_json() == {"weights_bytes": None, "kv_cache_allocated_bytes": None,
+                                                   "kv_cache_used_bytes": None, "overhead_bytes": None,
+                                                   "kv_source": ""}

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tuner.apply.guard import decide, in_window, parse_window, rollback_streak
+from tuner.apply.guard import applies_last_hour, decide, flag_flips, in_window, parse_window, rollback_streak
 from tuner.config import ApplyPolicy
 from tuner.store.journal import StoredApply
 from tuner.store.recommendations import StoredRecommendation
@@ -134,3 +134,35 @@ def test_a_rolled_back_flag_set_is_not_proposed_again_until_the_load_changes():
     # a kept apply of those flags is no reason to skip them
     kept = [_rolled_back(5, new_flags={"max_num_seqs": 8, "max_model_len": 1024}, offered=3.4, outcome="kept")]
     assert decide(now=NOW, policy=POLICY, history=kept, proposals=[same], flags_now=flags, load_now=3.4).go
+
+
+# ---- tuner's own loop: applies on one target thrashing ---------------------------------------------------------
+
+def _change(id_, *, ago_s, old, new, kind="apply", outcome="kept", restored=False):
+    ms = int((NOW - ago_s) * 1000)
+    steps = [{"ts_ms": ms, "step": "restoring", "detail": ""}] if restored else []
+    return StoredApply(id=id_, target="t", recommendation_id=None, kind=kind, mode="auto", created_ms=ms,
+                       updated_ms=ms, state="done", outcome=outcome, diff={}, old_flags=old, new_flags=new,
+                       old_argv=[], new_argv=[], baseline={}, after={}, note="", owner_pid=1, owner_start=1, steps=steps)
+
+
+def test_applies_last_hour_counts_every_kind_begun_in_the_hour():
+    history = [_change(4, ago_s=60, old={}, new={}, kind="restart"), _change(3, ago_s=600, old={}, new={}),
+               _change(2, ago_s=3000, old={}, new={}, kind="rollback"), _change(1, ago_s=3700, old={}, new={})]
+    assert applies_last_hour(history, NOW) == 3
+
+
+def test_a_flag_set_back_and_forth_flips_and_a_rolled_back_apply_does_not():
+    a, b = {"max_num_seqs": 8}, {"max_num_seqs": 16}
+    there_and_back = [_change(2, ago_s=600, old=b, new=a), _change(1, ago_s=1200, old=a, new=b)]  # newest first
+    assert flag_flips(there_and_back, NOW) == 1  # 8 -> 16 -> 8
+    again = [_change(3, ago_s=60, old=a, new=b), *there_and_back]
+    assert flag_flips(again, NOW) == 2  # ... -> 16
+    # an apply the verdict rolled back left its old flags in force: no change, no flip
+    undone = [_change(3, ago_s=60, old=a, new=b, outcome="rolled_back", restored=True), *there_and_back]
+    assert flag_flips(undone, NOW) == 1
+    # a rollback puts back what it restores; a restart changes nothing
+    rolled = [_change(4, ago_s=30, old=b, new=b, kind="restart"),
+              _change(3, ago_s=60, old=a, new=b, kind="rollback", outcome="rolled_back"), *there_and_back]
+    assert flag_flips(rolled, NOW) == 2
+    assert flag_flips(again, NOW, period_s=900) == 1  # only what finished within the period

@@ -6,6 +6,7 @@ what the client itself measured and which outcome the case must get.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -121,6 +122,31 @@ def test_saturated_both_sides_same_capacity_is_inconclusive():
               min_requests=20)
     assert v.outcome == "inconclusive" and _said(v, "capacity", "held") and "noise" in v.reason
     assert v.confidence < CONFIDENT
+
+
+def _tokens(p: LoadProfile, per_request: float, budgets: dict[str, float]) -> LoadProfile:
+    """The same window with ``per_request`` tokens generated per finished request and the SLO's budgets."""
+    intervals = tuple(dataclasses.replace(iv, generated=iv.finished * per_request) for iv in p.intervals)
+    tokens = math.fsum(iv.generated for iv in intervals) / (p.end - p.start)
+    return dataclasses.replace(p, intervals=intervals, tokens_per_s=tokens, slo_budgets=budgets,
+                               slo_token_goodput_tps=tokens * p.slo_attainment if p.slo_attainment is not None
+                               else None)
+
+
+def test_saturated_both_sides_token_goodput_decides_where_the_slo_is_per_token():
+    """Requests finish as fast and as often within the SLO, but each carries twice the tokens: where the SLO budgets
+    inter-token latency, tokens within the SLO are the goodput that counts, and it doubled (kept); halved, it rolls
+    back. Without an ITL budget the same windows stay inconclusive, as before token goodput was a KPI."""
+    before = _profile(rate=5.0, saturated=True, e2e=SLOW, attainment=0.9)
+    after = _profile(rate=5.0, saturated=True, e2e=SLOW, attainment=0.9)
+    itl = {"itl": 0.05}
+    v = judge(_tokens(before, 64, itl), _tokens(after, 128, itl), min_requests=20)
+    assert v.outcome == "kept" and v.confidence >= CONFIDENT, v.reason
+    assert _said(v, "goodput", "rose") and _said(v, "capacity", "held") and "SLO token goodput" in v.reason
+    v = judge(_tokens(before, 128, itl), _tokens(after, 64, itl), min_requests=20)
+    assert v.outcome == "rolled_back" and _said(v, "goodput", "fell"), v.reason
+    v = judge(_tokens(before, 64, {"e2e": 30.0}), _tokens(after, 128, {"e2e": 30.0}), min_requests=20)
+    assert v.outcome == "inconclusive" and "token goodput" not in v.reason, v.reason
 
 
 def test_queue_appears_under_the_same_load_is_rolled_back_but_not_when_the_load_rose():

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import slot_tokens, LLAMA_DIR, VLLM_DIR, Route, sample_lines, serve
+from tests.helpers import FIXTURES, slot_tokens, LLAMA_DIR, VLLM_DIR, Route, sample_lines, serve
 from tuner.collect import llamacpp
 from tuner.collect.catalogue import lookup
 from tuner.errors import ExpositionError, MetricsDisabledError, ScrapeError
@@ -228,3 +228,25 @@ def test_slots_that_crashed_the_parser_are_named(data: str, names: str) -> None:
     with pytest.raises(ExpositionError) as info:
         llamacpp.parse_slots(data)
     assert names in str(info.value)
+
+
+def test_a_slot_loop_that_does_not_answer_metrics_while_health_answers_is_said_and_health_kept() -> None:
+    """What a real llama-server with its slot loop stopped answered (tests/fixtures/stall/): /health 200 at once,
+    /metrics nothing within the scrape timeout. The scrape fails, saying so, with /health's answer on the error."""
+    recorded = json.loads((FIXTURES / "stall" / "llama_health_loop_stopped.json").read_text())
+    assert recorded["status"] == 200
+    routes = _routes()
+    routes["/health"] = Route(body=recorded["body"], content_type="application/json")
+    routes["/metrics"] = Route(delay_s=30)
+    with serve(routes) as url:
+        with pytest.raises(ScrapeError, match="/health answered 200: the loop that runs the slots does not answer") \
+                as info:
+            llamacpp.scrape(url, target="laptop", timeout_s=0.5, max_bytes=1 << 20)
+    assert info.value.healthy is True
+    routes = _routes()
+    routes["/health"] = Route(status=500, body="{}", content_type="application/json")
+    routes["/metrics"] = Route(delay_s=30)
+    with serve(routes) as url:
+        with pytest.raises(ScrapeError) as info:
+            llamacpp.scrape(url, target="laptop", timeout_s=0.5, max_bytes=1 << 20)
+    assert info.value.healthy is None  # /health did not say it was fine: nothing kept

@@ -98,3 +98,71 @@ def test_queue_ratio_uses_the_max_num_seqs_in_force_not_the_config_key(store, tm
         target="v", pid=None, proc_start=None, argv=[], flags={"max_num_seqs": 8}, config_flags={"max_num_seqs": 4},
         started_ms=0, restarts=[], state="running", updated_ms=0, note=""))
     assert exported() == waiting / 8 and alert_value() == waiting / 8
+
+
+def test_memory_breakdown_on_metrics_and_in_status_json(store, tmp_path):
+    """A managed vLLM target serving the recorded tiny model's /metrics: its KV cache from cache_config_info (16384
+    blocks of 128 tokens x 512 B), weights and overhead from the memory model over its model's config, and the GPU
+    memory of its processes. No GPU here, so the reading is made by hand as NVML's reading maps into it (pynvml
+    cannot run without a GPU: its mapping is tested against a stand-in in tests/collect/test_gpu.py); the server's
+    process is a real one, recorded as the managed server, found with its process group."""
+    import subprocess
+    import sys
+
+    from tests.helpers import FIXTURES
+    from tuner.advise.facts import load_model
+    from tuner.advise.memory import weights_bytes
+    from tuner.app.session import Session
+    from tuner.app.status import status
+    from tuner.apply.managed import proc_start_time
+    from tuner.collect.snapshots import GpuProcess, GpuReading, GpuSnapshot
+    from tuner.store import journal as jr
+
+    text = fixture_text("vllm-0.32-cpu/metrics_idle.txt")
+    model_dir = FIXTURES / "models" / "tiny-llama"
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        with ReplayServer(ReplayExposition(text, growth=0.0)) as replay:
+            cfg = parse_config(f"targets:\n  - name: v\n    backend: vllm\n    url: '{replay.url}'\n"
+                               f"    managed: {{model: '{model_dir}', executable: /opt/vllm/bin/python}}\n")
+            now = time.time()
+            jr.save_managed(store.engine, jr.ManagedState(
+                target="v", pid=server.pid, proc_start=proc_start_time(server.pid), argv=[], flags={},
+                config_flags={}, started_ms=int(now * 1000), restarts=[], state="running", updated_ms=int(now * 1000),
+                note=""))
+            gib = 2**30
+            store.ingest_gpu(GpuReading("nvml", now, True, (GpuSnapshot(
+                0, "GPU-0", "NVIDIA H100 80GB HBM3", 0.4, 70 * gib, 80 * gib, 50.0, 300.0,
+                (GpuProcess(server.pid, "python", 60 * gib), GpuProcess(1, "someone-else", 10 * gib))),)))
+            daemon = Daemon(cfg, store, config_dir=tmp_path)
+            for _ in range(2):
+                daemon.scrape_once(cfg.targets[0])
+            daemon.signals_once()
+            daemon.apply_status_once()
+            st = status(Session(cfg, tmp_path, store), window_s=300, now=time.time())
+        httpd, _ = serve_metrics(daemon.state, "127.0.0.1", 0)
+        try:
+            body = http.get(f"http://127.0.0.1:{httpd.server_address[1]}/metrics", timeout_s=5,
+                            max_bytes=2**22).body.decode()
+        finally:
+            httpd.shutdown()
+    finally:
+        server.kill()
+        server.wait()
+    got = _samples(body)
+    eng = (("engine", "0"), ("model_name", "tiny-llama"), ("target", "v"))
+    assert got[("tuner_memory_kv_cache_allocated_bytes", eng)] == 16384 * 128 * 512 == 2**30
+    assert got[("tuner_memory_kv_cache_used_bytes", eng)] == 0.0  # idle
+    assert got[("tuner_memory_weights_bytes", eng)] == weights_bytes(load_model(model_dir))
+    assert got[("tuner_memory_overhead_bytes", eng)] > 2**30
+    proc = (("gpu", "0"), ("name", "python"), ("pid", str(server.pid)), ("target", "v"))
+    assert got[("tuner_memory_gpu_process_used_bytes", proc)] == 60 * gib
+    assert got[("tuner_memory_gpu_total_bytes", (("gpu", "0"), ("target", "v")))] == 80 * gib
+    assert not [k for k in got if k[0] == "tuner_memory_gpu_process_used_bytes" and ("pid", "1") in k[1]]
+    assert got[("tuner_applies_last_hour", (("target", "v"),))] == 0 and ("tuner_apply_flag_flips", (("target", "v"),)) \
+        in got
+    (row,) = st.targets
+    (mem,) = row.as_json()["memory"]
+    assert mem["kv_cache_allocated_bytes"] == 2**30 and mem["kv_source"] == "blocks"
+    assert mem["gpu_processes"] == [{"gpu": 0, "pid": server.pid, "name": "python", "used_bytes": 60 * gib,
+                                     "total_bytes": 80 * gib}]

@@ -86,3 +86,50 @@ groups:
     _, states = _run(rule, [(0, [X]), (10, []), (39, []), (40, []), (50, [X])])
     # condition gone at 10 s: kept firing while now - 10 s < 30 s; resolved at 40 s; back as a new alert
     assert states == [{"firing"}, {"firing"}, {"firing"}, {"inactive"}, {"firing"}]
+
+
+# ---- the query result of signals that do not come from a target's scrapes ------------------------------------
+
+def test_tuner_signals_have_one_value_and_no_target_and_self_signals_take_overrides():
+    from tuner.config import parse_config
+    from tuner.rules.evaluate import vector
+
+    rules = parse_rules("""
+groups:
+  - name: g
+    rules:
+      - {alert: Out, signal: notifications_queued_growth, op: ">", threshold: 0, window: 10m}
+      - {alert: Thrash, signal: applies_per_hour, op: ">", threshold: 3, overrides: {b: {threshold: 10}}}
+""")
+    out, thrash = rules.rules
+    targets = parse_config("targets:\n  - {name: a, backend: vllm, url: 'http://127.0.0.1:1'}\n"
+                           "  - {name: b, backend: vllm, url: 'http://127.0.0.1:2'}\n").targets
+    asked = []
+
+    def own(target, signal, window):
+        asked.append((target, signal, window))
+        return {"": 4.0, "a": 5.0, "b": 5.0}[target]
+
+    assert vector(out, targets, lambda *_: None, target_signal=own) == [({}, 4.0)]
+    assert asked == [("", "notifications_queued_growth", timedelta(minutes=10))]
+    assert vector(thrash, targets, lambda *_: None, target_signal=own) == [({"target": "a"}, 5.0)]  # b's is 10
+    assert vector(out, targets, lambda *_: None) == []  # no source of tuner's own signals: no value, no alert
+
+
+def test_serving_stalled_is_a_failed_scrape_whose_health_answered():
+    from tuner.config import parse_config
+    from tuner.rules.evaluate import vector
+    from tuner.signals.derive import TargetSignals
+    from tuner.store.window import TargetHealth
+
+    (rule,) = parse_rules("groups: [{name: g, rules: [{alert: S, signal: serving_stalled, op: '==', threshold: 1, "
+                          "backend: llamacpp}]}]").rules
+    targets = parse_config("targets:\n  - {name: l, backend: llamacpp, url: 'http://127.0.0.1:1'}\n"
+                           "  - {name: v, backend: vllm, url: 'http://127.0.0.1:2'}\n").targets
+
+    def health(state, healthy):
+        return lambda name, w: TargetSignals(name, "llamacpp", 300, 0, TargetHealth(state, "", 0, None, 0, 1, healthy),
+                                             ())
+    assert vector(rule, targets, health("down", True)) == [({"target": "l"}, 1.0)]  # not v: backend llamacpp
+    assert vector(rule, targets, health("down", None)) == []
+    assert vector(rule, targets, health("up", True)) == []

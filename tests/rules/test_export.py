@@ -23,11 +23,11 @@ def test_exported_default_pack_passes_promtool_check(tmp_path):
     assert proc.returncode == 0, proc.stderr
     check = subprocess.run([promtool, "check", "rules", str(out)], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
-    # 13 fixed-threshold rules, plus TTFTHigh and SLOBurn (threshold: slo) for chat, the one target with
+    # 21 fixed-threshold rules, plus TTFTHigh and SLOBurn (threshold: slo) for chat, the one target with
     # an SLO: as many as the pack has rules.
     pack = load_rule_files(default_rule_files()).rules
-    assert sum(not r.from_slo for r in pack) == 13 and sum(r.from_slo for r in pack) == 2
-    assert "SUCCESS: 15 rules found" in check.stdout
+    assert sum(not r.from_slo for r in pack) == 21 and sum(r.from_slo for r in pack) == 2
+    assert "SUCCESS: 23 rules found" in check.stdout
 
 
 def test_overrides_split_into_disjoint_rules():

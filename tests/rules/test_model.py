@@ -29,7 +29,8 @@ def test_default_pack_loads_with_the_rules_the_issue_names():
 
 
 @pytest.mark.parametrize("text, line, fragment", [
-    (GOOD.replace("kv_cache_usage", "kv_usage"), 5, "known signals: auto_apply_halted, e2e_p50"),
+    (GOOD.replace("kv_cache_usage", "kv_usage"), 5, "known signals: all_scrape_errors_per_minute, applies_per_hour, "
+                                                    "auto_apply_halted, auto_evaluations_missed, e2e_p50"),
     (GOOD.replace('">"', '"=>"'), 5, "op '=>' is not one of"),
     (GOOD.replace("threshold: 0.9", "threshold: high"), 5, "threshold must be a number or 'slo'"),
     (GOOD.replace("threshold: 0.9", "threshold: slo"), 5, "threshold 'slo' works for"),
@@ -121,3 +122,15 @@ def test_a_rule_file_that_is_not_utf8_is_one_error_naming_the_file(tmp_path):
     with pytest.raises(RuleFileError) as err:
         load_rule_files([path])
     assert str(err.value) == f"{path}: not UTF-8 text: byte 0xe9 on line 6 (save the file as UTF-8)"
+
+
+def test_a_tuner_signal_takes_no_overrides_and_a_target_signal_may_be_kept_to_one_backend(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("groups:\n  - name: g\n    rules:\n      - {alert: A, signal: all_scrape_errors_per_minute, "
+                    "op: '>', threshold: 10, overrides: {chat: {threshold: 1}}}\n")
+    with pytest.raises(RuleFileError, match=r"r.yaml:4: A: all_scrape_errors_per_minute has one value for the whole "
+                                            r"tuner: overrides by target do not apply"):
+        load_rule_files([path])
+    (rule,) = parse_rules("groups: [{name: g, rules: [{alert: S, signal: serving_stalled, op: '==', threshold: 1, "
+                          "backend: llamacpp}]}]").rules
+    assert (rule.scope, rule.backend) == ("target", "llamacpp")

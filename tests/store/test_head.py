@@ -109,12 +109,17 @@ def test_head_windows_and_signals_equal_sqlites_over_a_recorded_history(tmp_path
         items: list[Scraped | Failed] = [Scraped(s) for s in history.scrape(step, ts)]
         if 70 <= step < 73:  # "v" down for three scrapes: its failures count up, its last success stands
             items[0] = Failed("v", "vllm", "", ts, 3.0, "connection refused")
+        if step == 71:  # /health answered 200 while /metrics did not (a stuck llama-server loop): kept while down
+            items[0] = Failed("v", "vllm", "", ts, 3.0, "timed out", healthy=True)
         mem.write(items)
         now = ts + 2.5
         for target in ("v", "l"):
             for window_s in (300.0, 60.0):
                 got = _same(mem, sql, target, now, window_s)
             assert got.engines, (target, step)
+        if step in (70, 71, 72):
+            h = mem.window("v", now - 60, now).health
+            assert h is not None and h.health == "down" and h.server_healthy is (True if step == 71 else None), step
         # What fell, the head knew: a bucket falling alone, and the restart's counter resets.
         if step == 33:
             itl = got_v(mem, now).hists[("vllm:inter_token_latency_seconds", ())].points
@@ -230,6 +235,8 @@ def test_each_metric_is_kept_for_the_longest_window_asked_of_it_and_reads_the_sa
         items: list[Scraped | Failed] = [Scraped(s) for s in history.scrape(step, ts)]
         if 70 <= step < 73:  # "v" down for three scrapes: its failures count up, its last success stands
             items[0] = Failed("v", "vllm", "", ts, 3.0, "connection refused")
+        if step == 71:  # /health answered 200 while /metrics did not (a stuck llama-server loop): kept while down
+            items[0] = Failed("v", "vllm", "", ts, 3.0, "timed out", healthy=True)
         mem.write(items)
         now = ts + 2.5
         for window_s, metrics in ((600.0, long), (300.0, SIGNAL_METRICS)):

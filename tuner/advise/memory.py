@@ -13,6 +13,10 @@ Per GPU, with tensor-parallel size tp (as vLLM sizes it):
     max_concurrency  = tokens / max_model_len       (vLLM's kv_cache_max_concurrency)
     fits             = kv_budget > 0 and tokens >= max_model_len   (vLLM refuses to start otherwise)
 
+A running vLLM's memory, broken down (``breakdown``): the weights and the overhead from this model; the KV cache
+allocated from the server's own report (``vllm:cache_config_info``: num_gpu_blocks x block_size x the KV bytes of a
+token, or its kv_cache_memory_bytes when the model is not known), and in use (that times ``kv_cache_usage_perc``).
+
 Weights: unquantized checkpoints take 2 bytes a parameter at run time (vLLM serves float32 checkpoints in
 16-bit by default); fp8/int8 take 1; AWQ/GPTQ take bits/8 plus a 16-bit scale and a packed zero per group
 for the projection weights, while embeddings and the output head stay 16-bit. Pure: no I/O.
@@ -22,11 +26,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from tuner.advise.facts import DTYPE_BYTES, ModelFacts
 
-__all__ = ["MemoryPlan", "plan", "weights_bytes", "kv_bytes_per_token", "OVERHEAD_FIXED_BYTES", "GIB"]
+__all__ = ["MemoryPlan", "plan", "weights_bytes", "kv_bytes_per_token", "OVERHEAD_FIXED_BYTES", "GIB",
+           "MemoryBreakdown", "breakdown", "overhead_bytes"]
 
 GIB = 2**30
 OVERHEAD_FIXED_BYTES = 1 * GIB
@@ -95,6 +100,18 @@ def kv_bytes_per_token(model: ModelFacts, kv_cache_dtype: str = "auto", tensor_p
     return 2 * model.num_layers * heads * model.head_dim * kv_dtype_bytes(model, kv_cache_dtype)
 
 
+def _overhead(model: ModelFacts, tensor_parallel_size: int, max_num_batched_tokens: int | None) -> int:
+    """Fixed (CUDA context, allocator, graphs) plus the activations of one step, per GPU."""
+    batched = max_num_batched_tokens or 8192  # vLLM's default step budget with chunked prefill
+    activations = batched * (4 * model.hidden_size + 2 * model.intermediate_size // tensor_parallel_size) * _ACT_BYTES
+    return OVERHEAD_FIXED_BYTES + activations
+
+
+def overhead_bytes(model: ModelFacts, tensor_parallel_size: int = 1, max_num_batched_tokens: int | None = None) -> int:
+    """The memory model's runtime overhead per GPU (what ``plan`` takes away before the KV cache)."""
+    return _overhead(model, tensor_parallel_size, max_num_batched_tokens)
+
+
 def plan(model: ModelFacts, *, gpu_memory_bytes: int, gpu_memory_utilization: float = 0.9,
          max_model_len: int | None = None, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1,
          quantization: str | None = None, block_size: int = 16, max_num_batched_tokens: int | None = None,
@@ -116,13 +133,11 @@ def plan(model: ModelFacts, *, gpu_memory_bytes: int, gpu_memory_utilization: fl
     per_gpu = math.ceil(weights / tp)
     kv_tok = kv_bytes_per_token(model, kv_cache_dtype)
     kv_tok_gpu = kv_bytes_per_token(model, kv_cache_dtype, tp)
-    batched = max_num_batched_tokens or 8192  # vLLM's default step budget with chunked prefill
-    activations = batched * (4 * model.hidden_size + 2 * model.intermediate_size // tp) * _ACT_BYTES
     if kv_cache_memory_bytes is not None:
         overhead = 0 if overhead_bytes is None else overhead_bytes
         budget = kv_cache_memory_bytes
     else:
-        overhead = OVERHEAD_FIXED_BYTES + activations if overhead_bytes is None else overhead_bytes
+        overhead = _overhead(model, tp, max_num_batched_tokens) if overhead_bytes is None else overhead_bytes
         budget = int(gpu_memory_bytes * gpu_memory_utilization) - per_gpu - overhead
     blocks = max(0, budget // (block_size * kv_tok_gpu))
     tokens = blocks * block_size
@@ -142,3 +157,50 @@ def plan(model: ModelFacts, *, gpu_memory_bytes: int, gpu_memory_utilization: fl
         kv_blocks=blocks, kv_capacity_tokens=tokens, max_model_len=length, max_concurrency=tokens / length,
         kv_bytes_per_sequence=kv_tok * length, tensor_parallel_size=tp, kv_cache_dtype=kv_cache_dtype,
         quantization=quantization or model.quantization, fits=fits, reason=reason)
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Where a running server's memory goes, bytes per GPU; None where neither the server nor the model says."""
+
+    weights_bytes: int | None  # the memory model's, at run time
+    kv_cache_allocated_bytes: int | None  # what the server sized its KV cache to
+    kv_cache_used_bytes: int | None  # allocated x the server's KV use now
+    overhead_bytes: int | None  # the memory model's runtime overhead (context, allocator, graphs, activations)
+    kv_source: str  # how allocated was read: "blocks" (num_gpu_blocks x block_size x KV bytes/token) | "budget"
+    #                 (cache_config_info's kv_cache_memory_bytes) | "" (not known)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _int(text: Any) -> int | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return int(value) if math.isfinite(value) and value >= 0 else None
+
+
+def breakdown(config: Mapping[str, str], kv_usage: float | None, model: ModelFacts | None, *,
+              tensor_parallel_size: int = 1, quantization: str | None = None,
+              max_num_batched_tokens: int | None = None) -> MemoryBreakdown:
+    """A running vLLM's memory from its ``vllm:cache_config_info`` labels (``config``), its KV use (fraction 0-1)
+    and, when tuner knows it, the model it serves."""
+    tp = max(1, tensor_parallel_size)
+    blocks, block_size = _int(config.get("num_gpu_blocks")), _int(config.get("block_size"))
+    allocated, source = None, ""
+    if model is not None and blocks is not None and block_size:
+        dtype = config.get("cache_dtype") or "auto"
+        try:
+            per_token = kv_bytes_per_token(model, dtype, tp)
+        except ValueError:  # a cache dtype the model does not know: the server's own budget below
+            per_token = None
+        if per_token is not None:
+            allocated, source = blocks * block_size * per_token, "blocks"
+    if allocated is None and _int(config.get("kv_cache_memory_bytes")) is not None:
+        allocated, source = _int(config.get("kv_cache_memory_bytes")), "budget"
+    used = int(allocated * kv_usage) if allocated is not None and kv_usage is not None else None
+    weights = math.ceil(weights_bytes(model, quantization) / tp) if model is not None else None
+    overhead = _overhead(model, tp, max_num_batched_tokens) if model is not None else None
+    return MemoryBreakdown(weights, allocated, used, overhead, source)

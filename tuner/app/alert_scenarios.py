@@ -15,6 +15,11 @@ exported) as a ``promtool test rules`` file. A scenario passes when both agree w
         alertname: KVCacheHigh
         exp_alerts:
           - exp_labels: {severity: critical, engine: "0", model_name: m}
+
+Series of tuner's own exporter stand for what tuner knows of itself: ``tuner_target_up`` and
+``tuner_target_server_healthy`` give the target's health (its last scrape, its /health), and the series
+signals/selfwatch.py reads (``tuner_scrape_failures_total``, ``tuner_alert_notifications_queued``,
+``tuner_applies_last_hour``, ...) give the signals of tuner's own loop, computed as the daemon computes them.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from tuner.rules.evaluate import evaluate, vector
 from tuner.rules.export import dump, fmt_duration, prometheus_rules
 from tuner.rules.model import RuleSet, load_rule_files
 from tuner.signals.derive import compute_signals
-from tuner.store.window import EngineWindow, HistPoint, HistSeries, TargetWindow
+from tuner.signals.selfwatch import LOOKBACK_MS, SeriesByTarget, self_signal
+from tuner.store.window import EngineWindow, HistPoint, HistSeries, Point, TargetHealth, TargetWindow
 
 __all__ = ["Scenario", "load_scenario", "expand_values", "parse_series", "run", "to_promtool"]
 
@@ -142,8 +148,34 @@ def _window(sc: Scenario, start_ms: int, end_ms: int) -> TargetWindow:
             HistPoint(t, tuple(by_bound[b][t] for b in bounds), 0.0, by_bound[bounds[-1]][t]) for t in times))
     engines = sorted(set(plain) | set(hists))
     return TargetWindow(target=sc.target.name, backend=sc.target.backend, start_ms=start_ms, end_ms=end_ms,
-                        health=None, engines=tuple(EngineWindow(e[0], e[1], plain.get(e, {}), hists.get(e, {}))
-                                                   for e in engines))
+                        health=_health(sc, end_ms), engines=tuple(EngineWindow(e[0], e[1], plain.get(e, {}),
+                                                                               hists.get(e, {})) for e in engines))
+
+
+def _own_series(sc: Scenario, metric: str, now_ms: int) -> dict[str, list[Point]]:
+    """Points of one of tuner's own series up to ``now_ms``, by their ``target`` label (the scenario's target
+    when the series has none, as to_promtool labels it)."""
+    step = int(sc.interval.total_seconds() * 1000)
+    out: dict[str, list[Point]] = {}
+    for name, labels, values in sc.series:
+        if name == metric:
+            pts = [(i * step, v) for i, v in enumerate(values) if v is not None and i * step <= now_ms]
+            out.setdefault(labels.get("target", sc.target.name), []).extend(pts)
+    return out
+
+
+def _health(sc: Scenario, now_ms: int) -> TargetHealth | None:
+    """The target's health from tuner_target_up / tuner_target_server_healthy (their newest sample within the
+    lookback); None without either."""
+    def latest(metric: str) -> float | None:
+        pts = [p for p in _own_series(sc, metric, now_ms).get(sc.target.name, []) if now_ms - p[0] <= LOOKBACK_MS]
+        return max(pts)[1] if pts else None
+    up, healthy = latest("tuner_target_up"), latest("tuner_target_server_healthy")
+    if up is None and healthy is None:
+        return None
+    return TargetHealth(health="down" if up == 0 else "up", last_error="", last_scrape_ms=now_ms,
+                        last_success_ms=None, last_duration_s=0.0, consecutive_failures=0,
+                        server_healthy=None if healthy is None else bool(healthy))
 
 
 def run(sc: Scenario) -> tuple[list[str], dict[int, dict[str, list[dict]]]]:
@@ -162,10 +194,16 @@ def run(sc: Scenario) -> tuple[list[str], dict[int, dict[str, list[dict]]]]:
                 cache[window] = compute_signals(_window(sc, ts - w, ts), slo=sc.target.slo)
             return cache[window]
 
+        def own(target: str, signal: str, window: timedelta, now: int = ts) -> float | None:
+            def points(metric: str) -> SeriesByTarget:
+                return _own_series(sc, metric, now)
+            return self_signal(signal, target, window.total_seconds(), now, points)
+
         for g in sc.rules.groups:
             for rule in g.rules:
                 key = g.key(rule)
-                state[key], _ = evaluate(rule, vector(rule, [sc.target], signals), state.get(key, {}), ts, key=key)
+                state[key], _ = evaluate(rule, vector(rule, [sc.target], signals, target_signal=own),
+                                         state.get(key, {}), ts, key=key)
         if ts in wanted:
             snap: dict[str, list[dict]] = defaultdict(list)
             for alerts in state.values():
@@ -216,20 +254,22 @@ def to_promtool(sc: Scenario, firing: dict[int, dict[str, list[dict]]], rules_fi
     rules_text = dump(prometheus_rules(sc.rules, [sc.target]))
     series = []
     for name, labels, values in sc.series:
-        labels = {**labels, "target": sc.target.name}
+        labels = {"target": sc.target.name, **labels}  # a series may name another target (tuner's own series)
         body = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
         series.append({"series": f"{name}{{{body}}}",
                        "values": " ".join("_" if v is None else repr(v) for v in values)})
+    scope = {r.alert: r.scope for r in sc.rules.rules}
     tests = []
     for t in sc.tests:
         ts = _ms(t["eval_time"])
+        own = {"target": sc.target.name} if scope.get(t["alertname"]) not in ("gpu", "tuner") else {}
         got = {_key(_strip(a["labels"], sc.target.name)): a["annotations"]
                for a in firing.get(ts, {}).get(t["alertname"], [])}
         exp = []
         for e in t.get("exp_alerts") or []:
             lbl = {str(k): str(v) for k, v in e.get("exp_labels", {}).items()}
             ann = e.get("exp_annotations", got.get(_key(lbl), {}))
-            exp.append({"exp_labels": {**lbl, "target": sc.target.name}, "exp_annotations": ann})
+            exp.append({"exp_labels": {**lbl, **own}, "exp_annotations": ann})
         tests.append({"eval_time": t["eval_time"], "alertname": t["alertname"], "exp_alerts": exp})
     doc = {"rule_files": [rules_file], "evaluation_interval": fmt_duration(sc.interval),
            "tests": [{"interval": fmt_duration(sc.interval), "input_series": series, "alert_rule_test": tests}]}

@@ -31,14 +31,14 @@ log = logging.getLogger("tuner.alerting")
 
 class Alerting:
     def __init__(self, cfg: Config, store: Store, *, clock: Callable[[], float],
-                 target_signal: Callable[[str, str], float | None] | None = None,
+                 target_signal: Callable[[str, str, timedelta], float | None] | None = None,
                  max_num_seqs: Callable[[Target], float | None] | None = None,
                  signals: Callable[..., TargetSignals | None] | None = None) -> None:
         self.cfg, self.store, self.clock = cfg, store, clock
         # (target, window seconds, now, windows=the group's other windows) -> signals: the daemon's SignalBook (once
         # per tick, one read of the store per target for all the group's windows), else derived here
         self.signals_for = signals or self._derive
-        self.target_signal = target_signal  # apply-side target signals (auto_apply_halted), from the daemon
+        self.target_signal = target_signal  # tuner's own signals (journal, counters, outbox), from the daemon
         self.max_num_seqs = max_num_seqs or configured_max_num_seqs  # the daemon's: the flags in force
         self.files = cfg.alerting.rule_files or default_rule_files()
         self.rules: RuleSet = load_rule_files(self.files, cfg.alerting.evaluation_interval)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.app.memory import EngineMemory, memory_of, server_pids
 from tuner.app.session import Session
+from tuner.apply.flow import flags_in_force
 from tuner.collect.gpu import read_nvml
 from tuner.config import Target
 from tuner.config import Config, replica_groups
@@ -22,6 +24,7 @@ class TargetStatus:
     target: Target
     signals: TargetSignals | None  # None: never scraped
     last_apply: jr.StoredApply | None = None  # the newest apply or rollback, finished or not
+    memory: tuple[EngineMemory, ...] = ()  # vLLM: where each engine's memory goes (app/memory.py)
 
     def as_json(self) -> dict[str, Any]:
         a = self.last_apply
@@ -29,7 +32,8 @@ class TargetStatus:
                                                                  "backend": self.target.backend, "engines": []}),
                 "last_apply": None if a is None else {"id": a.id, "kind": a.kind, "state": a.state,
                                                        "outcome": a.outcome, "diff": a.diff,
-                                                       "updated_ms": a.updated_ms}}
+                                                       "updated_ms": a.updated_ms},
+                "memory": [m.as_json() for m in self.memory]}
 
 
 @dataclass(frozen=True)
@@ -76,11 +80,16 @@ def _last_apply(store: Store, target: str) -> jr.StoredApply | None:
 def status(session: Session, *, window_s: float, now: float) -> Status:
     store, cfg = session.store, session.cfg
     known = set(store.target_names())
-    rows = [TargetStatus(t, compute_signals(store.window(t.name, now - window_s, now, metrics=SIGNAL_METRICS),
-                                            slo=t.slo) if t.name in known else None,
-                         _last_apply(store, t.name))
-            for t in cfg.targets]
     gpus = store.gpu_latest(max_age_s=max(60.0, 3 * cfg.gpu.interval.total_seconds()), now=now)
+    rows = []
+    for t in cfg.targets:
+        last = _last_apply(store, t.name)
+        if t.name not in known:
+            rows.append(TargetStatus(t, None, last))
+            continue
+        window = store.window(t.name, now - window_s, now, metrics=SIGNAL_METRICS)
+        memory = memory_of(t, window, gpus, pids=server_pids(store.engine, t), flags=flags_in_force(store.engine, t))
+        rows.append(TargetStatus(t, compute_signals(window, slo=t.slo), last, tuple(memory)))
     note = ""
     if cfg.gpu.source == "none":
         note = "telemetry disabled (gpu.source: none)"

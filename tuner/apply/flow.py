@@ -473,6 +473,34 @@ class Applier:
         return self._opened(aid, p, f"rollback of {t.name}",
                             lambda: self._carry_out(aid, p, last.recommendation_id, rollback_of=last.id))
 
+    def restart(self, target: str, *, reason: str, mode: str = "auto", force: bool = False) -> jr.StoredApply:
+        """Restart a managed server with the flags it runs with, journaled as a ``restart``: for a server whose process
+        lives on but does not serve (a stalled engine), which the supervisor leaves alone. The guardrails of an apply
+        hold: the restart budget (apply.max_restarts_per_hour; ApplyError unless ``force``), and one change at a time
+        on the target and its group (the journal's lock). The server alone, not its group; no verdict (nothing
+        changed to judge). Outcome kept (up and through the health gate again) or failed."""
+        t = self.cfg.target(target)
+        if t.managed is None:
+            raise ApplyError(f"target {t.name!r} is not managed (no managed: section); tuner cannot restart it")
+        if not force:
+            self.check_restart_budget(t)
+        flags = self.flags_in_force(t)
+        route = ROUTES["managed"]
+        argv = route.argv(t, flags, {})
+        p = Plan(t, route, {}, flags, flags, argv, argv)
+        aid = self._begin(p, None, "restart", mode)
+        self._step(aid, "reason", reason)
+        try:
+            route.switch(self, aid, p, flags, {})
+        except (ServerStartError, ApplyError) as exc:
+            line = route.why_failed(self, t, exc)
+            self._step(aid, "start_failed", line)
+            jr.finish(self.engine, aid, "failed", f"restarted ({reason}), but it did not come back: {line}; the "
+                      "supervisor starts it again (managed.max_restarts)", now=self.clock())
+            return jr.get_apply(self.engine, aid)
+        jr.finish(self.engine, aid, "kept", f"restarted with the same flags: {reason}", now=self.clock())
+        return jr.get_apply(self.engine, aid)
+
     def _busy(self, t: Target, *, shadow: bool = True) -> list[int]:
         """Open applies on ``t`` or on any replica of its group (a rolling apply holds them all); ``shadow=False``
         leaves out tuning runs beside production (they do not touch it)."""
@@ -810,6 +838,9 @@ class Applier:
         where = f"tuner died at step {a.state}; server found with {found}" + (
             " and healthy" if healthy else "" if found == "no server running" else " but not healthy")
         self._step(a.id, "reconcile_found", where)
+        if a.kind == "restart" and healthy:  # old and new flags are the same: it is running again, done
+            jr.finish(self.engine, a.id, "kept", f"reconciled: {where}", now=self.clock())
+            return self._line(jr.get_apply(self.engine, a.id))
         if found == "the new flags" and healthy and a.kind == "apply":
             self.say(f"apply #{a.id}: {where}: observing again")
             return self._line(self._observe_and_judge(a.id, p, a.recommendation_id, a.baseline,

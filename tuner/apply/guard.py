@@ -20,13 +20,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from tuner.apply.verdict import LOAD_MATCH
 from tuner.config import Window, in_window, parse_window
-from tuner.store.journal import StoredApply
+from tuner.store.journal import StoredApply, new_flags_stand
 from tuner.store.recommendations import StoredRecommendation
 
 __all__ = ["Window", "parse_window", "in_window", "Decision", "decide", "halted", "rollback_streak", "rolled_back_under",
-           "HALT_PERIOD_S"]
+           "HALT_PERIOD_S", "applies_last_hour", "flag_flips", "FLIP_PERIOD_S"]
 
 HALT_PERIOD_S = 24 * 3600
+FLIP_PERIOD_S = 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,41 @@ def halted(history: Sequence[StoredApply], now: float, limit: int) -> bool:
     """Whether auto mode stands halted: ``limit`` auto applies in a row rolled back or failed (see rollback_streak).
     The one definition that the guardrails, the exporter's tuner_auto_apply_halted and the alert rule read."""
     return rollback_streak(history, now) >= limit
+
+
+def applies_last_hour(history: Sequence[StoredApply], now: float) -> int:
+    """Applies, canaries, rollbacks and restarts begun on the target in the hour before ``now`` (tuner's
+    ``tuner_applies_last_hour``, the ApplyThrashing rule's signal)."""
+    since = (now - 3600) * 1000
+    return sum(1 for a in history if a.created_ms >= since)
+
+
+def _in_force_after(a: StoredApply) -> Mapping[str, Any]:
+    """The flags a finished journal entry left in force."""
+    if a.kind in ("apply", "canary"):
+        return a.new_flags if new_flags_stand(a) else a.old_flags
+    if a.kind == "rollback":
+        return a.new_flags if a.outcome == "rolled_back" else a.old_flags  # a rollback that went through
+    return a.old_flags  # a restart: the same flags
+
+
+def flag_flips(history: Sequence[StoredApply], now: float, period_s: float = FLIP_PERIOD_S) -> int:
+    """Times within ``period_s`` before ``now`` that a flag in force went back to the value it had before its last
+    change (A -> B -> A is one, A -> B -> A -> B two), over the finished entries of the target's journal, oldest
+    first (tuner's ``tuner_apply_flag_flips``, the FlagFlapping rule's signal). An apply that was rolled back left
+    nothing in force: it is no flip."""
+    since = (now - period_s) * 1000
+    values: dict[str, list[str | None]] = {}  # flag -> the values it took, each different from the one before
+    flips = 0
+    for a in sorted((a for a in history if a.state == "done" and a.updated_ms >= since), key=lambda a: a.id):
+        before, after = _norm(a.old_flags), _norm(_in_force_after(a))
+        for flag in sorted(set(before) | set(after)):
+            seen = values.setdefault(flag, [before.get(flag)])
+            for v in (before.get(flag), after.get(flag, before.get(flag))):  # a change tuner did not make counts too
+                if v != seen[-1]:
+                    flips += len(seen) >= 2 and v == seen[-2]
+                    seen.append(v)
+    return flips
 
 
 def _norm(flags: Mapping[str, Any]) -> dict[str, str]:

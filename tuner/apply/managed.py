@@ -28,7 +28,7 @@ from tuner.config import Target
 from tuner.errors import ConfigError, ScrapeError, ServerStartError
 from tuner.flags import redact_argv, render, tunable_spelled
 
-__all__ = ["build_argv", "server_env", "log_path", "proc_start_time", "proc_argv", "is_alive", "Running",
+__all__ = ["build_argv", "server_env", "log_path", "proc_start_time", "proc_argv", "is_alive", "Running", "group_pids",
            "find_by_argv", "start_server", "stop_server", "wait_healthy", "health_gate", "error_line", "drain_llama"]
 
 
@@ -171,6 +171,23 @@ def _wait_gone(r: Running, seconds: float) -> bool:
             return True
         time.sleep(0.1)
     return r.gone()
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``: a managed server and the workers it forked (it
+    runs in a session of its own, so its pid is its group's id)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            out.append(int(entry.name))
+    return sorted(out)
 
 
 def _group_alive(pgid: int) -> bool:

@@ -15,7 +15,8 @@ Otherwise (no SLO, or its status did not flip) capacity and latency decide, comp
 
 * **Before saturated** (requests waited for the server): what it served was its capacity, so capacity is the
   KPI and more is better. Capacity is finished requests/s over the busy scrape intervals (llama-server:
-  generated tokens/s), with SLO goodput (requests/s within every budget) beside it.
+  generated tokens/s), with SLO goodput (requests/s within every budget) beside it, and where the SLO is per
+  token (an ITL budget) SLO token goodput too (generated tokens/s x attainment).
   - after saturated too: capacity up -> kept, down -> rolled_back;
   - after no longer saturated: the queue is gone, and the new capacity is at least what it served. Served as
     much as before or more -> kept; less -> inconclusive (the load fell, so the new capacity is unknown).
@@ -269,6 +270,19 @@ def _goodput(b: LoadProfile, a: LoadProfile) -> _Effect | None:
                    _rel(b.slo_goodput_rps, a.slo_goodput_rps), True)
 
 
+def _token_goodput(b: LoadProfile, a: LoadProfile) -> _Effect | None:
+    """Generated tokens/s of requests within the SLO, where the SLO is per token (an ITL budget): the capacity
+    branch's KPI beside request goodput, as ``_goodput`` (each side's tokens over its busy intervals, times its
+    attainment)."""
+    if "itl" not in (b.slo_budgets or a.slo_budgets) or b.slo_token_goodput_tps is None or \
+            a.slo_token_goodput_tps is None or b.slo_attainment is None or a.slo_attainment is None:
+        return None
+    p = bootstrap_p_up([iv for iv in b.intervals if iv.busy], [iv for iv in a.intervals if iv.busy], "generated",
+                       before_scale=b.slo_attainment, after_scale=a.slo_attainment)
+    return _Effect("SLO token goodput (tokens/s)", b.slo_token_goodput_tps, a.slo_token_goodput_tps, p,
+                   _rel(b.slo_token_goodput_tps, a.slo_token_goodput_tps), True)
+
+
 def _latencies(b: LoadProfile, a: LoadProfile) -> list[_Effect]:
     out = []
     for key, label in (("ttft", "P50 TTFT (s)"), ("e2e", "P50 E2E (s)")):
@@ -504,16 +518,18 @@ def _second_signal(before: LoadProfile, after: LoadProfile, cap: _Effect, load: 
                    not_risen: bool) -> tuple[str, list[Clause], float, str]:
     """Capacity and latency: the judgement without an SLO, the second signal with one."""
     if before.saturated:
-        good = _goodput(before, after)
-        effects = [(cap, "capacity")] + ([(good, "goodput")] if good else [])
-        worse = [e for e, _ in effects if e.worse]
-        better = [e for e, _ in effects if e.better]
+        good, token_good = _goodput(before, after), _token_goodput(before, after)
+        effects = [(cap, "capacity")] + ([(good, "goodput")] if good else []) + \
+            ([(token_good, "goodput")] if token_good else [])
+        down = [e for e, _ in effects if e.worse]
+        up = [e for e, _ in effects if e.better]
         said = [effect_clause(e, kind) for e, kind in effects]
         if after.saturated:
-            if better and not worse:
-                return "kept", [*said, queue, load], cap.confidence, _CAP_TEST
-            if worse and not better:
-                return "rolled_back", [*said, queue, load], cap.confidence, _CAP_TEST
+            # the confidence of what decided (capacity, or a goodput when capacity held)
+            if up and not down:
+                return "kept", [*said, queue, load], max(e.confidence for e in up), _CAP_TEST
+            if down and not up:
+                return "rolled_back", [*said, queue, load], max(e.confidence for e in down), _CAP_TEST
             return ("inconclusive", [*said, queue, load], max((e.confidence for e, _ in effects), default=0.5),
                     _CAP_TEST)
         served = _served_clause(before, after)

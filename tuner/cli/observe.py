@@ -57,31 +57,33 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     # Peaks over the window for the gauges a loaded server's scrapes miss; the queue from its histogram.
     rows = [["TARGET", "BACKEND", "HEALTH", "ENGINE/MODEL", "KV% PEAK", "RUN/WAIT PEAK", "QUEUED P99", "TTFT P99",
-             "E2E P99", "IN SLO", "LAST APPLY", "LAST SCRAPE", "LAST ERROR"]]
+             "E2E P99", "IN SLO", "GOOD TOK/S", "LAST APPLY", "LAST SCRAPE", "LAST ERROR"]]
     for r in st.targets:
         t, sig = r.target, r.signals
         last = _last_apply(r.last_apply)
         if sig is None:
-            rows.append([t.name, t.backend, "never", "-", "-", "-", "-", "-", "-", "-", last, "-", "not scraped yet"])
+            rows.append([t.name, t.backend, "never", "-", "-", "-", "-", "-", "-", "-", "-", last, "-",
+                         "not scraped yet"])
             continue
         h = sig.health
         age = f"{now - h.last_scrape_ms / 1000:.0f}s ago" if h else "-"
         err = (h.last_error[:60] + ("…" if len(h.last_error) > 60 else "")) if h and h.last_error else ""
         if not sig.engines:
-            rows.append([t.name, t.backend, h.health if h else "-", "-", "-", "-", "-", "-", "-", "-", last, age, err])
+            rows.append([t.name, t.backend, h.health if h else "-", "-", "-", "-", "-", "-", "-", "-", "-", last, age,
+                         err])
         for e in sig.engines:
             rows.append([t.name, t.backend, h.health if h else "-", f"{e.engine}/{e.model_name}",
                          fmt(e.kv_cache_usage_max, 100, "%", 1),
                          f"{fmt(e.requests_running_max, digits=0)}/{fmt(e.requests_waiting_max, digits=0)}",
                          fmt(e.queue_p99, 1, "s", 2), fmt(e.ttft_p99, 1000, "ms", 0), fmt(e.e2e_p99, 1, "s", 2),
-                         fmt(e.goodput_ratio, 100, "%", 0), last, age, err])
+                         fmt(e.goodput_ratio, 100, "%", 0), fmt(e.token_goodput_per_s, 1, "", 1), last, age, err])
     for grp in st.groups:  # what the replicas served together: rates and running/waiting add up, KV is the fullest's
         for e in (grp.signals.engines if grp.signals else ()):
             rows.append([f"{grp.name} (group)", grp.replicas[0].target.backend, f"{grp.up}/{len(grp.replicas)} up",
                          f"{e.engine}/{e.model_name}", fmt(e.kv_cache_usage_max, 100, "%", 1),
                          f"{fmt(e.requests_running_max, digits=0)}/{fmt(e.requests_waiting_max, digits=0)}",
                          fmt(e.queue_p99, 1, "s", 2), fmt(e.ttft_p99, 1000, "ms", 0), fmt(e.e2e_p99, 1, "s", 2),
-                         fmt(e.goodput_ratio, 100, "%", 0), "-", "-", ""])
+                         fmt(e.goodput_ratio, 100, "%", 0), fmt(e.token_goodput_per_s, 1, "", 1), "-", "-", ""])
     print(f"tuner status — window {st.window_s:g}s (peaks and P99s over it), store {redact_url(s.cfg.store.url)}")
     print(table(rows))
     if st.gpu_note:

@@ -23,11 +23,14 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from tuner.app.alerting import Alerting
+from tuner.app.memory import EngineMemory, memory_of, server_pids
+from tuner.app.selfwatch import SelfSeries, keep_for
 from tuner.app.auto import auto_step
 from tuner.app.session import Session
 from tuner.app.signalbook import SignalBook
+from tuner.app.stall import STALL_WINDOW_S, StallWatch, stall_step
 from tuner.app.status import group_signals_at
-from tuner.apply.guard import Decision, halted
+from tuner.apply.guard import Decision, applies_last_hour, flag_flips, halted
 from tuner.collect.gpu import GpuCollector
 from tuner.collect.http import Peers
 from tuner.collect.layout import Layouts
@@ -46,10 +49,12 @@ from tuner.kube import Discovery, templates
 from tuner.rules.evaluate import RESOLVED_RETENTION
 from tuner.rules.model import RuleGroup
 from tuner.store.db import daemon_lock, incremental_vacuum, redact_url
+from tuner.signals.selfwatch import self_signal
+from tuner.store.alerts import outbox_size
 from tuner.store.retention import apply_retention
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
-from tuner.store.store import Failed, Scraped, Store
+from tuner.store.store import Failed, GpuLatest, Scraped, Store
 
 __all__ = ["Daemon", "serve_daemon", "RedactSecrets"]
 
@@ -107,6 +112,11 @@ class Daemon:
                                                        max_num_seqs=self._max_num_seqs, signals=self.signals.get)
         self.session = Session(cfg, (config_dir or Path.cwd()).resolve(), store)
         self.applier = self.session.applier(say=log.info, clock=clock)
+        self.stall_watch = StallWatch()  # managed targets with restart_when_stalled: since when each has been stalled
+        self.own = SelfSeries(keep_for(self.alerting.rules))  # tuner's own series, for the rules over its own loop
+        started = clock()
+        self.state.auto_alive = {t.name: started for t in cfg.targets if t.apply.mode == "auto"}
+        self.state.auto_every = {t.name: self._auto_every(t) for t in cfg.targets if t.apply.mode == "auto"}
 
     # ---- jobs: each one records its failures and returns ----------------------------------------
 
@@ -213,7 +223,8 @@ class Daemon:
             self._count(target.name, ok=True, duration=got.duration_s)
             return self._keep(Scraped(got, target.url, target.labels))
         self._count(target.name, ok=False, duration=took)
-        self._keep(Failed(target.name, target.backend, target.url, now, took, error, target.labels))
+        self._keep(Failed(target.name, target.backend, target.url, now, took, error, target.labels,
+                          healthy=got.healthy if isinstance(got, ScrapeError) else None))
         return False
 
     def _keep(self, item: Scraped | Failed) -> bool:
@@ -282,9 +293,11 @@ class Daemon:
         derived once per tick, shared with the alert rules over the same window), and each replica group's."""
         now = self.clock()
         window = self.cfg.defaults.signal_window.total_seconds()
+        gpus = self.store.gpu_latest(max_age_s=max(60.0, 3 * self.cfg.gpu.interval.total_seconds()), now=now)
         for t in self.cfg.targets:
             try:
                 sig = self.signals.get(t.name, window, now)
+                memory = self._memory(t, now, gpus) if sig is not None and t.backend == "vllm" else None
             except TunerError as exc:
                 self._job_error(f"signals:{t.name}", str(exc))
                 continue
@@ -292,6 +305,8 @@ class Daemon:
                 continue
             with self.state.lock:
                 self.state.signals[t.name] = sig
+                if memory is not None:
+                    self.state.memory[t.name] = memory
         for group in replica_groups(self.cfg.targets):  # what each group's replicas served together (engine "all")
             try:
                 gsig = group_signals_at(self.store, self.cfg, group, window_s=window, at=now)
@@ -301,6 +316,14 @@ class Daemon:
             if gsig is not None:
                 with self.state.lock:
                     self.state.signals[group] = gsig
+
+    def _memory(self, t: Target, now: float, gpus: list[GpuLatest]) -> list[EngineMemory]:
+        """Where the target's memory goes (app/memory.py), from its newest scrapes: the KV use and the engine config
+        its last few scrapes stored."""
+        recent = self.store.window(t.name, now - 3 * self.cfg.interval(t).total_seconds(), now,
+                                   metrics=frozenset(["vllm:kv_cache_usage_perc"]))
+        return memory_of(t, recent, gpus, pids=server_pids(self.store.engine, t),
+                         flags=self.applier.flags_in_force(t, journaled=t.name in self._applied))
 
     def evaluate_once(self, group_name: str) -> None:
         group = next((g for g in self.alerting.rules.groups if g.name == group_name), None)
@@ -360,6 +383,8 @@ class Daemon:
         except Exception as exc:  # noqa: BLE001  a bug: reported, and the daemon keeps its rules and runs on
             self._job_error("rules", f"rule reload failed, keeping the last good rules: internal error: {exc!r}")
             return False
+        if ok:
+            self.own.keep_ms = int(keep_for(self.alerting.rules) * 1000)
         if not ok:
             self._job_error("rules", self.alerting.last_error)
             return False
@@ -417,6 +442,23 @@ class Daemon:
             self.state.job_errors.pop(f"manage:{target.name}", None)
         if what:
             log.warning("%s", what)
+        if target.managed is not None and target.managed.restart_when_stalled is not None:
+            self.restart_if_stalled(target)
+
+    def restart_if_stalled(self, target: Target) -> None:
+        """managed.restart_when_stalled: restart the server once its engine has been stalled that long (journaled)."""
+        now = self.clock()
+        try:
+            sig = self.signals.get(target.name, STALL_WINDOW_S, now)
+            a = stall_step(self.applier, target, sig, now=now, watch=self.stall_watch)
+        except TunerError as exc:  # the guardrails refused it (restart budget, an apply open): said, tried again later
+            self._job_error(f"restart:{target.name}", str(exc))
+            return
+        with self.state.lock:
+            self.state.job_errors.pop(f"restart:{target.name}", None)
+        if a is not None:
+            self._applied.add(target.name)
+            log.warning("%s: apply #%d restart %s: %s", target.name, a.id, a.outcome, a.note)
 
     def auto_once(self, target: Target) -> None:
         """Auto mode: refresh the target's recommendations, then apply the best one if the guardrails allow."""
@@ -424,11 +466,14 @@ class Daemon:
             with self.state.lock:
                 self.state.auto_decision[target.name] = d.reason
                 self.state.auto_halted[target.name] = d.halted
+                self.state.auto_alive[target.name] = self.clock()  # an evaluation: the loop is alive
             log.log(logging.WARNING if d.go else logging.INFO, "auto %s: %s%s", target.name,
                     "applying " if d.go else "not now: ", d.reason)
 
         try:
             a = auto_step(self.cfg, self.store, self.applier, target, now=self.clock(), decided=decided).applied
+            with self.state.lock:
+                self.state.auto_alive[target.name] = self.clock()
             if a is None:
                 return
             self._applied.add(target.name)
@@ -452,6 +497,10 @@ class Daemon:
             stopped = {t.name: self._halted(t, now) for t in self.cfg.targets if t.apply.mode == "auto"}
             up = {t.name: self.applier.running(t) is not None for t in self.cfg.targets if t.managed}
             limits = {t.name: v for t in self.cfg.targets if (v := self._max_num_seqs(t)) is not None}
+            journal = {name: jr.list_applies(self.store.engine, target=name, limit=200) for name in self._applied}
+            busy_auto = {t.name for t in self.cfg.targets if t.apply.mode == "auto" and t.name in self._applied
+                         and any(a.state != "done" for a in journal.get(t.name, ()))}
+            queued = outbox_size(self.store)
             for group, members in replica_groups(self.cfg.targets).items():  # a group's: its replicas' together
                 if all(m.name in limits for m in members):
                     limits[group] = sum(limits[m.name] for m in members)
@@ -463,6 +512,29 @@ class Daemon:
             self.state.auto_halted.update(stopped)
             self.state.managed_up = up
             self.state.max_num_seqs = limits
+            self.state.applies_last_hour = {n: applies_last_hour(h, now) for n, h in journal.items()}
+            self.state.flag_flips = {n: flag_flips(h, now) for n, h in journal.items()}
+            for name in busy_auto:  # auto mode is running an apply: busy, not stalled
+                self.state.auto_alive[name] = now
+        self._record_own(now, queued)
+
+    def _record_own(self, now: float, queued: int) -> None:
+        """tuner's own series at this tick, for the rules over its own loop (app/selfwatch.py)."""
+        ts = int(now * 1000)
+        with self.state.lock:
+            failures = dict(self.state.scrape_failures_total)
+            thrash = dict(self.state.applies_last_hour)
+            flips = dict(self.state.flag_flips)
+            alive = dict(self.state.auto_alive)
+        for t in self.cfg.targets:
+            self.own.record("tuner_scrape_failures_total", t.name, ts, failures.get(t.name, 0))
+            if t.name in thrash:
+                self.own.record("tuner_applies_last_hour", t.name, ts, thrash[t.name])
+                self.own.record("tuner_apply_flag_flips", t.name, ts, flips.get(t.name, 0))
+            if t.name in alive:
+                self.own.record("tuner_auto_last_evaluation_timestamp_seconds", t.name, ts, alive[t.name])
+                self.own.record("tuner_auto_interval_seconds", t.name, ts, self._auto_every(t))
+        self.own.record("tuner_alert_notifications_queued", "", ts, queued)
 
     def _max_num_seqs(self, target: Target) -> float | None:
         """The max-num-seqs a vLLM target runs with: the flags in force (managed, or after an apply), not the
@@ -474,14 +546,20 @@ class Daemon:
         value = self.applier.flags_in_force(target, journaled=target.name in self._applied).get("max_num_seqs")
         return float(value) if value is not None else None
 
-    def _target_signal(self, name: str, signal_name: str) -> float | None:
-        """Target signals that come from the apply side rather than from scrapes (for alert rules)."""
+    def _auto_every(self, t: Target) -> float:
+        """How often auto mode evaluates the target: its auto_interval, at least one scrape interval."""
+        return max(t.apply.auto_interval.total_seconds(), self.cfg.interval(t).total_seconds())
+
+    def _target_signal(self, name: str, signal_name: str, window: timedelta = timedelta(minutes=5)) -> float | None:
+        """Signals that come from tuner's own state rather than from scrapes (for alert rules): the journal's
+        auto_apply_halted read now, the others from tuner's own series (app/selfwatch.py) as their exported twins
+        read them. ``name`` "" for a tuner signal."""
         if signal_name == "auto_apply_halted":
             t = self.state.targets.get(name)
             if t is None or t.apply.mode != "auto":
                 return None
             return 1.0 if self._halted(t, self.clock()) else 0.0
-        return None
+        return self_signal(signal_name, name, window.total_seconds(), int(self.clock() * 1000), self.own.points)
 
     def _halted(self, t: Target, now: float) -> bool:
         return halted(jr.list_applies(self.store.engine, target=t.name, limit=50), now,
@@ -560,7 +638,7 @@ class Daemon:
                 sched.add_job(self.manage_once, IntervalTrigger(seconds=5), args=[t], id=f"manage:{t.name}",
                               next_run_time=now + timedelta(seconds=1))
             if t.apply.mode == "auto":
-                auto_s = max(t.apply.auto_interval.total_seconds(), self.cfg.interval(t).total_seconds())
+                auto_s = self._auto_every(t)
                 sched.add_job(self.auto_once, IntervalTrigger(seconds=auto_s), args=[t], id=f"auto:{t.name}",
                               next_run_time=now + timedelta(seconds=auto_s))
         sched.add_job(self.apply_status_once, IntervalTrigger(seconds=5), id="apply-status", next_run_time=now)

@@ -6,7 +6,7 @@ daemon's state (refreshed by its signals job); the collector only reads it.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -33,10 +33,79 @@ SIGNAL_GAUGES = {
     "preemptions_per_s": ("tuner_preemptions_per_second", "Preemptions per second over the window"),
     "prefix_cache_hit_ratio": ("tuner_prefix_cache_hit_ratio", "Share of queried prompt tokens found in the prefix cache"),
     "goodput_ratio": ("tuner_goodput_ratio", "Share of requests within every SLO budget (lower bound)"),
+    "token_goodput_per_s": ("tuner_goodput_tokens_per_second",
+                            "Generated tokens per second x the share of requests within every SLO budget"),
+    "stalled_requests": ("tuner_stalled_requests",
+                         "Requests in flight when no token was generated and no request finished in the window"),
     "slots_total": ("tuner_slots", "llama-server slots"),
     "slots_busy": ("tuner_slots_busy", "llama-server slots processing a request"),
 }
 _HEALTH = ("up", "degraded", "down")
+
+
+def _own_loop_families(targets: list[str], thrash: dict[str, int], flips: dict[str, int], alive: dict[str, float],
+                       every: dict[str, float]) -> Iterator[Metric]:
+    """tuner's own loop: what the rules over it read (apply thrash, flag flips, auto mode's last evaluation)."""
+    last_hour = GaugeMetricFamily("tuner_applies_last_hour", "Applies, rollbacks and restarts begun in the last hour",
+                                  labels=["target"])
+    flipped = GaugeMetricFamily("tuner_apply_flag_flips",
+                                "Times in 24 hours a flag in force went back to its value before its last change",
+                                labels=["target"])
+    for t in targets:
+        last_hour.add_metric([t], float(thrash.get(t, 0)))
+        flipped.add_metric([t], float(flips.get(t, 0)))
+    yield last_hour
+    yield flipped
+    last = GaugeMetricFamily("tuner_auto_last_evaluation_timestamp_seconds",
+                             "When auto mode last evaluated the target, or was busy applying (unix seconds)",
+                             labels=["target"])
+    interval = GaugeMetricFamily("tuner_auto_interval_seconds", "Seconds between auto mode's evaluations",
+                                 labels=["target"])
+    for t, ts in sorted(alive.items()):
+        last.add_metric([t], ts)
+        if t in every:
+            interval.add_metric([t], every[t])
+    yield last
+    yield interval
+
+
+_MEMORY = {  # MemoryBreakdown field -> (metric, help)
+    "weights_bytes": ("tuner_memory_weights_bytes", "Weights at run time, per GPU (the memory model; managed targets)"),
+    "kv_cache_allocated_bytes": ("tuner_memory_kv_cache_allocated_bytes",
+                                 "KV cache the server allocated, per GPU (vllm:cache_config_info)"),
+    "kv_cache_used_bytes": ("tuner_memory_kv_cache_used_bytes", "KV cache in use: allocated x KV-cache use"),
+    "overhead_bytes": ("tuner_memory_overhead_bytes",
+                       "Runtime overhead per GPU: context, allocator, graphs, one step's activations (the memory model)"),
+}
+
+
+def _memory_families(memory: dict[str, list[Any]]) -> Iterator[Metric]:
+    """Where each vLLM server's memory goes (app/memory.py), and NVML's used memory of each of its processes."""
+    labels = ["target", "engine", "model_name"]
+    fams = {f: GaugeMetricFamily(m, h, labels=labels) for f, (m, h) in _MEMORY.items()}
+    used = GaugeMetricFamily("tuner_memory_gpu_process_used_bytes", "GPU memory a process of the server uses (NVML)",
+                             labels=["target", "gpu", "pid", "name"])
+    total = GaugeMetricFamily("tuner_memory_gpu_total_bytes", "Total memory of a GPU the server's processes use",
+                              labels=["target", "gpu"])
+    for name, engines in sorted(memory.items()):
+        gpus: dict[int, int | None] = {}
+        procs = {}  # (gpu, pid) -> process: the server's, whichever of its engines it is listed with
+        for em in engines:
+            for f, fam in fams.items():
+                v = getattr(em.breakdown, f)
+                if v is not None:
+                    fam.add_metric([name, em.engine, em.model_name], float(v))
+            procs.update({(p.gpu, p.pid): p for p in em.gpu_processes})
+        for (gpu, pid), p in sorted(procs.items()):
+            if p.used_bytes is not None:
+                used.add_metric([name, str(gpu), str(pid), p.name], float(p.used_bytes))
+            gpus[gpu] = p.total_bytes
+        for gpu, size in sorted(gpus.items()):
+            if size is not None:
+                total.add_metric([name, str(gpu)], float(size))
+    yield from fams.values()
+    yield used
+    yield total
 
 
 def _apply_families(targets: list[str], rec_counts: dict[tuple[str, str], int],
@@ -85,6 +154,9 @@ class TunerCollector(Collector):
             managed_up = dict(self.state.managed_up)
             auto_halted = dict(self.state.auto_halted)
             max_num_seqs = dict(self.state.max_num_seqs)
+            thrash, flips = dict(self.state.applies_last_hour), dict(self.state.flag_flips)
+            alive, every = dict(self.state.auto_alive), dict(self.state.auto_every)
+            memory = dict(self.state.memory)
         up = GaugeMetricFamily("tuner_target_up", "1 if the last scrape of the target stored data", labels=["target"])
         health = GaugeMetricFamily("tuner_target_health", "1 for the target's current health state",
                                    labels=["target", "health"])
@@ -145,6 +217,8 @@ class TunerCollector(Collector):
         yield from lat.values()
 
         yield from _apply_families(list(targets), rec_counts, apply_counts, managed_up, auto_halted)
+        yield from _own_loop_families(list(targets), thrash, flips, alive, every)
+        yield from _memory_families(memory)
 
         if alerting is not None:
             alerts = GaugeMetricFamily("tuner_alerts", "Active alerts (1 per alert), like Prometheus's ALERTS",

@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass, field
 
 from tuner.app.alerting import Alerting
+from tuner.app.memory import EngineMemory
 from tuner.collect.snapshots import GpuReading
 from tuner.config import Target
 from tuner.signals.derive import TargetSignals
@@ -33,4 +34,11 @@ class DaemonState:
     auto_halted: dict[str, bool] = field(default_factory=dict)
     auto_decision: dict[str, str] = field(default_factory=dict)
     max_num_seqs: dict[str, float] = field(default_factory=dict)  # target -> the max-num-seqs in force (vLLM)
+    # tuner's own loop: target -> applies begun in the last hour / flag flips in 24 h (targets with applies), and
+    # when auto mode last evaluated it or was busy applying (auto targets)
+    applies_last_hour: dict[str, int] = field(default_factory=dict)
+    flag_flips: dict[str, int] = field(default_factory=dict)
+    auto_alive: dict[str, float] = field(default_factory=dict)
+    auto_every: dict[str, float] = field(default_factory=dict)  # auto target -> seconds between its evaluations
+    memory: dict[str, list[EngineMemory]] = field(default_factory=dict)  # vLLM target -> where its memory goes
     lock: threading.Lock = field(default_factory=threading.Lock)

@@ -127,13 +127,30 @@ def vllm_overview() -> db.Dashboard:
         (f"sum by ({BY}) (vllm:num_requests_waiting{{{VLLM}}})", "waiting {{target}} {{model_name}}"))))
     lay.add(_ts("KV-cache use", "percentunit", _q(f"max by ({BY}) (vllm:kv_cache_usage_perc{{{VLLM}}})",
                                                   "{{target}} {{model_name}}")).min(0).max(1))
+    lay.add(_ts("Requests waiting / max-num-seqs (tuner)", "short",
+                _q(f"tuner_queue_to_max_num_seqs_ratio{{{VLLM}}}", "{{target}} {{model_name}}"),
+                description="Above 1: more requests wait than the server runs at once (the flags in force)"), w=8)
+    lay.add(_ts("Stalled requests", "short", _q(
+        f"(sum by ({BY}) (vllm:num_requests_running{{{VLLM}}}) + sum by ({BY}) (vllm:num_requests_waiting{{{VLLM}}}))"
+        f" * on ({BY}) (sum by ({BY}) (increase(vllm:generation_tokens_total{{{VLLM}}}[1m])) + sum by ({BY}) "
+        f"(increase(vllm:request_success_total{{{VLLM}}}[1m])) == bool 0)", "{{target}} {{model_name}}"),
+        description="Requests in flight while not one token was generated and no request finished in the last "
+                    "minute: the engine is stuck while the server answers (EngineStalled)"), w=8)
+    lay.add(_ts("Process restarts", "short", _q(f"changes(process_start_time_seconds{{{TARGET}}}[10m])",
+                                                "{{target}}"),
+                description="Times the server's process start time changed in the last 10 minutes"), w=8)
     lay.row("Latency")
     lay.add(_ts("Time to first token", "s", *_quantiles("vllm:time_to_first_token_seconds")), w=8)
     lay.add(_ts("Inter-token latency", "s", *_quantiles("vllm:inter_token_latency_seconds")), w=8)
     lay.add(_ts("End-to-end latency", "s", *_quantiles("vllm:e2e_request_latency_seconds")), w=8)
-    lay.add(_ts("Queue time", "s", *_quantiles("vllm:request_queue_time_seconds")), w=12)
+    lay.add(_ts("Queue time", "s", *_quantiles("vllm:request_queue_time_seconds")), w=8)
     lay.add(_ts("Goodput (tuner, share of requests within the SLO)", "percentunit",
-                _q(f"tuner_goodput_ratio{{{VLLM}}}", "{{target}} {{model_name}}")).min(0).max(1), w=12)
+                _q(f"tuner_goodput_ratio{{{VLLM}}}", "{{target}} {{model_name}}")).min(0).max(1), w=8)
+    lay.add(_ts("Token goodput (tuner, generated tokens/s of requests within the SLO)", "short", *_refs(
+        (f"tuner_goodput_tokens_per_second{{{VLLM}}}", "within the SLO {{target}} {{model_name}}"),
+        (f"sum by ({BY}) (rate(vllm:generation_tokens_total{{{VLLM}}}[{RATE}]))", "all {{target}} {{model_name}}")),
+        description="Generated tokens per second times the share of requests within every SLO budget, beside all "
+                    "generated tokens per second"), w=8)
     lay.row("Throughput")
     lay.add(_ts("Tokens per second", "short", *_refs(
         (f"sum by ({BY}) (rate(vllm:prompt_tokens_total{{{VLLM}}}[{RATE}]))", "prompt {{target}} {{model_name}}"),
@@ -149,6 +166,19 @@ def vllm_overview() -> db.Dashboard:
     lay.add(_ts("Preemptions", "short", _q(
         f"sum by ({BY}) (increase(vllm:num_preemptions_total{{{VLLM}}}[{RATE}]))", "{{target}} {{model_name}}"),
         description="Requests preempted (KV cache full) per rate interval"))
+    lay.row("Memory")
+    lay.add(_ts("Memory per GPU: weights, KV cache, overhead (tuner)", "bytes", *_refs(
+        (f"tuner_memory_weights_bytes{{{VLLM}}}", "weights {{target}} {{model_name}}"),
+        (f"tuner_memory_kv_cache_used_bytes{{{VLLM}}}", "KV cache in use {{target}} {{model_name}}"),
+        (f"tuner_memory_kv_cache_allocated_bytes{{{VLLM}}} - tuner_memory_kv_cache_used_bytes{{{VLLM}}}",
+         "KV cache free {{target}} {{model_name}}"),
+        (f"tuner_memory_overhead_bytes{{{VLLM}}}", "overhead {{target}} {{model_name}}")),
+        description="KV cache from the server's cache_config_info and KV use; weights and overhead from tuner's "
+                    "memory model, for the targets tuner knows the model of (managed)").stacking(_stacked()))
+    lay.add(_ts("GPU memory of the server's processes (NVML)", "bytes", *_refs(
+        (f"tuner_memory_gpu_process_used_bytes{{{TARGET}}}", "pid {{pid}} {{name}} GPU {{gpu}} {{target}}"),
+        (f"tuner_memory_gpu_total_bytes{{{TARGET}}}", "GPU {{gpu}} total {{target}}")),
+        description="What NVML says each of a managed server's processes uses, against the GPU's total"))
     return d
 
 
@@ -227,6 +257,16 @@ def tuner_self() -> db.Dashboard:
         (f"sum by (target) (rate(tuner_scrape_failures_total{{{TARGET}}}[{RATE}]))", "failures {{target}}"))))
     lay.add(_ts("Consecutive failed scrapes", "short",
                 _q(f"tuner_scrape_consecutive_failures{{{TARGET}}}", "{{target}}")))
+    lay.add(_ts("Scrape errors per minute", "short", *_refs(
+        (f"sum by (target) (rate(tuner_scrape_failures_total{{{TARGET}}}[5m])) * 60", "{{target}}"),
+        ("sum(rate(tuner_scrape_failures_total[5m])) * 60", "all targets")),
+        description="Failed scrapes per minute over 5 minutes, per target and all together (ScrapeErrorsHigh, "
+                    "ScrapeErrorsHighOverall)"))
+    lay.add(_ts("Server /health and scrapes", "short", *_refs(
+        (f"tuner_target_server_healthy{{{TARGET}}}", "/health 200 {{target}}"),
+        (f"tuner_target_up{{{TARGET}}}", "scrape stored {{target}}")),
+        description="1 when the server's /health answered 200, and when the last scrape stored data: /health up "
+                    "with scrapes failing is llama-server's stuck slot loop (EngineStalled)"))
     lay.row("Alerts")
     lay.add(table.Panel().title("Active alerts").with_target(
         _q(f"tuner_alerts{{{TARGET}}}").instant().format(_table_format())), w=24)
@@ -234,13 +274,33 @@ def tuner_self() -> db.Dashboard:
         f"count by (alertname, alertstate) (tuner_alerts{{{TARGET}}})", "{{alertname}} {{alertstate}}")))
     lay.add(_ts("Jobs failing (rules reload, notify, store, gpu)", "short", _q(
         "count(tuner_job_error == 1) or vector(0)", "jobs failing")))
+    lay.add(_ts("Alertmanager outbox", "short", _q("tuner_alert_notifications_queued", "notifications queued"),
+                description="Notifications waiting to be taken by an Alertmanager (AlertOutboxGrowing)"))
     lay.row("Recommendations and applies")
     lay.add(_ts("Recommendations by status", "short", _q(
         f"sum by (target, status) (tuner_recommendations{{{TARGET}}})", "{{status}} {{target}}")))
     lay.add(_ts("Applies by outcome", "short", _q(
         f"sum by (target, outcome) (increase(tuner_applies_total{{{TARGET}}}[1h]))", "{{outcome}} {{target}}"),
         description="Applies finished in the last hour: kept, rolled_back or failed"))
+    lay.add(_ts("Applies in the last hour and flag flips", "short", *_refs(
+        (f"tuner_applies_last_hour{{{TARGET}}}", "applies in the last hour {{target}}"),
+        (f"tuner_apply_flag_flips{{{TARGET}}}", "flag flips in 24 h {{target}}")),
+        description="Applies, rollbacks and restarts begun in the last hour (ApplyThrashing); times a flag went "
+                    "back to its value before its last change (FlagFlapping)"))
+    lay.add(_ts("Auto mode", "short", *_refs(
+        (f"(time() - tuner_auto_last_evaluation_timestamp_seconds{{{TARGET}}}) / "
+         f"tuner_auto_interval_seconds{{{TARGET}}}", "intervals since its last evaluation {{target}}"),
+        (f"tuner_auto_apply_halted{{{TARGET}}}", "halted {{target}}")),
+        description="Auto mode's intervals since it last evaluated the target (AutoLoopStalled) and whether it "
+                    "halted itself after rollbacks (AutoApplyHalted)"))
     return d
+
+
+def _stacked():
+    from grafana_foundation_sdk.builders.common import StackingConfig
+    from grafana_foundation_sdk.models.common import StackingMode
+
+    return StackingConfig().mode(StackingMode.NORMAL)
 
 
 def _table_format():

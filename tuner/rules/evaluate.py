@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Mapping
 
 from tuner.config import Target, replica_groups
 from tuner.rules.model import OPS, Rule
+from tuner.rules.signals import SELF_SIGNALS
 from tuner.rules.state import Alert
 from tuner.rules.templates import render
 from tuner.signals.derive import TargetSignals, queue_ratio
@@ -49,7 +50,7 @@ def reads_by_window(rules: Iterable[Rule]) -> dict[float, set[str]]:
     for them needs (compute_signals's ``only``). Rules over groups and over GPUs read no target's signals."""
     out: dict[float, set[str]] = {}
     for rule in rules:
-        if rule.scope == "gpu" or rule.over == "groups" or rule.signal in APPLY_SIGNALS:
+        if rule.scope in ("gpu", "tuner") or rule.over == "groups" or rule.signal in SELF_SIGNALS:
             continue
         need = out.setdefault(rule.window.total_seconds(), set())
         if rule.signal == "queue_to_max_num_seqs":
@@ -69,16 +70,20 @@ def _engine_value(rule: Rule, target: Target, e, limit: float | None) -> float |
 
 def vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timedelta], TargetSignals | None],
            gpus: Iterable[GpuLatest] = (), *,
-           target_signal: Callable[[str, str], float | None] | None = None,
+           target_signal: Callable[[str, str, timedelta], float | None] | None = None,
            max_num_seqs: Callable[[Target], float | None] = configured_max_num_seqs) -> list[Sample]:
     """The rule's query result: every (labels, value) whose value satisfies the condition.
 
-    ``target_signal(target, signal)`` gives the target signals that do not come from scrapes
-    (APPLY_SIGNALS: the apply journal's), None when the target has none. ``max_num_seqs(target)`` is the
-    limit the server runs with (the daemon passes the flags in force; by default the config's).
+    ``target_signal(target, signal, window)`` gives the signals that do not come from scrapes (SELF_SIGNALS:
+    tuner's own journal, counters and outbox; target "" for a tuner signal), None when there is none.
+    ``max_num_seqs(target)`` is the limit the server runs with (the daemon passes the flags in force; by default
+    the config's).
     """
     op = OPS[rule.op]
     out: list[Sample] = []
+    if rule.scope == "tuner":  # one value for the whole tuner, no target label
+        v = target_signal("", rule.signal, rule.window) if target_signal is not None else None
+        return [({}, v)] if v is not None and op(v, rule.threshold) else []
     if rule.scope == "gpu":
         for g in gpus:
             if rule.signal == "gpu_memory_used_ratio":
@@ -94,9 +99,10 @@ def vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timede
     for t in targets:
         if rule.backend != "any" and t.backend != rule.backend:
             continue
-        if rule.signal in APPLY_SIGNALS:
-            v = target_signal(t.name, rule.signal) if target_signal is not None else None
-            if v is not None and op(v, rule.threshold):
+        if rule.signal in SELF_SIGNALS:
+            v = target_signal(t.name, rule.signal, rule.window) if target_signal is not None else None
+            limit = rule.threshold_for(t)
+            if v is not None and limit is not None and op(v, limit):
                 out.append(({"target": t.name}, v))
             continue
         sig = signals(t.name, rule.window)
@@ -116,9 +122,6 @@ def vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timede
             if v is not None and op(v, threshold):
                 out.append(({"target": t.name, "engine": e.engine, "model_name": e.model_name}, float(v)))
     return out
-
-
-APPLY_SIGNALS = frozenset({"auto_apply_halted"})
 
 
 def _group_vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timedelta], TargetSignals | None],
@@ -155,6 +158,9 @@ def _target_value(rule: Rule, sig: TargetSignals) -> float | None:
         return None if h is None else (0.0 if h.health == "down" else 1.0)
     if rule.signal == "server_healthy":
         return None if h is None or h.server_healthy is None else float(h.server_healthy)
+    if rule.signal == "serving_stalled":  # /health answered 200 and the scrape failed: as PromQL, healthy x (1 - up)
+        return None if h is None or h.server_healthy is None else \
+            float(h.server_healthy) * (1.0 if h.health == "down" else 0.0)
     if rule.signal == "restarts":
         return float(max((e.restarts for e in sig.engines), default=0)) if sig.engines else None
     raise KeyError(rule.signal)

@@ -53,8 +53,8 @@ def promql(rule: Rule, matchers: list[str], threshold: float) -> str:
         # over vLLM's own series, summed by the `group` label the replicas' scrape config gives them
         m.append('group!=""')
         template = template.replace(ENGINE_BY, "group, model_name")
-    if "tuner_" in template and rule.backend in ("vllm", "llamacpp"):
-        m.append(f"backend={_quote(rule.backend)}")  # tuner's series carry the target's backend
+    if "tuner_" in template and rule.backend in ("vllm", "llamacpp") and rule.scope == "engine":
+        m.append(f"backend={_quote(rule.backend)}")  # tuner's engine series carry the target's backend
     sel = "{" + ",".join(m) + "}" if m else ""
     expr = template.format(sel=sel, w=fmt_duration(rule.window))
     if relabel:

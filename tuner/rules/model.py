@@ -11,7 +11,7 @@
             window: 5m               # the window the signal is computed over
             for: 5m
             keep_firing_for: 0s
-            backend: vllm            # vllm | llamacpp | any (target and GPU signals)
+            backend: vllm            # vllm | llamacpp | any (target, GPU and tuner signals)
             labels: {severity: critical}
             annotations: {summary: "KV cache {{ $value | humanizePercentage }} on {{ $labels.target }}"}
             overrides:               # per target: threshold and/or for
@@ -193,7 +193,8 @@ def _rule(raw: Any, path: str, group_line: int) -> Rule:
         raise _err(path, line, f"{alert}: threshold must be a finite number, got {threshold!r}")
     spec = SIGNALS[signal]
     backend = str(raw.get("backend", "vllm" if spec.scope == "engine" else "any"))
-    if backend not in spec.promql and not (backend == "any" and spec.scope != "engine"):
+    # a target signal read for any backend may be restricted to one backend's targets
+    if backend not in spec.promql and not (spec.scope != "engine" and (backend == "any" or "any" in spec.promql)):
         raise _err(path, line, f"{alert}: signal {signal} has no value for backend {backend!r} "
                                f"(it has: {', '.join(spec.promql)})")
     over = str(raw.get("over", "targets"))
@@ -206,6 +207,9 @@ def _rule(raw: Any, path: str, group_line: int) -> Rule:
     raw_over = raw.get("overrides") or {}
     if not isinstance(raw_over, dict):
         raise _err(path, line, f"{alert}: overrides must map target names to {{threshold, for}}")
+    if spec.scope == "tuner" and any(k != "__line__" for k in raw_over):
+        raise _err(path, line, f"{alert}: {signal} has one value for the whole tuner: overrides by target do not "
+                               "apply; set its threshold and for")
     for target, o in raw_over.items():
         if target == "__line__":
             continue

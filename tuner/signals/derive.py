@@ -17,7 +17,7 @@ from tuner.collect.snapshots import SeriesKey
 from tuner.store.window import EngineWindow, HistPoint, HistSeries, Point, Points, TargetHealth, TargetWindow
 
 __all__ = ["EngineSignals", "TargetSignals", "compute_signals", "ALWAYS_DERIVED", "group_signals", "queue_ratio",
-           "QUANTILES", "LATENCY_HISTOGRAMS", "SIGNAL_METRICS", "metrics_for"]
+           "QUANTILES", "LATENCY_HISTOGRAMS", "SIGNAL_METRICS", "PROGRESS_COUNTERS", "metrics_for", "stall_reason"]
 
 QUANTILES = (0.5, 0.95, 0.99)
 # signal prefix → histogram (seconds)
@@ -42,13 +42,19 @@ _GAUGES = {  # signal → gauge, per backend
                  "requests_waiting": "llamacpp:requests_deferred", "slots_total": "tuner:slots_total",
                  "slots_busy": "tuner:slots_busy"},
 }
+# What moves while an engine serves, per backend: in flight and none of these moved means it is stalled
+# (stalled_requests). vLLM counts tokens as the engine emits them. llama-server's tokens_predicted_total moves only
+# when a request finishes (a 400-token generation showed 0 until its end), but n_decode_total counts every
+# llama_decode call as it happens (tests/fixtures/stall/README.md).
+PROGRESS_COUNTERS = {"vllm": ("vllm:generation_tokens_total", "vllm:request_success_total"),
+                     "llamacpp": ("llamacpp:n_decode_total",)}
 
 # Every series compute_signals reads: the signal book asks the store for these only (a vLLM window has twice as
 # many histogram rows in series no signal uses). tests/signals/test_derive.py holds the two windows' signals equal.
 SIGNAL_METRICS = frozenset([*LATENCY_HISTOGRAMS.values(), *(m for b in _RATES.values() for m in b.values()),
                             *(m for b in _GAUGES.values() for m in b.values()),
                             "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
-                            "process_start_time_seconds"])
+                            *(m for b in PROGRESS_COUNTERS.values() for m in b), "process_start_time_seconds"])
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,12 @@ class EngineSignals:
     queued_over_s: float | None = None  # that bound in seconds (0.3 on vLLM 0.32)
     goodput_ratio: float | None = None  # fraction 0-1 of requests within every SLO budget (lower bound)
     goodput_ratio_upper: float | None = None  # the same, upper bound (bucket resolution)
+    # generated tokens per second x goodput_ratio: the tokens of requests within the SLO (lower bound; vLLM does not
+    # link a request's tokens to its latency, so a request within the SLO is taken to generate as many as any other)
+    token_goodput_per_s: float | None = None
+    # requests in flight (running + waiting, latest) when no token was generated and no request finished in the
+    # window (llama-server: no llama_decode call); 0 when the engine moved or had nothing to do
+    stalled_requests: float | None = None
     restarts: int = 0  # process start time changed within the window
 
     def as_json(self) -> dict[str, Any]:
@@ -221,6 +233,9 @@ _FIELD_METRICS: dict[str, frozenset[str]] = {
     "queued_over_s": frozenset([LATENCY_HISTOGRAMS["queue"]]),
     "goodput_ratio": frozenset(LATENCY_HISTOGRAMS[k] for k in ("ttft", "itl", "e2e")),
     "goodput_ratio_upper": frozenset(LATENCY_HISTOGRAMS[k] for k in ("ttft", "itl", "e2e")),
+    "token_goodput_per_s": frozenset([*(LATENCY_HISTOGRAMS[k] for k in ("ttft", "itl", "e2e")),
+                                      *(b["generation_tokens_per_s"] for b in _RATES.values())]),
+    "stalled_requests": frozenset(m for b in PROGRESS_COUNTERS.values() for m in b),
 }
 
 
@@ -272,15 +287,55 @@ def _engine_signals(e: EngineWindow, backend: str, slo: Slo | None, lo: int, hi:
         if queue is not None and q_inc:
             values["requests_queued"] = max(0.0, q_inc[-1] - q_inc[0])
             values["queued_over_s"] = queue.bounds[0]
-        if _wants(only, "goodput_ratio", "goodput_ratio_upper"):
+        if _wants(only, "goodput_ratio", "goodput_ratio_upper", "token_goodput_per_s"):
             values["goodput_ratio"], values["goodput_ratio_upper"] = _goodput(e, slo, lo, hi, increases)
+        if _wants(only, "token_goodput_per_s"):
+            tokens = values.get("generation_tokens_per_s")
+            if tokens is None:
+                tokens = _sum_rate(e, _RATES[backend]["generation_tokens_per_s"], lo, hi)
+            good = values["goodput_ratio"]
+            values["token_goodput_per_s"] = tokens * good if tokens is not None and good is not None else None
+    if _wants(only, "stalled_requests"):
+        values["stalled_requests"] = _stalled(e, backend, values.get("requests_running"),
+                                              values.get("requests_waiting"), lo, hi)
     return EngineSignals(engine=e.engine, model_name=e.model_name, samples=_samples(e), restarts=_restarts(e),
                          **values)
+
+
+def _stalled(e: EngineWindow, backend: str, running: float | None, waiting: float | None, lo: int,
+             hi: int) -> float | None:
+    """Requests in flight when none of the backend's progress counters moved over the window, else 0; None when
+    the window cannot tell (no gauge, or fewer than two points of a counter). As PromQL (rules/signals.py):
+    ``(running + waiting) * on (...) (sum(increase(progress[w])) == bool 0)``."""
+    counters = PROGRESS_COUNTERS.get(backend)
+    if not counters or (running is None and waiting is None):
+        return None
+    moved = 0.0
+    for metric in counters:
+        inc = _sum_increase(e, metric, lo, hi)
+        if inc is None:
+            return None
+        moved += inc
+    return (running or 0.0) + (waiting or 0.0) if moved == 0 else 0.0
 
 
 def _samples(e: EngineWindow) -> int:
     """Stored points in an engine's window, all series."""
     return sum(len(p) for p in e.series.values()) + sum(len(h.points) for h in e.hists.values())
+
+
+def stall_reason(sig: TargetSignals) -> str | None:
+    """Why the target's engine is up but not serving, in one line; None when it is not: requests in flight and no
+    progress over the window (stalled_requests), or /health answering 200 while the last scrape failed (llama-server
+    answers /metrics from the loop that runs its slots)."""
+    for e in sig.engines:
+        if e.stalled_requests:
+            return (f"{e.stalled_requests:g} requests in flight on engine {e.engine} ({e.model_name}) and no token "
+                    f"generated, no request finished in {sig.window_s:g}s")
+    h = sig.health
+    if h is not None and h.health == "down" and h.server_healthy:
+        return f"/health answers 200 while /metrics does not ({h.last_error[:160]})"
+    return None
 
 
 def queue_ratio(e: EngineSignals, max_num_seqs: float | None) -> float | None:
@@ -306,7 +361,7 @@ def compute_signals(window: TargetWindow, *, slo: Slo | None = None,
 
 
 _COUNTERS = frozenset([*(m for b in _RATES.values() for m in b.values()), "vllm:prefix_cache_hits_total",
-                       "vllm:prefix_cache_queries_total"])
+                       "vllm:prefix_cache_queries_total", *(m for b in PROGRESS_COUNTERS.values() for m in b)])
 _HOTTEST = frozenset(["vllm:kv_cache_usage_perc", "tuner:kv_cache_usage"])  # a group's KV use: its fullest replica
 
 

@@ -18,7 +18,9 @@ vLLM, per window (summed over engines):
                   what it serves is its capacity, not the load. (The gauges alone would not do: vLLM answers
                   /metrics between engine steps, and most samples of a saturated server showed 0 running.)
   slo_attainment  share of finished requests within every SLO budget (a lower bound at bucket resolution;
-                  aborted or failed requests count as misses); slo_goodput_rps = served_rps x slo_attainment
+                  aborted or failed requests count as misses); slo_goodput_rps = served_rps x slo_attainment,
+                  slo_token_goodput_tps = tokens_per_s x slo_attainment (a request within the SLO taken to generate
+                  as many tokens as any other: vLLM does not link a request's tokens to its latency)
 llama-server exports no request counter and no latency histogram: its capacity is generated tokens per second
 over busy intervals, saturation is ``requests_deferred`` > 0 in that share of samples, and its latency is the
 mean seconds per generated token from its two time counters.
@@ -78,6 +80,7 @@ class LoadProfile:
     ttft_p50: float | None
     e2e_p50: float | None
     seconds_per_token: float | None  # llama-server's mean decode time per generated token
+    slo_token_goodput_tps: float | None = None  # generated tokens/s x slo_attainment: tokens of requests within the SLO
     intervals: tuple[Interval, ...] = field(default=(), repr=False)
     slo_budgets: dict[str, float] = field(default_factory=dict, repr=False)  # ttft/itl/e2e -> P99 budget, seconds
     slo_objective: float | None = None  # the share of requests that must meet every budget (None: no SLO)
@@ -108,7 +111,7 @@ class LoadProfile:
     def summary(self) -> dict[str, Any]:
         """The numbers a person and the journal read (JSON-ready)."""
         keys = ("start", "end", "samples", "saturated", "offered_rps", "served_rps", "capacity_rps",
-                "slo_goodput_rps", "slo_attainment", "ttft_p99", "e2e_p99", "tokens_per_s", "capacity_tokens_per_s",
+                "slo_goodput_rps", "slo_token_goodput_tps", "slo_attainment", "ttft_p99", "e2e_p99", "tokens_per_s", "capacity_tokens_per_s",
                 "queued_share", "queue_time_share", "waiting_share", "mean_in_flight", "ttft_p50", "e2e_p50",
                 "finished", "aborted", "generated_tokens", "seconds_per_token", "slo_objective")
         out = {k: _finite(getattr(self, k)) for k in keys}
@@ -252,6 +255,7 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
             capacity_tokens_per_s=math.fsum(iv.generated for iv in busy) / busy_s if busy_s else None,
             queued_share=None, mean_in_flight=None, queue_time_share=None, waiting_share=waiting_share,
             saturated=waiting_share >= SATURATED_WAITING_SHARE, slo_attainment=None, slo_goodput_rps=None,
+            slo_token_goodput_tps=None,
             ttft_p99=None, e2e_p99=None, ttft_p50=None, e2e_p50=None,
             seconds_per_token=gen_seconds / gen_total if gen_total else None, intervals=intervals)
 
@@ -295,6 +299,7 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
         SATURATED_QUEUED_SHARE or waiting_share >= SATURATED_WAITING_SHARE,
         slo_attainment=attainment, slo_goodput_rps=served * attainment if served is not None and attainment is not None
         else None,
+        slo_token_goodput_tps=gen_total / secs * attainment if secs and attainment is not None else None,
         ttft_p99=_quantile(*hists["ttft"], 0.99) if "ttft" in hists else None,
         e2e_p99=_quantile(*hists["e2e"], 0.99) if "e2e" in hists else None,
         ttft_p50=_quantile(*hists["ttft"], 0.5) if "ttft" in hists else None,

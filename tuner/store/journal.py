@@ -39,8 +39,8 @@ __all__ = ["ApplyRow", "ApplyStepRow", "ManagedServerRow", "StoredApply", "Manag
 
 STATES = ("planned", "draining", "starting", "health_check", "observing", "awaiting_manual", "tuning", "done")
 OUTCOMES = ("kept", "rolled_back", "inconclusive", "failed")
-KPI_KEYS = ("saturated", "offered_rps", "capacity_rps", "slo_goodput_rps", "slo_attainment", "ttft_p99", "e2e_p99",
-            "capacity_tokens_per_s")
+KPI_KEYS = ("saturated", "offered_rps", "capacity_rps", "slo_goodput_rps", "slo_token_goodput_tps", "slo_attainment",
+            "ttft_p99", "e2e_p99", "capacity_tokens_per_s")
 
 
 # The one rule every apply, rollback, canary and tune obeys: one open entry per key (a target, or its whole group).
@@ -56,8 +56,8 @@ class ApplyRow(Base):
     target: Mapped[str] = mapped_column(String(63))
     holds: Mapped[str] = mapped_column(String(72), server_default="")  # hold_key(): group:NAME or target:NAME
     recommendation_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    kind: Mapped[str] = mapped_column(String(16))  # apply | rollback | canary | tune
-    mode: Mapped[str] = mapped_column(String(16))  # manual | auto | api | shadow (a tune beside production)
+    kind: Mapped[str] = mapped_column(String(16))  # apply | rollback | canary | tune | restart
+    mode: Mapped[str] = mapped_column(String(16))  # manual | auto | api | reconcile | shadow (a tune beside production)
     created_ms: Mapped[int] = mapped_column(Integer)
     updated_ms: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(16))

@@ -61,6 +61,7 @@ class Failed:
     duration_s: float
     error: str
     labels: dict[str, str] = field(default_factory=dict)
+    healthy: bool | None = None  # /health's answer when it was asked and answered (llama-server: before /metrics)
 
 
 # The per-scrape writes as the driver's SQL (SQLite, like the OR IGNOREs): prepared once by sqlite3 and
@@ -81,8 +82,9 @@ _UPSERT_HEALTH = """
         health = excluded.health, last_error = excluded.last_error, last_scrape_ms = excluded.last_scrape_ms,
         last_success_ms = COALESCE(excluded.last_success_ms, target_health.last_success_ms),
         last_duration_s = excluded.last_duration_s,
-        -- /health not asked at this scrape (collect/vllm.py): the last answer stands; a down target has none
-        server_healthy = CASE WHEN excluded.health = 'down' THEN NULL
+        -- /health not asked at this scrape (collect/vllm.py): the last answer stands; a down target has only what
+        -- this scrape's /health answered (llama-server's answers while its /metrics hangs), if anything
+        server_healthy = CASE WHEN excluded.health = 'down' THEN excluded.server_healthy
                               ELSE COALESCE(excluded.server_healthy, target_health.server_healthy) END,
         consecutive_failures = CASE WHEN excluded.health = 'down'
                                     THEN target_health.consecutive_failures + 1 ELSE 0 END"""
@@ -299,8 +301,8 @@ class Store:
             if prev is not None and ts < prev.last_scrape_ms:  # a clock stepped back: read it again when asked
                 del self._meta[item.target]
                 continue
-            if health == "down":  # a down target has no /health answer
-                server_healthy = None
+            if health == "down":  # a down target has only what this scrape's /health answered, if anything
+                server_healthy = None if healthy is None else bool(healthy)
             elif healthy is not None:  # /health asked at this scrape
                 server_healthy = bool(healthy)
             else:  # not asked: the last answer stands
@@ -327,7 +329,8 @@ class Store:
                         tid = self._target_id(conn, item.target, item.backend, item.url, item.labels)
                         ts = _ms(item.ts)
                         scrapes.append((tid, ts, item.duration_s, "down", item.error, 0, 0))
-                        healths.append((tid, "down", item.error, ts, None, item.duration_s, 1, None))
+                        healths.append((tid, "down", item.error, ts, None, item.duration_s, 1,
+                                        None if item.healthy is None else int(item.healthy)))
                         written.append(0)
                         continue
                     snap = item.snap
