@@ -98,15 +98,25 @@ class Clause:
 
 @dataclass(frozen=True)
 class SloSide:
-    attainment: float
+    attainment: float  # at least (a budget inside a histogram bucket counts that bucket as missed)
     n: float  # finished requests it is a share of
-    lo: float  # 95% Wilson interval
+    lo: float  # 95% Wilson interval: below the least, above the most the buckets allow
     hi: float
-    status: str  # met (attainment >= objective) | breached (hi < objective) | unsure (below, within the noise)
+    status: str  # met (at least the objective) | breached (hi below the objective) | unsure (within the noise)
+    attainment_hi: float | None = None  # at most (the bucket a budget falls in counted as met); None: the same
+
+    @property
+    def most(self) -> float:
+        return self.attainment if self.attainment_hi is None else self.attainment_hi
 
     def as_json(self) -> dict[str, Any]:
-        return {"attainment": round(self.attainment, 4), "n": self.n, "interval": [round(self.lo, 4),
-                round(self.hi, 4)], "status": self.status}
+        return {"attainment": round(self.attainment, 4), "attainment_at_most": round(self.most, 4), "n": self.n,
+                "interval": [round(self.lo, 4), round(self.hi, 4)], "status": self.status}
+
+    def text(self) -> str:
+        share = f"{self.attainment:.1%}" if self.most - self.attainment < 0.0005 else \
+            f"{self.attainment:.1%}-{self.most:.1%} (bucket resolution)"
+        return f"{share} [{self.lo:.1%}, {self.hi:.1%}] of {self.n:.0f}"
 
 
 @dataclass(frozen=True)
@@ -117,7 +127,8 @@ class SloCheck:
     budgets: dict[str, float]  # ttft/itl/e2e -> P99 budget, seconds
     before: SloSide
     after: SloSide
-    p_worse: float  # P(after's attainment < before's), two-proportion z-test
+    p_worse: float  # P(after's attainment < before's), two-proportion z-test: after's most against before's least
+    p_better: float = 0.5  # P(after's > before's): after's least against before's most
 
     @property
     def broke(self) -> bool:
@@ -125,19 +136,19 @@ class SloCheck:
 
     @property
     def cured(self) -> bool:
-        return self.before.status == "breached" and self.after.status == "met" and 1 - self.p_worse >= CONFIDENT
+        return self.before.status == "breached" and self.after.status == "met" and self.p_better >= CONFIDENT
 
     def line(self) -> str:
         budgets = ", ".join(f"{k.upper()} P99 {v:g}s" for k, v in self.budgets.items())
 
-        def side(s: SloSide) -> str:
-            return f"{s.attainment:.1%} [{s.lo:.1%}, {s.hi:.1%}] of {s.n:.0f} ({s.status})"
-        return (f"SLO {self.objective:.4g} of requests within {budgets or 'its budgets'}: before {side(self.before)}"
-                f", after {side(self.after)} (95% Wilson intervals)")
+        return (f"SLO {self.objective:.4g} of requests within {budgets or 'its budgets'}: before "
+                f"{self.before.text()} ({self.before.status}), after {self.after.text()} ({self.after.status}) (95% "
+                "Wilson intervals)")
 
     def as_json(self) -> dict[str, Any]:
         return {"objective": self.objective, "budgets": self.budgets, "before": self.before.as_json(),
-                "after": self.after.as_json(), "p_worse": round(self.p_worse, 4), "broke": self.broke,
+                "after": self.after.as_json(), "p_worse": round(self.p_worse, 4),
+                "p_better": round(self.p_better, 4), "broke": self.broke,
                 "cured": self.cured, "line": self.line()}
 
 
@@ -329,50 +340,63 @@ def wilson(p: float, n: float, z: float = Z95) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _slo_side(attainment: float, n: float, objective: float) -> SloSide:
-    lo, hi = wilson(attainment, n)
+def _slo_side(attainment: float, n: float, objective: float, most: float | None = None) -> SloSide:
+    top = attainment if most is None else max(attainment, most)
+    lo, hi = wilson(attainment, n)[0], wilson(top, n)[1]
     status = "met" if attainment >= objective else "breached" if hi < objective else "unsure"
-    return SloSide(attainment, n, lo, hi, status)
+    return SloSide(attainment, n, lo, hi, status, None if most is None else top)
+
+
+def _p_up(pb: float, nb: float, pa: float, na: float) -> float:
+    """P(a share of na above a share of nb), a two-proportion z-test."""
+    if nb < 1 or na < 1:
+        return 0.5
+    pooled = (pb * nb + pa * na) / (nb + na)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / nb + 1 / na))
+    if se == 0:
+        return 1.0 if pa > pb else 0.0 if pa < pb else 0.5
+    return 0.5 * (1 + math.erf((pa - pb) / se / math.sqrt(2)))
+
+
+def _check(objective: float, budgets: dict[str, float], b: SloSide, a: SloSide) -> SloCheck:
+    # fell: after's most against before's least; rose: after's least against before's most (the buckets' doubt
+    # counts against the change either way)
+    return SloCheck(objective, budgets, b, a, 1 - _p_up(b.attainment, b.n, a.most, a.n),
+                    _p_up(b.most, b.n, a.attainment, a.n))
 
 
 def slo_check(b: LoadProfile, a: LoadProfile) -> SloCheck | None:
     """Each window's SLO attainment against the objective; None without an SLO or an attainment on both sides."""
     objective = b.slo_objective if b.slo_objective is not None else a.slo_objective
-    eff = _attainment(b, a)
-    if objective is None or eff is None or b.slo_attainment is None or a.slo_attainment is None:
+    if objective is None or b.slo_attainment is None or a.slo_attainment is None or not b.finished or \
+            not a.finished:
         return None
-    return SloCheck(objective, dict(b.slo_budgets or a.slo_budgets),
-                    _slo_side(b.slo_attainment, b.finished or 0.0, objective),
-                    _slo_side(a.slo_attainment, a.finished or 0.0, objective), 1 - eff.p_up)
+    return _check(objective, dict(b.slo_budgets or a.slo_budgets),
+                  _slo_side(b.slo_attainment, b.finished, objective, b.slo_attainment_hi),
+                  _slo_side(a.slo_attainment, a.finished, objective, a.slo_attainment_hi))
 
 
 def slo_line(before: dict[str, Any], after: dict[str, Any]) -> str | None:
     """The SLO line from two windows' summaries (LoadProfile.summary(), as the journal keeps them); None without an
     SLO on record."""
     objective = before.get("slo_objective") or after.get("slo_objective")
-    pb, pa = before.get("slo_attainment"), after.get("slo_attainment")
     if not isinstance(objective, (int, float)):
         return None
     budgets = before.get("slo_budgets") or after.get("slo_budgets") or {}
 
-    def side(p: Any, n: Any) -> SloSide | None:
+    def side(k: dict[str, Any]) -> SloSide | None:
+        p, n, most = k.get("slo_attainment"), k.get("finished"), k.get("slo_attainment_hi")
         if not isinstance(p, (int, float)) or not isinstance(n, (int, float)) or n <= 0:
             return None
-        return _slo_side(float(p), float(n), float(objective))
+        return _slo_side(float(p), float(n), float(objective), float(most) if isinstance(most, (int, float)) else None)
 
-    sb, sa = side(pb, before.get("finished")), side(pa, after.get("finished"))
+    sb, sa = side(before), side(after)
     if sb is None or sa is None:
         have = sb or sa
         which = "before" if sb else "after" if sa else None
         return (f"SLO {objective:.4g} of requests within their budgets: attainment measured "
                 f"{'on neither side' if which is None else 'only ' + which + f' ({have.attainment:.1%})'}")  # type: ignore[union-attr]
-    nb, na = float(before["finished"]), float(after["finished"])
-    pooled = (sb.attainment * nb + sa.attainment * na) / (nb + na)
-    se = math.sqrt(pooled * (1 - pooled) * (1 / nb + 1 / na))
-    p_up = 0.5 if se == 0 else 0.5 * (1 + math.erf((sa.attainment - sb.attainment) / se / math.sqrt(2)))
-    if se == 0 and sa.attainment != sb.attainment:
-        p_up = 1.0 if sa.attainment > sb.attainment else 0.0
-    return SloCheck(float(objective), dict(budgets), sb, sa, 1 - p_up).line()
+    return _check(float(objective), dict(budgets), sb, sa).line()
 
 
 # ---- the clauses: one function each, the word read off the numbers the clause cites ---------------------------
@@ -430,9 +454,8 @@ def slo_clause(c: SloCheck) -> Clause:
         word, text = b.status, f"the SLO {'held' if b.status == 'met' else 'was ' + b.status + ' on both sides'}"
     else:
         word, text = "unsure", "the SLO's status changed within the noise"
-    return Clause("slo", word, f"{text}: attainment {b.attainment:.1%} [{b.lo:.1%}, {b.hi:.1%}] -> {a.attainment:.1%} "
-                  f"[{a.lo:.1%}, {a.hi:.1%}] against its objective {c.objective:.4g} (P(fell) {c.p_worse:.2f})",
-                  b.attainment, a.attainment)
+    return Clause("slo", word, f"{text}: attainment {b.text()} -> {a.text()} against its objective "
+                  f"{c.objective:.4g} (P(fell) {c.p_worse:.2f}, P(rose) {c.p_better:.2f})", b.attainment, a.attainment)
 
 
 def _served_clause(b: LoadProfile, a: LoadProfile) -> Clause:
@@ -503,22 +526,28 @@ def judge(before: LoadProfile | None, after: LoadProfile | None, *, min_requests
         if slo.broke and not_risen:
             return v("rolled_back", [said, load, queue, effect_clause(cap, "capacity")], slo.p_worse, _SLO_TEST)
         if slo.cured and not_fallen:
-            return v("kept", [said, load, queue, effect_clause(cap, "capacity")], 1 - slo.p_worse, _SLO_TEST)
+            return v("kept", [said, load, queue, effect_clause(cap, "capacity")], slo.p_better, _SLO_TEST)
         slo_said = [said]  # no flip to decide on: the SLO's status is said after what decided
 
-    out = _second_signal(before, after, cap, load, queue, not_risen)
+    # Both windows breaching the SLO while requests queue on both sides: attainment (and so goodput) measures how
+    # long the queue has been growing, not the flags (the same flags restarted under the same open-loop load read
+    # 11% -> 0% on the server's side while the clients saw 15.6% -> 14.7%): capacity alone judges then.
+    queue_sets_slo = (slo is not None and before.saturated and after.saturated and slo.before.status == "breached"
+                      and slo.after.status == "breached")
+    out = _second_signal(before, after, cap, load, queue, not_risen, goodput=not queue_sets_slo)
     outcome, clauses, confidence, test = out
     if outcome == "rolled_back" and slo is not None and slo.cured:
         # attainment went from breached to met (under a load that fell): never rolled back for it
-        outcome, confidence = "inconclusive", 1 - slo.p_worse
+        outcome, confidence = "inconclusive", slo.p_better
     return v(outcome, [*clauses, *slo_said], confidence, test)
 
 
 def _second_signal(before: LoadProfile, after: LoadProfile, cap: _Effect, load: Clause, queue: Clause,
-                   not_risen: bool) -> tuple[str, list[Clause], float, str]:
-    """Capacity and latency: the judgement without an SLO, the second signal with one."""
+                   not_risen: bool, *, goodput: bool = True) -> tuple[str, list[Clause], float, str]:
+    """Capacity and latency: the judgement without an SLO, the second signal with one. ``goodput``: whether SLO
+    goodput is a KPI beside capacity (not where the queue, not the flags, sets the attainment)."""
     if before.saturated:
-        good, token_good = _goodput(before, after), _token_goodput(before, after)
+        good, token_good = (_goodput(before, after), _token_goodput(before, after)) if goodput else (None, None)
         effects = [(cap, "capacity")] + ([(good, "goodput")] if good else []) + \
             ([(token_good, "goodput")] if token_good else [])
         down = [e for e, _ in effects if e.worse]

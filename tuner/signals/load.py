@@ -84,6 +84,9 @@ class LoadProfile:
     intervals: tuple[Interval, ...] = field(default=(), repr=False)
     slo_budgets: dict[str, float] = field(default_factory=dict, repr=False)  # ttft/itl/e2e -> P99 budget, seconds
     slo_objective: float | None = None  # the share of requests that must meet every budget (None: no SLO)
+    # slo_attainment is a lower bound at bucket resolution (a budget inside a bucket counts that bucket as missed);
+    # this is the upper bound (it counts it as met): the two are equal when every budget is a bucket bound
+    slo_attainment_hi: float | None = None
     hists: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict, repr=False)
 
     # The window's rates in the unit its backend counts: requests where it counts them (vLLM), else tokens.
@@ -113,7 +116,7 @@ class LoadProfile:
         keys = ("start", "end", "samples", "saturated", "offered_rps", "served_rps", "capacity_rps",
                 "slo_goodput_rps", "slo_token_goodput_tps", "slo_attainment", "ttft_p99", "e2e_p99", "tokens_per_s", "capacity_tokens_per_s",
                 "queued_share", "queue_time_share", "waiting_share", "mean_in_flight", "ttft_p50", "e2e_p50",
-                "finished", "aborted", "generated_tokens", "seconds_per_token", "slo_objective")
+                "finished", "aborted", "generated_tokens", "seconds_per_token", "slo_objective", "slo_attainment_hi")
         out = {k: _finite(getattr(self, k)) for k in keys}
         if self.slo_budgets:
             out["slo_budgets"] = dict(self.slo_budgets)
@@ -164,9 +167,9 @@ def _quantile(bounds: Sequence[float], cum: Sequence[float], q: float) -> float 
     return None if math.isnan(v) else v
 
 
-def _within(bounds: Sequence[float], cum: Sequence[float], budget: float) -> float | None:
-    got = fraction_le(budget, bounds, cum)
-    return got[0] if got else None
+def _within(bounds: Sequence[float], cum: Sequence[float], budget: float) -> tuple[float, float] | None:
+    """The share of observations within ``budget`` as far as the buckets tell: (at least, at most)."""
+    return fraction_le(budget, bounds, cum)
 
 
 def _sum_hists(engines: Sequence[EngineWindow], metric: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
@@ -273,7 +276,7 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
     if "queue" in hists and hists["queue"][1][-1]:
         bounds, cum = hists["queue"]
         queued_share = 1.0 - cum[0] / cum[-1]
-    attainment = None
+    attainment = attainment_hi = None
     if slo is not None and finished:
         shares = []
         for key in ("ttft", "itl", "e2e"):
@@ -283,8 +286,10 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
                 if share is not None:
                     shares.append(share)
         if shares:  # requests are not linked across histograms: at least sum(shares) - (n - 1) met them all
-            joint = max(0.0, math.fsum(shares) - (len(shares) - 1))
-            attainment = joint * max(0.0, finished - aborted) / finished
+            joint = max(0.0, math.fsum(lo for lo, _ in shares) - (len(shares) - 1))
+            done = max(0.0, finished - aborted) / finished
+            attainment = joint * done
+            attainment_hi = min(hi for _, hi in shares) * done  # at most: every bucket a budget falls in met it
     served = finished / secs if secs else None
     return LoadProfile(
         backend=window.backend, start=t0 / 1000, end=t1 / 1000, samples=len(stamps), finished=finished,
@@ -297,7 +302,8 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
         queue_time_share=queue_time_share, waiting_share=waiting_share,
         saturated=(queue_time_share or 0.0) >= SATURATED_QUEUE_TIME_SHARE or (queued_share or 0.0) >=
         SATURATED_QUEUED_SHARE or waiting_share >= SATURATED_WAITING_SHARE,
-        slo_attainment=attainment, slo_goodput_rps=served * attainment if served is not None and attainment is not None
+        slo_attainment=attainment, slo_attainment_hi=attainment_hi,
+        slo_goodput_rps=served * attainment if served is not None and attainment is not None
         else None,
         slo_token_goodput_tps=gen_total / secs * attainment if secs and attainment is not None else None,
         ttft_p99=_quantile(*hists["ttft"], 0.99) if "ttft" in hists else None,
