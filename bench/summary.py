@@ -334,6 +334,12 @@ def verdict(text: str) -> str | None:
     return None if m is None else f"{m.group(1)} of {m.group(2)} recorded real before/after cases judged right"
 
 
+def verdict_corpus(text: str) -> str | None:
+    m = re.search(r"^Score: built on (\d+) of (\d+); held back (\d+) of (\d+)\.", text, re.M)
+    return None if m is None else (f"built on: {m.group(1)} of {m.group(2)} pairs judged right; held back (chosen "
+                                   f"at random before recording): {m.group(3)} of {m.group(4)}")
+
+
 def keepalive(text: str) -> str | None:
     t = table_with(text, "server keep-alive", "client connections", "sent", "failed")
     if t is None:
@@ -453,6 +459,8 @@ ROWS = (
     Row("reliability-apply", "kill -9 during an apply", ("reliability-apply",), reliability_apply),
     Row("apply", "an apply on real servers", ("apply",), apply),
     Row("verdict", "the verdict on recorded series", ("verdict",), verdict),
+    Row("verdict-corpus", "the verdict on the recorded corpus, against the clients' truth", ("verdict-corpus",),
+        verdict_corpus),
     Row("demo", "the demo's apply, clean clone after clean clone", ("demo-verdict",), demo),
     Row("converge", "auto mode from a poor max-num-seqs", ("converge",), converge),
     Row("tune-chat", "tune: chat workload", ("tune-chat", "tune-gallop"), tune("chat")),
