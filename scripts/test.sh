@@ -20,14 +20,8 @@ if ! command -v cc >/dev/null 2>&1 || ! .venv/bin/python -c "$headers"; then
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' >&2
 
-bash scripts/install-prometheus.sh >&2
-bash scripts/install-haproxy.sh >&2  # replica groups: a real balancer in front of real replicas
-bash scripts/install-chromium.sh >&2  # the report tests render HTML in headless Chromium
-log "real servers (vLLM CPU build, llama-server, tiny models); first run takes ~12 min"
-exports="$(bash scripts/setup-real-servers.sh | grep '^export ')"
-eval "$exports"
-export TUNER_REQUIRE_REAL_SERVERS=1  # a missing real part fails the run instead of skipping
-
+# The checks that need nothing but tuner's venv, first: a lint or layering error fails in the first minute,
+# before the real-server installs.
 log "ruff: pyflakes checks (unused or undefined names, names used before they are bound)"
 .venv/bin/python -m ruff check --select F --output-format concise tuner tests scripts bench
 log "mypy: types of tuner/ ([tool.mypy] in pyproject.toml)"
@@ -35,6 +29,15 @@ log "mypy: types of tuner/ ([tool.mypy] in pyproject.toml)"
 log "import-linter: the layering ([tool.importlinter] in pyproject.toml; function-level imports count)"
 layering="$(.venv/bin/lint-imports --no-cache 2>&1)" || { echo "$layering"; exit 1; }
 echo "$layering" | tail -n 1
+
+
+bash scripts/install-prometheus.sh >&2
+bash scripts/install-haproxy.sh >&2  # replica groups: a real balancer in front of real replicas
+bash scripts/install-chromium.sh >&2  # the report tests render HTML in headless Chromium
+log "real servers (vLLM CPU build, llama-server, tiny models); first run takes ~12 min"
+exports="$(bash scripts/setup-real-servers.sh | grep '^export ')"
+eval "$exports"
+export TUNER_REQUIRE_REAL_SERVERS=1  # a missing real part fails the run instead of skipping
 
 set +e
 .venv/bin/python -m pytest -q "$@"
