@@ -55,8 +55,10 @@ def test_pods_named_by_kubernetes_sd_labels_become_targets_read_through_promethe
     require(realservers.PROMETHEUS)
     text = (VLLM_DIR / "metrics_under_load.txt").read_text()
     with ExitStack() as stack:
-        servers = {pod: stack.enter_context(ReplayServer(ReplayExposition(text, growth=0.01 * (i + 1))))
-                   for i, pod in enumerate(PODS)}
+        expositions = {pod: ReplayExposition(text, growth=0.01 * (i + 1)) for i, pod in enumerate(PODS)}
+        for i, expo in enumerate(expositions.values()):
+            expo.scrapes = 50 * i  # each pod's counters differ from its first scrape on (the read may land on it)
+        servers = {pod: stack.enter_context(ReplayServer(expo)) for pod, expo in expositions.items()}
         proc, url = _prometheus(tmp_path, {pod: s.url.split("://")[1] for pod, s in servers.items()})
         stack.callback(proc.stop, 10)
         deadline = time.monotonic() + 60
