@@ -37,7 +37,7 @@ from tuner.apply import managed as mg
 from tuner.apply.flow import Applier, flags_in_force
 from tuner.apply.launch import free_port
 from tuner.config import Config, Target, parse_window, window_left
-from tuner.errors import ApplyError, ConfigError, ServerStartError
+from tuner.errors import ApplyError, ConfigError, ServerStartError, TunerError
 from tuner.signals.workload import Workload, dump_workload, from_window, parse_workload
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
@@ -108,11 +108,26 @@ def workload_of(cfg: Config, store: Store, target: str, *, window_s: float, path
     if t.backend != "vllm":
         raise ConfigError("tuner tune", "--workload", f"{target} is {t.backend}: its metrics carry no request "
                                                       "lengths; pass a workload file")
-    w = from_window(store.window(target, now - window_s, now)) if target in store.target_names() else None
+    limit, source = _limit_in_force(store, t)
+    w = (from_window(store.window(target, now - window_s, now), max_model_len=limit, limit_source=source)
+         if target in store.target_names() else None)
     if w is None:
         raise ConfigError("tuner tune", "--workload", f"{target} finished no request in the last {window_s:g}s of "
                                                       "stored data; pass --workload FILE or a longer --window")
     return w
+
+
+def _limit_in_force(store: Store, t: Target) -> tuple[int | None, str]:
+    """The max-model-len the target serves with, and where that was read; (None, "") when unknown."""
+    flags = flags_in_force(store.engine, t)
+    if flags.get("max_model_len"):
+        return int(flags["max_model_len"]), "the flags in force"
+    if t.managed is not None and Path(t.managed.model).is_dir():
+        try:
+            return load_model(t.managed.model).max_position_embeddings, "vLLM's default: the model's context"
+        except TunerError:
+            return None, ""
+    return None, ""
 
 
 def reap_orphans(store: Store, say: Callable[[str], None], now: float) -> int:

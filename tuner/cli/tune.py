@@ -14,7 +14,7 @@ from tuner.app.tune import TuneRequest, tune, workload_of
 from tuner.cli.common import duration, session, table
 from tuner.cli.progress import Heartbeat
 from tuner.config import parse_duration
-from tuner.signals.workload import dump_workload
+from tuner.signals.workload import describe, dump_workload
 
 __all__ = ["add_parsers"]
 
@@ -29,6 +29,9 @@ def cmd_workload(args: argparse.Namespace) -> int:
             f.write(text)
         print(f"wrote {args.output}: {w.input_len} in / {w.output_len} out tokens, "
               f"{w.rate_rps or 0:.3g} req/s offered, burstiness {w.burstiness:g}, from {w.requests} requests")
+        print("what the window proves about each value [low .. high]:")
+        for line in describe(w):
+            print("  " + line)
     else:
         print(text, end="")
     return 0
