@@ -14,7 +14,7 @@ import pytest
 from tuner.app.tune import TuneRequest, reap_orphans, tune
 from tuner.apply import managed as mg
 from tuner.config import parse_config
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, NothingToMeasureError
 from tuner.store import tuning as tj
 
 
@@ -155,3 +155,70 @@ def _sentinels(group: int | None = None) -> set[int]:
             if b"os.killpg(int(sys.argv[1])" in cmd and (group is None or cmd.split(b"\0")[-2] == str(group).encode()):
                 out.add(int(d))
     return out
+
+
+def test_nothing_to_measure_is_an_error_naming_the_binding_constraint_and_the_fix(tmp_path, store):
+    """The issue's RAG case: a workload whose longest request reads 1000 + 200 tokens (the buckets' edges) against
+    flags in force with max-model-len 1024, max-model-len the only flag searched: every candidate pruned. It used
+    to print a table of pruned rows and exit 0; now nothing starts, nothing is journaled, and one line says why."""
+    cfg = _cfg(tmp_path, VLLM.replace("flags: {max_num_seqs: 2}", "flags: {max_num_seqs: 2, max_model_len: 1024}, "
+                                      "env: {VLLM_CPU_KVCACHE_SPACE: '1'}"))
+    wl = tmp_path / "wl.yaml"
+    wl.write_text("input_len: 752\noutput_len: 80\nmax_prompt_tokens: 1000\nmax_output_tokens: 200\n")
+    said: list[str] = []
+    with pytest.raises(NothingToMeasureError) as err:
+        tune(cfg, store, TuneRequest("v", workload_file=str(wl), flags=("max_model_len",)), config_dir=tmp_path,
+             say=said.append, clock=lambda: AT_0300)
+    msg = str(err.value)
+    assert err.value.exit_code == 2 and "\n" not in msg
+    assert "max-model-len 1024 < the workload's longest request (1200 tokens)" in msg
+    assert "the flags in force among them" in msg and "search a larger max_model_len" in msg
+    assert "max_request_tokens" in msg  # or lower the workload's longest request
+    assert tj.latest_run(store.engine, "v") is None  # nothing journaled, no server started
+    # the pruned are counted by reason, one line each, not one row per point
+    counts = [line for line in said if line.startswith("pruned")]
+    assert counts == ["pruned     1 x len_below_longest: max-model-len 1024 < the workload's longest request "
+                      "(1200 tokens)"], said
+
+
+def test_the_same_workload_with_its_proven_longest_request_is_measurable(tmp_path, store):
+    """With max_request_tokens (what `tuner workload` writes when the window served every request at 1024) the flags
+    in force are feasible: the run gets past the feasibility check to its first trial (whose server cannot start:
+    the executable does not exist)."""
+    cfg = _cfg(tmp_path, VLLM.replace("flags: {max_num_seqs: 2}", "flags: {max_num_seqs: 2, max_model_len: 1024}, "
+                                      "env: {VLLM_CPU_KVCACHE_SPACE: '1'}, executable: /nonexistent/python"))
+    wl = tmp_path / "wl.yaml"
+    wl.write_text("input_len: 752\noutput_len: 80\nmax_prompt_tokens: 1000\nmax_output_tokens: 200\n"
+                  "max_request_tokens: 1024\n")
+    said: list[str] = []
+    with pytest.raises(Exception) as err:
+        tune(cfg, store, TuneRequest("v", workload_file=str(wl), flags=("max_model_len",)), config_dir=tmp_path,
+             say=said.append, clock=lambda: AT_0300)
+    assert not isinstance(err.value, NothingToMeasureError)
+    assert any(line.startswith("trial 1/8 (baseline): max_model_len=1024") for line in said), said
+
+
+def test_a_backend_switch_is_no_candidate_and_says_why():
+    """The advisor's `backend: vllm -> llamacpp` ran as vLLM with the baseline's argv, labelled backend=llamacpp."""
+    from tuner.tune.space import Hardware, feasible, not_applied
+    v = feasible("vllm", {"max_num_seqs": 4, "backend": "llamacpp"}, model=None, hardware=Hardware(), longest=10)
+    assert not v.ok and v.kind == "not_applied" and "not a tune candidate" in v.reason
+    assert "llamacpp" in not_applied("vllm", {"backend": "llamacpp"})
+    assert not_applied("vllm", {"max_num_seqs": 4}) == ""
+
+
+@pytest.mark.parametrize("target,flags", [
+    (VLLM, {"max_num_seqs": 8, "enable_prefix_caching": False, "enable_chunked_prefill": True,
+            "max_num_batched_tokens": 2048}),
+    (LLAMA, {"parallel": 4, "ctx_size": 4096, "flash_attn": "on", "ubatch_size": 256}),
+])
+def test_a_trial_argv_carries_each_candidate_flag_and_a_dropped_one_is_caught(tmp_path, target, flags):
+    from tuner.tune.space import missing_from_argv
+    cfg = _cfg(tmp_path, target)
+    t = cfg.targets[0]
+    argv = mg.build_argv(t, flags)
+    assert missing_from_argv(t.backend, flags, argv) == []
+    other = "llamacpp" if t.backend == "vllm" else "vllm"
+    assert missing_from_argv(t.backend, {**flags, "backend": other}, argv) == [f"backend={other} (no server flag)"]
+    name = next(iter(flags))
+    assert missing_from_argv(t.backend, flags, mg.build_argv(t, {k: v for k, v in flags.items() if k != name}))

@@ -37,7 +37,7 @@ from tuner.apply import managed as mg
 from tuner.apply.flow import Applier, flags_in_force
 from tuner.apply.launch import free_port
 from tuner.config import Config, Target, parse_window, window_left
-from tuner.errors import ApplyError, ConfigError, ServerStartError, TunerError
+from tuner.errors import ApplyError, ConfigError, NothingToMeasureError, ServerStartError, TunerError
 from tuner.signals.workload import Workload, dump_workload, from_window, parse_workload
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
@@ -46,7 +46,8 @@ from tuner.store.store import Store
 from tuner.tune.bench import BenchClient, BenchError
 from tuner.tune.capacity import find_capacity, rate_floor
 from tuner.tune.search import Outcome, Point, point_key, search
-from tuner.tune.space import Hardware, Verdict, axes_for, canonical, feasible, workload_flags
+from tuner.tune.space import (PRUNE_KINDS, Hardware, Verdict, axes_for, canonical, feasible, missing_from_argv,
+                               not_applied, workload_flags)
 
 __all__ = ["TuneRequest", "tune", "workload_of", "reap_orphans"]
 
@@ -146,17 +147,60 @@ def reap_orphans(store: Store, say: Callable[[str], None], now: float) -> int:
 
 
 def _advisor_seeds(cfg: Config, store: Store, t: Target, current: dict[str, Any], window_s: float,
-                   now: float) -> list[tuple[str, dict[str, Any]]]:
-    """The advisor's one-step proposals, as starting points; none when it has nothing (or no data)."""
+                   now: float) -> tuple[list[tuple[str, dict[str, Any]]], list[dict[str, Any]]]:
+    """The advisor's one-step proposals, as starting points (none when it has nothing, or no data), and those that
+    are no candidate of this target, each with why (a backend switch: tuner/tune/space.py ``not_applied``)."""
     seeds: list[tuple[str, dict[str, Any]]] = []
+    refused: list[dict[str, Any]] = []
     try:
         inputs = gather_inputs(RecommendRequest(t.name, window_s), cfg, store, now)
     except Exception:  # the advisor's inputs are a head start, never a reason not to search
-        return seeds
+        return seeds, refused
     for inp in inputs:
         for r in evaluate(inp).emitted:
-            seeds.append((f"advisor: {', '.join(r.rules)}", {**current, **dict(r.diff)}))
-    return seeds
+            why = not_applied(t.backend, dict(r.diff))
+            if why:
+                refused.append({"diff": dict(r.diff), "rules": list(r.rules), "why": why})
+            else:
+                seeds.append((f"advisor: {', '.join(r.rules)}", {**current, **dict(r.diff)}))
+    return seeds, refused
+
+
+def _grid(axes: tuple[Any, ...], fixed: dict[str, Any], limit: int = 50_000) -> Iterator[dict[str, Any]]:
+    """Every point of the search space (the first ``limit``)."""
+    import itertools
+    for i, values in enumerate(itertools.product(*[a.values for a in axes])):
+        if i >= limit:
+            return
+        yield canonical({**fixed, **dict(zip([a.name for a in axes], values))})
+
+
+def _prune_groups(pruned: list[tuple[dict[str, Any], Verdict]], current: dict[str, Any]) -> list[dict[str, Any]]:
+    """Pruned points counted by the check that refused them, largest first; each with one example reason (the flags
+    in force's own, when they are among them) and what widens the search past it."""
+    groups: dict[str, dict[str, Any]] = {}
+    for flags, v in pruned:
+        kind = v.kind or "other"
+        g = groups.setdefault(kind, {"kind": kind, "count": 0, "reason": v.reason, "flags_in_force": False,
+                                     "fix": PRUNE_KINDS.get(kind, "")})
+        g["count"] += 1
+        if point_key(flags) == point_key(current):
+            g["flags_in_force"], g["reason"] = True, v.reason
+    return sorted(groups.values(), key=lambda g: (not g["flags_in_force"], -g["count"]))
+
+
+def _nothing_to_measure(groups: list[dict[str, Any]], total: int, workload: Workload) -> NothingToMeasureError:
+    """The error for a space with no feasible point: its binding constraint (the one that refuses the flags in
+    force, else the one that refuses most) and the fix, in one line."""
+    g = groups[0]
+    whose = ", the flags in force among them" if g["flags_in_force"] else ""
+    fix = g["fix"]
+    if g["kind"] == "len_below_longest":
+        basis = (workload.inferred or {}).get("max_request_tokens")
+        fix += f" (the workload's longest request is {workload.longest} tokens" + (
+            f": {basis.note}" if basis is not None and basis.note else "") + ")"
+    return NothingToMeasureError(f"all {total} candidates were pruned; binding constraint: {g['reason']} "
+                                 f"({g['count']} of {total}{whose}); fix: {fix}")
 
 
 def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcome:
@@ -166,9 +210,15 @@ def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcom
     ctx.trial_no += 1
     shadow = t if ctx.on_target else t.model_copy(update={"url": f"http://127.0.0.1:{free_port()}"})
     port = shadow.url.rsplit(":", 1)[-1].split("/")[0]
+    argv = mg.build_argv(shadow, flags)
+    missing = missing_from_argv(t.backend, flags, argv)
+    if missing:  # a trial is what it says or it does not run (feasible() refuses these first; this is the last word)
+        ctx.trial_no -= 1
+        ctx.say(f"  not started: its server would not run {', '.join(missing)}")
+        return Outcome("pruned", 0.0, {"reason": f"the server's argv would not carry {', '.join(missing)}",
+                                       "kind": "not_applied"})
     tid = tj.begin_trial(ctx.store.engine, ctx.run_id, now=ctx.clock(), flags=flags, seed=label, url=shadow.url)
     ctx.say(f"trial {ctx.trial_no}/{req.budget}{' (' + label + ')' if label else ''}: {_flag_text(flags)}")
-    argv = mg.build_argv(shadow, flags)
     log = ctx.log_dir / f"{t.name}-tune-{ctx.run_id}-{tid}.log"
     ctx.waiting[:] = [f"trial {ctx.trial_no}: starting vLLM on :{port}"]
     server = mg.start_server(argv, mg.server_env(t), log, nice=t.managed.nice, die_with_parent=True)
@@ -365,6 +415,24 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     request_json = {"budget": req.budget, "max_time_s": max_time_s, "flags": [a.name for a in axes],
                     "sampler": req.sampler, "where": "on_target" if req.on_target else "shadow", "hardware": hw_json,
                     "shadow_fit": why}
+    seeds = [("baseline", current)]
+    not_candidates: list[dict[str, Any]] = []
+    if req.sampler == "tpe":
+        advised, not_candidates = _advisor_seeds(cfg, store, t, current, req.window_s, now)
+        seeds += advised
+        for nc in not_candidates:
+            say(f"the advisor's {_flag_text(nc['diff'])} ({', '.join(nc['rules'])}): {nc['why']}")
+    elif req.sampler == "grid":
+        seeds = []
+    # Nothing to measure is an error, found before anything starts: every point of the space and every seed refused.
+    space = [*list(_grid(axes, fixed)), *[canonical({**fixed, **f}) for _, f in seeds]]
+    verdicts = [(f, check(f)) for f in space]
+    if not any(v.ok for _, v in verdicts):
+        unique = {point_key(f): (f, v) for f, v in verdicts}
+        groups = _prune_groups(list(unique.values()), current)
+        for g in groups:
+            say(f"pruned {g['count']:>5} x {g['kind']}: {g['reason']}")
+        raise _nothing_to_measure(groups, len(unique), workload)
     history: list[Point] = []
     if previous is not None:
         run_id = previous.id
@@ -385,11 +453,6 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
         f"from {workload.source}; SLO {slo_json}; {why}")
     say(f"searching {', '.join(a.name for a in axes)} around {_flag_text(current)}; budget {req.budget} trials, "
         f"{max_time_s:g}s")
-    seeds = [("baseline", current)]
-    if req.sampler == "tpe":
-        seeds += _advisor_seeds(cfg, store, t, current, req.window_s, now)
-    elif req.sampler == "grid":
-        seeds = []
     noise_budget = 1 if req.noise_check and req.budget >= 3 else 0
     carry = workload_flags(axes, workload)
     if carry and req.sampler == "tpe":
@@ -407,7 +470,8 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
 
             def pruned(flags: dict[str, Any], v: Verdict) -> None:
                 tj.begin_trial(store.engine, run_id, now=clock(), flags=flags, seed="", url="", status="pruned",
-                               capacity_rps=0.0, detail={"reason": v.reason, "memory": dict(v.memory)})
+                               capacity_rps=0.0, detail={"reason": v.reason, "kind": v.kind,
+                                                         "memory": dict(v.memory)})
 
             points = list(history) + search(
                 axes, fixed, measure=measure, feasible=check, seeds=seeds, budget=req.budget - noise_budget,
@@ -428,6 +492,14 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
                       note=f"stopped: {type(exc).__name__}: {exc}")
         raise
     result = _result(ctx, points, current, workload, slo_json, noise, axes=[a.name for a in axes])
+    result["not_candidates"] = not_candidates
+    if not result["counts"]["measured"] and not result["counts"]["crashed"] and result["counts"]["pruned"]:
+        pruned = [(dict(p.flags), Verdict(False, p.outcome.detail.get("reason", ""), {},
+                                          p.outcome.detail.get("kind", ""))) for p in points]
+        groups = _prune_groups(pruned, current)
+        tj.finish_run(store.engine, run_id, now=clock(), state="failed", result=result,
+                      note="every candidate visited was pruned")
+        raise _nothing_to_measure(groups, len(pruned), workload)
     rec_id = _recommend(ctx, result, current)
     result["recommendation_id"] = rec_id
     tj.finish_run(store.engine, run_id, now=clock(), state="done", result=result)
@@ -449,7 +521,10 @@ def _result(ctx: _Ctx, points: list[Point], current: dict[str, Any], workload: W
     best = _ranked(measured)[0] if measured else None
     return {
         "target": ctx.target.name, "run_id": ctx.run_id, "workload": dump_workload(workload), "slo": slo,
-        "searched": axes, "trials": [_trial_json(p) for p in _ranked(points)],
+        "searched": axes, "trials": [_trial_json(p) for p in _ranked(points) if p.outcome.status != "pruned"],
+        "pruned": _prune_groups([(dict(p.flags), Verdict(False, p.outcome.detail.get("reason", ""), {},
+                                                         p.outcome.detail.get("kind", "")))
+                                 for p in points if p.outcome.status == "pruned"], current),
         "best": {"flags": dict(best.flags), "capacity_rps": best.outcome.capacity_rps,
                  "ttft_p99": best.outcome.detail.get("ttft_p99"),
                  "e2e_p99": best.outcome.detail.get("e2e_p99")} if best else None,

@@ -63,6 +63,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
                      _num(tr["e2e_p99"], "s"), tr["status"] + (f" ({tr['seed']})" if tr["seed"] else ""),
                      tr["note"][:60]])
     print(table(rows))
+    for g in result.get("pruned") or []:
+        print(f"pruned {g['count']} x {g['kind']}{' (the flags in force among them)' if g['flags_in_force'] else ''}"
+              f": e.g. {g['reason']}")
+    for nc in result.get("not_candidates") or []:
+        print(f"not a candidate: {' '.join(f'{k}={v}' for k, v in nc['diff'].items())}: {nc['why']}")
     base, best = result["baseline"], result["best"]
     print(f"baseline: {_num(base['capacity_rps'], ' req/s')} within the SLO; best: "
           f"{_num(best['capacity_rps'] if best else None, ' req/s')}")
