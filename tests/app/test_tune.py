@@ -222,3 +222,44 @@ def test_a_trial_argv_carries_each_candidate_flag_and_a_dropped_one_is_caught(tm
     assert missing_from_argv(t.backend, {**flags, "backend": other}, argv) == [f"backend={other} (no server flag)"]
     name = next(iter(flags))
     assert missing_from_argv(t.backend, flags, mg.build_argv(t, {k: v for k, v in flags.items() if k != name}))
+
+
+def _decided(tmp_path, store, base_interval, best_interval, comparison=None):
+    """What `tuner tune` stores for a winner measured at ``best_interval`` against the flags in force at
+    ``base_interval`` (each [highest rate met, lowest rate missed]), with or without a comparison in turns."""
+    from tuner.app.tune import _Ctx, _recommend
+    from tuner.store import recommendations as recs
+    cfg = _cfg(tmp_path, VLLM)
+    ctx = _Ctx(cfg, store, cfg.targets[0], TuneRequest("v"), tmp_path, say=lambda m: None, clock=lambda: AT_0300,
+               run_id=1)
+    result = {"best": {"flags": {"max_num_seqs": 8}, "capacity_rps": best_interval[0], "interval": best_interval,
+                       "ttft_p99": 0.5, "e2e_p99": 2.0},
+              "baseline": {"flags": {"max_num_seqs": 2}, "capacity_rps": base_interval[0], "interval": base_interval},
+              "comparison": comparison, "trials": [{"flags": {"max_num_seqs": 8}, "memory": {}}], "counts": {},
+              "workload": {}, "slo": {}}
+    rid = _recommend(ctx, result, {"max_num_seqs": 2})
+    stored = recs.list_recommendations(store.engine, target="v")
+    assert (rid is None) == (stored == [])
+    return result["verdict"], stored
+
+
+def test_a_ranking_is_claimed_only_beyond_the_intervals(tmp_path, store):
+    # 2.6 against 2.0 (+30%) measured one after the other, but the flags in force missed only at 3.0, above the
+    # winner's 2.6: the intervals overlap, nothing is stored (it used to be: +30% beat the 15% margin)
+    verdict, stored = _decided(tmp_path, store, [2.0, 3.0], [2.6, 3.0])
+    assert stored == [] and "not beyond the two measurements' intervals" in verdict
+    # the winner met 3.5, which the flags in force missed (2.3): beyond both intervals, stored, marked unconfirmed
+    verdict, stored = _decided(tmp_path, store, [2.0, 2.3], [3.5, 4.0])
+    assert len(stored) == 1 and stored[0].confidence == 0.6 and "not compared in turns" in verdict
+
+
+def test_a_winner_is_stored_only_when_the_comparison_in_turns_confirms_it(tmp_path, store):
+    same = {"outcome": "same", "confidence": 0.0, "reason": "at 2.65 req/s ... both serve it", "runs": {}}
+    verdict, stored = _decided(tmp_path, store, [2.0, 2.3], [3.5, 4.0], same)
+    assert stored == [] and "compared in turns at 2.65 req/s" in verdict and "keep the flags in force" in verdict
+    better = {"outcome": "b_better", "confidence": 0.998, "reason": "at 2.65 req/s ... (confidence 0.998)",
+              "runs": {"A": [], "B": []}}
+    verdict, stored = _decided(tmp_path, store, [2.0, 2.3], [3.5, 4.0], better)
+    assert len(stored) == 1 and stored[0].confidence == pytest.approx(0.99) and "confirmed in turns" in verdict
+    assert stored[0].evidence[-1]["comparison"]["outcome"] == "b_better"
+    assert "runs" not in stored[0].evidence[-1]["comparison"]

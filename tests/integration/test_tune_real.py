@@ -299,16 +299,62 @@ def _carried(backend: str, flags: dict, argv: list[str]) -> list[str]:
     return missing
 
 
-def _watch_trials(engine, proc: subprocess.Popen, target: str) -> dict[int, list[str]]:
-    """Each trial server's argv, read from /proc/<pid>/cmdline while it runs, until ``proc`` exits."""
-    seen: dict[int, list[str]] = {}
+def _descendants(pid: int) -> list[int]:
+    kids: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            kids.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += kids.get(p, [])
+    return out
+
+
+def _threads_cpus(pid: int) -> set[str]:
+    """The Cpus_allowed_list of every thread of ``pid``, as the kernel writes it."""
+    out = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out |= {line.split(":\t")[1] for line in (task / "status").read_text().splitlines()
+                    if line.startswith("Cpus_allowed_list")}
+        except OSError:
+            pass
+    return out
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _watch_trials(engine, proc: subprocess.Popen, target: str) -> dict[int, dict]:
+    """Each trial server's argv, read from /proc/<pid>/cmdline while it runs, until ``proc`` exits; for vLLM also
+    the CPUs its worker's threads and the benchmark client's may run on (the last reading while it ran)."""
+    seen: dict[int, dict] = {}
     while proc.poll() is None:
         run = tj.latest_run(engine, target)
         for t in tj.trials(engine, run.id) if run else []:
-            if t.id not in seen and t.status == "running" and t.pid and mg.is_alive(t.pid, t.proc_start):
-                argv = mg.proc_argv(t.pid)
-                if argv:
-                    seen[t.id] = argv
+            if t.status == "running" and t.pid and mg.is_alive(t.pid, t.proc_start):
+                got = seen.setdefault(t.id, {})
+                if "argv" not in got:
+                    argv = mg.proc_argv(t.pid)
+                    if argv:
+                        got["argv"] = argv
+                workers = [p for p in _descendants(t.pid) if _comm(p) == "VLLM::Worker"]
+                if workers:
+                    got["worker"] = _threads_cpus(workers[0])
+                clients = [p for p in _descendants(proc.pid)
+                           if b"vllm.benchmarks.serve" in Path(f"/proc/{p}/cmdline").read_bytes()]
+                if clients:
+                    got["client"] = _threads_cpus(clients[0])
         time.sleep(0.05)
     return seen
 
@@ -326,8 +372,9 @@ def test_every_trial_server_runs_the_flags_its_trial_is_labelled_with(tmp_path, 
         require(realservers.VLLM_PYTHON, realservers.TINY_MODEL)
         cfg = _config(tmp_path)
         cfg.write_text(cfg.read_text().replace("name: tiny", "name: v"))
+        # seeds: the flags in force, the advisor's max_num_seqs 2, then its backend switch (the third trial before)
         argv = ["tune", "v", "--workload", str(tmp_path / "wl.yaml"), "--flags", "max_num_seqs=1/2/4",
-                "--budget", "2", "--run-seconds", "4", "--max-runs", "2", "--no-noise-check", "--json"]
+                "--budget", "3", "--run-seconds", "4", "--max-runs", "2", "--no-noise-check", "--json"]
         target = "v"
     else:
         require(realservers.LLAMA_SERVER, realservers.TINY_GGUF, realservers.VLLM_PYTHON, realservers.TINY_MODEL)
@@ -363,8 +410,15 @@ def test_every_trial_server_runs_the_flags_its_trial_is_labelled_with(tmp_path, 
     started = [t for t in tj.trials(engine, result["run_id"]) if t.pid]
     assert len(started) == result["counts"]["measured"] + result["counts"]["crashed"] >= 2, err[-3000:]
     for t in started:
-        assert t.id in seen, f"trial {t.seq} ran too briefly to be read"
-        assert _carried(backend, t.flags, seen[t.id]) == [], (t.flags, seen[t.id])
+        assert "argv" in seen.get(t.id, {}), f"trial {t.seq} ran too briefly to be read"
+        assert _carried(backend, t.flags, seen[t.id]["argv"]) == [], (t.flags, seen[t.id]["argv"])
+        if backend == "vllm":  # its worker computes on the cores placed for it, the client on the others
+            placed = t.detail["placement"]
+            assert seen[t.id]["worker"] == {",".join(map(str, placed["worker_cpus"]))}, (seen[t.id], placed)
+            client = {c for lst in seen[t.id]["client"] for part in lst.split(",")
+                      for c in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)}
+            assert client <= set(placed["client_cpus"]) and not client & set(placed["worker_cpus"]), \
+                (seen[t.id], placed)
     if backend == "vllm":  # the advisor's backend switch: said, never run
         assert not any("backend" in t.flags for t in tj.trials(engine, result["run_id"]))
         assert any(nc["diff"] == {"backend": "llamacpp"} for nc in result["not_candidates"]), result

@@ -23,6 +23,8 @@ What it does, in order:
 from __future__ import annotations
 
 import json
+import math
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,6 +47,8 @@ from tuner.store import tuning as tj
 from tuner.store.store import Store
 from tuner.tune.bench import BenchClient, BenchError
 from tuner.tune.capacity import find_capacity, rate_floor
+from tuner.tune.compare import Decision, decide, min_requests
+from tuner.tune.cores import Placement, place, read_pinned
 from tuner.tune.search import Outcome, Point, point_key, search
 from tuner.tune.space import (PRUNE_KINDS, Hardware, Verdict, axes_for, canonical, feasible, missing_from_argv,
                                not_applied, workload_flags)
@@ -70,6 +74,8 @@ class TuneRequest:
     client_python: str | None = None  # a Python with vLLM: runs its benchmark client (default: the vLLM target's)
     tokenizer: str | None = None  # for the client's prompts (default: the vLLM target's model)
     sampler: str = "tpe"  # tpe | random (seeded with the baseline only) | grid (every feasible point)
+    cpu_bind: str = "spread"  # spread: the trial worker and the client on cores of their own; vllm: vLLM's own
+    compare_pairs: int = 4  # turns of the winner against the flags in force (A B, B A, ...) at most
 
 
 @dataclass
@@ -90,6 +96,7 @@ class _Ctx:
     bench: Any = None  # the BenchClient of this run
     tokenizer: str = ""
     on_target: bool = False  # trials run on the target's own port (production drained)
+    cpu_host: bool = True  # vLLM runs on the CPU here (its worker's cores are placed, tuner/tune/cores.py)
 
 
 def _flag_text(flags: dict[str, Any]) -> str:
@@ -203,54 +210,109 @@ def _nothing_to_measure(groups: list[dict[str, Any]], total: int, workload: Work
                                  f"({g['count']} of {total}{whose}); fix: {fix}")
 
 
-def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcome:
-    """Start one trial server with ``flags``, bracket its capacity, stop it; journaled throughout."""
-    t, req = ctx.target, ctx.req
-    assert t.managed is not None and ctx.workload is not None
-    ctx.trial_no += 1
+@dataclass
+class _Server:
+    """A trial server up and healthy (journaled as trial ``tid``)."""
+
+    tid: int
+    server: mg.Running
+    url: str
+    log: Path
+    started: float
+    placement: dict[str, Any] | None
+
+
+def _placement(ctx: _Ctx) -> Placement | None:
+    """Where a vLLM CPU trial computes and where the client runs (tuner/tune/cores.py); None: vLLM's own binding
+    (``--cpu-bind vllm``, a GPU, llama-server, or the target's env binds it itself)."""
+    t = ctx.target
+    assert t.managed is not None
+    if (ctx.req.cpu_bind != "spread" or t.backend != "vllm" or not ctx.cpu_host
+            or "VLLM_CPU_OMP_THREADS_BIND" in t.managed.env):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    own = [ctx.bench.pid] if ctx.bench is not None and ctx.bench.pid else []
+    return place(allowed, read_pinned(allowed, exclude=own))
+
+
+def _launch(ctx: _Ctx, flags: dict[str, Any], label: str, what: str) -> _Server | Outcome:
+    """Start a fresh trial server with ``flags`` and wait for its health gate; journaled before it starts. An
+    Outcome when it did not run (its argv would not carry a flag: pruned) or did not start (crashed)."""
+    t = ctx.target
+    assert t.managed is not None
     shadow = t if ctx.on_target else t.model_copy(update={"url": f"http://127.0.0.1:{free_port()}"})
     port = shadow.url.rsplit(":", 1)[-1].split("/")[0]
     argv = mg.build_argv(shadow, flags)
     missing = missing_from_argv(t.backend, flags, argv)
     if missing:  # a trial is what it says or it does not run (feasible() refuses these first; this is the last word)
-        ctx.trial_no -= 1
         ctx.say(f"  not started: its server would not run {', '.join(missing)}")
         return Outcome("pruned", 0.0, {"reason": f"the server's argv would not carry {', '.join(missing)}",
                                        "kind": "not_applied"})
     tid = tj.begin_trial(ctx.store.engine, ctx.run_id, now=ctx.clock(), flags=flags, seed=label, url=shadow.url)
-    ctx.say(f"trial {ctx.trial_no}/{req.budget}{' (' + label + ')' if label else ''}: {_flag_text(flags)}")
+    ctx.say(what)
+    placed = _placement(ctx)
+    env = mg.server_env(t)
+    if placed is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = placed.bind
+        ctx.say(f"  cores: {placed.note}")
+    if ctx.bench is not None:
+        ctx.bench.pin(placed.client_cpus if placed is not None else None)
     log = ctx.log_dir / f"{t.name}-tune-{ctx.run_id}-{tid}.log"
-    ctx.waiting[:] = [f"trial {ctx.trial_no}: starting vLLM on :{port}"]
-    server = mg.start_server(argv, mg.server_env(t), log, nice=t.managed.nice, die_with_parent=True)
+    ctx.waiting[:] = [f"{what}: starting the server on :{port}"]
+    server = mg.start_server(argv, env, log, nice=t.managed.nice, die_with_parent=True)
     tj.trial_started(ctx.store.engine, tid, pid=server.pid, proc_start=server.start)
     started = ctx.clock()
     try:
-        try:
-            mg.wait_healthy(server, shadow.url, t.managed.start_timeout.total_seconds())
-        except ServerStartError as exc:
-            error = mg.error_line(log)
-            detail: dict[str, Any] = {"error": str(exc), "server_error": error, "log": str(log)}
-            tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="crashed", capacity_rps=0.0,
-                            detail=detail)
-            ctx.say(f"  crashed: {error or exc} (recorded; this region is avoided)")
-            return Outcome("crashed", 0.0, detail)
-        ctx.say(f"  healthy after {ctx.clock() - started:.0f}s; measuring capacity at the SLO")
-        cap = _capacity(ctx, shadow.url, slots=flags.get("max_num_seqs" if t.backend == "vllm" else "parallel"))
+        mg.wait_healthy(server, shadow.url, t.managed.start_timeout.total_seconds())
+    except ServerStartError as exc:
+        error = mg.error_line(log)
+        detail: dict[str, Any] = {"error": str(exc), "server_error": error, "log": str(log)}
+        tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="crashed", capacity_rps=0.0, detail=detail)
+        ctx.say(f"  crashed: {error or exc} (recorded; this region is avoided)")
+        return Outcome("crashed", 0.0, detail)
     except BaseException as exc:
         mg.stop_server(server, grace_s=5.0)
         tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="interrupted", capacity_rps=None,
                         detail={"error": f"{type(exc).__name__}: {exc}"})
         raise
+    ctx.say(f"  healthy after {ctx.clock() - started:.0f}s")
+    return _Server(tid, server, shadow.url, log, started, placed.as_json() if placed is not None else None)
+
+
+def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcome:
+    """Start one trial server with ``flags``, bracket its capacity, stop it; journaled throughout."""
+    t, req = ctx.target, ctx.req
+    assert t.managed is not None and ctx.workload is not None
+    got = _launch(ctx, flags, label, f"trial {ctx.trial_no + 1}/{req.budget}{' (' + label + ')' if label else ''}: "
+                                     f"{_flag_text(flags)}")
+    if isinstance(got, Outcome):
+        ctx.trial_no += got.status != "pruned"
+        return got
+    ctx.trial_no += 1
+    try:
+        cap = _capacity(ctx, got.url, slots=flags.get("max_num_seqs" if t.backend == "vllm" else "parallel"))
+    except BaseException as exc:
+        mg.stop_server(got.server, grace_s=5.0)
+        tj.finish_trial(ctx.store.engine, got.tid, now=ctx.clock(), status="interrupted", capacity_rps=None,
+                        detail={"error": f"{type(exc).__name__}: {exc}"})
+        raise
     ctx.waiting[:] = [f"trial {ctx.trial_no}: stopping the trial server"]
-    mg.stop_server(server, grace_s=5.0)
-    detail = {**cap, "log": str(log), "start_s": round(ctx.clock() - started, 1)}
-    tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="measured", capacity_rps=cap["capacity_rps"],
+    mg.stop_server(got.server, grace_s=5.0)
+    detail = {**cap, "log": str(got.log), "start_s": round(ctx.clock() - got.started, 1), "placement": got.placement}
+    tj.finish_trial(ctx.store.engine, got.tid, now=ctx.clock(), status="measured", capacity_rps=cap["capacity_rps"],
                     detail=detail)
     ctx.best_rps = max(ctx.best_rps, cap["capacity_rps"])
     in_flight = cap.get("in_flight")
     there = f"; {in_flight:.1f} requests in flight at that rate" if isinstance(in_flight, (int, float)) else ""
     ctx.say(f"  capacity {cap['capacity_rps']:.3g} req/s within the SLO ({cap['note']}{there})")
     return Outcome("measured", cap["capacity_rps"], detail)
+
+
+def _run_size(ctx: _Ctx, rate: float) -> int:
+    """Requests in one run at ``rate``: ``--run-seconds`` of load, and never fewer than the objective needs
+    (tuner/tune/compare.py ``min_requests``: 200 for 0.99, 40 for 0.95) nor than ``min_prompts``."""
+    assert ctx.target.slo is not None
+    return max(min_requests(ctx.target.slo.objective, ctx.req.min_prompts), int(rate * ctx.req.run_s))
 
 
 def _capacity(ctx: _Ctx, url: str, *, slots: int | None = None) -> dict[str, Any]:
@@ -260,7 +322,7 @@ def _capacity(ctx: _Ctx, url: str, *, slots: int | None = None) -> dict[str, Any
     model, tokenizer = t.served_name, ctx.tokenizer
 
     def measure(rate: float) -> Any:
-        prompts = max(req.min_prompts, int(rate * req.run_s))
+        prompts = _run_size(ctx, rate)
         ctx.waiting[:] = [f"trial {ctx.trial_no}: {prompts} requests at {rate:.3g} req/s"]
         run = client.run(w, url=url, model=model, tokenizer=tokenizer, rate=rate, prompts=prompts, slo=t.slo)
         ctx.say(f"    {rate:7.3g} req/s: {run.good}/{run.sent} within the SLO ({run.attainment:.1%}), "
@@ -273,8 +335,70 @@ def _capacity(ctx: _Ctx, url: str, *, slots: int | None = None) -> dict[str, Any
     ctx.waiting[:] = [f"trial {ctx.trial_no}: warming the server up ({req.min_prompts} requests, not counted)"]
     warm = client.run(w, url=url, model=model, tokenizer=tokenizer, rate=start, prompts=req.min_prompts, slo=t.slo)
     cap = find_capacity(measure, t.slo.objective, start_rps=start, tolerance=req.tolerance, max_runs=req.max_runs,
-                        floor_rps=rate_floor(req.min_prompts, req.run_s, w.rate_rps), slots=slots)
+                        floor_rps=rate_floor(_run_size(ctx, 0.0), req.run_s, w.rate_rps), slots=slots)
     return {**cap.as_json(), "warmup": warm.as_json()}
+
+
+def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float, *, both: bool) -> dict[str, Any]:
+    """The flags in force (A) and the winner (B) on fresh servers, run in turns at ``rate`` (A B B A A B ...)
+    until tuner/tune/compare.py decides or ``--compare-pairs`` pairs are spent. ``both``: the two servers are up
+    at once (room for two beside production); otherwise each turn restarts its side (each start warmed up)."""
+    t, w, req = ctx.target, ctx.workload, ctx.req
+    assert t.slo is not None and w is not None
+    servers: dict[str, _Server] = {}
+    runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
+    flags = {"A": base, "B": best}
+    prompts = _run_size(ctx, rate)
+    decision = Decision("undecided", 0.0, "not run")
+
+    def up(side: str) -> _Server | None:
+        if side in servers:
+            return servers[side]
+        if not both:
+            for other in list(servers):
+                _down(other)
+        got = _launch(ctx, flags[side], f"compare: {'flags in force' if side == 'A' else 'winner'}",
+                      f"compare {side} ({'the flags in force' if side == 'A' else 'the winner'}): "
+                      f"{_flag_text(flags[side])}")
+        if isinstance(got, Outcome):
+            return None
+        servers[side] = got
+        ctx.waiting[:] = [f"compare {side}: warming the server up"]
+        ctx.bench.run(w, url=got.url, model=t.served_name, tokenizer=ctx.tokenizer, rate=rate,
+                      prompts=req.min_prompts, slo=t.slo)
+        return got
+
+    def _down(side: str) -> None:
+        s = servers.pop(side)
+        mg.stop_server(s.server, grace_s=5.0)
+        tj.finish_trial(ctx.store.engine, s.tid, now=ctx.clock(), status="compared", capacity_rps=None,
+                        detail={"rate_rps": rate, "runs": runs[side], "log": str(s.log), "placement": s.placement})
+
+    ctx.say(f"compare: the winner against the flags in force at {rate:.3g} req/s, in turns, {prompts} requests a run")
+    try:
+        for pair in range(req.compare_pairs):
+            for side in ("A", "B") if pair % 2 == 0 else ("B", "A"):
+                s = up(side)
+                if s is None:
+                    return {"outcome": "undecided", "confidence": 0.0, "rate_rps": rate, "runs": runs,
+                            "reason": f"the {side} server did not start"}
+                ctx.waiting[:] = [f"compare {side}: {prompts} requests at {rate:.3g} req/s"]
+                run = ctx.bench.run(w, url=s.url, model=t.served_name, tokenizer=ctx.tokenizer, rate=rate,
+                                    prompts=prompts, slo=t.slo)
+                runs[side].append(run.as_json())
+                ctx.say(f"    {side} {rate:7.3g} req/s: {run.good}/{run.sent} within the SLO ({run.attainment:.1%})")
+            count = {k: (sum(r["good"] for r in v), sum(r["sent"] for r in v)) for k, v in runs.items()}
+            decision = decide(t.slo.objective, *count["A"], *count["B"], rate=rate,
+                              final=pair == req.compare_pairs - 1)
+            if decision.outcome != "undecided":
+                break
+    finally:
+        for side in list(servers):
+            _down(side)
+    ctx.say(f"  {decision.outcome}: {decision.reason}")
+    return {"outcome": decision.outcome, "confidence": round(decision.confidence, 4), "rate_rps": rate,
+            "reason": decision.reason, "pairs": len(runs["A"]), "requests_per_run": prompts,
+            "both_up": both, "runs": runs}
 
 
 def _ranked(points: list[Point]) -> list[Point]:
@@ -369,6 +493,10 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
         raise ConfigError("tuner tune", "--sampler", f"{req.sampler!r}: expected tpe, random or grid")
     if req.budget < 1:
         raise ConfigError("tuner tune", "--budget", f"expected at least 1 trial, got {req.budget}")
+    if req.cpu_bind not in ("spread", "vllm"):
+        raise ConfigError("tuner tune", "--cpu-bind", f"{req.cpu_bind!r}: expected spread or vllm")
+    if req.compare_pairs < 1:
+        raise ConfigError("tuner tune", "--compare-pairs", f"expected at least 1, got {req.compare_pairs}")
     max_time_s = req.max_time_s
     if req.on_target:
         max_time_s = min(max_time_s, _window_time(t, now))
@@ -445,7 +573,7 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
                               workload=dump_workload(workload), slo=slo_json, baseline_flags=current)
     ctx = _Ctx(cfg, store, t, req, config_dir, say, clock, run_id=run_id, workload=workload,
                waiting=waiting if waiting is not None else [], log_dir=(config_dir / t.managed.log_dir).resolve(),
-               on_target=req.on_target)
+               on_target=req.on_target, cpu_host=hw_json["kind"] != "gpu")
     ctx.trial_no = sum(1 for p in history if p.outcome.status != "pruned")
     ctx.best_rps = max((p.outcome.capacity_rps for p in history), default=0.0)
     say(f"tuning {t.name}: workload {workload.input_len} in / {workload.output_len} out tokens "
@@ -453,7 +581,7 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
         f"from {workload.source}; SLO {slo_json}; {why}")
     say(f"searching {', '.join(a.name for a in axes)} around {_flag_text(current)}; budget {req.budget} trials, "
         f"{max_time_s:g}s")
-    noise_budget = 1 if req.noise_check and req.budget >= 3 else 0
+    noise_budget = 1 if req.noise_check and req.budget >= 3 else 0  # the comparison in turns
     carry = workload_flags(axes, workload)
     if carry and req.sampler == "tpe":
         say(f"the workload argues for {_flag_text(carry)}: the search's steps along "
@@ -479,81 +607,124 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
                 seed=req.seed, sampler=req.sampler, gallop="max_num_seqs" if t.backend == "vllm" else "parallel",
                 carry=carry)
             measured = [p for p in points if p.outcome.status == "measured"]
-            noise = None
+            comparison = None
             best = _ranked(measured)[0] if measured else None
-            if best is not None and noise_budget and best.outcome.capacity_rps > 0:
-                say("noise: the winner again, on a fresh server")
-                again = measure(dict(best.flags), "noise")
-                if again.status == "measured":
-                    a, b = best.outcome.capacity_rps, again.capacity_rps
-                    noise = {"first_rps": a, "second_rps": b, "spread": round(abs(a - b) / max(a, b), 4)}
+            base = next((p for p in measured if point_key(p.flags) == point_key(current)), None)
+            if (best is not None and base is not None and noise_budget and best is not base
+                    and best.outcome.capacity_rps > base.outcome.capacity_rps):
+                a, b = base.outcome.capacity_rps, best.outcome.capacity_rps
+                rate = math.sqrt(a * b) if a > 0 else b  # where the two measured capacities disagree most
+                both = not req.on_target and shadow_fits(t, hw, hw_json, model, servers=2)[0]
+                comparison = _compare(ctx, current, dict(best.flags), rate, both=both)
     except BaseException as exc:
         tj.finish_run(store.engine, run_id, now=clock(), state="failed", result={},
                       note=f"stopped: {type(exc).__name__}: {exc}")
         raise
-    result = _result(ctx, points, current, workload, slo_json, noise, axes=[a.name for a in axes])
+    result = _result(ctx, points, current, workload, slo_json, comparison, axes=[a.name for a in axes])
     result["not_candidates"] = not_candidates
     if not result["counts"]["measured"] and not result["counts"]["crashed"] and result["counts"]["pruned"]:
-        pruned = [(dict(p.flags), Verdict(False, p.outcome.detail.get("reason", ""), {},
-                                          p.outcome.detail.get("kind", ""))) for p in points]
-        groups = _prune_groups(pruned, current)
+        refused = [(dict(p.flags), Verdict(False, p.outcome.detail.get("reason", ""), {},
+                                           p.outcome.detail.get("kind", ""))) for p in points]
+        groups = _prune_groups(refused, current)
         tj.finish_run(store.engine, run_id, now=clock(), state="failed", result=result,
                       note="every candidate visited was pruned")
-        raise _nothing_to_measure(groups, len(pruned), workload)
+        raise _nothing_to_measure(groups, len(refused), workload)
     rec_id = _recommend(ctx, result, current)
     result["recommendation_id"] = rec_id
     tj.finish_run(store.engine, run_id, now=clock(), state="done", result=result)
     return result
 
 
-def _trial_json(p: Point) -> dict[str, Any]:
+def _interval(d: Any) -> list[float | None]:
+    """A measured capacity's interval: the highest rate that met the objective and the lowest that missed it (None:
+    none missed up to the ceiling); the true capacity, on that server at that time, lies between."""
+    return [d.get("lo_rps"), d.get("hi_rps")]
+
+
+def _trial_json(p: Point, best: Point | None = None) -> dict[str, Any]:
     d = p.outcome.detail
-    return {"flags": dict(p.flags), "capacity_rps": p.outcome.capacity_rps if p.outcome.status == "measured" else None,
-            "ttft_p99": d.get("ttft_p99"), "e2e_p99": d.get("e2e_p99"), "status": p.outcome.status,
-            "seed": p.seed, "note": d.get("note") or d.get("reason") or d.get("server_error") or d.get("error") or "",
-            "memory": d.get("memory") or {}}
+    out = {"flags": dict(p.flags), "capacity_rps": p.outcome.capacity_rps if p.outcome.status == "measured" else None,
+           "ttft_p99": d.get("ttft_p99"), "e2e_p99": d.get("e2e_p99"), "status": p.outcome.status,
+           "seed": p.seed, "note": d.get("note") or d.get("reason") or d.get("server_error") or d.get("error") or "",
+           "memory": d.get("memory") or {}}
+    if p.outcome.status == "measured":
+        out["interval"] = _interval(d)
+        if best is not None:
+            out["vs_best"] = _vs_best(p, best)
+    return out
+
+
+def _vs_best(p: Point, best: Point) -> str:
+    """``best``, ``below`` (it missed a rate the best met: beyond the two intervals), or ``not separable``."""
+    if p is best:
+        return "best"
+    hi, best_lo = p.outcome.detail.get("hi_rps"), best.outcome.detail.get("lo_rps")
+    return "below" if hi is not None and best_lo is not None and hi <= best_lo else "not separable"
 
 
 def _result(ctx: _Ctx, points: list[Point], current: dict[str, Any], workload: Workload, slo: dict[str, Any],
-            noise: dict[str, Any] | None, *, axes: list[str]) -> dict[str, Any]:
+            comparison: dict[str, Any] | None, *, axes: list[str]) -> dict[str, Any]:
     measured = [p for p in points if p.outcome.status == "measured"]
     base = next((p for p in measured if point_key(p.flags) == point_key(current)), None)
     best = _ranked(measured)[0] if measured else None
     return {
         "target": ctx.target.name, "run_id": ctx.run_id, "workload": dump_workload(workload), "slo": slo,
-        "searched": axes, "trials": [_trial_json(p) for p in _ranked(points) if p.outcome.status != "pruned"],
+        "searched": axes,
+        "trials": [_trial_json(p, best) for p in _ranked(points) if p.outcome.status != "pruned"],
         "pruned": _prune_groups([(dict(p.flags), Verdict(False, p.outcome.detail.get("reason", ""), {},
                                                          p.outcome.detail.get("kind", "")))
                                  for p in points if p.outcome.status == "pruned"], current),
         "best": {"flags": dict(best.flags), "capacity_rps": best.outcome.capacity_rps,
-                 "ttft_p99": best.outcome.detail.get("ttft_p99"),
+                 "interval": _interval(best.outcome.detail), "ttft_p99": best.outcome.detail.get("ttft_p99"),
                  "e2e_p99": best.outcome.detail.get("e2e_p99")} if best else None,
-        "baseline": {"flags": dict(current), "capacity_rps": base.outcome.capacity_rps if base else None},
-        "noise": noise,
+        "baseline": {"flags": dict(current), "capacity_rps": base.outcome.capacity_rps if base else None,
+                     "interval": _interval(base.outcome.detail) if base else None},
+        "comparison": comparison,
         "counts": {"measured": len(measured), "crashed": sum(p.outcome.status == "crashed" for p in points),
                    "pruned": sum(p.outcome.status == "pruned" for p in points)},
     }
 
 
 def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> int | None:
-    """Store the winner as a recommendation when it beats the baseline by more than the noise."""
+    """Store the winner as a recommendation when it serves more within the SLO than the flags in force beyond the
+    measurement's reach: compared in turns (``comparison``) it must be ``b_better``; measured one after the other
+    only, it must have met a rate the flags in force missed (disjoint intervals) and gained at least
+    ``--tolerance``. Otherwise the verdict says why not, and nothing is stored."""
     best, base = result["best"], result["baseline"]
     if not best or base["capacity_rps"] is None:
+        result["verdict"] = "no recommendation: " + ("nothing was measured" if not best else
+                                                     "the flags in force were not measured")
         return None
     diff = _diff(current, best["flags"])
-    spread = (result["noise"] or {}).get("spread") or 0.0
-    margin = max(ctx.req.tolerance, spread)
     gain = best["capacity_rps"] / base["capacity_rps"] - 1 if base["capacity_rps"] else float("inf")
-    if not diff or gain <= margin:
-        result["verdict"] = (f"keep the flags in force: the best candidate is {gain:+.0%} against them, within the "
-                             f"measurement's margin ({margin:.0%})" if diff else "the flags in force are the best found")
+    measured = f"{base['capacity_rps']:.3g} -> {best['capacity_rps']:.3g} req/s within the SLO"
+    if not diff:
+        result["verdict"] = "the flags in force are the best found"
         return None
-    result["verdict"] = (f"{_flag_text(diff)}: capacity {base['capacity_rps']:.3g} -> {best['capacity_rps']:.3g} req/s "
-                         f"within the SLO ({gain:+.0%}, margin {margin:.0%})")
+    cmp = result.get("comparison")
+    if cmp is not None:
+        if cmp["outcome"] != "b_better":
+            result["verdict"] = (f"keep the flags in force: {_flag_text(diff)} measured {measured} one after the "
+                                 f"other, but compared in turns {cmp['reason']}")
+            return None
+        how, confidence = f"confirmed in turns: {cmp['reason']}", min(0.99, float(cmp["confidence"]))
+    else:
+        base_hi, best_lo = (base["interval"] or [None, None])[1], best["interval"][0]
+        if base_hi is None or best_lo is None or best_lo < base_hi or gain < ctx.req.tolerance:
+            result["verdict"] = (f"keep the flags in force: {_flag_text(diff)} measured {measured} ({gain:+.0%}), "
+                                 "not beyond the two measurements' intervals"
+                                 + (f" (the flags in force met up to {base['interval'][0]:.3g} and missed "
+                                    f"{base_hi:.3g})" if base_hi is not None else ""))
+            return None
+        how, confidence = ("measured one after the other, on servers minutes apart, not compared in turns (a budget "
+                           "of 3 or more compares them)"), 0.6
+    result["verdict"] = f"{_flag_text(diff)}: capacity {measured} ({gain:+.0%}); {how}"
     winner = next(tr for tr in result["trials"] if tr["flags"] == best["flags"])
     evidence = [{"rule": "tune", "run_id": ctx.run_id, "capacity_rps": best["capacity_rps"],
-                 "baseline_capacity_rps": base["capacity_rps"], "gain": round(gain, 4), "margin": margin,
-                 "ttft_p99": best["ttft_p99"], "e2e_p99": best["e2e_p99"], "noise": result["noise"],
+                 "baseline_capacity_rps": base["capacity_rps"], "gain": round(gain, 4),
+                 "interval": best["interval"], "baseline_interval": base["interval"],
+                 "comparison": {k: v for k, v in (cmp or {}).items() if k != "runs"} or None,
+                 "ttft_p99": best["ttft_p99"], "e2e_p99": best["e2e_p99"],
                  "trials": result["counts"], "workload": result["workload"], "slo": result["slo"]}]
     same = next((r for r in recs.proposed_for(ctx.store.engine, ctx.target.name) if r.diff_key == diff_key(diff)),
                 None)
@@ -561,7 +732,7 @@ def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> in
         recs.renew_recommendation(
             ctx.store.engine, same.id, now=ctx.clock(), rules=list(dict.fromkeys([*same.rules, "tune"])),
             evidence=[e for e in same.evidence if e.get("rule") != "tune"] + evidence,
-            confidence=max(same.confidence, 0.9), memory_check=same.memory_check,
+            confidence=max(same.confidence, confidence), memory_check=same.memory_check,
             current={**same.current, **{k: current.get(k) for k in diff}})
         return same.id
     return recs.add_recommendation(
@@ -571,6 +742,6 @@ def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> in
                         "(measured on a trial server with the workload replayed)",
         risk=("measured on the target itself in its maintenance window" if ctx.on_target else
               "measured on a shadow server beside production") + "; the live verdict judges it again after the apply",
-        confidence=0.9, rank=1,
+        confidence=confidence, rank=1,
         memory_check={"ok": True, "reason": "passed the memory model before its trial started",
                       "before": {}, "after": winner.get("memory") or {}})

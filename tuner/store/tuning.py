@@ -20,7 +20,7 @@ from tuner.store.models import Base
 __all__ = ["TuneRunRow", "TuneTrialRow", "StoredRun", "StoredTrial", "begin_run", "finish_run", "begin_trial",
            "trial_started", "finish_trial", "get_run", "latest_run", "runs_since", "trials", "orphans", "TRIAL_STATUSES"]
 
-TRIAL_STATUSES = ("running", "measured", "crashed", "pruned", "interrupted")
+TRIAL_STATUSES = ("running", "measured", "crashed", "pruned", "interrupted", "compared")
 
 
 class TuneRunRow(Base):
