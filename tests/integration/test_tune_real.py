@@ -328,6 +328,13 @@ def _threads_cpus(pid: int) -> set[str]:
     return out
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
@@ -349,12 +356,13 @@ def _watch_trials(engine, proc: subprocess.Popen, target: str) -> dict[int, dict
                     if argv:
                         got["argv"] = argv
                 workers = [p for p in _descendants(t.pid) if _comm(p) == "VLLM::Worker"]
-                if workers:
-                    got["worker"] = _threads_cpus(workers[0])
-                clients = [p for p in _descendants(proc.pid)
-                           if b"vllm.benchmarks.serve" in Path(f"/proc/{p}/cmdline").read_bytes()]
-                if clients:
-                    got["client"] = _threads_cpus(clients[0])
+                cpus = _threads_cpus(workers[0]) if workers else set()
+                if cpus:
+                    got["worker"] = cpus
+                clients = [p for p in _descendants(proc.pid) if b"vllm.benchmarks.serve" in _cmdline(p)]
+                cpus = _threads_cpus(clients[0]) if clients else set()
+                if cpus:
+                    got["client"] = cpus
         time.sleep(0.05)
     return seen
 

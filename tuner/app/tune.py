@@ -11,13 +11,19 @@ What it does, in order:
      the trials run on its own port; that is journaled as an open apply of kind ``tune`` (the target's lock: no
      apply, auto step or supervised restart meanwhile), and production comes back with the flags in force at the
      end, or from the reconcile of the next tuner if this one dies;
-  4. the search (tuner/tune/search.py): the baseline first, then the advisor's proposals, then optuna's TPE;
-     every candidate passes the memory model and vLLM's start-up checks before it starts (tuner/tune/space.py);
-  5. each trial: journaled, started, health-gated, its capacity bracketed with vLLM's benchmark client
-     (tuner/tune/capacity.py, tuner/tune/bench.py), stopped; a crash is recorded with the server's error line;
-  6. noise: the winner is started again and measured again; the spread of the two is the run's noise;
-  7. the answer: a ranked table, and when the winner beats the baseline by more than the noise, a stored
-     recommendation whose evidence is the measurement (apply it with `tuner apply-recommendation`).
+  4. the search (tuner/tune/search.py): the baseline first, then the advisor's proposals (a backend switch is no
+     candidate: said, never run), then optuna's TPE; every candidate passes the memory model and vLLM's start-up
+     checks before it starts (tuner/tune/space.py), and a space where none passes is an error naming the binding
+     constraint (NothingToMeasureError) before anything starts;
+  5. each trial: journaled, started (a vLLM CPU worker on cores no other process is pinned to, the client on the
+     others: tuner/tune/cores.py), its argv checked to carry every candidate flag, health-gated, its capacity
+     bracketed with vLLM's benchmark client in runs sized from the objective (tuner/tune/capacity.py,
+     tuner/tune/bench.py), stopped; a crash is recorded with the server's error line;
+  6. the comparison: the winner and the flags in force on fresh servers, run in turns at one rate until Fisher's
+     exact test decides or the pairs are spent (tuner/tune/compare.py);
+  7. the answer: a ranked table with each capacity's interval, and when the comparison confirms the winner (or,
+     without one, the winner met a rate the flags in force missed), a stored recommendation whose evidence is the
+     measurement (apply it with `tuner apply-recommendation`).
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ class TuneRequest:
     target: str
     workload_file: str | None = None
     window_s: float = 3600.0
-    budget: int = 8  # trials that start a server, the noise re-run included
+    budget: int = 8  # trials that start a server, the comparison in turns counted as one
     max_time_s: float = 3600.0
     flags: tuple[str, ...] = ()  # flags to search (default: every searchable one the host has)
     resume: bool = False

@@ -72,6 +72,17 @@ def _status(pid: int | str, task: str = "") -> dict[str, str]:
     return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
 
 
+_PF_KTHREAD = 0x00200000  # a kernel thread (per-CPU ones are pinned by design, and compete with nothing here)
+
+
+def _is_kernel_thread(pid: int | str) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return bool(int(stat[stat.rindex(")") + 2:].split()[6]) & _PF_KTHREAD)
+
+
 def _cpu_ticks(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -109,7 +120,7 @@ def pin_threads(pid: int, cpus: Sequence[int]) -> int:
 
 def read_pinned(allowed: Sequence[int], *, sample_s: float = 0.5, exclude: Sequence[int] = ()) -> list[Pinned]:
     """Processes whose affinity is a strict subset of ``allowed`` (a vLLM worker bound to its cores, a process under
-    taskset), with the CPU they used over ``sample_s``."""
+    taskset), with the CPU they used over ``sample_s``. Kernel threads are left out (each CPU has its own)."""
     every = set(allowed)
     found: dict[int, tuple[str, tuple[int, ...]]] = {}
     for entry in os.listdir("/proc"):
@@ -117,7 +128,7 @@ def read_pinned(allowed: Sequence[int], *, sample_s: float = 0.5, exclude: Seque
             continue
         st = _status(entry)
         cpus = parse_cpu_list(st.get("Cpus_allowed_list", "")) if st.get("Cpus_allowed_list") else ()
-        if cpus and set(cpus) < every and st.get("State", "")[:1] != "Z":
+        if cpus and set(cpus) < every and st.get("State", "")[:1] != "Z" and not _is_kernel_thread(entry):
             found[int(entry)] = (st.get("Name", "?"), cpus)
     before = {pid: _cpu_ticks(pid) for pid in found}
     t0 = time.monotonic()
