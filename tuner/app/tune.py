@@ -225,7 +225,11 @@ class _Server:
     url: str
     log: Path
     started: float
-    placement: dict[str, Any] | None
+    placed: Placement | None
+
+    @property
+    def placement(self) -> dict[str, Any] | None:
+        return self.placed.as_json() if self.placed is not None else None
 
 
 def _placement(ctx: _Ctx) -> Placement | None:
@@ -241,9 +245,11 @@ def _placement(ctx: _Ctx) -> Placement | None:
     return place(allowed, read_pinned(allowed, exclude=own))
 
 
-def _launch(ctx: _Ctx, flags: dict[str, Any], label: str, what: str) -> _Server | Outcome:
+def _launch(ctx: _Ctx, flags: dict[str, Any], label: str, what: str, *,
+            placed: Placement | None = None) -> _Server | Outcome:
     """Start a fresh trial server with ``flags`` and wait for its health gate; journaled before it starts. An
-    Outcome when it did not run (its argv would not carry a flag: pruned) or did not start (crashed)."""
+    Outcome when it did not run (its argv would not carry a flag: pruned) or did not start (crashed). ``placed``:
+    the cores of a server it is compared with (both sides of a comparison compute on the same cores)."""
     t = ctx.target
     assert t.managed is not None
     shadow = t if ctx.on_target else t.model_copy(update={"url": f"http://127.0.0.1:{free_port()}"})
@@ -256,7 +262,7 @@ def _launch(ctx: _Ctx, flags: dict[str, Any], label: str, what: str) -> _Server 
                                        "kind": "not_applied"})
     tid = tj.begin_trial(ctx.store.engine, ctx.run_id, now=ctx.clock(), flags=flags, seed=label, url=shadow.url)
     ctx.say(what)
-    placed = _placement(ctx)
+    placed = placed or _placement(ctx)
     env = mg.server_env(t)
     if placed is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = placed.bind
@@ -282,7 +288,7 @@ def _launch(ctx: _Ctx, flags: dict[str, Any], label: str, what: str) -> _Server 
                         detail={"error": f"{type(exc).__name__}: {exc}"})
         raise
     ctx.say(f"  healthy after {ctx.clock() - started:.0f}s")
-    return _Server(tid, server, shadow.url, log, started, placed.as_json() if placed is not None else None)
+    return _Server(tid, server, shadow.url, log, started, placed)
 
 
 def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcome:
@@ -356,6 +362,7 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
     flags = {"A": base, "B": best}
     prompts = _run_size(ctx, rate)
     decision = Decision("undecided", 0.0, "not run")
+    cores: list[Placement] = []  # the first side's placement, the other's too
 
     def up(side: str) -> _Server | None:
         if side in servers:
@@ -365,10 +372,12 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
                 _down(other)
         got = _launch(ctx, flags[side], f"compare: {'flags in force' if side == 'A' else 'winner'}",
                       f"compare {side} ({'the flags in force' if side == 'A' else 'the winner'}): "
-                      f"{_flag_text(flags[side])}")
+                      f"{_flag_text(flags[side])}", placed=cores[0] if cores else None)
         if isinstance(got, Outcome):
             return None
         servers[side] = got
+        if not cores and got.placed is not None:
+            cores.append(got.placed)
         ctx.waiting[:] = [f"compare {side}: warming the server up"]
         ctx.bench.run(w, url=got.url, model=t.served_name, tokenizer=ctx.tokenizer, rate=rate,
                       prompts=req.min_prompts, slo=t.slo)
@@ -585,6 +594,8 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     say(f"tuning {t.name}: workload {workload.input_len} in / {workload.output_len} out tokens "
         f"(range {workload.range_ratio:g}, prefix {workload.prefix_len}), burstiness {workload.burstiness:g}, "
         f"from {workload.source}; SLO {slo_json}; {why}")
+    basis = (workload.inferred or {}).get("max_request_tokens")
+    say(f"the longest request: {workload.longest} tokens" + (f" ({basis.note})" if basis is not None else ""))
     say(f"searching {', '.join(a.name for a in axes)} around {_flag_text(current)}; budget {req.budget} trials, "
         f"{max_time_s:g}s")
     noise_budget = 1 if req.noise_check and req.budget >= 3 else 0  # the comparison in turns

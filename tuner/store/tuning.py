@@ -46,7 +46,7 @@ class TuneTrialRow(Base):
     run_id: Mapped[int] = mapped_column(Integer)
     seq: Mapped[int] = mapped_column(Integer)  # 1, 2, ... within the run
     flags: Mapped[str] = mapped_column(Text)  # JSON, canonical
-    seed: Mapped[str] = mapped_column(Text)  # "baseline", "advisor: <rule>", "noise", "" (the sampler's)
+    seed: Mapped[str] = mapped_column(Text)  # "baseline", "advisor: <rule>", "compare: ...", "" (the sampler's)
     status: Mapped[str] = mapped_column(String(16))
     capacity_rps: Mapped[float | None] = mapped_column(Float, nullable=True)
     detail: Mapped[str] = mapped_column(Text)  # JSON: the capacity search's steps and runs, or the error
