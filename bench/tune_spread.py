@@ -152,7 +152,8 @@ def main() -> int:
              "(max-min)/mean | worst deviation | all within ±10% |", "|---|---|---|---|---|---|---|---|"]
     for (bind, neighbour), rs in rows.items():
         s = summarize(rs)
-        caps = ", ".join(f"{r['capacity_rps']:.3g} ({r['interval'][0] or 0:.3g}-{r['interval'][1] or 0:.3g})"
+        caps = ", ".join(f"{r['capacity_rps']:.3g} ({r['interval'][0] or 0:.3g}-"
+                         f"{'ceiling' if r['interval'][1] is None else format(r['interval'][1], '.3g')})"
                          if r.get("capacity_rps") is not None else r.get("error", "-") for r in rs)
         cores = ", ".join(r.get("worker_cores", "?") for r in rs)
         if s["n"]:

@@ -11,7 +11,8 @@ trial's capacity depended on what else was pinned to core 0 at the time.
 
 ``place`` picks the trial worker's cores from those no other process is pinned to (fewest pinned processes first,
 then the least CPU they used, then the highest index), leaving at least one core for the rest of the trial server and
-the client, and gives the client the cores the worker does not have. ``read_pinned`` reads the pinned processes from
+the client, and gives the client the cores the worker does not have and nothing else is pinned to (the client takes
+the timings: beside a pinned busy thread it would wait; with no such core it runs where the kernel puts it). ``read_pinned`` reads the pinned processes from
 /proc; ``place`` is pure.
 """
 
@@ -162,9 +163,12 @@ def place(allowed: Sequence[int], pinned: Sequence[Pinned]) -> Placement:
     # the worker takes the unpinned cores but one (left to its engine core, API server and the client); at least one
     n = max(1, len(free) - 1)
     worker = tuple(sorted(order[:n]))
-    client = tuple(c for c in cpus if c not in worker)
+    # the client takes timings: never beside threads pinned where they cannot make way for it; with no such core
+    # left it runs where the kernel puts it
+    client = tuple(c for c in cpus if c not in worker and count[c] == 0)
     why = (f"worker on {','.join(map(str, worker))}: " +
            ("no other process pinned there" if all(count[c] == 0 for c in worker) else
             "the least pinned cores (every core has a pinned process)") +
-           f"; client on {','.join(map(str, client))}")
+           (f"; client on {','.join(map(str, client))}" if client else
+            "; client where the kernel puts it (the other cores have pinned processes)"))
     return Placement(worker, client or None, names, why)
