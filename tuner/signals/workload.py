@@ -187,6 +187,37 @@ def _norm_ppf(p: float) -> float:
     return (lo + hi) / 2
 
 
+def _inner_busy(intervals: Any) -> list[Any]:
+    """The busy intervals, less the first and last of each busy stretch (traffic that started or stopped inside
+    them: partial counts, which read as bursts) when the stretch has more than two."""
+    out, stretch = [], []
+    for iv in [*intervals, None]:
+        if iv is not None and iv.busy:
+            stretch.append(iv)
+            continue
+        out += stretch[1:-1] if len(stretch) > 2 else stretch
+        stretch = []
+    return out
+
+
+def _burstiness(intervals: Any) -> tuple[int, tuple[float, float, float] | None]:
+    """(busy intervals used, (gamma shape, its 95% low, high)), the shape None with fewer than 4 intervals. The
+    index of dispersion takes each interval against what its own length expects (scrapes drift apart on a loaded
+    host); for equal intervals it is variance / mean. (k - 1) x dispersion / the true one is chi-square with k - 1
+    degrees of freedom. Within [0.1, 10]."""
+    busy = _inner_busy(intervals)  # idle gaps are no rate, and a stretch's ends are partial intervals
+    k = len(busy)
+    rate = math.fsum(iv.finished for iv in busy) / math.fsum(iv.seconds for iv in busy) if k else 0.0
+    if k < 4 or rate <= 0:
+        return k, None
+    disp = math.fsum((iv.finished - rate * iv.seconds) ** 2 / (rate * iv.seconds) for iv in busy) / (k - 1)
+    shape = round(min(10.0, max(0.1, 1 / disp)), 3) if disp > 0 else 10.0
+    lo_d, hi_d = (k - 1) * disp / _chi2(0.975, k - 1), (k - 1) * disp / _chi2(0.025, k - 1)
+    low = min(10.0, max(0.1, 1 / hi_d)) if hi_d > 0 else 10.0
+    high = min(10.0, max(0.1, 1 / lo_d)) if lo_d > 0 else 10.0
+    return k, (shape, low, high)
+
+
 def _r(x: float | None, digits: int = 3) -> float | None:
     return None if x is None or not math.isfinite(x) else round(x, digits)
 
@@ -230,21 +261,13 @@ def from_window(window: TargetWindow, *, max_model_len: int | None = None, limit
                                                "server's finishes follow its batches, not the arrivals"
                                           if load is not None else "assumed 1 (Poisson): too few scrapes")
     else:
-        arrivals = [iv.finished for iv in load.intervals if iv.busy]  # idle gaps are no rate, not burstiness
-        k = len(arrivals)
-        mean = math.fsum(arrivals) / k if k else 0.0
-        if k >= 4 and mean > 0:
-            var = math.fsum((a - mean) ** 2 for a in arrivals) / (k - 1)
-            burstiness = round(min(10.0, max(0.1, mean / var)), 3) if var > 0 else 10.0
-            # (k - 1) x dispersion / true dispersion is chi-square with k - 1 degrees of freedom
-            disp = var / mean
-            lo_d, hi_d = (k - 1) * disp / _chi2(0.975, k - 1), (k - 1) * disp / _chi2(0.025, k - 1)
-            lo_b = min(10.0, max(0.1, 1 / hi_d)) if hi_d > 0 else 10.0
-            hi_b = min(10.0, max(0.1, 1 / lo_d)) if lo_d > 0 else 10.0
+        k, est = _burstiness(load.intervals)
+        if est is not None:
+            burstiness, lo_b, hi_b = est
             inferred["burstiness"] = Inferred(low=_r(lo_b), high=_r(hi_b), note=(
                 f"mean / variance of the requests finished in {k} busy scrape intervals: 95% interval "
-                f"{lo_b:.3g}-{hi_b:.3g} (chi-square, {k - 1} degrees of freedom); bursts shorter than a scrape "
-                "interval do not show"))
+                f"{lo_b:.3g}-{hi_b:.3g} (chi-square, {k - 1} degrees of freedom); finishes, not arrivals (a "
+                "server's batches make them read burstier), and bursts shorter than a scrape interval do not show"))
         else:
             inferred["burstiness"] = Inferred(note=f"assumed 1 (Poisson): {k} busy scrape intervals, fewer than 4")
     if rate and load is not None:
