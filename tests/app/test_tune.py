@@ -263,3 +263,25 @@ def test_a_winner_is_stored_only_when_the_comparison_in_turns_confirms_it(tmp_pa
     assert len(stored) == 1 and stored[0].confidence == pytest.approx(0.99) and "confirmed in turns" in verdict
     assert stored[0].evidence[-1]["comparison"]["outcome"] == "b_better"
     assert "runs" not in stored[0].evidence[-1]["comparison"]
+
+
+@pytest.mark.parametrize("vs_best,said", [
+    ("not separable", "no difference measurable at this budget: the flags in force measured 0.861 req/s within the "
+                      "SLO (0.861-1.22), the next best, max_num_seqs=8, 0.861, not separable from them (their "
+                      "intervals overlap)"),
+    ("below", "the flags in force are the best found: the flags in force measured 0.861 req/s within the SLO "
+              "(0.861-1.22), the next best, max_num_seqs=8, 0.861, below them beyond both intervals"),
+])
+def test_when_the_flags_in_force_measure_highest_the_verdict_says_whether_anything_is_separable(tmp_path, store,
+                                                                                                 vs_best, said):
+    """The demo's run: both 4 and 8 sequences measured 0.861 req/s (brackets 0.861-1.22 and 0.861-1.28)."""
+    from tuner.app.tune import _Ctx, _recommend
+    cfg = _cfg(tmp_path, VLLM)
+    ctx = _Ctx(cfg, store, cfg.targets[0], TuneRequest("v"), tmp_path, say=lambda m: None, clock=lambda: AT_0300)
+    result = {"best": {"flags": {"max_num_seqs": 2}, "capacity_rps": 0.8608, "interval": [0.8608, 1.22]},
+              "baseline": {"flags": {"max_num_seqs": 2}, "capacity_rps": 0.8608, "interval": [0.8608, 1.22]},
+              "trials": [{"flags": {"max_num_seqs": 2}, "status": "measured", "capacity_rps": 0.8608, "vs_best": "best"},
+                         {"flags": {"max_num_seqs": 8}, "status": "measured", "capacity_rps": 0.8608,
+                          "vs_best": vs_best}], "comparison": None}
+    assert _recommend(ctx, result, {"max_num_seqs": 2}) is None
+    assert result["verdict"] == said

@@ -702,6 +702,22 @@ def _result(ctx: _Ctx, points: list[Point], current: dict[str, Any], workload: W
     }
 
 
+def _baseline_best(result: dict[str, Any]) -> str:
+    """The verdict when the flags in force measured highest: beyond the next best's interval, or not separable."""
+    best = result["best"]
+    others = [tr for tr in result["trials"] if tr["status"] == "measured" and tr["flags"] != best["flags"]]
+    if not others:
+        return "the flags in force are the only config measured"
+    nxt = others[0]
+    lo, hi = best["interval"]
+    said = (f"the flags in force measured {best['capacity_rps']:.3g} req/s within the SLO ({lo:.3g}-"
+            f"{'ceiling' if hi is None else format(hi, '.3g')}), the next best, {_flag_text(nxt['flags'])}, "
+            f"{nxt['capacity_rps']:.3g}")
+    if nxt.get("vs_best") == "below":
+        return f"the flags in force are the best found: {said}, below them beyond both intervals"
+    return f"no difference measurable at this budget: {said}, not separable from them (their intervals overlap)"
+
+
 def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> int | None:
     """Store the winner as a recommendation when it serves more within the SLO than the flags in force beyond the
     measurement's reach: compared in turns (``comparison``) it must be ``b_better``; measured one after the other
@@ -716,7 +732,7 @@ def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> in
     gain = best["capacity_rps"] / base["capacity_rps"] - 1 if base["capacity_rps"] else float("inf")
     measured = f"{base['capacity_rps']:.3g} -> {best['capacity_rps']:.3g} req/s within the SLO"
     if not diff:
-        result["verdict"] = "the flags in force are the best found"
+        result["verdict"] = _baseline_best(result)
         return None
     cmp = result.get("comparison")
     if cmp is not None:
