@@ -285,3 +285,15 @@ def test_when_the_flags_in_force_measure_highest_the_verdict_says_whether_anythi
                           "vs_best": vs_best}], "comparison": None}
     assert _recommend(ctx, result, {"max_num_seqs": 2}) is None
     assert result["verdict"] == said
+
+
+@pytest.mark.parametrize("base,best,want", [
+    ({"lo_rps": 0.583, "hi_rps": 1.167}, 1.871, (1.167 * 1.871) ** 0.5),  # the demo's: between 1.167 (missed) and 1.871
+    ({"lo_rps": 2.0, "hi_rps": 3.0}, 2.6, 2.6),  # overlapping intervals: at the winner's own capacity
+    ({"lo_rps": 2.0, "hi_rps": None}, 2.6, 2.6),  # the flags in force missed nothing
+])
+def test_the_comparison_runs_where_the_two_measurements_predict_different_outcomes(base, best, want):
+    """The demo's first comparison ran at sqrt(0.583 x 1.871) = 1.04 req/s, inside the flags in force's own interval
+    (they met 0.583 and missed 1.167): both served it, which said nothing of the difference."""
+    from tuner.app.tune import _compare_rate
+    assert _compare_rate(base, best) == pytest.approx(want)

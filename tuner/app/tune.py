@@ -351,6 +351,14 @@ def _capacity(ctx: _Ctx, url: str, *, slots: int | None = None) -> dict[str, Any
     return {**cap.as_json(), "warmup": warm.as_json()}
 
 
+def _compare_rate(base: Any, best_rps: float) -> float:
+    """The rate the comparison runs at: where the two measurements predict different outcomes, between the lowest
+    rate the flags in force missed and the highest the winner met (their geometric mean); when the two intervals
+    overlap, the winner's own capacity (the flags in force may or may not serve it: that is the question)."""
+    missed = base.get("hi_rps")
+    return math.sqrt(missed * best_rps) if isinstance(missed, (int, float)) and 0 < missed < best_rps else best_rps
+
+
 def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float, *, both: bool) -> dict[str, Any]:
     """The flags in force (A) and the winner (B) on fresh servers, run in turns at ``rate`` (A B B A A B ...)
     until tuner/tune/compare.py decides or ``--compare-pairs`` pairs are spent. ``both``: the two servers are up
@@ -403,7 +411,7 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
                 runs[side].append(run.as_json())
                 ctx.say(f"    {side} {rate:7.3g} req/s: {run.good}/{run.sent} within the SLO ({run.attainment:.1%})")
             count = {k: (sum(r["good"] for r in v), sum(r["sent"] for r in v)) for k, v in runs.items()}
-            decision = decide(t.slo.objective, *count["A"], *count["B"], rate=rate,
+            decision = decide(t.slo.objective, *count["A"], *count["B"], rate=rate, pairs=pair + 1,
                               final=pair == req.compare_pairs - 1)
             if decision.outcome != "undecided":
                 break
@@ -629,8 +637,7 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
             base = next((p for p in measured if point_key(p.flags) == point_key(current)), None)
             if (best is not None and base is not None and noise_budget and best is not base
                     and best.outcome.capacity_rps > base.outcome.capacity_rps):
-                a, b = base.outcome.capacity_rps, best.outcome.capacity_rps
-                rate = math.sqrt(a * b) if a > 0 else b  # where the two measured capacities disagree most
+                rate = _compare_rate(base.outcome.detail, best.outcome.capacity_rps)
                 both = not req.on_target and shadow_fits(t, hw, hw_json, model, servers=2)[0]
                 comparison = _compare(ctx, current, dict(best.flags), rate, both=both)
     except BaseException as exc:

@@ -6,13 +6,15 @@ same flags measured 11.5, 19.3 and 54.6 req/s within 8 minutes on a busy host). 
 its sequential capacity alone: both servers are started fresh and run at the same rate in turns, A B B A A B ...
 (the order alternates, so a load that drifts over the comparison weighs on both alike), every run with the same
 number of requests. What a rate r decides: a config whose share within the SLO at r reaches the objective has a
-capacity of at least r, one whose share falls short has less. At r between the two measured capacities (their
-geometric mean):
+capacity of at least r, one whose share falls short has less. At r where the two measurements predict different
+outcomes (between the lowest rate A missed and the highest B met, their geometric mean; B's capacity when the two
+intervals overlap):
 
   * B reaches the objective, A falls short, and B's share of misses is below A's beyond chance (Fisher's exact test,
     one-sided, on the pooled counts: CONFIDENT) -> ``b_better``: B's capacity exceeds r and A's does not;
   * the same the other way -> ``a_better``;
-  * both reach it -> ``same``: A serves r as well, the measured gain is not there when both run side by side;
+  * both reach it, over two pairs at least -> ``same``: A serves r as well, the measured gain is not there when
+    both run side by side;
   * otherwise another pair of runs, up to the budget; then ``undecided`` (both fell short, or the shares are
     within chance): no difference measurable at this budget.
 
@@ -61,8 +63,10 @@ class Decision:
 
 
 def decide(objective: float, a_good: int, a_sent: int, b_good: int, b_sent: int, *, rate: float,
-           final: bool, confident: float = CONFIDENT) -> Decision:
-    """The comparison so far at ``rate`` (A: the flags in force, B: the candidate); ``final``: no more runs."""
+           final: bool, pairs: int = 1, confident: float = CONFIDENT) -> Decision:
+    """The comparison so far at ``rate`` (A: the flags in force, B: the candidate) after ``pairs`` pairs of runs;
+    ``final``: no more runs. Both meeting the objective decides only from the second pair on (or at the end): one
+    run each at 40/40 says little of a 0.95 objective."""
     if a_sent <= 0 or b_sent <= 0:
         return Decision("undecided", 0.0, "no requests measured")
     pa, pb = a_good / a_sent, b_good / b_sent
@@ -76,7 +80,7 @@ def decide(objective: float, a_good: int, a_sent: int, b_good: int, b_sent: int,
     if pa >= objective > pb and a_conf >= confident:
         return Decision("a_better", a_conf, f"{said}: the flags in force serve more within the SLO (confidence "
                                            f"{a_conf:.3f}, Fisher's exact test)")
-    if pa >= objective and pb >= objective:
+    if pa >= objective and pb >= objective and (pairs >= 2 or final):
         return Decision("same", 0.0, f"{said}: both serve it, so the measured gain did not hold side by side")
     if not final:
         return Decision("undecided", max(a_conf, b_conf), said)
