@@ -402,6 +402,19 @@ def tune(workload: str) -> Reader:
     return read
 
 
+def tune_spread(text: str) -> str | None:
+    """The same flags on fresh servers (bench/tune_spread.py): the worst deviation from the mean, per condition."""
+    t = table_with(text, "binding", "neighbour", "worst deviation")
+    if t is None:
+        return None
+    header, rows = t
+    n = re.search(r"on (\d+) fresh vLLM CPU servers", text)
+    parts = [f"{r[col(header, 'binding')]}, neighbour {r[col(header, 'neighbour')]}: "
+             f"{r[col(header, 'worst deviation')]}" for r in rows]
+    return (f"worst deviation from the mean of {n.group(1) if n else '?'} servers: " + "; ".join(parts)) if parts \
+        else None
+
+
 def rolling(text: str) -> str | None:
     t = table_with(text, "setup", "requests answered", "requests failed")
     if t is None:
@@ -467,6 +480,7 @@ ROWS = (
     Row("tune-long-prompt", "tune: long prompts", ("tune-long-prompt", "tune-gallop"), tune("long-prompt")),
     Row("tune-bursty-chat", "tune: bursty arrivals", ("tune-bursty-chat", "tune-gallop"), tune("bursty-chat")),
     Row("tune-shared-prefix", "tune: a shared prefix", ("tune-shared-prefix", "tune-gallop"), tune("shared-prefix")),
+    Row("tune-spread", "tune: the same flags on fresh servers", ("tune-spread",), tune_spread),
     Row("rolling", "applies under load: alone, rolling, blue/green", ("rolling",), rolling),
     Row("rolling-vllm", "rolling apply of two vLLM CPU replicas", ("rolling-vllm",), rolling_vllm),
     Row("keepalive", "requests lost to kept-alive connections", ("keepalive",), keepalive),

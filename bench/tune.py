@@ -12,11 +12,14 @@ with B = a quarter of the grid's points (rounded down, at least 2). Scores, for 
   trials             servers started / the grid's; crashes (servers that failed to start) must be 0
 vLLM's defaults: the grid's point with every searched flag at vLLM's default, where the grid holds it.
 
-Fairness on 2 cores: vLLM's CPU backend binds its engine to one core (reserve_cpu_num=1 leaves the other) and the
-benchmark client runs on the other; nothing else runs during a bench (no production server: trials run on
-spare ports). Every config in all three searches is measured with that same client under the same contention.
+Fairness on 2 cores: tuner places each trial's vLLM worker on a core no other process is pinned to and the
+benchmark client on the other (tuner/tune/cores.py; vLLM's own binding put every worker on core 0); nothing else of
+the bench runs meanwhile (no production server: trials run on spare ports). Every config in all three searches is measured with that same client under the same contention.
 
   python bench/tune.py --workload chat            # all three, prints the table; ~40 min for a 12-point grid
+  python bench/tune.py --workload-file bench/corpus/rag.yaml --name rag --in-force '{"max_num_seqs": 2}'
+                                                  # a workload `tuner workload` read from a real store
+                                                  # (bench/tune_corpus.py records six shapes)
 Needs TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (scripts/setup-real-servers.sh prints them).
 """
 
@@ -30,6 +33,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
 
 WORKLOADS = {
     # name: (workload file, SLO, flags searched with their values, the flags in force)
@@ -56,10 +62,31 @@ WORKLOADS = {
 }
 
 
+# A workload read from a store (bench/tune_corpus.py): searched over these, from the flags given (--in-force).
+FILE_SLO = "{ttft_p99: 2s, e2e_p99: 20s, objective: 0.95}"
+FILE_GRID = "max_num_seqs=1/2/4/8/16/32,max_num_batched_tokens=256/2048"
+
+
+def add_file_workload(args: argparse.Namespace) -> str:
+    """Register --workload-file (what `tuner workload` wrote) as a workload of its own; its name."""
+    from tuner.signals.workload import parse_workload
+
+    path = Path(args.workload_file)
+    w = parse_workload(path.read_text(encoding="utf-8"), str(path))  # refuses a bad file by its key, as tune would
+    if w.source != "store":
+        sys.exit(f"{path}: source is {w.source!r}; --workload-file takes what `tuner workload` read from a store")
+    name = args.name or path.stem
+    WORKLOADS[name] = (path, args.slo or FILE_SLO, args.grid or FILE_GRID, json.loads(args.in_force or "{}"))
+    return name
+
+
 def write_config(work: Path, workload: str, python: str, model: str) -> Path:
     wl, slo, _, current = WORKLOADS[workload]
-    (work / "workload.yaml").write_text("".join(f"{k}: {v}\n" for k, v in wl.items()))
-    flags = ", ".join(f"{k}: {json.dumps(v)}" for k, v in current.items())
+    if isinstance(wl, Path):  # a file `tuner workload` wrote: replayed as it is
+        (work / "workload.yaml").write_text(wl.read_text(encoding="utf-8"))
+    else:
+        (work / "workload.yaml").write_text("".join(f"{k}: {v}\n" for k, v in wl.items()))
+    flags = ", ".join(f"{k}: {json.dumps(v)}" for k, v in {**current, "max_model_len": 1024}.items())
     cfg = work / "tuner.yaml"
     cfg.write_text(
         f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\n"
@@ -67,7 +94,7 @@ def write_config(work: Path, workload: str, python: str, model: str) -> Path:
         f"  - name: tiny\n    backend: vllm\n    url: http://127.0.0.1:1\n    slo: {slo}\n"
         "    managed:\n"
         f"      model: {model}\n      executable: {python}\n"
-        f"      flags: {{{flags}, max_model_len: 1024}}\n"
+        f"      flags: {{{flags}}}\n"
         "      extra_args: {enforce-eager: true}\n"
         f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{work / 'vllm-cache'}'}}\n")
     return cfg
@@ -95,13 +122,21 @@ def key(flags: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="chat")
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="chat", help="a built-in workload")
+    ap.add_argument("--workload-file", help="a workload file `tuner workload` wrote from a store (instead of "
+                    "--workload)")
+    ap.add_argument("--name", help="its name in the output (default: the file's stem)")
+    ap.add_argument("--slo", help=f"its SLO (default {FILE_SLO})")
+    ap.add_argument("--grid", help=f"the flags searched with their values (default {FILE_GRID})")
+    ap.add_argument("--in-force", help="the flags in force, as JSON (default {}: vLLM's defaults)")
     ap.add_argument("--run-seconds", type=float, default=12.0)
     ap.add_argument("--max-runs", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip", action="append", default=[], choices=["grid", "tpe", "random"])
     ap.add_argument("--workdir", help="default: a new temporary directory")
     args = ap.parse_args()
+    if args.workload_file:
+        args.workload = add_file_workload(args)
     python, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
     if not python or not model:
         sys.exit("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (eval the exports of scripts/setup-real-servers.sh)")

@@ -135,6 +135,19 @@ class ServerStartError(TunerError, RuntimeError):
         super().__init__(f"{what}{where}; last log lines:\n{tail}")
 
 
+class NothingToMeasureError(TunerError, ValueError):
+    """Raised when every candidate of a tuning run is pruned before any server starts (the flags in force
+    included): names the binding constraint and what to widen or lower."""
+
+    exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"tuner tune: nothing to measure: {message}")
+
+
+__all__ += ["NothingToMeasureError"]
+
+
 class ApplyError(TunerError):
     """Raised when an apply cannot go ahead or did not hold (target busy, not proposed, refused, rolled back)."""
 

@@ -17,7 +17,7 @@ from tuner.app.tune import TuneRequest, reap_orphans, tune
 from tuner.apply import managed as mg
 from tuner.apply.flow import Applier, own_identity
 from tuner.config import parse_config
-from tuner.errors import ConfigError, TargetBusyError
+from tuner.errors import ConfigError, NothingToMeasureError, TargetBusyError
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 from tuner.store import tuning as tj
@@ -239,3 +239,145 @@ def test_a_tune_is_refused_while_an_apply_holds_the_target_and_holds_it_against_
     from tuner.app.status import _last_apply
     assert _last_apply(store, "v").id == aid  # `tuner status` shows the last apply, not a tune that changed nothing
     assert ap.open_apply(rid).id > entry.id  # free again once the tune ended
+
+
+def test_nothing_to_measure_is_an_error_naming_the_binding_constraint_and_the_fix(tmp_path, store):
+    """The issue's RAG case: a workload whose longest request reads 1000 + 200 tokens (the buckets' edges) against
+    flags in force with max-model-len 1024, max-model-len the only flag searched: every candidate pruned. It used
+    to print a table of pruned rows and exit 0; now nothing starts, nothing is journaled, and one line says why."""
+    cfg = _cfg(tmp_path, VLLM.replace("flags: {max_num_seqs: 2}", "flags: {max_num_seqs: 2, max_model_len: 1024}, "
+                                      "env: {VLLM_CPU_KVCACHE_SPACE: '1'}"))
+    wl = tmp_path / "wl.yaml"
+    wl.write_text("input_len: 752\noutput_len: 80\nmax_prompt_tokens: 1000\nmax_output_tokens: 200\n")
+    said: list[str] = []
+    with pytest.raises(NothingToMeasureError) as err:
+        tune(cfg, store, TuneRequest("v", workload_file=str(wl), flags=("max_model_len",)), config_dir=tmp_path,
+             say=said.append, clock=lambda: AT_0300)
+    msg = str(err.value)
+    assert err.value.exit_code == 2 and "\n" not in msg
+    assert "max-model-len 1024 < the workload's longest request (1200 tokens)" in msg
+    assert "the flags in force among them" in msg and "search a larger max_model_len" in msg
+    assert "max_request_tokens" in msg  # or lower the workload's longest request
+    assert tj.latest_run(store.engine, "v") is None  # nothing journaled, no server started
+    # the pruned are counted by reason, one line each, not one row per point
+    counts = [line for line in said if line.startswith("pruned")]
+    assert counts == ["pruned     1 x len_below_longest: max-model-len 1024 < the workload's longest request "
+                      "(1200 tokens)"], said
+
+
+def test_the_same_workload_with_its_proven_longest_request_is_measurable(tmp_path, store):
+    """With max_request_tokens (what `tuner workload` writes when the window served every request at 1024) the flags
+    in force are feasible: the run gets past the feasibility check to its first trial (whose server cannot start:
+    the executable does not exist)."""
+    cfg = _cfg(tmp_path, VLLM.replace("flags: {max_num_seqs: 2}", "flags: {max_num_seqs: 2, max_model_len: 1024}, "
+                                      "env: {VLLM_CPU_KVCACHE_SPACE: '1'}, executable: /nonexistent/python"))
+    wl = tmp_path / "wl.yaml"
+    wl.write_text("input_len: 752\noutput_len: 80\nmax_prompt_tokens: 1000\nmax_output_tokens: 200\n"
+                  "max_request_tokens: 1024\n")
+    said: list[str] = []
+    with pytest.raises(Exception) as err:
+        tune(cfg, store, TuneRequest("v", workload_file=str(wl), flags=("max_model_len",)), config_dir=tmp_path,
+             say=said.append, clock=lambda: AT_0300)
+    assert not isinstance(err.value, NothingToMeasureError)
+    assert any(line.startswith("trial 1/8 (baseline): max_model_len=1024") for line in said), said
+
+
+def test_a_backend_switch_is_no_candidate_and_says_why():
+    """The advisor's `backend: vllm -> llamacpp` ran as vLLM with the baseline's argv, labelled backend=llamacpp."""
+    from tuner.tune.space import Hardware, feasible, not_applied
+    v = feasible("vllm", {"max_num_seqs": 4, "backend": "llamacpp"}, model=None, hardware=Hardware(), longest=10)
+    assert not v.ok and v.kind == "not_applied" and "not a tune candidate" in v.reason
+    assert "llamacpp" in not_applied("vllm", {"backend": "llamacpp"})
+    assert not_applied("vllm", {"max_num_seqs": 4}) == ""
+
+
+@pytest.mark.parametrize("target,flags", [
+    (VLLM, {"max_num_seqs": 8, "enable_prefix_caching": False, "enable_chunked_prefill": True,
+            "max_num_batched_tokens": 2048}),
+    (LLAMA, {"parallel": 4, "ctx_size": 4096, "flash_attn": "on", "ubatch_size": 256}),
+])
+def test_a_trial_argv_carries_each_candidate_flag_and_a_dropped_one_is_caught(tmp_path, target, flags):
+    from tuner.tune.space import missing_from_argv
+    cfg = _cfg(tmp_path, target)
+    t = cfg.targets[0]
+    argv = mg.build_argv(t, flags)
+    assert missing_from_argv(t.backend, flags, argv) == []
+    other = "llamacpp" if t.backend == "vllm" else "vllm"
+    assert missing_from_argv(t.backend, {**flags, "backend": other}, argv) == [f"backend={other} (no server flag)"]
+    name = next(iter(flags))
+    assert missing_from_argv(t.backend, flags, mg.build_argv(t, {k: v for k, v in flags.items() if k != name}))
+
+
+def _decided(tmp_path, store, base_interval, best_interval, comparison=None):
+    """What `tuner tune` stores for a winner measured at ``best_interval`` against the flags in force at
+    ``base_interval`` (each [highest rate met, lowest rate missed]), with or without a comparison in turns."""
+    from tuner.app.tune import _Ctx, _recommend
+    from tuner.store import recommendations as recs
+    cfg = _cfg(tmp_path, VLLM)
+    ctx = _Ctx(cfg, store, cfg.targets[0], TuneRequest("v"), tmp_path, say=lambda m: None, clock=lambda: AT_0300,
+               run_id=1)
+    result = {"best": {"flags": {"max_num_seqs": 8}, "capacity_rps": best_interval[0], "interval": best_interval,
+                       "ttft_p99": 0.5, "e2e_p99": 2.0},
+              "baseline": {"flags": {"max_num_seqs": 2}, "capacity_rps": base_interval[0], "interval": base_interval},
+              "comparison": comparison, "trials": [{"flags": {"max_num_seqs": 8}, "memory": {}}], "counts": {},
+              "workload": {}, "slo": {}}
+    rid = _recommend(ctx, result, {"max_num_seqs": 2})
+    stored = recs.list_recommendations(store.engine, target="v")
+    assert (rid is None) == (stored == [])
+    return result["verdict"], stored
+
+
+def test_a_ranking_is_claimed_only_beyond_the_intervals(tmp_path, store):
+    # 2.6 against 2.0 (+30%) measured one after the other, but the flags in force missed only at 3.0, above the
+    # winner's 2.6: the intervals overlap, nothing is stored (it used to be: +30% beat the 15% margin)
+    verdict, stored = _decided(tmp_path, store, [2.0, 3.0], [2.6, 3.0])
+    assert stored == [] and "not beyond the two measurements' intervals" in verdict
+    # the winner met 3.5, which the flags in force missed (2.3): beyond both intervals, stored, marked unconfirmed
+    verdict, stored = _decided(tmp_path, store, [2.0, 2.3], [3.5, 4.0])
+    assert len(stored) == 1 and stored[0].confidence == 0.6 and "not compared in turns" in verdict
+
+
+def test_a_winner_is_stored_only_when_the_comparison_in_turns_confirms_it(tmp_path, store):
+    same = {"outcome": "same", "confidence": 0.0, "reason": "at 2.65 req/s ... both serve it", "runs": {}}
+    verdict, stored = _decided(tmp_path, store, [2.0, 2.3], [3.5, 4.0], same)
+    assert stored == [] and "compared in turns at 2.65 req/s" in verdict and "keep the flags in force" in verdict
+    better = {"outcome": "b_better", "confidence": 0.998, "reason": "at 2.65 req/s ... (confidence 0.998)",
+              "runs": {"A": [], "B": []}}
+    verdict, stored = _decided(tmp_path, store, [2.0, 2.3], [3.5, 4.0], better)
+    assert len(stored) == 1 and stored[0].confidence == pytest.approx(0.99) and "confirmed in turns" in verdict
+    assert stored[0].evidence[-1]["comparison"]["outcome"] == "b_better"
+    assert "runs" not in stored[0].evidence[-1]["comparison"]
+
+
+@pytest.mark.parametrize("vs_best,said", [
+    ("not separable", "no difference measurable at this budget: the flags in force measured 0.861 req/s within the "
+                      "SLO (0.861-1.22), the next best, max_num_seqs=8, 0.861, not separable from them (their "
+                      "intervals overlap)"),
+    ("below", "the flags in force are the best found: the flags in force measured 0.861 req/s within the SLO "
+              "(0.861-1.22), the next best, max_num_seqs=8, 0.861, below them beyond both intervals"),
+])
+def test_when_the_flags_in_force_measure_highest_the_verdict_says_whether_anything_is_separable(tmp_path, store,
+                                                                                                 vs_best, said):
+    """The demo's run: both 4 and 8 sequences measured 0.861 req/s (brackets 0.861-1.22 and 0.861-1.28)."""
+    from tuner.app.tune import _Ctx, _recommend
+    cfg = _cfg(tmp_path, VLLM)
+    ctx = _Ctx(cfg, store, cfg.targets[0], TuneRequest("v"), tmp_path, say=lambda m: None, clock=lambda: AT_0300)
+    result = {"best": {"flags": {"max_num_seqs": 2}, "capacity_rps": 0.8608, "interval": [0.8608, 1.22]},
+              "baseline": {"flags": {"max_num_seqs": 2}, "capacity_rps": 0.8608, "interval": [0.8608, 1.22]},
+              "trials": [{"flags": {"max_num_seqs": 2}, "status": "measured", "capacity_rps": 0.8608, "vs_best": "best"},
+                         {"flags": {"max_num_seqs": 8}, "status": "measured", "capacity_rps": 0.8608,
+                          "vs_best": vs_best}], "comparison": None}
+    assert _recommend(ctx, result, {"max_num_seqs": 2}) is None
+    assert result["verdict"] == said
+
+
+@pytest.mark.parametrize("base,best,want", [
+    ({"lo_rps": 0.583, "hi_rps": 1.167}, 1.871, (1.167 * 1.871) ** 0.5),  # the demo's: between 1.167 (missed) and 1.871
+    ({"lo_rps": 2.0, "hi_rps": 3.0}, 2.6, 2.6),  # overlapping intervals: at the winner's own capacity
+    ({"lo_rps": 2.0, "hi_rps": None}, 2.6, 2.6),  # the flags in force missed nothing
+])
+def test_the_comparison_runs_where_the_two_measurements_predict_different_outcomes(base, best, want):
+    """The demo's first comparison ran at sqrt(0.583 x 1.871) = 1.04 req/s, inside the flags in force's own interval
+    (they met 0.583 and missed 1.167): both served it, which said nothing of the difference."""
+    from tuner.app.tune import _compare_rate
+    assert _compare_rate(base, best) == pytest.approx(want)

@@ -61,8 +61,34 @@ def test_bursty_arrivals_give_a_gamma_shape_below_one():
     # per-interval counts alternate 0 and 30: mean 15, variance 15^2 x 12/11 = 245.5; 15 / 245.5 = 0.061 -> 0.1
     assert w.burstiness == 0.1
     w = from_window(_window(finished_per_step=(10, 20)))
-    # alternating 10 and 20: mean 15, variance 25 x 12/11 = 27.3: shape 0.55
-    assert w.burstiness == pytest.approx(15 / (25 * 12 / 11), abs=0.001)
+    # alternating 10 and 20 over 12 intervals, the stretch's first and last left out (partial, in real traffic):
+    # 10 of them, mean 15, variance 25 x 10/9 = 27.8: shape 0.54
+    assert w.burstiness == pytest.approx(15 / (25 * 10 / 9), abs=0.001)
+
+
+def test_the_partial_intervals_at_a_stretch_s_ends_and_drifting_scrapes_are_not_burstiness():
+    """Poisson-like traffic read from a real store (bench/tune_corpus.py's rag shape) read as burstiness 0.355
+    (95% 0.13-0.69): the interval in which the traffic started held 1 request against ~15. Left out, and each
+    interval measured against its own length (scrapes 4.8-5.2 s apart on a loaded host), the same finishes read
+    as 0.58, with 1 (Poisson) inside the interval."""
+    from tuner.signals.load import Interval
+    from tuner.signals.workload import _burstiness, _inner_busy
+    counts = [1, 23, 13, 10, 23, 12, 10, 17, 8, 15, 20, 17, 11]  # finished per scrape interval, as stored
+    lengths = [5.0, 5.06, 4.95, 5.0, 4.99, 5.05, 4.95, 5.14, 4.86, 5.0, 5.0, 5.21, 4.8]
+    ivs = [Interval(5.0, 0, 0, False)] + [Interval(t, c, 100.0, True) for t, c in zip(lengths, counts)] + \
+        [Interval(5.0, 0, 0, False)]
+    inner = _inner_busy(ivs)
+    assert [iv.finished for iv in inner] == counts[1:-1]  # the stretch's first (1) and last (11) left out
+    k, (shape, low, high) = _burstiness(ivs)
+    # 11 intervals, 168 requests in 55.21 s (3.043/s): sum of (c - 3.043 t)^2 / (3.043 t) over them = 17.11,
+    # / 10 = 1.711 -> shape 0.584; chi-square(10) 2.5% / 97.5% points 3.247 / 20.483 -> shape 0.190..1.197
+    rate = 168 / sum(lengths[1:-1])
+    disp = sum((c - rate * t) ** 2 / (rate * t) for c, t in zip(counts[1:-1], lengths[1:-1])) / 10
+    assert k == 11 and shape == pytest.approx(1 / disp, abs=0.001) and 0.5 < shape < 0.6
+    assert low == pytest.approx(3.247 / (10 * disp), rel=0.03) and high == pytest.approx(20.483 / (10 * disp), rel=0.03)
+    assert low <= 1.0 <= high  # the client sent Poisson arrivals
+    assert _inner_busy([Interval(5, 3, 1, True), Interval(5, 4, 1, True)]) == [Interval(5, 3, 1, True),
+                                                                              Interval(5, 4, 1, True)]
 
 
 def test_idle_gaps_between_phases_are_not_burstiness():
@@ -131,3 +157,99 @@ def test_requests_past_the_last_finite_bucket_give_a_longest_request_no_shorter_
     hists = {**e.hists, ("vllm:request_prompt_tokens", ()): _hist(9, 15, 3000.0)}
     got = from_window(TargetWindow("t", "vllm", 0, 60 * S, (EngineWindow("0", "m", e.series, hists),), None))
     assert got is not None and got.input_len == 3000 and got.max_prompt_tokens == 3000
+
+
+# vLLM 0.32's own bucket edges for request_prompt_tokens / request_generation_tokens (tests/fixtures' expositions)
+VLLM_TOKEN_BOUNDS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, math.inf)
+
+
+def _rag_window(*, aborted: float = 0.0, http_4xx: float = 0.0, with_http: bool = True) -> TargetWindow:
+    """The issue's RAG window: 613 prompts of 650-850 tokens (mean 752, all in vLLM's (500, 1000] bucket) and
+    outputs of 40-120 (mean 80: (50, 100] and (100, 200]), served at max-model-len 1024."""
+    n = 13
+
+    def hist(per_bucket: dict[int, float], mean: float) -> HistSeries:
+        pts = []
+        for i in range(n):
+            cum, running = [], 0.0
+            for j in range(len(VLLM_TOKEN_BOUNDS)):
+                running += per_bucket.get(j, 0.0) * i / (n - 1)
+                cum.append(running)
+            pts.append(HistPoint(i * 5 * S, tuple(cum), mean * cum[-1], cum[-1]))
+        return HistSeries(VLLM_TOKEN_BOUNDS, tuple(pts))
+
+    per_step = 613 / (n - 1)
+    series = {("vllm:request_success_total", (("finished_reason", "length"),)): _counter([per_step], n),
+              ("vllm:request_success_total", (("finished_reason", "abort"),)): _counter([aborted / (n - 1)], n),
+              ("vllm:generation_tokens_total", ()): _counter([per_step * 80], n)}
+    if with_http:
+        series[("http_requests_total", (("handler", "/v1/completions"), ("method", "POST"), ("status", "2xx")))] = \
+            _counter([per_step], n)
+        series[("http_requests_total", (("handler", "/v1/completions"), ("method", "POST"), ("status", "4xx")))] = \
+            _counter([http_4xx / (n - 1)], n)
+        series[("http_requests_total", (("handler", "/metrics"), ("method", "GET"), ("status", "4xx")))] = \
+            _counter([1.0], n)  # not a completion route: says nothing of the requests
+    hists = {("vllm:request_prompt_tokens", ()): hist({9: 613.0}, 752.0),
+             ("vllm:request_generation_tokens", ()): hist({6: 200.0, 7: 413.0}, 80.0)}
+    e = EngineWindow(engine="0", model_name="m", series=series, hists=hists)
+    return TargetWindow(target="t", backend="vllm", start_ms=0, end_ms=60 * S, engines=(e,), health=None)
+
+
+def test_a_window_that_served_every_request_proves_its_max_model_len_holds_them():
+    w = from_window(_rag_window(), max_model_len=1024, limit_source="the flags in force")
+    # the buckets' edges alone: 1000 + 200 = 1200 > 1024, which pruned the flags in force that had served them all
+    assert (w.max_prompt_tokens, w.max_output_tokens) == (1000, 200)
+    assert w.max_request_tokens == 1024 and w.longest == 1024
+    inf = w.inferred["max_request_tokens"]
+    assert (inf.low, inf.high) == (502, 1024)  # some request had a prompt above 500 (and an output)
+    assert "capped at max-model-len 1024 (the flags in force)" in inf.note and "all 613 requests" in inf.note
+    assert w.inferred["max_prompt_tokens"].high == 1000 and w.inferred["max_output_tokens"].high == 200
+    # the flags in force pass feasibility now
+    from tuner.tune.space import Hardware, feasible
+    assert feasible("vllm", {"max_model_len": 1024}, model=None, hardware=Hardware(), longest=w.longest).ok
+
+
+@pytest.mark.parametrize("window,why", [
+    (dict(aborted=3), "3 aborted"),
+    (dict(http_4xx=2), "2 http errors"),  # vLLM answers 400 to a prompt longer than max-model-len
+])
+def test_a_window_that_turned_requests_away_keeps_the_bucket_edges(window, why):
+    w = from_window(_rag_window(**window), max_model_len=1024)
+    assert w.max_request_tokens == 1200 and w.longest == 1200
+    assert why in w.inferred["max_request_tokens"].note
+
+
+def test_without_the_limit_in_force_the_bucket_edges_stand_and_missing_evidence_is_named():
+    w = from_window(_rag_window())
+    assert w.max_request_tokens == 1200 and "unknown" in w.inferred["max_request_tokens"].note
+    w = from_window(_rag_window(with_http=False), max_model_len=1024)
+    assert w.max_request_tokens == 1024
+    assert "not in the store: http_requests_total" in w.inferred["max_request_tokens"].note
+
+
+def test_each_inferred_value_carries_its_interval():
+    w = from_window(_rag_window(), max_model_len=1024)
+    # both quantiles inside (500, 1000]: any spread from 0 to (1000 - 500) / (1.6 x 752) = 0.4156 fits; the issue's
+    # true 0.133 lies inside, the point value (uniform within the bucket) is 0.332
+    rr = w.inferred["range_ratio"]
+    assert (rr.low, rr.high) == (0.0, pytest.approx(0.4156, abs=0.001))
+    assert rr.low <= 0.133 <= rr.high and rr.low <= w.range_ratio <= rr.high
+    assert "both in the (500, 1000] token bucket" in rr.note
+    assert w.inferred["input_len"].low == w.inferred["input_len"].high == 752  # a mean of sums: exact
+    # 613 arrivals in 60 s (10.2/s), every interval the same count: 10 (as regular as the scale allows)
+    rate = w.inferred["rate_rps"]
+    half = 1.96 * math.sqrt(613 / 10.0) / 60
+    assert rate.low == pytest.approx(613 / 60 - half, abs=1e-3) and rate.high == pytest.approx(613 / 60 + half,
+                                                                                               abs=1e-3)
+    from tuner.signals.workload import describe
+    lines = describe(w)
+    assert any(line.startswith("range_ratio") and "[0 .. 0.416]" in line for line in lines), lines
+
+
+def test_the_burstiness_interval_is_a_chi_square_interval_on_the_dispersion():
+    w = from_window(_window(finished_per_step=(10, 20)))
+    # 10 inner busy intervals alternating 10 and 20: mean 15, variance 27.78, dispersion 1.852 with 9 degrees of
+    # freedom; chi-square(9) 2.5% and 97.5% points 2.700 and 19.023 -> dispersion 0.876..6.173 -> shape 0.162..1.141
+    b = w.inferred["burstiness"]
+    assert b.low == pytest.approx(1 / 6.173, rel=0.03) and b.high == pytest.approx(1 / 0.876, rel=0.03)
+    assert b.low <= w.burstiness <= b.high

@@ -40,21 +40,25 @@ def hardware(store: Store, t: Target, now: float) -> tuple[Hardware, dict[str, A
     return Hardware(cpu_kv_cache_bytes=kv), {"kind": "cpu", "kv_cache_bytes": kv}
 
 
-def shadow_fits(t: Target, hw: Hardware, where: dict[str, Any], model: Any) -> tuple[bool, str]:
-    """Whether a second server fits beside production (shadow mode)."""
+def shadow_fits(t: Target, hw: Hardware, where: dict[str, Any], model: Any, *, servers: int = 1) -> tuple[bool, str]:
+    """Whether ``servers`` more servers fit beside production (shadow mode: tune's comparison in turns asks for two)."""
     if where["kind"] == "gpu":
         return False, ("a second vLLM does not fit beside production on this GPU (each takes its "
                        "--gpu-memory-utilization share); run with --on-target inside a maintenance window")
     if t.backend != "vllm":  # each candidate's memory is checked on its own (tuner/tune/space.py)
         have = where.get("host_available")
+        if servers > 1:  # each candidate's own memory is known only to feasible(); llama-server restarts in < 1 s
+            return False, "one llama-server at a time (each candidate's memory is checked on its own)"
         return (have is not None, f"the host has {have / GIB:.2f} GiB available; each candidate must fit 80% of it"
                 if have is not None else "cannot read the host's available memory (/proc/meminfo)")
-    need = (weights_bytes(model) if model is not None else 0) + (hw.cpu_kv_cache_bytes or 0) + _CPU_SERVER_OVERHEAD
+    need = servers * ((weights_bytes(model) if model is not None else 0) + (hw.cpu_kv_cache_bytes or 0) +
+                      _CPU_SERVER_OVERHEAD)
     have = host_available_bytes()
     if have is None:
         return False, "cannot read the host's available memory (/proc/meminfo)"
     ok = need <= 0.8 * have
-    return ok, (f"a trial server needs ~{need / GIB:.2f} GiB (weights + KV space + {_CPU_SERVER_OVERHEAD / GIB:.1f} "
+    return ok, (f"{'a trial server needs' if servers == 1 else f'{servers} trial servers need'} ~{need / GIB:.2f} GiB "
+                f"(weights + KV space + {_CPU_SERVER_OVERHEAD / GIB:.1f} "
                 f"GiB of runtime); the host has {have / GIB:.2f} GiB available")
 
 

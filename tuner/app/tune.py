@@ -16,18 +16,26 @@ What it does, in order:
      beside production load the host an apply's verdict reads and take the room a restart or a spare needs; an
      apply changes the flags the tune measures against. In shadow mode (mode ``shadow``) production stays
      supervised; on the target (``--on-target``) the supervisor leaves it down, as for an apply;
-  4. the search (tuner/tune/search.py): the baseline first, then the advisor's proposals, then optuna's TPE;
-     every candidate passes the memory model and vLLM's start-up checks before it starts (tuner/tune/space.py);
-  5. each trial: journaled, started, health-gated, its capacity bracketed with vLLM's benchmark client
-     (tuner/tune/capacity.py, tuner/tune/bench.py), stopped; a crash is recorded with the server's error line;
-  6. noise: the winner is started again and measured again; the spread of the two is the run's noise;
-  7. the answer: a ranked table, and when the winner beats the baseline by more than the noise, a stored
-     recommendation whose evidence is the measurement (apply it with `tuner apply-recommendation`).
+  4. the search (tuner/tune/search.py): the baseline first, then the advisor's proposals (a backend switch is no
+     candidate: said, never run), then optuna's TPE; every candidate passes the memory model and vLLM's start-up
+     checks before it starts (tuner/tune/space.py), and a space where none passes is an error naming the binding
+     constraint (NothingToMeasureError) before anything starts;
+  5. each trial: journaled, started (a vLLM CPU worker on cores no other process is pinned to, the client on the
+     others: tuner/tune/cores.py), its argv checked to carry every candidate flag, health-gated, its capacity
+     bracketed with vLLM's benchmark client in runs sized from the objective (tuner/tune/capacity.py,
+     tuner/tune/bench.py), stopped; a crash is recorded with the server's error line;
+  6. the comparison: the winner and the flags in force on fresh servers, run in turns at one rate until Fisher's
+     exact test decides or the pairs are spent (tuner/tune/compare.py);
+  7. the answer: a ranked table with each capacity's interval, and when the comparison confirms the winner (or,
+     without one, the winner met a rate the flags in force missed), a stored recommendation whose evidence is the
+     measurement (apply it with `tuner apply-recommendation`).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,7 +50,7 @@ from tuner.apply import managed as mg
 from tuner.apply.flow import Applier, flags_in_force
 from tuner.apply.launch import free_port
 from tuner.config import Config, Target, parse_window, window_left
-from tuner.errors import ApplyError, ConfigError, InputFileError, ServerStartError
+from tuner.errors import ApplyError, ConfigError, InputFileError, NothingToMeasureError, ServerStartError, TunerError
 from tuner.files import read_text
 from tuner.signals.workload import Workload, dump_workload, from_window, parse_workload
 from tuner.store import journal as jr
@@ -51,8 +59,11 @@ from tuner.store import tuning as tj
 from tuner.store.store import Store
 from tuner.tune.bench import BenchClient, BenchError
 from tuner.tune.capacity import find_capacity, rate_floor
+from tuner.tune.compare import Decision, decide, min_requests
+from tuner.tune.cores import Placement, place, read_pinned
 from tuner.tune.search import Outcome, Point, point_key, search
-from tuner.tune.space import Hardware, Verdict, axes_for, canonical, feasible, workload_flags
+from tuner.tune.space import (PRUNE_KINDS, Hardware, Verdict, axes_for, canonical, feasible, missing_from_argv,
+                               not_applied, workload_flags)
 
 __all__ = ["TuneRequest", "tune", "workload_of", "reap_orphans"]
 
@@ -61,7 +72,7 @@ class TuneRequest:
     target: str
     workload_file: str | None = None
     window_s: float = 3600.0
-    budget: int = 8  # trials that start a server, the noise re-run included
+    budget: int = 8  # trials that start a server, the comparison in turns counted as one
     max_time_s: float = 3600.0
     flags: tuple[str, ...] = ()  # flags to search (default: every searchable one the host has)
     resume: bool = False
@@ -75,6 +86,8 @@ class TuneRequest:
     client_python: str | None = None  # a Python with vLLM: runs its benchmark client (default: the vLLM target's)
     tokenizer: str | None = None  # for the client's prompts (default: the vLLM target's model)
     sampler: str = "tpe"  # tpe | random (seeded with the baseline only) | grid (every feasible point)
+    cpu_bind: str = "spread"  # spread: the trial worker and the client on cores of their own; vllm: vLLM's own
+    compare_pairs: int = 4  # turns of the winner against the flags in force (A B, B A, ...) at most
 
 
 @dataclass
@@ -97,6 +110,7 @@ class _Ctx:
     on_target: bool = False  # trials run on the target's own port (production drained)
     applier: Any = None  # the Applier holding the target for this run
     hold: int = 0  # the apply-journal entry (kind tune) holding the target
+    cpu_host: bool = True  # vLLM runs on the CPU here (its worker's cores are placed, tuner/tune/cores.py)
 
 
 def _flag_text(flags: dict[str, Any]) -> str:
@@ -116,11 +130,26 @@ def workload_of(cfg: Config, store: Store, target: str, *, window_s: float, path
     if t.backend != "vllm":
         raise ConfigError("tuner tune", "--workload", f"{target} is {t.backend}: its metrics carry no request "
                                                       "lengths; pass a workload file")
-    w = from_window(store.window(target, now - window_s, now)) if target in store.target_names() else None
+    limit, source = _limit_in_force(store, t)
+    w = (from_window(store.window(target, now - window_s, now), max_model_len=limit, limit_source=source)
+         if target in store.target_names() else None)
     if w is None:
         raise ConfigError("tuner tune", "--workload", f"{target} finished no request in the last {window_s:g}s of "
                                                       "stored data; pass --workload FILE or a longer --window")
     return w
+
+
+def _limit_in_force(store: Store, t: Target) -> tuple[int | None, str]:
+    """The max-model-len the target serves with, and where that was read; (None, "") when unknown."""
+    flags = flags_in_force(store.engine, t)
+    if flags.get("max_model_len"):
+        return int(flags["max_model_len"]), "the flags in force"
+    if t.managed is not None and Path(t.managed.model).is_dir():
+        try:
+            return load_model(t.managed.model).max_position_embeddings, "vLLM's default: the model's context"
+        except TunerError:
+            return None, ""
+    return None, ""
 
 
 def reap_orphans(store: Store, say: Callable[[str], None], now: float) -> int:
@@ -140,61 +169,171 @@ def reap_orphans(store: Store, say: Callable[[str], None], now: float) -> int:
 
 
 def _advisor_seeds(cfg: Config, store: Store, t: Target, current: dict[str, Any], window_s: float,
-                   now: float) -> list[tuple[str, dict[str, Any]]]:
-    """The advisor's one-step proposals, as starting points; none when it has nothing (or no data)."""
+                   now: float) -> tuple[list[tuple[str, dict[str, Any]]], list[dict[str, Any]]]:
+    """The advisor's one-step proposals, as starting points (none when it has nothing, or no data), and those that
+    are no candidate of this target, each with why (a backend switch: tuner/tune/space.py ``not_applied``)."""
     seeds: list[tuple[str, dict[str, Any]]] = []
+    refused: list[dict[str, Any]] = []
     try:
         inputs = gather_inputs(RecommendRequest(t.name, window_s), cfg, store, now)
     except Exception:  # the advisor's inputs are a head start, never a reason not to search
-        return seeds
+        return seeds, refused
     for inp in inputs:
         for r in evaluate(inp).emitted:
-            seeds.append((f"advisor: {', '.join(r.rules)}", {**current, **dict(r.diff)}))
-    return seeds
+            why = not_applied(t.backend, dict(r.diff))
+            if why:
+                refused.append({"diff": dict(r.diff), "rules": list(r.rules), "why": why})
+            else:
+                seeds.append((f"advisor: {', '.join(r.rules)}", {**current, **dict(r.diff)}))
+    return seeds, refused
+
+
+def _grid(axes: tuple[Any, ...], fixed: dict[str, Any], limit: int = 50_000) -> Iterator[dict[str, Any]]:
+    """Every point of the search space (the first ``limit``)."""
+    import itertools
+    for i, values in enumerate(itertools.product(*[a.values for a in axes])):
+        if i >= limit:
+            return
+        yield canonical({**fixed, **dict(zip([a.name for a in axes], values))})
+
+
+def _prune_groups(pruned: list[tuple[dict[str, Any], Verdict]], current: dict[str, Any]) -> list[dict[str, Any]]:
+    """Pruned points counted by the check that refused them, largest first; each with one example reason (the flags
+    in force's own, when they are among them) and what widens the search past it."""
+    groups: dict[str, dict[str, Any]] = {}
+    for flags, v in pruned:
+        kind = v.kind or "other"
+        g = groups.setdefault(kind, {"kind": kind, "count": 0, "reason": v.reason, "flags_in_force": False,
+                                     "fix": PRUNE_KINDS.get(kind, "")})
+        g["count"] += 1
+        if point_key(flags) == point_key(current):
+            g["flags_in_force"], g["reason"] = True, v.reason
+    return sorted(groups.values(), key=lambda g: (not g["flags_in_force"], -g["count"]))
+
+
+def _nothing_to_measure(groups: list[dict[str, Any]], total: int, workload: Workload) -> NothingToMeasureError:
+    """The error for a space with no feasible point: its binding constraint (the one that refuses the flags in
+    force, else the one that refuses most) and the fix, in one line."""
+    g = groups[0]
+    whose = ", the flags in force among them" if g["flags_in_force"] else ""
+    fix = g["fix"]
+    if g["kind"] == "len_below_longest":
+        basis = (workload.inferred or {}).get("max_request_tokens")
+        fix += f" (the workload's longest request is {workload.longest} tokens" + (
+            f": {basis.note}" if basis is not None and basis.note else "") + ")"
+    return NothingToMeasureError(f"all {total} candidates were pruned; binding constraint: {g['reason']} "
+                                 f"({g['count']} of {total}{whose}); fix: {fix}")
+
+
+@dataclass
+class _Server:
+    """A trial server up and healthy (journaled as trial ``tid``)."""
+
+    tid: int
+    server: mg.Running
+    url: str
+    log: Path
+    started: float
+    placed: Placement | None
+
+    @property
+    def placement(self) -> dict[str, Any] | None:
+        return self.placed.as_json() if self.placed is not None else None
+
+
+def _placement(ctx: _Ctx) -> Placement | None:
+    """Where a vLLM CPU trial computes and where the client runs (tuner/tune/cores.py); None: vLLM's own binding
+    (``--cpu-bind vllm``, a GPU, llama-server, or the target's env binds it itself)."""
+    t = ctx.target
+    assert t.managed is not None
+    if (ctx.req.cpu_bind != "spread" or t.backend != "vllm" or not ctx.cpu_host
+            or "VLLM_CPU_OMP_THREADS_BIND" in t.managed.env):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    own = [ctx.bench.pid] if ctx.bench is not None and ctx.bench.pid else []
+    return place(allowed, read_pinned(allowed, exclude=own))
+
+
+def _launch(ctx: _Ctx, flags: dict[str, Any], label: str, what: str, *,
+            placed: Placement | None = None) -> _Server | Outcome:
+    """Start a fresh trial server with ``flags`` and wait for its health gate; journaled before it starts. An
+    Outcome when it did not run (its argv would not carry a flag: pruned) or did not start (crashed). ``placed``:
+    the cores of a server it is compared with (both sides of a comparison compute on the same cores)."""
+    t = ctx.target
+    assert t.managed is not None
+    shadow = t if ctx.on_target else t.model_copy(update={"url": f"http://127.0.0.1:{free_port()}"})
+    port = shadow.url.rsplit(":", 1)[-1].split("/")[0]
+    argv = mg.build_argv(shadow, flags)
+    missing = missing_from_argv(t.backend, flags, argv)
+    if missing:  # a trial is what it says or it does not run (feasible() refuses these first; this is the last word)
+        ctx.say(f"  not started: its server would not run {', '.join(missing)}")
+        return Outcome("pruned", 0.0, {"reason": f"the server's argv would not carry {', '.join(missing)}",
+                                       "kind": "not_applied"})
+    tid = tj.begin_trial(ctx.store.engine, ctx.run_id, now=ctx.clock(), flags=flags, seed=label, url=shadow.url)
+    ctx.say(what)
+    placed = placed or _placement(ctx)
+    env = mg.server_env(t)
+    if placed is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = placed.bind
+        ctx.say(f"  cores: {placed.note}")
+    if ctx.bench is not None:
+        ctx.bench.pin(placed.client_cpus if placed is not None else None)
+    log = ctx.log_dir / f"{t.name}-tune-{ctx.run_id}-{tid}.log"
+    ctx.waiting[:] = [f"{what}: starting the server on :{port}"]
+    server = mg.start_server(argv, env, log, nice=t.managed.nice, die_with_parent=True)
+    tj.trial_started(ctx.store.engine, tid, pid=server.pid, proc_start=server.start)
+    started = ctx.clock()
+    try:
+        mg.wait_healthy(server, shadow.url, t.managed.start_timeout.total_seconds())
+    except ServerStartError as exc:
+        error = mg.error_line(log)
+        detail: dict[str, Any] = {"error": str(exc), "server_error": error, "log": str(log)}
+        tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="crashed", capacity_rps=0.0, detail=detail)
+        ctx.say(f"  crashed: {error or exc} (recorded; this region is avoided)")
+        return Outcome("crashed", 0.0, detail)
+    except BaseException as exc:
+        mg.stop_server(server, grace_s=5.0)
+        tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="interrupted", capacity_rps=None,
+                        detail={"error": f"{type(exc).__name__}: {exc}"})
+        raise
+    ctx.say(f"  healthy after {ctx.clock() - started:.0f}s")
+    return _Server(tid, server, shadow.url, log, started, placed)
 
 
 def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcome:
     """Start one trial server with ``flags``, bracket its capacity, stop it; journaled throughout."""
     t, req = ctx.target, ctx.req
     assert t.managed is not None and ctx.workload is not None
+    got = _launch(ctx, flags, label, f"trial {ctx.trial_no + 1}/{req.budget}{' (' + label + ')' if label else ''}: "
+                                     f"{_flag_text(flags)}")
+    if isinstance(got, Outcome):
+        ctx.trial_no += got.status != "pruned"
+        return got
     ctx.trial_no += 1
-    shadow = t if ctx.on_target else t.model_copy(update={"url": f"http://127.0.0.1:{free_port()}"})
-    port = shadow.url.rsplit(":", 1)[-1].split("/")[0]
-    tid = tj.begin_trial(ctx.store.engine, ctx.run_id, now=ctx.clock(), flags=flags, seed=label, url=shadow.url)
-    ctx.say(f"trial {ctx.trial_no}/{req.budget}{' (' + label + ')' if label else ''}: {_flag_text(flags)}")
-    argv = mg.build_argv(shadow, flags)
-    log = ctx.log_dir / f"{t.name}-tune-{ctx.run_id}-{tid}.log"
-    ctx.waiting[:] = [f"trial {ctx.trial_no}: starting vLLM on :{port}"]
-    server = mg.start_server(argv, mg.server_env(t), log, nice=t.managed.nice, die_with_parent=True)
-    tj.trial_started(ctx.store.engine, tid, pid=server.pid, proc_start=server.start)
-    started = ctx.clock()
     try:
-        try:
-            mg.wait_healthy(server, shadow.url, t.managed.start_timeout.total_seconds())
-        except ServerStartError as exc:
-            error = mg.error_line(log)
-            detail: dict[str, Any] = {"error": str(exc), "server_error": error, "log": str(log)}
-            tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="crashed", capacity_rps=0.0,
-                            detail=detail)
-            ctx.say(f"  crashed: {error or exc} (recorded; this region is avoided)")
-            return Outcome("crashed", 0.0, detail)
-        ctx.say(f"  healthy after {ctx.clock() - started:.0f}s; measuring capacity at the SLO")
-        cap = _capacity(ctx, shadow.url, slots=flags.get("max_num_seqs" if t.backend == "vllm" else "parallel"))
+        cap = _capacity(ctx, got.url, slots=flags.get("max_num_seqs" if t.backend == "vllm" else "parallel"))
     except BaseException as exc:
-        mg.stop_server(server, grace_s=5.0)
-        tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="interrupted", capacity_rps=None,
+        mg.stop_server(got.server, grace_s=5.0)
+        tj.finish_trial(ctx.store.engine, got.tid, now=ctx.clock(), status="interrupted", capacity_rps=None,
                         detail={"error": f"{type(exc).__name__}: {exc}"})
         raise
     ctx.waiting[:] = [f"trial {ctx.trial_no}: stopping the trial server"]
-    mg.stop_server(server, grace_s=5.0)
-    detail = {**cap, "log": str(log), "start_s": round(ctx.clock() - started, 1)}
-    tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="measured", capacity_rps=cap["capacity_rps"],
+    mg.stop_server(got.server, grace_s=5.0)
+    detail = {**cap, "log": str(got.log), "start_s": round(ctx.clock() - got.started, 1), "placement": got.placement}
+    tj.finish_trial(ctx.store.engine, got.tid, now=ctx.clock(), status="measured", capacity_rps=cap["capacity_rps"],
                     detail=detail)
     ctx.best_rps = max(ctx.best_rps, cap["capacity_rps"])
     in_flight = cap.get("in_flight")
     there = f"; {in_flight:.1f} requests in flight at that rate" if isinstance(in_flight, (int, float)) else ""
     ctx.say(f"  capacity {cap['capacity_rps']:.3g} req/s within the SLO ({cap['note']}{there})")
     return Outcome("measured", cap["capacity_rps"], detail)
+
+
+def _run_size(ctx: _Ctx, rate: float) -> int:
+    """Requests in one run at ``rate``: ``--run-seconds`` of load, and never fewer than the objective needs
+    (tuner/tune/compare.py ``min_requests``: 200 for 0.99, 40 for 0.95) nor than ``min_prompts``."""
+    assert ctx.target.slo is not None
+    return max(min_requests(ctx.target.slo.objective, ctx.req.min_prompts), int(rate * ctx.req.run_s))
 
 
 def _capacity(ctx: _Ctx, url: str, *, slots: int | None = None) -> dict[str, Any]:
@@ -204,7 +343,7 @@ def _capacity(ctx: _Ctx, url: str, *, slots: int | None = None) -> dict[str, Any
     model, tokenizer = t.served_name, ctx.tokenizer
 
     def measure(rate: float) -> Any:
-        prompts = max(req.min_prompts, int(rate * req.run_s))
+        prompts = _run_size(ctx, rate)
         ctx.waiting[:] = [f"trial {ctx.trial_no}: {prompts} requests at {rate:.3g} req/s"]
         run = client.run(w, url=url, model=model, tokenizer=tokenizer, rate=rate, prompts=prompts, slo=t.slo)
         ctx.say(f"    {rate:7.3g} req/s: {run.good}/{run.sent} within the SLO ({run.attainment:.1%}), "
@@ -217,8 +356,81 @@ def _capacity(ctx: _Ctx, url: str, *, slots: int | None = None) -> dict[str, Any
     ctx.waiting[:] = [f"trial {ctx.trial_no}: warming the server up ({req.min_prompts} requests, not counted)"]
     warm = client.run(w, url=url, model=model, tokenizer=tokenizer, rate=start, prompts=req.min_prompts, slo=t.slo)
     cap = find_capacity(measure, t.slo.objective, start_rps=start, tolerance=req.tolerance, max_runs=req.max_runs,
-                        floor_rps=rate_floor(req.min_prompts, req.run_s, w.rate_rps), slots=slots)
+                        floor_rps=rate_floor(_run_size(ctx, 0.0), req.run_s, w.rate_rps), slots=slots)
     return {**cap.as_json(), "warmup": warm.as_json()}
+
+
+def _compare_rate(base: Any, best_rps: float) -> float:
+    """The rate the comparison runs at: where the two measurements predict different outcomes, between the lowest
+    rate the flags in force missed and the highest the winner met (their geometric mean); when the two intervals
+    overlap, the winner's own capacity (the flags in force may or may not serve it: that is the question)."""
+    missed = base.get("hi_rps")
+    return math.sqrt(missed * best_rps) if isinstance(missed, (int, float)) and 0 < missed < best_rps else best_rps
+
+
+def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float, *, both: bool) -> dict[str, Any]:
+    """The flags in force (A) and the winner (B) on fresh servers, run in turns at ``rate`` (A B B A A B ...)
+    until tuner/tune/compare.py decides or ``--compare-pairs`` pairs are spent. ``both``: the two servers are up
+    at once (room for two beside production); otherwise each turn restarts its side (each start warmed up)."""
+    t, w, req = ctx.target, ctx.workload, ctx.req
+    assert t.slo is not None and w is not None
+    servers: dict[str, _Server] = {}
+    runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
+    flags = {"A": base, "B": best}
+    prompts = _run_size(ctx, rate)
+    decision = Decision("undecided", 0.0, "not run")
+    cores: list[Placement] = []  # the first side's placement, the other's too
+
+    def up(side: str) -> _Server | None:
+        if side in servers:
+            return servers[side]
+        if not both:
+            for other in list(servers):
+                _down(other)
+        got = _launch(ctx, flags[side], f"compare: {'flags in force' if side == 'A' else 'winner'}",
+                      f"compare {side} ({'the flags in force' if side == 'A' else 'the winner'}): "
+                      f"{_flag_text(flags[side])}", placed=cores[0] if cores else None)
+        if isinstance(got, Outcome):
+            return None
+        servers[side] = got
+        if not cores and got.placed is not None:
+            cores.append(got.placed)
+        ctx.waiting[:] = [f"compare {side}: warming the server up"]
+        ctx.bench.run(w, url=got.url, model=t.served_name, tokenizer=ctx.tokenizer, rate=rate,
+                      prompts=req.min_prompts, slo=t.slo)
+        return got
+
+    def _down(side: str) -> None:
+        s = servers.pop(side)
+        mg.stop_server(s.server, grace_s=5.0)
+        tj.finish_trial(ctx.store.engine, s.tid, now=ctx.clock(), status="compared", capacity_rps=None,
+                        detail={"rate_rps": rate, "runs": runs[side], "log": str(s.log), "placement": s.placement})
+
+    ctx.say(f"compare: the winner against the flags in force at {rate:.3g} req/s, in turns, {prompts} requests a run")
+    try:
+        for pair in range(req.compare_pairs):
+            for side in ("A", "B") if pair % 2 == 0 else ("B", "A"):
+                s = up(side)
+                if s is None:
+                    return {"outcome": "undecided", "confidence": 0.0, "rate_rps": rate, "runs": runs,
+                            "reason": f"the {side} server did not start"}
+                ctx.waiting[:] = [f"compare {side}: {prompts} requests at {rate:.3g} req/s"]
+                run = ctx.bench.run(w, url=s.url, model=t.served_name, tokenizer=ctx.tokenizer, rate=rate,
+                                    prompts=prompts, slo=t.slo)
+                runs[side].append(run.as_json())
+                ctx.say(f"    {side} {rate:7.3g} req/s: {run.good}/{run.sent} within the SLO ({run.attainment:.1%})")
+            count = {k: (sum(r["good"] for r in v), sum(r["sent"] for r in v)) for k, v in runs.items()}
+            decision = decide(t.slo.objective, *count["A"], *count["B"], rate=rate, pairs=pair + 1,
+                              final=pair == req.compare_pairs - 1)
+            if decision.outcome != "undecided":
+                break
+    finally:
+        for side in list(servers):
+            _down(side)
+    ctx.say(f"  {decision.outcome}: {decision.reason}")
+    return {"outcome": decision.outcome, "confidence": round(decision.confidence, 4), "rate_rps": rate,
+            "reason": decision.reason, "pairs": len(runs["A"]), "requests_per_run": prompts,
+            "both_up": both, "runs": runs}
 
 
 def _ranked(points: list[Point]) -> list[Point]:
@@ -337,6 +549,10 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
         raise ConfigError("tuner tune", "--sampler", f"{req.sampler!r}: expected tpe, random or grid")
     if req.budget < 1:
         raise ConfigError("tuner tune", "--budget", f"expected at least 1 trial, got {req.budget}")
+    if req.cpu_bind not in ("spread", "vllm"):
+        raise ConfigError("tuner tune", "--cpu-bind", f"{req.cpu_bind!r}: expected spread or vllm")
+    if req.compare_pairs < 1:
+        raise ConfigError("tuner tune", "--compare-pairs", f"expected at least 1, got {req.compare_pairs}")
     max_time_s = req.max_time_s
     ap = Applier(cfg, store, config_dir, say=say, clock=clock, room=lambda t, f: second_server(store, t, f, clock()))
     if req.on_target:
@@ -386,6 +602,25 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     request_json = {"budget": req.budget, "max_time_s": max_time_s, "flags": [a.name for a in axes],
                     "sampler": req.sampler, "where": "on_target" if req.on_target else "shadow", "hardware": hw_json,
                     "shadow_fit": why}
+    seeds = [("baseline", current)]
+    not_candidates: list[dict[str, Any]] = []
+    if req.sampler == "tpe":
+        advised, not_candidates = _advisor_seeds(cfg, store, t, current, req.window_s, now)
+        seeds += advised
+        for nc in not_candidates:
+            say(f"the advisor's {_flag_text(nc['diff'])} ({', '.join(nc['rules'])}): {nc['why']}")
+    elif req.sampler == "grid":
+        seeds = []
+    # Nothing to measure is an error, found before anything starts (or is journaled): every point of the space and
+    # every seed refused.
+    space = [*list(_grid(axes, fixed)), *[canonical({**fixed, **f}) for _, f in seeds]]
+    verdicts = [(f, check(f)) for f in space]
+    if not any(v.ok for _, v in verdicts):
+        unique = {point_key(f): (f, v) for f, v in verdicts}
+        groups = _prune_groups(list(unique.values()), current)
+        for g in groups:
+            say(f"pruned {g['count']:>5} x {g['kind']}: {g['reason']}")
+        raise _nothing_to_measure(groups, len(unique), workload)
     with _held(ap, t, in_force, on_target=req.on_target) as held:  # the target is this run's until it ends
         history: list[Point] = []
         if previous is not None:
@@ -402,20 +637,17 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
         held[1] = run_id
         ctx = _Ctx(cfg, store, t, req, config_dir, say, clock, run_id=run_id, workload=workload,
                    waiting=waiting if waiting is not None else [], log_dir=(config_dir / t.managed.log_dir).resolve(),
-                   on_target=req.on_target, applier=ap, hold=held[0])
+                   on_target=req.on_target, applier=ap, hold=held[0], cpu_host=hw_json["kind"] != "gpu")
         ctx.trial_no = sum(1 for p in history if p.outcome.status != "pruned")
         ctx.best_rps = max((p.outcome.capacity_rps for p in history), default=0.0)
         say(f"tuning {t.name}: workload {workload.input_len} in / {workload.output_len} out tokens "
             f"(range {workload.range_ratio:g}, prefix {workload.prefix_len}), burstiness {workload.burstiness:g}, "
             f"from {workload.source}; SLO {slo_json}; {why}")
+        basis = (workload.inferred or {}).get("max_request_tokens")
+        say(f"the longest request: {workload.longest} tokens" + (f" ({basis.note})" if basis is not None else ""))
         say(f"searching {', '.join(a.name for a in axes)} around {_flag_text(current)}; budget {req.budget} trials, "
             f"{max_time_s:g}s")
-        seeds = [("baseline", current)]
-        if req.sampler == "tpe":
-            seeds += _advisor_seeds(cfg, store, t, current, req.window_s, now)
-        elif req.sampler == "grid":
-            seeds = []
-        noise_budget = 1 if req.noise_check and req.budget >= 3 else 0
+        noise_budget = 1 if req.noise_check and req.budget >= 3 else 0  # the comparison in turns
         carry = workload_flags(axes, workload)
         if carry and req.sampler == "tpe":
             say(f"the workload argues for {_flag_text(carry)}: the search's steps along "
@@ -432,7 +664,8 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
 
                 def pruned(flags: dict[str, Any], v: Verdict) -> None:
                     tj.begin_trial(store.engine, run_id, now=clock(), flags=flags, seed="", url="", status="pruned",
-                                   capacity_rps=0.0, detail={"reason": v.reason, "memory": dict(v.memory)})
+                                   capacity_rps=0.0, detail={"reason": v.reason, "kind": v.kind,
+                                                             "memory": dict(v.memory)})
 
                 points = list(history) + search(
                     axes, fixed, measure=measure, feasible=check, seeds=seeds, budget=req.budget - noise_budget,
@@ -440,70 +673,139 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
                     seed=req.seed, sampler=req.sampler, gallop="max_num_seqs" if t.backend == "vllm" else "parallel",
                     carry=carry)
                 measured = [p for p in points if p.outcome.status == "measured"]
-                noise = None
+                comparison = None
                 best = _ranked(measured)[0] if measured else None
-                if best is not None and noise_budget and best.outcome.capacity_rps > 0:
-                    say("noise: the winner again, on a fresh server")
-                    again = measure(dict(best.flags), "noise")
-                    if again.status == "measured":
-                        a, b = best.outcome.capacity_rps, again.capacity_rps
-                        noise = {"first_rps": a, "second_rps": b, "spread": round(abs(a - b) / max(a, b), 4)}
+                base = next((p for p in measured if point_key(p.flags) == point_key(current)), None)
+                if (best is not None and base is not None and noise_budget and best is not base
+                        and best.outcome.capacity_rps > base.outcome.capacity_rps):
+                    rate = _compare_rate(base.outcome.detail, best.outcome.capacity_rps)
+                    both = not req.on_target and shadow_fits(t, hw, hw_json, model, servers=2)[0]
+                    comparison = _compare(ctx, current, dict(best.flags), rate, both=both)
         except BaseException as exc:
             tj.finish_run(store.engine, run_id, now=clock(), state="failed", result={},
                           note=f"stopped: {type(exc).__name__}: {exc}")
             raise
-        result = _result(ctx, points, current, workload, slo_json, noise, axes=[a.name for a in axes])
+        result = _result(ctx, points, current, workload, slo_json, comparison, axes=[a.name for a in axes])
+        result["not_candidates"] = not_candidates
+        if not result["counts"]["measured"] and not result["counts"]["crashed"] and result["counts"]["pruned"]:
+            refused = [(dict(p.flags), Verdict(False, p.outcome.detail.get("reason", ""), {},
+                                               p.outcome.detail.get("kind", ""))) for p in points]
+            groups = _prune_groups(refused, current)
+            tj.finish_run(store.engine, run_id, now=clock(), state="failed", result=result,
+                          note="every candidate visited was pruned")
+            raise _nothing_to_measure(groups, len(refused), workload)
         rec_id = _recommend(ctx, result, current)
         result["recommendation_id"] = rec_id
         tj.finish_run(store.engine, run_id, now=clock(), state="done", result=result)
         return result
 
 
-def _trial_json(p: Point) -> dict[str, Any]:
+def _interval(d: Any) -> list[float | None]:
+    """A measured capacity's interval: the highest rate that met the objective and the lowest that missed it (None:
+    none missed up to the ceiling); the true capacity, on that server at that time, lies between."""
+    return [d.get("lo_rps"), d.get("hi_rps")]
+
+
+def _trial_json(p: Point, best: Point | None = None) -> dict[str, Any]:
     d = p.outcome.detail
-    return {"flags": dict(p.flags), "capacity_rps": p.outcome.capacity_rps if p.outcome.status == "measured" else None,
-            "ttft_p99": d.get("ttft_p99"), "e2e_p99": d.get("e2e_p99"), "status": p.outcome.status,
-            "seed": p.seed, "note": d.get("note") or d.get("reason") or d.get("server_error") or d.get("error") or "",
-            "memory": d.get("memory") or {}}
+    out = {"flags": dict(p.flags), "capacity_rps": p.outcome.capacity_rps if p.outcome.status == "measured" else None,
+           "ttft_p99": d.get("ttft_p99"), "e2e_p99": d.get("e2e_p99"), "status": p.outcome.status,
+           "seed": p.seed, "note": d.get("note") or d.get("reason") or d.get("server_error") or d.get("error") or "",
+           "memory": d.get("memory") or {}}
+    if p.outcome.status == "measured":
+        out["interval"] = _interval(d)
+        if best is not None:
+            out["vs_best"] = _vs_best(p, best)
+    return out
+
+
+def _vs_best(p: Point, best: Point) -> str:
+    """``best``, ``below`` (it missed a rate the best met: beyond the two intervals), or ``not separable``."""
+    if p is best:
+        return "best"
+    hi, best_lo = p.outcome.detail.get("hi_rps"), best.outcome.detail.get("lo_rps")
+    return "below" if hi is not None and best_lo is not None and hi <= best_lo else "not separable"
 
 
 def _result(ctx: _Ctx, points: list[Point], current: dict[str, Any], workload: Workload, slo: dict[str, Any],
-            noise: dict[str, Any] | None, *, axes: list[str]) -> dict[str, Any]:
+            comparison: dict[str, Any] | None, *, axes: list[str]) -> dict[str, Any]:
     measured = [p for p in points if p.outcome.status == "measured"]
     base = next((p for p in measured if point_key(p.flags) == point_key(current)), None)
     best = _ranked(measured)[0] if measured else None
     return {
         "target": ctx.target.name, "run_id": ctx.run_id, "workload": dump_workload(workload), "slo": slo,
-        "searched": axes, "trials": [_trial_json(p) for p in _ranked(points)],
+        "searched": axes,
+        "trials": [_trial_json(p, best) for p in _ranked(points) if p.outcome.status != "pruned"],
+        "pruned": _prune_groups([(dict(p.flags), Verdict(False, p.outcome.detail.get("reason", ""), {},
+                                                         p.outcome.detail.get("kind", "")))
+                                 for p in points if p.outcome.status == "pruned"], current),
         "best": {"flags": dict(best.flags), "capacity_rps": best.outcome.capacity_rps,
-                 "ttft_p99": best.outcome.detail.get("ttft_p99"),
+                 "interval": _interval(best.outcome.detail), "ttft_p99": best.outcome.detail.get("ttft_p99"),
                  "e2e_p99": best.outcome.detail.get("e2e_p99")} if best else None,
-        "baseline": {"flags": dict(current), "capacity_rps": base.outcome.capacity_rps if base else None},
-        "noise": noise,
+        "baseline": {"flags": dict(current), "capacity_rps": base.outcome.capacity_rps if base else None,
+                     "interval": _interval(base.outcome.detail) if base else None},
+        "comparison": comparison,
         "counts": {"measured": len(measured), "crashed": sum(p.outcome.status == "crashed" for p in points),
                    "pruned": sum(p.outcome.status == "pruned" for p in points)},
     }
 
 
+def _baseline_best(result: dict[str, Any]) -> str:
+    """The verdict when the flags in force measured highest: beyond the next best's interval, or not separable."""
+    best = result["best"]
+    others = [tr for tr in result["trials"] if tr["status"] == "measured" and tr["flags"] != best["flags"]]
+    if not others:
+        return "the flags in force are the only config measured"
+    nxt = others[0]
+    lo, hi = best["interval"]
+    said = (f"the flags in force measured {best['capacity_rps']:.3g} req/s within the SLO ({lo:.3g}-"
+            f"{'ceiling' if hi is None else format(hi, '.3g')}), the next best, {_flag_text(nxt['flags'])}, "
+            f"{nxt['capacity_rps']:.3g}")
+    if nxt.get("vs_best") == "below":
+        return f"the flags in force are the best found: {said}, below them beyond both intervals"
+    return f"no difference measurable at this budget: {said}, not separable from them (their intervals overlap)"
+
+
 def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> int | None:
-    """Store the winner as a recommendation when it beats the baseline by more than the noise."""
+    """Store the winner as a recommendation when it serves more within the SLO than the flags in force beyond the
+    measurement's reach: compared in turns (``comparison``) it must be ``b_better``; measured one after the other
+    only, it must have met a rate the flags in force missed (disjoint intervals) and gained at least
+    ``--tolerance``. Otherwise the verdict says why not, and nothing is stored."""
     best, base = result["best"], result["baseline"]
     if not best or base["capacity_rps"] is None:
+        result["verdict"] = "no recommendation: " + ("nothing was measured" if not best else
+                                                     "the flags in force were not measured")
         return None
     diff = _diff(current, best["flags"])
-    spread = (result["noise"] or {}).get("spread") or 0.0
-    margin = max(ctx.req.tolerance, spread)
     gain = best["capacity_rps"] / base["capacity_rps"] - 1 if base["capacity_rps"] else float("inf")
-    if not diff or gain <= margin:
-        result["verdict"] = (f"keep the flags in force: the best candidate is {gain:+.0%} against them, within the "
-                             f"measurement's margin ({margin:.0%})" if diff else "the flags in force are the best found")
+    measured = f"{base['capacity_rps']:.3g} -> {best['capacity_rps']:.3g} req/s within the SLO"
+    if not diff:
+        result["verdict"] = _baseline_best(result)
         return None
-    result["verdict"] = (f"{_flag_text(diff)}: capacity {base['capacity_rps']:.3g} -> {best['capacity_rps']:.3g} req/s "
-                         f"within the SLO ({gain:+.0%}, margin {margin:.0%})")
+    cmp = result.get("comparison")
+    if cmp is not None:
+        if cmp["outcome"] != "b_better":
+            result["verdict"] = (f"keep the flags in force: {_flag_text(diff)} measured {measured} one after the "
+                                 f"other, but compared in turns {cmp['reason']}")
+            return None
+        how, confidence = f"confirmed in turns: {cmp['reason']}", min(0.99, float(cmp["confidence"]))
+    else:
+        base_hi, best_lo = (base["interval"] or [None, None])[1], best["interval"][0]
+        if base_hi is None or best_lo is None or best_lo < base_hi or gain < ctx.req.tolerance:
+            result["verdict"] = (f"keep the flags in force: {_flag_text(diff)} measured {measured} ({gain:+.0%}), "
+                                 "not beyond the two measurements' intervals"
+                                 + (f" (the flags in force met up to {base['interval'][0]:.3g} and missed "
+                                    f"{base_hi:.3g})" if base_hi is not None else ""))
+            return None
+        how, confidence = ("measured one after the other, on servers minutes apart, not compared in turns (a budget "
+                           "of 3 or more compares them)"), 0.6
+    result["verdict"] = f"{_flag_text(diff)}: capacity {measured} ({gain:+.0%}); {how}"
     winner = next(tr for tr in result["trials"] if tr["flags"] == best["flags"])
     evidence = [{"rule": "tune", "run_id": ctx.run_id, "capacity_rps": best["capacity_rps"],
-                 "baseline_capacity_rps": base["capacity_rps"], "gain": round(gain, 4), "margin": margin,
-                 "ttft_p99": best["ttft_p99"], "e2e_p99": best["e2e_p99"], "noise": result["noise"],
+                 "baseline_capacity_rps": base["capacity_rps"], "gain": round(gain, 4),
+                 "interval": best["interval"], "baseline_interval": base["interval"],
+                 "comparison": {k: v for k, v in (cmp or {}).items() if k != "runs"} or None,
+                 "ttft_p99": best["ttft_p99"], "e2e_p99": best["e2e_p99"],
                  "trials": result["counts"], "workload": result["workload"], "slo": result["slo"]}]
     same = next((r for r in recs.proposed_for(ctx.store.engine, ctx.target.name) if r.diff_key == diff_key(diff)),
                 None)
@@ -511,7 +813,7 @@ def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> in
         recs.renew_recommendation(
             ctx.store.engine, same.id, now=ctx.clock(), rules=list(dict.fromkeys([*same.rules, "tune"])),
             evidence=[e for e in same.evidence if e.get("rule") != "tune"] + evidence,
-            confidence=max(same.confidence, 0.9), memory_check=same.memory_check,
+            confidence=max(same.confidence, confidence), memory_check=same.memory_check,
             current={**same.current, **{k: current.get(k) for k in diff}})
         return same.id
     return recs.add_recommendation(
@@ -521,6 +823,6 @@ def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> in
                         "(measured on a trial server with the workload replayed)",
         risk=("measured on the target itself in its maintenance window" if ctx.on_target else
               "measured on a shadow server beside production") + "; the live verdict judges it again after the apply",
-        confidence=0.9, rank=1,
+        confidence=confidence, rank=1,
         memory_check={"ok": True, "reason": "passed the memory model before its trial started",
                       "before": {}, "after": winner.get("memory") or {}})

@@ -14,7 +14,7 @@ from tuner.app.tune import TuneRequest, tune, workload_of
 from tuner.cli.common import duration, float_in, int_in, session, table
 from tuner.cli.progress import Heartbeat
 from tuner.config import parse_duration
-from tuner.signals.workload import dump_workload
+from tuner.signals.workload import describe, dump_workload
 
 __all__ = ["add_parsers"]
 
@@ -29,6 +29,9 @@ def cmd_workload(args: argparse.Namespace) -> int:
             f.write(text)
         print(f"wrote {args.output}: {w.input_len} in / {w.output_len} out tokens, "
               f"{w.rate_rps or 0:.3g} req/s offered, burstiness {w.burstiness:g}, from {w.requests} requests")
+        print("what the window proves about each value [low .. high]:")
+        for line in describe(w):
+            print("  " + line)
     else:
         print(text, end="")
     return 0
@@ -45,7 +48,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                       flags=tuple(f.strip() for f in (args.flags or "").split(",") if f.strip()), resume=args.resume,
                       on_target=args.on_target, run_s=args.run_seconds, max_runs=args.max_runs,
                       noise_check=not args.no_noise_check, seed=args.seed, sampler=args.sampler,
-                      client_python=args.client_python, tokenizer=args.tokenizer)
+                      client_python=args.client_python, tokenizer=args.tokenizer, cpu_bind=args.cpu_bind,
+                      compare_pairs=args.compare_pairs)
     waiting: list[str] = []
     hb = Heartbeat(lambda: waiting[0] if waiting else None, out=sys.stderr if args.json else None)
     with hb:
@@ -53,20 +57,27 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, default=str))
         return 0
-    rows = [["#", "flags", "capacity@SLO", "P99 TTFT", "P99 E2E", "status", "note"]]
+    rows = [["#", "flags", "capacity@SLO", "interval", "vs best", "P99 TTFT", "P99 E2E", "status", "note"]]
     for i, tr in enumerate(result["trials"], 1):
         flags = " ".join(f"{k}={v}" for k, v in tr["flags"].items())
-        rows.append([str(i), flags, _num(tr["capacity_rps"], " req/s"), _num(tr["ttft_p99"], "s"),
-                     _num(tr["e2e_p99"], "s"), tr["status"] + (f" ({tr['seed']})" if tr["seed"] else ""),
-                     tr["note"][:60]])
+        lo, hi = tr.get("interval") or (None, None)
+        interval = "-" if lo is None else f"{lo:.3g}-{_num(hi) if hi is not None else 'ceiling'}"
+        rows.append([str(i), flags, _num(tr["capacity_rps"], " req/s"), interval, tr.get("vs_best", "-"),
+                     _num(tr["ttft_p99"], "s"), _num(tr["e2e_p99"], "s"),
+                     tr["status"] + (f" ({tr['seed']})" if tr["seed"] else ""), tr["note"][:60]])
     print(table(rows))
+    for g in result.get("pruned") or []:
+        print(f"pruned {g['count']} x {g['kind']}{' (the flags in force among them)' if g['flags_in_force'] else ''}"
+              f": e.g. {g['reason']}")
+    for nc in result.get("not_candidates") or []:
+        print(f"not a candidate: {' '.join(f'{k}={v}' for k, v in nc['diff'].items())}: {nc['why']}")
     base, best = result["baseline"], result["best"]
     print(f"baseline: {_num(base['capacity_rps'], ' req/s')} within the SLO; best: "
           f"{_num(best['capacity_rps'] if best else None, ' req/s')}")
-    if result.get("noise"):
-        n = result["noise"]
-        print(f"noise: the winner measured twice on fresh servers: {n['first_rps']:.3g} and {n['second_rps']:.3g} "
-              f"req/s ({n['spread']:.0%} apart)")
+    if result.get("comparison"):
+        c = result["comparison"]
+        print(f"compared in turns ({c.get('pairs', 0)} pairs of {c.get('requests_per_run', '?')} requests): "
+              f"{c['outcome']}: {c['reason']}")
     print(f"verdict: {result.get('verdict', '-')}")
     if result.get("recommendation_id"):
         print(f"stored as recommendation #{result['recommendation_id']}: "
@@ -95,7 +106,13 @@ def add_parsers(sub: Any) -> None:
                    "searchable one on this host, over tuner's own value ladders)")
     t.add_argument("--run-seconds", type=float_in(0, 86400, low_open=True), default=15.0, help="seconds of load per rate tried (default 15)")
     t.add_argument("--max-runs", type=int_in(1, 1000), default=6, help="rate runs per trial's capacity search (default 6)")
-    t.add_argument("--no-noise-check", action="store_true", help="do not measure the winner a second time")
+    t.add_argument("--no-noise-check", action="store_true", help="do not compare the winner with the flags in force "
+                   "in turns (then a winner must beat them beyond both capacities' intervals)")
+    t.add_argument("--compare-pairs", type=int_in(1, 100), default=4, help="turns of the winner against the flags in "
+                   "force (A B, B A, ...) before 'no difference measurable' (default 4)")
+    t.add_argument("--cpu-bind", choices=["spread", "vllm"], default="spread",
+                   help="spread: a vLLM CPU trial's worker on cores no other process is pinned to, the benchmark "
+                        "client on the others (default); vllm: vLLM's own binding (every worker on the same core)")
     t.add_argument("--client-python", help="a Python with vllm installed, for vLLM's benchmark client (default: "
                    "the vLLM target's managed.executable; needed for llama-server)")
     t.add_argument("--tokenizer", help="Hugging Face tokenizer (directory or hub name) the client writes prompts with "

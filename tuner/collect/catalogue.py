@@ -78,6 +78,9 @@ VLLM: tuple[MetricSpec, ...] = (
     _v("vllm:request_num_preemptions", "histogram", "preemptions", required=False),
     # live engine config, as labels
     _v("vllm:cache_config_info", "info", "info"),
+    # the API server's answers by route and status class: a 4xx on /v1/... is how vLLM refuses a prompt longer than
+    # its max-model-len (no vllm: counter sees it); the workload reads it (tuner/signals/workload.py)
+    MetricSpec("http_requests_total", "counter", "requests", "vllm"),
     # process (API server) start time: a change means the server restarted
     MetricSpec("process_start_time_seconds", "gauge", "seconds", "vllm", "process_start_time_seconds"),
 )

@@ -16,8 +16,20 @@ From one stored window of a vLLM target (its request histograms and counters, th
                           as they arrive: then 1 (Poisson), since finishes say nothing of the arrivals
   prefix_hit_ratio        prefix-cache hits / queries (tokens)
   prefix_len              shared prompt prefix the replay should carry: prefix_hit_ratio x input_len
-  max_prompt_tokens, max_output_tokens   the longest request seen: the upper bound of the highest bucket used
-                          (max-model-len must never fall below their sum)
+  max_prompt_tokens, max_output_tokens   the longest prompt and output seen: the upper bound of the highest
+                          bucket used (the histograms hold nothing finer)
+  max_request_tokens      prompt + output of the longest request: their sum, capped at the max-model-len in force
+                          when the window proves that limit held every request: vLLM finished every request it took
+                          (no finished_reason abort or error) and turned none away (no admission rejection, no
+                          4xx/5xx answer on its /v1/ routes, where the store has them). A server that served
+                          everything at max-model-len 1024 holds every request in 1024 tokens, whatever the
+                          buckets' edges (1000 + 200) say; the flags in force are never pruned for a limit they served.
+
+Each inferred value comes with what the window proves about it (``inferred``: the field -> low, high and how it
+was read): the means are exact, a range ratio read from two quantiles inside one wide bucket is not (P10 and P90
+both in (500, 1000]: anything from 0 to 0.415 fits), the rate is a count over a window (a Poisson interval widened
+by the burstiness), the burstiness a variance over few intervals (a chi-square interval), the longest request a
+bucket edge. ``tuner workload`` prints them; a replay uses the values, the bounds say how far to trust them.
 
 The same fields load from a YAML file (``tuner workload -o``, or written by hand); ``parse_workload`` rejects an
 unknown or bad key by name, as the config does.
@@ -36,9 +48,19 @@ from tuner.signals.load import _deltas, _hist_increase, profile
 from tuner.signals.promql import histogram_quantile
 from tuner.store.window import EngineWindow, TargetWindow
 
-__all__ = ["Workload", "from_window", "parse_workload", "dump_workload"]
+__all__ = ["Workload", "Inferred", "from_window", "parse_workload", "dump_workload", "describe"]
 
 _PROMPT, _GEN = "vllm:request_prompt_tokens", "vllm:request_generation_tokens"
+
+
+class Inferred(BaseModel):
+    """What the window proves about one inferred value: it lies in [low, high] (None: unbounded that side)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    low: int | float | None = None
+    high: int | float | None = None
+    note: str = ""
 
 
 class Workload(BaseModel):
@@ -56,9 +78,11 @@ class Workload(BaseModel):
     prefix_hit_ratio: float | None = Field(None, ge=0, le=1)
     max_prompt_tokens: int | None = Field(None, ge=1)
     max_output_tokens: int | None = Field(None, ge=1)
+    max_request_tokens: int | None = Field(None, ge=2)  # prompt + output of the longest request
     requests: int | None = Field(None, ge=0)  # finished requests the profile was drawn from
     source: Literal["store", "file", "default"] = "file"
     window_s: float | None = Field(None, gt=0)
+    inferred: dict[str, Inferred] | None = None  # how sure each inferred value is (from the store only)
 
     @model_validator(mode="after")
     def _prefix(self) -> "Workload":
@@ -76,7 +100,7 @@ class Workload(BaseModel):
         """Prompt + output tokens of the longest request the replay must fit (max-model-len's floor)."""
         top_in = self.max_prompt_tokens or math.ceil(self.input_len * (1 + self.range_ratio))
         top_out = self.max_output_tokens or math.ceil(self.output_len * (1 + self.range_ratio))
-        return top_in + top_out
+        return min(top_in + top_out, self.max_request_tokens or top_in + top_out)
 
 
 def _sum_hist(engines: list[EngineWindow], metric: str) -> tuple[tuple[float, ...], list[float], float, float] | None:
@@ -102,12 +126,13 @@ def _sum_hist(engines: list[EngineWindow], metric: str) -> tuple[tuple[float, ..
     return (bounds, cum, total, count) if cum is not None and count > 0 else None
 
 
-def _top_bound(bounds: tuple[float, ...], cum: list[float]) -> int | None:
-    """Upper bound of the highest bucket with observations (the one below +Inf when that is where they are)."""
+def _top_bucket(bounds: tuple[float, ...], cum: list[float]) -> tuple[int, int | None] | None:
+    """(lower edge, upper edge) of the highest bucket with observations; upper None when that is +Inf (then the
+    value is the last finite bound, as before: the histogram says no more)."""
     for i in range(len(cum) - 1, -1, -1):
         if cum[i] > (cum[i - 1] if i else 0.0):
-            b = bounds[i] if math.isfinite(bounds[i]) else (bounds[i - 1] if i else None)
-            return int(b) if b else None
+            lower = int(bounds[i - 1]) if i and math.isfinite(bounds[i - 1]) else 0
+            return lower, int(bounds[i]) if math.isfinite(bounds[i]) else None
     return None
 
 
@@ -117,46 +142,217 @@ def _at_least(top: int | None, mean: int) -> int | None:
     return None if top is None else max(top, mean)
 
 
-def _counter_increase(e: EngineWindow, metric: str) -> float:
-    return math.fsum(math.fsum(_deltas([v for _, v in pts])) for (name, _), pts in e.series.items()
-                     if name == metric and len(pts) >= 2)
+def _bucket_of(q: float, bounds: tuple[float, ...], cum: list[float]) -> tuple[float, float]:
+    """(lower, upper) edges of the bucket the q-quantile falls in (upper +Inf for the last)."""
+    rank = q * cum[-1]
+    for i, c in enumerate(cum):
+        if c >= rank and c > 0:
+            return (bounds[i - 1] if i else 0.0), bounds[i]
+    return (bounds[-2] if len(bounds) > 1 else 0.0), bounds[-1]
 
 
-def from_window(window: TargetWindow) -> Workload | None:
-    """The workload of a vLLM window; None when it finished no request (nothing to replay)."""
+def _counter_increase(e: EngineWindow, metric: str, keep: Any = None) -> float:
+    """The increase of ``metric`` over the window, summed over its label sets (those ``keep(labels)`` accepts)."""
+    return math.fsum(math.fsum(_deltas([v for _, v in pts])) for (name, labels), pts in e.series.items()
+                     if name == metric and len(pts) >= 2 and (keep is None or keep(dict(labels or ()))))
+
+
+def _has(engines: list[EngineWindow], metric: str) -> bool:
+    return any(name == metric for e in engines for name, _ in e.series)
+
+
+def _turned_away(engines: list[EngineWindow]) -> tuple[dict[str, float], list[str]]:
+    """Requests of the window a server did not serve to the end, by kind, and the evidence it could not read.
+
+    aborted: vLLM's finished_reason abort or error (a request cut short); rejected: admission rejections (a queue
+    limit); http_errors: 4xx/5xx answers on the OpenAI routes (/v1/...), which is how vLLM refuses a prompt longer
+    than its max-model-len (a 400 that never reaches the engine, so no vllm: counter sees it)."""
+    out = {
+        "aborted": math.fsum(_counter_increase(e, "vllm:request_success_total",
+                                               lambda lb: lb.get("finished_reason") in ("abort", "error"))
+                             for e in engines),
+        "rejected": math.fsum(_counter_increase(e, "vllm:admission_rejections_total") for e in engines),
+        "http_errors": max((_counter_increase(e, "http_requests_total",
+                                              lambda lb: lb.get("status", "")[:1] in ("4", "5")
+                                              and lb.get("handler", "").startswith("/v1/")) for e in engines),
+                           default=0.0),  # one per endpoint: every engine of it carries the same series
+    }
+    unread = [] if _has(engines, "http_requests_total") else ["http_requests_total (rejections at the API)"]
+    return out, unread
+
+
+def _chi2(p: float, df: int) -> float:
+    """The p-quantile of chi-square with df degrees of freedom (Wilson-Hilferty; within 1% from df 3)."""
+    z = _norm_ppf(p)
+    return df * max(0.0, 1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def _norm_ppf(p: float) -> float:
+    """The standard normal p-quantile (bisection on erf: exact enough for an interval's edges)."""
+    lo, hi = -10.0, 10.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def _inner_busy(intervals: Any) -> list[Any]:
+    """The busy intervals, less the first and last of each busy stretch (traffic that started or stopped inside
+    them: partial counts, which read as bursts) when the stretch has more than two."""
+    out, stretch = [], []
+    for iv in [*intervals, None]:
+        if iv is not None and iv.busy:
+            stretch.append(iv)
+            continue
+        out += stretch[1:-1] if len(stretch) > 2 else stretch
+        stretch = []
+    return out
+
+
+def _burstiness(intervals: Any) -> tuple[int, tuple[float, float, float] | None]:
+    """(busy intervals used, (gamma shape, its 95% low, high)), the shape None with fewer than 4 intervals. The
+    index of dispersion takes each interval against what its own length expects (scrapes drift apart on a loaded
+    host); for equal intervals it is variance / mean. (k - 1) x dispersion / the true one is chi-square with k - 1
+    degrees of freedom. Within [0.1, 10]."""
+    busy = _inner_busy(intervals)  # idle gaps are no rate, and a stretch's ends are partial intervals
+    k = len(busy)
+    rate = math.fsum(iv.finished for iv in busy) / math.fsum(iv.seconds for iv in busy) if k else 0.0
+    if k < 4 or rate <= 0:
+        return k, None
+    disp = math.fsum((iv.finished - rate * iv.seconds) ** 2 / (rate * iv.seconds) for iv in busy) / (k - 1)
+    shape = round(min(10.0, max(0.1, 1 / disp)), 3) if disp > 0 else 10.0
+    lo_d, hi_d = (k - 1) * disp / _chi2(0.975, k - 1), (k - 1) * disp / _chi2(0.025, k - 1)
+    low = min(10.0, max(0.1, 1 / hi_d)) if hi_d > 0 else 10.0
+    high = min(10.0, max(0.1, 1 / lo_d)) if lo_d > 0 else 10.0
+    return k, (shape, low, high)
+
+
+def _r(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(x, digits)
+
+
+def from_window(window: TargetWindow, *, max_model_len: int | None = None, limit_source: str = "") -> Workload | None:
+    """The workload of a vLLM window; None when it finished no request (nothing to replay).
+
+    ``max_model_len``: the limit in force while the window was served (``limit_source`` says where it was read):
+    when the window proves it held every request, the longest request is capped there (the module docstring)."""
     engines = [e for e in window.engines if e.series or e.hists]
     prompt, gen = _sum_hist(engines, _PROMPT), _sum_hist(engines, _GEN)
     if prompt is None or gen is None:
         return None
     p_bounds, p_cum, p_sum, p_count = prompt
     g_bounds, g_cum, g_sum, g_count = gen
+    n = int(p_count)
     input_len = max(1, round(p_sum / p_count))
     output_len = max(1, round(g_sum / g_count))
+    inferred: dict[str, Inferred] = {
+        "input_len": Inferred(low=input_len, high=input_len, note=f"exact: the mean of {n} prompts (the "
+                                                                  "histogram's sum / count)"),
+        "output_len": Inferred(low=output_len, high=output_len, note=f"exact: the mean of {int(g_count)} outputs"),
+    }
     p10, p90 = histogram_quantile(0.1, p_bounds, p_cum), histogram_quantile(0.9, p_bounds, p_cum)
     spread = (p90 - p10) / (1.6 * input_len) if math.isfinite(p10) and math.isfinite(p90) else 0.0
     range_ratio = round(min(0.9, max(0.0, spread)), 3)
+    (a1, b1), (a2, b2) = _bucket_of(0.1, p_bounds, p_cum), _bucket_of(0.9, p_bounds, p_cum)
+    lo_r = min(0.9, max(0.0, (a2 - b1) / (1.6 * input_len)))
+    hi_r = min(0.9, (b2 - a1) / (1.6 * input_len)) if math.isfinite(b2) else 0.9
+    where = (f"P10 and P90 both in the ({a1:g}, {b1:g}] token bucket" if (a1, b1) == (a2, b2) else
+             f"P10 in ({a1:g}, {b1:g}], P90 in ({a2:g}, {b2:g}] tokens")
+    inferred["range_ratio"] = Inferred(low=_r(lo_r), high=_r(max(hi_r, lo_r)), note=(
+        f"{where}: the buckets allow {lo_r:.3g}-{max(hi_r, lo_r):.3g}; the value assumes prompts spread evenly "
+        "inside each bucket"))
 
     load = profile(window)
     rate = load.offered_rps if load is not None and load.offered_rps else None
     burstiness = 1.0
-    if load is not None and not load.saturated:  # a saturated server's finishes follow its batches, not arrivals
-        arrivals = [iv.finished for iv in load.intervals if iv.busy]  # idle gaps are no rate, not burstiness
-        if len(arrivals) >= 4:
-            mean = math.fsum(arrivals) / len(arrivals)
-            var = math.fsum((a - mean) ** 2 for a in arrivals) / (len(arrivals) - 1)
-            if mean > 0:
-                burstiness = round(min(10.0, max(0.1, mean / var)), 3) if var > 0 else 10.0
+    if load is None or load.saturated:
+        inferred["burstiness"] = Inferred(note="assumed 1 (Poisson): the window was saturated, and a queued "
+                                               "server's finishes follow its batches, not the arrivals"
+                                          if load is not None else "assumed 1 (Poisson): too few scrapes")
+    else:
+        k, est = _burstiness(load.intervals)
+        if est is not None:
+            burstiness, lo_b, hi_b = est
+            inferred["burstiness"] = Inferred(low=_r(lo_b), high=_r(hi_b), note=(
+                f"mean / variance of the requests finished in {k} busy scrape intervals: 95% interval "
+                f"{lo_b:.3g}-{hi_b:.3g} (chi-square, {k - 1} degrees of freedom); finishes, not arrivals (a "
+                "server's batches make them read burstier), and bursts shorter than a scrape interval do not show"))
+        else:
+            inferred["burstiness"] = Inferred(note=f"assumed 1 (Poisson): {k} busy scrape intervals, fewer than 4")
+    if rate and load is not None:
+        secs = load.end - load.start
+        count = rate * secs
+        half = 1.96 * math.sqrt(max(count, 1.0) / burstiness) / secs if secs > 0 else math.inf
+        inferred["rate_rps"] = Inferred(low=_r(max(0.0, rate - half), 4), high=_r(rate + half, 4), note=(
+            f"{count:.0f} arrivals in {secs:.0f}s: 95% interval of a count with this burstiness"))
 
     hits = math.fsum(_counter_increase(e, "vllm:prefix_cache_hits_total") for e in engines)
     queries = math.fsum(_counter_increase(e, "vllm:prefix_cache_queries_total") for e in engines)
     hit_ratio = round(hits / queries, 4) if queries > 0 else None
     prefix_len = min(input_len - 1, round((hit_ratio or 0.0) * input_len))
+    if hit_ratio is not None:
+        inferred["prefix_len"] = Inferred(low=0, high=prefix_len, note=(
+            f"prefix-cache hits / queries = {hit_ratio:g} of the prompt tokens (exact), replayed as one prefix "
+            "every prompt shares: at most this much of the prompts is shared"))
+
+    longest = _longest(_top_bucket(p_bounds, p_cum), _top_bucket(g_bounds, g_cum), engines, n,
+                       max_model_len, limit_source)
+    inferred.update(longest[3])
     return Workload(
         input_len=input_len, output_len=output_len, range_ratio=range_ratio, prefix_len=prefix_len,
         rate_rps=round(rate, 4) if rate else None, burstiness=burstiness, prefix_hit_ratio=hit_ratio,
-        max_prompt_tokens=_at_least(_top_bound(p_bounds, p_cum), input_len),
-        max_output_tokens=_at_least(_top_bound(g_bounds, g_cum), output_len),
-        requests=int(p_count), source="store", window_s=round((window.end_ms - window.start_ms) / 1000, 3))
+        max_prompt_tokens=_at_least(longest[0], input_len), max_output_tokens=_at_least(longest[1], output_len),
+        max_request_tokens=longest[2],
+        requests=n, source="store", window_s=round((window.end_ms - window.start_ms) / 1000, 3),
+        inferred=inferred)
+
+
+def _longest(prompt: tuple[int, int | None] | None, output: tuple[int, int | None] | None,
+             engines: list[EngineWindow], n: int, max_model_len: int | None, limit_source: str
+             ) -> tuple[int | None, int | None, int | None, dict[str, Inferred]]:
+    """The longest prompt, output and request, with what the window proves of each (see the module docstring)."""
+    notes: dict[str, Inferred] = {}
+    top: list[int | None] = []
+    for name, bucket in (("max_prompt_tokens", prompt), ("max_output_tokens", output)):
+        if bucket is None:
+            top.append(None)
+            continue
+        lower, upper = bucket
+        top.append(upper if upper is not None else lower or None)
+        notes[name] = Inferred(low=lower + 1, high=upper, note=(
+            f"the highest bucket used is ({lower}, {upper}]: the longest lies in it" if upper is not None else
+            f"the longest lies above {lower} (the +Inf bucket): the histogram bounds it no further"))
+    if top[0] is None or top[1] is None:
+        return top[0], top[1], None, notes
+    total = top[0] + top[1]
+    low = max(notes["max_prompt_tokens"].low or 1, notes["max_output_tokens"].low or 1) + 1
+    away, unread = _turned_away(engines)
+    refused = {k: v for k, v in away.items() if v > 0}
+    if max_model_len is None:
+        why = "the max-model-len in force is unknown (set max_model_len in the target's flags), so the buckets' " \
+              "edges stand"
+    elif refused:
+        why = (f"not capped at max-model-len {max_model_len}: the window did not serve every request ("
+               + ", ".join(f"{v:.0f} {k.replace('_', ' ')}" for k, v in refused.items())
+               + "): longer requests may have been refused, so the buckets' edges stand")
+    else:
+        capped = min(total, max_model_len)
+        for i, name in enumerate(("max_prompt_tokens", "max_output_tokens")):
+            hi = notes[name].high
+            notes[name] = notes[name].model_copy(update={"high": min(hi, max_model_len - 1) if hi else
+                                                         max_model_len - 1})
+        seen = "" if not unread else f" (not in the store: {', '.join(unread)})"
+        notes["max_request_tokens"] = Inferred(low=min(low, capped), high=capped, note=(
+            f"capped at max-model-len {max_model_len}{' (' + limit_source + ')' if limit_source else ''}: the server "
+            f"finished all {n} requests of the window, none aborted or refused{seen}, so that limit held every one "
+            f"(the buckets' edges alone say {top[0]} + {top[1]} = {total})" if capped < total else
+            f"the buckets' edges, {top[0]} + {top[1]}; within max-model-len {max_model_len}, which served all {n}"))
+        return top[0], top[1], capped, notes
+    notes["max_request_tokens"] = Inferred(low=low, high=total, note=f"the buckets' edges, {top[0]} + {top[1]}; {why}")
+    return top[0], top[1], total, notes
 
 
 def parse_workload(text: str, path: str = "<workload>") -> Workload:
@@ -182,5 +378,21 @@ def parse_workload(text: str, path: str = "<workload>") -> Workload:
 
 
 def dump_workload(w: Workload) -> dict[str, Any]:
-    """The file form: every field, None left out."""
-    return {k: v for k, v in w.model_dump().items() if v is not None}
+    """The file form: every field, None left out (``inferred`` last: what the values rest on)."""
+    out = {k: v for k, v in w.model_dump(exclude={"inferred"}).items() if v is not None}
+    if w.inferred:
+        out["inferred"] = {k: {kk: vv for kk, vv in v.model_dump().items() if vv is not None and vv != ""}
+                           for k, v in w.inferred.items()}
+    return out
+
+
+def describe(w: Workload) -> list[str]:
+    """One line per inferred value: the value, its interval, how it was read."""
+    lines = []
+    for key, inf in (w.inferred or {}).items():
+        value = getattr(w, key, None)
+        lo = "-" if inf.low is None else f"{inf.low:g}"
+        hi = "-" if inf.high is None else f"{inf.high:g}"
+        bounds = "" if inf.low == inf.high and inf.low is not None else f" [{lo} .. {hi}]"
+        lines.append(f"{key:<19} {value if value is not None else '-'}{bounds}: {inf.note}")
+    return lines

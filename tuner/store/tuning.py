@@ -23,7 +23,7 @@ __all__ = ["TuneRunRow", "TuneTrialRow", "StoredRun", "StoredTrial", "begin_run"
            "trial_started", "finish_trial", "get_run", "latest_run", "runs_since", "trials", "orphans", "set_owner",
            "TRIAL_STATUSES"]
 
-TRIAL_STATUSES = ("running", "measured", "crashed", "pruned", "interrupted")
+TRIAL_STATUSES = ("running", "measured", "crashed", "pruned", "interrupted", "compared")
 
 
 class TuneRunRow(Base):
@@ -51,7 +51,7 @@ class TuneTrialRow(Base):
     run_id: Mapped[int] = mapped_column(Integer)
     seq: Mapped[int] = mapped_column(Integer)  # 1, 2, ... within the run
     flags: Mapped[str] = mapped_column(Text)  # JSON, canonical
-    seed: Mapped[str] = mapped_column(Text)  # "baseline", "advisor: <rule>", "noise", "" (the sampler's)
+    seed: Mapped[str] = mapped_column(Text)  # "baseline", "advisor: <rule>", "compare: ...", "" (the sampler's)
     status: Mapped[str] = mapped_column(String(16))
     capacity_rps: Mapped[float | None] = mapped_column(Float, nullable=True)
     detail: Mapped[str] = mapped_column(Text)  # JSON: the capacity search's steps and runs, or the error

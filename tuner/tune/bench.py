@@ -20,12 +20,13 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any, Mapping
+from typing import IO, Any, Mapping, Sequence
 
 from tuner.apply.launch import die_with_parent_hook, group_sentinel
 from tuner.config import Slo
 from tuner.errors import TunerError
 from tuner.signals.workload import Workload
+from tuner.tune.cores import pin_threads
 
 __all__ = ["RateRun", "BenchClient", "BenchError", "attainment", "bench_args", "read_result"]
 
@@ -166,6 +167,22 @@ class BenchClient:
         self._proc: subprocess.Popen[str] | None = None
         self._sentinel: int | None = None
         self._runs = 0
+        self._cpus: tuple[int, ...] | None = None  # where the client runs (None: where the kernel puts it)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def pin(self, cpus: Sequence[int] | None) -> None:
+        """Run the client on ``cpus`` from its next run on (None: on every CPU this process may use): off the cores
+        of the trial server's worker (tuner/tune/cores.py), whose timings it takes."""
+        self._cpus = tuple(cpus) if cpus else None
+        if self.pid is not None:
+            self._apply_pin()
+
+    def _apply_pin(self) -> None:
+        assert self._proc is not None
+        pin_threads(self._proc.pid, self._cpus or sorted(os.sched_getaffinity(0)))
 
     def __enter__(self) -> BenchClient:
         return self
@@ -218,6 +235,8 @@ class BenchClient:
             slo: Slo, warmups: int = 2, timeout_s: float = 600.0) -> RateRun:
         """One run at ``rate`` requests/s of ``prompts`` requests (plus warm-ups, not counted)."""
         proc = self._start()
+        if self._cpus is not None:
+            self._apply_pin()  # threads it started since are placed too
         self._runs += 1
         name = f"run-{os.getpid()}-{self._runs}-{time.time_ns()}.json"
         args = bench_args(workload, url=url, model=model, tokenizer=tokenizer, rate=rate, prompts=prompts, slo=slo,

@@ -22,11 +22,11 @@ from typing import Any, Mapping, Sequence
 from tuner.advise.facts import ModelFacts
 from tuner.advise.memory import MemoryPlan, kv_bytes_per_token, plan, weights_bytes
 from tuner.errors import FlagError
-from tuner.flags import FlagValue, validate
+from tuner.flags import FlagValue, cli_name, validate
 from tuner.signals.workload import Workload
 
-__all__ = ["Axis", "Hardware", "Verdict", "axes_for", "workload_flags", "vllm_axes", "llama_axes", "feasible", "canonical",
-           "SEARCHABLE_VLLM", "SEARCHABLE_LLAMA"]
+__all__ = ["Axis", "Hardware", "Verdict", "PRUNE_KINDS", "axes_for", "workload_flags", "vllm_axes", "llama_axes", "feasible", "canonical",
+           "SEARCHABLE_VLLM", "SEARCHABLE_LLAMA", "not_applied", "missing_from_argv"]
 
 SEARCHABLE_VLLM = ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill",
                    "gpu_memory_utilization", "kv_cache_dtype", "max_model_len")
@@ -58,6 +58,25 @@ class Verdict:
     ok: bool
     reason: str
     memory: Mapping[str, Any]
+    kind: str = ""  # which check refused it (``PRUNE_KINDS``): the pruned are counted by it
+
+
+# Why a point is pruned, one key per check, with what widens the search past it (the nothing-to-measure error and
+# the grouped table say it).
+PRUNE_KINDS = {
+    "flag": "a value the flag does not take: fix it in --flags",
+    "not_applied": "a flag this server does not apply: it is no candidate of this target",
+    "batched_below_seqs": "search larger max_num_batched_tokens or smaller max_num_seqs in --flags",
+    "batched_below_len": "keep chunked prefill on, or search max_num_batched_tokens of at least max_model_len",
+    "len_below_longest": "search a larger max_model_len in --flags (the model permitting), or lower "
+                         "max_request_tokens (max_prompt_tokens, max_output_tokens) in the workload file",
+    "memory": "give the KV cache more room (managed.env VLLM_CPU_KVCACHE_SPACE on a CPU host, "
+              "gpu_memory_utilization in --flags on a GPU) or search a smaller max_model_len",
+    "slot_below_longest": "search a larger ctx_size or a smaller parallel in --flags, or lower max_request_tokens "
+                          "in the workload file",
+    "ubatch_above_batch": "search ubatch_size <= batch_size in --flags",
+    "host_memory": "search a smaller ctx_size in --flags, or free memory on the host",
+}
 
 
 def _with(values: Sequence[Any], current: Any) -> tuple[Any, ...]:
@@ -153,6 +172,51 @@ def workload_flags(axes: Sequence[Axis], workload: Workload) -> dict[str, Any]:
     return out
 
 
+def not_applied(backend: str, flags: Mapping[str, Any]) -> str:
+    """Why a trial server of ``backend`` would not run what ``flags`` say (empty when it would): a backend switch is
+    no flag of the server (its argv builder drops it), and a trial labelled with it would measure the server it
+    has. A llama-server trial needs a GGUF and llama-server's executable; the target's managed section has
+    neither, so a switch is no tune candidate: measure it by tuning a llama-server target."""
+    other = flags.get("backend")
+    if other is not None:
+        if other == backend:
+            return f"backend={other} is the server it already is: not a flag its argv carries"
+        return (f"backend {backend} -> {other} is not a tune candidate: a trial of {other} needs {other}'s own "
+                f"model file and executable, which this {backend} target does not name; its trial would run "
+                f"{backend} with the same flags. Measure it by tuning a managed {other} target")
+    return ""
+
+
+def missing_from_argv(backend: str, flags: Mapping[str, Any], argv: Sequence[str]) -> list[str]:
+    """The candidate flags ``argv`` does not carry as the server reads them (empty when each is there): a value
+    flag followed by its value, a switch on as itself and off as ``--no-<name>``. Read back from the argv, not from
+    the builder: what the server was started with is what it applies."""
+    missing = []
+    args = list(argv)
+    for name, given in canonical(flags).items():
+        try:
+            flag, value = cli_name(backend, name), validate(backend, name, given)
+        except FlagError:
+            value = given
+            missing.append(f"{name}={value} (not a flag of {backend})")
+            continue
+        if name == "backend":
+            missing.append(f"backend={value} (no server flag)")
+            continue
+        if not flag.startswith("-"):
+            flag = "--" + flag
+        if value is True:
+            ok = flag in args
+        elif value is False:
+            ok = "--no-" + flag.lstrip("-") in args
+        else:
+            text = repr(value) if isinstance(value, float) else str(value)
+            ok = any(a == flag and b == text for a, b in zip(args, args[1:]))
+        if not ok:
+            missing.append(f"{name}={value} ({flag})")
+    return missing
+
+
 def canonical(flags: Mapping[str, Any]) -> dict[str, Any]:
     """The flags with unset (None) entries left out, in a stable order: what a trial is keyed by."""
     return {k: flags[k] for k in sorted(flags) if flags[k] is not None}
@@ -162,11 +226,14 @@ def feasible(backend: str, flags: Mapping[str, Any], *, model: ModelFacts | None
              longest: int, default_batched_tokens: int = 8192) -> Verdict:
     """Whether a server could start with ``flags`` and serve the workload; see the module docstring."""
     f = canonical(flags)
+    foreign = not_applied(backend, f)
+    if foreign:
+        return Verdict(False, foreign, {}, "not_applied")
     for name, value in f.items():
         try:
             validate(backend, name, value)
         except FlagError as exc:
-            return Verdict(False, str(exc), {})
+            return Verdict(False, str(exc), {}, "flag")
     if backend != "vllm":
         return _feasible_llama(f, model=model, hardware=hardware, longest=longest)
     seqs = int(f.get("max_num_seqs") or 256)
@@ -174,12 +241,14 @@ def feasible(backend: str, flags: Mapping[str, Any], *, model: ModelFacts | None
     batched = int(f.get("max_num_batched_tokens") or default_batched_tokens)
     chunked = bool(f.get("enable_chunked_prefill", True))
     if batched < seqs:
-        return Verdict(False, f"max-num-batched-tokens {batched} < max-num-seqs {seqs}: vLLM refuses to start", {})
+        return Verdict(False, f"max-num-batched-tokens {batched} < max-num-seqs {seqs}: vLLM refuses to start", {},
+                       "batched_below_seqs")
     if not chunked and batched < length:
         return Verdict(False, f"max-num-batched-tokens {batched} < max-model-len {length} without chunked prefill: "
-                              "vLLM refuses to start", {})
+                              "vLLM refuses to start", {}, "batched_below_len")
     if length < longest:
-        return Verdict(False, f"max-model-len {length} < the workload's longest request ({longest} tokens)", {})
+        return Verdict(False, f"max-model-len {length} < the workload's longest request ({longest} tokens)", {},
+                       "len_below_longest")
     if model is None:
         return Verdict(True, "no model facts: the start-up checks pass, memory unchecked", {})
     memory: MemoryPlan
@@ -196,11 +265,11 @@ def feasible(backend: str, flags: Mapping[str, Any], *, model: ModelFacts | None
         else:
             return Verdict(True, "no memory facts (no GPU reading, no CPU KV space): memory unchecked", {})
     except ValueError as exc:
-        return Verdict(False, f"memory model cannot plan it: {exc}", {})
+        return Verdict(False, f"memory model cannot plan it: {exc}", {}, "memory")
     brief = {"kv_capacity_tokens": memory.kv_capacity_tokens, "max_concurrency": round(memory.max_concurrency, 3),
              "weights_bytes": memory.weights_bytes, "kv_budget_bytes": memory.kv_budget_bytes}
     if not memory.fits:
-        return Verdict(False, f"memory model: {memory.reason}", brief)
+        return Verdict(False, f"memory model: {memory.reason}", brief, "memory")
     return Verdict(True, memory.reason, brief)
 
 
@@ -208,9 +277,10 @@ def _feasible_llama(f: Mapping[str, Any], *, model: ModelFacts | None, hardware:
     parallel, ctx = int(f.get("parallel") or 1), int(f.get("ctx_size") or 4096)
     if ctx // parallel < longest:
         return Verdict(False, f"-c {ctx} over --parallel {parallel} gives each slot {ctx // parallel} tokens, less "
-                              f"than the workload's longest request ({longest})", {})
+                              f"than the workload's longest request ({longest})", {}, "slot_below_longest")
     if int(f.get("ubatch_size") or 512) > int(f.get("batch_size") or 2048):
-        return Verdict(False, f"-ub {f.get('ubatch_size')} > -b {f.get('batch_size') or 2048}", {})
+        return Verdict(False, f"-ub {f.get('ubatch_size')} > -b {f.get('batch_size') or 2048}", {},
+                       "ubatch_above_batch")
     if model is None or not hardware.host_memory_bytes:
         return Verdict(True, "no model or host memory facts: the slot checks pass, memory unchecked", {})
     kv = ctx * kv_bytes_per_token(model, "float16")  # llama-server's default KV type
@@ -218,5 +288,5 @@ def _feasible_llama(f: Mapping[str, Any], *, model: ModelFacts | None, hardware:
     brief = {"kv_bytes": kv, "need_bytes": need, "host_memory_bytes": hardware.host_memory_bytes}
     if need > hardware.host_memory_bytes:
         return Verdict(False, f"weights + {ctx} tokens of KV + buffers = {need / 2**30:.2f} GiB, more than the "
-                              f"{hardware.host_memory_bytes / 2**30:.2f} GiB a trial server may take", brief)
+                              f"{hardware.host_memory_bytes / 2**30:.2f} GiB a trial server may take", brief, "host_memory")
     return Verdict(True, f"{need / 2**30:.2f} GiB of {hardware.host_memory_bytes / 2**30:.2f} GiB", brief)

@@ -1,0 +1,155 @@
+"""Issue 40's corpus: six workload shapes nobody tuned for, each served to a real vLLM CPU server under `tuner run`
+and read back by `tuner workload` from the store (never written by hand), for bench/tune.py to score on.
+
+For each shape: a fresh config whose one target is a managed vLLM (the tiny local model, vLLM's defaults +
+--max-model-len 1024), `tuner run` (which starts it and scrapes it every 5 s into the store), the shape's traffic
+from vLLM's own benchmark client (tuner/tune/bench.py: random dataset, --request-rate, --burstiness,
+--random-prefix-len) for --seconds, then `tuner workload tiny --window ...` writes <out>/<shape>.yaml with what the
+store says was served (and how sure it is of each value). Then tuner and vLLM stop.
+
+  rag             80% of the prompt a shared 600-token system prompt, prompts 650-850, outputs 40-120: near
+                  max-model-len 1024 (the issue's own case)
+  short-chat      64 in / 64 out, wide spread, 4 req/s
+  long-gen        64 in / 512 out: generation-bound
+  bursty          128 in / 64 out, gamma-distributed arrivals with shape 0.2
+  mixed           300 in / 150 out, lengths spread over 0.1x-1.9x
+  tiny-out        256 in / 4 out: prefill-bound
+
+  python bench/tune_corpus.py --out bench/corpus [--shapes rag,bursty] [--seconds 150]
+  python bench/tune_corpus.py --out bench/corpus --hold-out 2 --seed 7   # also picks the held-back third, first
+Afterwards, for each shape and each starting point (vLLM's defaults, a poor config), bench/tune.py scores the search:
+  python bench/tune.py --workload-file bench/corpus/rag.yaml --name rag --in-force '{"max_num_seqs": 2}'
+The held-back shapes (<out>/holdout.json, chosen before any tuning) are reported separately.
+Needs TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (scripts/setup-real-servers.sh prints them). ~4 min a shape here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# name: (workload the client sends (its fields as tuner's workload files spell them), request rate)
+SHAPES: dict[str, dict] = {
+    "rag": {"input_len": 750, "prefix_len": 600, "output_len": 80, "range_ratio": 0.133, "burstiness": 1.0,
+            "rate_rps": 3.0},
+    "short-chat": {"input_len": 64, "output_len": 64, "range_ratio": 0.5, "burstiness": 1.0, "rate_rps": 4.0},
+    "long-gen": {"input_len": 64, "output_len": 512, "range_ratio": 0.3, "burstiness": 1.0, "rate_rps": 0.5},
+    "bursty": {"input_len": 128, "output_len": 64, "range_ratio": 0.3, "burstiness": 0.2, "rate_rps": 3.0},
+    "mixed": {"input_len": 300, "output_len": 150, "range_ratio": 0.9, "burstiness": 1.0, "rate_rps": 2.0},
+    "tiny-out": {"input_len": 256, "output_len": 4, "range_ratio": 0.3, "burstiness": 1.0, "rate_rps": 6.0},
+}
+SLO = "{ttft_p99: 2s, e2e_p99: 20s, objective: 0.95}"
+
+
+def _tuner(cfg: Path, *args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tuner.cli", "-c", str(cfg), *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, **kw)
+
+
+def _healthy(url: str) -> bool:
+    from tuner.collect import http
+    try:
+        return http.get(url + "/health", timeout_s=3, max_bytes=1024).status == 200
+    except Exception:  # noqa: BLE001 (not up yet)
+        return False
+
+
+def serve_shape(name: str, out: Path, python: str, model: str, seconds: float) -> dict:
+    from tuner.apply.launch import free_port
+    from tuner.config import Slo
+    from tuner.signals.workload import Workload
+    from tuner.tune.bench import BenchClient
+
+    work = Path(tempfile.mkdtemp(prefix=f"corpus-{name}-"))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cfg = work / "tuner.yaml"
+    cfg.write_text(
+        f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\n"
+        f"listen: 127.0.0.1:{free_port()}\n"
+        "defaults: {scrape_interval: 5s, scrape_timeout: 5s}\n"
+        "targets:\n"
+        f"  - name: tiny\n    backend: vllm\n    url: {url}\n    slo: {SLO}\n"
+        "    managed:\n"
+        f"      model: {model}\n      executable: {python}\n"
+        "      flags: {max_model_len: 1024}\n"
+        f"      log_dir: {work / 'logs'}\n"
+        f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{work / 'vllm-cache'}'}}\n")
+    _tuner(cfg, "db", "upgrade", check=True)
+    daemon = subprocess.Popen([sys.executable, "-m", "tuner.cli", "-c", str(cfg), "--log-level", "WARNING", "run"],
+                              stdout=open(work / "run.log", "w"), stderr=subprocess.STDOUT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 600
+        while not _healthy(url):
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{name}: the managed vLLM did not come up; see {work / 'run.log'}, {work / 'logs'}")
+            time.sleep(2)
+        time.sleep(12)  # two scrapes of the idle server before the traffic
+        shape = SHAPES[name]
+        w = Workload(**{k: v for k, v in shape.items()})
+        t0 = time.time()
+        with BenchClient(python, work / "client") as client:
+            run = client.run(w, url=url, model="tiny", tokenizer=model, rate=shape["rate_rps"],
+                             prompts=max(30, int(shape["rate_rps"] * seconds)), slo=Slo(e2e_p99="20s"), warmups=0,
+                             timeout_s=seconds * 4 + 300)
+        time.sleep(12)  # the last requests' scrape
+        window = int(time.time() - t0) + 5
+        path = out / f"{name}.yaml"
+        got = _tuner(cfg, "workload", "tiny", "--window", f"{window}s", "-o", str(path))
+        if got.returncode != 0:
+            raise SystemExit(f"{name}: tuner workload failed: {got.stderr.strip()}")
+        print(got.stdout.strip(), flush=True)
+        return {"shape": name, "sent": shape, "file": str(path), "client": {"sent": run.sent, "completed":
+                run.completed, "throughput_rps": run.throughput_rps}, "workdir": str(work)}
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+        _tuner(cfg, "managed", "stop", timeout=120)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="bench/corpus")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated (default: all six)")
+    ap.add_argument("--seconds", type=float, default=150.0, help="traffic per shape (default %(default)s)")
+    ap.add_argument("--hold-out", type=int, default=0, help="pick this many shapes to hold back, before any tuning")
+    ap.add_argument("--seed", type=int, default=None, help="for --hold-out (default: from the clock)")
+    args = ap.parse_args()
+    python, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
+    if not python or not model:
+        sys.exit("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (eval the exports of scripts/setup-real-servers.sh)")
+    names = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown:
+        sys.exit(f"--shapes: unknown {', '.join(unknown)} (choose from {', '.join(SHAPES)})")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.hold_out:
+        seed = args.seed if args.seed is not None else time.time_ns()
+        held = sorted(random.Random(seed).sample(sorted(SHAPES), args.hold_out))
+        (out / "holdout.json").write_text(json.dumps({"seed": seed, "held_out": held}) + "\n")
+        print(f"held back (chosen before any tuning, seed {seed}): {', '.join(held)}", flush=True)
+    done = [serve_shape(n, out, python, model, args.seconds) for n in names]
+    (out / "corpus.json").write_text(json.dumps(done, indent=1) + "\n")
+    print(f"\nwrote {len(done)} workloads to {out}; score each with bench/tune.py --workload-file FILE --name NAME "
+          "(once with --in-force '{}' for vLLM's defaults, once with a poor config)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,175 @@
+"""The same flags on fresh vLLM CPU servers, one after another: how far apart `tuner tune` measures their capacity.
+
+Issue 40's goal: five fresh servers with the same flags measure within ±10% of their mean, on an otherwise idle host
+and with a neighbour process using half a core (in shadow mode production's own traffic is that neighbour). Each
+server is one `tuner tune --budget 1` (the flags in force only: a fresh trial server, its warm-up run, the capacity
+bracket of tuner/tune/capacity.py with vLLM's benchmark client), so what is measured is exactly what a tuning run
+measures for one trial. Conditions are interleaved (server 1 of each condition, then server 2 of each, ...), so a
+host that gets busier over the run weighs on every condition alike:
+
+  --bind spread   tuner's placement (tuner/tune/cores.py): the trial's vLLM worker on cores no other process is
+                  pinned to, the benchmark client on the others
+  --bind vllm     vLLM's own binding (VLLM_CPU_OMP_THREADS_BIND=auto: every vLLM worker on the same core)
+  --neighbour on  a process that burns half a core (busy 10 ms, asleep 10 ms), left where the kernel puts it
+
+For each server it records where the worker's OpenMP threads were bound (vLLM's own "OpenMP thread binding info"
+log line) and the capacity with its interval; for each condition the mean, the spread ((max - min) / mean) and the
+largest deviation from the mean, and whether every server is within ±10%.
+
+  python bench/tune_spread.py                                   # 5 servers x {spread, vllm} x {idle, neighbour}
+  python bench/tune_spread.py --servers 2 --bind spread,vllm --neighbour off --run-seconds 6 --max-runs 3  # smoke
+  ... --write                                                   # also bench/results/<stamp>-tune-spread.md
+Needs TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (scripts/setup-real-servers.sh prints them). ~3 min a server here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+WORKLOAD = {"input_len": 128, "output_len": 64, "range_ratio": 0.3, "burstiness": 1.0, "rate_rps": 2.0}
+SLO = "{ttft_p99: 1s, e2e_p99: 4s, objective: 0.95}"
+NEIGHBOUR = "import time\nwhile True:\n    t = time.perf_counter()\n    while time.perf_counter() - t < 0.01:\n" \
+            "        pass\n    time.sleep(0.01)\n"
+
+
+def write_config(work: Path, python: str, model: str, flags: dict) -> Path:
+    (work / "workload.yaml").write_text("".join(f"{k}: {v}\n" for k, v in WORKLOAD.items()))
+    cfg = work / "tuner.yaml"
+    cfg.write_text(
+        f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\n"
+        "targets:\n"
+        f"  - name: tiny\n    backend: vllm\n    url: http://127.0.0.1:1\n    slo: {SLO}\n"
+        "    managed:\n"
+        f"      model: {model}\n      executable: {python}\n"
+        f"      flags: {{{', '.join(f'{k}: {json.dumps(v)}' for k, v in flags.items())}, max_model_len: 1024}}\n"
+        "      extra_args: {enforce-eager: true}\n"
+        f"      log_dir: {work / 'logs'}\n"
+        f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{work / 'vllm-cache'}'}}\n")
+    return cfg
+
+
+def bound_cores(log: str) -> str:
+    """Where vLLM bound its worker's OpenMP threads, from its own log ("local_rank=0, core ids=[1]")."""
+    try:
+        text = Path(log).read_text(errors="replace")
+    except OSError:
+        return "?"
+    found = re.findall(r"local_rank=0, core ids=\[([0-9, ]*)\]", text)
+    return found[-1].replace(" ", "") if found else "?"
+
+
+def one_server(cfg: Path, work: Path, bind: str, args: argparse.Namespace, tag: str) -> dict:
+    argv = [sys.executable, "-m", "tuner.cli", "-c", str(cfg), "tune", "tiny", "--workload",
+            str(work / "workload.yaml"), "--budget", "1", "--no-noise-check", "--cpu-bind", bind,
+            "--run-seconds", str(args.run_seconds), "--max-runs", str(args.max_runs), "--json"]
+    t0 = time.monotonic()
+    with open(work / f"{tag}.log", "w") as log:
+        out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True, check=False,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if out.returncode != 0:
+        return {"tag": tag, "error": f"tuner tune exited {out.returncode}; see {work / (tag + '.log')}"}
+    result = json.loads(out.stdout)
+    from tuner.store import tuning as tj
+    from tuner.store.db import open_engine
+    engine = open_engine(f"sqlite:///{work / 'tuner.db'}")
+    trial = tj.trials(engine, result["run_id"])[0]
+    engine.dispose()
+    return {"tag": tag, "capacity_rps": trial.capacity_rps, "interval": [trial.detail.get("lo_rps"),
+                                                                          trial.detail.get("hi_rps")],
+            "worker_cores": bound_cores(trial.detail.get("log", "")),
+            "placement": (trial.detail.get("placement") or {}).get("note", "vLLM's own (auto)"),
+            "wall_s": round(time.monotonic() - t0, 1), "load": round(os.getloadavg()[0], 2)}
+
+
+def summarize(rows: list[dict]) -> dict:
+    caps = [r["capacity_rps"] for r in rows if r.get("capacity_rps")]
+    if not caps:
+        return {"n": 0}
+    mean = statistics.fmean(caps)
+    return {"n": len(caps), "mean": mean, "min": min(caps), "max": max(caps),
+            "spread": (max(caps) - min(caps)) / mean, "worst": max(abs(c - mean) for c in caps) / mean,
+            "within_10": all(abs(c - mean) <= 0.1 * mean for c in caps)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--servers", type=int, default=5)
+    ap.add_argument("--bind", default="spread,vllm", help="comma-separated: spread, vllm")
+    ap.add_argument("--neighbour", default="off,on", help="comma-separated: off, on")
+    ap.add_argument("--flags", default="max_num_seqs=4", help="the flags in force, NAME=V,... (default %(default)s)")
+    ap.add_argument("--run-seconds", type=float, default=10.0)
+    ap.add_argument("--max-runs", type=int, default=5)
+    ap.add_argument("--workdir")
+    ap.add_argument("--write", action="store_true", help="write bench/results/<stamp>-tune-spread.md")
+    args = ap.parse_args()
+    python, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
+    if not python or not model:
+        sys.exit("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (eval the exports of scripts/setup-real-servers.sh)")
+    flags = {k: int(v) if v.isdigit() else v for k, v in (f.split("=", 1) for f in args.flags.split(","))}
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="tune-spread-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = write_config(work, python, model, flags)
+    subprocess.run([sys.executable, "-m", "tuner.cli", "-c", str(cfg), "db", "upgrade"], check=True,
+                   stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    conditions = [(b, n) for n in args.neighbour.split(",") for b in args.bind.split(",")]
+    started = datetime.now(timezone.utc)
+    load0 = os.getloadavg()[0]
+    print(f"flags {flags}; workload {WORKLOAD}; SLO {SLO}; conditions {conditions}; {args.servers} servers each; "
+          f"workdir {work}; load average {load0:.2f}", flush=True)
+    rows: dict[tuple[str, str], list[dict]] = {c: [] for c in conditions}
+    for i in range(args.servers):
+        for bind, neighbour in conditions:
+            noisy = subprocess.Popen([sys.executable, "-c", NEIGHBOUR]) if neighbour == "on" else None
+            try:
+                r = one_server(cfg, work, bind, args, f"{bind}-{neighbour}-{i + 1}")
+            finally:
+                if noisy is not None:
+                    noisy.send_signal(signal.SIGTERM)
+                    noisy.wait()
+            rows[(bind, neighbour)].append(r)
+            print(json.dumps(r), flush=True)
+    lines = [f"## `tuner tune`: the same flags on {args.servers} fresh vLLM CPU servers "
+             f"({started:%Y-%m-%d %H:%M} UTC)", "",
+             f"`python bench/tune_spread.py --servers {args.servers} --bind {args.bind} --neighbour {args.neighbour} "
+             f"--flags {args.flags} --run-seconds {args.run_seconds:g} --max-runs {args.max_runs}`; workload "
+             f"{WORKLOAD}, SLO {SLO}; load average {load0:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
+             f"{os.cpu_count()} CPUs.", "",
+             "| binding | neighbour (half a core) | capacities, req/s (interval) | worker's cores | mean | spread "
+             "(max-min)/mean | worst deviation | all within ±10% |", "|---|---|---|---|---|---|---|---|"]
+    for (bind, neighbour), rs in rows.items():
+        s = summarize(rs)
+        caps = ", ".join(f"{r['capacity_rps']:.3g} ({r['interval'][0] or 0:.3g}-"
+                         f"{'ceiling' if r['interval'][1] is None else format(r['interval'][1], '.3g')})"
+                         if r.get("capacity_rps") is not None else r.get("error", "-") for r in rs)
+        cores = ", ".join(r.get("worker_cores", "?") for r in rs)
+        if s["n"]:
+            lines.append(f"| {bind} | {neighbour} | {caps} | {cores} | {s['mean']:.3g} | {s['spread']:.0%} | "
+                         f"±{s['worst']:.0%} | {'yes' if s['within_10'] else 'no'} |")
+        else:
+            lines.append(f"| {bind} | {neighbour} | {caps} | {cores} | - | - | - | no |")
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    if args.write:
+        from bench.summary import results_path
+        path = results_path("tune-spread", started)
+        path.write_text(text)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""Two configs compared at one rate, interleaved: whether the candidate serves more within the SLO than the flags in
+force, with its confidence, or "no difference measurable at this budget". Pure.
+
+Capacities measured one after another, each on its own fresh server, differ by what the host did meanwhile (the
+same flags measured 11.5, 19.3 and 54.6 req/s within 8 minutes on a busy host). So the winner is not recommended on
+its sequential capacity alone: both servers are started fresh and run at the same rate in turns, A B B A A B ...
+(the order alternates, so a load that drifts over the comparison weighs on both alike), every run with the same
+number of requests. What a rate r decides: a config whose share within the SLO at r reaches the objective has a
+capacity of at least r, one whose share falls short has less. At r where the two measurements predict different
+outcomes (between the lowest rate A missed and the highest B met, their geometric mean; B's capacity when the two
+intervals overlap):
+
+  * B reaches the objective, A falls short, and B's share of misses is below A's beyond chance (Fisher's exact test,
+    one-sided, on the pooled counts: CONFIDENT) -> ``b_better``: B's capacity exceeds r and A's does not;
+  * the same the other way -> ``a_better``;
+  * both reach it, over two pairs at least -> ``same``: A serves r as well, the measured gain is not there when
+    both run side by side;
+  * otherwise another pair of runs, up to the budget; then ``undecided`` (both fell short, or the shares are
+    within chance): no difference measurable at this budget.
+
+How many requests a run needs follows from the objective (``min_requests``): a run exactly at the objective should
+expect two misses, so that one unlucky request does not decide it. 30 requests judge 0.95 (1.5 misses expected);
+a 0.99 objective needs 200 (one miss in 30 is 96.7%, a failure).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["min_requests", "fisher_fewer_misses", "decide", "Decision", "CONFIDENT", "EXPECTED_MISSES"]
+
+CONFIDENT = 0.95
+EXPECTED_MISSES = 2  # misses a run exactly at the objective should expect
+_MOST_REQUESTS = 2000  # an objective of 1 (no miss allowed) would ask for infinitely many
+
+
+def min_requests(objective: float, floor: int = 30) -> int:
+    """Requests one run needs to judge ``objective``: EXPECTED_MISSES / (1 - objective), at least ``floor``."""
+    if objective >= 1:
+        return _MOST_REQUESTS
+    return max(floor, min(_MOST_REQUESTS, math.ceil(EXPECTED_MISSES / (1 - objective) - 1e-9)))
+
+
+def fisher_fewer_misses(a_bad: int, a_n: int, b_bad: int, b_n: int) -> float:
+    """One-sided p-value of Fisher's exact test that B's share of misses is below A's: the chance, with the misses
+    spread at random over both (the margins fixed), that B would have had ``b_bad`` misses or fewer."""
+    total, bad = a_n + b_n, a_bad + b_bad
+    if total == 0:
+        return 1.0
+    denom = math.comb(total, b_n)
+    p = 0
+    for k in range(max(0, b_n - (total - bad)), min(b_bad, bad, b_n) + 1):
+        p += math.comb(bad, k) * math.comb(total - bad, b_n - k)
+    return min(1.0, p / denom)
+
+
+@dataclass(frozen=True)
+class Decision:
+    outcome: str  # b_better | a_better | same | undecided
+    confidence: float  # 1 - p of the test that decided (0 when none did)
+    reason: str
+
+
+def decide(objective: float, a_good: int, a_sent: int, b_good: int, b_sent: int, *, rate: float,
+           final: bool, pairs: int = 1, confident: float = CONFIDENT) -> Decision:
+    """The comparison so far at ``rate`` (A: the flags in force, B: the candidate) after ``pairs`` pairs of runs;
+    ``final``: no more runs. Both meeting the objective decides only from the second pair on (or at the end): one
+    run each at 40/40 says little of a 0.95 objective."""
+    if a_sent <= 0 or b_sent <= 0:
+        return Decision("undecided", 0.0, "no requests measured")
+    pa, pb = a_good / a_sent, b_good / b_sent
+    said = (f"at {rate:.3g} req/s the candidate met the SLO for {b_good}/{b_sent} ({pb:.1%}), the flags in force "
+            f"for {a_good}/{a_sent} ({pa:.1%}), objective {objective:.1%}")
+    b_conf = 1 - fisher_fewer_misses(a_sent - a_good, a_sent, b_sent - b_good, b_sent)
+    a_conf = 1 - fisher_fewer_misses(b_sent - b_good, b_sent, a_sent - a_good, a_sent)
+    if pb >= objective > pa and b_conf >= confident:
+        return Decision("b_better", b_conf, f"{said}: the candidate serves more within the SLO (confidence "
+                                           f"{b_conf:.3f}, Fisher's exact test)")
+    if pa >= objective > pb and a_conf >= confident:
+        return Decision("a_better", a_conf, f"{said}: the flags in force serve more within the SLO (confidence "
+                                           f"{a_conf:.3f}, Fisher's exact test)")
+    if pa >= objective and pb >= objective and (pairs >= 2 or final):
+        return Decision("same", 0.0, f"{said}: both serve it, so the measured gain did not hold side by side")
+    if not final:
+        return Decision("undecided", max(a_conf, b_conf), said)
+    why = ("both fell short of the objective" if pa < objective and pb < objective else
+           f"the difference is within chance (confidence {max(a_conf, b_conf):.3f} < {confident})")
+    return Decision("undecided", max(a_conf, b_conf), f"{said}: {why}: no difference measurable at this budget")
