@@ -75,6 +75,12 @@ def fill(store) -> None:  # type: ignore[no-untyped-def]
                         detail={"e2e_p99": e2e, "ttft_p99": e2e and e2e / 2, "note": f"trial {seqs}"})
     tj.finish_run(store.engine, run, now=T0 + 181, state="done",
                   result={"best": {"flags": {"max_num_seqs": 8}, "capacity_rps": 4.0}, "verdict": "max_num_seqs=8"})
+    # The tuning run held the target in the apply journal (kind tune, beside production): no apply, not in the
+    # report's applies (the demo's report once drew a before/after view and a 'rolled_back' mark for it).
+    hold = journal.begin_apply(store.engine, target="chat", recommendation_id=None, kind="tune", mode="shadow",
+                               now=T0 + 170, diff={}, old_flags={"max_num_seqs": 2}, new_flags={"max_num_seqs": 2},
+                               old_argv=[], new_argv=[], owner_pid=os.getpid(), owner_start=0)
+    journal.finish(store.engine, hold, "rolled_back", "tuning run (done); production was not touched", now=T0 + 181)
 
 
 @pytest.fixture

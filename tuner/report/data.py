@@ -9,8 +9,9 @@ from __future__ import annotations
 import bisect
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from tuner.config import Slo
 from tuner.signals.derive import EngineSignals, compute_signals
@@ -148,4 +149,6 @@ def collect(store: Store, target: str, *, start: float, end: float, points: int 
 
 
 def _applies(store: Store, target: str, since_ms: int) -> list[Any]:
-    return list_applies(store.engine, target=target, since_ms=since_ms)
+    """The applies (and restarts) of the period; a tuning run's entry in the journal, which only held the target,
+    is not one: its run has its own section."""
+    return [a for a in list_applies(store.engine, target=target, since_ms=since_ms) if a.kind != "tune"]
