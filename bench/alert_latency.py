@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whicheve
 
 from bench import summary  # noqa: E402
 from bench.stallwatch import StallWatch  # noqa: E402
-from tuner.rules.model import default_rule_files  # noqa: E402
 from tuner.apply.launch import ServerProcess, free_port, vllm_argv, vllm_cpu_env  # noqa: E402
+from tuner.rules.model import default_rule_files  # noqa: E402
 
 THRESHOLD, HOLD = 0.5, "0s"  # no `for`: the time measured is detection + delivery
 INTERVAL_S = 1.0  # both sides' scrape and evaluation interval

@@ -33,7 +33,6 @@ import os
 import platform
 import resource
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -137,7 +136,7 @@ class Load:
         except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected,
                 http.client.IncompleteRead) as exc:
             return Req(t0, time.time(), "reset", type(exc).__name__)
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             return Req(t0, time.time(), "timeout")
         except (OSError, ValueError, http.client.HTTPException) as exc:
             return Req(t0, time.time(), "error", f"{type(exc).__name__}: {exc}"[:200])
@@ -337,7 +336,7 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
             try:
                 a = json.loads(proc.stdout)
             except ValueError:
-                raise SystemExit(f"apply #{i + 1} printed no JSON (exit {proc.returncode}): {proc.stderr.strip()}")
+                raise SystemExit(f"apply #{i + 1} printed no JSON (exit {proc.returncode}): {proc.stderr.strip()}") from None
             steps: dict[str, float] = {}
             for s in a["steps"]:
                 steps.setdefault(s["step"], s["ts_ms"] / 1000)

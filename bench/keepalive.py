@@ -57,7 +57,7 @@ def main() -> int:
         for rnd in range(args.rounds):
             nxt = [0]
 
-            def worker(w: int) -> None:
+            def worker(w: int, nxt: list[int] = nxt, rnd: int = rnd) -> None:  # this round's (joined within it)
                 s = requests.Session()
                 s.trust_env = False
                 if args.fresh:

@@ -139,7 +139,7 @@ class StallWatch:
                 try:
                     sock.recv(1)
                     continue
-                except (socket.timeout, TimeoutError):
+                except TimeoutError:
                     pass
                 procs0, c0 = cpu_by_process(), time.monotonic()
                 summary = f"captured {c0 - t0:.1f} s after the probe: " + self._capture(at)
@@ -148,7 +148,7 @@ class StallWatch:
                     try:
                         sock.recv(1)
                         break
-                    except (socket.timeout, TimeoutError):
+                    except TimeoutError:
                         continue
                     except OSError:
                         break

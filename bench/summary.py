@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -95,7 +95,7 @@ def section(text: str, heading: str) -> str | None:
         if m and m.group(2).startswith(heading):
             level = len(m.group(1))
             end = next((j for j in range(i + 1, len(lines))
-                        if re.match(r"^(#{1,%d}) " % level, lines[j])), len(lines))
+                        if re.match(rf"^(#{{1,{level}}}) ", lines[j])), len(lines))
             return "\n".join(lines[i:end])
     return None
 
@@ -279,7 +279,7 @@ def store_growth(text: str) -> str | None:
 
 def _kv(text: str, first: str) -> dict[str, str] | None:
     """A two-column table whose first row's label starts with ``first``, as label -> value."""
-    for header, rows in tables(text):
+    for _header, rows in tables(text):
         if rows and rows[0][0].startswith(first) and len(rows[0]) >= 2:
             return {r[0]: r[1] for r in rows}
     return None

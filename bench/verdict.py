@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whicheve
 from bench import summary  # noqa: E402
 from tuner.app.judge import judge_dirs  # noqa: E402
 from tuner.config import Slo, parse_duration  # noqa: E402
+
 CASES = ROOT / "tests" / "fixtures" / "verdict"
 
 

@@ -18,8 +18,8 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 import gguf
+import numpy as np
 
 SEED = 20261121
 N_EMBD = 128

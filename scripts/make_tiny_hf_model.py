@@ -119,7 +119,7 @@ def write_model(out: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "README.md").write_text(
-            "# tuner tiny-llama\n\nRandom weights (seed %d) and a locally trained %d-token byte-level BPE "
+            "# tuner tiny-llama\n\nRandom weights (seed %d) and a locally trained %d-token byte-level BPE "  # noqa: UP031
             "tokenizer, made by tuner's scripts/make_tiny_hf_model.py for tests. Output is noise.\n"
             % (SEED, len(tokenizer)))
         for path in [tmp, *tmp.iterdir()]:  # mkdtemp makes 0700: let other users (CI runners) read the model

@@ -32,6 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "integration")]  # run from a ch
 
 import realservers  # noqa: E402
 from realservers import RealServer  # noqa: E402
+
 from tuner.apply.launch import free_port  # noqa: E402
 from tuner.lab.load import LoadResult, run_load  # noqa: E402
 
@@ -125,7 +126,7 @@ def shown_argv(server: RealServer) -> str:
     argv = list(server.process.argv)
     argv[0] = Path(argv[0]).name if server.kind == "llama-server" else "python"
     model_flag = "--model" if server.kind == "vllm" else "-m"  # vLLM's argv also has "-m <module>"
-    for i, a in enumerate(argv):
+    for i, _a in enumerate(argv):
         if i and argv[i - 1] == model_flag:
             argv[i] = "$TUNER_TINY_MODEL" if server.kind == "vllm" else "$TUNER_TINY_GGUF"
         elif i and argv[i - 1] == "--port":

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "integration")]  # run from a checkout, no install needed
 
 import realservers  # noqa: E402
+
 from tuner.lab.load import run_load  # noqa: E402
 from tuner.lab.stall import ThreadStop, engine_core_pid, resume_process, stop_process  # noqa: E402
 

@@ -22,8 +22,8 @@ fi
 
 # The checks that need nothing but tuner's venv, first: a lint or layering error fails in the first minute,
 # before the real-server installs.
-log "ruff: pyflakes checks (unused or undefined names, names used before they are bound)"
-.venv/bin/python -m ruff check --select F --output-format concise tuner tests scripts bench
+log "ruff: pyflakes, import order, bugbear, pyupgrade ([tool.ruff] in pyproject.toml)"
+.venv/bin/python -m ruff check --output-format concise tuner tests scripts bench
 log "mypy: types of tuner/ ([tool.mypy] in pyproject.toml)"
 .venv/bin/python -m mypy --no-error-summary
 log "import-linter: the layering ([tool.importlinter] in pyproject.toml; function-level imports count)"
@@ -40,7 +40,7 @@ eval "$exports"
 export TUNER_REQUIRE_REAL_SERVERS=1  # a missing real part fails the run instead of skipping
 
 set +e
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=25 "$@"  # the 25 slowest, so a slow test shows in every run
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then

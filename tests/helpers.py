@@ -9,12 +9,13 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import pytest
 

@@ -27,17 +27,30 @@ import hashlib
 import json
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from kubernetes import client
-from kubernetes.client import (V1Container, V1ContainerPort, V1Deployment, V1DeploymentSpec, V1DeploymentStrategy,
-                               V1LabelSelector, V1ObjectMeta, V1Pod, V1PodDisruptionBudget,
-                               V1PodDisruptionBudgetSpec, V1PodSpec, V1PodTemplateSpec, V1RollingUpdateDeployment)
+from kubernetes.client import (
+    V1Container,
+    V1ContainerPort,
+    V1Deployment,
+    V1DeploymentSpec,
+    V1DeploymentStrategy,
+    V1LabelSelector,
+    V1ObjectMeta,
+    V1Pod,
+    V1PodDisruptionBudget,
+    V1PodDisruptionBudgetSpec,
+    V1PodSpec,
+    V1PodTemplateSpec,
+    V1RollingUpdateDeployment,
+)
 
 __all__ = ["Cluster", "behaviour_by_flags", "serve_cluster"]
 

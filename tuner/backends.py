@@ -8,8 +8,9 @@ one entry here, its metric names to ``collect/catalogue.py``, its parser to ``co
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Literal
 
 __all__ = ["Backend", "VLLM", "LLAMACPP", "BACKENDS", "backend"]
 

@@ -10,11 +10,12 @@ import ipaddress
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import yaml
 from pydantic import (
@@ -223,7 +224,7 @@ class Managed(_Model):
         return self.env.get("VLLM_API_KEY") or self.env.get("LLAMA_API_KEY") or None
 
     @model_validator(mode="after")
-    def _key(self) -> "Managed":
+    def _key(self) -> Managed:
         key = self.api_key
         if key is not None and not (key.isascii() and key.isprintable() and key.strip() == key and key):
             raise ValueError("the api-key (extra_args or env) must be printable ASCII without spaces around it (the "
@@ -253,7 +254,7 @@ class Hook(_Model):
         return v
 
     @model_validator(mode="after")
-    def _one(self) -> "Hook":
+    def _one(self) -> Hook:
         if (self.command is None) == (self.systemd_unit is None):
             raise ValueError("set exactly one of command (an argv list) or systemd_unit")
         if self.command is not None and not self.command:
@@ -582,7 +583,7 @@ class Kubernetes(_Model):
         return None if v is None else dns_subdomain(v, "name")
 
     @model_validator(mode="after")
-    def _canary(self) -> "Kubernetes":
+    def _canary(self) -> Kubernetes:
         if self.canary is not None and self.kind != "Deployment":
             raise ValueError("canary: a canary is a second Deployment beside a Deployment (a StatefulSet has none)")
         if self.canary is not None and self.canary == self.name:
@@ -639,7 +640,7 @@ class Target(_Model):
         return v
 
     @model_validator(mode="after")
-    def _group(self) -> "Target":
+    def _group(self) -> Target:
         if self.replicas and self.balancer is None:
             raise ValueError("replicas: a group needs a balancer (balancer: {socket, backend}); without one a "
                              "restart of any replica drops its requests")
@@ -659,7 +660,7 @@ class Target(_Model):
         return self
 
     @model_validator(mode="after")
-    def _kube(self) -> "Target":
+    def _kube(self) -> Target:
         k = self.kubernetes
         if k is None:
             return self
@@ -682,7 +683,7 @@ class Target(_Model):
         (every replica behind the balancer must answer to the same one), else the target's."""
         return (self.managed.served_model_name if self.managed else None) or self.group or self.name
 
-    def members(self) -> list["Target"]:
+    def members(self) -> list[Target]:
         """The group's replicas as targets of their own (itself when it is not a group)."""
         if not self.replicas:
             return [self]
@@ -708,7 +709,7 @@ class Target(_Model):
         return v
 
     @model_validator(mode="after")
-    def _managed(self) -> "Target":
+    def _managed(self) -> Target:
         if self.managed is None:
             if self.backend == "auto":
                 raise ValueError("backend auto needs managed.model to choose from (a .gguf file: llamacpp, "
@@ -756,7 +757,7 @@ class GpuSource(_Model):
         return v
 
     @model_validator(mode="after")
-    def _needs_url(self) -> "GpuSource":
+    def _needs_url(self) -> GpuSource:
         if self.source == "dcgm" and not self.url:
             raise ValueError("gpu.source dcgm needs gpu.url, e.g. http://127.0.0.1:9400/metrics")
         return self
@@ -770,7 +771,7 @@ class Retention(_Model):
     rollup_step: Duration = timedelta(minutes=5)
 
     @model_validator(mode="after")
-    def _order(self) -> "Retention":
+    def _order(self) -> Retention:
         if self.raw > self.rollup:  # everything older than rollup is deleted: raw samples with it
             raise ValueError(f"raw ({self.raw}) is longer than rollup ({self.rollup}): every sample would be deleted "
                              "at the rollup age; make rollup at least as long as raw")
@@ -886,7 +887,7 @@ class Config(_Model):
         return v
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "Config":
+    def _cross_checks(self) -> Config:
         # A replica group becomes one target per replica (scraped, alerted and judged each on its own).
         object.__setattr__(self, "targets", [m for t in self.targets for m in t.members()])
         seen: set[str] = set()

@@ -6,8 +6,8 @@ the message alone: a user error never shows a traceback.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 __all__ = [
     "TunerError",

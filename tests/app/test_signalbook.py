@@ -100,7 +100,7 @@ def test_a_groups_windows_come_from_one_read_per_target_and_equal_a_read_of_each
     from tuner.rules.evaluate import reads_by_window
     end = store_recorded_history(store, T0)  # 36 vLLM scrapes over 3 minutes, restarted at the 25th
     for now in (end - 5, end - 61.5, end + 400):  # windows holding all, part of and none of the history
-        daemon = Daemon(cfg, store, clock=lambda: now)
+        daemon = Daemon(cfg, store, clock=lambda: now)  # noqa: B023 (used within its iteration)
         daemon.evaluate_once("g")
         # two per target, for four rules over three windows: the 10 m window for the series of goodput and restarts,
         # the 5 m one for every series (the 1 m window is cut from it)
@@ -131,8 +131,8 @@ def test_a_window_past_the_raw_retention_is_not_cut_down(tmp_path, store):
     """A window longer than the raw retention reads at the rollup step: a shorter window is read on its own."""
     from tests.helpers import store_recorded_history
     from tuner.app.signalbook import SignalBook
-    from tuner.signals.derive import SIGNAL_METRICS
     from tuner.config import Retention
+    from tuner.signals.derive import SIGNAL_METRICS
     from tuner.store.store import Store
     cfg = parse_config("targets:\n  - {name: v, backend: vllm, url: 'http://127.0.0.1:1'}\n")
     end = store_recorded_history(store, T0)

@@ -13,17 +13,37 @@ models alone.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
-from kubernetes.client import (V1Container, V1ContainerState, V1ContainerStateTerminated,
-                               V1ContainerStateWaiting, V1ContainerStatus, V1Deployment, V1DeploymentSpec,
-                               V1DeploymentStatus, V1DeploymentStrategy, V1LabelSelector, V1LabelSelectorRequirement,
-                               V1ObjectMeta, V1Pod, V1PodDisruptionBudget, V1PodDisruptionBudgetSpec, V1PodSpec,
-                               V1PodStatus, V1PodTemplateSpec, V1RollingUpdateDeployment,
-                               V1RollingUpdateStatefulSetStrategy, V1StatefulSet, V1StatefulSetSpec,
-                               V1StatefulSetStatus, V1StatefulSetUpdateStrategy)
+from kubernetes.client import (
+    V1Container,
+    V1ContainerState,
+    V1ContainerStateTerminated,
+    V1ContainerStateWaiting,
+    V1ContainerStatus,
+    V1Deployment,
+    V1DeploymentSpec,
+    V1DeploymentStatus,
+    V1DeploymentStrategy,
+    V1LabelSelector,
+    V1LabelSelectorRequirement,
+    V1ObjectMeta,
+    V1Pod,
+    V1PodDisruptionBudget,
+    V1PodDisruptionBudgetSpec,
+    V1PodSpec,
+    V1PodStatus,
+    V1PodTemplateSpec,
+    V1RollingUpdateDeployment,
+    V1RollingUpdateStatefulSetStrategy,
+    V1StatefulSet,
+    V1StatefulSetSpec,
+    V1StatefulSetStatus,
+    V1StatefulSetUpdateStrategy,
+)
 
 from tests.k8s_clusters import CLUSTERS, open_cluster
 from tuner.app.judge import read_series

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.apply.routes import flags_argv, hook_argv
 from tuner.apply.managed import build_argv
+from tuner.apply.routes import flags_argv, hook_argv
 from tuner.config import parse_config
 from tuner.errors import ConfigError
 

@@ -9,7 +9,7 @@ bench/verdict_corpus.py reports their score apart.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -28,7 +28,7 @@ from tuner.store.window import TargetWindow
 MIN_REQUESTS = 20  # `tuner judge`'s default
 
 
-@lru_cache(maxsize=None)
+@cache
 def _windows(recording: str) -> tuple[TargetWindow, TargetWindow]:
     """Both sides of a recording read through tuner's own ingest into a store, once per recording."""
     meta = corpus.meta(recording)

@@ -10,9 +10,10 @@ import sys
 import threading
 import time
 import types
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pynvml
 import pytest

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import FIXTURES, slot_tokens, LLAMA_DIR, VLLM_DIR, Route, sample_lines, serve
+from tests.helpers import FIXTURES, LLAMA_DIR, VLLM_DIR, Route, sample_lines, serve, slot_tokens
 from tuner.collect import llamacpp
 from tuner.collect.catalogue import lookup
 from tuner.errors import ExpositionError, MetricsDisabledError, ScrapeError

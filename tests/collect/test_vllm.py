@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import LLAMA_DIR, VLLM_DIR, Route, bucket_counts, sample_lines, serve, series_values, value_of
+from tests.helpers import LLAMA_DIR, VLLM_DIR, Route, bucket_counts, sample_lines, series_values, serve, value_of
 from tuner.collect import vllm
 from tuner.collect.catalogue import VLLM
 from tuner.collect.snapshots import EngineSnapshot

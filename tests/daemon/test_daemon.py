@@ -253,7 +253,7 @@ def test_health_interval_0s_asks_at_every_scrape(store):
         cfg = parse_config(f"targets:\n  - {{name: v, backend: vllm, url: '{url}', health_interval: 0s}}\n")
         now = [1_800_000_000.0]
         daemon = Daemon(cfg, store, clock=lambda: now[0])
-        for k in range(4):
+        for _ in range(4):
             now[0] += 5
             daemon.scrape_once(cfg.targets[0])
     assert routes["/health"].hits == routes["/metrics"].hits == 4

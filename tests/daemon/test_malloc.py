@@ -49,7 +49,7 @@ def test_the_daemons_threads_share_two_arenas_unless_malloc_arena_max_is_set() -
     import ctypes
     import ctypes.util
     try:
-        ctypes.CDLL(ctypes.util.find_library("c")).gnu_get_libc_version
+        _ = ctypes.CDLL(ctypes.util.find_library("c")).gnu_get_libc_version
     except (OSError, AttributeError, TypeError):
         pytest.skip("not glibc: tuner leaves malloc as it is")
     took, limited = _arenas({})

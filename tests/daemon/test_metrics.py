@@ -6,8 +6,8 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import fixture_text
 from tests.cli.test_cli import _line_value
+from tests.helpers import fixture_text
 from tuner.collect import http
 from tuner.config import parse_config
 from tuner.daemon import Daemon

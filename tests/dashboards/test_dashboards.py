@@ -21,9 +21,9 @@ from tests.conftest import ROOT, require_tool
 from tests.helpers import FIXTURES, fixture_text
 from tuner.config import parse_config
 from tuner.daemon import Daemon
+from tuner.daemon.metrics import TunerCollector
 from tuner.dashboards import build_dashboards, metric_names, queries, substitute, to_json
 from tuner.dashboards.build import PENDING_SERIES
-from tuner.daemon.metrics import TunerCollector
 from tuner.lab.replay import ReplayExposition, ReplayServer
 
 DASHBOARDS = ROOT / "dashboards"

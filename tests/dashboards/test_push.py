@@ -84,7 +84,7 @@ class FakeGrafana:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> "FakeGrafana":
+    def __enter__(self) -> FakeGrafana:
         self.thread.start()
         return self
 

@@ -75,7 +75,7 @@ def test_every_manifest_validates_against_the_kubernetes_openapi_schema():
     docs = _docs()
     assert {d["kind"] for _, d in docs} == {"ServiceAccount", "Role", "RoleBinding", "ConfigMap",
                                              "PersistentVolumeClaim", "Deployment", "Service", "ServiceMonitor"}
-    for name, doc in docs:
+    for _name, doc in docs:
         _validate(doc)
     # and the check can fail: a misspelt field, a wrong type, a bad label are refused
     bad = copy.deepcopy(_one("Deployment"))

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
-
 import realservers
 from realservers import Part, RealServer
+
 from tuner.apply.launch import FlagValue
 
 _HERE = Path(__file__).parent

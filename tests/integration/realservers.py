@@ -8,12 +8,12 @@ the default cache paths those scripts install to.
 from __future__ import annotations
 
 import json
-import threading
-from contextlib import contextmanager
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -196,7 +196,7 @@ def start_prometheus(
     return server
 
 
-def run_load_process(base_url: str, *, ahead: bool = False, **kwargs: object) -> "LoadResult":
+def run_load_process(base_url: str, *, ahead: bool = False, **kwargs: object) -> LoadResult:
     """tuner.lab.load.run_load in a child process, and its LoadResult back.
 
     The daemon under test runs in a thread of pytest's process: a load generator in that process too would
@@ -229,7 +229,7 @@ def run_load_process(base_url: str, *, ahead: bool = False, **kwargs: object) ->
 
 
 @contextmanager
-def running(daemon: "Daemon"):  # noqa: F821 (tuner.daemon.Daemon)
+def running(daemon: Daemon):  # noqa: F821 (tuner.daemon.Daemon)
     """The daemon's scheduler in a thread, as `tuner run` runs it; stopped (cleanly) on exit."""
     thread = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False}, daemon=True)
     thread.start()

@@ -10,8 +10,9 @@ import json
 import time
 from pathlib import Path
 
-
 import realservers
+from realservers import run_load_process, running
+
 from tests.helpers import value_of
 from tuner.advise.facts import load_model
 from tuner.advise.memory import plan
@@ -19,9 +20,6 @@ from tuner.cli import main
 from tuner.collect.http import get
 from tuner.config import parse_config
 from tuner.daemon import Daemon
-from realservers import run_load_process, running
-
-
 
 
 def _config(tmp_path: Path, store_url: str, name: str, backend: str, url: str, interval: str) -> str:

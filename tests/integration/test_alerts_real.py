@@ -6,13 +6,13 @@ import threading
 import time
 
 import yaml
+from realservers import run_load_process
 
-from tests.notify.conftest import Alertmanager, Webhook
 from tests.conftest import require_tool
-from tuner.rules.model import default_rule_files
+from tests.notify.conftest import Alertmanager, Webhook
 from tuner.config import parse_config
 from tuner.daemon import Daemon
-from realservers import run_load_process
+from tuner.rules.model import default_rule_files
 
 
 def _pack_with_overrides(tmp_path, target: str):

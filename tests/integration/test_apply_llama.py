@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 import realservers
 from conftest import require
+
 from tuner.apply.launch import free_port
 from tuner.apply.managed import proc_argv
 from tuner.store import journal as jr

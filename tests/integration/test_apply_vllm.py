@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-import requests
-
 import realservers
+import requests
 from conftest import require
 from test_apply_llama import propose, start_daemon, stop_daemon, tuner, wait_for
+
 from tuner.apply.launch import free_port
 from tuner.apply.managed import proc_argv
 from tuner.store import journal as jr

@@ -32,9 +32,9 @@ from test_apply_llama import wait_for
 from test_rolling_haproxy import Load, _tuner
 
 from tuner.apply.balancer import HAProxy
-from tuner.lab.load import LoadResult
 from tuner.apply.launch import free_port
 from tuner.apply.managed import is_alive, proc_argv
+from tuner.lab.load import LoadResult
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 from tuner.store.db import open_engine

@@ -11,17 +11,15 @@ import time
 
 import pytest
 from prometheus_api_client import PrometheusConnect
+from realservers import run_load_process, running
 
 from tuner.collect.promsource import raw_snapshots, scrape_via_prometheus
 from tuner.collect.vllm import scrape as scrape_vllm
 from tuner.config import parse_config
 from tuner.daemon import Daemon
-from realservers import run_load_process, running
 from tuner.signals.derive import LATENCY_HISTOGRAMS, compute_signals, quantile
 from tuner.store.db import open_engine, upgrade
 from tuner.store.store import Store
-
-
 
 
 def _points(store: Store, target: str, metric: str, start: float, end: float):

@@ -18,18 +18,18 @@ import threading
 import time
 from pathlib import Path
 
-import requests
-
 import realservers
+import requests
 from conftest import require
-from realservers import running, run_load_process
+from realservers import run_load_process, running
+
 from tests.helpers import fixture_text
 from tuner.apply.launch import ServerProcess, free_port
 from tuner.config import parse_config
 from tuner.daemon import Daemon
+from tuner.daemon.metrics import serve_metrics
 from tuner.dashboards import build_dashboards, metric_names, queries, substitute
 from tuner.dashboards.build import PENDING_SERIES
-from tuner.daemon.metrics import serve_metrics
 from tuner.dashboards.queries import DEFAULT_VARIABLES
 from tuner.lab.replay import ReplayExposition, ReplayServer
 

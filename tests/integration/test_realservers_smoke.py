@@ -10,8 +10,8 @@ import time
 
 import pytest
 import requests
-
 from realservers import RealServer
+
 from tuner.lab import run_load
 
 

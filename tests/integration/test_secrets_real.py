@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import realservers
 from conftest import require
+
 from tuner.apply.flow import Applier
 from tuner.apply.launch import free_port
 from tuner.config import parse_config

@@ -8,11 +8,11 @@ import threading
 import time
 from pathlib import Path
 
-import yaml
-
 import realservers
+import yaml
 from conftest import require
 from realservers import run_load_process, running
+
 from tuner.apply.launch import free_port
 from tuner.config import parse_config
 from tuner.daemon import Daemon

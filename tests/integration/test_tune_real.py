@@ -384,7 +384,6 @@ def test_every_trial_server_runs_the_flags_its_trial_is_labelled_with(tmp_path, 
     llamacpp` switch among them (no GPU here): that one ran as vLLM with the baseline's argv, labelled
     backend=llamacpp; now it is no candidate, and the run says why."""
     from tests.helpers import store_recorded_history
-
     from tuner.store.store import Store
     if backend == "vllm":
         require(realservers.VLLM_PYTHON, realservers.TINY_MODEL)

@@ -67,7 +67,7 @@ class Alertmanager:
                       "group_interval": "1s", "repeat_interval": "1h"},
             "receivers": [{"name": "hook", "webhook_configs": [{"url": webhook.url, "send_resolved": True}]}]}))
 
-    def start(self) -> "Alertmanager":
+    def start(self) -> Alertmanager:
         self.proc = subprocess.Popen(
             [self.binary, f"--config.file={self.home / 'am.yml'}", f"--storage.path={self.home / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],

@@ -185,7 +185,7 @@ def test_wall_clock_steps_back_and_forward(tmp_path):
                 offset.write_text(f"{tuner_offset(offset) + step}\n")
                 before = server.exposition.scrapes
                 # 500 ms scrapes: ~8 in 4 s; a scheduler waiting on the old wall clock would do none for an hour
-                wait_for(lambda: server.exposition.scrapes >= before + 5, 8, f"scrapes after a {step:+d} s step")
+                wait_for(lambda: server.exposition.scrapes >= before + 5, 8, f"scrapes after a {step:+d} s step")  # noqa: B023
                 assert tuner.alive(), tuner.log_tail()
             with sqlite3.connect(tuner.db) as conn:
                 ts = [t for (t,) in conn.execute("SELECT ts_ms FROM scrapes ORDER BY id")]

@@ -6,10 +6,9 @@ import subprocess
 import sys
 
 from tests.conftest import require_tool
-from tuner.rules.model import default_rule_files
 from tuner.config import parse_config
 from tuner.rules.export import prometheus_rules
-from tuner.rules.model import load_rule_files, parse_rules
+from tuner.rules.model import default_rule_files, load_rule_files, parse_rules
 
 
 def test_exported_default_pack_passes_promtool_check(tmp_path):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.rules.model import default_rule_files
 from tuner.errors import RuleFileError
-from tuner.rules.model import load_rule_files, parse_rules
+from tuner.rules.model import default_rule_files, load_rule_files, parse_rules
 
 GOOD = """\
 groups:

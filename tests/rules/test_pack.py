@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.dashboards import build_dashboards, metric_names, queries
 from tuner.daemon.metrics import SIGNAL_GAUGES
+from tuner.dashboards import build_dashboards, metric_names, queries
 from tuner.rules.export import promql
 from tuner.rules.model import Rule, default_rule_files, load_rule_files
 from tuner.signals import derive

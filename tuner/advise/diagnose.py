@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from tuner.advise.facts import GpuFacts, ModelFacts, Observed, ServerFacts
 from tuner.config import Slo

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from tuner.errors import ModelFactsError
 from tuner.signals.derive import quantile

@@ -25,8 +25,9 @@ for the projection weights, while embeddings and the output head stay 16-bit. Pu
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from tuner.advise.facts import DTYPE_BYTES, ModelFacts
 

@@ -13,8 +13,9 @@ A proposed recommendation whose diff no rule proposes any more, evaluated on a w
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from tuner.advise.diagnose import Candidate, Inputs, diagnose
 from tuner.advise.memory import GIB, kv_bytes_per_token, plan

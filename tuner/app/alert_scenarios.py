@@ -188,7 +188,7 @@ def run(sc: Scenario) -> tuple[list[str], dict[int, dict[str, list[dict]]]]:
     for ts in range(0, end + 1, step):
         cache: dict[timedelta, Any] = {}
 
-        def signals(_name: str, window: timedelta):
+        def signals(_name: str, window: timedelta, cache: dict[timedelta, Any] = cache, ts: int = ts):
             if window not in cache:
                 w = int(window.total_seconds() * 1000)
                 cache[window] = compute_signals(_window(sc, ts - w, ts), slo=sc.target.slo)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable
 
 from tuner.app.status import group_signals_at
 from tuner.config import Config, Target, replica_groups
@@ -19,8 +19,8 @@ from tuner.errors import TunerError
 from tuner.notify import FlushResult, Notifier
 from tuner.rules.evaluate import configured_max_num_seqs, evaluate, payload, reads_by_window, to_send, vector
 from tuner.rules.model import RuleGroup, RuleSet, default_rule_files, load_rule_files
-from tuner.signals.derive import TargetSignals, compute_signals
 from tuner.rules.state import Alert, from_row, to_row
+from tuner.signals.derive import TargetSignals, compute_signals
 from tuner.store.alerts import load_states, save_states
 from tuner.store.store import Store
 

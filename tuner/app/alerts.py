@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tuner.app.alert_scenarios import check_files
 from tuner.app.session import Session
 from tuner.config import dns_label, dns_subdomain, label_selector
 from tuner.errors import ConfigError
 from tuner.rules.export import dump, prometheus_rule_object, prometheus_rules
 from tuner.rules.model import RuleSet, default_rule_files, load_rule_files
-from tuner.app.alert_scenarios import check_files
 from tuner.rules.state import Alert, from_row
 from tuner.store.alerts import history as alert_history
 from tuner.store.alerts import load_states

@@ -6,8 +6,8 @@ and says what an outcome means to the caller.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from tuner.app.session import Session
 from tuner.apply.balancer import haproxy_config

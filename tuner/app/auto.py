@@ -4,8 +4,8 @@ verdict) that converges (bench/converge.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from tuner.app.recommend import RecommendRequest, recommend
 from tuner.apply.flow import Applier

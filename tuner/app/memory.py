@@ -9,10 +9,11 @@ target tuner does not manage has no processes tuner can name, and its model is n
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from tuner.advise.facts import load_model
 from tuner.advise.memory import MemoryBreakdown, breakdown

@@ -174,7 +174,7 @@ def recommend(cfg: Config, store: Store, req: RecommendRequest, now: float) -> d
     # recovery must not expire what another engine's symptom still calls for.
     with_data = [set(o.expired) for inp, o in outcomes if inp.signals.samples > 0]
     expired = set.intersection(*with_data) if with_data else set()
-    for i, (inp, outcome) in enumerate(outcomes):
+    for i, (_inp, outcome) in enumerate(outcomes):
         outcome = dataclasses.replace(outcome, expired=tuple(sorted(expired)) if i == 0 else ())
         ids = persist(store.engine, req.target, outcome, now)
         result["recommendations"] += [recs.get_recommendation(store.engine, rid).as_json() for rid in ids]

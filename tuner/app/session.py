@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from tuner.app.room import second_server
 from tuner.apply.flow import Applier
@@ -39,7 +39,7 @@ class Session:
     _store: Store | None = field(default=None, repr=False)
 
     @classmethod
-    def load(cls, given: str | None, *, pods: bool = False) -> "Session":
+    def load(cls, given: str | None, *, pods: bool = False) -> Session:
         """The named config (else ./tuner.yaml); ConfigError naming the file when there is none. ``pods``: with
         Kubernetes pods in place of their templates (``with_pods``)."""
         path, _ = config_path(given)
@@ -49,7 +49,7 @@ class Session:
         s = cls(load_config(path), Path(path).resolve().parent)
         return s.with_pods() if pods else s
 
-    def with_pods(self) -> "Session":
+    def with_pods(self) -> Session:
         """This session with each target whose ``kubernetes.pods`` is set replaced by its pods, listed now: a
         command sees the targets the daemon scrapes (``chat.POD``). KubernetesError when they cannot be listed."""
         if not templates(self.cfg):
@@ -58,7 +58,7 @@ class Session:
                        self._store)
 
     @classmethod
-    def optional(cls, given: str | None) -> "Session | None":
+    def optional(cls, given: str | None) -> Session | None:
         """For commands whose help says "else the defaults": None when no config was named and ./tuner.yaml is
         absent; a named file that is missing is still an error."""
         path, named = config_path(given)

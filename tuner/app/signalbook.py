@@ -14,7 +14,7 @@ once per ``apply.auto_interval``, not per tick.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from tuner.config import Config
 from tuner.errors import UnknownTargetError

@@ -9,8 +9,7 @@ from tuner.app.memory import EngineMemory, memory_of, server_pids
 from tuner.app.session import Session
 from tuner.apply.flow import flags_in_force
 from tuner.collect.gpu import read_nvml
-from tuner.config import Target
-from tuner.config import Config, replica_groups
+from tuner.config import Config, Target, replica_groups
 from tuner.errors import TunerError
 from tuner.signals.derive import SIGNAL_METRICS, TargetSignals, compute_signals, group_signals
 from tuner.store import journal as jr

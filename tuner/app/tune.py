@@ -37,10 +37,11 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from tuner.advise.facts import load_model
 from tuner.advise.recommend import diff_key, evaluate
@@ -62,8 +63,17 @@ from tuner.tune.capacity import find_capacity, rate_floor
 from tuner.tune.compare import Decision, decide, min_requests
 from tuner.tune.cores import Placement, place, read_pinned
 from tuner.tune.search import Outcome, Point, point_key, search
-from tuner.tune.space import (PRUNE_KINDS, Hardware, Verdict, axes_for, canonical, feasible, missing_from_argv,
-                               not_applied, workload_flags)
+from tuner.tune.space import (
+    PRUNE_KINDS,
+    Hardware,
+    Verdict,
+    axes_for,
+    canonical,
+    feasible,
+    missing_from_argv,
+    not_applied,
+    workload_flags,
+)
 
 __all__ = ["TuneRequest", "tune", "workload_of", "reap_orphans"]
 

@@ -16,8 +16,8 @@ import io
 import re
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from tuner.errors import ApplyError
 

@@ -18,9 +18,10 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tuner.apply import managed as mg
 from tuner.apply.routes import ROUTES, Canaried, Route, flags_argv, route_for
@@ -28,8 +29,7 @@ from tuner.apply.verdict import Verdict, judge
 from tuner.backends import backend as backend_of
 from tuner.collect.scrape import scrape_target
 from tuner.config import Config, Target
-from tuner.errors import (ApplyError, FlagError, NotProposedError, ServerStartError, StoreError,
-                          TunerError)
+from tuner.errors import ApplyError, FlagError, NotProposedError, ServerStartError, StoreError, TunerError
 from tuner.flags import spec, validate
 from tuner.signals.load import LoadProfile, group_profile, profile
 from tuner.store import journal as jr

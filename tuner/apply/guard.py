@@ -15,8 +15,9 @@ A target in auto mode gets a recommendation applied only when all hold:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from tuner.apply.verdict import LOAD_MATCH
 from tuner.config import Window, in_window, parse_window

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from tuner.apply.launch import _render_flags
 from tuner.backends import backend as backend_of

@@ -16,9 +16,10 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from tuner.apply import launch
 from tuner.apply.launch import ServerProcess, error_line, llama_server_argv, vllm_argv

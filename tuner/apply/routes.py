@@ -216,7 +216,7 @@ class _Gated:
                 raise ApplyError(f"hook {argv[0]!r} not found; apply by hand: restart {t.name} with "
                                  f"{' '.join(flags_argv(t.backend, flags))}") from None
             except subprocess.TimeoutExpired:
-                raise ApplyError(f"hook {json.dumps(argv)} did not finish in {hook.timeout.total_seconds():.0f}s")
+                raise ApplyError(f"hook {json.dumps(argv)} did not finish in {hook.timeout.total_seconds():.0f}s") from None
             if proc.returncode != 0:
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
                 raise ApplyError(f"hook {json.dumps(argv)} exited {proc.returncode}: {tail[0]}")

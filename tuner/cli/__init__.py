@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from tuner.app.session import DEFAULT_CONFIG
 from tuner.cli import advise, alerts, apply, dashboards, observe, report, tune

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tuner.app import apply as apply_app
 from tuner.app.judge import judge_dirs, judge_target

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from typing import Any
 
 from tuner.app.session import Session
 from tuner.config import parse_duration

@@ -14,8 +14,8 @@ from typing import Any
 from tuner.app import status as status_app
 from tuner.cli.common import duration, float_in, fmt, int_in, session, table, unix_time
 from tuner.collect import llamacpp
-from tuner.collect.scrape import scrape_url, snapshot_from_text
 from tuner.collect.exposition import decode_body
+from tuner.collect.scrape import scrape_url, snapshot_from_text
 from tuner.collect.snapshots import TargetSnapshot
 from tuner.config import parse_duration
 from tuner.errors import ConfigError, InputFileError, ScrapeError

@@ -9,7 +9,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 __all__ = ["Heartbeat"]
 

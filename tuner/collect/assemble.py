@@ -10,7 +10,8 @@ Prometheus-API source, so both produce identical snapshots.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable, Literal
+from collections.abc import Iterable
+from typing import Literal
 
 from tuner.collect.catalogue import ENGINE_LABELS
 from tuner.collect.exposition import CatalogueSample

@@ -8,7 +8,8 @@ work in Python.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["compiled"]
 

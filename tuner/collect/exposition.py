@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -18,8 +18,9 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from tuner.errors import ScrapeError
@@ -75,7 +76,7 @@ class Peer:
                             max_bytes=max_bytes, peer=self)
         except _Stale:
             if not reused:
-                raise ScrapeError(f"{self.base_url}{path}: the server closed the connection without answering")
+                raise ScrapeError(f"{self.base_url}{path}: the server closed the connection without answering") from None
             return _request("GET", self.base_url + path, None, {"Accept": accept}, timeout_s=timeout_s,
                             max_bytes=max_bytes, peer=self)
 
@@ -84,7 +85,7 @@ class Peer:
             self.conn.close()
             self.conn = None
 
-    def __enter__(self) -> "Peer":
+    def __enter__(self) -> Peer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -165,7 +166,7 @@ class _Connection:
         self.sock.settimeout(remaining)
         try:
             chunk = self.sock.recv(_READ)
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             raise _Timeout from None
         self.buf += chunk
         return bool(chunk)
@@ -343,7 +344,7 @@ def _request(method: str, url: str, body: bytes | None, headers: dict[str, str],
         if conn is None:
             try:
                 conn = _Connection(scheme, hostname, port, timeout_s)
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 raise _Timeout from None
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -351,7 +352,7 @@ def _request(method: str, url: str, body: bytes | None, headers: dict[str, str],
         conn.sock.settimeout(remaining)
         try:
             conn.sock.sendall(request)
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             raise _Timeout from None
         version, status, got = _head(conn, deadline, answer)
         data, closes = _body(conn, method, status, got, deadline=deadline, max_bytes=max_bytes, url=url,
@@ -362,7 +363,7 @@ def _request(method: str, url: str, body: bytes | None, headers: dict[str, str],
         if peer is not None:
             raise _Stale(url) from None
         raise ScrapeError(f"{url}: the server closed the connection without answering") from None
-    except (BrokenPipeError, ConnectionResetError) if peer is not None and not answer.started else ():
+    except (BrokenPipeError, ConnectionResetError) if peer is not None and not answer.started else ():  # noqa: B030
         raise _Stale(url) from None
     except _Timeout:
         read = f" ({answer.size} bytes read)" if answer.started else ""
@@ -374,7 +375,7 @@ def _request(method: str, url: str, body: bytes | None, headers: dict[str, str],
         raise ScrapeError(f"{url}: {exc}") from None
     except ConnectionRefusedError:
         raise ScrapeError(f"{url}: connection refused; is the server running on that port?") from None
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         raise ScrapeError(f"{url}: no complete answer within {timeout_s:g}s; the server is slow or hung") from None
     except (OSError, ValueError) as exc:
         raise ScrapeError(f"{url}: {type(exc).__name__}: {exc}") from None

@@ -20,9 +20,10 @@ from __future__ import annotations
 import math
 import operator
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import repeat
-from typing import Callable, Literal, Sequence
+from typing import Literal
 
 from tuner.collect.assemble import assemble_engines
 from tuner.collect.compiled import compiled

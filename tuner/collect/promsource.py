@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from typing import Any, Iterable, Literal, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect

@@ -6,8 +6,9 @@ Storage, signals, rules and the advisor read these, never exposition text. Field
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from tuner.collect.catalogue import LLAMACPP, SLOTS, VLLM
 

@@ -14,18 +14,18 @@ import signal
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Callable
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from tuner.app.alerting import Alerting
+from tuner.app.auto import auto_step
 from tuner.app.memory import EngineMemory, memory_of, server_pids
 from tuner.app.selfwatch import SelfSeries, keep_for
-from tuner.app.auto import auto_step
 from tuner.app.session import Session
 from tuner.app.signalbook import SignalBook
 from tuner.app.stall import STALL_WINDOW_S, StallWatch, stall_step
@@ -48,12 +48,12 @@ from tuner.flags import takes
 from tuner.kube import Discovery, templates
 from tuner.rules.evaluate import RESOLVED_RETENTION
 from tuner.rules.model import RuleGroup
-from tuner.store.db import daemon_lock, incremental_vacuum, redact_url
 from tuner.signals.selfwatch import self_signal
-from tuner.store.alerts import outbox_size
-from tuner.store.retention import apply_retention
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
+from tuner.store.alerts import outbox_size
+from tuner.store.db import daemon_lock, incremental_vacuum, redact_url
+from tuner.store.retention import apply_retention
 from tuner.store.store import Failed, GpuLatest, Scraped, Store
 
 __all__ = ["Daemon", "serve_daemon", "RedactSecrets"]

@@ -22,7 +22,7 @@ import ctypes
 import ctypes.util
 import gc
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 __all__ = ["limit_arenas", "ARENAS", "collect_less", "GC_THRESHOLDS"]
 
@@ -38,7 +38,7 @@ def limit_arenas(n: int = ARENAS, env: Mapping[str, str] = os.environ) -> bool:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
-        libc.gnu_get_libc_version  # glibc only: musl has a mallopt that does nothing
+        _ = libc.gnu_get_libc_version  # glibc only: musl has a mallopt that does nothing
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int

@@ -25,7 +25,8 @@ import logging
 import queue
 import threading
 import time
-from typing import Callable, Generic, Hashable, Sequence, TypeVar
+from collections.abc import Callable, Hashable, Sequence
+from typing import Generic, TypeVar
 
 __all__ = ["ScrapeLoop"]
 

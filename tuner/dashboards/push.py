@@ -6,8 +6,9 @@ Idempotent: a second push finds the folder by title and overwrites each dashboar
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from tuner.errors import GrafanaError
 

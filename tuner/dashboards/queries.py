@@ -7,8 +7,9 @@ and returns data from a real Prometheus) and by ``tuner dashboards generate`` to
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 __all__ = ["Query", "queries", "metric_names", "substitute", "DEFAULT_VARIABLES"]
 

@@ -23,7 +23,7 @@ __all__ = ["Pod", "PodWatch", "connect", "expand", "from_prometheus", "is_templa
            "parse_flags", "rewrite_args", "templates", "tunable_in"]
 
 
-def connect(access: KubeAccess, config_dir: Path | None = None) -> "KubeApi":
+def connect(access: KubeAccess, config_dir: Path | None = None) -> KubeApi:
     """The API client for ``access``; KubernetesError when the client is missing or its config cannot be read."""
     try:
         from tuner.kube.api import KubeApi

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
@@ -38,7 +39,7 @@ class KubeApi:
         self.policy = client.PolicyV1Api(api_client)
 
     @classmethod
-    def connect(cls, access: KubeAccess, config_dir: Path | None = None) -> "KubeApi":
+    def connect(cls, access: KubeAccess, config_dir: Path | None = None) -> KubeApi:
         conf = client.Configuration()
         try:
             if access.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):

@@ -8,7 +8,8 @@ lack is appended. The new spellings come rendered by the caller (the argv builde
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tuner.errors import FlagError
 from tuner.flags import FLAGS, FlagSpec, validate

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from tuner.config import Config
 from tuner.errors import KubernetesError

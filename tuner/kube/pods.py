@@ -15,8 +15,9 @@ import math
 import re
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tuner.config import Config, Target, parse_selector
 from tuner.errors import FlagError, KubernetesError
@@ -47,7 +48,7 @@ class Pod:
     gone: bool = False  # its phase is Succeeded or Failed (a terminating pod still serves: it counts until deleted)
 
     @classmethod
-    def of(cls, pod: Any, container: str) -> "Pod":
+    def of(cls, pod: Any, container: str) -> Pod:
         """From a V1Pod (the official client's model)."""
         meta, spec, status = pod.metadata, pod.spec, pod.status
         c = next((c for c in (spec.containers if spec else None) or [] if c.name == container), None)
@@ -224,7 +225,7 @@ class PodWatch:
     that count (ready once, not gone); ``failed(template, error)`` after every failure (and ``""`` when it works
     again). A pod counts from its first Ready on (a vLLM still loading its model is not down) until it is gone."""
 
-    def __init__(self, api: "KubeApi", targets: Sequence[Target], *, changed: Callable[[], None] = lambda: None,
+    def __init__(self, api: KubeApi, targets: Sequence[Target], *, changed: Callable[[], None] = lambda: None,
                  failed: Callable[[str, str], None] = lambda name, error: None, watch_s: float = 300.0) -> None:
         self.api, self.targets = api, list(targets)
         self.changed, self.failed, self.watch_s = changed, failed, watch_s

@@ -7,8 +7,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from tuner.apply.launch import free_port
 from tuner.collect import http
@@ -65,7 +66,7 @@ class TunerProcess:
         return subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(self.config), *args],
                               capture_output=True, text=True, timeout=60, check=check)
 
-    def start(self, **popen: Any) -> "TunerProcess":
+    def start(self, **popen: Any) -> TunerProcess:
         self.proc = proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(self.config), "run"],
                                             stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"), **popen)
         try:
@@ -118,8 +119,8 @@ class AlertSink:
     """Stands in for Alertmanager's API v2 on a given port: keeps every alert POSTed to /api/v2/alerts."""
 
     def __init__(self, port: int = 0) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
         import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.posts: list[list[dict]] = []
         sink = self

@@ -11,7 +11,7 @@ Time axes are plotly ``date`` axes fed with milliseconds since the epoch (UTC); 
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import plotly.graph_objects as go
 

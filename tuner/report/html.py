@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-from html import escape
 from functools import lru_cache
+from html import escape
 from typing import Any
 
 import plotly.graph_objects as go
@@ -100,7 +100,7 @@ def _apply_view_html(rep: TargetReport, ap: Any) -> str:
     if ap.outcome:
         marks.append((ap.updated_ms, "rollback" if ap.outcome != "kept" else "apply", f"apply #{ap.id} {ap.outcome}"))
     out = []
-    for (engine, model), plots in sorted(view.series.items()):
+    for (engine, _model), plots in sorted(view.series.items()):
         for plot in PLOTS:
             if plot.key in plots:
                 title = f"apply #{ap.id}: {plot.title} (engine {engine})"

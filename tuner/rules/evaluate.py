@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Iterable, Mapping
 
 from tuner.config import Target, replica_groups
 from tuner.rules.model import OPS, Rule

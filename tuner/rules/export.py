@@ -10,8 +10,9 @@ by ``target``: give the scrape job a ``target`` label (relabel) matching tuner's
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import yaml
 
@@ -80,7 +81,7 @@ class Rule:
     def from_slo(self) -> bool:
         return math.isnan(self.threshold)
 
-    def threshold_for(self, target: "Target | None") -> float | None:
+    def threshold_for(self, target: Target | None) -> float | None:
         """The threshold for one target: its override, its SLO (threshold: slo), or the rule's."""
         o = self.overrides.get(target.name if target else "")
         if o and o.threshold is not None:

@@ -3,8 +3,9 @@ inactive -> pending -> firing -> resolved). The store persists it as plain rows 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["Alert", "from_row", "to_row"]
 

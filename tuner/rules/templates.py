@@ -50,7 +50,7 @@ def _g4(v: float) -> str:
         return "NaN"
     if math.isinf(v):
         return "+Inf" if v > 0 else "-Inf"
-    return "%.4g" % v
+    return f"{v:.4g}"
 
 
 def _humanize(v: float) -> str:

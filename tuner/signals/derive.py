@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any
 
 from tuner.backends import backend as backend_of
+from tuner.collect.snapshots import SeriesKey
 from tuner.config import Slo
 from tuner.signals.promql import bucket_increase, fraction_le, histogram_quantiles, increase, rate
-from tuner.collect.snapshots import SeriesKey
 from tuner.store.window import EngineWindow, HistPoint, HistSeries, Point, Points, TargetHealth, TargetWindow
 
 __all__ = ["EngineSignals", "TargetSignals", "compute_signals", "ALWAYS_DERIVED", "group_signals", "queue_ratio",

@@ -29,8 +29,9 @@ mean seconds per generated token from its two time counters.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 from tuner.backends import backend
 from tuner.config import Slo

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Sequence
+from collections.abc import Sequence
 
 from tuner.store.window import HistPoints, HistSeries, Point, Points
 

@@ -12,7 +12,7 @@ come in as arguments.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tuner.signals.promql import rate
 from tuner.store.window import Point

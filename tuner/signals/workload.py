@@ -85,7 +85,7 @@ class Workload(BaseModel):
     inferred: dict[str, Inferred] | None = None  # how sure each inferred value is (from the store only)
 
     @model_validator(mode="after")
-    def _prefix(self) -> "Workload":
+    def _prefix(self) -> Workload:
         if self.prefix_len >= self.input_len:
             raise ValueError(f"prefix_len: {self.prefix_len} must be shorter than input_len ({self.input_len})")
         # the longest request is at least as long as the mean one
@@ -340,7 +340,7 @@ def _longest(prompt: tuple[int, int | None] | None, output: tuple[int, int | Non
                + "): longer requests may have been refused, so the buckets' edges stand")
     else:
         capped = min(total, max_model_len)
-        for i, name in enumerate(("max_prompt_tokens", "max_output_tokens")):
+        for name in ("max_prompt_tokens", "max_output_tokens"):
             hi = notes[name].high
             notes[name] = notes[name].model_copy(update={"high": min(hi, max_model_len - 1) if hi else
                                                          max_model_len - 1})

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from sqlalchemy import Float, Index, Integer, String, Text, UniqueConstraint, delete, insert, select, update
 from sqlalchemy.orm import Mapped, mapped_column

@@ -15,8 +15,8 @@ Python; tests/store/test_counts.py holds the two equal.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from itertools import accumulate
-from typing import Callable
 
 from tuner.collect.compiled import compiled
 

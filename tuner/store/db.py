@@ -9,9 +9,9 @@ import re
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from threading import Lock
 from typing import Any
-from pathlib import Path
 
 from alembic import command
 from alembic.config import Config as AlembicConfig

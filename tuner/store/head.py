@@ -24,10 +24,10 @@ from __future__ import annotations
 import threading
 from array import array
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from operator import lt
-from typing import Callable, Collection, Iterable, Sequence
 
 from tuner.collect.snapshots import Labels
 from tuner.store.counts import decode_counts

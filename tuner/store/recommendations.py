@@ -7,8 +7,9 @@ milliseconds since the epoch, as everywhere in the store. Migration: migrations/
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from sqlalchemy import Engine, Float, Index, Integer, String, Text, insert, select, update
 from sqlalchemy.orm import Mapped, mapped_column

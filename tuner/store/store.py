@@ -6,11 +6,12 @@ import json
 import sqlite3
 import threading
 from collections import defaultdict
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import groupby, repeat
 from operator import itemgetter
-from typing import Any, Collection, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, delete, func, insert, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -21,9 +22,17 @@ from tuner.errors import StoreError, UnknownTargetError
 from tuner.store.counts import decode_counts, encode_counts
 from tuner.store.db import Tx
 from tuner.store.head import MAX_SPAN_MS, Head, SeriesInfo
-from tuner.store.models import (EngineConfigRow, GpuProcessRow, GpuSampleRow, ScrapeRow, TargetRow)
-from tuner.store.window import (EngineWindow, GpuLatest, HistPoint, HistPoints, HistSeries, Points,
-                                TargetHealth, TargetWindow)
+from tuner.store.models import EngineConfigRow, GpuProcessRow, GpuSampleRow, ScrapeRow, TargetRow
+from tuner.store.window import (
+    EngineWindow,
+    GpuLatest,
+    HistPoint,
+    HistPoints,
+    HistSeries,
+    Points,
+    TargetHealth,
+    TargetWindow,
+)
 
 __all__ = ["Store", "Scraped", "Failed"]
 

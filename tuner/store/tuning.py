@@ -10,8 +10,9 @@ migrations/versions/0005_tuning.py, 0008_one_open_apply.py (the owner).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sqlalchemy import Engine, Float, Index, Integer, String, Text, insert, select, update
 from sqlalchemy.orm import Mapped, mapped_column

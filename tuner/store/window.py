@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Iterator, Mapping, Sequence, TypeVar, overload
+from typing import TypeVar, overload
 
 from tuner.collect.snapshots import SeriesKey
 
@@ -89,7 +90,7 @@ class Points(_Rows[Point]):
     def __repr__(self) -> str:
         return f"Points({list(self)!r})"
 
-    def _cut(self, lo: int, hi: int) -> "Points":
+    def _cut(self, lo: int, hi: int) -> Points:
         ts = self.ts[lo:max(lo, hi)]
         return Points(ts, self.values[lo:max(lo, hi)], _falls_within(self.falls, ts))
 
@@ -130,7 +131,7 @@ class HistPoints(_Rows[HistPoint]):
     def decode(self, counts: str) -> tuple[float, ...]:
         return self._decode(counts)
 
-    def _cut(self, lo: int, hi: int) -> "HistPoints":
+    def _cut(self, lo: int, hi: int) -> HistPoints:
         hi = max(lo, hi)
         if hi == lo:
             return HistPoints(array("q"), array("d"), array("d"), b"", array("q"), 0, (), self._decode)
@@ -176,7 +177,7 @@ class TargetWindow:
     engines: tuple[EngineWindow, ...]
     health: TargetHealth | None
 
-    def since(self, start_ms: int) -> "TargetWindow":
+    def since(self, start_ms: int) -> TargetWindow:
         """The same window from ``start_ms`` on: the points a read of [start_ms, end_ms] gives when this window
         holds every stored point (a window within the raw retention); series and engines left with no point are
         left out, as such a read leaves them."""

@@ -18,9 +18,10 @@ import math
 import os
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any, Mapping, Sequence
+from typing import IO, Any
 
 from tuner.apply.launch import die_with_parent_hook, group_sentinel
 from tuner.config import Slo

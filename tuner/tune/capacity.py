@@ -15,8 +15,9 @@ failure (noise) is recorded in ``nonmonotone`` and the bracket keeps its invaria
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 __all__ = ["Capacity", "Measured", "find_capacity", "rate_floor", "LONGEST_RUN"]
 

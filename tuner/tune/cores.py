@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 __all__ = ["Pinned", "Placement", "read_pinned", "place", "parse_cpu_list", "thread_cpus", "pin_threads"]
 

@@ -16,8 +16,9 @@ A point that fails is never started; it is recorded as pruned, with the reason.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from tuner.advise.facts import ModelFacts
 from tuner.advise.memory import MemoryPlan, kv_bytes_per_token, plan, weights_bytes
