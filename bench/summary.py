@@ -340,6 +340,13 @@ def verdict_corpus(text: str) -> str | None:
                                    f"at random before recording): {m.group(3)} of {m.group(4)}")
 
 
+def probes(text: str) -> str | None:
+    m = re.search(r"^Probes: (\d+); tracebacks: (\d+); unbounded: (\d+); not as they should end: (\d+)\.", text,
+                  re.M)
+    return None if m is None else (f"{m.group(1)} bad inputs and races: {m.group(2)} tracebacks, {m.group(3)} "
+                                   f"unbounded, {m.group(4)} not ending as they should")
+
+
 def keepalive(text: str) -> str | None:
     t = table_with(text, "server keep-alive", "client connections", "sent", "failed")
     if t is None:
@@ -484,6 +491,7 @@ ROWS = (
     Row("rolling", "applies under load: alone, rolling, blue/green", ("rolling",), rolling),
     Row("rolling-vllm", "rolling apply of two vLLM CPU replicas", ("rolling-vllm",), rolling_vllm),
     Row("keepalive", "requests lost to kept-alive connections", ("keepalive",), keepalive),
+    Row("probes", "issue 39's review, re-run as a script", ("probes",), probes),
     Row("test-suite", "the whole test suite", ("test-suite",), suite_time),
 )
 
