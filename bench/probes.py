@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuner.apply.launch import free_port  # noqa: E402
-from tuner.lab.proc import wait_for  # noqa: E402
+from tuner.lab.proc import stop, wait_for  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "vllm-0.32-cpu" / "metrics_after_load.txt"
 TRACEBACK = "Traceback (most recent call last)"
@@ -614,11 +614,7 @@ def daemon_probes(work: Path, log: Callable[[str], None]) -> list[Result]:
                 got.count(202) <= 1 else f"answers {sorted(got)}"
         probe("two applies of one target at one instant (at most one 202)", "1", race)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, 30)
         target.shutdown()
     whole = daemon_log.read_text(errors="replace")
     results.append(Result("daemon: SIGTERM at the end", "-", proc.returncode, 0.0, TRACEBACK in whole, "",

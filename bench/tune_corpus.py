@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from tuner.lab.proc import stop  # noqa: E402
 
 # name: (workload the client sends (its fields as tuner's workload files spell them), request rate)
 SHAPES: dict[str, dict] = {
@@ -114,11 +115,7 @@ def serve_shape(name: str, out: Path, python: str, model: str, seconds: float) -
         return {"shape": name, "sent": shape, "file": str(path), "client": {"sent": run.sent, "completed":
                 run.completed, "throughput_rps": run.throughput_rps}, "workdir": str(work)}
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
+        stop(daemon, 30)
         _tuner(cfg, "managed", "stop", timeout=120)
 
 

@@ -44,3 +44,16 @@ def test_wait_for_a_running_process_waits_for_the_predicate(tmp_path: Path) -> N
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_stop_ends_a_child_by_sigterm_and_one_that_ignores_it_by_sigkill() -> None:
+    from tuner.lab.proc import stop
+
+    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert stop(polite, 10) == -15  # SIGTERM ended it
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+                                 "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert stubborn.stdout is not None and stubborn.stdout.readline() == "ready\n"  # its handler is in place
+    assert stop(stubborn, 0.5) == -9  # SIGTERM ignored: SIGKILL after the grace
+    assert stop(stubborn, 0.5) == -9  # a child already stopped: its code, nothing sent

@@ -22,6 +22,7 @@ from pathlib import Path
 from tuner.apply.launch import free_port
 from tuner.collect import http
 from tuner.config import load_config
+from tuner.lab.proc import stop
 from tuner.store.db import open_engine
 from tuner.store.store import Store
 
@@ -195,11 +196,7 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
                                             "tuner_applies_total", "tuner_managed_server_up"))))
         return 0
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(15)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
+        stop(daemon, 15)
         stopped = _tuner(config, "managed", "stop", timeout=120)
         _say(f"stopped tuner, then vLLM ({stopped.stdout.strip() or stopped.stderr.strip()}); data kept in {workdir}")
 

@@ -15,7 +15,7 @@ from tuner.apply.launch import free_port
 from tuner.collect import http
 from tuner.errors import ScrapeError
 
-__all__ = ["free_port", "TunerProcess", "AlertSink", "wait_for"]
+__all__ = ["free_port", "TunerProcess", "AlertSink", "wait_for", "stop"]
 
 T = TypeVar("T")
 
@@ -35,6 +35,19 @@ def wait_for(predicate: Callable[[], T], timeout_s: float, what: str = "conditio
             raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
         time.sleep(every_s)
     return value
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> int | None:
+    """SIGTERM ``proc`` and wait ``grace_s`` for it, then SIGKILL it; its exit code. The tests' and the benches' one
+    way to stop a child (a daemon, a server) that they started."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode
 
 
 class TunerProcess:
@@ -82,14 +95,9 @@ class TunerProcess:
 
     def stop(self) -> int:
         assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return self.proc.returncode
+        code = stop(self.proc, 20)
+        assert code is not None
+        return code
 
     def log_tail(self, n: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:]) if self.log.exists() else ""
