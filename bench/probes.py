@@ -109,7 +109,7 @@ def cli_probes(work: Path) -> list[Probe]:
         ("config: SLO ttft .inf", "-", config(
             work, target="{name: chat, backend: vllm, url: 'http://127.0.0.1:9', slo: {ttft_p99: .inf}}")),
         ("config: systemd_unit with a slash", "13", config(
-            work, target="{name: chat, backend: vllm, url: 'http://127.0.0.1:9', hook: {systemd_unit: '../x'}}")),
+            work, target="{name: chat, backend: vllm, url: 'http://127.0.0.1:9', apply: {hook: {systemd_unit: '../x'}}}")),
         ("config: extra_args sets a tunable flag (llama -c)", "13", config(
             work, target="{name: l, backend: llamacpp, url: 'http://127.0.0.1:9', managed: {model: /m.gguf, "
                          "executable: /bin/true, extra_args: {'-c': 4096}}}")),

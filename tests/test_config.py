@@ -321,3 +321,23 @@ def test_extra_args_that_set_a_tunable_flag_in_any_spelling_are_refused(tmp_path
                      f"managed: {{model: '{model}', flags: {flags}, extra_args: {extra}}}}}\n", "c.yaml")
     assert info.value.key.startswith("targets[0].managed.extra_args."), info.value
     assert f"sets the tunable flag {names}" in info.value.reason, info.value
+
+
+@pytest.mark.parametrize(("flags", "key", "says"), [
+    ("{max-num-seqs: -1}", "flags.max-num-seqs", "-1 is outside 1..4096"),
+    ("{gpu-memory-utilization: 1.5}", "flags.gpu-memory-utilization", "1.5 is outside 0.05..0.98"),
+    ("{gpu_memory_utilization: .nan}", "flags.gpu_memory_utilization", "expected a finite number"),
+    ("{max-num-seqs: 4, enable-prefix-caching: maybe}", "flags.enable-prefix-caching", "expected true or false"),
+])
+def test_a_plain_targets_known_flags_are_bounded_when_the_config_is_read(flags: str, key: str, says: str) -> None:
+    """A target tuner does not start still names its flags in force; a value off the allow-list's bounds was
+    accepted until a change was built from it (issue 39's probes: `tuner status` exited 0)."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"targets:\n  - {{name: a, backend: vllm, url: 'http://127.0.0.1:8000', flags: {flags}}}\n")
+    assert info.value.key == f"targets[0].{key}" and says in info.value.reason, info.value
+
+
+def test_flags_tuner_does_not_know_are_the_servers_business() -> None:
+    cfg = parse_config("targets:\n  - {name: a, backend: vllm, url: 'http://127.0.0.1:8000', "
+                       "flags: {max-num-seqs: 8, served-model-name: chat, swap-space: -1}}\n")
+    assert cfg.targets[0].flags["max-num-seqs"] == 8 and cfg.targets[0].flags["swap-space"] == -1

@@ -30,7 +30,7 @@ from pydantic import (
 
 from tuner.errors import ConfigError, FlagError, InputFileError, UnknownTargetError
 from tuner.files import read_text
-from tuner.flags import REDACTED, redact_argv_text, secret_flag, tunable_spelled, validate
+from tuner.flags import REDACTED, redact_argv_text, secret_flag, spec, tunable_spelled, validate
 
 __all__ = ["Matcher", "parse_selector", "replica_groups", "Window", "parse_window", "in_window", "window_left", "Config", "Target", "Balancer", "Replica", "Managed", "Hook", "ApplyPolicy", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
            "parse_duration", "parse_interval", "MIN_INTERVAL", "DEFAULT_LISTEN"]
@@ -709,6 +709,25 @@ class Target(_Model):
         return v
 
     @model_validator(mode="after")
+    def _known_flags(self) -> Target:
+        """The ``flags`` tuner knows (its allow-list) hold their type and bounds here, when the config is read, not
+        first when a change is built from them; names it does not know are the server's business and pass."""
+        if self.backend == "auto":
+            return self
+        for name, value in self.flags.items():
+            for candidate in (name, "--" + name):
+                try:
+                    spec(self.backend, candidate)
+                except FlagError:
+                    continue
+                try:
+                    validate(self.backend, candidate, value)
+                except FlagError as exc:
+                    raise ValueError(f"flags.{name}: {exc}") from None
+                break
+        return self
+
+    @model_validator(mode="after")
     def _managed(self) -> Target:
         if self.managed is None:
             if self.backend == "auto":
@@ -1003,7 +1022,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
         key = _key(err["loc"])
         if msg.startswith("targets[") and ": " in msg:  # cross-check errors carry their own key
             key, _, msg = msg.partition(": ")
-        if msg.startswith(("managed.", "apply.")) and ": " in msg:  # a target check that names its sub-key
+        if msg.startswith(("managed.", "apply.", "flags.")) and ": " in msg:  # a target check that names its sub-key
             sub, _, msg = msg.partition(": ")
             key = f"{key}.{sub}"
         if err["type"] == "extra_forbidden":

@@ -83,3 +83,35 @@ groups:
     check = subprocess.run([promtool, "check", "rules", "--lint=none", str(out)], capture_output=True, text=True,
                            timeout=60)
     assert check.returncode == 0 and "SUCCESS: 4 rules found" in check.stdout, check.stdout + check.stderr
+
+
+
+TEMPLATES = ["{{ $value }}", "{{ $labels.target }} at {{ $value | humanizePercentage }}", '{{ printf "%.2f" $value }}',
+             "a }} b", "{{ $value ", "x {{ $labels.target }} {{", "{{ $value | humanizeDuration }} {{ }",
+             "{{- $value -}}", "{{ $value | title }}"]
+
+
+def test_annotation_templates_promtool_refuses_tuner_refuses_too(tmp_path):
+    """tuner renders a subset of Prometheus's templates: on the same texts, what tuner's check accepts promtool
+    accepts, and what promtool refuses (an unclosed action, ...) tuner's check refuses."""
+    import yaml
+
+    from tuner.rules.templates import check as tuner_check
+
+    promtool = require_tool("promtool")
+    verdicts = {}
+    for i, text in enumerate(TEMPLATES):
+        path = tmp_path / f"r{i}.yml"
+        path.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [
+            {"alert": "A", "expr": "vector(1)", "annotations": {"summary": text}}]}]}))
+        promtool_ok = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True,
+                                     timeout=60).returncode == 0
+        try:
+            tuner_check(text)
+            tuner_ok = True
+        except ValueError:
+            tuner_ok = False
+        verdicts[text] = (promtool_ok, tuner_ok)
+    assert not [t for t, (p, ok) in verdicts.items() if ok and not p], verdicts  # tuner accepts, promtool refuses
+    assert not [t for t, (p, ok) in verdicts.items() if p and not ok and t != "{{ $value | title }}"], verdicts
+    assert not verdicts["{{ $value "][0] and verdicts["{{ $value "] == verdicts["x {{ $labels.target }} {{"]

@@ -37,6 +37,8 @@ def test_default_pack_loads_with_the_rules_the_issue_names():
     (GOOD + "        for: 5 minutes\n", 5, "for: expected a duration"),
     (GOOD + "        severity: page\n", 5, "unknown key 'severity'"),
     (GOOD + "        annotations: {summary: '{{ $value | title }}'}\n", 5, "unsupported template action"),
+    (GOOD + "        annotations: {summary: '{{ $value '}\n", 5, "annotations.summary: unclosed action"),
+    (GOOD + "        annotations: {summary: 'at {{ $labels.target }}: {{'}\n", 5, "unclosed action '{{'"),
     (GOOD + "      - {alert: A, signal: up, op: '==', threshold: 0}\n", 9, "appears twice"),
     (GOOD.replace("      - alert: A\n", "      - alert: A\n        backend: llamacpp\n")
      .replace("kv_cache_usage", "preemptions_per_s"), 5, "no value for backend 'llamacpp'"),

@@ -113,9 +113,13 @@ def _action(expr: str, labels: dict[str, str], value: float) -> str:
 
 
 def check(text: str) -> None:
-    """Raise ValueError naming the first unsupported action."""
+    """Raise ValueError naming the first unsupported action, or an action opened and never closed (Go's
+    text/template refuses ``{{ $value `` as "unclosed action"; rendered, it would show as typed)."""
     for m in _ACTION.finditer(text):
         _action(m.group(1), {}, 0.0)
+    rest = _ACTION.sub("", text)
+    if (at := rest.find("{{")) >= 0:
+        raise ValueError(f"unclosed action {rest[at:at + 30]!r}: close it with }}}} (or drop the {{{{)")
 
 
 def render(text: str, labels: dict[str, str], value: float) -> str:
