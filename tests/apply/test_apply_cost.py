@@ -70,7 +70,7 @@ def test_in_flight_at_the_drain_is_read_from_the_server_for_either_backend(store
     with ReplayServer(ReplayExposition(text, growth=0.0)) as server:
         cfg = parse_config(f"targets:\n  - {{name: t, backend: {backend}, url: '{server.url}'}}\n")
         ap = Applier(cfg, store, Path(tmp_path), say=lambda m: None)
-        assert ap._in_flight(cfg.targets[0]) == round(expected) and expected > 0
+        assert ap.in_flight(cfg.targets[0]) == round(expected) and expected > 0
     # nobody answering: unknown, not an error that stops the apply
     cfg = parse_config("targets:\n  - {name: t, backend: llamacpp, url: 'http://127.0.0.1:9'}\n")
-    assert Applier(cfg, store, Path(tmp_path), say=lambda m: None)._in_flight(cfg.targets[0]) is None
+    assert Applier(cfg, store, Path(tmp_path), say=lambda m: None).in_flight(cfg.targets[0]) is None

@@ -51,7 +51,7 @@ def _journaled(session: Session, said: list[str]) -> tuple[int, list[str]]:
     aid = jr.begin_apply(session.store.engine, target="chat", recommendation_id=None, kind="apply", mode="manual",
                          now=time.time(), diff={"max_num_seqs": 8}, old_flags={"max_num_seqs": 4},
                          new_flags={"max_num_seqs": 8}, old_argv=old, new_argv=new, owner_pid=1, owner_start=1)
-    ap._step(aid, "starting", json.dumps(new), state="starting")  # noqa: SLF001  (what routes.Managed.switch does)
+    ap.step(aid, "starting", json.dumps(new), state="starting")  # what routes.Managed.switch does
     jr.step(session.store.engine, aid, "restoring", json.dumps(old), now=time.time())  # as written before redaction
     jr.finish(session.store.engine, aid, "failed", f"server log: api_key={KEY!r} rejected", now=time.time())
     return aid, new

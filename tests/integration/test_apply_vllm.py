@@ -148,7 +148,7 @@ def test_tuner_killed_while_the_new_vllm_starts_is_reconciled(managed_vllm):
                               str(rid), "--yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     def new_server_starting() -> bool:
         # The managed record names the new process a moment before the journal's health_check step is written
-        # (ApplyFlow.launch: _save, then spawned): killed in between, the apply is still at "starting", a
+        # (Applier.launch: save_managed, then spawned): killed in between, the apply is still at "starting", a
         # different case (the CI run of 2026-11-25 hit it). Wait for both.
         argv = proc_argv(m.pid() or 0) or []
         started = "--max-num-seqs" in argv and argv[argv.index("--max-num-seqs") + 1] == "4"

@@ -67,7 +67,7 @@ def test_one_transaction_helper_names_the_database_and_undoes_what_the_store_cac
     store.ingest(_snapshot("metrics_idle.txt", T))
     # A storage error inside a write: StoreError naming the database; the row and the id cached with it go.
     with pytest.raises(StoreError, match=str(tmp_path / "tuner.db")) as err:
-        with store._lock, store._write() as conn:
+        with store.lock, store.begin() as conn:
             store._target_id(conn, "new-target", "vllm", "http://127.0.0.1:9", {})
             assert "new-target" in store._targets
             conn.execute(text("INSERT INTO no_such_table VALUES (1)"))

@@ -481,13 +481,13 @@ def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
     t, engine, ap, aid = ctx.target, ctx.store.engine, ctx.applier, ctx.hold
     argv = mg.build_argv(t, current)
     r = ap.running(t)
-    ap._step(aid, "draining", f"tuning run {ctx.run_id} on the target: " + (f"pid {r.pid}" if r else
+    ap.step(aid, "draining", f"tuning run {ctx.run_id} on the target: " + (f"pid {r.pid}" if r else
                                                                           "no server running"), state="draining")
     if r is not None:
         ctx.waiting[:] = [f"draining {t.name} for the trials"]
-        ap._step(aid, "stopped", ap._drain(t, r))
-    ap._save(t, None, current, "stopped", note=f"tuning run {ctx.run_id} on the target")
-    ap._step(aid, "tuning", f"trials on {t.url}", state="tuning")
+        ap.step(aid, "stopped", ap.drain(t, r))
+    ap.save_managed(t, None, current, "stopped", note=f"tuning run {ctx.run_id} on the target")
+    ap.step(aid, "tuning", f"trials on {t.url}", state="tuning")
     failed: BaseException | None = None
     try:
         yield
@@ -496,19 +496,19 @@ def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
         raise
     finally:
         ctx.waiting[:] = [f"starting {t.name} again with the flags in force"]
-        ap._step(aid, "restoring", json.dumps(argv), state="starting")
+        ap.step(aid, "restoring", json.dumps(argv), state="starting")
         try:
             ap.launch(t, current)
         except ServerStartError as exc:
             first = str(exc).splitlines()[0]
-            ap._step(aid, "restore_failed", first)
+            ap.step(aid, "restore_failed", first)
             jr.finish(engine, aid, "failed", f"tuned on the target; starting it again with the flags in force "
                                              f"FAILED: {first}", now=ctx.clock())
             if failed is None:
                 raise ApplyError(f"{t.name}: trials done, but it did not start again with the flags in force: "
                                  f"{first}; `tuner managed start {t.name}` once the cause is fixed") from None
         else:
-            ap._step(aid, "restored", "the flags in force, healthy")
+            ap.step(aid, "restored", "the flags in force, healthy")
             how = "stopped early: " + type(failed).__name__ if failed is not None else "trials done"
             jr.finish(engine, aid, "rolled_back", f"tuning run {ctx.run_id} on the target ({how}); the flags in "
                                                   "force restored and healthy", now=ctx.clock())
@@ -523,7 +523,7 @@ def _held(ap: Applier, t: Target, in_force: dict[str, Any], *, on_target: bool) 
     aid = ap.hold(t, kind="tune", mode="manual" if on_target else "shadow", old_flags=in_force, new_flags=in_force,
                   old_argv=argv, new_argv=argv)
     if not on_target:
-        ap._step(aid, "tuning", "trials on spare ports beside production (shadow mode)", state="tuning")
+        ap.step(aid, "tuning", "trials on spare ports beside production (shadow mode)", state="tuning")
     ids: list[Any] = [aid, None]
     how = "done"
     try:

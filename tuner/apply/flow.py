@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner.apply import managed as mg
-from tuner.apply.routes import ROUTES, Canaried, Route, flags_argv, route_for
+from tuner.apply.port import Canaried, Plan
+from tuner.apply.routes import ROUTES, flags_argv, route_for
 from tuner.apply.verdict import Verdict, judge
 from tuner.backends import backend as backend_of
 from tuner.collect.scrape import scrape_target
@@ -39,27 +40,6 @@ __all__ = ["Applier", "Opened", "Plan", "Restored", "flags_in_force", "own_ident
 
 _OBSERVE_POLL_S = 1.0
 _IN_FLIGHT_TIMEOUT_S = 15.0
-
-
-@dataclass(frozen=True)
-class Plan:
-    target: Target
-    route: Route  # how the flags reach the server (routes.py)
-    diff: dict[str, Any]
-    old_flags: dict[str, Any]
-    new_flags: dict[str, Any]
-    old_argv: list[str]
-    new_argv: list[str]
-
-    @property
-    def how(self) -> str:
-        """The route's name: managed | hook | manual (what the journal and `--dry-run --json` say)."""
-        return self.route.name
-
-    @property
-    def whole_group(self) -> bool:
-        """The route changes every replica of the target's group (a rolling apply): the verdict reads the group."""
-        return self.route.whole_group and self.target.group is not None
 
 
 @dataclass(frozen=True)
@@ -210,7 +190,7 @@ class Applier:
         assert st.pid is not None and st.proc_start is not None
         return mg.Running(st.pid, st.proc_start, st.argv, mg.log_path(t, self.config_dir))
 
-    def _save(self, t: Target, r: mg.Running | None, flags: dict[str, Any], state: str, note: str = "",
+    def save_managed(self, t: Target, r: mg.Running | None, flags: dict[str, Any], state: str, note: str = "",
               restarts: list[int] | None = None) -> None:
         old = jr.get_managed(self.engine, t.name)
         now_ms = int(self.clock() * 1000)
@@ -230,7 +210,7 @@ class Applier:
         assert t.managed is not None
         argv = mg.build_argv(t, flags)
         r = mg.start_server(argv, mg.server_env(t), mg.log_path(t, self.config_dir), nice=t.managed.nice)
-        self._save(t, r, flags, "running", restarts=restarts)
+        self.save_managed(t, r, flags, "running", restarts=restarts)
         if spawned is not None:
             spawned(r)
         try:
@@ -239,7 +219,7 @@ class Applier:
         except ServerStartError:
             # Up but not serving (or never up): stop it, or it would hold the port against the next start.
             mg.stop_server(r, grace_s=5.0)
-            self._save(t, None, flags, "crashed", restarts=restarts)
+            self.save_managed(t, None, flags, "crashed", restarts=restarts)
             raise
         self.say(f"{t.name}: healthy after {took:.1f}s ({gate}); pid {r.pid}")
         return r
@@ -255,16 +235,16 @@ class Applier:
         try:
             return self.launch(t, flags)
         except ServerStartError as exc:
-            self._save(t, None, flags, "crashed", note=str(exc).splitlines()[0])
+            self.save_managed(t, None, flags, "crashed", note=str(exc).splitlines()[0])
             raise
 
     def stop(self, t: Target, *, state: str = "stopped") -> str:
         r = self.running(t)
-        how = "was not running" if r is None else self._drain(t, r)
-        self._save(t, None, self.flags_in_force(t) if t.managed else {}, state)
+        how = "was not running" if r is None else self.drain(t, r)
+        self.save_managed(t, None, self.flags_in_force(t) if t.managed else {}, state)
         return how
 
-    def _drain(self, t: Target, r: mg.Running) -> str:
+    def drain(self, t: Target, r: mg.Running) -> str:
         assert t.managed is not None
         grace = t.managed.drain_timeout.total_seconds()
         if backend_of(t.backend).drain == "slots_idle":
@@ -290,7 +270,7 @@ class Applier:
         if st is not None and st.state in ("running", "crashed"):
             why = mg.error_line(mg.log_path(t, self.config_dir))
             if len(restarts) >= t.managed.max_restarts:
-                self._save(t, None, st.flags, "given_up", note=f"{len(restarts)} restarts in "
+                self.save_managed(t, None, st.flags, "given_up", note=f"{len(restarts)} restarts in "
                            f"{t.managed.restart_window.total_seconds():.0f}s; last error: {why}", restarts=restarts)
                 return f"{t.name}: gave up after {len(restarts)} restarts (last error: {why})"
             restarts.append(int(now * 1000))
@@ -298,7 +278,7 @@ class Applier:
         try:
             self.launch(t, self.flags_in_force(t), restarts=restarts)
         except ServerStartError as exc:
-            self._save(t, None, self.flags_in_force(t), "crashed", note=str(exc).splitlines()[0], restarts=restarts)
+            self.save_managed(t, None, self.flags_in_force(t), "crashed", note=str(exc).splitlines()[0], restarts=restarts)
             return f"{t.name}: start failed: {str(exc).splitlines()[0]}"
         return f"{t.name}: started"
 
@@ -419,8 +399,8 @@ class Applier:
             outcome, reason = v.outcome, (f"canary against control over the same window: {v.reason} (confidence "
                                           f"{v.confidence:.2f}; {v.test})")
         if v is not None and v.slo is not None:
-            self._step(aid, "slo", v.slo.line())
-        self._step(aid, "verdict", f"{outcome}: {reason}")
+            self.step(aid, "slo", v.slo.line())
+        self.step(aid, "verdict", f"{outcome}: {reason}")
         if outcome == "kept" or (outcome == "inconclusive" and t.apply.on_inconclusive == "keep"):
             if outcome == "inconclusive":
                 reason += "; the new flags stay (apply.on_inconclusive: keep)"
@@ -443,7 +423,7 @@ class Applier:
     def _switch_failed(self, aid: int, p: Plan, rec_id: int | None, exc: ServerStartError | ApplyError,
                        *, mark: bool = True) -> jr.StoredApply:
         line = p.route.why_failed(self, p.target, exc)
-        self._step(aid, "start_failed", line)
+        self.step(aid, "start_failed", line)
         restored = self._restore(aid, p)
         jr.finish(self.engine, aid, "failed", f"the server did not take the new flags: {line}; {restored}",
                   now=self.clock())
@@ -489,12 +469,12 @@ class Applier:
         argv = route.argv(t, flags, {})
         p = Plan(t, route, {}, flags, flags, argv, argv)
         aid = self._begin(p, None, "restart", mode)
-        self._step(aid, "reason", reason)
+        self.step(aid, "reason", reason)
         try:
             route.switch(self, aid, p, flags, {})
         except (ServerStartError, ApplyError) as exc:
             line = route.why_failed(self, t, exc)
-            self._step(aid, "start_failed", line)
+            self.step(aid, "start_failed", line)
             jr.finish(self.engine, aid, "failed", f"restarted ({reason}), but it did not come back: {line}; the "
                       "supervisor starts it again (managed.max_restarts)", now=self.clock())
             return jr.get_apply(self.engine, aid)
@@ -530,7 +510,7 @@ class Applier:
         """This thread is done with entry ``aid`` (finished, or left for a reconcile)."""
         _drop(self.engine, aid)
 
-    def _step(self, aid: int, name: str, detail: str = "", state: str | None = None) -> None:
+    def step(self, aid: int, name: str, detail: str = "", state: str | None = None) -> None:
         detail = self.cfg.redact(detail)  # a step's argv is shown (journal, API): its credentials are not
         jr.step(self.engine, aid, name, detail, now=self.clock(), state=state)
         self.say(f"[apply #{aid}] {name}" + (f": {detail}" if detail else ""))
@@ -580,7 +560,7 @@ class Applier:
         if p.route.restarts and rollback_of is None:
             base["in_flight_at_drain"] = p.route.in_flight(self, t)  # None: not read, or no answer in time
         jr.set_kpis(self.engine, aid, now=now, baseline=base)
-        self._step(aid, "baseline", json.dumps(base, default=str))
+        self.step(aid, "baseline", json.dumps(base, default=str))
         try:
             p.route.switch(self, aid, p, p.new_flags, p.diff)
         except (ServerStartError, ApplyError) as exc:
@@ -599,7 +579,7 @@ class Applier:
         inconclusive: (the server's error line if it died meanwhile, the last verdict, t0, now)."""
         observe_s = t.apply.observe.total_seconds()
         limit_s = t.apply.observe_max.total_seconds() if t.apply.observe_max else 3 * observe_s
-        self._step(aid, "observing", f"{what}{observe_s:g}s (up to {limit_s:g}s while inconclusive)",
+        self.step(aid, "observing", f"{what}{observe_s:g}s (up to {limit_s:g}s while inconclusive)",
                    state="observing")
         t0 = self.clock()
         v: Verdict | None = None
@@ -611,7 +591,7 @@ class Applier:
             v = verdict(t0, now)
             if v.outcome != "inconclusive" or now - t0 >= limit_s - 0.5:
                 return None, v, t0, now
-            self._step(aid, "observing", f"inconclusive after {now - t0:.0f}s ({v.reason}); observing on")
+            self.step(aid, "observing", f"inconclusive after {now - t0:.0f}s ({v.reason}); observing on")
 
     def _observe_and_judge(self, aid: int, p: Plan, rec_id: int | None, base: dict[str, Any],
                            prefix: str = "") -> jr.StoredApply:
@@ -631,8 +611,8 @@ class Applier:
         else:
             outcome, reason = v.outcome, f"{v.reason} (confidence {v.confidence:.2f}; {v.test})"
         if v is not None and v.slo is not None:
-            self._step(aid, "slo", v.slo.line())  # the SLO line first, before the verdict it led
-        self._step(aid, "verdict", f"{outcome}: {reason}")
+            self.step(aid, "slo", v.slo.line())  # the SLO line first, before the verdict it led
+        self.step(aid, "verdict", f"{outcome}: {reason}")
         if outcome == "kept" or (outcome == "inconclusive" and t.apply.on_inconclusive == "keep"):
             if outcome == "inconclusive":
                 reason += "; the new flags stay (apply.on_inconclusive: keep)"
@@ -647,7 +627,7 @@ class Applier:
         if not p.route.restarts:
             note = (f"{prefix}{reason}; tuner does not restart this server: restart it by hand with "
                     f"{' '.join(flags_argv(t.backend, p.old_flags))}")
-            self._step(aid, "restore_by_hand", " ".join(flags_argv(t.backend, p.old_flags)))
+            self.step(aid, "restore_by_hand", " ".join(flags_argv(t.backend, p.old_flags)))
             # no data judges nothing: an inconclusive verdict stays inconclusive, never a failure
             jr.finish(self.engine, aid, "inconclusive" if outcome == "inconclusive" else "failed", note,
                       now=self.clock())
@@ -658,7 +638,7 @@ class Applier:
             recs.set_status(self.engine, rec_id, "rolled_back", now=self.clock(), note=prefix + reason)
         return jr.get_apply(self.engine, aid)
 
-    def _in_flight(self, t: Target) -> int | None:
+    def in_flight(self, t: Target) -> int | None:
         """Requests running or waiting on the server now, from one scrape of its /metrics (None: no answer).
 
         A loaded vLLM CPU answers /metrics in 4-10 s (its HTTP server shares cores with the engine), so this one
@@ -717,17 +697,17 @@ class Applier:
     def _restore(self, aid: int, p: Plan) -> Restored:
         """Back to the old flags; whether that failed, and a description for the note."""
         t = p.target
-        self._step(aid, "restoring", json.dumps(p.old_argv), state="starting")
+        self.step(aid, "restoring", json.dumps(p.old_argv), state="starting")
         try:
             if not p.route.restore(self, aid, p):
                 return Restored(False, "restore it by hand")
         except (ServerStartError, ApplyError) as exc:
             first = str(exc).splitlines()[0]
-            self._step(aid, "restore_failed", first)
+            self.step(aid, "restore_failed", first)
             if t.managed is not None:
-                self._save(t, None, p.old_flags, "crashed", note=first)
+                self.save_managed(t, None, p.old_flags, "crashed", note=first)
             return Restored(True, f"restoring the previous flags FAILED too: {first}")
-        self._step(aid, "restored", "previous flags, healthy")
+        self.step(aid, "restored", "previous flags, healthy")
         return Restored(False, "previous flags restored and healthy")
 
     # ---- by hand ---------------------------------------------------------------------------------
@@ -738,7 +718,7 @@ class Applier:
                 f"{' '.join(flags_argv(t.backend, p.diff))} (all tunable flags: {' '.join(p.new_argv)}); then run "
                 f"`tuner apply-recommendation {rec_id} --applied` and tuner health-checks and observes it "
                 f"(or --cancel)")
-        self._step(aid, "awaiting_manual", text, state="awaiting_manual")
+        self.step(aid, "awaiting_manual", text, state="awaiting_manual")
         now = self.clock()
         base = self._kpis(t, now - t.apply.baseline.total_seconds(), now)
         jr.set_kpis(self.engine, aid, now=now, baseline=base)
@@ -761,7 +741,7 @@ class Applier:
                 raise ApplyError(f"apply #{a.id} was taken over meanwhile (a second --applied or --cancel); see "
                                  f"`tuner journal {a.target}`")
             try:
-                self._step(a.id, "healthy", mg.health_gate(t))
+                self.step(a.id, "healthy", mg.health_gate(t))
             except ServerStartError as exc:
                 jr.finish(self.engine, a.id, "failed", f"the server does not pass the health gate: {exc}; restart it "
                           f"by hand with {' '.join(flags_argv(t.backend, a.old_flags))}", now=self.clock())
@@ -812,7 +792,7 @@ class Applier:
         try:
             p.route.settle(self, a.id, t)
         except ApplyError as exc:
-            self._step(a.id, "settle_failed", str(exc).splitlines()[0])
+            self.step(a.id, "settle_failed", str(exc).splitlines()[0])
         found, healthy = "unknown", False
         if t.managed is not None:
             st = jr.get_managed(self.engine, t.name)
@@ -822,7 +802,7 @@ class Applier:
                     pid = mg.find_by_argv(candidate)
                     if pid is not None:
                         r = mg.Running(pid, mg.proc_start_time(pid) or 0, candidate, mg.log_path(t, self.config_dir))
-                        self._save(t, r, a.new_flags if candidate == a.new_argv else a.old_flags, "running")
+                        self.save_managed(t, r, a.new_flags if candidate == a.new_argv else a.old_flags, "running")
                         break
             argv = mg.proc_argv(r.pid) if r else None
             found = "no server running" if r is None else (
@@ -837,7 +817,7 @@ class Applier:
             del st
         where = f"tuner died at step {a.state}; server found with {found}" + (
             " and healthy" if healthy else "" if found == "no server running" else " but not healthy")
-        self._step(a.id, "reconcile_found", where)
+        self.step(a.id, "reconcile_found", where)
         if a.kind == "restart" and healthy:  # old and new flags are the same: it is running again, done
             jr.finish(self.engine, a.id, "kept", f"reconciled: {where}", now=self.clock())
             return self._line(jr.get_apply(self.engine, a.id))

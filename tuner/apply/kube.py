@@ -24,7 +24,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuner.apply.launch import _render_flags
+from tuner.apply.launch import render_flags
+from tuner.apply.port import Plan, Steps
 from tuner.backends import backend as backend_of
 from tuner.config import Kubernetes, Target
 from tuner.errors import ApplyError, FlagError, KubernetesError, ServerStartError
@@ -34,8 +35,7 @@ from tuner.kube.args import parse_flags, rewrite_args, tunable_in
 from tuner.kube.pods import Pod, selector_of
 from tuner.store import journal as jr
 
-if TYPE_CHECKING:  # the flow hands itself in; routes never import it at run time
-    from tuner.apply.flow import Applier, Plan
+if TYPE_CHECKING:  # the API client type only (kube.api is loaded when a Kubernetes target is used)
     from tuner.kube.api import KubeApi
 
 __all__ = ["Kube", "budget_refusal", "rollout_state", "unavailable_during_roll", "selects"]
@@ -48,7 +48,7 @@ _STUCK = ("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContain
 
 def _flag_argv(backend: str, name: str, value: Any) -> list[str]:
     """One allow-listed flag as argv elements, by the argv builders' rules (routes.flags_argv of one flag)."""
-    return _render_flags(render(backend, {name: value}), dashed=backend_of(backend).dashed_flags, reserved=frozenset())
+    return render_flags(render(backend, {name: value}), dashed=backend_of(backend).dashed_flags, reserved=frozenset())
 
 
 def _scaled(value: int | str | None, total: int, *, round_up: bool, default: int | str) -> int:
@@ -201,28 +201,28 @@ class Kube:
         return t.kubernetes
 
     @staticmethod
-    def _api(ap: Applier) -> KubeApi:
+    def _api(ap: Steps) -> KubeApi:
         try:
             return connect(ap.cfg.kubernetes, ap.config_dir)
         except KubernetesError as exc:
             raise ApplyError(str(exc)) from None
 
-    def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
+    def switch(self, ap: Steps, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
         t, k = p.target, self._k(p.target)
         api = self._api(ap)
         done = [self._roll(ap, aid, api, t, k.kind, k.name, diff, p.old_flags)]
         if k.canary is not None:  # the whole group runs the flags: the canary Deployment's pods too
             done.append(self._roll(ap, aid, api, t, "Deployment", k.canary, diff, p.old_flags, missing_ok=True))
-        ap._step(aid, "healthy", "; ".join(d for d in done if d))
+        ap.step(aid, "healthy", "; ".join(d for d in done if d))
 
-    def canary(self, ap: Applier, aid: int, p: Plan) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
+    def canary(self, ap: Steps, aid: int, p: Plan) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
         """The canary Deployment takes the flags; ((canary, its pods' targets), (control, its pods' targets))."""
         t, k = p.target, self._k(p.target)
         if k.canary is None or t.group is None:
             raise ApplyError(f"{t.name}: a canary on Kubernetes needs a second Deployment beside the first "
                              "(kubernetes.canary) and its pods as targets (kubernetes.pods)")
         api = self._api(ap)
-        ap._step(aid, "canary", f"Deployment {k.canary} takes the new flags; {k.kind} {k.name} keeps the old ones "
+        ap.step(aid, "canary", f"Deployment {k.canary} takes the new flags; {k.kind} {k.name} keeps the old ones "
                                 "as the control")
         self._roll(ap, aid, api, t, "Deployment", k.canary, p.diff, p.old_flags)
         sides = []
@@ -235,12 +235,12 @@ class Kube:
         (canary, canary_in), (control, control_in) = sides
         return (canary, canary_in), (control, control_in[:len(canary_in)])
 
-    def promote(self, ap: Applier, aid: int, p: Plan) -> None:
+    def promote(self, ap: Steps, aid: int, p: Plan) -> None:
         """After a kept canary: the first Deployment takes the flags too."""
         k = self._k(p.target)
-        ap._step(aid, "healthy", self._roll(ap, aid, self._api(ap), p.target, k.kind, k.name, p.diff, p.old_flags))
+        ap.step(aid, "healthy", self._roll(ap, aid, self._api(ap), p.target, k.kind, k.name, p.diff, p.old_flags))
 
-    def _roll(self, ap: Applier, aid: int, api: KubeApi, t: Target, kind: Any, name: str, diff: dict[str, Any],
+    def _roll(self, ap: Steps, aid: int, api: KubeApi, t: Target, kind: Any, name: str, diff: dict[str, Any],
               old: dict[str, Any], *, missing_ok: bool = False) -> str:
         """Patch one workload's container args to ``diff`` and follow its rollout; what it reached."""
         k = self._k(t)
@@ -249,7 +249,7 @@ class Kube:
             w = api.workload(kind, k.namespace, name)
         except KubernetesError as exc:
             if missing_ok and exc.reason.startswith("404"):
-                ap._step(aid, "rollout", f"{where} does not exist: nothing to patch")
+                ap.step(aid, "rollout", f"{where} does not exist: nothing to patch")
                 return ""
             raise ApplyError(str(exc)) from None
         try:
@@ -280,10 +280,10 @@ class Kube:
         new = rewrite_args(t.backend, args, {n: _flag_argv(t.backend, n, v) for n, v in diff.items() if n != "backend"})
         return self._patch(ap, aid, api, t, kind, name, w, args, new)
 
-    def _patch(self, ap: Applier, aid: int, api: KubeApi, t: Target, kind: Any, name: str, w: Any,
+    def _patch(self, ap: Steps, aid: int, api: KubeApi, t: Target, kind: Any, name: str, w: Any,
                args: list[str], new: list[str]) -> str:
         k = self._k(t)
-        ap._step(aid, "patch", json.dumps({"kind": kind, "namespace": k.namespace, "name": name,
+        ap.step(aid, "patch", json.dumps({"kind": kind, "namespace": k.namespace, "name": name,
                                            "container": k.container, "from": args, "to": new}), state="starting")
         if new != args:  # the same args: nothing to send, but a rollout still going (to them) is followed
             body = {"metadata": {"resourceVersion": w.metadata.resource_version,
@@ -295,7 +295,7 @@ class Kube:
                 raise ApplyError(str(exc)) from None
         return self._follow(ap, aid, api, t, kind, name, new)
 
-    def _follow(self, ap: Applier, aid: int, api: KubeApi, t: Target, kind: Any, name: str, args: list[str]) -> str:
+    def _follow(self, ap: Steps, aid: int, api: KubeApi, t: Target, kind: Any, name: str, args: list[str]) -> str:
         """Read the rollout every ``kubernetes.poll`` until done; ApplyError when it failed or outlasted
         ``kubernetes.rollout_timeout``."""
         k = self._k(t)
@@ -311,7 +311,7 @@ class Kube:
             own = [i for i in items if Pod.of(i, k.container).owner == name]
             state, detail = rollout_state(kind, w, own, k.container, args)
             if detail != last:
-                ap._step(aid, "rollout", f"{where}: {detail}", state="health_check")
+                ap.step(aid, "rollout", f"{where}: {detail}", state="health_check")
                 last = detail
             if state == "done":
                 return f"{where}: rolled out, {detail}"
@@ -322,7 +322,7 @@ class Kube:
                                  f"{k.rollout_timeout.total_seconds():g}s: {detail}")
             ap.sleep(k.poll.total_seconds())
 
-    def restore(self, ap: Applier, aid: int, p: Plan) -> bool:
+    def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
         """Every workload this apply patched gets the args it had before the apply back (journaled as patched),
         the last patched first; ApplyError when one was changed since by someone else."""
         patches = [json.loads(s["detail"]) for s in jr.get_apply(ap.engine, aid).steps if s["step"] == "patch"]
@@ -349,16 +349,16 @@ class Kube:
             self._patch(ap, aid, api, t, kind, name, w, now, args)
         return True
 
-    def why_failed(self, ap: Applier, t: Target, exc: ServerStartError | ApplyError) -> str:
+    def why_failed(self, ap: Steps, t: Target, exc: ServerStartError | ApplyError) -> str:
         return str(exc).splitlines()[0]
 
-    def in_flight(self, ap: Applier, t: Target) -> int | None:
+    def in_flight(self, ap: Steps, t: Target) -> int | None:
         return None
 
-    def settle(self, ap: Applier, aid: int, t: Target) -> None:
+    def settle(self, ap: Steps, aid: int, t: Target) -> None:
         return None  # Kubernetes goes on rolling by itself; reconcile restores the args (restore)
 
-    def replicas(self, ap: Applier, t: Target, start: float, end: float) -> list[str]:
+    def replicas(self, ap: Steps, t: Target, start: float, end: float) -> list[str]:
         """The group's pods that served in [start, end]: the targets the store kept of them (a rollout replaces
         every pod: the window before reads the old ones, the window after the new)."""
         if t.group is None:

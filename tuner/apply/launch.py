@@ -57,7 +57,7 @@ def _render_value(flag: str, value: str | int | float) -> str:
     return text
 
 
-def _render_flags(flags: Mapping[str, FlagValue], *, dashed: bool, reserved: frozenset[str]) -> list[str]:
+def render_flags(flags: Mapping[str, FlagValue], *, dashed: bool, reserved: frozenset[str]) -> list[str]:
     """Render a flag map: True -> bare flag, False -> --no-<name>, None -> omitted, else flag + value."""
     argv: list[str] = []
     for key, value in flags.items():
@@ -110,7 +110,7 @@ def vllm_argv(
             "--port", str(_check_port(port))]
     if served_model_name is not None:
         argv += ["--served-model-name", _render_value("served-model-name", served_model_name)]
-    return argv + _render_flags(flags or {}, dashed=False, reserved=_VLLM_RESERVED)
+    return argv + render_flags(flags or {}, dashed=False, reserved=_VLLM_RESERVED)
 
 
 def llama_server_argv(
@@ -130,7 +130,7 @@ def llama_server_argv(
             "-m", _render_value("-m", model),
             "--host", _render_value("--host", host),
             "--port", str(_check_port(port))]
-    return argv + _render_flags(flags or {}, dashed=True, reserved=_LLAMA_RESERVED)
+    return argv + render_flags(flags or {}, dashed=True, reserved=_LLAMA_RESERVED)
 
 
 def vllm_cpu_env(

@@ -25,20 +25,18 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any
 
 from tuner.apply import managed as mg
 from tuner.apply.balancer import HAProxy
 from tuner.apply.kube import Kube
-from tuner.apply.launch import _render_flags, free_port
+from tuner.apply.launch import free_port, render_flags
+from tuner.apply.port import Canaried, Plan, Route, Steps
 from tuner.backends import backend as backend_of
 from tuner.config import Target
 from tuner.errors import ApplyError, ConfigError, ServerStartError
 from tuner.flags import render
 from tuner.store import journal as jr
-
-if TYPE_CHECKING:  # the flow hands itself in; routes never import it at run time
-    from tuner.apply.flow import Applier, Plan
 
 __all__ = ["Route", "Canaried", "Managed", "Hook", "Systemd", "ByHand", "Rolling", "BlueGreen", "Kube", "ROUTES",
            "route_for", "flags_argv", "hook_argv"]
@@ -48,7 +46,7 @@ _HOOK_HEALTH_TIMEOUT_S = 600.0
 
 def flags_argv(backend: str, flags: dict[str, Any]) -> list[str]:
     """Allow-listed flags (tuner's names) as argv elements, e.g. ["--max-num-seqs", "8"]."""
-    return _render_flags(render(backend, flags), dashed=backend_of(backend).dashed_flags, reserved=frozenset())
+    return render_flags(render(backend, flags), dashed=backend_of(backend).dashed_flags, reserved=frozenset())
 
 
 def hook_argv(target: Target, flags: dict[str, Any], diff: dict[str, Any], rec_id: int | None) -> list[str]:
@@ -72,60 +70,7 @@ def hook_argv(target: Target, flags: dict[str, Any], diff: dict[str, Any], rec_i
     return out
 
 
-class Route(Protocol):
-    name: str  # the plan's and the journal's word for it: managed | hook | manual
-    restarts: bool  # tuner itself restarts the server: the restart budget applies
-    outage: bool  # clients go unserved while it switches: the CLI says for how long, the journal measures it
-    whole_group: bool  # it changes every replica of the target's group: the verdict reads the group
-
-    def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
-        """What runs (or what to run) for ``flags``: the journal's old and new argv."""
-        ...
-
-    def describe(self, p: Plan) -> list[str]:
-        """The dry run's lines after the diff."""
-        ...
-
-    def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
-        """Take the server to ``flags`` and through the health gate; ServerStartError or ApplyError if not."""
-        ...
-
-    def restore(self, ap: Applier, aid: int, p: Plan) -> bool:
-        """Back to ``p.old_flags`` after a switch that failed or did not pay; False when only a person can."""
-        ...
-
-    def why_failed(self, ap: Applier, t: Target, exc: ServerStartError | ApplyError) -> str:
-        """The one line a failed switch is recorded with: the server's own words where the route has them."""
-        ...
-
-    def in_flight(self, ap: Applier, t: Target) -> int | None:
-        """Requests in the server just before a switch (None: not measured by this route)."""
-        ...
-
-    def settle(self, ap: Applier, aid: int, t: Target) -> None:
-        """A tuner died during an apply on ``t``: leave no server out of rotation and no temporary one behind."""
-        ...
-
-    def replicas(self, ap: Applier, t: Target, start: float, end: float) -> list[str]:
-        """The targets of ``t``'s group that served in [start, end] (the config's replicas; a Kubernetes group's
-        pods come and go)."""
-        ...
-
-
-@runtime_checkable
-class Canaried(Route, Protocol):
-    """A route that can put new flags on part of a group first, beside an unchanged part serving the same traffic."""
-
-    def canary(self, ap: Applier, aid: int, p: Plan) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
-        """The canary part takes ``p.new_flags``: ((canary, its targets), (control, its targets)) to compare."""
-        ...
-
-    def promote(self, ap: Applier, aid: int, p: Plan) -> None:
-        """After a kept canary: the rest of the group takes ``p.new_flags``."""
-        ...
-
-
-def _config_replicas(self: Any, ap: Applier, t: Target, start: float, end: float) -> list[str]:
+def _config_replicas(self: Any, ap: Steps, t: Target, start: float, end: float) -> list[str]:
     return [m.name for m in ap.cfg.group(t)]
 
 
@@ -139,33 +84,33 @@ class Managed:
     def describe(self, p: Plan) -> list[str]:
         return ["new argv: " + json.dumps(p.new_argv)]
 
-    def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
+    def switch(self, ap: Steps, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
         t = p.target
         r = ap.running(t)
-        ap._step(aid, "draining", f"pid {r.pid}" if r else "no server running", state="draining")
+        ap.step(aid, "draining", f"pid {r.pid}" if r else "no server running", state="draining")
         if r is not None:
-            ap._step(aid, "stopped", ap._drain(t, r))
-        ap._step(aid, "starting", json.dumps(mg.build_argv(t, flags)), state="starting")
-        r = ap.launch(t, flags, spawned=lambda r: ap._step(aid, "health_check", f"pid {r.pid} started",
+            ap.step(aid, "stopped", ap.drain(t, r))
+        ap.step(aid, "starting", json.dumps(mg.build_argv(t, flags)), state="starting")
+        r = ap.launch(t, flags, spawned=lambda r: ap.step(aid, "health_check", f"pid {r.pid} started",
                                                             state="health_check"))
-        ap._step(aid, "healthy", f"/health 200 and one real request; pid {r.pid}")
+        ap.step(aid, "healthy", f"/health 200 and one real request; pid {r.pid}")
 
-    def restore(self, ap: Applier, aid: int, p: Plan) -> bool:
+    def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
         r = ap.running(p.target)
         if r is not None:
-            ap._step(aid, "stopped", ap._drain(p.target, r))
+            ap.step(aid, "stopped", ap.drain(p.target, r))
         ap.launch(p.target, p.old_flags)
         return True
 
-    def why_failed(self, ap: Applier, t: Target, exc: ServerStartError | ApplyError) -> str:
+    def why_failed(self, ap: Steps, t: Target, exc: ServerStartError | ApplyError) -> str:
         if isinstance(exc, ServerStartError) and exc.exited:  # the process ended: its log says why
             return mg.error_line(mg.log_path(t, ap.config_dir))
         return str(exc).splitlines()[0]
 
-    def in_flight(self, ap: Applier, t: Target) -> int | None:
-        return ap._in_flight(t)
+    def in_flight(self, ap: Steps, t: Target) -> int | None:
+        return ap.in_flight(t)
 
-    def settle(self, ap: Applier, aid: int, t: Target) -> None:
+    def settle(self, ap: Steps, aid: int, t: Target) -> None:
         return None
 
 
@@ -175,24 +120,24 @@ class _Gated:
     name, restarts, outage, whole_group = "hook", True, True, False
     replicas = _config_replicas
 
-    def commands(self, ap: Applier, aid: int, t: Target, flags: dict[str, Any],
+    def commands(self, ap: Steps, aid: int, t: Target, flags: dict[str, Any],
                  diff: dict[str, Any]) -> list[list[str]]:
         raise NotImplementedError
 
-    def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
+    def switch(self, ap: Steps, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
         t = p.target
-        ap._step(aid, "starting", "", state="starting")
+        ap.step(aid, "starting", "", state="starting")
         self._run(ap, aid, t, flags, diff)
-        ap._step(aid, "health_check", "", state="health_check")
-        ap._step(aid, "healthy", self._gate(ap, t))
+        ap.step(aid, "health_check", "", state="health_check")
+        ap.step(aid, "healthy", self._gate(ap, t))
 
-    def restore(self, ap: Applier, aid: int, p: Plan) -> bool:
+    def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
         self._run(ap, aid, p.target, p.old_flags, p.old_flags)
         self._gate(ap, p.target)
         return True
 
     @staticmethod
-    def _gate(ap: Applier, t: Target) -> str:
+    def _gate(ap: Steps, t: Target) -> str:
         """The health gate, tried until it passes: the hook may return before the server listens again."""
         deadline = ap.clock() + _HOOK_HEALTH_TIMEOUT_S
         last = ""
@@ -204,11 +149,11 @@ class _Gated:
                 ap.sleep(1.0)
         raise ServerStartError(f"not healthy {_HOOK_HEALTH_TIMEOUT_S:.0f}s after the hook: {last}", None, [])
 
-    def _run(self, ap: Applier, aid: int, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> None:
+    def _run(self, ap: Steps, aid: int, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> None:
         hook = t.apply.hook
         assert hook is not None
         for argv in self.commands(ap, aid, t, flags, diff):
-            ap._step(aid, "hook", json.dumps(argv))
+            ap.step(aid, "hook", json.dumps(argv))
             try:
                 proc = subprocess.run(argv, capture_output=True, text=True, timeout=hook.timeout.total_seconds(),
                                       stdin=subprocess.DEVNULL)
@@ -221,13 +166,13 @@ class _Gated:
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
                 raise ApplyError(f"hook {json.dumps(argv)} exited {proc.returncode}: {tail[0]}")
 
-    def why_failed(self, ap: Applier, t: Target, exc: ServerStartError | ApplyError) -> str:
+    def why_failed(self, ap: Steps, t: Target, exc: ServerStartError | ApplyError) -> str:
         return str(exc).splitlines()[0]
 
-    def in_flight(self, ap: Applier, t: Target) -> int | None:
+    def in_flight(self, ap: Steps, t: Target) -> int | None:
         return None
 
-    def settle(self, ap: Applier, aid: int, t: Target) -> None:
+    def settle(self, ap: Steps, aid: int, t: Target) -> None:
         return None
 
 
@@ -238,7 +183,7 @@ class Hook(_Gated):
     def describe(self, p: Plan) -> list[str]:
         return ["hook argv: " + json.dumps(p.new_argv)]
 
-    def commands(self, ap: Applier, aid: int, t: Target, flags: dict[str, Any],
+    def commands(self, ap: Steps, aid: int, t: Target, flags: dict[str, Any],
                  diff: dict[str, Any]) -> list[list[str]]:
         return [hook_argv(t, flags, diff, None)]
 
@@ -253,12 +198,12 @@ class Systemd(_Gated):
         return [f"systemd: drop-in {self.dropin_path(t)} with TUNER_FLAGS={flags}, then systemctl daemon-reload "
                 f"and systemctl restart {self._unit(t)}"]
 
-    def commands(self, ap: Applier, aid: int, t: Target, flags: dict[str, Any],
+    def commands(self, ap: Steps, aid: int, t: Target, flags: dict[str, Any],
                  diff: dict[str, Any]) -> list[list[str]]:
         path = self.dropin_path(t)
         text = ("# written by tuner: the flags it applied; the unit's ExecStart must use $TUNER_FLAGS\n"
                 f"[Service]\nEnvironment=\"TUNER_FLAGS={' '.join(flags_argv(t.backend, flags))}\"\n")
-        ap._step(aid, "dropin", f"{path}")
+        ap.step(aid, "dropin", f"{path}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
@@ -291,20 +236,20 @@ class ByHand:
     def describe(self, p: Plan) -> list[str]:
         return ["flags after: " + " ".join(p.new_argv)]
 
-    def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
+    def switch(self, ap: Steps, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
         raise ApplyError(f"tuner does not restart {p.target.name}: restart it by hand with "
                          f"{' '.join(flags_argv(p.target.backend, flags))}")
 
-    def restore(self, ap: Applier, aid: int, p: Plan) -> bool:
+    def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
         return False
 
-    def why_failed(self, ap: Applier, t: Target, exc: ServerStartError | ApplyError) -> str:
+    def why_failed(self, ap: Steps, t: Target, exc: ServerStartError | ApplyError) -> str:
         return str(exc).splitlines()[0]
 
-    def in_flight(self, ap: Applier, t: Target) -> int | None:
+    def in_flight(self, ap: Steps, t: Target) -> int | None:
         return None
 
-    def settle(self, ap: Applier, aid: int, t: Target) -> None:
+    def settle(self, ap: Steps, aid: int, t: Target) -> None:
         return None
 
 
@@ -316,11 +261,11 @@ class _Balanced:
     def argv(self, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[str]:
         return mg.build_argv(t, flags)
 
-    def in_flight(self, ap: Applier, t: Target) -> int | None:
-        return ap._in_flight(t)
+    def in_flight(self, ap: Steps, t: Target) -> int | None:
+        return ap.in_flight(t)
 
     @staticmethod
-    def _lb(ap: Applier, t: Target) -> HAProxy:
+    def _lb(ap: Steps, t: Target) -> HAProxy:
         assert t.balancer is not None
         return HAProxy(t.balancer.socket, t.balancer.backend, clock=ap.clock, sleep=ap.sleep)
 
@@ -338,11 +283,11 @@ class Rolling(_Balanced):
                 "new argv (per replica, its own port): " + json.dumps(p.new_argv)]
 
     @staticmethod
-    def _runs(ap: Applier, m: Target, flags: dict[str, Any]) -> bool:
+    def _runs(ap: Steps, m: Target, flags: dict[str, Any]) -> bool:
         r = ap.running(m)
         return r is not None and mg.proc_argv(r.pid) == mg.build_argv(m, flags)
 
-    def _one(self, ap: Applier, aid: int, m: Target, flags: dict[str, Any], lb: HAProxy) -> None:
+    def _one(self, ap: Steps, aid: int, m: Target, flags: dict[str, Any], lb: HAProxy) -> None:
         """Take replica ``m`` to ``flags`` while the others serve."""
         assert m.balancer is not None and m.replica is not None
         b, server = m.balancer, m.replica
@@ -350,44 +295,44 @@ class Rolling(_Balanced):
         if not up:
             raise ApplyError(f"no other replica of {m.group} is UP in HAProxy backend {b.backend}: taking {server} "
                              "out would leave no server for the clients")
-        ap._step(aid, "draining", f"{m.name}: HAProxy {b.backend}/{server} drain; {', '.join(up)} serve",
+        ap.step(aid, "draining", f"{m.name}: HAProxy {b.backend}/{server} drain; {', '.join(up)} serve",
                  state="draining")
         drained, st = lb.drain(server, b.drain_timeout.total_seconds())
-        ap._step(aid, "drained" if drained else "drain_timeout", f"{m.name}: {st.current} sessions, {st.queued} "
+        ap.step(aid, "drained" if drained else "drain_timeout", f"{m.name}: {st.current} sessions, {st.queued} "
                  f"queued in HAProxy" + ("" if drained else f" after {b.drain_timeout.total_seconds():g}s"))
         r = ap.running(m)
         if r is not None:
-            ap._step(aid, "stopped", f"{m.name}: {ap._drain(m, r)}")
-        ap._step(aid, "starting", f"{m.name}: {json.dumps(mg.build_argv(m, flags))}", state="starting")
-        r = ap.launch(m, flags, spawned=lambda r: ap._step(aid, "health_check", f"{m.name}: pid {r.pid} started",
+            ap.step(aid, "stopped", f"{m.name}: {ap.drain(m, r)}")
+        ap.step(aid, "starting", f"{m.name}: {json.dumps(mg.build_argv(m, flags))}", state="starting")
+        r = ap.launch(m, flags, spawned=lambda r: ap.step(aid, "health_check", f"{m.name}: pid {r.pid} started",
                                                             state="health_check"))
         st = lb.ready(server, b.up_timeout.total_seconds())
-        ap._step(aid, "in_rotation", f"{m.name}: HAProxy {b.backend}/{server} {st.status}; pid {r.pid}")
+        ap.step(aid, "in_rotation", f"{m.name}: HAProxy {b.backend}/{server} {st.status}; pid {r.pid}")
 
-    def canary(self, ap: Applier, aid: int, p: Plan) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
+    def canary(self, ap: Steps, aid: int, p: Plan) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
         """The recommendation's replica takes the flags; a peer keeps the old ones as the control."""
         t = p.target
         control = next(m for m in ap.cfg.group(t) if m.name != t.name)
-        ap._step(aid, "canary", f"{t.name} takes the new flags; {control.name} keeps the old ones as the control")
+        ap.step(aid, "canary", f"{t.name} takes the new flags; {control.name} keeps the old ones as the control")
         self._one(ap, aid, t, p.new_flags, self._lb(ap, t))
         return (t.name, [t.name]), (control.name, [control.name])
 
-    def promote(self, ap: Applier, aid: int, p: Plan) -> None:
+    def promote(self, ap: Steps, aid: int, p: Plan) -> None:
         lb = self._lb(ap, p.target)
         for m in ap.cfg.group(p.target):
             if m.name != p.target.name:
                 self._one(ap, aid, m, p.new_flags, lb)
-        ap._step(aid, "healthy", f"rolled out to all {len(ap.cfg.group(p.target))} replicas of {p.target.group}")
+        ap.step(aid, "healthy", f"rolled out to all {len(ap.cfg.group(p.target))} replicas of {p.target.group}")
 
-    def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
+    def switch(self, ap: Steps, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
         lb = self._lb(ap, p.target)
         members = ap.cfg.group(p.target)
         for m in members:
             self._one(ap, aid, m, flags, lb)
-        ap._step(aid, "healthy", f"all {len(members)} replicas of {p.target.group} run the flags and are UP in "
+        ap.step(aid, "healthy", f"all {len(members)} replicas of {p.target.group} run the flags and are UP in "
                                  "HAProxy")
 
-    def restore(self, ap: Applier, aid: int, p: Plan) -> bool:
+    def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
         """Every replica not running the old flags goes back to them, one at a time; one that does is put back in
         rotation if a failed switch left it drained."""
         lb = self._lb(ap, p.target)
@@ -401,21 +346,21 @@ class Rolling(_Balanced):
             self._one(ap, aid, m, p.old_flags, lb)
         return True
 
-    def why_failed(self, ap: Applier, t: Target, exc: ServerStartError | ApplyError) -> str:
+    def why_failed(self, ap: Steps, t: Target, exc: ServerStartError | ApplyError) -> str:
         if isinstance(exc, ServerStartError) and exc.exited:
             for m in ap.cfg.group(t):  # the replica that failed is the one not running
                 if ap.running(m) is None:
                     return f"{m.name}: {mg.error_line(mg.log_path(m, ap.config_dir))}"
         return str(exc).splitlines()[0]
 
-    def settle(self, ap: Applier, aid: int, t: Target) -> None:
+    def settle(self, ap: Steps, aid: int, t: Target) -> None:
         """Replicas that run and were left drained go back in rotation."""
         lb = self._lb(ap, t)
         for m in ap.cfg.group(t):  # `ready` is idempotent; a drained replica whose check fails reads DOWN, not DRAIN
             assert m.replica is not None and m.balancer is not None
             if ap.running(m) is not None:
                 st = lb.ready(m.replica, m.balancer.up_timeout.total_seconds())
-                ap._step(aid, "in_rotation", f"{m.name}: HAProxy {st.status}")
+                ap.step(aid, "in_rotation", f"{m.name}: HAProxy {st.status}")
 
 
 class BlueGreen(_Balanced):
@@ -426,7 +371,7 @@ class BlueGreen(_Balanced):
     while green serves; blue back UP, green is drained and removed from the backend. Clients always have a server
     that is UP, and a config that does not start fails on the spare, before blue is touched. Blue keeps its address
     (the one tuner scrapes, the config names and the verdict watches), at the cost of a second start.
-    The room (memory for both at once) is the app's answer, ``Applier.room``; without room it refuses."""
+    The room (memory for both at once) is the app's answer, ``Steps.room``; without room it refuses."""
 
     name, restarts, outage, whole_group = "blue_green", True, False, False
 
@@ -449,31 +394,31 @@ class BlueGreen(_Balanced):
             "replica": f"{t.balancer.server[:56]}-spare",
             "managed": t.managed.model_copy(update={"served_model_name": t.served_name})})
 
-    def _spare_now(self, ap: Applier, t: Target) -> Target | None:
+    def _spare_now(self, ap: Steps, t: Target) -> Target | None:
         """The spare as it runs (its port from the argv it was started with), if a spare was recorded."""
         st = jr.get_managed(ap.engine, self.spare(t).name)
         if st is None or "--port" not in st.argv:
             return None
         return self.spare(t, int(st.argv[st.argv.index("--port") + 1]))
 
-    def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
+    def switch(self, ap: Steps, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
         t = p.target
         fits, why = ap.room(t, flags) if ap.room is not None else (False, "no memory reading was given to tuner")
         if not fits:
             raise ApplyError(f"blue/green needs room for a second server beside {t.name}: {why}; free memory, or "
                              f"apply with an outage by removing targets[{t.name}].balancer")
-        ap._step(aid, "room", f"a second server fits: {why}")
+        ap.step(aid, "room", f"a second server fits: {why}")
         self._converge(ap, aid, t, flags, spare_ok=True)
-        ap._step(aid, "healthy", f"{t.name} runs the flags and is UP in HAProxy; the spare is gone")
+        ap.step(aid, "healthy", f"{t.name} runs the flags and is UP in HAProxy; the spare is gone")
 
-    def restore(self, ap: Applier, aid: int, p: Plan) -> bool:
+    def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
         fits, why = ap.room(p.target, p.old_flags) if ap.room is not None else (False, "no memory reading")
         if not fits:
-            ap._step(aid, "room", f"no room for a spare ({why}): {p.target.name} restarts in place, an outage")
+            ap.step(aid, "room", f"no room for a spare ({why}): {p.target.name} restarts in place, an outage")
         self._converge(ap, aid, p.target, p.old_flags, spare_ok=fits)
         return True
 
-    def _converge(self, ap: Applier, aid: int, t: Target, flags: dict[str, Any], *, spare_ok: bool) -> None:
+    def _converge(self, ap: Steps, aid: int, t: Target, flags: dict[str, Any], *, spare_ok: bool) -> None:
         """Blue running ``flags`` and UP, no spare left; a spare with ``flags`` serves while blue restarts."""
         b, lb = t.balancer, self._lb(ap, t)
         assert b is not None and b.server is not None
@@ -490,50 +435,50 @@ class BlueGreen(_Balanced):
                 self._remove_spare(ap, aid, t, lb)
                 spare = self._start_spare(ap, aid, t, flags, lb) if spare_ok else None
             if spare is not None:
-                ap._step(aid, "draining", f"{t.name}: HAProxy {b.backend}/{b.server} drain; {spare.replica} "
+                ap.step(aid, "draining", f"{t.name}: HAProxy {b.backend}/{b.server} drain; {spare.replica} "
                                           "serves", state="draining")
                 drained, st = lb.drain(b.server, b.drain_timeout.total_seconds())
-                ap._step(aid, "drained" if drained else "drain_timeout", f"{t.name}: {st.current} sessions, "
+                ap.step(aid, "drained" if drained else "drain_timeout", f"{t.name}: {st.current} sessions, "
                                                                           f"{st.queued} queued in HAProxy")
-            ap._step(aid, "stopped", f"{t.name}: {ap._drain(t, blue)}")
-        ap._step(aid, "starting", f"{t.name}: {json.dumps(mg.build_argv(t, flags))}", state="starting")
-        r = ap.launch(t, flags, spawned=lambda r: ap._step(aid, "health_check", f"{t.name}: pid {r.pid} started",
+            ap.step(aid, "stopped", f"{t.name}: {ap.drain(t, blue)}")
+        ap.step(aid, "starting", f"{t.name}: {json.dumps(mg.build_argv(t, flags))}", state="starting")
+        r = ap.launch(t, flags, spawned=lambda r: ap.step(aid, "health_check", f"{t.name}: pid {r.pid} started",
                                                             state="health_check"))
         st = lb.ready(b.server, up_s)
-        ap._step(aid, "in_rotation", f"{t.name}: HAProxy {b.backend}/{b.server} {st.status}; pid {r.pid}")
+        ap.step(aid, "in_rotation", f"{t.name}: HAProxy {b.backend}/{b.server} {st.status}; pid {r.pid}")
         self._remove_spare(ap, aid, t, lb)
 
-    def _start_spare(self, ap: Applier, aid: int, t: Target, flags: dict[str, Any], lb: HAProxy) -> Target:
+    def _start_spare(self, ap: Steps, aid: int, t: Target, flags: dict[str, Any], lb: HAProxy) -> Target:
         assert t.balancer is not None
         spare = self.spare(t, free_port())
         assert spare.replica is not None
-        ap._step(aid, "starting", f"{spare.name} on {spare.url}: {json.dumps(mg.build_argv(spare, flags))}",
+        ap.step(aid, "starting", f"{spare.name} on {spare.url}: {json.dumps(mg.build_argv(spare, flags))}",
                  state="starting")
-        r = ap.launch(spare, flags, spawned=lambda r: ap._step(aid, "health_check", f"{spare.name}: pid {r.pid} "
+        r = ap.launch(spare, flags, spawned=lambda r: ap.step(aid, "health_check", f"{spare.name}: pid {r.pid} "
                                                                 "started", state="health_check"))
         host, port = spare.host_port
         lb.add(spare.replica, host, port)
         st = lb.ready(spare.replica, t.balancer.up_timeout.total_seconds())
-        ap._step(aid, "in_rotation", f"{spare.name}: HAProxy {lb.backend}/{spare.replica} {st.status}; pid {r.pid}")
+        ap.step(aid, "in_rotation", f"{spare.name}: HAProxy {lb.backend}/{spare.replica} {st.status}; pid {r.pid}")
         return spare
 
-    def _remove_spare(self, ap: Applier, aid: int, t: Target, lb: HAProxy) -> None:
+    def _remove_spare(self, ap: Steps, aid: int, t: Target, lb: HAProxy) -> None:
         assert t.balancer is not None
         spare = self._spare_now(ap, t) or self.spare(t)
         assert spare.replica is not None
         if spare.replica in lb.stats():
             drained, st = lb.drain(spare.replica, t.balancer.drain_timeout.total_seconds())
-            ap._step(aid, "drained" if drained else "drain_timeout", f"{spare.name}: {st.current} sessions, "
+            ap.step(aid, "drained" if drained else "drain_timeout", f"{spare.name}: {st.current} sessions, "
                                                                       f"{st.queued} queued in HAProxy")
         r = ap.running(spare)
         if r is not None:
-            ap._step(aid, "stopped", f"{spare.name}: {ap._drain(spare, r)}")
+            ap.step(aid, "stopped", f"{spare.name}: {ap.drain(spare, r)}")
         if spare.replica in lb.stats():
             lb.remove(spare.replica)
-            ap._step(aid, "removed", f"{spare.name}: HAProxy {lb.backend}/{spare.replica} deleted")
+            ap.step(aid, "removed", f"{spare.name}: HAProxy {lb.backend}/{spare.replica} deleted")
         jr.forget_managed(ap.engine, spare.name)
 
-    def why_failed(self, ap: Applier, t: Target, exc: ServerStartError | ApplyError) -> str:
+    def why_failed(self, ap: Steps, t: Target, exc: ServerStartError | ApplyError) -> str:
         if isinstance(exc, ServerStartError) and exc.exited:
             spare = self.spare(t)
             st = jr.get_managed(ap.engine, spare.name)
@@ -541,13 +486,13 @@ class BlueGreen(_Balanced):
             return f"{who.name}: {mg.error_line(mg.log_path(who, ap.config_dir))}"
         return str(exc).splitlines()[0]
 
-    def settle(self, ap: Applier, aid: int, t: Target) -> None:
+    def settle(self, ap: Steps, aid: int, t: Target) -> None:
         """Blue, if it runs, back in rotation; the spare drained and removed."""
         assert t.balancer is not None and t.balancer.server is not None
         lb = self._lb(ap, t)
         if ap.running(t) is not None:
             st = lb.ready(t.balancer.server, t.balancer.up_timeout.total_seconds())
-            ap._step(aid, "in_rotation", f"{t.name}: HAProxy {lb.backend}/{t.balancer.server} {st.status}")
+            ap.step(aid, "in_rotation", f"{t.name}: HAProxy {lb.backend}/{t.balancer.server} {st.status}")
             self._remove_spare(ap, aid, t, lb)
 
 

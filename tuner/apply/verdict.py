@@ -185,20 +185,20 @@ class _Effect:
         return self.before is None or self.after is None or abs(self.after - self.before) >= self.abs_min
 
     @property
-    def _up(self) -> bool:  # rose, beyond the noise
+    def rose(self) -> bool:  # rose, beyond the noise
         return self.p_up >= CONFIDENT and self.rel >= self._min and self._large
 
     @property
-    def _down(self) -> bool:  # fell, beyond the noise
+    def fell(self) -> bool:  # fell, beyond the noise
         return 1 - self.p_up >= CONFIDENT and self.rel <= -self._min and self._large
 
     @property
     def better(self) -> bool:
-        return self._up if self.higher_is_better else self._down
+        return self.rose if self.higher_is_better else self.fell
 
     @property
     def worse(self) -> bool:
-        return self._down if self.higher_is_better else self._up
+        return self.fell if self.higher_is_better else self.rose
 
     @property
     def _min(self) -> float:
@@ -438,7 +438,7 @@ def queue_clause(b: LoadProfile, a: LoadProfile) -> Clause:
 
 def effect_clause(e: _Effect, kind: str) -> Clause:
     """A KPI before and after with its test: rose or fell only beyond the noise, else held."""
-    word = "rose" if e._up else "fell" if e._down else "held"
+    word = "rose" if e.rose else "fell" if e.fell else "held"
     verb = word if word != "held" else "did not change beyond the noise"
     return Clause(kind, word, f"{e.name} {verb}: {_num(e.before)} -> {_num(e.after)} ({e.rel:+.0%}, P(up) "
                   f"{e.p_up:.2f})", e.before, e.after)

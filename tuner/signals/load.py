@@ -147,12 +147,12 @@ def _by_ts(e: EngineWindow, metric: str) -> dict[int, float]:
     return out
 
 
-def _deltas(values: Sequence[float]) -> list[float]:
+def deltas(values: Sequence[float]) -> list[float]:
     """Counter increases between consecutive samples; a decrease is a reset (the new value counts whole)."""
     return [b - a if b >= a else b for a, b in zip(values, values[1:])]
 
 
-def _hist_increase(h: HistSeries) -> tuple[float, ...] | None:
+def hist_increase(h: HistSeries) -> tuple[float, ...] | None:
     if len(h.points) < 2:
         return None
     first, last = h.points[0], h.points[-1]
@@ -178,7 +178,7 @@ def _sum_hists(engines: Sequence[EngineWindow], metric: str) -> tuple[tuple[floa
     bounds: tuple[float, ...] = ()
     for e in engines:
         h = e.hists.get((metric, ()))
-        inc = _hist_increase(h) if h is not None else None
+        inc = hist_increase(h) if h is not None else None
         if inc is None:
             continue
         if total is None:
@@ -236,7 +236,7 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
 
     def increases(key: str) -> list[float]:
         """A counter's increase per interval, summed over engines (each engine's resets its own)."""
-        per = [_deltas(vals) for vals in per_engine(key)]
+        per = [deltas(vals) for vals in per_engine(key)]
         return [math.fsum(col) for col in zip(*per)] if per else [0.0] * (len(stamps) - 1)
 
     gen_d = increases("generated")
@@ -269,7 +269,7 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
         for (name, labels), pts in e.series.items():
             reason = dict(labels or ()).get("finished_reason")
             if name == names["finished"] and reason in ("abort", "error") and len(pts) >= 2:
-                aborted += math.fsum(_deltas([v for _, v in pts]))
+                aborted += math.fsum(deltas([v for _, v in pts]))
     hists = {k: h for k in ("ttft", "e2e", "itl", "queue") if (h := _sum_hists(engines, names[k])) is not None}
     queue_s, e2e_s = _sum_seconds(engines, names["queue"]), _sum_seconds(engines, names["e2e"])
     queue_time_share = queue_s / e2e_s if queue_s is not None and e2e_s else None

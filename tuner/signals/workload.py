@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tuner.config import YamlTextError, load_yaml
 from tuner.errors import ConfigError
-from tuner.signals.load import _deltas, _hist_increase, profile
+from tuner.signals.load import deltas, hist_increase, profile
 from tuner.signals.promql import histogram_quantile
 from tuner.store.window import EngineWindow, TargetWindow
 
@@ -110,7 +110,7 @@ def _sum_hist(engines: list[EngineWindow], metric: str) -> tuple[tuple[float, ..
     total = count = 0.0
     for e in engines:
         h = e.hists.get((metric, ()))
-        inc = _hist_increase(h) if h is not None else None
+        inc = hist_increase(h) if h is not None else None
         if h is None or inc is None:
             continue
         first, last = h.points[0], h.points[-1]
@@ -153,7 +153,7 @@ def _bucket_of(q: float, bounds: tuple[float, ...], cum: list[float]) -> tuple[f
 
 def _counter_increase(e: EngineWindow, metric: str, keep: Any = None) -> float:
     """The increase of ``metric`` over the window, summed over its label sets (those ``keep(labels)`` accepts)."""
-    return math.fsum(math.fsum(_deltas([v for _, v in pts])) for (name, labels), pts in e.series.items()
+    return math.fsum(math.fsum(deltas([v for _, v in pts])) for (name, labels), pts in e.series.items()
                      if name == metric and len(pts) >= 2 and (keep is None or keep(dict(labels or ()))))
 
 

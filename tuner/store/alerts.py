@@ -18,7 +18,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from tuner.errors import StoreError
 from tuner.store.models import Base
-from tuner.store.store import Store, _driver
+from tuner.store.store import Store, driver_connection
 
 __all__ = ["AlertStateRow", "AlertEventRow", "OutboxRow", "OutboxItem", "load_states",
            "save_states", "record_events", "history", "enqueue", "queued", "mark_sent", "mark_failed",
@@ -118,8 +118,8 @@ def save_states(store: Store, changed: Iterable[Mapping[str, Any]], gone: Iterab
     fingerprint), append events and enqueue notifications: one transaction. The caller knows what it stored last:
     an evaluation that changed nothing writes nothing (1,000 pending alerts rewritten every 15 s were ~6% of a
     busy daemon's CPU, bench/results/)."""
-    with store._lock, store._write() as conn:
-        raw = _driver(conn)
+    with store.lock, store.begin() as conn:
+        raw = driver_connection(conn)
         try:
             raw.executemany(_DELETE_STATE, list(gone))
             raw.executemany(_UPSERT_STATE, [_state_params(a) for a in changed])
@@ -137,7 +137,7 @@ def save_states(store: Store, changed: Iterable[Mapping[str, Any]], gone: Iterab
 def record_events(store: Store, events: Iterable[dict]) -> None:
     ev = list(events)
     if ev:
-        with store._lock, store._write() as conn:
+        with store.lock, store.begin() as conn:
             conn.execute(insert(AlertEventRow), ev)
 
 
@@ -149,7 +149,7 @@ def history(store: Store, *, since_ms: int = 0, limit: int = 200) -> list[Any]:
 
 
 def enqueue(store: Store, alertmanager: str, payload: list[dict], now_ms: int) -> None:
-    with store._lock, store._write() as conn:
+    with store.lock, store.begin() as conn:
         conn.execute(insert(OutboxRow).values(alertmanager=alertmanager, created_ms=now_ms,
                                               payload=json.dumps(payload), attempts=0, next_attempt_ms=now_ms,
                                               last_error=""))
@@ -163,12 +163,12 @@ def queued(store: Store, limit: int = 200) -> list[OutboxItem]:
 
 
 def mark_sent(store: Store, item_id: int) -> None:
-    with store._lock, store._write() as conn:
+    with store.lock, store.begin() as conn:
         conn.execute(delete(OutboxRow).where(OutboxRow.id == item_id))
 
 
 def mark_failed(store: Store, item_id: int, error: str, next_attempt_ms: int) -> None:
-    with store._lock, store._write() as conn:
+    with store.lock, store.begin() as conn:
         conn.execute(update(OutboxRow).where(OutboxRow.id == item_id)
                      .values(attempts=OutboxRow.attempts + 1, last_error=error[:500], next_attempt_ms=next_attempt_ms))
 

@@ -40,11 +40,11 @@ def apply_retention(store: Store, retention: Retention, *, now: float,
                     outbox_max_age: timedelta | None = None) -> dict[str, int]:
     """One retention run; how many rows each part touched (``freed_pages``: given back to the file system)."""
     counts: dict[str, int] = {}
-    with store._lock:
-        with store._write() as conn:
+    with store.lock:
+        with store.begin() as conn:
             gone = _prune(conn, counts, retention, now=now, outbox_max_age=outbox_max_age)
         store.forget_deleted(*gone)  # committed: the ids cached for them go too
-    counts["freed_pages"] = give_back_space(store.engine, lock=store._lock)
+    counts["freed_pages"] = give_back_space(store.engine, lock=store.lock)
     return counts
 
 

@@ -116,7 +116,7 @@ _SELECT_CONFIGS = "SELECT engine, model_name, config FROM engine_configs WHERE t
 _TOUCH_CONFIG = "UPDATE engine_configs SET last_seen_ms = ? WHERE id = ?"
 
 
-def _driver(conn) -> sqlite3.Connection:
+def driver_connection(conn) -> sqlite3.Connection:
     """The sqlite3 connection under a SQLAlchemy one, for the per-scrape writes and the window reads."""
     raw = conn.connection.driver_connection
     assert isinstance(raw, sqlite3.Connection), "tuner's store is SQLite"
@@ -235,7 +235,7 @@ class Store:
     # ---- writing -------------------------------------------------------------------------------
 
     def ensure_target(self, name: str, backend: str, url: str, labels: dict[str, str] | None = None) -> int:
-        with self._lock, self._write() as conn:
+        with self._lock, self.begin() as conn:
             return self._target_id(conn, name, backend, url, labels or {})
 
     def _target_id(self, conn, name: str, backend: str, url: str, labels: dict[str, str]) -> int:
@@ -254,8 +254,16 @@ class Store:
         self._targets[name] = tid
         return tid
 
-    def _write(self) -> Tx:
+    @property
+    def lock(self) -> threading.Lock:
+        """Held around every write transaction of this Store; the store's own modules that write beside it (alert
+        state, retention) hold it too, with ``begin``."""
+        return self._lock
+
+    def begin(self) -> Tx:
+        """A write transaction whose rollback drops the ids this Store cached (take ``lock`` around it)."""
         return Tx(self.engine, on_rollback=self._forget_ids)
+
 
     def _forget_ids(self) -> None:
         """A rolled-back transaction may have created ids we cached: drop the caches (the head's too)."""
@@ -331,7 +339,7 @@ class Store:
 
     def _write_rows(self, items: Sequence[Scraped | Failed], plain: list, hist: list, raw_counts: list | None,
                     scrapes: list, healths: list, written: list, touches: list) -> None:
-        with self._write() as conn:
+        with self.begin() as conn:
             try:
                 for item in items:
                     if isinstance(item, Failed):
@@ -352,7 +360,7 @@ class Store:
                     healths.append((tid, health, error, ts, ts, snap.duration_s, 0,
                                     None if snap.healthy is None else int(snap.healthy)))
                     written.append(n)
-                raw = _driver(conn)  # the driver's executemany: SQLAlchemy's own work costs more
+                raw = driver_connection(conn)  # the driver's executemany: SQLAlchemy's own work costs more
                 if plain:
                     raw.executemany(_INSERT_SAMPLES, plain)
                 if hist:
@@ -412,7 +420,7 @@ class Store:
                 rows.append((tid, e.engine, e.model_name, metric, json.dumps(lbl), "histogram",
                              _bounds_json(h.bounds)))
                 keys.append((tid, e.engine, e.model_name, metric, lbl, h.bounds))
-        raw = _driver(conn)
+        raw = driver_connection(conn)
         raw.executemany(_INSERT_SERIES, rows)
         ids = {(r[1], r[2], r[3], r[4], r[6]): r[0] for r in raw.execute(_SELECT_TARGET_SERIES, (tid,))}
         infos = []
@@ -451,7 +459,7 @@ class Store:
         if not reading.available:
             return 0
         ts = _ms(reading.ts)
-        with self._lock, self._write() as conn:
+        with self._lock, self.begin() as conn:
             rows = [dict(ts_ms=ts, source=reading.source, gpu_index=g.index, uuid=g.uuid, name=g.name,
                          utilization=g.utilization, memory_used_bytes=g.memory_used_bytes,
                          memory_total_bytes=g.memory_total_bytes, temperature_c=g.temperature_c,
@@ -483,7 +491,7 @@ class Store:
 
     def health(self, target: str) -> TargetHealth | None:
         with self.engine.connect() as conn:
-            raw = _driver(conn)
+            raw = driver_connection(conn)
             trow = raw.execute(_SELECT_TARGET, (target,)).fetchone()
             return None if trow is None else _health_of(raw.execute(_SELECT_HEALTH, (trow[0],)).fetchone())
 
@@ -516,7 +524,7 @@ class Store:
         # The driver's own cursor: a window is thousands of rows, and SQLAlchemy's per-row work cost more
         # than SQLite's (bench/results/).
         with self.engine.connect() as conn:
-            raw = _driver(conn)
+            raw = driver_connection(conn)
             try:
                 trow = raw.execute(_SELECT_TARGET, (target,)).fetchone()
                 if trow is None:
@@ -571,7 +579,7 @@ class Store:
         kept = self._meta.get(target)
         if kept is None:
             with self._lock, self.engine.connect() as conn:  # no write lands between the read and keeping it
-                raw = _driver(conn)
+                raw = driver_connection(conn)
                 try:
                     trow = raw.execute(_SELECT_TARGET, (target,)).fetchone()
                     if trow is None:  # deleted since the head held it
@@ -593,7 +601,7 @@ class Store:
         if hi - lo > MAX_SPAN_MS:
             return
         with self._lock, self.engine.connect() as conn:
-            raw = _driver(conn)
+            raw = driver_connection(conn)
             try:
                 trow = raw.execute(_SELECT_TARGET, (target,)).fetchone()
                 if trow is None:
@@ -654,6 +662,6 @@ class Store:
 
     def delete_targets_except(self, keep: Iterable[str]) -> None:
         """Not used by the daemon (history is kept when a target leaves the config); for tests/tools."""
-        with self._lock, self._write() as conn:
+        with self._lock, self.begin() as conn:
             conn.execute(delete(TargetRow).where(TargetRow.name.not_in(list(keep))))
             self._forget_ids()
