@@ -17,7 +17,8 @@ from tuner.app.status import group_signals_at
 from tuner.config import Config, Target, replica_groups
 from tuner.errors import TunerError
 from tuner.notify import FlushResult, Notifier
-from tuner.rules.evaluate import configured_max_num_seqs, evaluate, payload, reads_by_window, to_send, vector
+from tuner.rules.evaluate import configured_max_num_seqs, payload, reads_by_window
+from tuner.rules.group import Inputs, eval_group
 from tuner.rules.model import RuleGroup, RuleSet, default_rule_files, load_rule_files
 from tuner.rules.state import Alert, from_row, to_row
 from tuner.signals.derive import TargetSignals, compute_signals
@@ -72,9 +73,10 @@ class Alerting:
         return True
 
     def evaluate_group(self, group: RuleGroup) -> dict[str, str]:
-        """Evaluate every rule of ``group`` at now and write the outcome; a rule that fails to evaluate (a bug, a
-        value no rule expects) is left as it was and reported, and the others are evaluated as usual (Prometheus
-        keeps a rule's health the same way). Returns the failed rules' errors by key (group/alert)."""
+        """Evaluate every rule of ``group`` at now (tuner/rules/group.py, the evaluation the scenario runner runs too)
+        and write the outcome; a rule that fails to evaluate (a bug, a value no rule expects) is left as it was and
+        reported, and the others are evaluated as usual (Prometheus keeps a rule's health the same way). Returns the
+        failed rules' errors by key (group/alert)."""
         now = self.clock()
         now_ms = int(now * 1000)
         cache: dict[tuple[str, timedelta], TargetSignals | None] = {}
@@ -101,27 +103,18 @@ class Alerting:
             return cache[(name, window)]
 
         gpus = self.store.gpu_latest(max_age_s=max(60.0, 3 * self.cfg.gpu.interval.total_seconds()), now=now)
-        failed: dict[str, str] = {}
+        inputs = Inputs(self.cfg.targets, signals, gpus, target_signal=self.target_signal,
+                        max_num_seqs=self.max_num_seqs)
         with self.lock:
-            events, outgoing = [], []
-            for rule in group.rules:
-                key = group.key(rule)
-                try:
-                    result = vector(rule, self.cfg.targets, signals, gpus, target_signal=self.target_signal,
-                                    max_num_seqs=self.max_num_seqs)
-                    self.state[key], ev = evaluate(rule, result, self.state.get(key, {}), now_ms, key=key)
-                except Exception as exc:  # noqa: BLE001  isolated: its alerts stay as they were, the group goes on
-                    failed[key] = f"rule {key} ({rule.source}) failed to evaluate: {type(exc).__name__}: {exc}"
-                    continue
-                events += ev
-                due = to_send(self.state[key].values(), now_ms, resend_delay=self.cfg.alerting.resend_delay,
-                              interval=group.interval)
-                outgoing += [payload(a, f"{self.base_url}/metrics#alert={key}") for a in due]
+            out = eval_group(group, self.state, now_ms, inputs, resend_delay=self.cfg.alerting.resend_delay)
+            self.state.update(out.state)
+            events = out.events
+            outgoing = [payload(a, f"{self.base_url}/metrics#alert={key}") for key, a in out.due]
             batches = [(am, outgoing) for am in self.cfg.alerting.alertmanagers] if outgoing else []
             self._save(events, batches, now_ms)
         for e in events:
             log.info("alert %s %s -> %s (%s)", e["rule"], e["from_state"], e["to_state"], e["labels"])
-        return failed
+        return out.failed
 
     def _save(self, events: list[dict], outbox: list[tuple[str, list[dict]]], now_ms: int) -> None:
         """Persist the alert set (what changed since the last write), the events and the notifications due."""
