@@ -38,9 +38,9 @@ def auto_step(cfg: Config, store: Store, applier: Applier, target: Target, *, no
               decided: Callable[[Decision], None] = lambda d: None) -> AutoStep:
     """``decided`` hears the guardrails' decision before an apply starts (an apply takes minutes)."""
     applier.reconcile()
-    flags = applier.flags_in_force(target)  # a managed target's model is read by recommend itself
-    recommend(cfg, store, RecommendRequest(target.name, target.apply.baseline.total_seconds(),
-                                           flags=tuple(f"{k}={v}" for k, v in flags.items())), now)
+    flags = applier.flags_in_force(target)  # read once: the advisor and the guardrails see the same flags
+    # (a managed target's model is read by recommend itself)
+    recommend(cfg, store, RecommendRequest(target.name, target.apply.baseline.total_seconds(), in_force=flags), now)
     # a GPU shared with another managed target that is mid-apply is not restarted under it
     busy = {g for t in cfg.targets if t.name != target.name and t.managed
             and jr.open_applies_for(store.engine, t.name) for g in t.managed.gpus}

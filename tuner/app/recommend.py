@@ -2,31 +2,34 @@
 
 Here, and only here, the advisor's inputs are gathered: the stored window, the GPU reading, the server's version
 and live config over HTTP, model files, /proc/meminfo. Then ``tuner.advise.recommend.evaluate`` decides and this
-persists. `tuner recommend`, auto mode and `tuner tune` all come through ``recommend``.
+persists. `tuner recommend` and auto mode come through ``recommend``; `tuner tune` seeds its search from
+``engine_inputs`` with the flags in force and the model's facts it has read itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tuner.advise.diagnose import Inputs
-from tuner.advise.facts import ServerFacts, flags_from_live_config, gpu_facts, load_model, observe
+from tuner.advise.facts import ModelFacts, ServerFacts, flags_from_live_config, gpu_facts, load_model, observe
 from tuner.advise.recommend import Outcome, Previous, evaluate
 from tuner.apply.flow import flags_in_force
 from tuner.collect import http
-from tuner.config import Config
+from tuner.config import Config, Target
 from tuner.errors import ConfigError, InputFileError, ModelFactsError, ScrapeError
 from tuner.files import read_bytes, read_tail
-from tuner.flags import help_flags, parse_version, spec, validate
+from tuner.flags import help_flags, parse_version
 from tuner.signals.derive import EngineSignals, compute_signals
 from tuner.store import recommendations as recs
 from tuner.store.store import Store
 from tuner.store.window import EngineWindow
 
-__all__ = ["RecommendRequest", "gather_inputs", "persist", "recommend", "stored", "one", "host_available_bytes"]
+__all__ = ["RecommendRequest", "gather_inputs", "engine_inputs", "persist", "recommend", "stored", "one",
+           "host_available_bytes"]
 
 _HTTP_TIMEOUT_S = 3.0
 
@@ -37,7 +40,10 @@ class RecommendRequest:
 
     target: str
     window_s: float
-    flags: tuple[str, ...] = ()  # NAME=VALUE: current flags the server does not report, on top of those in force
+    # current flags the server does not report, on top of those in force: tuner's names, validated values (the CLI
+    # parses its --flag NAME=VALUE into these)
+    flags: Mapping[str, Any] = field(default_factory=dict)
+    in_force: Mapping[str, Any] | None = None  # the flags in force, where the caller has read them (else read here)
     model: str | None = None  # model dir / config.json / .gguf for the memory model (else the managed model)
     gpu_vendor: str | None = None  # nvidia | amd | none: overrides what NVML implies
     startup_log: str | None = None  # the log of a start that failed
@@ -84,14 +90,6 @@ def host_available_bytes() -> int | None:
     return None
 
 
-def _parse_flag(backend: str, text: str) -> tuple[str, Any]:
-    name, sep, value = text.partition("=")
-    if not sep:
-        raise ConfigError("tuner recommend", "--flag", f"expected NAME=VALUE (e.g. max_num_seqs=8), got {text!r}")
-    s = spec(backend, name.strip())
-    return s.name, validate(backend, s.name, value.strip())
-
-
 def _read(path: str, what: str, limit: int | None = None) -> str:
     """A log's last ``limit`` bytes, or a whole --help text (at most MAX_FILE_BYTES); a stray byte is replaced."""
     try:
@@ -104,14 +102,9 @@ def _read(path: str, what: str, limit: int | None = None) -> str:
 def gather_inputs(req: RecommendRequest, cfg: Config, store: Store, now: float) -> list[Inputs]:
     """One Inputs per engine of the target, from the store, the live server and the request."""
     target = cfg.target(req.target)
-    window_s = req.window_s
     # What tuner knows is in force (a managed server's flags, the last apply's), then the request's on top.
-    given = {**flags_in_force(store.engine, target), **dict(_parse_flag(target.backend, f) for f in req.flags)}
-    start_ms, end_ms = int(round((now - window_s) * 1000)), int(round(now * 1000))
-    pairs: list[tuple[Any, Any]] = []
-    if target.name in store.target_names():  # never scraped: only a start-up log can be evaluated
-        window = store.window(target.name, now - window_s, now)
-        pairs = list(zip(window.engines, compute_signals(window, slo=target.slo).engines))
+    in_force = req.in_force if req.in_force is not None else flags_in_force(store.engine, target)
+    given = {**in_force, **req.flags}
     server, live = _live_server(target.backend, target.url)
     if req.help_file:
         server = ServerFacts(server.version, help_flags(_read(req.help_file, "--help-file")))
@@ -120,9 +113,27 @@ def gather_inputs(req: RecommendRequest, cfg: Config, store: Store, now: float) 
     model = load_model(model_path) if model_path and Path(model_path).exists() else None
     if req.model and model is None:
         raise ModelFactsError(req.model, "no such file or directory")
-    gpu = gpu_facts(store.gpu_latest(max_age_s=max(60.0, 3 * cfg.gpu.interval.total_seconds()), now=now),
-                    vendor=req.gpu_vendor)
     startup = _read(req.startup_log, "--startup-log", limit=20000) if req.startup_log else None
+    return engine_inputs(cfg, store, target, req.window_s, now, given=given, model=model, server=(server, live),
+                         gpu_vendor=req.gpu_vendor, startup=startup,
+                         repeated_prefix_share=req.repeated_prefix_share)
+
+
+def engine_inputs(cfg: Config, store: Store, target: Target, window_s: float, now: float, *,
+                  given: Mapping[str, Any], model: ModelFacts | None,
+                  server: tuple[ServerFacts, dict[str, str]] | None = None, gpu_vendor: str | None = None,
+                  startup: str | None = None, repeated_prefix_share: float | None = None) -> list[Inputs]:
+    """One Inputs per engine of the target from facts the caller has read (``given``: the flags in force and
+    any on top; ``model``: the memory model's facts) and the signals of the stored window; ``server``: the live
+    server's version and config, asked here when not given. `tuner tune` seeds its search from these."""
+    start_ms, end_ms = int(round((now - window_s) * 1000)), int(round(now * 1000))
+    pairs: list[tuple[Any, Any]] = []
+    if target.name in store.target_names():  # never scraped: only a start-up log can be evaluated
+        window = store.window(target.name, now - window_s, now)
+        pairs = list(zip(window.engines, compute_signals(window, slo=target.slo).engines))
+    facts, live = server if server is not None else _live_server(target.backend, target.url)
+    gpu = gpu_facts(store.gpu_latest(max_age_s=max(60.0, 3 * cfg.gpu.interval.total_seconds()), now=now),
+                    vendor=gpu_vendor)
     if not pairs and startup:  # a server that never started has no samples; its log is the evidence
         pairs = [(EngineWindow(engine="0", model_name="", series={}, hists={}),
                   EngineSignals(engine="0", model_name="", samples=0))]
@@ -134,8 +145,8 @@ def gather_inputs(req: RecommendRequest, cfg: Config, store: Store, now: float) 
         flags.update(given)
         out.append(Inputs(target=target.name, backend=target.backend, now=now, window_s=window_s, signals=e_sig,
                           observed=observe(e_win, target.backend, start_ms, end_ms), flags=flags,
-                          model=model, gpu=gpu, server=server, live=dict(e_win.config), slo=target.slo,
-                          startup_error=startup, repeated_prefix_share=req.repeated_prefix_share,
+                          model=model, gpu=gpu, server=facts, live=dict(e_win.config), slo=target.slo,
+                          startup_error=startup, repeated_prefix_share=repeated_prefix_share,
                           host_memory_available_bytes=host_available_bytes()))
     return out
 

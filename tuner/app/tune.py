@@ -37,15 +37,15 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.advise.facts import load_model
+from tuner.advise.facts import ModelFacts, load_model
 from tuner.advise.recommend import diff_key, evaluate
-from tuner.app.recommend import RecommendRequest, gather_inputs
+from tuner.app.recommend import engine_inputs
 from tuner.app.room import hardware, second_server, shadow_fits
 from tuner.apply import managed as mg
 from tuner.apply.flow import Applier, flags_in_force
@@ -127,9 +127,33 @@ def _flag_text(flags: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in flags.items()) or "(server defaults)"
 
 
-def workload_of(cfg: Config, store: Store, target: str, *, window_s: float, path: str | None, now: float) -> Workload:
+class _Model:
+    """The managed model's facts (config.json, the weights' size), read at most once: tune's set-up hands the same
+    to the workload's limit, the memory model and the advisor's seeds. None when the path is not there; a model
+    that cannot be read raises its ModelFactsError each time it is asked for, from the one reading."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._read: tuple[ModelFacts | None, TunerError | None] | None = None
+
+    def __call__(self) -> ModelFacts | None:
+        if self._read is None:
+            try:
+                self._read = (load_model(self.path) if Path(self.path).exists() else None, None)
+            except TunerError as exc:
+                self._read = (None, exc)
+        model, error = self._read
+        if error is not None:
+            raise error
+        return model
+
+
+def workload_of(cfg: Config, store: Store, target: str, *, window_s: float, path: str | None, now: float,
+                in_force: Mapping[str, Any] | None = None,
+                model: Callable[[], ModelFacts | None] | None = None) -> Workload:
     """The workload to replay: the file when given, else the target's stored window (ConfigError naming what to
-    pass when there is none)."""
+    pass when there is none). ``in_force`` and ``model``: the flags in force and the model's facts where the caller
+    has read them (else read here, when the window's limit needs them)."""
     if path:
         try:
             text = read_text(path)
@@ -140,7 +164,8 @@ def workload_of(cfg: Config, store: Store, target: str, *, window_s: float, path
     if t.backend != "vllm":
         raise ConfigError("tuner tune", "--workload", f"{target} is {t.backend}: its metrics carry no request "
                                                       "lengths; pass a workload file")
-    limit, source = _limit_in_force(store, t)
+    limit, source = _limit_in_force(t, flags_in_force(store.engine, t) if in_force is None else in_force,
+                                    model or (_Model(t.managed.model) if t.managed is not None else lambda: None))
     w = (from_window(store.window(target, now - window_s, now), max_model_len=limit, limit_source=source)
          if target in store.target_names() else None)
     if w is None:
@@ -149,16 +174,18 @@ def workload_of(cfg: Config, store: Store, target: str, *, window_s: float, path
     return w
 
 
-def _limit_in_force(store: Store, t: Target) -> tuple[int | None, str]:
+def _limit_in_force(t: Target, flags: Mapping[str, Any],
+                    model: Callable[[], ModelFacts | None]) -> tuple[int | None, str]:
     """The max-model-len the target serves with, and where that was read; (None, "") when unknown."""
-    flags = flags_in_force(store.engine, t)
     if flags.get("max_model_len"):
         return int(flags["max_model_len"]), "the flags in force"
     if t.managed is not None and Path(t.managed.model).is_dir():
         try:
-            return load_model(t.managed.model).max_position_embeddings, "vLLM's default: the model's context"
+            facts = model()
         except TunerError:
             return None, ""
+        if facts is not None:
+            return facts.max_position_embeddings, "vLLM's default: the model's context"
     return None, ""
 
 
@@ -179,13 +206,15 @@ def reap_orphans(store: Store, say: Callable[[str], None], now: float) -> int:
 
 
 def _advisor_seeds(cfg: Config, store: Store, t: Target, current: dict[str, Any], window_s: float,
-                   now: float) -> tuple[list[tuple[str, dict[str, Any]]], list[dict[str, Any]]]:
+                   now: float, *, in_force: Mapping[str, Any],
+                   model: ModelFacts | None) -> tuple[list[tuple[str, dict[str, Any]]], list[dict[str, Any]]]:
     """The advisor's one-step proposals, as starting points (none when it has nothing, or no data), and those that
-    are no candidate of this target, each with why (a backend switch: tuner/tune/space.py ``not_applied``)."""
+    are no candidate of this target, each with why (a backend switch: tuner/tune/space.py ``not_applied``). The
+    advisor sees the flags in force and the model's facts set-up read, and the stored window's signals."""
     seeds: list[tuple[str, dict[str, Any]]] = []
     refused: list[dict[str, Any]] = []
     try:
-        inputs = gather_inputs(RecommendRequest(t.name, window_s), cfg, store, now)
+        inputs = engine_inputs(cfg, store, t, window_s, now, given=in_force, model=model)
     except Exception:  # the advisor's inputs are a head start, never a reason not to search
         return seeds, refused
     for inp in inputs:
@@ -587,9 +616,14 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     previous = tj.latest_run(store.engine, t.name) if req.resume else None
     if req.resume and previous is None:
         raise ConfigError("tuner tune", "--resume", f"no earlier tuning run of {t.name} to resume")
+    # Read once for the whole set-up: the flags in force (as production runs them: its argv's order, restored as
+    # is) and the model's facts, for the workload's limit, the memory model and the advisor's seeds.
+    in_force = flags_in_force(store.engine, t)
+    facts = _Model(t.managed.model)
     workload = (Workload.model_validate(previous.workload) if previous is not None else
-                workload_of(cfg, store, t.name, window_s=req.window_s, path=req.workload_file, now=now))
-    model = load_model(t.managed.model) if Path(t.managed.model).exists() else None
+                workload_of(cfg, store, t.name, window_s=req.window_s, path=req.workload_file, now=now,
+                            in_force=in_force, model=facts))
+    model = facts()
     hw, hw_json = hardware(store, t, now)
     if req.on_target:
         fits, why = True, f"trials on {t.name} itself (--on-target), production drained until the end"
@@ -597,7 +631,6 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
         fits, why = shadow_fits(t, hw, hw_json, model)
     if not fits:
         raise ConfigError("tuner tune", "--on-target", f"no room for a trial server beside {t.name}: {why}")
-    in_force = flags_in_force(store.engine, t)  # as production runs them (its argv's order: restored as is)
     current = canonical(in_force)
     axes = axes_for(t.backend, current, longest=workload.longest,
                     model_max_len=model.max_position_embeddings if model else None, on_gpu=hw_json["kind"] == "gpu",
@@ -615,7 +648,8 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     seeds = [("baseline", current)]
     not_candidates: list[dict[str, Any]] = []
     if req.sampler == "tpe":
-        advised, not_candidates = _advisor_seeds(cfg, store, t, current, req.window_s, now)
+        advised, not_candidates = _advisor_seeds(cfg, store, t, current, req.window_s, now, in_force=in_force,
+                                                 model=model)
         seeds += advised
         for nc in not_candidates:
             say(f"the advisor's {_flag_text(nc['diff'])} ({', '.join(nc['rules'])}): {nc['why']}")

@@ -14,6 +14,7 @@ from tuner.app.recommend import RecommendRequest, one, recommend, stored
 from tuner.cli.common import RECORD_ID, duration, float_in, int_in, session, when
 from tuner.config import parse_duration
 from tuner.errors import ConfigError
+from tuner.flags import spec, validate
 
 __all__ = ["add_parsers"]
 
@@ -48,9 +49,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if p.fits else 1
 
 
+def _parse_flag(backend: str, text: str) -> tuple[str, Any]:
+    """``--flag NAME=VALUE`` as tuner's name and the value as its declared type (ConfigError / FlagError)."""
+    name, sep, value = text.partition("=")
+    if not sep:
+        raise ConfigError("tuner recommend", "--flag", f"expected NAME=VALUE (e.g. max_num_seqs=8), got {text!r}")
+    s = spec(backend, name.strip())
+    return s.name, validate(backend, s.name, value.strip())
+
+
 def cmd_recommend(args: argparse.Namespace) -> int:
     s = session(args)
-    req = RecommendRequest(args.target, args.window.total_seconds(), flags=tuple(args.flag or ()), model=args.model,
+    backend = s.cfg.target(args.target).backend  # an unknown target is named before a --flag is read
+    flags = dict(_parse_flag(backend, f) for f in args.flag or ())
+    req = RecommendRequest(args.target, args.window.total_seconds(), flags=flags, model=args.model,
                            gpu_vendor=args.gpu_vendor, startup_log=args.startup_log, help_file=args.help_file,
                            repeated_prefix_share=args.repeated_prefix_share)
     result = recommend(s.cfg, s.store, req, time.time())
