@@ -347,6 +347,20 @@ def probes(text: str) -> str | None:
                                    f"unbounded, {m.group(4)} not ending as they should")
 
 
+def soak(text: str) -> str | None:
+    """bench/soak.py's verdict table: minutes, crashes, double applies, duplicate and lost notifications, ..."""
+    t = table_with(section(text, "Verdict") or "", "what")
+    if t is None:
+        return None
+    kv = {row[0]: row[1] for row in t[1] if len(row) >= 2}
+    if "minutes" not in kv:
+        return None
+    flat = kv.get("store flat after retention", "?").split(" (")[0]
+    return (f"{kv['minutes']} min: crashes {kv.get('crashes', '?')}, double applies {kv.get('double applies', '?')}, "
+            f"duplicate notifications {kv.get('duplicate notifications', '?')}, lost "
+            f"{kv.get('notifications lost', '?')}, tracebacks {kv.get('tracebacks', '?')}; store flat: {flat}")
+
+
 def keepalive(text: str) -> str | None:
     t = table_with(text, "server keep-alive", "client connections", "sent", "failed")
     if t is None:
@@ -492,6 +506,7 @@ ROWS = (
     Row("rolling-vllm", "rolling apply of two vLLM CPU replicas", ("rolling-vllm",), rolling_vllm),
     Row("keepalive", "requests lost to kept-alive connections", ("keepalive",), keepalive),
     Row("probes", "issue 39's review, re-run as a script", ("probes",), probes),
+    Row("soak", "an hour of churn, outages, reloads and racing applies", ("soak",), soak),
     Row("test-suite", "the whole test suite", ("test-suite",), suite_time),
 )
 

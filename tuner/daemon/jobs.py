@@ -393,6 +393,9 @@ class Daemon:
                 del self.state.job_errors[job]
         if self.rule_loop is not None:
             self._start_rules()
+        rules = self.alerting.rules
+        log.info("rules reloaded: %d groups, %d rules from %s", len(rules.groups), len(rules.rules),
+                 ", ".join(map(str, self.alerting.files)))
         return True
 
     def _start_rules(self) -> None:
