@@ -59,6 +59,8 @@ from tuner.store.store import Failed, GpuLatest, Scraped, Store
 __all__ = ["Daemon", "serve_daemon", "RedactSecrets"]
 
 log = logging.getLogger("tuner.daemon")
+
+SIGNAL_POLL_S = 0.2  # the longest a SIGHUP or SIGTERM waits for its handler (run_forever)
 _CLOCK_STEP_S = 2.0  # a wall-clock jump larger than this (against the monotonic clock) is a step, not drift
 _FLUSH_S = 0.25  # the writer commits queued scrapes this often: one transaction for ~50 at 1,000 targets / 5 s
 _FLUSH_MAX = 100  # or as soon as this many wait
@@ -687,6 +689,17 @@ class Daemon:
         if self.discovery is not None:
             self.discovery.stop()
 
+    def _wait(self, max_seconds: float | None) -> None:
+        """Until stop() (or ``max_seconds``), waking every SIGNAL_POLL_S: a signal the kernel hands to another thread
+        only marks Python's handler due, and the main thread runs it the next time it runs Python code. A wait with
+        no timeout never does: under load about one SIGHUP (or SIGTERM) in four then waited for the next signal
+        (tests/daemon/test_signals.py; found by bench/soak.py)."""
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        while True:
+            left = SIGNAL_POLL_S if deadline is None else min(SIGNAL_POLL_S, deadline - time.monotonic())
+            if left <= 0 or self._stop.wait(left):
+                return
+
     def run_forever(self, *, install_signal_handlers: bool = True, max_seconds: float | None = None) -> None:
         """Run until SIGTERM/SIGINT (or ``max_seconds``); in-flight scrapes finish before returning."""
         if install_signal_handlers:
@@ -695,7 +708,7 @@ class Daemon:
             signal.signal(signal.SIGHUP, lambda *_: self.reload_rules())
         self.start()
         try:
-            self._stop.wait(max_seconds)
+            self._wait(max_seconds)
         finally:
             self._stop.set()  # max_seconds ran out: the writer and the clock watch stop too
             if self.discovery is not None:
