@@ -46,6 +46,7 @@ from tuner.daemon.state import DaemonState
 from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
 from tuner.flags import takes
 from tuner.kube import Discovery, templates
+from tuner.names import VLLM_KV_CACHE_USAGE_PERC
 from tuner.rules.evaluate import RESOLVED_RETENTION
 from tuner.rules.model import RuleGroup
 from tuner.signals.selfwatch import self_signal
@@ -321,7 +322,7 @@ class Daemon:
         """Where the target's memory goes (app/memory.py), from its newest scrapes: the KV use and the engine config
         its last few scrapes stored."""
         recent = self.store.window(t.name, now - 3 * self.cfg.interval(t).total_seconds(), now,
-                                   metrics=frozenset(["vllm:kv_cache_usage_perc"]))
+                                   metrics=frozenset([VLLM_KV_CACHE_USAGE_PERC]))
         return memory_of(t, recent, gpus, pids=server_pids(self.store.engine, t),
                          flags=self.applier.flags_in_force(t, journaled=t.name in self._applied))
 
