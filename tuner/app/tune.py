@@ -57,7 +57,9 @@ from tuner.signals.workload import Workload, dump_workload, from_window, parse_w
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 from tuner.store import tuning as tj
+from tuner.store.journal import ApplyOutcome, ApplyState
 from tuner.store.store import Store
+from tuner.store.tuning import RunState
 from tuner.tune.bench import BenchClient, BenchError
 from tuner.tune.capacity import find_capacity, rate_floor
 from tuner.tune.compare import Decision, decide, min_requests
@@ -482,12 +484,13 @@ def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
     argv = mg.build_argv(t, current)
     r = ap.running(t)
     ap._step(aid, "draining", f"tuning run {ctx.run_id} on the target: " + (f"pid {r.pid}" if r else
-                                                                          "no server running"), state="draining")
+                                                                          "no server running"),
+             state=ApplyState.DRAINING)
     if r is not None:
         ctx.waiting[:] = [f"draining {t.name} for the trials"]
         ap._step(aid, "stopped", ap._drain(t, r))
     ap._save(t, None, current, "stopped", note=f"tuning run {ctx.run_id} on the target")
-    ap._step(aid, "tuning", f"trials on {t.url}", state="tuning")
+    ap._step(aid, "tuning", f"trials on {t.url}", state=ApplyState.TUNING)
     failed: BaseException | None = None
     try:
         yield
@@ -496,22 +499,22 @@ def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
         raise
     finally:
         ctx.waiting[:] = [f"starting {t.name} again with the flags in force"]
-        ap._step(aid, "restoring", json.dumps(argv), state="starting")
+        ap._step(aid, "restoring", json.dumps(argv), state=ApplyState.STARTING)
         try:
             ap.launch(t, current)
         except ServerStartError as exc:
             first = str(exc).splitlines()[0]
             ap._step(aid, "restore_failed", first)
-            jr.finish(engine, aid, "failed", f"tuned on the target; starting it again with the flags in force "
-                                             f"FAILED: {first}", now=ctx.clock())
+            jr.finish(engine, aid, ApplyOutcome.FAILED, f"tuned on the target; starting it again with the flags in "
+                                                        f"force FAILED: {first}", now=ctx.clock())
             if failed is None:
                 raise ApplyError(f"{t.name}: trials done, but it did not start again with the flags in force: "
                                  f"{first}; `tuner managed start {t.name}` once the cause is fixed") from None
         else:
             ap._step(aid, "restored", "the flags in force, healthy")
             how = "stopped early: " + type(failed).__name__ if failed is not None else "trials done"
-            jr.finish(engine, aid, "rolled_back", f"tuning run {ctx.run_id} on the target ({how}); the flags in "
-                                                  "force restored and healthy", now=ctx.clock())
+            jr.finish(engine, aid, ApplyOutcome.ROLLED_BACK, f"tuning run {ctx.run_id} on the target ({how}); the "
+                                                             "flags in force restored and healthy", now=ctx.clock())
 
 
 @contextmanager
@@ -523,7 +526,7 @@ def _held(ap: Applier, t: Target, in_force: dict[str, Any], *, on_target: bool) 
     aid = ap.hold(t, kind="tune", mode="manual" if on_target else "shadow", old_flags=in_force, new_flags=in_force,
                   old_argv=argv, new_argv=argv)
     if not on_target:
-        ap._step(aid, "tuning", "trials on spare ports beside production (shadow mode)", state="tuning")
+        ap._step(aid, "tuning", "trials on spare ports beside production (shadow mode)", state=ApplyState.TUNING)
     ids: list[Any] = [aid, None]
     how = "done"
     try:
@@ -533,9 +536,9 @@ def _held(ap: Applier, t: Target, in_force: dict[str, Any], *, on_target: bool) 
         raise
     finally:
         try:
-            if jr.get_apply(ap.engine, aid).state != "done":
+            if jr.get_apply(ap.engine, aid).state != ApplyState.DONE:
                 run = f"tuning run {ids[1]}" if ids[1] is not None else "the tuning run"
-                jr.finish(ap.engine, aid, "rolled_back", f"{run} ({how}); " + (
+                jr.finish(ap.engine, aid, ApplyOutcome.ROLLED_BACK, f"{run} ({how}); " + (
                     "production was not drained" if on_target else "its trials ran beside production, which was "
                                                                    "not touched"), now=ap.clock())
         finally:
@@ -692,7 +695,7 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
                     both = not req.on_target and shadow_fits(t, hw, hw_json, model, servers=2)[0]
                     comparison = _compare(ctx, current, dict(best.flags), rate, both=both)
         except BaseException as exc:
-            tj.finish_run(store.engine, run_id, now=clock(), state="failed", result={},
+            tj.finish_run(store.engine, run_id, now=clock(), state=RunState.FAILED, result={},
                           note=f"stopped: {type(exc).__name__}: {exc}")
             raise
         result = _result(ctx, points, current, workload, slo_json, comparison, axes=[a.name for a in axes])
@@ -701,12 +704,12 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
             refused = [(dict(p.flags), Verdict(False, p.outcome.detail.get("reason", ""), {},
                                                p.outcome.detail.get("kind", ""))) for p in points]
             groups = _prune_groups(refused, current)
-            tj.finish_run(store.engine, run_id, now=clock(), state="failed", result=result,
+            tj.finish_run(store.engine, run_id, now=clock(), state=RunState.FAILED, result=result,
                           note="every candidate visited was pruned")
             raise _nothing_to_measure(groups, len(refused), workload)
         rec_id = _recommend(ctx, result, current)
         result["recommendation_id"] = rec_id
-        tj.finish_run(store.engine, run_id, now=clock(), state="done", result=result)
+        tj.finish_run(store.engine, run_id, now=clock(), state=RunState.DONE, result=result)
         return result
 
 

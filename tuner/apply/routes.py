@@ -36,6 +36,7 @@ from tuner.config import Target
 from tuner.errors import ApplyError, ConfigError, ServerStartError
 from tuner.flags import render
 from tuner.store import journal as jr
+from tuner.store.journal import ApplyState
 
 if TYPE_CHECKING:  # the flow hands itself in; routes never import it at run time
     from tuner.apply.flow import Applier, Plan
@@ -142,12 +143,12 @@ class Managed:
     def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
         t = p.target
         r = ap.running(t)
-        ap._step(aid, "draining", f"pid {r.pid}" if r else "no server running", state="draining")
+        ap._step(aid, "draining", f"pid {r.pid}" if r else "no server running", state=ApplyState.DRAINING)
         if r is not None:
             ap._step(aid, "stopped", ap._drain(t, r))
-        ap._step(aid, "starting", json.dumps(mg.build_argv(t, flags)), state="starting")
+        ap._step(aid, "starting", json.dumps(mg.build_argv(t, flags)), state=ApplyState.STARTING)
         r = ap.launch(t, flags, spawned=lambda r: ap._step(aid, "health_check", f"pid {r.pid} started",
-                                                            state="health_check"))
+                                                            state=ApplyState.HEALTH_CHECK))
         ap._step(aid, "healthy", f"/health 200 and one real request; pid {r.pid}")
 
     def restore(self, ap: Applier, aid: int, p: Plan) -> bool:
@@ -181,9 +182,9 @@ class _Gated:
 
     def switch(self, ap: Applier, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
         t = p.target
-        ap._step(aid, "starting", "", state="starting")
+        ap._step(aid, "starting", "", state=ApplyState.STARTING)
         self._run(ap, aid, t, flags, diff)
-        ap._step(aid, "health_check", "", state="health_check")
+        ap._step(aid, "health_check", "", state=ApplyState.HEALTH_CHECK)
         ap._step(aid, "healthy", self._gate(ap, t))
 
     def restore(self, ap: Applier, aid: int, p: Plan) -> bool:
@@ -351,16 +352,16 @@ class Rolling(_Balanced):
             raise ApplyError(f"no other replica of {m.group} is UP in HAProxy backend {b.backend}: taking {server} "
                              "out would leave no server for the clients")
         ap._step(aid, "draining", f"{m.name}: HAProxy {b.backend}/{server} drain; {', '.join(up)} serve",
-                 state="draining")
+                 state=ApplyState.DRAINING)
         drained, st = lb.drain(server, b.drain_timeout.total_seconds())
         ap._step(aid, "drained" if drained else "drain_timeout", f"{m.name}: {st.current} sessions, {st.queued} "
                  f"queued in HAProxy" + ("" if drained else f" after {b.drain_timeout.total_seconds():g}s"))
         r = ap.running(m)
         if r is not None:
             ap._step(aid, "stopped", f"{m.name}: {ap._drain(m, r)}")
-        ap._step(aid, "starting", f"{m.name}: {json.dumps(mg.build_argv(m, flags))}", state="starting")
+        ap._step(aid, "starting", f"{m.name}: {json.dumps(mg.build_argv(m, flags))}", state=ApplyState.STARTING)
         r = ap.launch(m, flags, spawned=lambda r: ap._step(aid, "health_check", f"{m.name}: pid {r.pid} started",
-                                                            state="health_check"))
+                                                            state=ApplyState.HEALTH_CHECK))
         st = lb.ready(server, b.up_timeout.total_seconds())
         ap._step(aid, "in_rotation", f"{m.name}: HAProxy {b.backend}/{server} {st.status}; pid {r.pid}")
 
@@ -491,14 +492,14 @@ class BlueGreen(_Balanced):
                 spare = self._start_spare(ap, aid, t, flags, lb) if spare_ok else None
             if spare is not None:
                 ap._step(aid, "draining", f"{t.name}: HAProxy {b.backend}/{b.server} drain; {spare.replica} "
-                                          "serves", state="draining")
+                                          "serves", state=ApplyState.DRAINING)
                 drained, st = lb.drain(b.server, b.drain_timeout.total_seconds())
                 ap._step(aid, "drained" if drained else "drain_timeout", f"{t.name}: {st.current} sessions, "
                                                                           f"{st.queued} queued in HAProxy")
             ap._step(aid, "stopped", f"{t.name}: {ap._drain(t, blue)}")
-        ap._step(aid, "starting", f"{t.name}: {json.dumps(mg.build_argv(t, flags))}", state="starting")
+        ap._step(aid, "starting", f"{t.name}: {json.dumps(mg.build_argv(t, flags))}", state=ApplyState.STARTING)
         r = ap.launch(t, flags, spawned=lambda r: ap._step(aid, "health_check", f"{t.name}: pid {r.pid} started",
-                                                            state="health_check"))
+                                                            state=ApplyState.HEALTH_CHECK))
         st = lb.ready(b.server, up_s)
         ap._step(aid, "in_rotation", f"{t.name}: HAProxy {b.backend}/{b.server} {st.status}; pid {r.pid}")
         self._remove_spare(ap, aid, t, lb)
@@ -508,9 +509,9 @@ class BlueGreen(_Balanced):
         spare = self.spare(t, free_port())
         assert spare.replica is not None
         ap._step(aid, "starting", f"{spare.name} on {spare.url}: {json.dumps(mg.build_argv(spare, flags))}",
-                 state="starting")
+                 state=ApplyState.STARTING)
         r = ap.launch(spare, flags, spawned=lambda r: ap._step(aid, "health_check", f"{spare.name}: pid {r.pid} "
-                                                                "started", state="health_check"))
+                                                                "started", state=ApplyState.HEALTH_CHECK))
         host, port = spare.host_port
         lb.add(spare.replica, host, port)
         st = lb.ready(spare.replica, t.balancer.up_timeout.total_seconds())

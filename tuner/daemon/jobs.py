@@ -54,6 +54,7 @@ from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 from tuner.store.alerts import outbox_size
 from tuner.store.db import daemon_lock, incremental_vacuum, redact_url
+from tuner.store.journal import ApplyState
 from tuner.store.retention import apply_retention
 from tuner.store.store import Failed, GpuLatest, Scraped, Store
 
@@ -500,7 +501,7 @@ class Daemon:
             limits = {t.name: v for t in self.cfg.targets if (v := self._max_num_seqs(t)) is not None}
             journal = {name: jr.list_applies(self.store.engine, target=name, limit=200) for name in self._applied}
             busy_auto = {t.name for t in self.cfg.targets if t.apply.mode == "auto" and t.name in self._applied
-                         and any(a.state != "done" for a in journal.get(t.name, ()))}
+                         and any(a.state != ApplyState.DONE for a in journal.get(t.name, ()))}
             queued = outbox_size(self.store)
             for group, members in replica_groups(self.cfg.targets).items():  # a group's: its replicas' together
                 if all(m.name in limits for m in members):

@@ -20,6 +20,7 @@ from plotly.offline import get_plotlyjs
 
 from tuner.report.data import PLOTS, Plot, TargetReport
 from tuner.report.figures import MARKER_COLORS, pareto, time_series, trials_scatter
+from tuner.store.journal import ApplyOutcome
 
 __all__ = ["render_html", "figure_html", "pareto", "plotly_js"]
 
@@ -55,7 +56,7 @@ def _markers(rep: TargetReport) -> list[tuple[int, str, str]]:
              for a in rep.alerts if a.to_state == "firing"]
     for ap in rep.applies:
         marks.append((ap.created_ms, "apply", f"apply #{ap.id} {_diff(ap.diff)}"))
-        if ap.outcome in ("rolled_back", "inconclusive", "failed"):
+        if ap.outcome in (ApplyOutcome.ROLLED_BACK, ApplyOutcome.INCONCLUSIVE, ApplyOutcome.FAILED):
             marks.append((ap.updated_ms, "rollback", f"apply #{ap.id} {ap.outcome}: {ap.note}"))
     return marks
 
@@ -98,7 +99,8 @@ def _apply_view_html(rep: TargetReport, ap: Any) -> str:
         return ""
     marks = [(ap.created_ms, "apply", f"apply #{ap.id} started")]
     if ap.outcome:
-        marks.append((ap.updated_ms, "rollback" if ap.outcome != "kept" else "apply", f"apply #{ap.id} {ap.outcome}"))
+        marks.append((ap.updated_ms, "rollback" if ap.outcome != ApplyOutcome.KEPT else "apply",
+                      f"apply #{ap.id} {ap.outcome}"))
     out = []
     for (engine, _model), plots in sorted(view.series.items()):
         for plot in PLOTS:

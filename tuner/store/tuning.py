@@ -17,14 +17,37 @@ from typing import Any
 from sqlalchemy import Engine, Float, Index, Integer, String, Text, insert, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
+from tuner.names import StrEnum
 from tuner.store.db import Tx
 from tuner.store.models import Base
 
 __all__ = ["TuneRunRow", "TuneTrialRow", "StoredRun", "StoredTrial", "begin_run", "finish_run", "begin_trial",
            "trial_started", "finish_trial", "get_run", "latest_run", "runs_since", "trials", "orphans", "set_owner",
-           "TRIAL_STATUSES"]
+           "TRIAL_STATUSES", "TrialStatus", "RunState"]
 
-TRIAL_STATUSES = ("running", "measured", "crashed", "pruned", "interrupted", "compared")
+
+
+class TrialStatus(StrEnum):
+    """A trial's status: ``running`` until it ends measured, crashed, pruned (never started: the memory model or the
+    argv ruled it out), interrupted (its tuner stopped) or compared (a `tuner tune --compare` measurement)."""
+
+    RUNNING = "running"
+    MEASURED = "measured"
+    CRASHED = "crashed"
+    PRUNED = "pruned"
+    INTERRUPTED = "interrupted"
+    COMPARED = "compared"
+
+
+class RunState(StrEnum):
+    """A tuning run's state."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+TRIAL_STATUSES = tuple(TrialStatus)
 
 
 class TuneRunRow(Base):
