@@ -41,6 +41,7 @@ from tuner.files import read_text
 from tuner.rules.evaluate import evaluate, vector
 from tuner.rules.export import dump, fmt_duration, prometheus_rules
 from tuner.rules.model import RuleSet, load_rule_files
+from tuner.rules.state import AlertState
 from tuner.signals.derive import compute_signals
 from tuner.signals.selfwatch import LOOKBACK_MS, SeriesByTarget, self_signal
 from tuner.store.window import EngineWindow, HistPoint, HistSeries, Point, TargetHealth, TargetWindow
@@ -208,7 +209,7 @@ def run(sc: Scenario) -> tuple[list[str], dict[int, dict[str, list[dict]]]]:
             snap: dict[str, list[dict]] = defaultdict(list)
             for alerts in state.values():
                 for a in alerts.values():
-                    if a.state == "firing":
+                    if a.state == AlertState.FIRING:
                         snap[a.labels["alertname"]].append({"labels": a.labels, "annotations": a.annotations})
             firing[ts] = dict(snap)
     failures = []

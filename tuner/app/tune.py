@@ -59,7 +59,7 @@ from tuner.store import recommendations as recs
 from tuner.store import tuning as tj
 from tuner.store.journal import ApplyOutcome, ApplyState
 from tuner.store.store import Store
-from tuner.store.tuning import RunState
+from tuner.store.tuning import RunState, TrialStatus
 from tuner.tune.bench import BenchClient, BenchError
 from tuner.tune.capacity import find_capacity, rate_floor
 from tuner.tune.compare import Decision, decide, min_requests
@@ -175,7 +175,7 @@ def reap_orphans(store: Store, say: Callable[[str], None], now: float) -> int:
             note += f"; its server (pid {t.pid}) {how}"
             say(f"stopped the trial server left by an interrupted tune (pid {t.pid}): {how}")
             n += 1
-        tj.finish_trial(store.engine, t.id, now=now, status="interrupted", capacity_rps=None,
+        tj.finish_trial(store.engine, t.id, now=now, status=TrialStatus.INTERRUPTED, capacity_rps=None,
                         detail={**t.detail, "note": note})
     return n
 
@@ -279,7 +279,7 @@ def _launch(ctx: _Ctx, flags: dict[str, Any], label: str, what: str, *,
     missing = missing_from_argv(t.backend, flags, argv)
     if missing:  # a trial is what it says or it does not run (feasible() refuses these first; this is the last word)
         ctx.say(f"  not started: its server would not run {', '.join(missing)}")
-        return Outcome("pruned", 0.0, {"reason": f"the server's argv would not carry {', '.join(missing)}",
+        return Outcome(TrialStatus.PRUNED, 0.0, {"reason": f"the server's argv would not carry {', '.join(missing)}",
                                        "kind": "not_applied"})
     tid = tj.begin_trial(ctx.store.engine, ctx.run_id, now=ctx.clock(), flags=flags, seed=label, url=shadow.url)
     ctx.say(what)
@@ -300,12 +300,13 @@ def _launch(ctx: _Ctx, flags: dict[str, Any], label: str, what: str, *,
     except ServerStartError as exc:
         error = mg.error_line(log)
         detail: dict[str, Any] = {"error": str(exc), "server_error": error, "log": str(log)}
-        tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="crashed", capacity_rps=0.0, detail=detail)
+        tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status=TrialStatus.CRASHED, capacity_rps=0.0,
+                        detail=detail)
         ctx.say(f"  crashed: {error or exc} (recorded; this region is avoided)")
-        return Outcome("crashed", 0.0, detail)
+        return Outcome(TrialStatus.CRASHED, 0.0, detail)
     except BaseException as exc:
         mg.stop_server(server, grace_s=5.0)
-        tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="interrupted", capacity_rps=None,
+        tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status=TrialStatus.INTERRUPTED, capacity_rps=None,
                         detail={"error": f"{type(exc).__name__}: {exc}"})
         raise
     ctx.say(f"  healthy after {ctx.clock() - started:.0f}s")
@@ -319,26 +320,26 @@ def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcom
     got = _launch(ctx, flags, label, f"trial {ctx.trial_no + 1}/{req.budget}{' (' + label + ')' if label else ''}: "
                                      f"{_flag_text(flags)}")
     if isinstance(got, Outcome):
-        ctx.trial_no += got.status != "pruned"
+        ctx.trial_no += got.status != TrialStatus.PRUNED
         return got
     ctx.trial_no += 1
     try:
         cap = _capacity(ctx, got.url, slots=flags.get("max_num_seqs" if t.backend == "vllm" else "parallel"))
     except BaseException as exc:
         mg.stop_server(got.server, grace_s=5.0)
-        tj.finish_trial(ctx.store.engine, got.tid, now=ctx.clock(), status="interrupted", capacity_rps=None,
+        tj.finish_trial(ctx.store.engine, got.tid, now=ctx.clock(), status=TrialStatus.INTERRUPTED, capacity_rps=None,
                         detail={"error": f"{type(exc).__name__}: {exc}"})
         raise
     ctx.waiting[:] = [f"trial {ctx.trial_no}: stopping the trial server"]
     mg.stop_server(got.server, grace_s=5.0)
     detail = {**cap, "log": str(got.log), "start_s": round(ctx.clock() - got.started, 1), "placement": got.placement}
-    tj.finish_trial(ctx.store.engine, got.tid, now=ctx.clock(), status="measured", capacity_rps=cap["capacity_rps"],
-                    detail=detail)
+    tj.finish_trial(ctx.store.engine, got.tid, now=ctx.clock(), status=TrialStatus.MEASURED,
+                    capacity_rps=cap["capacity_rps"], detail=detail)
     ctx.best_rps = max(ctx.best_rps, cap["capacity_rps"])
     in_flight = cap.get("in_flight")
     there = f"; {in_flight:.1f} requests in flight at that rate" if isinstance(in_flight, (int, float)) else ""
     ctx.say(f"  capacity {cap['capacity_rps']:.3g} req/s within the SLO ({cap['note']}{there})")
-    return Outcome("measured", cap["capacity_rps"], detail)
+    return Outcome(TrialStatus.MEASURED, cap["capacity_rps"], detail)
 
 
 def _run_size(ctx: _Ctx, rate: float) -> int:
@@ -415,7 +416,7 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
     def _down(side: str) -> None:
         s = servers.pop(side)
         mg.stop_server(s.server, grace_s=5.0)
-        tj.finish_trial(ctx.store.engine, s.tid, now=ctx.clock(), status="compared", capacity_rps=None,
+        tj.finish_trial(ctx.store.engine, s.tid, now=ctx.clock(), status=TrialStatus.COMPARED, capacity_rps=None,
                         detail={"rate_rps": rate, "runs": runs[side], "log": str(s.log), "placement": s.placement})
 
     ctx.say(f"compare: the winner against the flags in force at {rate:.3g} req/s, in turns, {prompts} requests a run")
@@ -446,7 +447,7 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
 
 
 def _ranked(points: list[Point]) -> list[Point]:
-    return sorted(points, key=lambda p: (p.outcome.status != "measured", -p.outcome.capacity_rps))
+    return sorted(points, key=lambda p: (p.outcome.status != TrialStatus.MEASURED, -p.outcome.capacity_rps))
 
 
 def _diff(current: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
@@ -639,7 +640,7 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
         if previous is not None:
             run_id = previous.id
             for tr in tj.trials(store.engine, run_id):
-                if tr.status in ("measured", "crashed", "pruned"):
+                if tr.status in (TrialStatus.MEASURED, TrialStatus.CRASHED, TrialStatus.PRUNED):
                     history.append(Point(tr.flags, Outcome(tr.status, tr.capacity_rps or 0.0, tr.detail), tr.seed))
             tj.set_owner(store.engine, run_id, ap.owner, now=clock())  # its trials are this tuner's now
             say(f"resuming tuning run {run_id} of {t.name}: {len(history)} trials done")
@@ -651,7 +652,7 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
         ctx = _Ctx(cfg, store, t, req, config_dir, say, clock, run_id=run_id, workload=workload,
                    waiting=waiting if waiting is not None else [], log_dir=(config_dir / t.managed.log_dir).resolve(),
                    on_target=req.on_target, applier=ap, hold=held[0], cpu_host=hw_json["kind"] != "gpu")
-        ctx.trial_no = sum(1 for p in history if p.outcome.status != "pruned")
+        ctx.trial_no = sum(1 for p in history if p.outcome.status != TrialStatus.PRUNED)
         ctx.best_rps = max((p.outcome.capacity_rps for p in history), default=0.0)
         say(f"tuning {t.name}: workload {workload.input_len} in / {workload.output_len} out tokens "
             f"(range {workload.range_ratio:g}, prefix {workload.prefix_len}), burstiness {workload.burstiness:g}, "
@@ -673,19 +674,19 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
                     try:
                         return _trial(ctx, flags, label, hw)
                     except BenchError as exc:
-                        return Outcome("crashed", 0.0, {"error": str(exc)})
+                        return Outcome(TrialStatus.CRASHED, 0.0, {"error": str(exc)})
 
                 def pruned(flags: dict[str, Any], v: Verdict) -> None:
-                    tj.begin_trial(store.engine, run_id, now=clock(), flags=flags, seed="", url="", status="pruned",
-                                   capacity_rps=0.0, detail={"reason": v.reason, "kind": v.kind,
-                                                             "memory": dict(v.memory)})
+                    tj.begin_trial(store.engine, run_id, now=clock(), flags=flags, seed="", url="",
+                                   status=TrialStatus.PRUNED, capacity_rps=0.0,
+                                   detail={"reason": v.reason, "kind": v.kind, "memory": dict(v.memory)})
 
                 points = list(history) + search(
                     axes, fixed, measure=measure, feasible=check, seeds=seeds, budget=req.budget - noise_budget,
                     max_time_s=max_time_s - (clock() - now), clock=clock, history=history, on_pruned=pruned,
                     seed=req.seed, sampler=req.sampler, gallop="max_num_seqs" if t.backend == "vllm" else "parallel",
                     carry=carry)
-                measured = [p for p in points if p.outcome.status == "measured"]
+                measured = [p for p in points if p.outcome.status == TrialStatus.MEASURED]
                 comparison = None
                 best = _ranked(measured)[0] if measured else None
                 base = next((p for p in measured if point_key(p.flags) == point_key(current)), None)
@@ -700,7 +701,8 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
             raise
         result = _result(ctx, points, current, workload, slo_json, comparison, axes=[a.name for a in axes])
         result["not_candidates"] = not_candidates
-        if not result["counts"]["measured"] and not result["counts"]["crashed"] and result["counts"]["pruned"]:
+        counts = result["counts"]
+        if not counts[TrialStatus.MEASURED] and not counts[TrialStatus.CRASHED] and counts[TrialStatus.PRUNED]:
             refused = [(dict(p.flags), Verdict(False, p.outcome.detail.get("reason", ""), {},
                                                p.outcome.detail.get("kind", ""))) for p in points]
             groups = _prune_groups(refused, current)
@@ -721,11 +723,12 @@ def _interval(d: Any) -> list[float | None]:
 
 def _trial_json(p: Point, best: Point | None = None) -> dict[str, Any]:
     d = p.outcome.detail
-    out = {"flags": dict(p.flags), "capacity_rps": p.outcome.capacity_rps if p.outcome.status == "measured" else None,
+    measured = p.outcome.status == TrialStatus.MEASURED
+    out = {"flags": dict(p.flags), "capacity_rps": p.outcome.capacity_rps if measured else None,
            "ttft_p99": d.get("ttft_p99"), "e2e_p99": d.get("e2e_p99"), "status": p.outcome.status,
            "seed": p.seed, "note": d.get("note") or d.get("reason") or d.get("server_error") or d.get("error") or "",
            "memory": d.get("memory") or {}}
-    if p.outcome.status == "measured":
+    if measured:
         out["interval"] = _interval(d)
         if best is not None:
             out["vs_best"] = _vs_best(p, best)
@@ -742,31 +745,32 @@ def _vs_best(p: Point, best: Point) -> str:
 
 def _result(ctx: _Ctx, points: list[Point], current: dict[str, Any], workload: Workload, slo: dict[str, Any],
             comparison: dict[str, Any] | None, *, axes: list[str]) -> dict[str, Any]:
-    measured = [p for p in points if p.outcome.status == "measured"]
+    measured = [p for p in points if p.outcome.status == TrialStatus.MEASURED]
     base = next((p for p in measured if point_key(p.flags) == point_key(current)), None)
     best = _ranked(measured)[0] if measured else None
     return {
         "target": ctx.target.name, "run_id": ctx.run_id, "workload": dump_workload(workload), "slo": slo,
         "searched": axes,
-        "trials": [_trial_json(p, best) for p in _ranked(points) if p.outcome.status != "pruned"],
-        "pruned": _prune_groups([(dict(p.flags), Verdict(False, p.outcome.detail.get("reason", ""), {},
+        "trials": [_trial_json(p, best) for p in _ranked(points) if p.outcome.status != TrialStatus.PRUNED],
+        TrialStatus.PRUNED: _prune_groups([(dict(p.flags), Verdict(False, p.outcome.detail.get("reason", ""), {},
                                                          p.outcome.detail.get("kind", "")))
-                                 for p in points if p.outcome.status == "pruned"], current),
+                                 for p in points if p.outcome.status == TrialStatus.PRUNED], current),
         "best": {"flags": dict(best.flags), "capacity_rps": best.outcome.capacity_rps,
                  "interval": _interval(best.outcome.detail), "ttft_p99": best.outcome.detail.get("ttft_p99"),
                  "e2e_p99": best.outcome.detail.get("e2e_p99")} if best else None,
         "baseline": {"flags": dict(current), "capacity_rps": base.outcome.capacity_rps if base else None,
                      "interval": _interval(base.outcome.detail) if base else None},
         "comparison": comparison,
-        "counts": {"measured": len(measured), "crashed": sum(p.outcome.status == "crashed" for p in points),
-                   "pruned": sum(p.outcome.status == "pruned" for p in points)},
+        "counts": {TrialStatus.MEASURED: len(measured),
+                   TrialStatus.CRASHED: sum(p.outcome.status == TrialStatus.CRASHED for p in points),
+                   TrialStatus.PRUNED: sum(p.outcome.status == TrialStatus.PRUNED for p in points)},
     }
 
 
 def _baseline_best(result: dict[str, Any]) -> str:
     """The verdict when the flags in force measured highest: beyond the next best's interval, or not separable."""
     best = result["best"]
-    others = [tr for tr in result["trials"] if tr["status"] == "measured" and tr["flags"] != best["flags"]]
+    others = [tr for tr in result["trials"] if tr["status"] == TrialStatus.MEASURED and tr["flags"] != best["flags"]]
     if not others:
         return "the flags in force are the only config measured"
     nxt = others[0]

@@ -50,6 +50,8 @@ from tuner.names import (
     VLLM_REQUEST_SUCCESS_TOTAL,
     VLLM_TIME_TO_FIRST_TOKEN_SECONDS,
 )
+from tuner.rules.state import AlertState
+from tuner.store.journal import ApplyOutcome
 
 __all__ = ["build_dashboards", "to_json", "RATE", "PENDING_SERIES"]
 
@@ -129,9 +131,9 @@ def _var(name: str, label: str, query: str) -> db.QueryVariable:
 def _events(dash: db.Dashboard) -> db.Dashboard:
     """Applies, rollbacks and firing alerts as annotations (from tuner's exporter)."""
     for name, color, expr in (
-        ("Applies kept", "green", f'increase(tuner_applies_total{{{TARGET},outcome="kept"}}[2m]) > 0'),
+        ("Applies kept", "green", f'increase(tuner_applies_total{{{TARGET},outcome="{ApplyOutcome.KEPT}"}}[2m]) > 0'),
         ("Rollbacks", "red", f'increase(tuner_applies_total{{{TARGET},outcome=~"rolled_back|failed"}}[2m]) > 0'),
-        ("Alerts firing", "orange", f'tuner_alerts{{{TARGET},alertstate="firing"}}'),
+        ("Alerts firing", "orange", f'tuner_alerts{{{TARGET},alertstate="{AlertState.FIRING}"}}'),
     ):
         dash = dash.annotation(db.AnnotationQuery().name(name).datasource(DS).enable(True).icon_color(color)
                                .expr(expr))
@@ -272,7 +274,7 @@ def tuner_self() -> db.Dashboard:
     lay.add(stat.Panel().title("Targets down").with_target(_q(
         f"count(tuner_target_up{{{TARGET}}} == 0) or vector(0)")), w=6, h=4)
     lay.add(stat.Panel().title("Alerts firing").with_target(_q(
-        f'count(tuner_alerts{{{TARGET},alertstate="firing"}}) or vector(0)')), w=6, h=4)
+        f'count(tuner_alerts{{{TARGET},alertstate="{AlertState.FIRING}"}}) or vector(0)')), w=6, h=4)
     lay.add(stat.Panel().title("Notifications queued").with_target(_q("tuner_alert_notifications_queued")), w=6, h=4)
     lay.add(_ts("Target health", "short", _q(f"tuner_target_health{{{TARGET}}} == 1", "{{target}} {{health}}"),
                 description="One line per target in its current state: up, degraded (samples dropped) or down"))

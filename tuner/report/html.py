@@ -20,7 +20,9 @@ from plotly.offline import get_plotlyjs
 
 from tuner.report.data import PLOTS, Plot, TargetReport
 from tuner.report.figures import MARKER_COLORS, pareto, time_series, trials_scatter
+from tuner.rules.state import AlertState
 from tuner.store.journal import ApplyOutcome
+from tuner.store.tuning import TrialStatus
 
 __all__ = ["render_html", "figure_html", "pareto", "plotly_js"]
 
@@ -53,7 +55,7 @@ def _time(ts_ms: int, span_s: float) -> str:
 
 def _markers(rep: TargetReport) -> list[tuple[int, str, str]]:
     marks = [(a.ts_ms, "alert", f"{a.alertname} {a.from_state} -> {a.to_state}")
-             for a in rep.alerts if a.to_state == "firing"]
+             for a in rep.alerts if a.to_state == AlertState.FIRING]
     for ap in rep.applies:
         marks.append((ap.created_ms, "apply", f"apply #{ap.id} {_diff(ap.diff)}"))
         if ap.outcome in (ApplyOutcome.ROLLED_BACK, ApplyOutcome.INCONCLUSIVE, ApplyOutcome.FAILED):
@@ -127,7 +129,7 @@ def _tuning_html(rep: TargetReport) -> str:
     parts = []
     for run, trs in rep.tunes:
         res = run.result or {}
-        measured = [t for t in trs if t.status == "measured" and t.capacity_rps is not None]
+        measured = [t for t in trs if t.status == TrialStatus.MEASURED and t.capacity_rps is not None]
         lat = [float(t.detail.get("e2e_p99") or 0.0) for t in measured]
         front = pareto([(t.capacity_rps, lat[i]) for i, t in enumerate(measured)])
         head = (f'<h4>Tuning run #{run.id} ({escape(run.state)}): {len(measured)} trials measured'
@@ -137,7 +139,7 @@ def _tuning_html(rep: TargetReport) -> str:
         title = f"Tuning run #{run.id}: capacity within the SLO against P99 E2E"
         plot = figure_html(trials_scatter(title, [(lat[i], t.capacity_rps, front[i], _diff(t.flags))
                                                   for i, t in enumerate(measured)]), title, "plot scatter")
-        ranked = sorted(trs, key=lambda t: (t.status != "measured", -(t.capacity_rps or 0.0)))
+        ranked = sorted(trs, key=lambda t: (t.status != TrialStatus.MEASURED, -(t.capacity_rps or 0.0)))
         on = {t.id for i, t in enumerate(measured) if front[i]}
         rows = "".join(
             f'<tr class="trial-row" data-status="{escape(t.status)}"><td>{t.seq}</td><td>{escape(_diff(t.flags))}</td>'
