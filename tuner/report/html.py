@@ -143,7 +143,7 @@ def _tuning_html(rep: TargetReport) -> str:
         on = {t.id for i, t in enumerate(measured) if front[i]}
         rows = "".join(
             f'<tr class="trial-row" data-status="{escape(t.status)}"><td>{t.seq}</td><td>{escape(_diff(t.flags))}</td>'
-            f'<td>{_fmt(t.capacity_rps if t.status == "measured" else None, "per_s")}</td>'
+            f'<td>{_fmt(t.capacity_rps if t.status == TrialStatus.MEASURED else None, "per_s")}</td>'
             f'<td>{_fmt(t.detail.get("ttft_p99"), "s")}</td><td>{_fmt(t.detail.get("e2e_p99"), "s")}</td>'
             f'<td>{escape(t.status)}{" (" + escape(t.seed) + ")" if t.seed else ""}</td>'
             f'<td>{"yes" if t.id in on else ""}</td>'
