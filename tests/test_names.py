@@ -22,19 +22,21 @@ from tuner import names
 from tuner.collect import catalogue
 from tuner.names import StrEnum
 from tuner.rules.state import AlertState
-from tuner.store.journal import OUTCOMES, STATES, ApplyOutcome, ApplyState
+from tuner.store.journal import OUTCOMES, STATES, ApplyOutcome, ApplyState, ServerState
 from tuner.store.recommendations import STATUSES, RecStatus
 from tuner.store.tuning import TRIAL_STATUSES, RunState, TrialStatus
 
 TUNER = Path(__file__).resolve().parents[1] / "tuner"
 
-ENUMS: tuple[type[StrEnum], ...] = (ApplyOutcome, ApplyState, RecStatus, AlertState, TrialStatus, RunState)
+ENUMS: tuple[type[StrEnum], ...] = (ApplyOutcome, ApplyState, ServerState, RecStatus, AlertState, TrialStatus,
+                                     RunState)
 
-# Words that mean one thing in tuner, and the modules that own them. Common words that other vocabularies share
-# ("done", "failed", "running", "crashed", "starting": a Kubernetes rollout, a managed server, an apply step) are
-# left out: the check must not flag a word that is not the enum's.
+# Words that mean one thing in tuner, and the modules that own them. Words several vocabularies share ("done",
+# "failed", "running", "crashed", "stopped", "starting": a Kubernetes rollout, a trial, a managed server, an apply step,
+# a log line) are left out: the check must not flag a word that is not the enum's.
 OWNED = {
     "kept": "store/journal.py", "rolled_back": "store/journal.py", "inconclusive": "store/journal.py",
+    "given_up": "store/journal.py",
     "inactive": "rules/state.py", "pending": "rules/state.py", "firing": "rules/state.py",
     "measured": "store/tuning.py", "pruned": "store/tuning.py", "interrupted": "store/tuning.py",
     "compared": "store/tuning.py",

@@ -57,7 +57,7 @@ from tuner.signals.workload import Workload, dump_workload, from_window, parse_w
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 from tuner.store import tuning as tj
-from tuner.store.journal import ApplyOutcome, ApplyState
+from tuner.store.journal import ApplyOutcome, ApplyState, ServerState
 from tuner.store.store import Store
 from tuner.store.tuning import RunState, TrialStatus
 from tuner.tune.bench import BenchClient, BenchError
@@ -490,7 +490,7 @@ def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
     if r is not None:
         ctx.waiting[:] = [f"draining {t.name} for the trials"]
         ap._step(aid, "stopped", ap._drain(t, r))
-    ap._save(t, None, current, "stopped", note=f"tuning run {ctx.run_id} on the target")
+    ap._save(t, None, current, ServerState.STOPPED, note=f"tuning run {ctx.run_id} on the target")
     ap._step(aid, "tuning", f"trials on {t.url}", state=ApplyState.TUNING)
     failed: BaseException | None = None
     try:

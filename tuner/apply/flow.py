@@ -34,7 +34,7 @@ from tuner.flags import spec, validate
 from tuner.signals.load import LoadProfile, group_profile, profile
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
-from tuner.store.journal import ApplyOutcome, ApplyState
+from tuner.store.journal import ApplyOutcome, ApplyState, ServerState
 from tuner.store.recommendations import RecStatus
 
 __all__ = ["Applier", "Opened", "Plan", "Restored", "flags_in_force", "own_identity", "proposed", "stale"]
@@ -232,7 +232,7 @@ class Applier:
         assert t.managed is not None
         argv = mg.build_argv(t, flags)
         r = mg.start_server(argv, mg.server_env(t), mg.log_path(t, self.config_dir), nice=t.managed.nice)
-        self._save(t, r, flags, "running", restarts=restarts)
+        self._save(t, r, flags, ServerState.RUNNING, restarts=restarts)
         if spawned is not None:
             spawned(r)
         try:
@@ -241,7 +241,7 @@ class Applier:
         except ServerStartError:
             # Up but not serving (or never up): stop it, or it would hold the port against the next start.
             mg.stop_server(r, grace_s=5.0)
-            self._save(t, None, flags, "crashed", restarts=restarts)
+            self._save(t, None, flags, ServerState.CRASHED, restarts=restarts)
             raise
         self.say(f"{t.name}: healthy after {took:.1f}s ({gate}); pid {r.pid}")
         return r
@@ -257,10 +257,10 @@ class Applier:
         try:
             return self.launch(t, flags)
         except ServerStartError as exc:
-            self._save(t, None, flags, "crashed", note=str(exc).splitlines()[0])
+            self._save(t, None, flags, ServerState.CRASHED, note=str(exc).splitlines()[0])
             raise
 
-    def stop(self, t: Target, *, state: str = "stopped") -> str:
+    def stop(self, t: Target, *, state: str = ServerState.STOPPED) -> str:
         r = self.running(t)
         how = "was not running" if r is None else self._drain(t, r)
         self._save(t, None, self.flags_in_force(t) if t.managed else {}, state)
@@ -282,17 +282,17 @@ class Applier:
         if t.managed is None or self._busy(t, shadow=False):  # a tune beside production: keep production up
             return None
         st = jr.get_managed(self.engine, t.name)
-        if st is not None and st.state in ("stopped", "given_up"):
+        if st is not None and st.state in (ServerState.STOPPED, ServerState.GIVEN_UP):
             return None
         if st is not None and mg.is_alive(st.pid, st.proc_start):
             return None
         now = self.clock()
         window_ms = t.managed.restart_window.total_seconds() * 1000
         restarts = [ms for ms in (st.restarts if st else []) if ms >= now * 1000 - window_ms]
-        if st is not None and st.state in ("running", "crashed"):
+        if st is not None and st.state in (ServerState.RUNNING, ServerState.CRASHED):
             why = mg.error_line(mg.log_path(t, self.config_dir))
             if len(restarts) >= t.managed.max_restarts:
-                self._save(t, None, st.flags, "given_up", note=f"{len(restarts)} restarts in "
+                self._save(t, None, st.flags, ServerState.GIVEN_UP, note=f"{len(restarts)} restarts in "
                            f"{t.managed.restart_window.total_seconds():.0f}s; last error: {why}", restarts=restarts)
                 return f"{t.name}: gave up after {len(restarts)} restarts (last error: {why})"
             restarts.append(int(now * 1000))
@@ -300,7 +300,7 @@ class Applier:
         try:
             self.launch(t, self.flags_in_force(t), restarts=restarts)
         except ServerStartError as exc:
-            self._save(t, None, self.flags_in_force(t), "crashed", note=str(exc).splitlines()[0], restarts=restarts)
+            self._save(t, None, self.flags_in_force(t), ServerState.CRASHED, note=str(exc).splitlines()[0], restarts=restarts)
             return f"{t.name}: start failed: {str(exc).splitlines()[0]}"
         return f"{t.name}: started"
 
@@ -727,7 +727,7 @@ class Applier:
             first = str(exc).splitlines()[0]
             self._step(aid, "restore_failed", first)
             if t.managed is not None:
-                self._save(t, None, p.old_flags, "crashed", note=first)
+                self._save(t, None, p.old_flags, ServerState.CRASHED, note=first)
             return Restored(True, f"restoring the previous flags FAILED too: {first}")
         self._step(aid, "restored", "previous flags, healthy")
         return Restored(False, "previous flags restored and healthy")
@@ -824,7 +824,7 @@ class Applier:
                     pid = mg.find_by_argv(candidate)
                     if pid is not None:
                         r = mg.Running(pid, mg.proc_start_time(pid) or 0, candidate, mg.log_path(t, self.config_dir))
-                        self._save(t, r, a.new_flags if candidate == a.new_argv else a.old_flags, "running")
+                        self._save(t, r, a.new_flags if candidate == a.new_argv else a.old_flags, ServerState.RUNNING)
                         break
             argv = mg.proc_argv(r.pid) if r else None
             found = "no server running" if r is None else (

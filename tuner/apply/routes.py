@@ -36,7 +36,7 @@ from tuner.config import Target
 from tuner.errors import ApplyError, ConfigError, ServerStartError
 from tuner.flags import render
 from tuner.store import journal as jr
-from tuner.store.journal import ApplyState
+from tuner.store.journal import ApplyState, ServerState
 
 if TYPE_CHECKING:  # the flow hands itself in; routes never import it at run time
     from tuner.apply.flow import Applier, Plan
@@ -538,7 +538,7 @@ class BlueGreen(_Balanced):
         if isinstance(exc, ServerStartError) and exc.exited:
             spare = self.spare(t)
             st = jr.get_managed(ap.engine, spare.name)
-            who = spare if st is not None and st.state == "crashed" else t
+            who = spare if st is not None and st.state == ServerState.CRASHED else t
             return f"{who.name}: {mg.error_line(mg.log_path(who, ap.config_dir))}"
         return str(exc).splitlines()[0]
 

@@ -33,7 +33,7 @@ from tuner.names import StrEnum
 from tuner.store.db import Tx
 from tuner.store.models import Base
 
-__all__ = ["ApplyState", "ApplyOutcome",
+__all__ = ["ApplyState", "ApplyOutcome", "ServerState",
            "ApplyRow", "ApplyStepRow", "ManagedServerRow", "StoredApply", "ManagedState", "STATES", "OUTCOMES", "new_flags_stand",
            "KPI_KEYS", "begin_apply", "hold_key", "holder", "claim", "step", "finish", "set_kpis", "get_apply",
            "list_applies", "open_applies", "open_applies_for", "outcome_counts", "get_managed", "save_managed",
@@ -61,6 +61,15 @@ class ApplyOutcome(StrEnum):
     ROLLED_BACK = "rolled_back"
     INCONCLUSIVE = "inconclusive"
     FAILED = "failed"
+
+
+class ServerState(StrEnum):
+    """A managed server's state (``managed_servers.state``)."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"
+    CRASHED = "crashed"
+    GIVEN_UP = "given_up"
 
 
 STATES = tuple(ApplyState)
@@ -120,7 +129,7 @@ class ManagedServerRow(Base):
     config_flags: Mapped[str] = mapped_column(Text)  # JSON: the config file's flags these were derived from
     started_ms: Mapped[int] = mapped_column(Integer)
     restarts: Mapped[str] = mapped_column(Text)  # JSON list of ms timestamps of automatic restarts
-    state: Mapped[str] = mapped_column(String(16))  # running | stopped | crashed | given_up
+    state: Mapped[str] = mapped_column(String(16))  # a ServerState: running | stopped | crashed | given_up
     updated_ms: Mapped[int] = mapped_column(Integer)
     note: Mapped[str] = mapped_column(Text)
 
