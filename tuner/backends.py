@@ -12,6 +12,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tuner.names import (
+    LLAMACPP_REQUESTS_DEFERRED,
+    LLAMACPP_REQUESTS_PROCESSING,
+    LLAMACPP_TOKENS_PREDICTED_SECONDS_TOTAL,
+    LLAMACPP_TOKENS_PREDICTED_TOTAL,
+    VLLM_E2E_REQUEST_LATENCY_SECONDS,
+    VLLM_GENERATION_TOKENS_TOTAL,
+    VLLM_INTER_TOKEN_LATENCY_SECONDS,
+    VLLM_NUM_REQUESTS_RUNNING,
+    VLLM_NUM_REQUESTS_WAITING,
+    VLLM_REQUEST_QUEUE_TIME_SECONDS,
+    VLLM_REQUEST_SUCCESS_TOTAL,
+    VLLM_TIME_TO_FIRST_TOKEN_SECONDS,
+)
+
 __all__ = ["Backend", "VLLM", "LLAMACPP", "BACKENDS", "backend"]
 
 
@@ -39,18 +54,18 @@ class Backend:
 VLLM = Backend(
     name="vllm", title="vLLM", counts_requests=True, dashed_flags=False, version_style="release",
     drain="shutdown_timeout", model_is_file=False, gate_names_model=True,
-    load_metrics={"finished": "vllm:request_success_total", "generated": "vllm:generation_tokens_total",
-                  "running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
-                  "ttft": "vllm:time_to_first_token_seconds", "e2e": "vllm:e2e_request_latency_seconds",
-                  "itl": "vllm:inter_token_latency_seconds", "queue": "vllm:request_queue_time_seconds"},
+    load_metrics={"finished": VLLM_REQUEST_SUCCESS_TOTAL, "generated": VLLM_GENERATION_TOKENS_TOTAL,
+                  "running": VLLM_NUM_REQUESTS_RUNNING, "waiting": VLLM_NUM_REQUESTS_WAITING,
+                  "ttft": VLLM_TIME_TO_FIRST_TOKEN_SECONDS, "e2e": VLLM_E2E_REQUEST_LATENCY_SECONDS,
+                  "itl": VLLM_INTER_TOKEN_LATENCY_SECONDS, "queue": VLLM_REQUEST_QUEUE_TIME_SECONDS},
 )
 
 LLAMACPP = Backend(
     name="llamacpp", title="llama-server", counts_requests=False, dashed_flags=True, version_style="build",
     drain="slots_idle", model_is_file=True, gate_names_model=False,
-    load_metrics={"generated": "llamacpp:tokens_predicted_total",
-                  "gen_seconds": "llamacpp:tokens_predicted_seconds_total",
-                  "running": "llamacpp:requests_processing", "waiting": "llamacpp:requests_deferred"},
+    load_metrics={"generated": LLAMACPP_TOKENS_PREDICTED_TOTAL,
+                  "gen_seconds": LLAMACPP_TOKENS_PREDICTED_SECONDS_TOTAL,
+                  "running": LLAMACPP_REQUESTS_PROCESSING, "waiting": LLAMACPP_REQUESTS_DEFERRED},
 )
 
 BACKENDS: Mapping[str, Backend] = {b.name: b for b in (VLLM, LLAMACPP)}

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from tuner.names import LLAMACPP_PREFIX
+
 __all__ = [
     "TunerError",
     "ConfigError",
@@ -70,7 +72,7 @@ class MetricsDisabledError(ScrapeError):
     def __init__(self, url: str) -> None:
         super().__init__(
             f"{url} answered 501: llama-server was started without --metrics; "
-            "restart it with --metrics to expose llamacpp:* series"
+            f"restart it with --metrics to expose {LLAMACPP_PREFIX}* series"
         )
 
 

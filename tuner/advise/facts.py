@@ -16,6 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import ModelFactsError
+from tuner.names import (
+    LLAMACPP_N_TOKENS_MAX,
+    LLAMACPP_REQUESTS_DEFERRED,
+    LLAMACPP_REQUESTS_PROCESSING,
+    VLLM_KV_CACHE_USAGE_PERC,
+    VLLM_NUM_PREEMPTIONS_TOTAL,
+    VLLM_NUM_REQUESTS_RUNNING,
+    VLLM_NUM_REQUESTS_WAITING,
+    VLLM_REQUEST_GENERATION_TOKENS,
+    VLLM_REQUEST_PROMPT_TOKENS,
+)
 from tuner.signals.derive import quantile
 from tuner.signals.promql import bucket_increase
 from tuner.store.window import EngineWindow, GpuLatest
@@ -163,28 +174,28 @@ def _hist_mean_sum(e: EngineWindow, metric: str, lo: int, hi: int) -> tuple[floa
 def observe(e: EngineWindow, backend: str, start_ms: int, end_ms: int) -> Observed:
     """The workload figures of one engine over [start_ms, end_ms], from its stored series."""
     if backend == "vllm":
-        prompt = _hist_mean_sum(e, "vllm:request_prompt_tokens", start_ms, end_ms)
-        gen = _hist_mean_sum(e, "vllm:request_generation_tokens", start_ms, end_ms)
+        prompt = _hist_mean_sum(e, VLLM_REQUEST_PROMPT_TOKENS, start_ms, end_ms)
+        gen = _hist_mean_sum(e, VLLM_REQUEST_GENERATION_TOKENS, start_ms, end_ms)
         mean = None
         if prompt and gen and prompt[0] > 0:
             mean = (prompt[1] + gen[1]) / prompt[0]
         return Observed(
-            running_max=_max_of(e, "vllm:num_requests_running"),
-            waiting_max=_max_of(e, "vllm:num_requests_waiting"),
-            kv_usage_max=_max_of(e, "vllm:kv_cache_usage_perc"),
-            preemptions=_increase(e, "vllm:num_preemptions_total", start_ms, end_ms),
-            prompt_p99=quantile(e, "vllm:request_prompt_tokens", 0.99, start_ms, end_ms),
-            generation_p99=quantile(e, "vllm:request_generation_tokens", 0.99, start_ms, end_ms),
+            running_max=_max_of(e, VLLM_NUM_REQUESTS_RUNNING),
+            waiting_max=_max_of(e, VLLM_NUM_REQUESTS_WAITING),
+            kv_usage_max=_max_of(e, VLLM_KV_CACHE_USAGE_PERC),
+            preemptions=_increase(e, VLLM_NUM_PREEMPTIONS_TOTAL, start_ms, end_ms),
+            prompt_p99=quantile(e, VLLM_REQUEST_PROMPT_TOKENS, 0.99, start_ms, end_ms),
+            generation_p99=quantile(e, VLLM_REQUEST_GENERATION_TOKENS, 0.99, start_ms, end_ms),
             mean_request_tokens=mean, requests=prompt[0] if prompt else None)
     return Observed(
-        running_max=_max_of(e, "llamacpp:requests_processing"),
-        waiting_max=_max_of(e, "llamacpp:requests_deferred"),
-        deferred_max=_max_of(e, "llamacpp:requests_deferred"),
+        running_max=_max_of(e, LLAMACPP_REQUESTS_PROCESSING),
+        waiting_max=_max_of(e, LLAMACPP_REQUESTS_DEFERRED),
+        deferred_max=_max_of(e, LLAMACPP_REQUESTS_DEFERRED),
         kv_usage_max=_max_of(e, "tuner:kv_cache_usage"),
         slot_context_tokens=_max_of(e, "tuner:slot_context_tokens"),
         slots_total=_max_of(e, "tuner:slots_total"),
         slots_busy_max=_max_of(e, "tuner:slots_busy"),
-        max_request_tokens=_max_of(e, "llamacpp:n_tokens_max"))
+        max_request_tokens=_max_of(e, LLAMACPP_N_TOKENS_MAX))
 
 
 def _bucket_total(e: EngineWindow, metric: str, lo: int, hi: int) -> float | None:

@@ -51,11 +51,13 @@ from tuner.collect.catalogue import lookup
 from tuner.config import Target, parse_duration, replica_groups
 from tuner.errors import InputFileError, RuleFileError
 from tuner.files import read_text
+from tuner.names import VLLM_NUM_REQUESTS_WAITING
 from tuner.rules.evaluate import configured_max_num_seqs
 from tuner.rules.export import dump, fmt_duration, prometheus_rules
 from tuner.rules.group import Inputs, eval_group
 from tuner.rules.model import Rule, RuleSet, load_rule_files
 from tuner.rules.signals import ENGINE_BY, SIGNALS
+from tuner.rules.state import AlertState
 from tuner.signals.derive import EngineSignals, TargetSignals, compute_signals, group_signals
 from tuner.signals.selfwatch import LOOKBACK_MS, SeriesByTarget, self_signal
 from tuner.store.window import EngineWindow, GpuLatest, HistPoint, HistSeries, Point, TargetHealth, TargetWindow
@@ -302,7 +304,7 @@ def run(sc: Scenario) -> tuple[list[str], dict[int, dict[str, list[dict]]]]:
             snap: dict[str, list[dict]] = defaultdict(list)
             for alerts in state.values():
                 for a in alerts.values():
-                    if a.state == "firing":
+                    if a.state == AlertState.FIRING:
                         snap[a.labels["alertname"]].append({"labels": a.labels, "annotations": a.annotations,
                                                             "rule": a.rule})
             firing[ts] = dict(snap)
@@ -395,7 +397,7 @@ def _queue_ratio_series(sc: Scenario) -> list[tuple[str, dict[str, str], list[fl
     for name, labels, values in sc.series:
         target = by_name.get(labels.get("target", sc.target.name))
         limit = configured_max_num_seqs(target) if target is not None else None
-        if name == "vllm:num_requests_waiting" and limit:
+        if name == VLLM_NUM_REQUESTS_WAITING and limit:
             out.append(("tuner_queue_to_max_num_seqs_ratio", labels, [None if v is None else v / limit
                                                                       for v in values]))
     return out

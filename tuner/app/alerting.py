@@ -20,7 +20,7 @@ from tuner.notify import FlushResult, Notifier
 from tuner.rules.evaluate import configured_max_num_seqs, payload, reads_by_window
 from tuner.rules.group import Inputs, eval_group
 from tuner.rules.model import RuleGroup, RuleSet, default_rule_files, load_rule_files
-from tuner.rules.state import Alert, from_row, to_row
+from tuner.rules.state import Alert, AlertState, from_row, to_row
 from tuner.signals.derive import TargetSignals, compute_signals
 from tuner.store.alerts import load_states, save_states
 from tuner.store.store import Store
@@ -130,4 +130,4 @@ class Alerting:
 
     def active(self) -> list[Alert]:
         with self.lock:
-            return [a for alerts in self.state.values() for a in alerts.values() if a.state != "inactive"]
+            return [a for alerts in self.state.values() for a in alerts.values() if a.state != AlertState.INACTIVE]

@@ -13,7 +13,7 @@ from tuner.config import dns_label, dns_subdomain, label_selector
 from tuner.errors import ConfigError
 from tuner.rules.export import dump, prometheus_rule_object, prometheus_rules
 from tuner.rules.model import RuleSet, default_rule_files, load_rule_files
-from tuner.rules.state import Alert, from_row
+from tuner.rules.state import Alert, AlertState, from_row
 from tuner.store.alerts import history as alert_history
 from tuner.store.alerts import load_states
 
@@ -60,8 +60,8 @@ def export(session: Session | None, files: list[str] | None, *, fmt: str = "prom
 
 def current(session: Session, *, include_inactive: bool = False) -> list[Alert]:
     stored = (from_row(row) for row in load_states(session.store).values())
-    alerts = (a for a in stored if a.state != "inactive" or include_inactive)
-    return sorted(alerts, key=lambda a: (a.state != "firing", a.rule, a.fingerprint))
+    alerts = (a for a in stored if a.state != AlertState.INACTIVE or include_inactive)
+    return sorted(alerts, key=lambda a: (a.state != AlertState.FIRING, a.rule, a.fingerprint))
 
 
 def history(session: Session, *, limit: int) -> list[Any]:

@@ -16,6 +16,7 @@ from tuner.config import Config, Target
 from tuner.errors import ApplyError, ConfigError
 from tuner.flags import redact_argv
 from tuner.store import journal as jr
+from tuner.store.journal import ApplyOutcome, ApplyState
 
 __all__ = ["haproxy_config_for", "PendingApply", "plan", "apply", "applied_by_hand", "rollback", "reconcile", "journal", "shown",
            "held", "start", "managed_targets", "waiting_on"]
@@ -125,8 +126,8 @@ def shown(cfg: Config, a: jr.StoredApply) -> jr.StoredApply:
 def held(session: Session, a: jr.StoredApply) -> bool:
     """Whether the change stands as the caller asked: kept, inconclusive under ``on_inconclusive: keep``, or
     waiting for a restart by hand."""
-    keep_new = a.outcome == "inconclusive" and session.cfg.target(a.target).apply.on_inconclusive == "keep"
-    return a.outcome == "kept" or keep_new or a.state == "awaiting_manual"
+    keep_new = a.outcome == ApplyOutcome.INCONCLUSIVE and session.cfg.target(a.target).apply.on_inconclusive == "keep"
+    return a.outcome == ApplyOutcome.KEPT or keep_new or a.state == ApplyState.AWAITING_MANUAL
 
 
 def managed_targets(session: Session, name: str | None) -> list[Target]:

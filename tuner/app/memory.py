@@ -20,6 +20,7 @@ from tuner.advise.memory import MemoryBreakdown, breakdown
 from tuner.apply import managed as mg
 from tuner.config import Target
 from tuner.errors import TunerError
+from tuner.names import VLLM_KV_CACHE_USAGE_PERC
 from tuner.store import journal as jr
 from tuner.store.window import GpuLatest, TargetWindow
 
@@ -93,7 +94,7 @@ def memory_of(target: Target, window: TargetWindow, gpus: Iterable[GpuLatest], *
                   for g in gpus for pid, name, used in g.processes if pid in pids)
     out = []
     for e in window.engines:
-        usage = [pts for (name, _), pts in e.series.items() if name == "vllm:kv_cache_usage_perc" and pts]
+        usage = [pts for (name, _), pts in e.series.items() if name == VLLM_KV_CACHE_USAGE_PERC and pts]
         kv = usage[0][-1][1] if usage else None
         tp, batched = _flag(flags, "tensor_parallel_size"), _flag(flags, "max_num_batched_tokens")
         out.append(EngineMemory(e.engine, e.model_name, breakdown(

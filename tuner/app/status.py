@@ -13,6 +13,7 @@ from tuner.config import Config, Target, replica_groups
 from tuner.errors import TunerError
 from tuner.signals.derive import SIGNAL_METRICS, TargetSignals, compute_signals, group_signals
 from tuner.store import journal as jr
+from tuner.store.journal import ApplyState
 from tuner.store.store import GpuLatest, Store
 
 __all__ = ["Status", "TargetStatus", "GroupStatus", "status", "signals", "group_signals_at"]
@@ -73,7 +74,7 @@ def group_signals_at(store: Store, cfg: Config, group: str, *, window_s: float, 
 def _last_apply(store: Store, target: str) -> jr.StoredApply | None:
     """The newest apply or rollback of ``target``: a finished tuning run beside production changed nothing."""
     return next((a for a in jr.list_applies(store.engine, target=target, limit=10)
-                 if not (a.mode == "shadow" and a.state == "done")), None)
+                 if not (a.mode == "shadow" and a.state == ApplyState.DONE)), None)
 
 
 def status(session: Session, *, window_s: float, now: float) -> Status:

@@ -57,7 +57,9 @@ from tuner.signals.workload import Workload, dump_workload, from_window, parse_w
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 from tuner.store import tuning as tj
+from tuner.store.journal import ApplyOutcome, ApplyState, ServerState
 from tuner.store.store import Store
+from tuner.store.tuning import RunState, TrialStatus
 from tuner.tune.bench import BenchClient, BenchError
 from tuner.tune.capacity import find_capacity, rate_floor
 from tuner.tune.compare import Decision, decide, min_requests
@@ -200,7 +202,7 @@ def reap_orphans(store: Store, say: Callable[[str], None], now: float) -> int:
             note += f"; its server (pid {t.pid}) {how}"
             say(f"stopped the trial server left by an interrupted tune (pid {t.pid}): {how}")
             n += 1
-        tj.finish_trial(store.engine, t.id, now=now, status="interrupted", capacity_rps=None,
+        tj.finish_trial(store.engine, t.id, now=now, status=TrialStatus.INTERRUPTED, capacity_rps=None,
                         detail={**t.detail, "note": note})
     return n
 
@@ -306,7 +308,7 @@ def _launch(ctx: _Ctx, flags: dict[str, Any], label: str, what: str, *,
     missing = missing_from_argv(t.backend, flags, argv)
     if missing:  # a trial is what it says or it does not run (feasible() refuses these first; this is the last word)
         ctx.say(f"  not started: its server would not run {', '.join(missing)}")
-        return Outcome("pruned", 0.0, {"reason": f"the server's argv would not carry {', '.join(missing)}",
+        return Outcome(TrialStatus.PRUNED, 0.0, {"reason": f"the server's argv would not carry {', '.join(missing)}",
                                        "kind": "not_applied"})
     tid = tj.begin_trial(ctx.store.engine, ctx.run_id, now=ctx.clock(), flags=flags, seed=label, url=shadow.url)
     ctx.say(what)
@@ -327,12 +329,13 @@ def _launch(ctx: _Ctx, flags: dict[str, Any], label: str, what: str, *,
     except ServerStartError as exc:
         error = mg.error_line(log)
         detail: dict[str, Any] = {"error": str(exc), "server_error": error, "log": str(log)}
-        tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="crashed", capacity_rps=0.0, detail=detail)
+        tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status=TrialStatus.CRASHED, capacity_rps=0.0,
+                        detail=detail)
         ctx.say(f"  crashed: {error or exc} (recorded; this region is avoided)")
-        return Outcome("crashed", 0.0, detail)
+        return Outcome(TrialStatus.CRASHED, 0.0, detail)
     except BaseException as exc:
         mg.stop_server(server, grace_s=5.0)
-        tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status="interrupted", capacity_rps=None,
+        tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status=TrialStatus.INTERRUPTED, capacity_rps=None,
                         detail={"error": f"{type(exc).__name__}: {exc}"})
         raise
     ctx.say(f"  healthy after {ctx.clock() - started:.0f}s")
@@ -346,26 +349,26 @@ def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcom
     got = _launch(ctx, flags, label, f"trial {ctx.trial_no + 1}/{req.budget}{' (' + label + ')' if label else ''}: "
                                      f"{_flag_text(flags)}")
     if isinstance(got, Outcome):
-        ctx.trial_no += got.status != "pruned"
+        ctx.trial_no += got.status != TrialStatus.PRUNED
         return got
     ctx.trial_no += 1
     try:
         cap = _capacity(ctx, got.url, slots=flags.get("max_num_seqs" if t.backend == "vllm" else "parallel"))
     except BaseException as exc:
         mg.stop_server(got.server, grace_s=5.0)
-        tj.finish_trial(ctx.store.engine, got.tid, now=ctx.clock(), status="interrupted", capacity_rps=None,
+        tj.finish_trial(ctx.store.engine, got.tid, now=ctx.clock(), status=TrialStatus.INTERRUPTED, capacity_rps=None,
                         detail={"error": f"{type(exc).__name__}: {exc}"})
         raise
     ctx.waiting[:] = [f"trial {ctx.trial_no}: stopping the trial server"]
     mg.stop_server(got.server, grace_s=5.0)
     detail = {**cap, "log": str(got.log), "start_s": round(ctx.clock() - got.started, 1), "placement": got.placement}
-    tj.finish_trial(ctx.store.engine, got.tid, now=ctx.clock(), status="measured", capacity_rps=cap["capacity_rps"],
-                    detail=detail)
+    tj.finish_trial(ctx.store.engine, got.tid, now=ctx.clock(), status=TrialStatus.MEASURED,
+                    capacity_rps=cap["capacity_rps"], detail=detail)
     ctx.best_rps = max(ctx.best_rps, cap["capacity_rps"])
     in_flight = cap.get("in_flight")
     there = f"; {in_flight:.1f} requests in flight at that rate" if isinstance(in_flight, (int, float)) else ""
     ctx.say(f"  capacity {cap['capacity_rps']:.3g} req/s within the SLO ({cap['note']}{there})")
-    return Outcome("measured", cap["capacity_rps"], detail)
+    return Outcome(TrialStatus.MEASURED, cap["capacity_rps"], detail)
 
 
 def _run_size(ctx: _Ctx, rate: float) -> int:
@@ -442,7 +445,7 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
     def _down(side: str) -> None:
         s = servers.pop(side)
         mg.stop_server(s.server, grace_s=5.0)
-        tj.finish_trial(ctx.store.engine, s.tid, now=ctx.clock(), status="compared", capacity_rps=None,
+        tj.finish_trial(ctx.store.engine, s.tid, now=ctx.clock(), status=TrialStatus.COMPARED, capacity_rps=None,
                         detail={"rate_rps": rate, "runs": runs[side], "log": str(s.log), "placement": s.placement})
 
     ctx.say(f"compare: the winner against the flags in force at {rate:.3g} req/s, in turns, {prompts} requests a run")
@@ -473,7 +476,7 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
 
 
 def _ranked(points: list[Point]) -> list[Point]:
-    return sorted(points, key=lambda p: (p.outcome.status != "measured", -p.outcome.capacity_rps))
+    return sorted(points, key=lambda p: (p.outcome.status != TrialStatus.MEASURED, -p.outcome.capacity_rps))
 
 
 def _diff(current: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
@@ -511,12 +514,13 @@ def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
     argv = mg.build_argv(t, current)
     r = ap.running(t)
     ap.step(aid, "draining", f"tuning run {ctx.run_id} on the target: " + (f"pid {r.pid}" if r else
-                                                                          "no server running"), state="draining")
+                                                                          "no server running"),
+             state=ApplyState.DRAINING)
     if r is not None:
         ctx.waiting[:] = [f"draining {t.name} for the trials"]
         ap.step(aid, "stopped", ap.drain(t, r))
-    ap.save_managed(t, None, current, "stopped", note=f"tuning run {ctx.run_id} on the target")
-    ap.step(aid, "tuning", f"trials on {t.url}", state="tuning")
+    ap.save_managed(t, None, current, ServerState.STOPPED, note=f"tuning run {ctx.run_id} on the target")
+    ap.step(aid, "tuning", f"trials on {t.url}", state=ApplyState.TUNING)
     failed: BaseException | None = None
     try:
         yield
@@ -525,22 +529,22 @@ def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
         raise
     finally:
         ctx.waiting[:] = [f"starting {t.name} again with the flags in force"]
-        ap.step(aid, "restoring", json.dumps(argv), state="starting")
+        ap.step(aid, "restoring", json.dumps(argv), state=ApplyState.STARTING)
         try:
             ap.launch(t, current)
         except ServerStartError as exc:
             first = str(exc).splitlines()[0]
             ap.step(aid, "restore_failed", first)
-            jr.finish(engine, aid, "failed", f"tuned on the target; starting it again with the flags in force "
-                                             f"FAILED: {first}", now=ctx.clock())
+            jr.finish(engine, aid, ApplyOutcome.FAILED, f"tuned on the target; starting it again with the flags in "
+                                                        f"force FAILED: {first}", now=ctx.clock())
             if failed is None:
                 raise ApplyError(f"{t.name}: trials done, but it did not start again with the flags in force: "
                                  f"{first}; `tuner managed start {t.name}` once the cause is fixed") from None
         else:
             ap.step(aid, "restored", "the flags in force, healthy")
             how = "stopped early: " + type(failed).__name__ if failed is not None else "trials done"
-            jr.finish(engine, aid, "rolled_back", f"tuning run {ctx.run_id} on the target ({how}); the flags in "
-                                                  "force restored and healthy", now=ctx.clock())
+            jr.finish(engine, aid, ApplyOutcome.ROLLED_BACK, f"tuning run {ctx.run_id} on the target ({how}); the "
+                                                             "flags in force restored and healthy", now=ctx.clock())
 
 
 @contextmanager
@@ -552,7 +556,7 @@ def _held(ap: Applier, t: Target, in_force: dict[str, Any], *, on_target: bool) 
     aid = ap.hold(t, kind="tune", mode="manual" if on_target else "shadow", old_flags=in_force, new_flags=in_force,
                   old_argv=argv, new_argv=argv)
     if not on_target:
-        ap.step(aid, "tuning", "trials on spare ports beside production (shadow mode)", state="tuning")
+        ap.step(aid, "tuning", "trials on spare ports beside production (shadow mode)", state=ApplyState.TUNING)
     ids: list[Any] = [aid, None]
     how = "done"
     try:
@@ -562,9 +566,9 @@ def _held(ap: Applier, t: Target, in_force: dict[str, Any], *, on_target: bool) 
         raise
     finally:
         try:
-            if jr.get_apply(ap.engine, aid).state != "done":
+            if jr.get_apply(ap.engine, aid).state != ApplyState.DONE:
                 run = f"tuning run {ids[1]}" if ids[1] is not None else "the tuning run"
-                jr.finish(ap.engine, aid, "rolled_back", f"{run} ({how}); " + (
+                jr.finish(ap.engine, aid, ApplyOutcome.ROLLED_BACK, f"{run} ({how}); " + (
                     "production was not drained" if on_target else "its trials ran beside production, which was "
                                                                    "not touched"), now=ap.clock())
         finally:
@@ -670,7 +674,7 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
         if previous is not None:
             run_id = previous.id
             for tr in tj.trials(store.engine, run_id):
-                if tr.status in ("measured", "crashed", "pruned"):
+                if tr.status in (TrialStatus.MEASURED, TrialStatus.CRASHED, TrialStatus.PRUNED):
                     history.append(Point(tr.flags, Outcome(tr.status, tr.capacity_rps or 0.0, tr.detail), tr.seed))
             tj.set_owner(store.engine, run_id, ap.owner, now=clock())  # its trials are this tuner's now
             say(f"resuming tuning run {run_id} of {t.name}: {len(history)} trials done")
@@ -682,7 +686,7 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
         ctx = _Ctx(cfg, store, t, req, config_dir, say, clock, run_id=run_id, workload=workload,
                    waiting=waiting if waiting is not None else [], log_dir=(config_dir / t.managed.log_dir).resolve(),
                    on_target=req.on_target, applier=ap, hold=held[0], cpu_host=hw_json["kind"] != "gpu")
-        ctx.trial_no = sum(1 for p in history if p.outcome.status != "pruned")
+        ctx.trial_no = sum(1 for p in history if p.outcome.status != TrialStatus.PRUNED)
         ctx.best_rps = max((p.outcome.capacity_rps for p in history), default=0.0)
         say(f"tuning {t.name}: workload {workload.input_len} in / {workload.output_len} out tokens "
             f"(range {workload.range_ratio:g}, prefix {workload.prefix_len}), burstiness {workload.burstiness:g}, "
@@ -704,19 +708,19 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
                     try:
                         return _trial(ctx, flags, label, hw)
                     except BenchError as exc:
-                        return Outcome("crashed", 0.0, {"error": str(exc)})
+                        return Outcome(TrialStatus.CRASHED, 0.0, {"error": str(exc)})
 
                 def pruned(flags: dict[str, Any], v: Verdict) -> None:
-                    tj.begin_trial(store.engine, run_id, now=clock(), flags=flags, seed="", url="", status="pruned",
-                                   capacity_rps=0.0, detail={"reason": v.reason, "kind": v.kind,
-                                                             "memory": dict(v.memory)})
+                    tj.begin_trial(store.engine, run_id, now=clock(), flags=flags, seed="", url="",
+                                   status=TrialStatus.PRUNED, capacity_rps=0.0,
+                                   detail={"reason": v.reason, "kind": v.kind, "memory": dict(v.memory)})
 
                 points = list(history) + search(
                     axes, fixed, measure=measure, feasible=check, seeds=seeds, budget=req.budget - noise_budget,
                     max_time_s=max_time_s - (clock() - now), clock=clock, history=history, on_pruned=pruned,
                     seed=req.seed, sampler=req.sampler, gallop="max_num_seqs" if t.backend == "vllm" else "parallel",
                     carry=carry)
-                measured = [p for p in points if p.outcome.status == "measured"]
+                measured = [p for p in points if p.outcome.status == TrialStatus.MEASURED]
                 comparison = None
                 best = _ranked(measured)[0] if measured else None
                 base = next((p for p in measured if point_key(p.flags) == point_key(current)), None)
@@ -726,21 +730,22 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
                     both = not req.on_target and shadow_fits(t, hw, hw_json, model, servers=2)[0]
                     comparison = _compare(ctx, current, dict(best.flags), rate, both=both)
         except BaseException as exc:
-            tj.finish_run(store.engine, run_id, now=clock(), state="failed", result={},
+            tj.finish_run(store.engine, run_id, now=clock(), state=RunState.FAILED, result={},
                           note=f"stopped: {type(exc).__name__}: {exc}")
             raise
         result = _result(ctx, points, current, workload, slo_json, comparison, axes=[a.name for a in axes])
         result["not_candidates"] = not_candidates
-        if not result["counts"]["measured"] and not result["counts"]["crashed"] and result["counts"]["pruned"]:
+        counts = result["counts"]
+        if not counts[TrialStatus.MEASURED] and not counts[TrialStatus.CRASHED] and counts[TrialStatus.PRUNED]:
             refused = [(dict(p.flags), Verdict(False, p.outcome.detail.get("reason", ""), {},
                                                p.outcome.detail.get("kind", ""))) for p in points]
             groups = _prune_groups(refused, current)
-            tj.finish_run(store.engine, run_id, now=clock(), state="failed", result=result,
+            tj.finish_run(store.engine, run_id, now=clock(), state=RunState.FAILED, result=result,
                           note="every candidate visited was pruned")
             raise _nothing_to_measure(groups, len(refused), workload)
         rec_id = _recommend(ctx, result, current)
         result["recommendation_id"] = rec_id
-        tj.finish_run(store.engine, run_id, now=clock(), state="done", result=result)
+        tj.finish_run(store.engine, run_id, now=clock(), state=RunState.DONE, result=result)
         return result
 
 
@@ -752,11 +757,12 @@ def _interval(d: Any) -> list[float | None]:
 
 def _trial_json(p: Point, best: Point | None = None) -> dict[str, Any]:
     d = p.outcome.detail
-    out = {"flags": dict(p.flags), "capacity_rps": p.outcome.capacity_rps if p.outcome.status == "measured" else None,
+    measured = p.outcome.status == TrialStatus.MEASURED
+    out = {"flags": dict(p.flags), "capacity_rps": p.outcome.capacity_rps if measured else None,
            "ttft_p99": d.get("ttft_p99"), "e2e_p99": d.get("e2e_p99"), "status": p.outcome.status,
            "seed": p.seed, "note": d.get("note") or d.get("reason") or d.get("server_error") or d.get("error") or "",
            "memory": d.get("memory") or {}}
-    if p.outcome.status == "measured":
+    if measured:
         out["interval"] = _interval(d)
         if best is not None:
             out["vs_best"] = _vs_best(p, best)
@@ -773,31 +779,32 @@ def _vs_best(p: Point, best: Point) -> str:
 
 def _result(ctx: _Ctx, points: list[Point], current: dict[str, Any], workload: Workload, slo: dict[str, Any],
             comparison: dict[str, Any] | None, *, axes: list[str]) -> dict[str, Any]:
-    measured = [p for p in points if p.outcome.status == "measured"]
+    measured = [p for p in points if p.outcome.status == TrialStatus.MEASURED]
     base = next((p for p in measured if point_key(p.flags) == point_key(current)), None)
     best = _ranked(measured)[0] if measured else None
     return {
         "target": ctx.target.name, "run_id": ctx.run_id, "workload": dump_workload(workload), "slo": slo,
         "searched": axes,
-        "trials": [_trial_json(p, best) for p in _ranked(points) if p.outcome.status != "pruned"],
-        "pruned": _prune_groups([(dict(p.flags), Verdict(False, p.outcome.detail.get("reason", ""), {},
+        "trials": [_trial_json(p, best) for p in _ranked(points) if p.outcome.status != TrialStatus.PRUNED],
+        TrialStatus.PRUNED: _prune_groups([(dict(p.flags), Verdict(False, p.outcome.detail.get("reason", ""), {},
                                                          p.outcome.detail.get("kind", "")))
-                                 for p in points if p.outcome.status == "pruned"], current),
+                                 for p in points if p.outcome.status == TrialStatus.PRUNED], current),
         "best": {"flags": dict(best.flags), "capacity_rps": best.outcome.capacity_rps,
                  "interval": _interval(best.outcome.detail), "ttft_p99": best.outcome.detail.get("ttft_p99"),
                  "e2e_p99": best.outcome.detail.get("e2e_p99")} if best else None,
         "baseline": {"flags": dict(current), "capacity_rps": base.outcome.capacity_rps if base else None,
                      "interval": _interval(base.outcome.detail) if base else None},
         "comparison": comparison,
-        "counts": {"measured": len(measured), "crashed": sum(p.outcome.status == "crashed" for p in points),
-                   "pruned": sum(p.outcome.status == "pruned" for p in points)},
+        "counts": {TrialStatus.MEASURED: len(measured),
+                   TrialStatus.CRASHED: sum(p.outcome.status == TrialStatus.CRASHED for p in points),
+                   TrialStatus.PRUNED: sum(p.outcome.status == TrialStatus.PRUNED for p in points)},
     }
 
 
 def _baseline_best(result: dict[str, Any]) -> str:
     """The verdict when the flags in force measured highest: beyond the next best's interval, or not separable."""
     best = result["best"]
-    others = [tr for tr in result["trials"] if tr["status"] == "measured" and tr["flags"] != best["flags"]]
+    others = [tr for tr in result["trials"] if tr["status"] == TrialStatus.MEASURED and tr["flags"] != best["flags"]]
     if not others:
         return "the flags in force are the only config measured"
     nxt = others[0]

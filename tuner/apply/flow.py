@@ -35,6 +35,8 @@ from tuner.flags import spec, validate
 from tuner.signals.load import LoadProfile, group_profile, profile
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
+from tuner.store.journal import ApplyOutcome, ApplyState, ServerState
+from tuner.store.recommendations import RecStatus
 
 __all__ = ["Applier", "Opened", "Plan", "Restored", "flags_in_force", "own_identity", "proposed", "stale"]
 
@@ -146,7 +148,7 @@ def flags_in_force(engine: Any, t: Target, *, journaled: bool = True) -> dict[st
     if not journaled:
         return _canonical(t.backend, dict(t.flags))
     for a in jr.list_applies(engine, target=t.name):
-        if jr.new_flags_stand(a) or (a.state == "done" and (a.kind, a.outcome) == ("rollback", "rolled_back")):
+        if jr.new_flags_stand(a) or (a.state == ApplyState.DONE and (a.kind, a.outcome) == ("rollback", ApplyOutcome.ROLLED_BACK)):
             return dict(a.new_flags)
     return _canonical(t.backend, dict(t.flags))
 
@@ -210,7 +212,7 @@ class Applier:
         assert t.managed is not None
         argv = mg.build_argv(t, flags)
         r = mg.start_server(argv, mg.server_env(t), mg.log_path(t, self.config_dir), nice=t.managed.nice)
-        self.save_managed(t, r, flags, "running", restarts=restarts)
+        self.save_managed(t, r, flags, ServerState.RUNNING, restarts=restarts)
         if spawned is not None:
             spawned(r)
         try:
@@ -219,7 +221,7 @@ class Applier:
         except ServerStartError:
             # Up but not serving (or never up): stop it, or it would hold the port against the next start.
             mg.stop_server(r, grace_s=5.0)
-            self.save_managed(t, None, flags, "crashed", restarts=restarts)
+            self.save_managed(t, None, flags, ServerState.CRASHED, restarts=restarts)
             raise
         self.say(f"{t.name}: healthy after {took:.1f}s ({gate}); pid {r.pid}")
         return r
@@ -235,10 +237,10 @@ class Applier:
         try:
             return self.launch(t, flags)
         except ServerStartError as exc:
-            self.save_managed(t, None, flags, "crashed", note=str(exc).splitlines()[0])
+            self.save_managed(t, None, flags, ServerState.CRASHED, note=str(exc).splitlines()[0])
             raise
 
-    def stop(self, t: Target, *, state: str = "stopped") -> str:
+    def stop(self, t: Target, *, state: str = ServerState.STOPPED) -> str:
         r = self.running(t)
         how = "was not running" if r is None else self.drain(t, r)
         self.save_managed(t, None, self.flags_in_force(t) if t.managed else {}, state)
@@ -260,17 +262,17 @@ class Applier:
         if t.managed is None or self._busy(t, shadow=False):  # a tune beside production: keep production up
             return None
         st = jr.get_managed(self.engine, t.name)
-        if st is not None and st.state in ("stopped", "given_up"):
+        if st is not None and st.state in (ServerState.STOPPED, ServerState.GIVEN_UP):
             return None
         if st is not None and mg.is_alive(st.pid, st.proc_start):
             return None
         now = self.clock()
         window_ms = t.managed.restart_window.total_seconds() * 1000
         restarts = [ms for ms in (st.restarts if st else []) if ms >= now * 1000 - window_ms]
-        if st is not None and st.state in ("running", "crashed"):
+        if st is not None and st.state in (ServerState.RUNNING, ServerState.CRASHED):
             why = mg.error_line(mg.log_path(t, self.config_dir))
             if len(restarts) >= t.managed.max_restarts:
-                self.save_managed(t, None, st.flags, "given_up", note=f"{len(restarts)} restarts in "
+                self.save_managed(t, None, st.flags, ServerState.GIVEN_UP, note=f"{len(restarts)} restarts in "
                            f"{t.managed.restart_window.total_seconds():.0f}s; last error: {why}", restarts=restarts)
                 return f"{t.name}: gave up after {len(restarts)} restarts (last error: {why})"
             restarts.append(int(now * 1000))
@@ -278,7 +280,7 @@ class Applier:
         try:
             self.launch(t, self.flags_in_force(t), restarts=restarts)
         except ServerStartError as exc:
-            self.save_managed(t, None, self.flags_in_force(t), "crashed", note=str(exc).splitlines()[0], restarts=restarts)
+            self.save_managed(t, None, self.flags_in_force(t), ServerState.CRASHED, note=str(exc).splitlines()[0], restarts=restarts)
             return f"{t.name}: start failed: {str(exc).splitlines()[0]}"
         return f"{t.name}: started"
 
@@ -394,15 +396,15 @@ class Applier:
                     baseline={"replica": control, **self._kpis_of(t, control_in, t0, now)},
                     after={"replica": canary, **self._kpis_of(t, canary_in, t0, now)})
         if died or v is None:
-            outcome, reason = "rolled_back", f"the canary died while observed: {died}"
+            outcome, reason = ApplyOutcome.ROLLED_BACK, f"the canary died while observed: {died}"
         else:
             outcome, reason = v.outcome, (f"canary against control over the same window: {v.reason} (confidence "
                                           f"{v.confidence:.2f}; {v.test})")
         if v is not None and v.slo is not None:
             self.step(aid, "slo", v.slo.line())
         self.step(aid, "verdict", f"{outcome}: {reason}")
-        if outcome == "kept" or (outcome == "inconclusive" and t.apply.on_inconclusive == "keep"):
-            if outcome == "inconclusive":
+        if outcome == ApplyOutcome.KEPT or (outcome == ApplyOutcome.INCONCLUSIVE and t.apply.on_inconclusive == "keep"):
+            if outcome == ApplyOutcome.INCONCLUSIVE:
                 reason += "; the new flags stay (apply.on_inconclusive: keep)"
             try:
                 route.promote(self, aid, p)
@@ -412,12 +414,12 @@ class Applier:
             recs.set_status(self.engine, rec.id, "applied", now=self.clock(), note=reason)
             self.expire_stale(t, aid)
             return jr.get_apply(self.engine, aid)
-        if outcome == "inconclusive":
+        if outcome == ApplyOutcome.INCONCLUSIVE:
             reason += "; the previous flags are restored (apply.on_inconclusive: rollback)"
         restored = self._restore(aid, p)
         jr.finish(self.engine, aid, outcome, f"{reason}; {restored}; the control was never changed",
                   now=self.clock())
-        recs.set_status(self.engine, rec.id, "rolled_back", now=self.clock(), note=reason)
+        recs.set_status(self.engine, rec.id, RecStatus.ROLLED_BACK, now=self.clock(), note=reason)
         return jr.get_apply(self.engine, aid)
 
     def _switch_failed(self, aid: int, p: Plan, rec_id: int | None, exc: ServerStartError | ApplyError,
@@ -425,10 +427,10 @@ class Applier:
         line = p.route.why_failed(self, p.target, exc)
         self.step(aid, "start_failed", line)
         restored = self._restore(aid, p)
-        jr.finish(self.engine, aid, "failed", f"the server did not take the new flags: {line}; {restored}",
+        jr.finish(self.engine, aid, ApplyOutcome.FAILED, f"the server did not take the new flags: {line}; {restored}",
                   now=self.clock())
         if rec_id is not None and mark:
-            recs.set_status(self.engine, rec_id, "failed", now=self.clock(), note=line)
+            recs.set_status(self.engine, rec_id, RecStatus.FAILED, now=self.clock(), note=line)
         return jr.get_apply(self.engine, aid)
 
     def rollback(self, target: str, *, mode: str = "manual", force: bool = False) -> jr.StoredApply:
@@ -475,10 +477,10 @@ class Applier:
         except (ServerStartError, ApplyError) as exc:
             line = route.why_failed(self, t, exc)
             self.step(aid, "start_failed", line)
-            jr.finish(self.engine, aid, "failed", f"restarted ({reason}), but it did not come back: {line}; the "
+            jr.finish(self.engine, aid, ApplyOutcome.FAILED, f"restarted ({reason}), but it did not come back: {line}; the "
                       "supervisor starts it again (managed.max_restarts)", now=self.clock())
             return jr.get_apply(self.engine, aid)
-        jr.finish(self.engine, aid, "kept", f"restarted with the same flags: {reason}", now=self.clock())
+        jr.finish(self.engine, aid, ApplyOutcome.KEPT, f"restarted with the same flags: {reason}", now=self.clock())
         return jr.get_apply(self.engine, aid)
 
     def _busy(self, t: Target, *, shadow: bool = True) -> list[int]:
@@ -510,7 +512,7 @@ class Applier:
         """This thread is done with entry ``aid`` (finished, or left for a reconcile)."""
         _drop(self.engine, aid)
 
-    def step(self, aid: int, name: str, detail: str = "", state: str | None = None) -> None:
+    def step(self, aid: int, name: str, detail: str = "", state: ApplyState | None = None) -> None:
         detail = self.cfg.redact(detail)  # a step's argv is shown (journal, API): its credentials are not
         jr.step(self.engine, aid, name, detail, now=self.clock(), state=state)
         self.say(f"[apply #{aid}] {name}" + (f": {detail}" if detail else ""))
@@ -567,9 +569,9 @@ class Applier:
             return self._switch_failed(aid, p, rec_id, exc, mark=rollback_of is None)
         if rollback_of is not None:
             note = f"restored the flags from before apply #{rollback_of}"
-            jr.finish(self.engine, aid, "rolled_back", note, now=self.clock())
+            jr.finish(self.engine, aid, ApplyOutcome.ROLLED_BACK, note, now=self.clock())
             if rec_id is not None:
-                recs.set_status(self.engine, rec_id, "rolled_back", now=self.clock(), note=f"tuner rollback {t.name}")
+                recs.set_status(self.engine, rec_id, RecStatus.ROLLED_BACK, now=self.clock(), note=f"tuner rollback {t.name}")
             return jr.get_apply(self.engine, aid)
         return self._observe_and_judge(aid, p, rec_id, base)
 
@@ -580,7 +582,7 @@ class Applier:
         observe_s = t.apply.observe.total_seconds()
         limit_s = t.apply.observe_max.total_seconds() if t.apply.observe_max else 3 * observe_s
         self.step(aid, "observing", f"{what}{observe_s:g}s (up to {limit_s:g}s while inconclusive)",
-                   state="observing")
+                   state=ApplyState.OBSERVING)
         t0 = self.clock()
         v: Verdict | None = None
         while True:
@@ -589,7 +591,7 @@ class Applier:
             if died:
                 return died, v, t0, now
             v = verdict(t0, now)
-            if v.outcome != "inconclusive" or now - t0 >= limit_s - 0.5:
+            if v.outcome != ApplyOutcome.INCONCLUSIVE or now - t0 >= limit_s - 0.5:
                 return None, v, t0, now
             self.step(aid, "observing", f"inconclusive after {now - t0:.0f}s ({v.reason}); observing on")
 
@@ -607,21 +609,21 @@ class Applier:
             after.update(self._cost(jr.get_apply(self.engine, aid), base))
         jr.set_kpis(self.engine, aid, now=now, after=after)
         if died or v is None:
-            outcome, reason = "rolled_back", f"the server died while observed: {died}"
+            outcome, reason = ApplyOutcome.ROLLED_BACK, f"the server died while observed: {died}"
         else:
             outcome, reason = v.outcome, f"{v.reason} (confidence {v.confidence:.2f}; {v.test})"
         if v is not None and v.slo is not None:
             self.step(aid, "slo", v.slo.line())  # the SLO line first, before the verdict it led
         self.step(aid, "verdict", f"{outcome}: {reason}")
-        if outcome == "kept" or (outcome == "inconclusive" and t.apply.on_inconclusive == "keep"):
-            if outcome == "inconclusive":
+        if outcome == ApplyOutcome.KEPT or (outcome == ApplyOutcome.INCONCLUSIVE and t.apply.on_inconclusive == "keep"):
+            if outcome == ApplyOutcome.INCONCLUSIVE:
                 reason += "; the new flags stay (apply.on_inconclusive: keep)"
             jr.finish(self.engine, aid, outcome, prefix + reason, now=self.clock())
             if rec_id is not None:
                 recs.set_status(self.engine, rec_id, "applied", now=self.clock(), note=prefix + reason)
             self.expire_stale(t, aid)
             return jr.get_apply(self.engine, aid)
-        if outcome == "inconclusive":
+        if outcome == ApplyOutcome.INCONCLUSIVE:
             reason += ("; the previous flags are restored (apply.on_inconclusive: rollback)" if p.route.restarts else
                        "; apply.on_inconclusive: rollback")
         if not p.route.restarts:
@@ -629,13 +631,13 @@ class Applier:
                     f"{' '.join(flags_argv(t.backend, p.old_flags))}")
             self.step(aid, "restore_by_hand", " ".join(flags_argv(t.backend, p.old_flags)))
             # no data judges nothing: an inconclusive verdict stays inconclusive, never a failure
-            jr.finish(self.engine, aid, "inconclusive" if outcome == "inconclusive" else "failed", note,
+            jr.finish(self.engine, aid, ApplyOutcome.INCONCLUSIVE if outcome == ApplyOutcome.INCONCLUSIVE else ApplyOutcome.FAILED, note,
                       now=self.clock())
         else:
             restored = self._restore(aid, p)
             jr.finish(self.engine, aid, outcome, f"{prefix}{reason}; {restored}", now=self.clock())
         if rec_id is not None:
-            recs.set_status(self.engine, rec_id, "rolled_back", now=self.clock(), note=prefix + reason)
+            recs.set_status(self.engine, rec_id, RecStatus.ROLLED_BACK, now=self.clock(), note=prefix + reason)
         return jr.get_apply(self.engine, aid)
 
     def in_flight(self, t: Target) -> int | None:
@@ -697,7 +699,7 @@ class Applier:
     def _restore(self, aid: int, p: Plan) -> Restored:
         """Back to the old flags; whether that failed, and a description for the note."""
         t = p.target
-        self.step(aid, "restoring", json.dumps(p.old_argv), state="starting")
+        self.step(aid, "restoring", json.dumps(p.old_argv), state=ApplyState.STARTING)
         try:
             if not p.route.restore(self, aid, p):
                 return Restored(False, "restore it by hand")
@@ -705,7 +707,7 @@ class Applier:
             first = str(exc).splitlines()[0]
             self.step(aid, "restore_failed", first)
             if t.managed is not None:
-                self.save_managed(t, None, p.old_flags, "crashed", note=first)
+                self.save_managed(t, None, p.old_flags, ServerState.CRASHED, note=first)
             return Restored(True, f"restoring the previous flags FAILED too: {first}")
         self.step(aid, "restored", "previous flags, healthy")
         return Restored(False, "previous flags restored and healthy")
@@ -718,7 +720,7 @@ class Applier:
                 f"{' '.join(flags_argv(t.backend, p.diff))} (all tunable flags: {' '.join(p.new_argv)}); then run "
                 f"`tuner apply-recommendation {rec_id} --applied` and tuner health-checks and observes it "
                 f"(or --cancel)")
-        self.step(aid, "awaiting_manual", text, state="awaiting_manual")
+        self.step(aid, "awaiting_manual", text, state=ApplyState.AWAITING_MANUAL)
         now = self.clock()
         base = self._kpis(t, now - t.apply.baseline.total_seconds(), now)
         jr.set_kpis(self.engine, aid, now=now, baseline=base)
@@ -726,26 +728,26 @@ class Applier:
 
     def manual_done(self, rec_id: int, *, cancel: bool = False) -> jr.StoredApply:
         a = next((a for a in jr.open_applies(self.engine)
-                  if a.recommendation_id == rec_id and a.state == "awaiting_manual"), None)
+                  if a.recommendation_id == rec_id and a.state == ApplyState.AWAITING_MANUAL), None)
         if a is None:
             raise ApplyError(f"recommendation #{rec_id} has no apply waiting for a restart by hand")
         t = self.cfg.target(a.target)
         p = Plan(t, ROUTES["manual"], a.diff, a.old_flags, a.new_flags, a.old_argv, a.new_argv)
         if cancel:
-            jr.finish(self.engine, a.id, "failed", "cancelled before it was applied", now=self.clock())
+            jr.finish(self.engine, a.id, ApplyOutcome.FAILED, "cancelled before it was applied", now=self.clock())
             return jr.get_apply(self.engine, a.id)
         if not _take(self.engine, a.id):
             raise ApplyError(f"apply #{a.id} is being finished already (a second --applied)")
         try:
-            if not jr.claim(self.engine, a, self.owner, "applied_by_hand", "", now=self.clock(), state="health_check"):
+            if not jr.claim(self.engine, a, self.owner, "applied_by_hand", "", now=self.clock(), state=ApplyState.HEALTH_CHECK):
                 raise ApplyError(f"apply #{a.id} was taken over meanwhile (a second --applied or --cancel); see "
                                  f"`tuner journal {a.target}`")
             try:
                 self.step(a.id, "healthy", mg.health_gate(t))
             except ServerStartError as exc:
-                jr.finish(self.engine, a.id, "failed", f"the server does not pass the health gate: {exc}; restart it "
+                jr.finish(self.engine, a.id, ApplyOutcome.FAILED, f"the server does not pass the health gate: {exc}; restart it "
                           f"by hand with {' '.join(flags_argv(t.backend, a.old_flags))}", now=self.clock())
-                recs.set_status(self.engine, rec_id, "failed", now=self.clock(), note=str(exc))
+                recs.set_status(self.engine, rec_id, RecStatus.FAILED, now=self.clock(), note=str(exc))
                 return jr.get_apply(self.engine, a.id)
             return self._observe_and_judge(a.id, p, rec_id, a.baseline)
         finally:
@@ -762,7 +764,7 @@ class Applier:
         steps) one restores it and the other leaves it alone."""
         done: list[str] = []
         for a in jr.open_applies(self.engine):
-            if a.state == "awaiting_manual" or (only is not None and not only(a)):
+            if a.state == ApplyState.AWAITING_MANUAL or (only is not None and not only(a)):
                 continue
             if (a.owner_pid, a.owner_start) != self.owner and mg.is_alive(a.owner_pid, a.owner_start):
                 continue  # another live tuner is doing it
@@ -780,13 +782,13 @@ class Applier:
     def _reconcile_one(self, a: jr.StoredApply) -> str:
         now = self.clock()
         if a.kind == "tune" and a.mode == "shadow":  # its trials ran beside production: nothing to put back
-            jr.finish(self.engine, a.id, "rolled_back", "reconciled: the tuner of this tuning run stopped; its trials "
+            jr.finish(self.engine, a.id, ApplyOutcome.ROLLED_BACK, "reconciled: the tuner of this tuning run stopped; its trials "
                       "ran beside production, which was not touched", now=now)
             return self._line(jr.get_apply(self.engine, a.id))
         try:
             t = self.cfg.target(a.target)
         except Exception:  # noqa: BLE001  (UnknownTargetError: the config no longer has it)
-            jr.finish(self.engine, a.id, "failed", "reconciled: the target is no longer configured", now=now)
+            jr.finish(self.engine, a.id, ApplyOutcome.FAILED, "reconciled: the target is no longer configured", now=now)
             return f"apply #{a.id}: target {a.target} no longer configured; closed as failed"
         p = Plan(t, route_for(t), a.diff, a.old_flags, a.new_flags, a.old_argv, a.new_argv)
         try:
@@ -802,7 +804,7 @@ class Applier:
                     pid = mg.find_by_argv(candidate)
                     if pid is not None:
                         r = mg.Running(pid, mg.proc_start_time(pid) or 0, candidate, mg.log_path(t, self.config_dir))
-                        self.save_managed(t, r, a.new_flags if candidate == a.new_argv else a.old_flags, "running")
+                        self.save_managed(t, r, a.new_flags if candidate == a.new_argv else a.old_flags, ServerState.RUNNING)
                         break
             argv = mg.proc_argv(r.pid) if r else None
             found = "no server running" if r is None else (
@@ -819,20 +821,20 @@ class Applier:
             " and healthy" if healthy else "" if found == "no server running" else " but not healthy")
         self.step(a.id, "reconcile_found", where)
         if a.kind == "restart" and healthy:  # old and new flags are the same: it is running again, done
-            jr.finish(self.engine, a.id, "kept", f"reconciled: {where}", now=self.clock())
+            jr.finish(self.engine, a.id, ApplyOutcome.KEPT, f"reconciled: {where}", now=self.clock())
             return self._line(jr.get_apply(self.engine, a.id))
         if found == "the new flags" and healthy and a.kind == "apply":
             self.say(f"apply #{a.id}: {where}: observing again")
             return self._line(self._observe_and_judge(a.id, p, a.recommendation_id, a.baseline,
                                                       prefix="reconciled: " + where + "; "))
         if found == "the old flags" and healthy:
-            jr.finish(self.engine, a.id, "rolled_back", f"reconciled: {where}; nothing was changed", now=self.clock())
+            jr.finish(self.engine, a.id, ApplyOutcome.ROLLED_BACK, f"reconciled: {where}; nothing was changed", now=self.clock())
             return self._line(jr.get_apply(self.engine, a.id))
         restored = self._restore(a.id, p)
-        outcome = "failed" if restored.failed else "rolled_back"
+        outcome = ApplyOutcome.FAILED if restored.failed else ApplyOutcome.ROLLED_BACK
         jr.finish(self.engine, a.id, outcome, f"reconciled: {where}; {restored}", now=self.clock())
         if a.recommendation_id is not None and a.kind == "apply":
-            recs.set_status(self.engine, a.recommendation_id, "rolled_back", now=self.clock(),
+            recs.set_status(self.engine, a.recommendation_id, RecStatus.ROLLED_BACK, now=self.clock(),
                             note=f"reconciled after tuner died: {where}")
         return self._line(jr.get_apply(self.engine, a.id))
 

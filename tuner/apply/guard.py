@@ -21,7 +21,7 @@ from typing import Any
 
 from tuner.apply.verdict import LOAD_MATCH
 from tuner.config import Window, in_window, parse_window
-from tuner.store.journal import StoredApply, new_flags_stand
+from tuner.store.journal import ApplyOutcome, ApplyState, StoredApply, new_flags_stand
 from tuner.store.recommendations import StoredRecommendation
 
 __all__ = ["Window", "parse_window", "in_window", "Decision", "decide", "halted", "rollback_streak", "rolled_back_under",
@@ -43,9 +43,9 @@ def rollback_streak(history: Sequence[StoredApply], now: float) -> int:
     """Auto applies in a row (newest first) that rolled back or failed within HALT_PERIOD_S; a kept apply ends it."""
     n = 0
     for a in history:  # newest first
-        if a.state != "done" or a.kind != "apply":
+        if a.state != ApplyState.DONE or a.kind != "apply":
             continue
-        if a.outcome == "kept" or a.updated_ms < (now - HALT_PERIOD_S) * 1000:
+        if a.outcome == ApplyOutcome.KEPT or a.updated_ms < (now - HALT_PERIOD_S) * 1000:
             break
         if a.mode == "auto":
             n += 1
@@ -70,7 +70,7 @@ def _in_force_after(a: StoredApply) -> Mapping[str, Any]:
     if a.kind in ("apply", "canary"):
         return a.new_flags if new_flags_stand(a) else a.old_flags
     if a.kind == "rollback":
-        return a.new_flags if a.outcome == "rolled_back" else a.old_flags  # a rollback that went through
+        return a.new_flags if a.outcome == ApplyOutcome.ROLLED_BACK else a.old_flags  # a rollback that went through
     return a.old_flags  # a restart: the same flags
 
 
@@ -82,7 +82,7 @@ def flag_flips(history: Sequence[StoredApply], now: float, period_s: float = FLI
     since = (now - period_s) * 1000
     values: dict[str, list[str | None]] = {}  # flag -> the values it took, each different from the one before
     flips = 0
-    for a in sorted((a for a in history if a.state == "done" and a.updated_ms >= since), key=lambda a: a.id):
+    for a in sorted((a for a in history if a.state == ApplyState.DONE and a.updated_ms >= since), key=lambda a: a.id):
         before, after = _norm(a.old_flags), _norm(_in_force_after(a))
         for flag in sorted(set(before) | set(after)):
             seen = values.setdefault(flag, [before.get(flag)])
@@ -112,7 +112,7 @@ def rolled_back_under(history: Sequence[StoredApply], flags: Mapping[str, Any], 
     unknown load on either side counts as the same), else None."""
     want = _norm(flags)
     for a in history:  # newest first
-        if a.state != "done" or a.kind not in ("apply", "canary") or a.outcome != "rolled_back" or \
+        if a.state != ApplyState.DONE or a.kind not in ("apply", "canary") or a.outcome != ApplyOutcome.ROLLED_BACK or \
                 _norm(a.new_flags) != want:
             continue
         judged = _judged_load(a)
@@ -130,7 +130,7 @@ def decide(*, now: float, policy: object, history: Sequence[StoredApply], propos
            load_now: float | None = None) -> Decision:
     """history: this target's applies, newest first. busy_gpus: GPUs of other targets with an open apply.
     flags_now, load_now: the flags in force and the offered load now (for the rolled-back memory)."""
-    open_now = [a for a in history if a.state != "done"]
+    open_now = [a for a in history if a.state != ApplyState.DONE]
     if open_now:
         return Decision(False, f"apply #{open_now[0].id} is in progress")
     shared = sorted(set(gpus) & set(busy_gpus))
@@ -144,7 +144,7 @@ def decide(*, now: float, policy: object, history: Sequence[StoredApply], propos
     windows = [parse_window(w) for w in policy.maintenance_windows]  # type: ignore[attr-defined]
     if windows and not any(in_window(w, now) for w in windows):
         return Decision(False, "outside the maintenance windows")
-    done = [a for a in history if a.state == "done"]
+    done = [a for a in history if a.state == ApplyState.DONE]
     cooldown_s = policy.cooldown.total_seconds()  # type: ignore[attr-defined]
     if done and now * 1000 - done[0].updated_ms < cooldown_s * 1000:
         left = cooldown_s - (now * 1000 - done[0].updated_ms) / 1000

@@ -34,6 +34,7 @@ from tuner.kube import connect
 from tuner.kube.args import parse_flags, rewrite_args, tunable_in
 from tuner.kube.pods import Pod, selector_of
 from tuner.store import journal as jr
+from tuner.store.journal import ApplyState
 
 if TYPE_CHECKING:  # the API client type only (kube.api is loaded when a Kubernetes target is used)
     from tuner.kube.api import KubeApi
@@ -284,7 +285,8 @@ class Kube:
                args: list[str], new: list[str]) -> str:
         k = self._k(t)
         ap.step(aid, "patch", json.dumps({"kind": kind, "namespace": k.namespace, "name": name,
-                                           "container": k.container, "from": args, "to": new}), state="starting")
+                                           "container": k.container, "from": args, "to": new}),
+                 state=ApplyState.STARTING)
         if new != args:  # the same args: nothing to send, but a rollout still going (to them) is followed
             body = {"metadata": {"resourceVersion": w.metadata.resource_version,
                                  "annotations": {ANNOTATION: str(aid)}},
@@ -311,7 +313,7 @@ class Kube:
             own = [i for i in items if Pod.of(i, k.container).owner == name]
             state, detail = rollout_state(kind, w, own, k.container, args)
             if detail != last:
-                ap.step(aid, "rollout", f"{where}: {detail}", state="health_check")
+                ap.step(aid, "rollout", f"{where}: {detail}", state=ApplyState.HEALTH_CHECK)
                 last = detail
             if state == "done":
                 return f"{where}: rolled out, {detail}"

@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from tuner.apply import managed as mg
 from tuner.config import Config, Target
 from tuner.errors import ApplyError, ServerStartError
+from tuner.store.journal import ApplyState
 
 __all__ = ["Steps", "Route", "Canaried", "Plan"]
 
@@ -47,7 +48,7 @@ class Steps(Protocol):
     @property
     def store(self) -> Any: ...  # tuner.store.Store: which targets served in a window (a Kubernetes group's pods)
 
-    def step(self, aid: int, name: str, detail: str = "", state: str | None = None) -> None:
+    def step(self, aid: int, name: str, detail: str = "", state: ApplyState | None = None) -> None:
         """Journal step ``name`` of apply ``aid`` (its detail redacted) and say it."""
         ...
 

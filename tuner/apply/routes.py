@@ -37,6 +37,7 @@ from tuner.config import Target
 from tuner.errors import ApplyError, ConfigError, ServerStartError
 from tuner.flags import render
 from tuner.store import journal as jr
+from tuner.store.journal import ApplyState, ServerState
 
 __all__ = ["Route", "Canaried", "Managed", "Hook", "Systemd", "ByHand", "Rolling", "BlueGreen", "Kube", "ROUTES",
            "route_for", "flags_argv", "hook_argv"]
@@ -87,12 +88,12 @@ class Managed:
     def switch(self, ap: Steps, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
         t = p.target
         r = ap.running(t)
-        ap.step(aid, "draining", f"pid {r.pid}" if r else "no server running", state="draining")
+        ap.step(aid, "draining", f"pid {r.pid}" if r else "no server running", state=ApplyState.DRAINING)
         if r is not None:
             ap.step(aid, "stopped", ap.drain(t, r))
-        ap.step(aid, "starting", json.dumps(mg.build_argv(t, flags)), state="starting")
+        ap.step(aid, "starting", json.dumps(mg.build_argv(t, flags)), state=ApplyState.STARTING)
         r = ap.launch(t, flags, spawned=lambda r: ap.step(aid, "health_check", f"pid {r.pid} started",
-                                                            state="health_check"))
+                                                            state=ApplyState.HEALTH_CHECK))
         ap.step(aid, "healthy", f"/health 200 and one real request; pid {r.pid}")
 
     def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
@@ -126,9 +127,9 @@ class _Gated:
 
     def switch(self, ap: Steps, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
         t = p.target
-        ap.step(aid, "starting", "", state="starting")
+        ap.step(aid, "starting", "", state=ApplyState.STARTING)
         self._run(ap, aid, t, flags, diff)
-        ap.step(aid, "health_check", "", state="health_check")
+        ap.step(aid, "health_check", "", state=ApplyState.HEALTH_CHECK)
         ap.step(aid, "healthy", self._gate(ap, t))
 
     def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
@@ -296,16 +297,16 @@ class Rolling(_Balanced):
             raise ApplyError(f"no other replica of {m.group} is UP in HAProxy backend {b.backend}: taking {server} "
                              "out would leave no server for the clients")
         ap.step(aid, "draining", f"{m.name}: HAProxy {b.backend}/{server} drain; {', '.join(up)} serve",
-                 state="draining")
+                 state=ApplyState.DRAINING)
         drained, st = lb.drain(server, b.drain_timeout.total_seconds())
         ap.step(aid, "drained" if drained else "drain_timeout", f"{m.name}: {st.current} sessions, {st.queued} "
                  f"queued in HAProxy" + ("" if drained else f" after {b.drain_timeout.total_seconds():g}s"))
         r = ap.running(m)
         if r is not None:
             ap.step(aid, "stopped", f"{m.name}: {ap.drain(m, r)}")
-        ap.step(aid, "starting", f"{m.name}: {json.dumps(mg.build_argv(m, flags))}", state="starting")
+        ap.step(aid, "starting", f"{m.name}: {json.dumps(mg.build_argv(m, flags))}", state=ApplyState.STARTING)
         r = ap.launch(m, flags, spawned=lambda r: ap.step(aid, "health_check", f"{m.name}: pid {r.pid} started",
-                                                            state="health_check"))
+                                                            state=ApplyState.HEALTH_CHECK))
         st = lb.ready(server, b.up_timeout.total_seconds())
         ap.step(aid, "in_rotation", f"{m.name}: HAProxy {b.backend}/{server} {st.status}; pid {r.pid}")
 
@@ -436,14 +437,14 @@ class BlueGreen(_Balanced):
                 spare = self._start_spare(ap, aid, t, flags, lb) if spare_ok else None
             if spare is not None:
                 ap.step(aid, "draining", f"{t.name}: HAProxy {b.backend}/{b.server} drain; {spare.replica} "
-                                          "serves", state="draining")
+                                          "serves", state=ApplyState.DRAINING)
                 drained, st = lb.drain(b.server, b.drain_timeout.total_seconds())
                 ap.step(aid, "drained" if drained else "drain_timeout", f"{t.name}: {st.current} sessions, "
                                                                           f"{st.queued} queued in HAProxy")
             ap.step(aid, "stopped", f"{t.name}: {ap.drain(t, blue)}")
-        ap.step(aid, "starting", f"{t.name}: {json.dumps(mg.build_argv(t, flags))}", state="starting")
+        ap.step(aid, "starting", f"{t.name}: {json.dumps(mg.build_argv(t, flags))}", state=ApplyState.STARTING)
         r = ap.launch(t, flags, spawned=lambda r: ap.step(aid, "health_check", f"{t.name}: pid {r.pid} started",
-                                                            state="health_check"))
+                                                            state=ApplyState.HEALTH_CHECK))
         st = lb.ready(b.server, up_s)
         ap.step(aid, "in_rotation", f"{t.name}: HAProxy {b.backend}/{b.server} {st.status}; pid {r.pid}")
         self._remove_spare(ap, aid, t, lb)
@@ -453,9 +454,9 @@ class BlueGreen(_Balanced):
         spare = self.spare(t, free_port())
         assert spare.replica is not None
         ap.step(aid, "starting", f"{spare.name} on {spare.url}: {json.dumps(mg.build_argv(spare, flags))}",
-                 state="starting")
+                 state=ApplyState.STARTING)
         r = ap.launch(spare, flags, spawned=lambda r: ap.step(aid, "health_check", f"{spare.name}: pid {r.pid} "
-                                                                "started", state="health_check"))
+                                                                "started", state=ApplyState.HEALTH_CHECK))
         host, port = spare.host_port
         lb.add(spare.replica, host, port)
         st = lb.ready(spare.replica, t.balancer.up_timeout.total_seconds())
@@ -482,7 +483,7 @@ class BlueGreen(_Balanced):
         if isinstance(exc, ServerStartError) and exc.exited:
             spare = self.spare(t)
             st = jr.get_managed(ap.engine, spare.name)
-            who = spare if st is not None and st.state == "crashed" else t
+            who = spare if st is not None and st.state == ServerState.CRASHED else t
             return f"{who.name}: {mg.error_line(mg.log_path(who, ap.config_dir))}"
         return str(exc).splitlines()[0]
 

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.signals.load import Interval, LoadProfile
+from tuner.store.journal import ApplyOutcome
 
 __all__ = ["Verdict", "Clause", "SloCheck", "SloSide", "judge", "slo_check", "slo_line", "wilson", "load_clause",
            "queue_clause", "effect_clause", "slo_clause", "MIN_SCRAPES", "CONFIDENT", "MIN_EFFECT", "LATENCY_EFFECT",
@@ -155,7 +156,7 @@ class SloCheck:
 
 @dataclass(frozen=True)
 class Verdict:
-    outcome: str  # kept | rolled_back | inconclusive
+    outcome: ApplyOutcome  # kept | rolled_back | inconclusive
     reason: str
     confidence: float  # probability that the deciding KPI moved as the outcome says (inconclusive: the best found)
     test: str  # the method that decided
@@ -499,21 +500,23 @@ def judge(before: LoadProfile | None, after: LoadProfile | None, *, min_requests
     as_ = after.summary() if after else {}
     slo: SloCheck | None = None
 
-    def v(outcome: str, clauses: Sequence[Clause], confidence: float, test: str) -> Verdict:
+    def v(outcome: ApplyOutcome, clauses: Sequence[Clause], confidence: float, test: str) -> Verdict:
         return Verdict(outcome, "; ".join(c.text for c in clauses), confidence, test, bs, as_, tuple(clauses), slo)
 
     if before is None or after is None:
         side = "before" if before is None else "after"
-        return v("inconclusive", [_traffic_clause(side, f"too little traffic to judge: fewer than two scrapes {side} "
-                                  "the change")], 0.0, "none")
+        return v(ApplyOutcome.INCONCLUSIVE, [_traffic_clause(side, f"too little traffic to judge: fewer than two "
+                                                                   f"scrapes {side} the change")], 0.0, "none")
     for side, p in (("before", before), ("after", after)):
         n, unit = _traffic(p)
         if n < min_requests:
-            return v("inconclusive", [_traffic_clause(side, f"too little traffic to judge: {n:.0f} {unit} {side} the "
-                                      f"change (min_requests {min_requests})")], 0.0, "none")
+            return v(ApplyOutcome.INCONCLUSIVE, [_traffic_clause(
+                side, f"too little traffic to judge: {n:.0f} {unit} {side} the change (min_requests {min_requests})")],
+                0.0, "none")
         if p.samples < MIN_SCRAPES:
-            return v("inconclusive", [_traffic_clause(side, f"too few scrapes to judge: {p.samples} {side} the change "
-                                      f"(at least {MIN_SCRAPES}; scrapes were late or failed)")], 0.0, "none")
+            return v(ApplyOutcome.INCONCLUSIVE, [_traffic_clause(
+                side, f"too few scrapes to judge: {p.samples} {side} the change (at least {MIN_SCRAPES}; scrapes were "
+                "late or failed)")], 0.0, "none")
 
     cap = _capacity(before, after)
     load, queue = load_clause(before, after), queue_clause(before, after)
@@ -525,9 +528,10 @@ def judge(before: LoadProfile | None, after: LoadProfile | None, *, min_requests
     if slo is not None:
         said = slo_clause(slo)
         if slo.broke and not_risen:
-            return v("rolled_back", [said, load, queue, effect_clause(cap, "capacity")], slo.p_worse, _SLO_TEST)
+            return v(ApplyOutcome.ROLLED_BACK, [said, load, queue, effect_clause(cap, "capacity")], slo.p_worse,
+                     _SLO_TEST)
         if slo.cured and not_fallen:
-            return v("kept", [said, load, queue, effect_clause(cap, "capacity")], slo.p_better, _SLO_TEST)
+            return v(ApplyOutcome.KEPT, [said, load, queue, effect_clause(cap, "capacity")], slo.p_better, _SLO_TEST)
         slo_said = [said]  # no flip to decide on: the SLO's status is said after what decided
 
     # Both windows breaching the SLO while requests queue on both sides: attainment (and so goodput) measures how
@@ -537,14 +541,14 @@ def judge(before: LoadProfile | None, after: LoadProfile | None, *, min_requests
                       and slo.after.status == "breached")
     out = _second_signal(before, after, cap, load, queue, not_risen, goodput=not queue_sets_slo)
     outcome, clauses, confidence, test = out
-    if outcome == "rolled_back" and slo is not None and slo.cured:
+    if outcome == ApplyOutcome.ROLLED_BACK and slo is not None and slo.cured:
         # attainment went from breached to met (under a load that fell): never rolled back for it
-        outcome, confidence = "inconclusive", slo.p_better
+        outcome, confidence = ApplyOutcome.INCONCLUSIVE, slo.p_better
     return v(outcome, [*clauses, *slo_said], confidence, test)
 
 
 def _second_signal(before: LoadProfile, after: LoadProfile, cap: _Effect, load: Clause, queue: Clause,
-                   not_risen: bool, *, goodput: bool = True) -> tuple[str, list[Clause], float, str]:
+                   not_risen: bool, *, goodput: bool = True) -> tuple[ApplyOutcome, list[Clause], float, str]:
     """Capacity and latency: the judgement without an SLO, the second signal with one. ``goodput``: whether SLO
     goodput is a KPI beside capacity (not where the queue, not the flags, sets the attainment)."""
     if before.saturated:
@@ -557,36 +561,37 @@ def _second_signal(before: LoadProfile, after: LoadProfile, cap: _Effect, load: 
         if after.saturated:
             # the confidence of what decided (capacity, or a goodput when capacity held)
             if up and not down:
-                return "kept", [*said, queue, load], max(e.confidence for e in up), _CAP_TEST
+                return ApplyOutcome.KEPT, [*said, queue, load], max(e.confidence for e in up), _CAP_TEST
             if down and not up:
-                return "rolled_back", [*said, queue, load], max(e.confidence for e in down), _CAP_TEST
-            return ("inconclusive", [*said, queue, load], max((e.confidence for e, _ in effects), default=0.5),
-                    _CAP_TEST)
+                return ApplyOutcome.ROLLED_BACK, [*said, queue, load], max(e.confidence for e in down), _CAP_TEST
+            return (ApplyOutcome.INCONCLUSIVE, [*said, queue, load],
+                    max((e.confidence for e, _ in effects), default=0.5), _CAP_TEST)
         served = _served_clause(before, after)
         if cap.better or (not cap.worse and served.word == "held"):
-            return "kept", [queue, served, *said, load], cap.confidence, _CAP_TEST
-        return "inconclusive", [queue, served, load, *said], cap.confidence, _CAP_TEST
+            return ApplyOutcome.KEPT, [queue, served, *said, load], cap.confidence, _CAP_TEST
+        return ApplyOutcome.INCONCLUSIVE, [queue, served, load, *said], cap.confidence, _CAP_TEST
 
     if after.saturated:
         sustained = _sustained_clause(before, after)
         if sustained.word == "below" and not_risen:
-            return ("rolled_back", [queue, sustained, load, effect_clause(cap, "capacity")], cap.confidence,
+            return (ApplyOutcome.ROLLED_BACK, [queue, sustained, load, effect_clause(cap, "capacity")], cap.confidence,
                     "capacity after vs offered load before")
         if not not_risen:
-            return ("inconclusive", [queue, load, sustained, effect_clause(cap, "capacity")], cap.confidence,
+            return (ApplyOutcome.INCONCLUSIVE, [queue, load, sustained, effect_clause(cap, "capacity")], cap.confidence,
                     "offered load")
         lat = [e for e in _latencies(before, after)]
         worse_lat = [e for e in lat if e.worse]
         if worse_lat:
-            return ("rolled_back", [queue, *(effect_clause(e, "latency") for e in worse_lat), load, sustained],
+            return (ApplyOutcome.ROLLED_BACK,
+                    [queue, *(effect_clause(e, "latency") for e in worse_lat), load, sustained],
                     max(e.confidence for e in worse_lat), _LAT_TEST)
-        return ("inconclusive", [queue, sustained, load, *(effect_clause(e, "latency") for e in lat)],
+        return (ApplyOutcome.INCONCLUSIVE, [queue, sustained, load, *(effect_clause(e, "latency") for e in lat)],
                 max((e.confidence for e in lat), default=cap.confidence), _LAT_TEST)
 
     kinds = [(e, "attainment") for e in [_attainment(before, after)] if e is not None] + \
         [(e, "latency") for e in _latencies(before, after)]
     if not kinds:
-        return "inconclusive", [queue, load], 0.5, _LAT_TEST
+        return ApplyOutcome.INCONCLUSIVE, [queue, load], 0.5, _LAT_TEST
     worse_k = [(e, k) for e, k in kinds if e.worse]
     better_k = [(e, k) for e, k in kinds if e.better]
     ratio = _load_ratio(before, after)
@@ -594,12 +599,12 @@ def _second_signal(before: LoadProfile, after: LoadProfile, cap: _Effect, load: 
     best = max(e.confidence for e, _ in kinds)
     said = [effect_clause(e, k) for e, k in kinds]
     if worse_k and (matched or (ratio is not None and ratio < 1)):
-        return ("rolled_back", [*(effect_clause(e, k) for e, k in worse_k), queue, load],
+        return (ApplyOutcome.ROLLED_BACK, [*(effect_clause(e, k) for e, k in worse_k), queue, load],
                 max(e.confidence for e, _ in worse_k), _LAT_TEST)
     if better_k and not worse_k and (matched or (ratio is not None and ratio > 1)):
-        return ("kept", [*(effect_clause(e, k) for e, k in better_k), queue, load],
+        return (ApplyOutcome.KEPT, [*(effect_clause(e, k) for e, k in better_k), queue, load],
                 max(e.confidence for e, _ in better_k), _LAT_TEST)
-    return "inconclusive", [queue, load, *said], best, _LAT_TEST
+    return ApplyOutcome.INCONCLUSIVE, [queue, load, *said], best, _LAT_TEST
 
 
 def _load_ratio(b: LoadProfile, a: LoadProfile) -> float | None:

@@ -21,6 +21,7 @@ from tuner.files import MAX_FILE_BYTES
 from tuner.flags import redact_argv
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
+from tuner.store.journal import ApplyOutcome
 
 __all__ = ["add_parsers"]
 
@@ -139,7 +140,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     with Heartbeat(_waiting(s, args.target)) as hb:
         a = apply_app.rollback(s, args.target, force=args.force, say=hb.say)
     _print_apply(apply_app.shown(s.cfg, a))
-    return 0 if a.outcome == "rolled_back" else 8
+    return 0 if a.outcome == ApplyOutcome.ROLLED_BACK else 8
 
 
 def cmd_judge(args: argparse.Namespace) -> int:

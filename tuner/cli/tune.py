@@ -15,6 +15,7 @@ from tuner.cli.common import duration, float_in, int_in, session, table
 from tuner.cli.progress import Heartbeat
 from tuner.config import parse_duration
 from tuner.signals.workload import describe, dump_workload
+from tuner.store.tuning import TrialStatus
 
 __all__ = ["add_parsers"]
 
@@ -66,7 +67,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                      _num(tr["ttft_p99"], "s"), _num(tr["e2e_p99"], "s"),
                      tr["status"] + (f" ({tr['seed']})" if tr["seed"] else ""), tr["note"][:60]])
     print(table(rows))
-    for g in result.get("pruned") or []:
+    for g in result.get(TrialStatus.PRUNED) or []:
         print(f"pruned {g['count']} x {g['kind']}{' (the flags in force among them)' if g['flags_in_force'] else ''}"
               f": e.g. {g['reason']}")
     for nc in result.get("not_candidates") or []:

@@ -4,12 +4,16 @@ A sample name found on the wire is looked up here and turned into a canonical se
 store keeps) plus which part of it the sample is (plain value, histogram bucket, count or sum). Names
 not in the table are ignored: tuner keeps what its signals need, not the whole exposition.
 ``tests/collect/test_catalogue.py`` proves each entry against recorded real expositions.
+The canonical vLLM and llama-server names are spelled once, in ``tuner/names.py`` (below every layer, so the rules,
+the advisor and backends.py read them too); an alias an older server used is spelled only here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+from tuner import names as n
 
 __all__ = ["MetricSpec", "Kind", "Part", "VLLM", "LLAMACPP", "DCGM", "SLOTS", "lookup", "spec",
            "ALL_SPECS", "ENGINE_LABELS"]
@@ -41,43 +45,43 @@ def _v(name: str, kind: Kind, unit: str, field: str | None = None, aliases: tupl
 
 VLLM: tuple[MetricSpec, ...] = (
     # scheduler state
-    _v("vllm:num_requests_running", "gauge", "requests", "requests_running"),
-    _v("vllm:num_requests_waiting", "gauge", "requests", "requests_waiting"),
-    _v("vllm:num_requests_waiting_by_reason", "gauge", "requests"),
-    _v("vllm:kv_cache_usage_perc", "gauge", "ratio", "kv_cache_usage",
+    _v(n.VLLM_NUM_REQUESTS_RUNNING, "gauge", "requests", "requests_running"),
+    _v(n.VLLM_NUM_REQUESTS_WAITING, "gauge", "requests", "requests_waiting"),
+    _v(n.VLLM_NUM_REQUESTS_WAITING_BY_REASON, "gauge", "requests"),
+    _v(n.VLLM_KV_CACHE_USAGE_PERC, "gauge", "ratio", "kv_cache_usage",
        aliases=("vllm:gpu_cache_usage_perc",)),
-    _v("vllm:engine_sleep_state", "gauge", "state"),
+    _v(n.VLLM_ENGINE_SLEEP_STATE, "gauge", "state"),
     # counters
-    _v("vllm:num_preemptions_total", "counter", "preemptions", "preemptions_total"),
-    _v("vllm:prompt_tokens_total", "counter", "tokens", "prompt_tokens_total"),
-    _v("vllm:generation_tokens_total", "counter", "tokens", "generation_tokens_total"),
-    _v("vllm:prompt_tokens_cached_total", "counter", "tokens", "prompt_tokens_cached_total",
+    _v(n.VLLM_NUM_PREEMPTIONS_TOTAL, "counter", "preemptions", "preemptions_total"),
+    _v(n.VLLM_PROMPT_TOKENS_TOTAL, "counter", "tokens", "prompt_tokens_total"),
+    _v(n.VLLM_GENERATION_TOKENS_TOTAL, "counter", "tokens", "generation_tokens_total"),
+    _v(n.VLLM_PROMPT_TOKENS_CACHED_TOTAL, "counter", "tokens", "prompt_tokens_cached_total",
        required=False),
-    _v("vllm:prefix_cache_queries_total", "counter", "tokens", "prefix_cache_queries_total",
+    _v(n.VLLM_PREFIX_CACHE_QUERIES_TOTAL, "counter", "tokens", "prefix_cache_queries_total",
        aliases=("vllm:gpu_prefix_cache_queries_total",)),
-    _v("vllm:prefix_cache_hits_total", "counter", "tokens", "prefix_cache_hits_total",
+    _v(n.VLLM_PREFIX_CACHE_HITS_TOTAL, "counter", "tokens", "prefix_cache_hits_total",
        aliases=("vllm:gpu_prefix_cache_hits_total",)),
-    _v("vllm:request_success_total", "counter", "requests", "requests_finished_total"),
-    _v("vllm:admission_rejections_total", "counter", "requests", required=False),
+    _v(n.VLLM_REQUEST_SUCCESS_TOTAL, "counter", "requests", "requests_finished_total"),
+    _v(n.VLLM_ADMISSION_REJECTIONS_TOTAL, "counter", "requests", required=False),
     # latency histograms (seconds)
-    _v("vllm:time_to_first_token_seconds", "histogram", "seconds"),
-    _v("vllm:inter_token_latency_seconds", "histogram", "seconds",
+    _v(n.VLLM_TIME_TO_FIRST_TOKEN_SECONDS, "histogram", "seconds"),
+    _v(n.VLLM_INTER_TOKEN_LATENCY_SECONDS, "histogram", "seconds",
        aliases=("vllm:time_per_output_token_seconds",)),
-    _v("vllm:request_time_per_output_token_seconds", "histogram", "seconds", required=False),
-    _v("vllm:e2e_request_latency_seconds", "histogram", "seconds"),
-    _v("vllm:request_queue_time_seconds", "histogram", "seconds"),
-    _v("vllm:request_inference_time_seconds", "histogram", "seconds"),
-    _v("vllm:request_prefill_time_seconds", "histogram", "seconds"),
-    _v("vllm:request_decode_time_seconds", "histogram", "seconds"),
+    _v(n.VLLM_REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS, "histogram", "seconds", required=False),
+    _v(n.VLLM_E2E_REQUEST_LATENCY_SECONDS, "histogram", "seconds"),
+    _v(n.VLLM_REQUEST_QUEUE_TIME_SECONDS, "histogram", "seconds"),
+    _v(n.VLLM_REQUEST_INFERENCE_TIME_SECONDS, "histogram", "seconds"),
+    _v(n.VLLM_REQUEST_PREFILL_TIME_SECONDS, "histogram", "seconds"),
+    _v(n.VLLM_REQUEST_DECODE_TIME_SECONDS, "histogram", "seconds"),
     # size histograms (tokens)
-    _v("vllm:request_prompt_tokens", "histogram", "tokens"),
-    _v("vllm:request_generation_tokens", "histogram", "tokens"),
-    _v("vllm:iteration_tokens_total", "histogram", "tokens"),
-    _v("vllm:request_max_num_generation_tokens", "histogram", "tokens", required=False),
-    _v("vllm:request_params_max_tokens", "histogram", "tokens", required=False),
-    _v("vllm:request_num_preemptions", "histogram", "preemptions", required=False),
+    _v(n.VLLM_REQUEST_PROMPT_TOKENS, "histogram", "tokens"),
+    _v(n.VLLM_REQUEST_GENERATION_TOKENS, "histogram", "tokens"),
+    _v(n.VLLM_ITERATION_TOKENS_TOTAL, "histogram", "tokens"),
+    _v(n.VLLM_REQUEST_MAX_NUM_GENERATION_TOKENS, "histogram", "tokens", required=False),
+    _v(n.VLLM_REQUEST_PARAMS_MAX_TOKENS, "histogram", "tokens", required=False),
+    _v(n.VLLM_REQUEST_NUM_PREEMPTIONS, "histogram", "preemptions", required=False),
     # live engine config, as labels
-    _v("vllm:cache_config_info", "info", "info"),
+    _v(n.VLLM_CACHE_CONFIG_INFO, "info", "info"),
     # the API server's answers by route and status class: a 4xx on /v1/... is how vLLM refuses a prompt longer than
     # its max-model-len (no vllm: counter sees it); the workload reads it (tuner/signals/workload.py)
     MetricSpec("http_requests_total", "counter", "requests", "vllm"),
@@ -91,25 +95,25 @@ def _l(name: str, kind: Kind, unit: str, field: str | None = None, required: boo
 
 
 LLAMACPP: tuple[MetricSpec, ...] = (
-    _l("llamacpp:prompt_tokens_total", "counter", "tokens", "prompt_tokens_total"),
-    _l("llamacpp:prompt_tokens_cached_total", "counter", "tokens", "prompt_tokens_cached_total",
+    _l(n.LLAMACPP_PROMPT_TOKENS_TOTAL, "counter", "tokens", "prompt_tokens_total"),
+    _l(n.LLAMACPP_PROMPT_TOKENS_CACHED_TOTAL, "counter", "tokens", "prompt_tokens_cached_total",
        required=False),
-    _l("llamacpp:prompt_seconds_total", "counter", "seconds", "prompt_seconds_total"),
-    _l("llamacpp:tokens_predicted_total", "counter", "tokens", "tokens_predicted_total"),
-    _l("llamacpp:tokens_predicted_seconds_total", "counter", "seconds", "tokens_predicted_seconds_total"),
-    _l("llamacpp:n_decode_total", "counter", "calls", "n_decode_total"),
-    _l("llamacpp:n_tokens_max", "counter", "tokens", "n_tokens_max"),  # declared counter, is a running max
-    _l("llamacpp:spec_decode_num_draft_tokens_total", "counter", "tokens", required=False),
-    _l("llamacpp:spec_decode_num_accepted_tokens_total", "counter", "tokens", required=False),
-    _l("llamacpp:spec_decode_num_drafts_total", "counter", "calls", required=False),
-    _l("llamacpp:prompt_tokens_seconds", "gauge", "tokens_per_second", "prompt_tokens_seconds"),
-    _l("llamacpp:predicted_tokens_seconds", "gauge", "tokens_per_second", "predicted_tokens_seconds"),
-    _l("llamacpp:requests_processing", "gauge", "requests", "requests_processing"),
-    _l("llamacpp:requests_deferred", "gauge", "requests", "requests_deferred"),
-    _l("llamacpp:n_busy_slots_per_decode", "gauge", "slots", "n_busy_slots_per_decode"),
+    _l(n.LLAMACPP_PROMPT_SECONDS_TOTAL, "counter", "seconds", "prompt_seconds_total"),
+    _l(n.LLAMACPP_TOKENS_PREDICTED_TOTAL, "counter", "tokens", "tokens_predicted_total"),
+    _l(n.LLAMACPP_TOKENS_PREDICTED_SECONDS_TOTAL, "counter", "seconds", "tokens_predicted_seconds_total"),
+    _l(n.LLAMACPP_N_DECODE_TOTAL, "counter", "calls", "n_decode_total"),
+    _l(n.LLAMACPP_N_TOKENS_MAX, "counter", "tokens", "n_tokens_max"),  # declared counter, is a running max
+    _l(n.LLAMACPP_SPEC_DECODE_NUM_DRAFT_TOKENS_TOTAL, "counter", "tokens", required=False),
+    _l(n.LLAMACPP_SPEC_DECODE_NUM_ACCEPTED_TOKENS_TOTAL, "counter", "tokens", required=False),
+    _l(n.LLAMACPP_SPEC_DECODE_NUM_DRAFTS_TOTAL, "counter", "calls", required=False),
+    _l(n.LLAMACPP_PROMPT_TOKENS_SECONDS, "gauge", "tokens_per_second", "prompt_tokens_seconds"),
+    _l(n.LLAMACPP_PREDICTED_TOKENS_SECONDS, "gauge", "tokens_per_second", "predicted_tokens_seconds"),
+    _l(n.LLAMACPP_REQUESTS_PROCESSING, "gauge", "requests", "requests_processing"),
+    _l(n.LLAMACPP_REQUESTS_DEFERRED, "gauge", "requests", "requests_deferred"),
+    _l(n.LLAMACPP_N_BUSY_SLOTS_PER_DECODE, "gauge", "slots", "n_busy_slots_per_decode"),
     # removed upstream; still read from older servers
-    _l("llamacpp:kv_cache_usage_ratio", "gauge", "ratio", required=False),
-    _l("llamacpp:kv_cache_tokens", "gauge", "tokens", required=False),
+    _l(n.LLAMACPP_KV_CACHE_USAGE_RATIO, "gauge", "ratio", required=False),
+    _l(n.LLAMACPP_KV_CACHE_TOKENS, "gauge", "tokens", required=False),
 )
 
 # Derived by tuner from llama-server's /slots (upstream has no KV gauge any more).
@@ -133,7 +137,7 @@ ALL_SPECS: tuple[MetricSpec, ...] = VLLM + LLAMACPP + SLOTS + DCGM
 _BY_NAME = {s.name: s for s in ALL_SPECS}
 
 # Prefixes other deployments put before vLLM's own (Ray Serve's metrics re-export).
-_PREFIXES = {"ray_vllm:": "vllm:", "ray_vllm_": "vllm:"}
+_PREFIXES = {"ray_vllm:": n.VLLM_PREFIX, "ray_vllm_": n.VLLM_PREFIX}
 
 
 def _wire_names() -> dict[str, tuple[MetricSpec, Part]]:

@@ -30,6 +30,7 @@ from tuner.collect.compiled import compiled
 from tuner.collect.exposition import CatalogueSample, parse_exposition
 from tuner.collect.snapshots import EngineSnapshot, Histogram, SeriesKey
 from tuner.errors import ScrapeError
+from tuner.names import LLAMACPP_PREFIX, VLLM_PREFIX
 
 __all__ = ["Layouts", "engines_from_text"]
 
@@ -170,7 +171,7 @@ class Layouts:
         self._by_key[key] = _Layout(shape, count, tuple(plans), tuple(problems))
 
 
-_SERVERS = {"vllm": ("vllm:", "a vLLM server"), "llamacpp": ("llamacpp:", "a llama-server")}
+_SERVERS = {"vllm": (VLLM_PREFIX, "a vLLM server"), "llamacpp": (LLAMACPP_PREFIX, "a llama-server")}
 
 
 def engines_from_text(text: str, backend: Literal["vllm", "llamacpp"], *, target: str, default_model: str,

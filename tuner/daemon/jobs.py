@@ -46,6 +46,7 @@ from tuner.daemon.state import DaemonState
 from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
 from tuner.flags import takes
 from tuner.kube import Discovery, templates
+from tuner.names import VLLM_KV_CACHE_USAGE_PERC
 from tuner.rules.evaluate import RESOLVED_RETENTION
 from tuner.rules.model import RuleGroup
 from tuner.signals.selfwatch import self_signal
@@ -53,6 +54,7 @@ from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 from tuner.store.alerts import outbox_size
 from tuner.store.db import daemon_lock, incremental_vacuum, redact_url
+from tuner.store.journal import ApplyState
 from tuner.store.retention import apply_retention
 from tuner.store.store import Failed, GpuLatest, Scraped, Store
 
@@ -323,7 +325,7 @@ class Daemon:
         """Where the target's memory goes (app/memory.py), from its newest scrapes: the KV use and the engine config
         its last few scrapes stored."""
         recent = self.store.window(t.name, now - 3 * self.cfg.interval(t).total_seconds(), now,
-                                   metrics=frozenset(["vllm:kv_cache_usage_perc"]))
+                                   metrics=frozenset([VLLM_KV_CACHE_USAGE_PERC]))
         return memory_of(t, recent, gpus, pids=server_pids(self.store.engine, t),
                          flags=self.applier.flags_in_force(t, journaled=t.name in self._applied))
 
@@ -504,7 +506,7 @@ class Daemon:
             limits = {t.name: v for t in self.cfg.targets if (v := self._max_num_seqs(t)) is not None}
             journal = {name: jr.list_applies(self.store.engine, target=name, limit=200) for name in self._applied}
             busy_auto = {t.name for t in self.cfg.targets if t.apply.mode == "auto" and t.name in self._applied
-                         and any(a.state != "done" for a in journal.get(t.name, ()))}
+                         and any(a.state != ApplyState.DONE for a in journal.get(t.name, ()))}
             queued = outbox_size(self.store)
             for group, members in replica_groups(self.cfg.targets).items():  # a group's: its replicas' together
                 if all(m.name in limits for m in members):

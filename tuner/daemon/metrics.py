@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from tuner.daemon.http_api import serve
 from tuner.daemon.state import DaemonState
+from tuner.names import VLLM_CACHE_CONFIG_INFO
 from tuner.signals.derive import LATENCY_HISTOGRAMS, QUANTILES, queue_ratio
 from tuner.store.alerts import outbox_size
 from tuner.store.journal import OUTCOMES
@@ -73,7 +74,7 @@ def _own_loop_families(targets: list[str], thrash: dict[str, int], flips: dict[s
 _MEMORY = {  # MemoryBreakdown field -> (metric, help)
     "weights_bytes": ("tuner_memory_weights_bytes", "Weights at run time, per GPU (the memory model; managed targets)"),
     "kv_cache_allocated_bytes": ("tuner_memory_kv_cache_allocated_bytes",
-                                 "KV cache the server allocated, per GPU (vllm:cache_config_info)"),
+                                 f"KV cache the server allocated, per GPU ({VLLM_CACHE_CONFIG_INFO})"),
     "kv_cache_used_bytes": ("tuner_memory_kv_cache_used_bytes", "KV cache in use: allocated x KV-cache use"),
     "overhead_bytes": ("tuner_memory_overhead_bytes",
                        "Runtime overhead per GPU: context, allocator, graphs, one step's activations (the memory model)"),

@@ -27,6 +27,32 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 
+from tuner.names import (
+    LLAMACPP_N_BUSY_SLOTS_PER_DECODE,
+    LLAMACPP_N_DECODE_TOTAL,
+    LLAMACPP_PREDICTED_TOKENS_SECONDS,
+    LLAMACPP_PROMPT_TOKENS_SECONDS,
+    LLAMACPP_PROMPT_TOKENS_TOTAL,
+    LLAMACPP_REQUESTS_DEFERRED,
+    LLAMACPP_REQUESTS_PROCESSING,
+    LLAMACPP_TOKENS_PREDICTED_TOTAL,
+    VLLM_E2E_REQUEST_LATENCY_SECONDS,
+    VLLM_GENERATION_TOKENS_TOTAL,
+    VLLM_INTER_TOKEN_LATENCY_SECONDS,
+    VLLM_KV_CACHE_USAGE_PERC,
+    VLLM_NUM_PREEMPTIONS_TOTAL,
+    VLLM_NUM_REQUESTS_RUNNING,
+    VLLM_NUM_REQUESTS_WAITING,
+    VLLM_PREFIX_CACHE_HITS_TOTAL,
+    VLLM_PREFIX_CACHE_QUERIES_TOTAL,
+    VLLM_PROMPT_TOKENS_TOTAL,
+    VLLM_REQUEST_QUEUE_TIME_SECONDS,
+    VLLM_REQUEST_SUCCESS_TOTAL,
+    VLLM_TIME_TO_FIRST_TOKEN_SECONDS,
+)
+from tuner.rules.state import AlertState
+from tuner.store.journal import ApplyOutcome
+
 __all__ = ["build_dashboards", "to_json", "RATE", "PENDING_SERIES"]
 
 # Series a dashboard may read before tuner's exporter serves them (a contract not landed yet); the tests accept
@@ -105,9 +131,9 @@ def _var(name: str, label: str, query: str) -> db.QueryVariable:
 def _events(dash: db.Dashboard) -> db.Dashboard:
     """Applies, rollbacks and firing alerts as annotations (from tuner's exporter)."""
     for name, color, expr in (
-        ("Applies kept", "green", f'increase(tuner_applies_total{{{TARGET},outcome="kept"}}[2m]) > 0'),
+        ("Applies kept", "green", f'increase(tuner_applies_total{{{TARGET},outcome="{ApplyOutcome.KEPT}"}}[2m]) > 0'),
         ("Rollbacks", "red", f'increase(tuner_applies_total{{{TARGET},outcome=~"rolled_back|failed"}}[2m]) > 0'),
-        ("Alerts firing", "orange", f'tuner_alerts{{{TARGET},alertstate="firing"}}'),
+        ("Alerts firing", "orange", f'tuner_alerts{{{TARGET},alertstate="{AlertState.FIRING}"}}'),
     ):
         dash = dash.annotation(db.AnnotationQuery().name(name).datasource(DS).enable(True).icon_color(color)
                                .expr(expr))
@@ -117,54 +143,55 @@ def _events(dash: db.Dashboard) -> db.Dashboard:
 def vllm_overview() -> db.Dashboard:
     d = _dashboard("tuner-vllm", "vLLM overview", "vLLM's own /metrics: queue, KV cache, latency percentiles, "
                    "throughput, prefix cache, preemptions, finish reasons; goodput from tuner.", ["vllm"])
-    d = _events(d.with_variable(_var("target", "Target", "label_values(vllm:num_requests_running, target)"))
+    d = _events(d.with_variable(_var("target", "Target", f"label_values({VLLM_NUM_REQUESTS_RUNNING}, target)"))
                 .with_variable(_var("model", "Model",
-                                    f"label_values(vllm:num_requests_running{{{TARGET}}}, model_name)")))
+                                    f"label_values({VLLM_NUM_REQUESTS_RUNNING}{{{TARGET}}}, model_name)")))
     lay = _Layout(d)
     lay.row("Load")
     lay.add(_ts("Requests running / waiting", "short", *_refs(
-        (f"sum by ({BY}) (vllm:num_requests_running{{{VLLM}}})", "running {{target}} {{model_name}}"),
-        (f"sum by ({BY}) (vllm:num_requests_waiting{{{VLLM}}})", "waiting {{target}} {{model_name}}"))))
-    lay.add(_ts("KV-cache use", "percentunit", _q(f"max by ({BY}) (vllm:kv_cache_usage_perc{{{VLLM}}})",
+        (f"sum by ({BY}) ({VLLM_NUM_REQUESTS_RUNNING}{{{VLLM}}})", "running {{target}} {{model_name}}"),
+        (f"sum by ({BY}) ({VLLM_NUM_REQUESTS_WAITING}{{{VLLM}}})", "waiting {{target}} {{model_name}}"))))
+    lay.add(_ts("KV-cache use", "percentunit", _q(f"max by ({BY}) ({VLLM_KV_CACHE_USAGE_PERC}{{{VLLM}}})",
                                                   "{{target}} {{model_name}}")).min(0).max(1))
     lay.add(_ts("Requests waiting / max-num-seqs (tuner)", "short",
                 _q(f"tuner_queue_to_max_num_seqs_ratio{{{VLLM}}}", "{{target}} {{model_name}}"),
                 description="Above 1: more requests wait than the server runs at once (the flags in force)"), w=8)
     lay.add(_ts("Stalled requests", "short", _q(
-        f"(sum by ({BY}) (vllm:num_requests_running{{{VLLM}}}) + sum by ({BY}) (vllm:num_requests_waiting{{{VLLM}}}))"
-        f" * on ({BY}) (sum by ({BY}) (increase(vllm:generation_tokens_total{{{VLLM}}}[1m])) + sum by ({BY}) "
-        f"(increase(vllm:request_success_total{{{VLLM}}}[1m])) == bool 0)", "{{target}} {{model_name}}"),
+        f"(sum by ({BY}) ({VLLM_NUM_REQUESTS_RUNNING}{{{VLLM}}}) + "
+        f"sum by ({BY}) ({VLLM_NUM_REQUESTS_WAITING}{{{VLLM}}}))"
+        f" * on ({BY}) (sum by ({BY}) (increase({VLLM_GENERATION_TOKENS_TOTAL}{{{VLLM}}}[1m])) + sum by ({BY}) "
+        f"(increase({VLLM_REQUEST_SUCCESS_TOTAL}{{{VLLM}}}[1m])) == bool 0)", "{{target}} {{model_name}}"),
         description="Requests in flight while not one token was generated and no request finished in the last "
                     "minute: the engine is stuck while the server answers (EngineStalled)"), w=8)
     lay.add(_ts("Process restarts", "short", _q(f"changes(process_start_time_seconds{{{TARGET}}}[10m])",
                                                 "{{target}}"),
                 description="Times the server's process start time changed in the last 10 minutes"), w=8)
     lay.row("Latency")
-    lay.add(_ts("Time to first token", "s", *_quantiles("vllm:time_to_first_token_seconds")), w=8)
-    lay.add(_ts("Inter-token latency", "s", *_quantiles("vllm:inter_token_latency_seconds")), w=8)
-    lay.add(_ts("End-to-end latency", "s", *_quantiles("vllm:e2e_request_latency_seconds")), w=8)
-    lay.add(_ts("Queue time", "s", *_quantiles("vllm:request_queue_time_seconds")), w=8)
+    lay.add(_ts("Time to first token", "s", *_quantiles(VLLM_TIME_TO_FIRST_TOKEN_SECONDS)), w=8)
+    lay.add(_ts("Inter-token latency", "s", *_quantiles(VLLM_INTER_TOKEN_LATENCY_SECONDS)), w=8)
+    lay.add(_ts("End-to-end latency", "s", *_quantiles(VLLM_E2E_REQUEST_LATENCY_SECONDS)), w=8)
+    lay.add(_ts("Queue time", "s", *_quantiles(VLLM_REQUEST_QUEUE_TIME_SECONDS)), w=8)
     lay.add(_ts("Goodput (tuner, share of requests within the SLO)", "percentunit",
                 _q(f"tuner_goodput_ratio{{{VLLM}}}", "{{target}} {{model_name}}")).min(0).max(1), w=8)
     lay.add(_ts("Token goodput (tuner, generated tokens/s of requests within the SLO)", "short", *_refs(
         (f"tuner_goodput_tokens_per_second{{{VLLM}}}", "within the SLO {{target}} {{model_name}}"),
-        (f"sum by ({BY}) (rate(vllm:generation_tokens_total{{{VLLM}}}[{RATE}]))", "all {{target}} {{model_name}}")),
+        (f"sum by ({BY}) (rate({VLLM_GENERATION_TOKENS_TOTAL}{{{VLLM}}}[{RATE}]))", "all {{target}} {{model_name}}")),
         description="Generated tokens per second times the share of requests within every SLO budget, beside all "
                     "generated tokens per second"), w=8)
     lay.row("Throughput")
     lay.add(_ts("Tokens per second", "short", *_refs(
-        (f"sum by ({BY}) (rate(vllm:prompt_tokens_total{{{VLLM}}}[{RATE}]))", "prompt {{target}} {{model_name}}"),
-        (f"sum by ({BY}) (rate(vllm:generation_tokens_total{{{VLLM}}}[{RATE}]))",
+        (f"sum by ({BY}) (rate({VLLM_PROMPT_TOKENS_TOTAL}{{{VLLM}}}[{RATE}]))", "prompt {{target}} {{model_name}}"),
+        (f"sum by ({BY}) (rate({VLLM_GENERATION_TOKENS_TOTAL}{{{VLLM}}}[{RATE}]))",
          "generated {{target}} {{model_name}}"))))
     lay.add(_ts("Finished requests per second, by reason", "reqps", _q(
-        f"sum by ({BY}, finished_reason) (rate(vllm:request_success_total{{{VLLM}}}[{RATE}]))",
+        f"sum by ({BY}, finished_reason) (rate({VLLM_REQUEST_SUCCESS_TOTAL}{{{VLLM}}}[{RATE}]))",
         "{{finished_reason}} {{target}} {{model_name}}")))
     lay.add(_ts("Prefix-cache hit rate", "percentunit", _q(
-        f"sum by ({BY}) (rate(vllm:prefix_cache_hits_total{{{VLLM}}}[{RATE}])) / "
-        f"sum by ({BY}) (rate(vllm:prefix_cache_queries_total{{{VLLM}}}[{RATE}]))", "{{target}} {{model_name}}"),
+        f"sum by ({BY}) (rate({VLLM_PREFIX_CACHE_HITS_TOTAL}{{{VLLM}}}[{RATE}])) / "
+        f"sum by ({BY}) (rate({VLLM_PREFIX_CACHE_QUERIES_TOTAL}{{{VLLM}}}[{RATE}]))", "{{target}} {{model_name}}"),
         description="Share of queried prompt tokens found in the prefix cache").min(0).max(1))
     lay.add(_ts("Preemptions", "short", _q(
-        f"sum by ({BY}) (increase(vllm:num_preemptions_total{{{VLLM}}}[{RATE}]))", "{{target}} {{model_name}}"),
+        f"sum by ({BY}) (increase({VLLM_NUM_PREEMPTIONS_TOTAL}{{{VLLM}}}[{RATE}]))", "{{target}} {{model_name}}"),
         description="Requests preempted (KV cache full) per rate interval"))
     lay.row("Memory")
     lay.add(_ts("Memory per GPU: weights, KV cache, overhead (tuner)", "bytes", *_refs(
@@ -215,25 +242,25 @@ def llama_server() -> db.Dashboard:
     lay = _Layout(d)
     lay.row("Slots and queue")
     lay.add(_ts("Requests processing / deferred", "short", *_refs(
-        (f"sum by (target) (llamacpp:requests_processing{{{TARGET}}})", "processing {{target}}"),
-        (f"sum by (target) (llamacpp:requests_deferred{{{TARGET}}})", "deferred {{target}}"))))
+        (f"sum by (target) ({LLAMACPP_REQUESTS_PROCESSING}{{{TARGET}}})", "processing {{target}}"),
+        (f"sum by (target) ({LLAMACPP_REQUESTS_DEFERRED}{{{TARGET}}})", "deferred {{target}}"))))
     lay.add(_ts("Slots busy / total (tuner, from /slots)", "short", *_refs(
         (f'tuner_slots_busy{{{TARGET},backend="llamacpp"}}', "busy {{target}}"),
         (f'tuner_slots{{{TARGET},backend="llamacpp"}}', "total {{target}}"))))
     lay.add(_ts("KV use (tuner, from /slots)", "percentunit",
                 _q(f'tuner_kv_cache_usage_ratio{{{TARGET},backend="llamacpp"}}', "{{target}}")).min(0).max(1))
     lay.add(_ts("Busy slots per decode", "short",
-                _q(f"llamacpp:n_busy_slots_per_decode{{{TARGET}}}", "{{target}}")))
+                _q(f"{LLAMACPP_N_BUSY_SLOTS_PER_DECODE}{{{TARGET}}}", "{{target}}")))
     lay.row("Throughput")
     lay.add(_ts("Tokens per second", "short", *_refs(
-        (f"sum by (target) (rate(llamacpp:prompt_tokens_total{{{TARGET}}}[{RATE}]))", "prompt {{target}}"),
-        (f"sum by (target) (rate(llamacpp:tokens_predicted_total{{{TARGET}}}[{RATE}]))", "generated {{target}}"))))
+        (f"sum by (target) (rate({LLAMACPP_PROMPT_TOKENS_TOTAL}{{{TARGET}}}[{RATE}]))", "prompt {{target}}"),
+        (f"sum by (target) (rate({LLAMACPP_TOKENS_PREDICTED_TOTAL}{{{TARGET}}}[{RATE}]))", "generated {{target}}"))))
     lay.add(_ts("Server-reported speed", "short", *_refs(
-        (f"llamacpp:prompt_tokens_seconds{{{TARGET}}}", "prompt tokens/s {{target}}"),
-        (f"llamacpp:predicted_tokens_seconds{{{TARGET}}}", "generated tokens/s {{target}}")),
+        (f"{LLAMACPP_PROMPT_TOKENS_SECONDS}{{{TARGET}}}", "prompt tokens/s {{target}}"),
+        (f"{LLAMACPP_PREDICTED_TOKENS_SECONDS}{{{TARGET}}}", "generated tokens/s {{target}}")),
         description="llama-server's own averages since start"))
     lay.add(_ts("Decode calls per second", "short", _q(
-        f"sum by (target) (rate(llamacpp:n_decode_total{{{TARGET}}}[{RATE}]))", "{{target}}")))
+        f"sum by (target) (rate({LLAMACPP_N_DECODE_TOTAL}{{{TARGET}}}[{RATE}]))", "{{target}}")))
     return d
 
 
@@ -247,7 +274,7 @@ def tuner_self() -> db.Dashboard:
     lay.add(stat.Panel().title("Targets down").with_target(_q(
         f"count(tuner_target_up{{{TARGET}}} == 0) or vector(0)")), w=6, h=4)
     lay.add(stat.Panel().title("Alerts firing").with_target(_q(
-        f'count(tuner_alerts{{{TARGET},alertstate="firing"}}) or vector(0)')), w=6, h=4)
+        f'count(tuner_alerts{{{TARGET},alertstate="{AlertState.FIRING}"}}) or vector(0)')), w=6, h=4)
     lay.add(stat.Panel().title("Notifications queued").with_target(_q("tuner_alert_notifications_queued")), w=6, h=4)
     lay.add(_ts("Target health", "short", _q(f"tuner_target_health{{{TARGET}}} == 1", "{{target}} {{health}}"),
                 description="One line per target in its current state: up, degraded (samples dropped) or down"))

@@ -23,6 +23,7 @@ from tuner.apply.launch import free_port
 from tuner.collect import http
 from tuner.config import load_config
 from tuner.lab.proc import stop
+from tuner.names import VLLM_REQUEST_SUCCESS_TOTAL
 from tuner.store.db import open_engine
 from tuner.store.store import Store
 
@@ -235,7 +236,7 @@ def _wait_for_scrapes(config: Path, window_s: float, want: int, *, limit_s: floa
         now = time.time()
         w = store.window(MODEL_NAME, now - window_s, now)
         stamps = {ts for e in w.engines for (name, _), pts in e.series.items()
-                  if name == "vllm:request_success_total" for ts, _ in pts}
+                  if name == VLLM_REQUEST_SUCCESS_TOTAL for ts, _ in pts}
         if len(stamps) >= want or time.monotonic() >= deadline:
             return len(stamps)
         time.sleep(2.5)

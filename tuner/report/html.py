@@ -20,6 +20,9 @@ from plotly.offline import get_plotlyjs
 
 from tuner.report.data import PLOTS, Plot, TargetReport
 from tuner.report.figures import MARKER_COLORS, pareto, time_series, trials_scatter
+from tuner.rules.state import AlertState
+from tuner.store.journal import ApplyOutcome
+from tuner.store.tuning import TrialStatus
 
 __all__ = ["render_html", "figure_html", "pareto", "plotly_js"]
 
@@ -52,10 +55,10 @@ def _time(ts_ms: int, span_s: float) -> str:
 
 def _markers(rep: TargetReport) -> list[tuple[int, str, str]]:
     marks = [(a.ts_ms, "alert", f"{a.alertname} {a.from_state} -> {a.to_state}")
-             for a in rep.alerts if a.to_state == "firing"]
+             for a in rep.alerts if a.to_state == AlertState.FIRING]
     for ap in rep.applies:
         marks.append((ap.created_ms, "apply", f"apply #{ap.id} {_diff(ap.diff)}"))
-        if ap.outcome in ("rolled_back", "inconclusive", "failed"):
+        if ap.outcome in (ApplyOutcome.ROLLED_BACK, ApplyOutcome.INCONCLUSIVE, ApplyOutcome.FAILED):
             marks.append((ap.updated_ms, "rollback", f"apply #{ap.id} {ap.outcome}: {ap.note}"))
     return marks
 
@@ -98,7 +101,8 @@ def _apply_view_html(rep: TargetReport, ap: Any) -> str:
         return ""
     marks = [(ap.created_ms, "apply", f"apply #{ap.id} started")]
     if ap.outcome:
-        marks.append((ap.updated_ms, "rollback" if ap.outcome != "kept" else "apply", f"apply #{ap.id} {ap.outcome}"))
+        marks.append((ap.updated_ms, "rollback" if ap.outcome != ApplyOutcome.KEPT else "apply",
+                      f"apply #{ap.id} {ap.outcome}"))
     out = []
     for (engine, _model), plots in sorted(view.series.items()):
         for plot in PLOTS:
@@ -125,7 +129,7 @@ def _tuning_html(rep: TargetReport) -> str:
     parts = []
     for run, trs in rep.tunes:
         res = run.result or {}
-        measured = [t for t in trs if t.status == "measured" and t.capacity_rps is not None]
+        measured = [t for t in trs if t.status == TrialStatus.MEASURED and t.capacity_rps is not None]
         lat = [float(t.detail.get("e2e_p99") or 0.0) for t in measured]
         front = pareto([(t.capacity_rps, lat[i]) for i, t in enumerate(measured)])
         head = (f'<h4>Tuning run #{run.id} ({escape(run.state)}): {len(measured)} trials measured'
@@ -135,11 +139,11 @@ def _tuning_html(rep: TargetReport) -> str:
         title = f"Tuning run #{run.id}: capacity within the SLO against P99 E2E"
         plot = figure_html(trials_scatter(title, [(lat[i], t.capacity_rps, front[i], _diff(t.flags))
                                                   for i, t in enumerate(measured)]), title, "plot scatter")
-        ranked = sorted(trs, key=lambda t: (t.status != "measured", -(t.capacity_rps or 0.0)))
+        ranked = sorted(trs, key=lambda t: (t.status != TrialStatus.MEASURED, -(t.capacity_rps or 0.0)))
         on = {t.id for i, t in enumerate(measured) if front[i]}
         rows = "".join(
             f'<tr class="trial-row" data-status="{escape(t.status)}"><td>{t.seq}</td><td>{escape(_diff(t.flags))}</td>'
-            f'<td>{_fmt(t.capacity_rps if t.status == "measured" else None, "per_s")}</td>'
+            f'<td>{_fmt(t.capacity_rps if t.status == TrialStatus.MEASURED else None, "per_s")}</td>'
             f'<td>{_fmt(t.detail.get("ttft_p99"), "s")}</td><td>{_fmt(t.detail.get("e2e_p99"), "s")}</td>'
             f'<td>{escape(t.status)}{" (" + escape(t.seed) + ")" if t.seed else ""}</td>'
             f'<td>{"yes" if t.id in on else ""}</td>'

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 from tuner.config import Target, replica_groups
 from tuner.rules.model import OPS, Rule
 from tuner.rules.signals import SELF_SIGNALS
-from tuner.rules.state import Alert
+from tuner.rules.state import Alert, AlertState
 from tuner.rules.templates import render
 from tuner.signals.derive import TargetSignals, queue_ratio
 from tuner.store.window import GpuLatest
@@ -189,36 +189,36 @@ def evaluate(rule: Rule, result: Iterable[Sample], prev: Mapping[str, Alert], no
         seen.add(fp)
         annotations = {k: render(v, labels, value) for k, v in rule.annotations.items()}
         a = active.get(fp)
-        if a is not None and a.state != "inactive":
+        if a is not None and a.state != AlertState.INACTIVE:
             a.value, a.annotations = value, annotations
             continue
         active[fp] = Alert(rule=key, fingerprint=fp, labels=labels, annotations=annotations,
-                                 state="pending", value=value, active_at_ms=now_ms)
-        changed(active[fp], "inactive")
+                                 state=AlertState.PENDING, value=value, active_at_ms=now_ms)
+        changed(active[fp], AlertState.INACTIVE)
 
     keep_ms = int(rule.keep_firing_for.total_seconds() * 1000)
     for fp in list(active):
         a = active[fp]
         if fp not in seen:
             keep = False
-            if a.state == "firing" and keep_ms > 0:
+            if a.state == AlertState.FIRING and keep_ms > 0:
                 if a.keep_firing_since_ms is None:
                     a.keep_firing_since_ms = now_ms
                 keep = now_ms - a.keep_firing_since_ms < keep_ms
-            if a.state == "pending" or (a.resolved_at_ms is not None and
+            if a.state == AlertState.PENDING or (a.resolved_at_ms is not None and
                                         now_ms - a.resolved_at_ms > RESOLVED_RETENTION.total_seconds() * 1000):
                 del active[fp]
-            if a.state != "inactive" and not keep:
-                old, a.state, a.resolved_at_ms = a.state, "inactive", now_ms
+            if a.state != AlertState.INACTIVE and not keep:
+                old, a.state, a.resolved_at_ms = a.state, AlertState.INACTIVE, now_ms
                 changed(a, old)
             if not keep:
                 continue
         else:
             a.keep_firing_since_ms = None
         hold_ms = int(rule.hold_for(a.labels.get("target")).total_seconds() * 1000)
-        if a.state == "pending" and now_ms - a.active_at_ms >= hold_ms:
-            a.state, a.fired_at_ms = "firing", now_ms
-            changed(a, "pending")
+        if a.state == AlertState.PENDING and now_ms - a.active_at_ms >= hold_ms:
+            a.state, a.fired_at_ms = AlertState.FIRING, now_ms
+            changed(a, AlertState.PENDING)
     return active, events
 
 
@@ -229,7 +229,7 @@ def to_send(alerts: Iterable[Alert], now_ms: int, *, resend_delay: timedelta, in
     resend_ms = int(resend_delay.total_seconds() * 1000)
     out = []
     for a in alerts:
-        if a.state == "pending":
+        if a.state == AlertState.PENDING:
             continue
         resolved_since_sent = a.resolved_at_ms is not None and (a.last_sent_at_ms is None or
                                                                a.resolved_at_ms > a.last_sent_at_ms)

@@ -14,6 +14,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tuner.names import (
+    VLLM_E2E_REQUEST_LATENCY_SECONDS,
+    VLLM_GENERATION_TOKENS_TOTAL,
+    VLLM_INTER_TOKEN_LATENCY_SECONDS,
+    VLLM_KV_CACHE_USAGE_PERC,
+    VLLM_NUM_PREEMPTIONS_TOTAL,
+    VLLM_NUM_REQUESTS_RUNNING,
+    VLLM_NUM_REQUESTS_WAITING,
+    VLLM_PREFIX_CACHE_HITS_TOTAL,
+    VLLM_PREFIX_CACHE_QUERIES_TOTAL,
+    VLLM_REQUEST_QUEUE_TIME_SECONDS,
+    VLLM_REQUEST_SUCCESS_TOTAL,
+    VLLM_TIME_TO_FIRST_TOKEN_SECONDS,
+)
+
 __all__ = ["SignalSpec", "SIGNALS", "SELF_SIGNALS", "known_signals", "signal_spec"]
 
 Scope = Literal["engine", "target", "gpu", "tuner"]
@@ -37,35 +52,35 @@ def _tuner(series: str) -> str:
     return f"max by ({ENGINE_BY}) ({series}{{sel}})"
 
 
-_LAT = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",
-        "e2e": "vllm:e2e_request_latency_seconds", "queue": "vllm:request_queue_time_seconds"}
+_LAT = {"ttft": VLLM_TIME_TO_FIRST_TOKEN_SECONDS, "itl": VLLM_INTER_TOKEN_LATENCY_SECONDS,
+        "e2e": VLLM_E2E_REQUEST_LATENCY_SECONDS, "queue": VLLM_REQUEST_QUEUE_TIME_SECONDS}
 
 _SPECS: list[SignalSpec] = [
     SignalSpec("kv_cache_usage", "engine", "ratio", "KV-cache use (latest), fraction 0-1",
-               {"vllm": f"max by ({ENGINE_BY}) (vllm:kv_cache_usage_perc{{sel}})",
+               {"vllm": f"max by ({ENGINE_BY}) ({VLLM_KV_CACHE_USAGE_PERC}{{sel}})",
                 "llamacpp": _tuner("tuner_kv_cache_usage_ratio")}),
     SignalSpec("kv_cache_usage_max", "engine", "ratio", "highest KV-cache use in the window",
-               {"vllm": f"max by ({ENGINE_BY}) (max_over_time(vllm:kv_cache_usage_perc{{sel}}[{{w}}]))",
+               {"vllm": f"max by ({ENGINE_BY}) (max_over_time({VLLM_KV_CACHE_USAGE_PERC}{{sel}}[{{w}}]))",
                 "llamacpp": _tuner("tuner_kv_cache_usage_max_ratio")}),
     SignalSpec("requests_running", "engine", "requests", "requests running (llama-server: processing)",
-               {"vllm": f"sum by ({ENGINE_BY}) (vllm:num_requests_running{{sel}})",
+               {"vllm": f"sum by ({ENGINE_BY}) ({VLLM_NUM_REQUESTS_RUNNING}{{sel}})",
                 "llamacpp": _tuner("tuner_requests_running")}),
     SignalSpec("requests_waiting", "engine", "requests", "requests waiting (llama-server: deferred)",
-               {"vllm": f"sum by ({ENGINE_BY}) (vllm:num_requests_waiting{{sel}})",
+               {"vllm": f"sum by ({ENGINE_BY}) ({VLLM_NUM_REQUESTS_WAITING}{{sel}})",
                 "llamacpp": _tuner("tuner_requests_waiting")}),
     SignalSpec("queue_to_max_num_seqs", "engine", "ratio",
                "requests waiting / the max-num-seqs the target runs with (the flags in force, not the config key)",
                {"vllm": _tuner("tuner_queue_to_max_num_seqs_ratio")}),
     SignalSpec("preemptions_per_s", "engine", "per_second", "preemptions per second over the window",
-               {"vllm": f"sum by ({ENGINE_BY}) (rate(vllm:num_preemptions_total{{sel}}[{{w}}]))"}),
+               {"vllm": f"sum by ({ENGINE_BY}) (rate({VLLM_NUM_PREEMPTIONS_TOTAL}{{sel}}[{{w}}]))"}),
     SignalSpec("requests_per_s", "engine", "per_second", "finished requests per second over the window",
-               {"vllm": f"sum by ({ENGINE_BY}) (rate(vllm:request_success_total{{sel}}[{{w}}]))"}),
+               {"vllm": f"sum by ({ENGINE_BY}) (rate({VLLM_REQUEST_SUCCESS_TOTAL}{{sel}}[{{w}}]))"}),
     SignalSpec("generation_tokens_per_s", "engine", "per_second", "generated tokens per second",
-               {"vllm": f"sum by ({ENGINE_BY}) (rate(vllm:generation_tokens_total{{sel}}[{{w}}]))",
+               {"vllm": f"sum by ({ENGINE_BY}) (rate({VLLM_GENERATION_TOKENS_TOTAL}{{sel}}[{{w}}]))",
                 "llamacpp": _tuner("tuner_generation_tokens_per_second")}),
     SignalSpec("prefix_cache_hit_ratio", "engine", "ratio", "prefix-cache hits / queries over the window",
-               {"vllm": f"sum by ({ENGINE_BY}) (increase(vllm:prefix_cache_hits_total{{sel}}[{{w}}])) / "
-                        f"sum by ({ENGINE_BY}) (increase(vllm:prefix_cache_queries_total{{sel}}[{{w}}]))"}),
+               {"vllm": f"sum by ({ENGINE_BY}) (increase({VLLM_PREFIX_CACHE_HITS_TOTAL}{{sel}}[{{w}}])) / "
+                        f"sum by ({ENGINE_BY}) (increase({VLLM_PREFIX_CACHE_QUERIES_TOTAL}{{sel}}[{{w}}]))"}),
     SignalSpec("goodput_ratio", "engine", "ratio", "share of requests within every SLO budget (lower bound)",
                {"vllm": _tuner("tuner_goodput_ratio")}),
     SignalSpec("token_goodput_per_s", "engine", "per_second",
@@ -74,10 +89,10 @@ _SPECS: list[SignalSpec] = [
     SignalSpec("stalled_requests", "engine", "requests",
                "requests in flight (running + waiting) when no token was generated and no request finished over the "
                "window (llama-server: no llama_decode call); 0 when the engine moved or had nothing to do",
-               {"vllm": f"(sum by ({ENGINE_BY}) (vllm:num_requests_running{{sel}}) + sum by ({ENGINE_BY}) "
-                        f"(vllm:num_requests_waiting{{sel}})) * on ({ENGINE_BY}) (sum by ({ENGINE_BY}) "
-                        f"(increase(vllm:generation_tokens_total{{sel}}[{{w}}])) + sum by ({ENGINE_BY}) "
-                        f"(increase(vllm:request_success_total{{sel}}[{{w}}])) == bool 0)",
+               {"vllm": f"(sum by ({ENGINE_BY}) ({VLLM_NUM_REQUESTS_RUNNING}{{sel}}) + sum by ({ENGINE_BY}) "
+                        f"({VLLM_NUM_REQUESTS_WAITING}{{sel}})) * on ({ENGINE_BY}) (sum by ({ENGINE_BY}) "
+                        f"(increase({VLLM_GENERATION_TOKENS_TOTAL}{{sel}}[{{w}}])) + sum by ({ENGINE_BY}) "
+                        f"(increase({VLLM_REQUEST_SUCCESS_TOTAL}{{sel}}[{{w}}])) == bool 0)",
                 "llamacpp": _tuner("tuner_stalled_requests")}),
     *[SignalSpec(f"{p}_p{q}", "engine", "seconds", f"P{q} of {hist} over the window",
                  {"vllm": _hq(q / 100, hist)})

@@ -7,7 +7,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Alert", "from_row", "to_row"]
+from tuner.names import StrEnum
+
+__all__ = ["Alert", "AlertState", "from_row", "to_row"]
+
+
+class AlertState(StrEnum):
+    """Prometheus's alert states (a resolved alert is ``inactive`` with ``resolved_at_ms`` set)."""
+
+    INACTIVE = "inactive"
+    PENDING = "pending"
+    FIRING = "firing"
 
 
 @dataclass
@@ -18,7 +28,7 @@ class Alert:
     fingerprint: str
     labels: dict[str, str]
     annotations: dict[str, str]
-    state: str
+    state: str  # an AlertState
     value: float
     active_at_ms: int
     fired_at_ms: int | None = None

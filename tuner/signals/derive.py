@@ -14,6 +14,26 @@ from typing import Any
 from tuner.backends import backend as backend_of
 from tuner.collect.snapshots import SeriesKey
 from tuner.config import Slo
+from tuner.names import (
+    LLAMACPP_N_DECODE_TOTAL,
+    LLAMACPP_PROMPT_TOKENS_TOTAL,
+    LLAMACPP_REQUESTS_DEFERRED,
+    LLAMACPP_REQUESTS_PROCESSING,
+    LLAMACPP_TOKENS_PREDICTED_TOTAL,
+    VLLM_E2E_REQUEST_LATENCY_SECONDS,
+    VLLM_GENERATION_TOKENS_TOTAL,
+    VLLM_INTER_TOKEN_LATENCY_SECONDS,
+    VLLM_KV_CACHE_USAGE_PERC,
+    VLLM_NUM_PREEMPTIONS_TOTAL,
+    VLLM_NUM_REQUESTS_RUNNING,
+    VLLM_NUM_REQUESTS_WAITING,
+    VLLM_PREFIX_CACHE_HITS_TOTAL,
+    VLLM_PREFIX_CACHE_QUERIES_TOTAL,
+    VLLM_PROMPT_TOKENS_TOTAL,
+    VLLM_REQUEST_QUEUE_TIME_SECONDS,
+    VLLM_REQUEST_SUCCESS_TOTAL,
+    VLLM_TIME_TO_FIRST_TOKEN_SECONDS,
+)
 from tuner.signals.promql import bucket_increase, fraction_le, histogram_quantiles, increase, rate
 from tuner.store.window import EngineWindow, HistPoint, HistSeries, Point, Points, TargetHealth, TargetWindow
 
@@ -23,38 +43,38 @@ __all__ = ["EngineSignals", "TargetSignals", "compute_signals", "ALWAYS_DERIVED"
 QUANTILES = (0.5, 0.95, 0.99)
 # signal prefix → histogram (seconds)
 LATENCY_HISTOGRAMS = {
-    "ttft": "vllm:time_to_first_token_seconds",
-    "itl": "vllm:inter_token_latency_seconds",
-    "e2e": "vllm:e2e_request_latency_seconds",
-    "queue": "vllm:request_queue_time_seconds",
+    "ttft": VLLM_TIME_TO_FIRST_TOKEN_SECONDS,
+    "itl": VLLM_INTER_TOKEN_LATENCY_SECONDS,
+    "e2e": VLLM_E2E_REQUEST_LATENCY_SECONDS,
+    "queue": VLLM_REQUEST_QUEUE_TIME_SECONDS,
 }
 _RATES = {  # signal → counter, per backend
-    "vllm": {"prompt_tokens_per_s": "vllm:prompt_tokens_total",
-             "generation_tokens_per_s": "vllm:generation_tokens_total",
-             "requests_per_s": "vllm:request_success_total",
-             "preemptions_per_s": "vllm:num_preemptions_total"},
-    "llamacpp": {"prompt_tokens_per_s": "llamacpp:prompt_tokens_total",
-                 "generation_tokens_per_s": "llamacpp:tokens_predicted_total"},
+    "vllm": {"prompt_tokens_per_s": VLLM_PROMPT_TOKENS_TOTAL,
+             "generation_tokens_per_s": VLLM_GENERATION_TOKENS_TOTAL,
+             "requests_per_s": VLLM_REQUEST_SUCCESS_TOTAL,
+             "preemptions_per_s": VLLM_NUM_PREEMPTIONS_TOTAL},
+    "llamacpp": {"prompt_tokens_per_s": LLAMACPP_PROMPT_TOKENS_TOTAL,
+                 "generation_tokens_per_s": LLAMACPP_TOKENS_PREDICTED_TOTAL},
 }
 _GAUGES = {  # signal → gauge, per backend
-    "vllm": {"kv_cache_usage": "vllm:kv_cache_usage_perc", "requests_running": "vllm:num_requests_running",
-             "requests_waiting": "vllm:num_requests_waiting"},
-    "llamacpp": {"kv_cache_usage": "tuner:kv_cache_usage", "requests_running": "llamacpp:requests_processing",
-                 "requests_waiting": "llamacpp:requests_deferred", "slots_total": "tuner:slots_total",
+    "vllm": {"kv_cache_usage": VLLM_KV_CACHE_USAGE_PERC, "requests_running": VLLM_NUM_REQUESTS_RUNNING,
+             "requests_waiting": VLLM_NUM_REQUESTS_WAITING},
+    "llamacpp": {"kv_cache_usage": "tuner:kv_cache_usage", "requests_running": LLAMACPP_REQUESTS_PROCESSING,
+                 "requests_waiting": LLAMACPP_REQUESTS_DEFERRED, "slots_total": "tuner:slots_total",
                  "slots_busy": "tuner:slots_busy"},
 }
 # What moves while an engine serves, per backend: in flight and none of these moved means it is stalled
 # (stalled_requests). vLLM counts tokens as the engine emits them. llama-server's tokens_predicted_total moves only
 # when a request finishes (a 400-token generation showed 0 until its end), but n_decode_total counts every
 # llama_decode call as it happens (tests/fixtures/stall/README.md).
-PROGRESS_COUNTERS = {"vllm": ("vllm:generation_tokens_total", "vllm:request_success_total"),
-                     "llamacpp": ("llamacpp:n_decode_total",)}
+PROGRESS_COUNTERS = {"vllm": (VLLM_GENERATION_TOKENS_TOTAL, VLLM_REQUEST_SUCCESS_TOTAL),
+                     "llamacpp": (LLAMACPP_N_DECODE_TOTAL,)}
 
 # Every series compute_signals reads: the signal book asks the store for these only (a vLLM window has twice as
 # many histogram rows in series no signal uses). tests/signals/test_derive.py holds the two windows' signals equal.
 SIGNAL_METRICS = frozenset([*LATENCY_HISTOGRAMS.values(), *(m for b in _RATES.values() for m in b.values()),
                             *(m for b in _GAUGES.values() for m in b.values()),
-                            "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+                            VLLM_PREFIX_CACHE_HITS_TOTAL, VLLM_PREFIX_CACHE_QUERIES_TOTAL,
                             *(m for b in PROGRESS_COUNTERS.values() for m in b), "process_start_time_seconds"])
 
 
@@ -227,7 +247,7 @@ ALWAYS_DERIVED = frozenset(["engine", "model_name", "samples", "restarts", "kv_c
 _ALWAYS_READ = frozenset([*(m for b in _GAUGES.values() for m in b.values()), "process_start_time_seconds"])
 _FIELD_METRICS: dict[str, frozenset[str]] = {
     **{name: frozenset([b[name] for b in _RATES.values() if name in b]) for r in _RATES.values() for name in r},
-    "prefix_cache_hit_ratio": frozenset(["vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"]),
+    "prefix_cache_hit_ratio": frozenset([VLLM_PREFIX_CACHE_HITS_TOTAL, VLLM_PREFIX_CACHE_QUERIES_TOTAL]),
     **{f"{p}_p{round(q * 100)}": frozenset([m]) for p, m in LATENCY_HISTOGRAMS.items() for q in QUANTILES},
     "requests_in_window": frozenset([LATENCY_HISTOGRAMS["e2e"]]),
     "requests_queued": frozenset([LATENCY_HISTOGRAMS["queue"]]),
@@ -269,8 +289,8 @@ def _engine_signals(e: EngineWindow, backend: str, slo: Slo | None, lo: int, hi:
             values[name] = _sum_rate(e, metric, lo, hi)
     if backend_of(backend).counts_requests:  # request counters and latency histograms
         if _wants(only, "prefix_cache_hit_ratio"):
-            hits = _sum_increase(e, "vllm:prefix_cache_hits_total", lo, hi)
-            queries = _sum_increase(e, "vllm:prefix_cache_queries_total", lo, hi)
+            hits = _sum_increase(e, VLLM_PREFIX_CACHE_HITS_TOTAL, lo, hi)
+            queries = _sum_increase(e, VLLM_PREFIX_CACHE_QUERIES_TOTAL, lo, hi)
             values["prefix_cache_hit_ratio"] = hits / queries if hits is not None and queries else None
         increases = _Increases(lo, hi)
         for prefix, metric in LATENCY_HISTOGRAMS.items():
@@ -361,9 +381,9 @@ def compute_signals(window: TargetWindow, *, slo: Slo | None = None,
                                        for e in window.engines))
 
 
-_COUNTERS = frozenset([*(m for b in _RATES.values() for m in b.values()), "vllm:prefix_cache_hits_total",
-                       "vllm:prefix_cache_queries_total", *(m for b in PROGRESS_COUNTERS.values() for m in b)])
-_HOTTEST = frozenset(["vllm:kv_cache_usage_perc", "tuner:kv_cache_usage"])  # a group's KV use: its fullest replica
+_COUNTERS = frozenset([*(m for b in _RATES.values() for m in b.values()), VLLM_PREFIX_CACHE_HITS_TOTAL,
+                       VLLM_PREFIX_CACHE_QUERIES_TOTAL, *(m for b in PROGRESS_COUNTERS.values() for m in b)])
+_HOTTEST = frozenset([VLLM_KV_CACHE_USAGE_PERC, "tuner:kv_cache_usage"])  # a group's KV use: its fullest replica
 
 
 def _group_window(name: str, windows: Sequence[TargetWindow]) -> TargetWindow:

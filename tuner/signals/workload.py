@@ -44,13 +44,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tuner.config import YamlTextError, load_yaml
 from tuner.errors import ConfigError
+from tuner.names import (
+    VLLM_ADMISSION_REJECTIONS_TOTAL,
+    VLLM_PREFIX_CACHE_HITS_TOTAL,
+    VLLM_PREFIX_CACHE_QUERIES_TOTAL,
+    VLLM_REQUEST_GENERATION_TOKENS,
+    VLLM_REQUEST_PROMPT_TOKENS,
+    VLLM_REQUEST_SUCCESS_TOTAL,
+)
 from tuner.signals.load import deltas, hist_increase, profile
 from tuner.signals.promql import histogram_quantile
 from tuner.store.window import EngineWindow, TargetWindow
 
 __all__ = ["Workload", "Inferred", "from_window", "parse_workload", "dump_workload", "describe"]
 
-_PROMPT, _GEN = "vllm:request_prompt_tokens", "vllm:request_generation_tokens"
+_PROMPT, _GEN = VLLM_REQUEST_PROMPT_TOKENS, VLLM_REQUEST_GENERATION_TOKENS
 
 
 class Inferred(BaseModel):
@@ -168,10 +176,10 @@ def _turned_away(engines: list[EngineWindow]) -> tuple[dict[str, float], list[st
     limit); http_errors: 4xx/5xx answers on the OpenAI routes (/v1/...), which is how vLLM refuses a prompt longer
     than its max-model-len (a 400 that never reaches the engine, so no vllm: counter sees it)."""
     out = {
-        "aborted": math.fsum(_counter_increase(e, "vllm:request_success_total",
+        "aborted": math.fsum(_counter_increase(e, VLLM_REQUEST_SUCCESS_TOTAL,
                                                lambda lb: lb.get("finished_reason") in ("abort", "error"))
                              for e in engines),
-        "rejected": math.fsum(_counter_increase(e, "vllm:admission_rejections_total") for e in engines),
+        "rejected": math.fsum(_counter_increase(e, VLLM_ADMISSION_REJECTIONS_TOTAL) for e in engines),
         "http_errors": max((_counter_increase(e, "http_requests_total",
                                               lambda lb: lb.get("status", "")[:1] in ("4", "5")
                                               and lb.get("handler", "").startswith("/v1/")) for e in engines),
@@ -289,8 +297,8 @@ def from_window(window: TargetWindow, *, max_model_len: int | None = None, limit
         inferred["rate_rps"] = Inferred(low=_r(max(0.0, rate - half), 4), high=_r(rate + half, 4), note=(
             f"{count:.0f} arrivals in {secs:.0f}s: 95% interval of a count with this burstiness"))
 
-    hits = math.fsum(_counter_increase(e, "vllm:prefix_cache_hits_total") for e in engines)
-    queries = math.fsum(_counter_increase(e, "vllm:prefix_cache_queries_total") for e in engines)
+    hits = math.fsum(_counter_increase(e, VLLM_PREFIX_CACHE_HITS_TOTAL) for e in engines)
+    queries = math.fsum(_counter_increase(e, VLLM_PREFIX_CACHE_QUERIES_TOTAL) for e in engines)
     hit_ratio = round(hits / queries, 4) if queries > 0 else None
     prefix_len = min(input_len - 1, round((hit_ratio or 0.0) * input_len))
     if hit_ratio is not None:

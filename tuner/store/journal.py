@@ -29,16 +29,51 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, mapped_column
 
 from tuner.errors import StoreError, TargetBusyError
+from tuner.names import StrEnum
 from tuner.store.db import Tx
 from tuner.store.models import Base
 
-__all__ = ["ApplyRow", "ApplyStepRow", "ManagedServerRow", "StoredApply", "ManagedState", "STATES", "OUTCOMES", "new_flags_stand",
+__all__ = ["ApplyState", "ApplyOutcome", "ServerState",
+           "ApplyRow", "ApplyStepRow", "ManagedServerRow", "StoredApply", "ManagedState", "STATES", "OUTCOMES", "new_flags_stand",
            "KPI_KEYS", "begin_apply", "hold_key", "holder", "claim", "step", "finish", "set_kpis", "get_apply",
            "list_applies", "open_applies", "open_applies_for", "outcome_counts", "get_managed", "save_managed",
            "forget_managed"]
 
-STATES = ("planned", "draining", "starting", "health_check", "observing", "awaiting_manual", "tuning", "done")
-OUTCOMES = ("kept", "rolled_back", "inconclusive", "failed")
+
+
+class ApplyState(StrEnum):
+    """Where an apply (or a tuning run holding its target) is; ``done`` frees the target."""
+
+    PLANNED = "planned"
+    DRAINING = "draining"
+    STARTING = "starting"
+    HEALTH_CHECK = "health_check"
+    OBSERVING = "observing"
+    AWAITING_MANUAL = "awaiting_manual"
+    TUNING = "tuning"
+    DONE = "done"
+
+
+class ApplyOutcome(StrEnum):
+    """How a finished apply ended (the ``outcome`` column, tuner_applies_total's ``outcome`` label)."""
+
+    KEPT = "kept"
+    ROLLED_BACK = "rolled_back"
+    INCONCLUSIVE = "inconclusive"
+    FAILED = "failed"
+
+
+class ServerState(StrEnum):
+    """A managed server's state (``managed_servers.state``)."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"
+    CRASHED = "crashed"
+    GIVEN_UP = "given_up"
+
+
+STATES = tuple(ApplyState)
+OUTCOMES = tuple(ApplyOutcome)
 KPI_KEYS = ("saturated", "offered_rps", "capacity_rps", "slo_goodput_rps", "slo_token_goodput_tps", "slo_attainment",
             "ttft_p99", "e2e_p99", "capacity_tokens_per_s")
 
@@ -94,7 +129,7 @@ class ManagedServerRow(Base):
     config_flags: Mapped[str] = mapped_column(Text)  # JSON: the config file's flags these were derived from
     started_ms: Mapped[int] = mapped_column(Integer)
     restarts: Mapped[str] = mapped_column(Text)  # JSON list of ms timestamps of automatic restarts
-    state: Mapped[str] = mapped_column(String(16))  # running | stopped | crashed | given_up
+    state: Mapped[str] = mapped_column(String(16))  # a ServerState: running | stopped | crashed | given_up
     updated_ms: Mapped[int] = mapped_column(Integer)
     note: Mapped[str] = mapped_column(Text)
 
@@ -164,7 +199,7 @@ def hold_key(target: str, group: str | None = None) -> str:
 def holder(engine: Engine, key: str) -> StoredApply | None:
     """The open apply (or tune) holding ``key``, if any."""
     with engine.connect() as conn:
-        r = conn.execute(select(ApplyRow).where(ApplyRow.holds == key, ApplyRow.state != "done")).first()
+        r = conn.execute(select(ApplyRow).where(ApplyRow.holds == key, ApplyRow.state != ApplyState.DONE)).first()
     return None if r is None else _stored(r, [])
 
 
@@ -189,7 +224,8 @@ def begin_apply(engine: Engine, *, target: str, recommendation_id: int | None, k
             with Tx(engine) as conn:
                 apply_id = int(conn.execute(insert(ApplyRow).values(
                     target=target, holds=key, recommendation_id=recommendation_id, kind=kind, mode=mode,
-                    created_ms=_ms(now), updated_ms=_ms(now), state="planned", outcome=None, diff=json.dumps(diff),
+                    created_ms=_ms(now), updated_ms=_ms(now), state=ApplyState.PLANNED, outcome=None,
+                    diff=json.dumps(diff),
                     old_flags=json.dumps(old_flags), new_flags=json.dumps(new_flags), old_argv=json.dumps(old_argv),
                     new_argv=json.dumps(new_argv), baseline="{}", after="{}", note="", owner_pid=owner_pid,
                     owner_start=owner_start)).inserted_primary_key[0])
@@ -204,7 +240,7 @@ def begin_apply(engine: Engine, *, target: str, recommendation_id: int | None, k
 
 
 def claim(engine: Engine, a: StoredApply, owner: tuple[int, int], step_name: str, detail: str, *, now: float,
-          state: str | None = None) -> bool:
+          state: ApplyState | None = None) -> bool:
     """Take over open apply ``a`` as ``owner`` (and move it to ``state``) if it is still as it was read: same state,
     same owner (compare-and-set); journals step ``step_name`` when it did. False: another tuner took it first, or it
     moved on meanwhile."""
@@ -220,7 +256,7 @@ def claim(engine: Engine, a: StoredApply, owner: tuple[int, int], step_name: str
     return done == 1
 
 
-def step(engine: Engine, apply_id: int, name: str, detail: str = "", *, now: float, state: str | None = None,
+def step(engine: Engine, apply_id: int, name: str, detail: str = "", *, now: float, state: ApplyState | None = None,
          owner: tuple[int, int] | None = None) -> None:
     """Journal one step (and move the apply to ``state`` when given). Written before the action it names."""
     values: dict[str, Any] = {"updated_ms": _ms(now)}
@@ -246,13 +282,13 @@ def set_kpis(engine: Engine, apply_id: int, *, now: float, baseline: dict[str, A
         conn.execute(update(ApplyRow).where(ApplyRow.id == apply_id).values(**values))
 
 
-def finish(engine: Engine, apply_id: int, outcome: str, note: str, *, now: float) -> None:
+def finish(engine: Engine, apply_id: int, outcome: ApplyOutcome, note: str, *, now: float) -> None:
     """Close the apply with its outcome (kept | rolled_back | inconclusive | failed); the target is free again."""
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome {outcome!r}: expected one of {', '.join(OUTCOMES)}")
     with Tx(engine) as conn:
         conn.execute(update(ApplyRow).where(ApplyRow.id == apply_id).values(
-            state="done", outcome=outcome, note=note, updated_ms=_ms(now)))
+            state=ApplyState.DONE, outcome=outcome, note=note, updated_ms=_ms(now)))
         conn.execute(insert(ApplyStepRow).values(apply_id=apply_id, ts_ms=_ms(now), step=f"done: {outcome}",
                                                  detail=note))
 
@@ -270,10 +306,10 @@ def _steps(conn: Any, ids: list[int]) -> dict[int, list[dict[str, Any]]]:
 def new_flags_stand(a: StoredApply) -> bool:
     """Whether a finished apply (or a canary rolled out) left its new flags in force: kept, or inconclusive and kept under
     ``apply.on_inconclusive: keep`` (then no step restored the old ones)."""
-    if a.state != "done" or a.kind not in ("apply", "canary"):
+    if a.state != ApplyState.DONE or a.kind not in ("apply", "canary"):
         return False
     restored = any(st["step"] in ("restoring", "restored", "restore_by_hand") for st in a.steps)
-    return a.outcome == "kept" or (a.outcome == "inconclusive" and not restored)
+    return a.outcome == ApplyOutcome.KEPT or (a.outcome == ApplyOutcome.INCONCLUSIVE and not restored)
 
 
 def list_applies(engine: Engine, *, target: str | None = None, since_ms: int | None = None,
@@ -301,7 +337,7 @@ def targets_with_applies(engine: Engine) -> set[str]:
 def open_applies(engine: Engine) -> list[StoredApply]:
     """Applies not done (in progress, or left behind by a tuner that died), oldest first."""
     with engine.connect() as conn:
-        rows = list(conn.execute(select(ApplyRow).where(ApplyRow.state != "done").order_by(ApplyRow.id)))
+        rows = list(conn.execute(select(ApplyRow).where(ApplyRow.state != ApplyState.DONE).order_by(ApplyRow.id)))
         steps = _steps(conn, [r.id for r in rows])
     return [_stored(r, steps[r.id]) for r in rows]
 
@@ -309,7 +345,7 @@ def open_applies(engine: Engine) -> list[StoredApply]:
 def open_applies_for(engine: Engine, target: str, *, shadow: bool = True) -> list[int]:
     """Ids of the target's applies not done (cheap: the supervisor asks every few seconds); ``shadow=False`` leaves
     out tuning runs whose trials run beside production (they hold the target against applies, not its server)."""
-    q = select(ApplyRow.id).where(ApplyRow.target == target, ApplyRow.state != "done")
+    q = select(ApplyRow.id).where(ApplyRow.target == target, ApplyRow.state != ApplyState.DONE)
     if not shadow:
         q = q.where(ApplyRow.mode != "shadow")
     with engine.connect() as conn:
@@ -329,7 +365,7 @@ def outcome_counts(engine: Engine) -> dict[tuple[str, str], int]:
     nothing: not counted)."""
     from sqlalchemy import func
 
-    q = select(ApplyRow.target, ApplyRow.outcome, func.count()).where(ApplyRow.state == "done",
+    q = select(ApplyRow.target, ApplyRow.outcome, func.count()).where(ApplyRow.state == ApplyState.DONE,
                                                                       ApplyRow.mode != "shadow") \
         .group_by(ApplyRow.target, ApplyRow.outcome)
     with engine.connect() as conn:

@@ -15,13 +15,28 @@ from sqlalchemy import Engine, Float, Index, Integer, String, Text, insert, sele
 from sqlalchemy.orm import Mapped, mapped_column
 
 from tuner.errors import RecommendationNotFoundError
+from tuner.names import StrEnum
 from tuner.store.db import Tx
 from tuner.store.models import Base
 
-__all__ = ["RecommendationRow", "StoredRecommendation", "STATUSES", "add_recommendation", "renew_recommendation",
+__all__ = ["RecStatus",
+           "RecommendationRow", "StoredRecommendation", "STATUSES", "add_recommendation", "renew_recommendation",
            "set_status", "list_recommendations", "get_recommendation", "proposed_for"]
 
-STATUSES = ("proposed", "applied", "rejected", "expired", "rolled_back", "failed")
+
+
+class RecStatus(StrEnum):
+    """Where a recommendation stands."""
+
+    PROPOSED = "proposed"
+    APPLIED = "applied"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    ROLLED_BACK = "rolled_back"
+    FAILED = "failed"
+
+
+STATUSES = tuple(RecStatus)
 
 
 class RecommendationRow(Base):

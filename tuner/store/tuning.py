@@ -17,14 +17,37 @@ from typing import Any
 from sqlalchemy import Engine, Float, Index, Integer, String, Text, insert, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
+from tuner.names import StrEnum
 from tuner.store.db import Tx
 from tuner.store.models import Base
 
 __all__ = ["TuneRunRow", "TuneTrialRow", "StoredRun", "StoredTrial", "begin_run", "finish_run", "begin_trial",
            "trial_started", "finish_trial", "get_run", "latest_run", "runs_since", "trials", "orphans", "set_owner",
-           "TRIAL_STATUSES"]
+           "TRIAL_STATUSES", "TrialStatus", "RunState"]
 
-TRIAL_STATUSES = ("running", "measured", "crashed", "pruned", "interrupted", "compared")
+
+
+class TrialStatus(StrEnum):
+    """A trial's status: ``running`` until it ends measured, crashed, pruned (never started: the memory model or the
+    argv ruled it out), interrupted (its tuner stopped) or compared (a `tuner tune --compare` measurement)."""
+
+    RUNNING = "running"
+    MEASURED = "measured"
+    CRASHED = "crashed"
+    PRUNED = "pruned"
+    INTERRUPTED = "interrupted"
+    COMPARED = "compared"
+
+
+class RunState(StrEnum):
+    """A tuning run's state."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+TRIAL_STATUSES = tuple(TrialStatus)
 
 
 class TuneRunRow(Base):
@@ -105,7 +128,8 @@ def begin_run(engine: Engine, *, target: str, now: float, request: dict[str, Any
     """A run in state ``running``, owned by ``owner`` (the tuner doing it: pid, kernel start time)."""
     with Tx(engine) as conn:
         return int(conn.execute(insert(TuneRunRow).values(
-            target=target, created_ms=_ms(now), updated_ms=_ms(now), state="running", request=json.dumps(request),
+            target=target, created_ms=_ms(now), updated_ms=_ms(now), state=RunState.RUNNING,
+            request=json.dumps(request),
             workload=json.dumps(workload), slo=json.dumps(slo), baseline_flags=json.dumps(baseline_flags),
             result="{}", note="", owner_pid=owner[0] if owner else None,
             owner_start=owner[1] if owner else None)).inserted_primary_key[0])
@@ -115,24 +139,25 @@ def set_owner(engine: Engine, run_id: int, owner: tuple[int, int], *, now: float
     """``--resume``: the tuner resuming the run owns it (and its trials) from now."""
     with Tx(engine) as conn:
         conn.execute(update(TuneRunRow).where(TuneRunRow.id == run_id).values(
-            owner_pid=owner[0], owner_start=owner[1], state="running", updated_ms=_ms(now)))
+            owner_pid=owner[0], owner_start=owner[1], state=RunState.RUNNING, updated_ms=_ms(now)))
 
 
-def finish_run(engine: Engine, run_id: int, *, now: float, state: str, result: dict[str, Any], note: str = "") -> None:
+def finish_run(engine: Engine, run_id: int, *, now: float, state: RunState, result: dict[str, Any], note: str = "") -> None:
     with Tx(engine) as conn:
         conn.execute(update(TuneRunRow).where(TuneRunRow.id == run_id).values(
             state=state, updated_ms=_ms(now), result=json.dumps(result), note=note))
 
 
 def begin_trial(engine: Engine, run_id: int, *, now: float, flags: dict[str, Any], seed: str, url: str,
-                status: str = "running", capacity_rps: float | None = None, detail: dict[str, Any] | None = None) -> int:
+                status: TrialStatus = TrialStatus.RUNNING, capacity_rps: float | None = None,
+                detail: dict[str, Any] | None = None) -> int:
     """Journal a trial before its server starts (``running``), or a pruned one with its reason."""
     with Tx(engine) as conn:
         seq = len(conn.execute(select(TuneTrialRow.id).where(TuneTrialRow.run_id == run_id)).all()) + 1
         return int(conn.execute(insert(TuneTrialRow).values(
             run_id=run_id, seq=seq, flags=json.dumps(flags), seed=seed, status=status, capacity_rps=capacity_rps,
             detail=json.dumps(detail or {}), pid=None, proc_start=None, url=url, started_ms=_ms(now),
-            finished_ms=None if status == "running" else _ms(now))).inserted_primary_key[0])
+            finished_ms=None if status == TrialStatus.RUNNING else _ms(now))).inserted_primary_key[0])
 
 
 def trial_started(engine: Engine, trial_id: int, *, pid: int, proc_start: int) -> None:
@@ -140,7 +165,7 @@ def trial_started(engine: Engine, trial_id: int, *, pid: int, proc_start: int) -
         conn.execute(update(TuneTrialRow).where(TuneTrialRow.id == trial_id).values(pid=pid, proc_start=proc_start))
 
 
-def finish_trial(engine: Engine, trial_id: int, *, now: float, status: str, capacity_rps: float | None,
+def finish_trial(engine: Engine, trial_id: int, *, now: float, status: TrialStatus, capacity_rps: float | None,
                  detail: dict[str, Any]) -> None:
     if status not in TRIAL_STATUSES:
         raise ValueError(f"trial status {status!r}: expected one of {', '.join(TRIAL_STATUSES)}")
@@ -198,7 +223,7 @@ def orphans(engine: Engine, *, alive: Callable[[int, int], bool]) -> list[Stored
     their server may still be up. A trial of a run whose tuner is alive is that tuner's, at work."""
     q = (select(TuneTrialRow, TuneRunRow.owner_pid, TuneRunRow.owner_start)
          .join(TuneRunRow, TuneRunRow.id == TuneTrialRow.run_id, isouter=True)
-         .where(TuneTrialRow.status == "running"))
+         .where(TuneTrialRow.status == TrialStatus.RUNNING))
     with Tx(engine) as conn:
         rows = conn.execute(q).all()
     return [_trial(r) for r in rows if r.owner_pid is None or not alive(r.owner_pid, r.owner_start or 0)]

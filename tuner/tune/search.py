@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.store.tuning import TrialStatus
 from tuner.tune.space import Axis, Verdict, canonical
 
 __all__ = ["Outcome", "Point", "search", "point_key"]
@@ -96,7 +97,7 @@ def _gallop(axis: Axis, known: dict[str, Point], visit: Callable[[dict[str, Any]
     gives up. If it never rose going up, the same down, by 1, 2, 4, ... Capacity against max-num-seqs (or
     --parallel) rises until the engine or the KV cache saturates and falls after, so this reaches the region of
     the peak in about log2(axis) trials. Every step also sets ``carry``."""
-    measured = [p for p in known.values() if p.outcome.status == "measured"]
+    measured = [p for p in known.values() if p.outcome.status == TrialStatus.MEASURED]
     if not measured:
         return
     base = max(measured, key=lambda p: p.outcome.capacity_rps)
@@ -113,7 +114,7 @@ def _gallop(axis: Axis, known: dict[str, Point], visit: Callable[[dict[str, Any]
             flags = canonical({**base.flags, **(carry or {}), axis.name: axis.values[j]})
             visit(flags, "gallop")
             p = known.get(point_key(flags))
-            if p is not None and p.outcome.status == "measured" and p.outcome.capacity_rps > best:
+            if p is not None and p.outcome.status == TrialStatus.MEASURED and p.outcome.capacity_rps > best:
                 i, best, step, moved = j, p.outcome.capacity_rps, step * 2, True
             elif abs(j - i) > 1:
                 step = abs(j - i) // 2  # overshot: the peak is between i and j
@@ -151,7 +152,7 @@ def search(axes: Sequence[Axis], fixed: Mapping[str, Any], *, measure: Callable[
     t0 = clock()
 
     def tell(params: dict[str, Any], point: Point) -> None:
-        bad = 0.0 if point.outcome.status == "measured" else 1.0
+        bad = 0.0 if point.outcome.status == TrialStatus.MEASURED else 1.0
         study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
                                                   value=point.outcome.capacity_rps,
                                                   constraints={"runs": bad}))
@@ -161,7 +162,7 @@ def search(axes: Sequence[Axis], fixed: Mapping[str, Any], *, measure: Callable[
         params = _params(axes, p.flags)
         if params is not None:
             tell(params, p)
-    spent = sum(1 for p in history if p.outcome.status != "pruned")
+    spent = sum(1 for p in history if p.outcome.status != TrialStatus.PRUNED)
 
     def flags_of(params: Mapping[str, int]) -> dict[str, Any]:
         return canonical({**fixed, **{a.name: a.values[int(params[a.name])] for a in axes}})
@@ -174,8 +175,8 @@ def search(axes: Sequence[Axis], fixed: Mapping[str, Any], *, measure: Callable[
             return False
         verdict = feasible(flags)
         if not verdict.ok:
-            point = Point(flags, Outcome("pruned", 0.0, {"reason": verdict.reason, "memory": dict(verdict.memory)}),
-                          label)
+            point = Point(flags, Outcome(TrialStatus.PRUNED, 0.0, {"reason": verdict.reason,
+                                                                   "memory": dict(verdict.memory)}), label)
             if on_pruned is not None:
                 on_pruned(flags, verdict)
         else:
