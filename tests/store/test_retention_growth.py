@@ -129,3 +129,26 @@ def test_a_store_made_before_incremental_vacuum_is_converted_once_by_db_upgrade_
         assert db.execute("SELECT x FROM kept").fetchall() == [("still here",)]
         again = subprocess.run([*cli, "run", "--for", "1s"], capture_output=True, text=True, timeout=120)
         assert again.returncode == 0 and "converted" not in again.stderr, again.stderr  # once
+
+
+def test_the_wal_file_shrinks_back_after_a_large_transaction_is_written_back(tmp_path):
+    """A retention run deletes much at once; its pages pass through the WAL, whose file kept that size for good
+    (41 MB of a 94 MB store in bench/soak.py). Once give_back_space has checkpointed, the next write leaves the WAL
+    at most WAL_SIZE_LIMIT."""
+    from tuner.store.db import WAL_SIZE_LIMIT, give_back_space
+
+    path = tmp_path / "tuner.db"
+    engine = open_engine(f"sqlite:///{path}")
+    upgrade(engine)
+    store = Store(engine, retention=RETENTION)
+    store.ensure_target("chat", "vllm", "http://127.0.0.1:9")
+    label = "x" * 2000
+    events = [{"ts_ms": i, "rule": "g/KV", "fingerprint": f"{i:016x}", "labels": label, "from_state": "inactive",
+               "to_state": "pending", "value": 1.0} for i in range(15000)]
+    save_states(store, [], events=events, now_ms=1)  # one transaction of ~30 MB
+    wal = Path(f"{path}-wal")
+    assert wal.stat().st_size > 2 * WAL_SIZE_LIMIT  # the case: a WAL larger than the limit
+    give_back_space(engine, lock=store.lock)  # what apply_retention does last: its checkpoint writes the WAL back
+    save_states(store, [], events=events[:1], now_ms=2)  # the next write starts the WAL over
+    assert wal.stat().st_size <= WAL_SIZE_LIMIT, wal.stat().st_size
+    engine.dispose()
