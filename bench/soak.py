@@ -365,7 +365,7 @@ def flat(samples: list[Sample], settle_min: float, *, tolerance: float = 0.10) -
     before, last = [s for s in settled if s.minute < mid], [s for s in settled if s.minute >= mid]
     out = {}
     for key in ("file_bytes", *TABLES):
-        def value(s: Sample) -> float:
+        def value(s: Sample, key: str = key) -> float:
             return float(s.file_bytes if key == "file_bytes" else s.rows.get(key, 0))
         a, b = max(map(value, before)), max(map(value, last))
         out[key] = (a, b, b <= (1 + tolerance) * a + 64)  # + 64: a table of a few rows may hold a few more
