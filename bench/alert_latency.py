@@ -45,10 +45,12 @@ from tuner.rules.model import default_rule_files  # noqa: E402
 THRESHOLD, HOLD = 0.5, "0s"  # no `for`: the time measured is detection + delivery
 INTERVAL_S = 1.0  # both sides' scrape and evaluation interval
 # The trial's load, in a process of its own started before the trial: it imports, says so, and sends when told.
-_LOAD = ("import sys; from tuner.lab.load import run_load; print('ready', flush=True); "
-         "sys.stdin.readline() or sys.exit(0); "
-         "run_load(sys.argv[1], model='tiny', n_requests=32, concurrency=16, prompt_tokens_approx=600, "
-         "max_tokens=380, timeout_s=300)")
+_LOAD = (
+    "import sys; from tuner.lab.load import run_load; print('ready', flush=True); "
+    "sys.stdin.readline() or sys.exit(0); "
+    "run_load(sys.argv[1], model='tiny', n_requests=32, concurrency=16, prompt_tokens_approx=600, "
+    "max_tokens=380, timeout_s=300)"
+)
 
 
 class Hook:
@@ -81,13 +83,31 @@ class Hook:
 def start_am(home: Path, hook: Hook) -> tuple[ServerProcess, str]:
     home.mkdir(parents=True)
     port = free_port()
-    (home / "am.yml").write_text(json.dumps({
-        "route": {"receiver": "h", "group_by": ["alertname", "target"], "group_wait": "1s", "group_interval": "1s",
-                  "repeat_interval": "1h"},
-        "receivers": [{"name": "h", "webhook_configs": [{"url": hook.url, "send_resolved": True}]}]}))
-    proc = ServerProcess.start(["prometheus-alertmanager", f"--config.file={home / 'am.yml'}",
-                                f"--storage.path={home / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-                                "--cluster.listen-address="], None, home / "am.log")
+    (home / "am.yml").write_text(
+        json.dumps(
+            {
+                "route": {
+                    "receiver": "h",
+                    "group_by": ["alertname", "target"],
+                    "group_wait": "1s",
+                    "group_interval": "1s",
+                    "repeat_interval": "1h",
+                },
+                "receivers": [{"name": "h", "webhook_configs": [{"url": hook.url, "send_resolved": True}]}],
+            }
+        )
+    )
+    proc = ServerProcess.start(
+        [
+            "prometheus-alertmanager",
+            f"--config.file={home / 'am.yml'}",
+            f"--storage.path={home / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+        None,
+        home / "am.log",
+    )
     proc.wait_healthy(f"http://127.0.0.1:{port}", 20, path="/-/ready")
     return proc, f"http://127.0.0.1:{port}"
 
@@ -120,9 +140,14 @@ def tuner_sample_times(db: Path, start: float) -> list[float]:
 
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
     try:
-        return [ts / 1000 for (ts,) in con.execute(
-            "SELECT s.ts_ms FROM samples s JOIN series r ON r.id = s.series_id "
-            "WHERE r.metric = 'vllm:kv_cache_usage_perc' AND s.ts_ms >= ? ORDER BY s.ts_ms", (int(start * 1000),))]
+        return [
+            ts / 1000
+            for (ts,) in con.execute(
+                "SELECT s.ts_ms FROM samples s JOIN series r ON r.id = s.series_id "
+                "WHERE r.metric = 'vllm:kv_cache_usage_perc' AND s.ts_ms >= ? ORDER BY s.ts_ms",
+                (int(start * 1000),),
+            )
+        ]
     finally:
         con.close()
 
@@ -137,7 +162,9 @@ def tuner_late(log: Path, start: float, end: float) -> float:
     for line in log.read_text(errors="replace").splitlines():
         m = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .* ran ([0-9.]+) s late", line)
         if m:
-            at = datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp() + int(m[2]) / 1000
+            at = (
+                datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp() + int(m[2]) / 1000
+            )
             if start <= at <= end:
                 worst = max(worst, float(m[3]))
     return worst
@@ -164,12 +191,17 @@ def tuner_steps(db: Path, start: float) -> tuple[float | None, float | None, flo
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
     try:
         ms = int(start * 1000)
-        seen = con.execute("SELECT MIN(s.ts_ms) FROM samples s JOIN series r ON r.id = s.series_id "
-                           "WHERE r.metric = 'vllm:kv_cache_usage_perc' AND s.ts_ms >= ? AND s.value > ?",
-                           (ms, THRESHOLD)).fetchone()[0]
+        seen = con.execute(
+            "SELECT MIN(s.ts_ms) FROM samples s JOIN series r ON r.id = s.series_id "
+            "WHERE r.metric = 'vllm:kv_cache_usage_perc' AND s.ts_ms >= ? AND s.value > ?",
+            (ms, THRESHOLD),
+        ).fetchone()[0]
         took = con.execute("SELECT duration_s FROM scrapes WHERE ts_ms = ?", (seen,)).fetchone() if seen else None
-        fired = con.execute("SELECT MIN(ts_ms) FROM alert_events WHERE rule LIKE '%KVCacheHigh%' AND to_state = 'firing' "
-                            "AND ts_ms >= ?", (ms,)).fetchone()[0]
+        fired = con.execute(
+            "SELECT MIN(ts_ms) FROM alert_events WHERE rule LIKE '%KVCacheHigh%' AND to_state = 'firing' "
+            "AND ts_ms >= ?",
+            (ms,),
+        ).fetchone()[0]
     finally:
         con.close()
     return (seen / 1000 if seen else None, took[0] if took else None, fired / 1000 if fired else None)
@@ -181,8 +213,9 @@ def measure(trials: int) -> dict:
     (TUNER_VLLM_PYTHON, TUNER_TINY_MODEL from scripts/setup-real-servers.sh) are not there."""
     vllm_py, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
     if not vllm_py or not model:
-        raise RuntimeError("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL: "
-                           "eval \"$(bash scripts/setup-real-servers.sh | grep ^export)\"")
+        raise RuntimeError(
+            'set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL: eval "$(bash scripts/setup-real-servers.sh | grep ^export)"'
+        )
     work = Path(tempfile.mkdtemp(prefix="tuner-alert-bench-"))
     procs: list[ServerProcess] = []
     tuner = None
@@ -198,11 +231,22 @@ def measure(trials: int) -> dict:
 
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        vllm = ServerProcess.start(vllm_argv(vllm_py, model, port=port, served_model_name="tiny",
-                                             flags={"max-model-len": 1024, "max-num-seqs": 8, "enforce-eager": True,
-                                                    "kv-cache-memory-bytes": 3_000_000}),
-                                   {k: v for k, v in vllm_cpu_env(work / "vllm-cache").items()
-                                    if k != "VLLM_CPU_KVCACHE_SPACE"}, work / "vllm.log")
+        vllm = ServerProcess.start(
+            vllm_argv(
+                vllm_py,
+                model,
+                port=port,
+                served_model_name="tiny",
+                flags={
+                    "max-model-len": 1024,
+                    "max-num-seqs": 8,
+                    "enforce-eager": True,
+                    "kv-cache-memory-bytes": 3_000_000,
+                },
+            ),
+            {k: v for k, v in vllm_cpu_env(work / "vllm-cache").items() if k != "VLLM_CPU_KVCACHE_SPACE"},
+            work / "vllm.log",
+        )
         procs.append(vllm)
         vllm.wait_healthy(url, 600)
 
@@ -213,25 +257,44 @@ def measure(trials: int) -> dict:
 
         cfg = work / "tuner.yaml"
         tuner_port = free_port()
-        cfg.write_text(f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\nlisten: 127.0.0.1:{tuner_port}\n"
-                       "defaults: {scrape_interval: 1s, scrape_timeout: 1s}\n"
-                       f"targets:\n  - {{name: tiny, backend: vllm, url: '{url}'}}\n"
-                       f"alerting: {{rule_files: ['{work / 'rules.yaml'}'], alertmanagers: ['{am_t_url}'], "
-                       "evaluation_interval: 1s}\n")
+        cfg.write_text(
+            f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\nlisten: 127.0.0.1:{tuner_port}\n"
+            "defaults: {scrape_interval: 1s, scrape_timeout: 1s}\n"
+            f"targets:\n  - {{name: tiny, backend: vllm, url: '{url}'}}\n"
+            f"alerting: {{rule_files: ['{work / 'rules.yaml'}'], alertmanagers: ['{am_t_url}'], "
+            "evaluation_interval: 1s}\n"
+        )
         tuner_cmd = [sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "WARNING"]
         subprocess.run([*tuner_cmd, "db", "upgrade"], check=True, capture_output=True)
-        subprocess.run([*tuner_cmd, "alerts", "export", "-o", str(work / "prom-rules.yml")], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [*tuner_cmd, "alerts", "export", "-o", str(work / "prom-rules.yml")], check=True, capture_output=True
+        )
         prom_port = free_port()
-        (work / "prom.yml").write_text(json.dumps({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-            "rule_files": [str(work / "prom-rules.yml")],
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am_p_url.split("//")[1]]}]}]},
-            "scrape_configs": [{"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{port}"],
-                                                                         "labels": {"target": "tiny"}}]}]}))
-        prom = ServerProcess.start(["prometheus", f"--config.file={work / 'prom.yml'}",
-                                    f"--storage.tsdb.path={work / 'prom-data'}",
-                                    f"--web.listen-address=127.0.0.1:{prom_port}"], None, work / "prom.log")
+        (work / "prom.yml").write_text(
+            json.dumps(
+                {
+                    "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+                    "rule_files": [str(work / "prom-rules.yml")],
+                    "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am_p_url.split("//")[1]]}]}]},
+                    "scrape_configs": [
+                        {
+                            "job_name": "vllm",
+                            "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": {"target": "tiny"}}],
+                        }
+                    ],
+                }
+            )
+        )
+        prom = ServerProcess.start(
+            [
+                "prometheus",
+                f"--config.file={work / 'prom.yml'}",
+                f"--storage.tsdb.path={work / 'prom-data'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+            ],
+            None,
+            work / "prom.log",
+        )
         procs.append(prom)
         prom.wait_healthy(f"http://127.0.0.1:{prom_port}", 20, path="/-/ready")
         # Each process in a session of its own, as Prometheus, vLLM and the Alertmanagers are (ServerProcess) and as
@@ -239,8 +302,9 @@ def measure(trials: int) -> dict:
         # shares one CPU weight, and in the bench's session with the busy load process tuner's threads waited
         # 5.3 s runnable and ran 0.02 s (bench/results/2026-11-25-1655-whole-run.md, the stall
         # watch's schedstat).
-        tuner = subprocess.Popen([*tuner_cmd, "run"], stdout=open(work / "tuner.log", "w"), stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+        tuner = subprocess.Popen(
+            [*tuner_cmd, "run"], stdout=open(work / "tuner.log", "w"), stderr=subprocess.STDOUT, start_new_session=True
+        )
         time.sleep(5)
         # tuner's process stalled for up to 10 s in earlier runs (2026-11-25 14:45): catch one in the act
         watch = StallWatch(tuner.pid, tuner_port, out=work / "stalls.txt")
@@ -261,8 +325,14 @@ def measure(trials: int) -> dict:
             # webhooks arrived, and each arrival's time was taken late by as much (both sides alike, at random).
             # Started and imported before the trial: an interpreter starting at the onset competed with both sides.
             # In a session of its own as well: not sharing a CPU weight with the webhooks' receiver (this process).
-            load = subprocess.Popen([sys.executable, "-c", _LOAD, url], cwd=ROOT, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, text=True, start_new_session=True)
+            load = subprocess.Popen(
+                [sys.executable, "-c", _LOAD, url],
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
             assert load.stdout is not None and load.stdin is not None
             if load.stdout.readline().strip() != "ready":
                 raise RuntimeError("the load process did not start")
@@ -273,34 +343,49 @@ def measure(trials: int) -> dict:
             if load.wait(330) != 0:
                 raise RuntimeError(f"the load process failed ({load.returncode})")
             time.sleep(8)  # both sides have time to notify
-            q = requests.get(f"http://127.0.0.1:{prom_port}/api/v1/query",
-                             params={"query": f"vllm:kv_cache_usage_perc[{int(time.time() - start) + 2}s]"}).json()
+            q = requests.get(
+                f"http://127.0.0.1:{prom_port}/api/v1/query",
+                params={"query": f"vllm:kv_cache_usage_perc[{int(time.time() - start) + 2}s]"},
+            ).json()
             samples = [(float(t), float(v)) for r in q["data"]["result"] for t, v in r["values"]]
             onset = min((t for t, v in samples if t >= start and v > THRESHOLD), default=None)
-            t_at, p_at = hook_t.first_firing_after(start, "KVCacheHigh"), hook_p.first_firing_after(start, "KVCacheHigh")
+            t_at, p_at = (
+                hook_t.first_firing_after(start, "KVCacheHigh"),
+                hook_p.first_firing_after(start, "KVCacheHigh"),
+            )
             rows.append((trial + 1, onset, t_at, p_at))
             steps.append(tuner_steps(work / "tuner.db", start))
-            split.append(disagreed(onset, steps[-1][0], [t for t, _ in samples if t >= start],
-                                   tuner_sample_times(work / "tuner.db", start)))
+            split.append(
+                disagreed(
+                    onset,
+                    steps[-1][0],
+                    [t for t, _ in samples if t >= start],
+                    tuner_sample_times(work / "tuner.db", start),
+                )
+            )
             # Prometheus's own samples from its onset to tuner's first above: were they above all along?
             seen_t = steps[-1][0]
             inside = [v for t, v in samples if onset is not None and seen_t is not None and onset <= t < seen_t]
             between.append((sum(v > THRESHOLD for v in inside), len(inside)))
             late.append(tuner_late(work / "tuner.log", start, time.time()))
             stalls.append([(st.seconds, st.summary) for st in watch.within(start, time.time())])
+
             def since(t: float | None, ref: float | None) -> str:
                 return "-" if t is None or ref is None else f"{t - ref:.2f}s"
 
             seen, took, fired = steps[-1]
-            print(f"trial {trial + 1}: onset {since(onset, start)} after load start; "
-                  f"tuner {since(t_at, onset)} (its first scrape above {since(seen, onset)}, which took "
-                  f"{'-' if took is None else f'{took:.2f}s'}; firing {since(fired, seen)} after that scrape began; "
-                  f"webhook {since(t_at, fired)} after that), prometheus {since(p_at, onset)}")
+            print(
+                f"trial {trial + 1}: onset {since(onset, start)} after load start; "
+                f"tuner {since(t_at, onset)} (its first scrape above {since(seen, onset)}, which took "
+                f"{'-' if took is None else f'{took:.2f}s'}; firing {since(fired, seen)} after that scrape began; "
+                f"webhook {since(t_at, fired)} after that), prometheus {since(p_at, onset)}"
+            )
             # Before the next trial both alerts must resolve: Alertmanager does not re-notify a still-firing alert.
             deadline = time.time() + 60
             while time.time() < deadline and not all(
-                    any(at >= start and any(a["status"] == "resolved" for a in body["alerts"])
-                        for at, body in h.arrivals) for h in (hook_t, hook_p)):
+                any(at >= start and any(a["status"] == "resolved" for a in body["alerts"]) for at, body in h.arrivals)
+                for h in (hook_t, hook_p)
+            ):
                 time.sleep(0.5)
             # ...and be gone from both Alertmanagers: an aggregation group outlives its last alert until the next
             # maintenance (every 30 s), and a new alert joining a group still there is sent at that group's next
@@ -309,11 +394,18 @@ def measure(trials: int) -> dict:
             time.sleep(31)
 
         watch.stop()
-        return {"rows": rows, "steps": steps, "split": split, "between": between, "late": late, "stalls": stalls,
-                "load_end": os.getloadavg()[0]}
+        return {
+            "rows": rows,
+            "steps": steps,
+            "split": split,
+            "between": between,
+            "late": late,
+            "stalls": stalls,
+            "load_end": os.getloadavg()[0],
+        }
     finally:
         if (work / "stalls.txt").exists():  # every thread's stack in each stall, and tuner's log: kept
-            stamp = time.strftime('%Y%m%dT%H%M%S')
+            stamp = time.strftime("%Y%m%dT%H%M%S")
             kept = Path(tempfile.gettempdir()) / f"tuner-alert-stalls-{stamp}.txt"
             shutil.copy(work / "stalls.txt", kept)
             shutil.copy(work / "tuner.log", kept.with_suffix(".tuner.log"))
@@ -350,31 +442,45 @@ def verdict(m: dict) -> tuple[bool, str]:
     # a trial where Prometheus notified and tuner did not (within the trial's wait) is above 2x theirs
     missed = sum(1 for (_, o, t, p), _ in agreed if o is not None and p is not None and t is None)
     ok = not missed and all(t <= p and worst <= 2.0 for t, p, worst, _ in got.values())
-    out = "; ".join(f"onset {name}: tuner {t:.2f} s vs {p:.2f} s, worst trial {worst:.2f}× ({n} trials)"
-                    for name, (t, p, worst, n) in got.items())
+    out = "; ".join(
+        f"onset {name}: tuner {t:.2f} s vs {p:.2f} s, worst trial {worst:.2f}× ({n} trials)"
+        for name, (t, p, worst, n) in got.items()
+    )
     if missed:
         out += f"; {missed} trial(s) where Prometheus notified and tuner did not within the trial"
     if any(split):
-        out += (f" (over the trials where the scrapers agreed on the condition; {sum(split)} where one sampled a "
-                "crossing shorter than the interval that the other did not are shown apart)")
+        out += (
+            f" (over the trials where the scrapers agreed on the condition; {sum(split)} where one sampled a "
+            "crossing shorter than the interval that the other did not are shown apart)"
+        )
     return ok, out
 
 
 def _between(b: tuple[int, int]) -> str:
     above, n = b
-    return ("no" if not n else f"no: Prometheus's samples from its onset to tuner's first above: {above} of {n} "
-            "above")
+    return "no" if not n else f"no: Prometheus's samples from its onset to tuner's first above: {above} of {n} above"
 
 
 def _stall_lines(stalls: list[list[tuple[float, str]]]) -> list[str]:
     """What the stall watch (bench/stallwatch.py) caught of tuner's process, trial by trial."""
     caught = [(n, secs, what) for n, trial in enumerate(stalls, 1) for secs, what in trial]
     if not caught:
-        return [f"tuner's process answered its HTTP port within 1 s all through the {len(stalls)} trials (probed every "
-                "0.25 s by bench/stallwatch.py): no stall.", ""] if stalls else []
-    return ["Stalls of tuner's process (its HTTP port unanswered over 1 s; probed every 0.25 s by "
-            "bench/stallwatch.py, which recorded its threads while each lasted):", "",
-            *[f"- trial {n}: {secs:.1f} s: {what}" for n, secs, what in caught], ""]
+        return (
+            [
+                f"tuner's process answered its HTTP port within 1 s all through the {len(stalls)} trials (probed every "
+                "0.25 s by bench/stallwatch.py): no stall.",
+                "",
+            ]
+            if stalls
+            else []
+        )
+    return [
+        "Stalls of tuner's process (its HTTP port unanswered over 1 s; probed every 0.25 s by "
+        "bench/stallwatch.py, which recorded its threads while each lasted):",
+        "",
+        *[f"- trial {n}: {secs:.1f} s: {what}" for n, secs, what in caught],
+        "",
+    ]
 
 
 def report_lines(m: dict, command: str) -> list[str]:
@@ -385,10 +491,12 @@ def report_lines(m: dict, command: str) -> list[str]:
     lat_t = [t - o for _, o, t, _ in rows if o and t]
     lat_p = [p - o for _, o, _, p in rows if o and p]
     prom_ver = subprocess.run(["prometheus", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True).stdout.strip()
+    rev = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     lines = [
-        "", f"## Alert latency: condition onset on a real vLLM → Alertmanager webhook ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        "",
+        f"## Alert latency: condition onset on a real vLLM → Alertmanager webhook ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; tuner {rev}; "
         f"{prom_ver}; Alertmanager 0.25 (group_wait 1s) for each side; load average at end "
@@ -401,20 +509,35 @@ def report_lines(m: dict, command: str) -> list[str]:
         "that scrape's duration | its start → firing (evaluation) | firing → webhook | "
         "Prometheus: onset → webhook (s) | scrapers agreed on the condition | tuner's scrape loop late (s) |",
         "|---|---|---|---|---|---|---|---|---|",
-        *[f"| {n} | {_d(t, o)} | {_d(st[0], o)} | {'-' if st[1] is None else f'{st[1]:.2f}'} | "
-          f"{_d(st[2], st[0])} | {_d(t, st[2])} | {_d(p, o)} | {'yes' if not sp else _between(b)}{'' if sp == out else ' (tuner stalled: counted)'} | {lt:.1f} |"
-          for (n, o, t, p), st, sp, out, b, lt in zip(rows, steps, split, left_out,
-                                                       m.get("between") or [(0, 0)] * len(rows),
-                                                       m.get("late") or [0.0] * len(rows))],
+        *[
+            f"| {n} | {_d(t, o)} | {_d(st[0], o)} | {'-' if st[1] is None else f'{st[1]:.2f}'} | "
+            f"{_d(st[2], st[0])} | {_d(t, st[2])} | {_d(p, o)} | {'yes' if not sp else _between(b)}{'' if sp == out else ' (tuner stalled: counted)'} | {lt:.1f} |"
+            for (n, o, t, p), st, sp, out, b, lt in zip(
+                rows,
+                steps,
+                split,
+                left_out,
+                m.get("between") or [(0, 0)] * len(rows),
+                m.get("late") or [0.0] * len(rows),
+            )
+        ],
         f"| median | {statistics.median(lat_t):.2f} | | | | | {statistics.median(lat_p):.2f} | | |"
-        if lat_t and lat_p else "",
+        if lat_t and lat_p
+        else "",
         "",
         *_stall_lines(m.get("stalls") or []),
-        *([f"Over the {med['prometheus'][3]} trials where both notified: from Prometheus's first sample above, "
-           f"tuner {med['prometheus'][0]:.2f} s against {med['prometheus'][1]:.2f} s (worst trial "
-           f"{med['prometheus'][2]:.2f}× theirs); from either scraper's first sample above (neither side's scrape "
-           f"phase credited to the other), tuner {med['either'][0]:.2f} s against {med['either'][1]:.2f} s (worst "
-           f"{med['either'][2]:.2f}×).", ""] if (med := medians(rows, [st[0] for st in steps])) else []),
+        *(
+            [
+                f"Over the {med['prometheus'][3]} trials where both notified: from Prometheus's first sample above, "
+                f"tuner {med['prometheus'][0]:.2f} s against {med['prometheus'][1]:.2f} s (worst trial "
+                f"{med['prometheus'][2]:.2f}× theirs); from either scraper's first sample above (neither side's scrape "
+                f"phase credited to the other), tuner {med['either'][0]:.2f} s against {med['either'][1]:.2f} s (worst "
+                f"{med['either'][2]:.2f}×).",
+                "",
+            ]
+            if (med := medians(rows, [st[0] for st in steps]))
+            else []
+        ),
         f"Goal 3 (issue 15): {'met' if ok else 'not met'}: {how}. A trial where the scrapers disagreed: one sampled "
         "KV use above the threshold and the other, scraping after that, sampled it below (a crossing shorter than "
         "the 1 s interval, which only one side's scrape phase caught); the gap between their first samples above is "
@@ -431,9 +554,12 @@ def report_lines(m: dict, command: str) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=3)
-    ap.add_argument("--results", type=Path, default=None,
-                    help="the results file (default: bench/results/YYYY-MM-DD-HHMM-alert-latency.md, appended to if "
-                         "it exists)")
+    ap.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="the results file (default: bench/results/YYYY-MM-DD-HHMM-alert-latency.md, appended to if it exists)",
+    )
     args = ap.parse_args()
     try:
         m = measure(args.trials)

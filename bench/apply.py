@@ -57,17 +57,35 @@ from tuner.store.db import open_engine  # noqa: E402
 TARGET = "bench"
 # The flag each backend flips, its two values, and the fixed part of the managed section.
 BACKENDS: dict[str, dict[str, Any]] = {
-    "vllm": {"flag": "max_num_seqs", "values": (2, 3), "exe": "TUNER_VLLM_PYTHON", "model": "TUNER_TINY_MODEL",
-             "flags": {"max_model_len": 1024}, "extra_args": {"enforce-eager": True},
-             "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}, "start_timeout_s": 300},
-    "llamacpp": {"flag": "parallel", "values": (2, 3), "exe": "TUNER_LLAMA_SERVER", "model": "TUNER_TINY_GGUF",
-                 "flags": {"ctx_size": 2048}, "extra_args": {"-t": 1}, "env": {}, "start_timeout_s": 60},
+    "vllm": {
+        "flag": "max_num_seqs",
+        "values": (2, 3),
+        "exe": "TUNER_VLLM_PYTHON",
+        "model": "TUNER_TINY_MODEL",
+        "flags": {"max_model_len": 1024},
+        "extra_args": {"enforce-eager": True},
+        "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
+        "start_timeout_s": 300,
+    },
+    "llamacpp": {
+        "flag": "parallel",
+        "values": (2, 3),
+        "exe": "TUNER_LLAMA_SERVER",
+        "model": "TUNER_TINY_GGUF",
+        "flags": {"ctx_size": 2048},
+        "extra_args": {"-t": 1},
+        "env": {},
+        "start_timeout_s": 60,
+    },
 }
-PROMPT = ("Write a long story about the sea, the wind and the ships that sail between the islands "
-          "in the north, and of the people who live there.")
+PROMPT = (
+    "Write a long story about the sea, the wind and the ships that sail between the islands "
+    "in the north, and of the people who live there."
+)
 
 
 # ---- load ------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Req:
@@ -104,8 +122,9 @@ class Load:
             th.join(timeout=180)
 
     def _client(self) -> None:
-        body = json.dumps({"model": self.model, "prompt": PROMPT, "max_tokens": self.max_tokens,
-                           "temperature": 0, "ignore_eos": True}).encode()
+        body = json.dumps(
+            {"model": self.model, "prompt": PROMPT, "max_tokens": self.max_tokens, "temperature": 0, "ignore_eos": True}
+        ).encode()
         me, n = threading.get_ident(), 0
         while not self._stop.is_set():
             r = dataclasses.replace(self._one(body), request=(me, n))
@@ -129,12 +148,20 @@ class Load:
             choice = (answer.get("choices") or [{}])[0]
             if "text" not in choice:
                 return Req(t0, time.time(), "bad body", data[:200].decode(errors="replace"))
-            return Req(t0, time.time(), "ok", f"{answer.get('usage', {}).get('completion_tokens')} tokens, "
-                                              f"finish {choice.get('finish_reason')}")
+            return Req(
+                t0,
+                time.time(),
+                "ok",
+                f"{answer.get('usage', {}).get('completion_tokens')} tokens, finish {choice.get('finish_reason')}",
+            )
         except ConnectionRefusedError:
             return Req(t0, time.time(), "refused")
-        except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected,
-                http.client.IncompleteRead) as exc:
+        except (
+            ConnectionResetError,
+            BrokenPipeError,
+            http.client.RemoteDisconnected,
+            http.client.IncompleteRead,
+        ) as exc:
             return Req(t0, time.time(), "reset", type(exc).__name__)
         except TimeoutError:
             return Req(t0, time.time(), "timeout")
@@ -146,17 +173,24 @@ class Load:
 
 # ---- setup -------------------------------------------------------------------------------------------
 
+
 def tuner_cli(cfg: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "WARNING", *args],
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "WARNING", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def write_config(root: Path, backend: str, port: int, drain_s: int) -> Path:
     b = BACKENDS[backend]
     exe, model = os.environ.get(b["exe"]), os.environ.get(b["model"])
     if not exe or not model:
-        raise SystemExit(f"{b['exe']} / {b['model']} not set: eval \"$(bash scripts/setup-real-servers.sh | "
-                         "grep ^export)\" first")
+        raise SystemExit(
+            f'{b["exe"]} / {b["model"]} not set: eval "$(bash scripts/setup-real-servers.sh | grep ^export)" first'
+        )
     env = dict(b["env"])
     if backend == "vllm":
         env["VLLM_CACHE_ROOT"] = str(root / "vllm-cache")
@@ -164,14 +198,24 @@ def write_config(root: Path, backend: str, port: int, drain_s: int) -> Path:
         "store": {"url": f"sqlite:///{root / 'tuner.db'}"},
         "listen": f"127.0.0.1:{free_port()}",
         "defaults": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-        "targets": [{
-            "name": TARGET, "backend": backend, "url": f"http://127.0.0.1:{port}",
-            "managed": {"model": model, "executable": exe, "flags": {b["flag"]: b["values"][0], **b["flags"]},
-                        "extra_args": b["extra_args"], "env": env, "drain_timeout": f"{drain_s}s",
-                        "start_timeout": f"{b['start_timeout_s']}s"},
-            # observe 1 s: the observation is not what is measured here (reported apart, excluded from totals)
-            "apply": {"observe": "1s", "baseline": "30s", "min_requests": 0, "max_restarts_per_hour": 1000},
-        }],
+        "targets": [
+            {
+                "name": TARGET,
+                "backend": backend,
+                "url": f"http://127.0.0.1:{port}",
+                "managed": {
+                    "model": model,
+                    "executable": exe,
+                    "flags": {b["flag"]: b["values"][0], **b["flags"]},
+                    "extra_args": b["extra_args"],
+                    "env": env,
+                    "drain_timeout": f"{drain_s}s",
+                    "start_timeout": f"{b['start_timeout_s']}s",
+                },
+                # observe 1 s: the observation is not what is measured here (reported apart, excluded from totals)
+                "apply": {"observe": "1s", "baseline": "30s", "min_requests": 0, "max_restarts_per_hour": 1000},
+            }
+        ],
     }
     return save_config(root, doc)
 
@@ -205,8 +249,11 @@ def direct_starts(cfg: Path, backend: str, n: int) -> tuple[list[float], list[fl
             gates.append(time.monotonic() - g0)
         finally:
             proc.stop(grace_s=30)
-        print(f"  direct start {i + 1}/{n} ({b['flag']} {flags[b['flag']]}): /health 200 after "
-              f"{starts[-1]:.2f}s, health gate {gates[-1] * 1000:.0f} ms", flush=True)
+        print(
+            f"  direct start {i + 1}/{n} ({b['flag']} {flags[b['flag']]}): /health 200 after "
+            f"{starts[-1]:.2f}s, health gate {gates[-1] * 1000:.0f} ms",
+            flush=True,
+        )
     return starts, gates
 
 
@@ -219,6 +266,7 @@ def healthy(url: str, timeout: float = 2) -> bool:
 
 
 # ---- one backend -----------------------------------------------------------------------------------------
+
 
 @dataclass
 class ApplyRun:
@@ -308,23 +356,43 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     print(f"{backend}: workdir {root}", flush=True)
     starts, gates = direct_starts(cfg, backend, args.direct_starts)
     engine = open_engine(f"sqlite:///{root / 'tuner.db'}")
-    daemon = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "INFO", "run"],
-                              stdout=open(root / "run.log", "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "INFO", "run"],
+        stdout=open(root / "run.log", "wb"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     load = Load(port, TARGET, args.concurrency, args.max_tokens)
     runs: list[ApplyRun] = []
     try:
-        wait_for(lambda: (st := jr.get_managed(engine, TARGET)) and st.pid and healthy(f"http://127.0.0.1:{port}"),
-                 b["start_timeout_s"] + 30, "tuner run to start the managed server", proc=daemon, log=root / "run.log",
-                 every_s=0.3)
+        wait_for(
+            lambda: (st := jr.get_managed(engine, TARGET)) and st.pid and healthy(f"http://127.0.0.1:{port}"),
+            b["start_timeout_s"] + 30,
+            "tuner run to start the managed server",
+            proc=daemon,
+            log=root / "run.log",
+            every_s=0.3,
+        )
         load.start()
         time.sleep(args.warmup)  # a baseline window with traffic, and every client busy
         for i in range(args.applies):
             current = jr.get_managed(engine, TARGET).flags[b["flag"]]
             new = b["values"][1] if current == b["values"][0] else b["values"][0]
-            rid = recs.add_recommendation(engine, target=TARGET, now=time.time(), rules=["bench"],
-                                          diff_key=json.dumps({b["flag"]: new}), diff={b["flag"]: new},
-                                          current={b["flag"]: current}, evidence=[], expected_effect="", risk="",
-                                          confidence=1.0, rank=1, memory_check={"ok": True})
+            rid = recs.add_recommendation(
+                engine,
+                target=TARGET,
+                now=time.time(),
+                rules=["bench"],
+                diff_key=json.dumps({b["flag"]: new}),
+                diff={b["flag"]: new},
+                current={b["flag"]: current},
+                evidence=[],
+                expected_effect="",
+                risk="",
+                confidence=1.0,
+                rank=1,
+                memory_check={"ok": True},
+            )
             watch, hw = ExitWatch(jr.get_managed(engine, TARGET).pid), HealthWatch(f"http://127.0.0.1:{port}")
             cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             c0 = time.time()
@@ -336,16 +404,34 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
             try:
                 a = json.loads(proc.stdout)
             except ValueError:
-                raise SystemExit(f"apply #{i + 1} printed no JSON (exit {proc.returncode}): {proc.stderr.strip()}") from None
+                raise SystemExit(
+                    f"apply #{i + 1} printed no JSON (exit {proc.returncode}): {proc.stderr.strip()}"
+                ) from None
             steps: dict[str, float] = {}
             for s in a["steps"]:
                 steps.setdefault(s["step"], s["ts_ms"] / 1000)
             stopped = next((s["detail"] for s in a["steps"] if s["step"] == "stopped"), "")
-            runs.append(ApplyRun(steps, c0, c1, a["outcome"], a["note"], stopped, exited, reaped, spawned, up,
-                                cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime))
+            runs.append(
+                ApplyRun(
+                    steps,
+                    c0,
+                    c1,
+                    a["outcome"],
+                    a["note"],
+                    stopped,
+                    exited,
+                    reaped,
+                    spawned,
+                    up,
+                    cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime,
+                )
+            )
             total = steps.get("healthy", c1) - steps["planned"]
-            print(f"  apply {i + 1}/{args.applies} {b['flag']} {current}->{new}: {a['outcome']}, planned->healthy "
-                  f"{total:.2f}s, stopped: {stopped}", flush=True)
+            print(
+                f"  apply {i + 1}/{args.applies} {b['flag']} {current}->{new}: {a['outcome']}, planned->healthy "
+                f"{total:.2f}s, stopped: {stopped}",
+                flush=True,
+            )
             time.sleep(args.gap)  # clients back at full concurrency before the next apply
     finally:
         load.stop()
@@ -355,11 +441,20 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             daemon.kill()
         tuner_cli(cfg, "managed", "stop", timeout=120)
-    return {"backend": backend, "flag": b["flag"], "drain_s": drain_s, "starts": starts, "gates": gates,
-            "runs": runs, "reqs": sorted(load.done, key=lambda r: r.start), "workdir": str(root)}
+    return {
+        "backend": backend,
+        "flag": b["flag"],
+        "drain_s": drain_s,
+        "starts": starts,
+        "gates": gates,
+        "runs": runs,
+        "reqs": sorted(load.done, key=lambda r: r.start),
+        "workdir": str(root),
+    }
 
 
 # ---- analysis --------------------------------------------------------------------------------------------
+
 
 def classify(runs: list[ApplyRun], reqs: list[Req]) -> list[dict[str, Any]]:
     """Per apply: requests in flight when the drain began, and arrivals during the drain and the restart."""
@@ -387,9 +482,13 @@ def _kinds(reqs: Any) -> str:
 
 def outside(runs: list[ApplyRun], reqs: list[Req]) -> list[Req]:
     """Failed requests that neither were in flight at a drain nor arrived between a drain and healthy."""
+
     def covered(q: Req) -> bool:
-        return any(q.start < r.steps["draining"] < q.end or
-                   r.steps["draining"] <= q.start < r.steps.get("healthy", r.cli_end) for r in runs)
+        return any(
+            q.start < r.steps["draining"] < q.end or r.steps["draining"] <= q.start < r.steps.get("healthy", r.cli_end)
+            for r in runs
+        )
+
     return [q for q in reqs if q.outcome != "ok" and not covered(q)]
 
 
@@ -406,8 +505,16 @@ def _count(n: int, failed: list[Req]) -> str:
 
 def summarize(res: dict[str, Any]) -> list[tuple[str, str]]:
     runs: list[ApplyRun] = res["runs"]
-    ok = [r for r in runs if "healthy" in r.steps and "stopped" in r.steps and r.exited is not None
-          and r.spawned is not None and r.health_up is not None and r.spawned <= r.health_up]
+    ok = [
+        r
+        for r in runs
+        if "healthy" in r.steps
+        and "stopped" in r.steps
+        and r.exited is not None
+        and r.spawned is not None
+        and r.health_up is not None
+        and r.spawned <= r.health_up
+    ]
 
     def seg(a: str, b: str) -> list[float]:
         return [r.steps[b] - r.steps[a] for r in ok]
@@ -427,10 +534,11 @@ def summarize(res: dict[str, Any]) -> list[tuple[str, str]]:
 
     return [
         ("applies (outcome)", f"{len(runs)} ({_kinds(Req(0, 0, r.outcome) for r in runs)})"),
-        ("CLI start -> `planned` (imports, config, reconcile, plan; not in the total)",
-         ms([r.steps["planned"] - r.cli_start for r in runs])),
-        ("CPU used by the `tuner apply-recommendation` process (whole run)",
-         ms([r.cli_cpu_s for r in runs])),
+        (
+            "CLI start -> `planned` (imports, config, reconcile, plan; not in the total)",
+            ms([r.steps["planned"] - r.cli_start for r in runs]),
+        ),
+        ("CPU used by the `tuner apply-recommendation` process (whole run)", ms([r.cli_cpu_s for r in runs])),
         ("**apply -> healthy** (`planned` -> `healthy`)", ms(total)),
         ("**drain** (`draining` -> old server process exited)", ms(server_drain)),
         ("  journal's drain (`draining` -> `stopped`)", ms(seg("draining", "stopped"))),
@@ -440,17 +548,27 @@ def summarize(res: dict[str, Any]) -> list[tuple[str, str]]:
         ("**tuner overhead** (apply -> healthy − drain − server start in the apply)", ms(overhead)),
         ("  `planned` -> `baseline` (baseline KPIs + journal)", ms(seg("planned", "baseline"))),
         ("  `baseline` -> `draining` (journal)", ms(seg("baseline", "draining"))),
-        ("  old process exited -> `stopped` (stop_server still waiting)",
-         ms([r.steps["stopped"] - r.exited for r in ok])),  # type: ignore[operator]
-        ("  `stopped` -> new process created (argv, 2 journal steps, state, spawn)",
-         ms([r.spawned - r.steps["stopped"] for r in ok])),  # type: ignore[operator]
-        ("  /health 200 -> `healthy` (tuner's /health poll every 0.25 s, gate request, journal)",
-         ms([r.steps["healthy"] - r.health_up for r in ok])),  # type: ignore[operator]
-        ("observation + verdict (`healthy` -> CLI exit; not in the total)",
-         ms([r.cli_end - r.steps["healthy"] for r in ok])),
+        (
+            "  old process exited -> `stopped` (stop_server still waiting)",
+            ms([r.steps["stopped"] - r.exited for r in ok]),
+        ),  # type: ignore[operator]
+        (
+            "  `stopped` -> new process created (argv, 2 journal steps, state, spawn)",
+            ms([r.spawned - r.steps["stopped"] for r in ok]),
+        ),  # type: ignore[operator]
+        (
+            "  /health 200 -> `healthy` (tuner's /health poll every 0.25 s, gate request, journal)",
+            ms([r.steps["healthy"] - r.health_up for r in ok]),
+        ),  # type: ignore[operator]
+        (
+            "observation + verdict (`healthy` -> CLI exit; not in the total)",
+            ms([r.cli_end - r.steps["healthy"] for r in ok]),
+        ),
         ("requests in flight when the drain began", str(tot("inflight"))),
-        ("**in-flight lost** (of those, not answered 200)", _count(len(failed("inflight_lost")),
-                                                                    failed("inflight_lost"))),
+        (
+            "**in-flight lost** (of those, not answered 200)",
+            _count(len(failed("inflight_lost")), failed("inflight_lost")),
+        ),
         ("arrivals during the drain (`draining` -> `stopped`)", str(tot("drain"))),
         ("  answered 200", str(tot("drain_ok"))),
         ("  failed: connection refused", str(tot("drain_refused"))),
@@ -466,10 +584,14 @@ def summarize(res: dict[str, Any]) -> list[tuple[str, str]]:
 
 def print_results(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print()
-    print(f"Machine: {platform.machine()}, {os.cpu_count()} cores, no GPU; Python {platform.python_version()}; "
-          f"load average at end {os.getloadavg()[0]:.2f}")
-    print(f"Load: {args.concurrency} clients, each one completion of max_tokens {args.max_tokens} (ignore_eos) at "
-          "a time, retrying 0.2 s after a failure. Times in ms: median (min–max).")
+    print(
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, no GPU; Python {platform.python_version()}; "
+        f"load average at end {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"Load: {args.concurrency} clients, each one completion of max_tokens {args.max_tokens} (ignore_eos) at "
+        "a time, retrying 0.2 s after a failure. Times in ms: median (min–max)."
+    )
     head = ["", *(f"{r['backend']} ({r['flag']} 2<->3, drain_timeout {r['drain_s']}s)" for r in results)]
     per = [summarize(r) for r in results]
     print("| " + " | ".join(head) + " |")
@@ -481,16 +603,21 @@ def print_results(results: list[dict[str, Any]], args: argparse.Namespace) -> No
         cls = classify(r["runs"], r["reqs"])
         for n, (run, c) in enumerate(zip(r["runs"], cls), 1):
             st = run.steps
-            marks = dict(st, old_exited=run.exited, old_reaped=run.reaped, new_spawned=run.spawned,
-                         health_200=run.health_up)
-            seq = " ".join(f"{k}+{(v - st['planned']) * 1000:.0f}" for k, v in
-                           sorted(((k, v) for k, v in marks.items() if v is not None), key=lambda kv: kv[1])
-                           if k != "planned")
-            print(f"  {n}: {run.outcome}; ms after planned: {seq}; stopped: {run.stopped_detail}; in flight "
-                  f"{c['inflight']} lost {len(c['inflight_lost'])}; drain arrivals {c['drain']} (ok {c['drain_ok']}, "
-                  f"refused {c['drain_refused']}, other {_kinds(c['drain_other']) or 0}); restart arrivals "
-                  f"{c['restart']} (ok {c['restart_ok']}, refused {c['restart_refused']}, other "
-                  f"{_kinds(c['restart_other']) or 0}); CLI CPU {run.cli_cpu_s:.1f}s")
+            marks = dict(
+                st, old_exited=run.exited, old_reaped=run.reaped, new_spawned=run.spawned, health_200=run.health_up
+            )
+            seq = " ".join(
+                f"{k}+{(v - st['planned']) * 1000:.0f}"
+                for k, v in sorted(((k, v) for k, v in marks.items() if v is not None), key=lambda kv: kv[1])
+                if k != "planned"
+            )
+            print(
+                f"  {n}: {run.outcome}; ms after planned: {seq}; stopped: {run.stopped_detail}; in flight "
+                f"{c['inflight']} lost {len(c['inflight_lost'])}; drain arrivals {c['drain']} (ok {c['drain_ok']}, "
+                f"refused {c['drain_refused']}, other {_kinds(c['drain_other']) or 0}); restart arrivals "
+                f"{c['restart']} (ok {c['restart_ok']}, refused {c['restart_refused']}, other "
+                f"{_kinds(c['restart_other']) or 0}); CLI CPU {run.cli_cpu_s:.1f}s"
+            )
         seen: dict[tuple[str, str], int] = {}
         for q in r["reqs"]:
             if q.outcome not in ("ok", "refused"):
@@ -527,7 +654,9 @@ def requests_summary(attempts: list[Req]) -> dict[str, int]:
     by_request: dict[tuple[int, int], list[Req]] = {}
     for r in attempts:
         by_request.setdefault(r.request, []).append(r)
-    return {"requests": len(by_request),
-            "retried": sum(1 for rs in by_request.values() if len(rs) > 1),
-            "lost": sum(1 for rs in by_request.values() if not any(r.outcome == "ok" for r in rs)),
-            "attempts_failed": sum(1 for r in attempts if r.outcome != "ok")}
+    return {
+        "requests": len(by_request),
+        "retried": sum(1 for rs in by_request.values() if len(rs) > 1),
+        "lost": sum(1 for rs in by_request.values() if not any(r.outcome == "ok" for r in rs)),
+        "attempts_failed": sum(1 for r in attempts if r.outcome != "ok"),
+    }

@@ -52,7 +52,6 @@ WARMUP_S, W_S = 10.0, 30.0
 BUDGET_S, IDLE_S = 900.0, 150.0  # idle: longer than cooldown + baseline + two auto ticks
 
 
-
 def _gate_passes(t: Any) -> bool:
     """The managed server's health gate passes (a server still starting refuses, or fails the gate)."""
     try:
@@ -60,26 +59,51 @@ def _gate_passes(t: Any) -> bool:
     except Exception:  # noqa: BLE001 (not up yet)
         return False
 
+
 def write_config(root: Path, port: int, seqs: int) -> Path:
     exe, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
     if not exe or not model:
-        raise SystemExit("TUNER_VLLM_PYTHON / TUNER_TINY_MODEL not set: eval \"$(bash scripts/setup-real-servers.sh "
-                         "| grep ^export)\" first")
+        raise SystemExit(
+            'TUNER_VLLM_PYTHON / TUNER_TINY_MODEL not set: eval "$(bash scripts/setup-real-servers.sh '
+            '| grep ^export)" first'
+        )
     doc = {
         "store": {"url": f"sqlite:///{root / 'tuner.db'}"},
         "listen": f"127.0.0.1:{free_port()}",
         "defaults": {"scrape_interval": "5s", "scrape_timeout": "5s", "signal_window": "40s"},
-        "targets": [{
-            "name": TARGET, "backend": "vllm", "url": f"http://127.0.0.1:{port}",
-            "slo": {"ttft_p99": "2s", "e2e_p99": "10s"},
-            "managed": {"model": model, "executable": exe, "flags": {"max_num_seqs": seqs, "max_model_len": 1024},
-                        "extra_args": {"enforce-eager": True}, "drain_timeout": "30s", "start_timeout": "300s",
-                        "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-                                "VLLM_CACHE_ROOT": str(root / "vllm-cache")}},
-            "apply": {"mode": "auto", "baseline": "40s", "observe": "30s", "observe_max": "60s", "min_requests": 5,
-                      "auto_interval": "10s", "cooldown": "40s", "min_confidence": 0.6,
-                      "max_restarts_per_hour": 30, "max_consecutive_rollbacks": 2},
-        }],
+        "targets": [
+            {
+                "name": TARGET,
+                "backend": "vllm",
+                "url": f"http://127.0.0.1:{port}",
+                "slo": {"ttft_p99": "2s", "e2e_p99": "10s"},
+                "managed": {
+                    "model": model,
+                    "executable": exe,
+                    "flags": {"max_num_seqs": seqs, "max_model_len": 1024},
+                    "extra_args": {"enforce-eager": True},
+                    "drain_timeout": "30s",
+                    "start_timeout": "300s",
+                    "env": {
+                        "VLLM_CPU_KVCACHE_SPACE": "1",
+                        "HF_HUB_OFFLINE": "1",
+                        "VLLM_CACHE_ROOT": str(root / "vllm-cache"),
+                    },
+                },
+                "apply": {
+                    "mode": "auto",
+                    "baseline": "40s",
+                    "observe": "30s",
+                    "observe_max": "60s",
+                    "min_requests": 5,
+                    "auto_interval": "10s",
+                    "cooldown": "40s",
+                    "min_confidence": 0.6,
+                    "max_restarts_per_hour": 30,
+                    "max_consecutive_rollbacks": 2,
+                },
+            }
+        ],
     }
     return save_config(root, doc)
 
@@ -88,8 +112,9 @@ def finished_total(port: int) -> float:
     import requests
 
     body = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=60).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
-               if line.startswith("vllm:request_success_total{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith("vllm:request_success_total{")
+    )
 
 
 def grid(root: Path) -> dict[int, float]:
@@ -99,8 +124,11 @@ def grid(root: Path) -> dict[int, float]:
         (root / f"grid-{seqs}").mkdir()
         cfg = write_config(root / f"grid-{seqs}", port, seqs)
         t = load_config(cfg).target(TARGET)
-        proc = ServerProcess.start(mg.build_argv(t, dict(t.managed.flags)), mg.server_env(t),  # type: ignore[union-attr]
-                                   cfg.parent / "logs" / "server.log")
+        proc = ServerProcess.start(
+            mg.build_argv(t, dict(t.managed.flags)),
+            mg.server_env(t),  # type: ignore[union-attr]
+            cfg.parent / "logs" / "server.log",
+        )
         try:
             proc.wait_healthy(t.url, 300, interval=0.2)
             load = Load(port, TARGET, CLIENTS, MAX_TOKENS)  # tuner serves the model under the target's name
@@ -112,8 +140,11 @@ def grid(root: Path) -> dict[int, float]:
             load.stop()
             out[seqs] = (f1 - f0) / (t1 - t0)
             failed = sum(1 for r in load.done if r.outcome != "ok")
-            print(f"  grid max_num_seqs {seqs:>2}: capacity {out[seqs]:.2f} req/s ({f1 - f0:.0f} finished in "
-                  f"{t1 - t0:.0f}s; {failed} client requests failed)", flush=True)
+            print(
+                f"  grid max_num_seqs {seqs:>2}: capacity {out[seqs]:.2f} req/s ({f1 - f0:.0f} finished in "
+                f"{t1 - t0:.0f}s; {failed} client requests failed)",
+                flush=True,
+            )
         finally:
             proc.stop(grace_s=30)
     return out
@@ -125,12 +156,21 @@ def auto(root: Path) -> tuple[list[dict[str, Any]], Load]:
     cfg = write_config(root / "auto", port, START)
     t = load_config(cfg).target(TARGET)
     engine = open_engine(f"sqlite:///{root / 'auto' / 'tuner.db'}")
-    daemon = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "WARNING",
-                               "run"], stdout=open(root / "auto" / "tuner.log", "w"), stderr=subprocess.STDOUT)
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "WARNING", "run"],
+        stdout=open(root / "auto" / "tuner.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
     load = None
     try:
-        wait_for(lambda: _gate_passes(t), 400, f"the managed vLLM to come up ({root / 'auto'})", proc=daemon,
-                 log=root / "auto" / "tuner.log", every_s=1)
+        wait_for(
+            lambda: _gate_passes(t),
+            400,
+            f"the managed vLLM to come up ({root / 'auto'})",
+            proc=daemon,
+            log=root / "auto" / "tuner.log",
+            every_s=1,
+        )
         load = Load(port, TARGET, CLIENTS, MAX_TOKENS)
         load.start()
         started = time.monotonic()
@@ -149,8 +189,9 @@ def auto(root: Path) -> tuple[list[dict[str, Any]], Load]:
             if not jr.open_applies_for(engine, TARGET) and time.monotonic() - last_done > IDLE_S:
                 break  # nothing proposed any more
         load.stop()
-        return sorted((a.as_json() for a in jr.list_applies(engine, target=TARGET, limit=50)),
-                      key=lambda a: a["id"]), load
+        return sorted(
+            (a.as_json() for a in jr.list_applies(engine, target=TARGET, limit=50)), key=lambda a: a["id"]
+        ), load
     finally:
         if load is not None:
             load.stop()
@@ -166,14 +207,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-grid", action="store_true")
     args = ap.parse_args()
-    print(f"host {platform.node()}, {os.cpu_count()} cores; "
-          f"{CLIENTS} clients x {MAX_TOKENS} tokens; grid {GRID}; auto from max_num_seqs {START}", flush=True)
+    print(
+        f"host {platform.node()}, {os.cpu_count()} cores; "
+        f"{CLIENTS} clients x {MAX_TOKENS} tokens; grid {GRID}; auto from max_num_seqs {START}",
+        flush=True,
+    )
     root = Path(tempfile.mkdtemp(prefix="tuner-converge-"))
     caps = {} if args.skip_grid else grid(root)
     applies, load = auto(root)
     best = max(caps.values()) if caps else None
-    print("\n| apply | diff | verdict | capacity before -> after (req/s) | outage (s) | journal: in flight at drain, "
-          "arrivals during outage | client requests sent again / lost (attempts failed) |")
+    print(
+        "\n| apply | diff | verdict | capacity before -> after (req/s) | outage (s) | journal: in flight at drain, "
+        "arrivals during outage | client requests sent again / lost (attempts failed) |"
+    )
     print("|---|---|---|---|---:|---|---|")
     within = None
     for n, a in enumerate(applies, 1):
@@ -181,15 +227,19 @@ def main() -> int:
         c = requests_summary([r for r in load.done if lo <= r.start <= hi])
         b, af = a.get("baseline") or {}, a.get("after") or {}
         cap_after = af.get("capacity_rps")
-        print(f"| {n} (#{a['id']}) | {a['diff']} | {a['outcome']} | {b.get('capacity_rps')} -> {cap_after} | "
-              f"{af.get('outage_s')} | {b.get('in_flight_at_drain')}, {af.get('arrivals_during_outage')} | "
-              f"{c['retried']} / {c['lost']} ({c['attempts_failed']}) |")
+        print(
+            f"| {n} (#{a['id']}) | {a['diff']} | {a['outcome']} | {b.get('capacity_rps')} -> {cap_after} | "
+            f"{af.get('outage_s')} | {b.get('in_flight_at_drain')}, {af.get('arrivals_during_outage')} | "
+            f"{c['retried']} / {c['lost']} ({c['attempts_failed']}) |"
+        )
         if within is None and best and a["outcome"] == "kept" and cap_after and cap_after >= 0.9 * best:
             within = n
     print(f"\ngrid best: {best} req/s; came within 10% after {within} apply(s)" if best else "")
     whole = requests_summary(load.done)
-    print(f"client requests during the auto phase: {whole['requests']}, sent again {whole['retried']}, lost "
-          f"{whole['lost']} ({whole['attempts_failed']} failed attempts)")
+    print(
+        f"client requests during the auto phase: {whole['requests']}, sent again {whole['retried']}, lost "
+        f"{whole['lost']} ({whole['attempts_failed']} failed attempts)"
+    )
     print(f"data: {root}")
     return 0
 

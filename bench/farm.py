@@ -23,8 +23,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whicheve
 
 from tuner.lab.replay import ReplayExposition  # noqa: E402
 
-_HEADERS = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-            b"Content-Length: %d\r\n%s\r\n")
+_HEADERS = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: %d\r\n%s\r\n"
 _NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
 _COMPLETION = b'{"id": "farm", "object": "text_completion", "choices": [{"index": 0, "text": " hi"}]}'
 _JSON = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
@@ -53,8 +52,14 @@ class _Endpoint(asyncio.Protocol):
         while b"\r\n\r\n" in self.buf:
             head, _, rest = self.buf.partition(b"\r\n\r\n")
             request_line, _, headers = head.partition(b"\r\n")
-            length = next((int(h.split(b":", 1)[1]) for h in headers.lower().split(b"\r\n")
-                           if h.startswith(b"content-length:") and h.split(b":", 1)[1].strip().isdigit()), 0)
+            length = next(
+                (
+                    int(h.split(b":", 1)[1])
+                    for h in headers.lower().split(b"\r\n")
+                    if h.startswith(b"content-length:") and h.split(b":", 1)[1].strip().isdigit()
+                ),
+                0,
+            )
             if len(rest) < length:  # the body is still on its way
                 break
             self.buf = rest[length:]
@@ -109,11 +114,17 @@ def main() -> None:
     ap.add_argument("--fixture", type=Path, required=True)
     ap.add_argument("--ports-file", type=Path, required=True)
     ap.add_argument("--growth", type=float, default=0.01, help="per-scrape growth of counters (fraction)")
-    ap.add_argument("--churn", type=int, default=0, metavar="N",
-                    help="rename each endpoint's model_name label every N of its scrapes (0: never)")
+    ap.add_argument(
+        "--churn",
+        type=int,
+        default=0,
+        metavar="N",
+        help="rename each endpoint's model_name label every N of its scrapes (0: never)",
+    )
     args = ap.parse_args()
-    asyncio.run(_serve(args.targets, args.fixture.read_text(encoding="utf-8"), args.ports_file, args.growth,
-                       args.churn))
+    asyncio.run(
+        _serve(args.targets, args.fixture.read_text(encoding="utf-8"), args.ports_file, args.growth, args.churn)
+    )
 
 
 if __name__ == "__main__":

@@ -39,11 +39,13 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tuner-keepalive-"))
     port = free_port()
-    argv = vllm_argv(str(Path(os.environ.get("TUNER_VLLM_PYTHON") or CACHE / "vllm-venv" / "bin" / "python")),
-                     str(Path(os.environ.get("TUNER_TINY_MODEL") or CACHE / "models" / "tiny-llama")), port=port,
-                     served_model_name="tiny-llama",
-                     flags={"enforce-eager": True, "max-model-len": 1024, "max-num-seqs": 8,
-                            "kv-cache-memory-bytes": 3_000_000})
+    argv = vllm_argv(
+        str(Path(os.environ.get("TUNER_VLLM_PYTHON") or CACHE / "vllm-venv" / "bin" / "python")),
+        str(Path(os.environ.get("TUNER_TINY_MODEL") or CACHE / "models" / "tiny-llama")),
+        port=port,
+        served_model_name="tiny-llama",
+        flags={"enforce-eager": True, "max-model-len": 1024, "max-num-seqs": 8, "kv-cache-memory-bytes": 3_000_000},
+    )
     env = vllm_cpu_env(str(work / "cache"), kvcache_space_gib=None)
     if args.keepalive is not None:
         env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] = str(args.keepalive)
@@ -69,8 +71,13 @@ def main() -> int:
                             return
                         i = nxt[0]
                         nxt[0] += 1
-                    body = {"model": "tiny-llama", "prompt": make_prompt(i, 230, distinct=True), "max_tokens": 600,
-                            "ignore_eos": True, "temperature": 0.0}
+                    body = {
+                        "model": "tiny-llama",
+                        "prompt": make_prompt(i, 230, distinct=True),
+                        "max_tokens": 600,
+                        "ignore_eos": True,
+                        "temperature": 0.0,
+                    }
                     t0 = time.monotonic()
                     try:
                         out = f"HTTP {s.post(url + '/v1/completions', json=body, timeout=300).status_code}"
@@ -78,9 +85,15 @@ def main() -> int:
                         out = f"{type(e).__name__}: {e}"[:120]
                     t1 = time.monotonic()
                     with lock:
-                        records.append({"round": rnd, "reused": n > 0 and not args.fresh,
-                                        "gap_s": None if last_end is None else t0 - last_end, "dur_s": t1 - t0,
-                                        "out": out})
+                        records.append(
+                            {
+                                "round": rnd,
+                                "reused": n > 0 and not args.fresh,
+                                "gap_s": None if last_end is None else t0 - last_end,
+                                "dur_s": t1 - t0,
+                                "out": out,
+                            }
+                        )
                     last_end, n = t1, n + 1
 
             threads = [threading.Thread(target=worker, args=(w,)) for w in range(8)]
@@ -94,8 +107,10 @@ def main() -> int:
         server.stop(grace_s=10)
     seen = sum(1 for line in log.read_text(errors="replace").splitlines() if "POST /v1/completions" in line)
     failed = sum(r["out"] != "HTTP 200" for r in records)
-    print(f"keepalive={args.keepalive or 'default (5)'} fresh={args.fresh}: {len(records)} sent, {failed} failed, "
-          f"{seen} logged by the server")
+    print(
+        f"keepalive={args.keepalive or 'default (5)'} fresh={args.fresh}: {len(records)} sent, {failed} failed, "
+        f"{seen} logged by the server"
+    )
     return 0
 
 

@@ -23,8 +23,12 @@ from tuner.errors import ExpositionError
 def body(n: int) -> str:
     lines = ["# TYPE vllm:num_requests_running gauge"]
     lines += [f'vllm:num_requests_running{{engine="0",model_name="m{i:05d}"}} 1' for i in range(n)]
-    lines += ["# TYPE vllm:cache_config_info gauge", 'vllm:cache_config_info{block_size="16",engine="0"} 1',
-              "# TYPE process_start_time_seconds gauge", "process_start_time_seconds 1.7e9"]
+    lines += [
+        "# TYPE vllm:cache_config_info gauge",
+        'vllm:cache_config_info{block_size="16",engine="0"} 1',
+        "# TYPE process_start_time_seconds gauge",
+        "process_start_time_seconds 1.7e9",
+    ]
     return "\n".join(lines) + "\n"
 
 

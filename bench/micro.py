@@ -53,8 +53,7 @@ def _per_call_us(fn, iterations: int, rounds_n: int = 5) -> float:  # type: igno
 
 def bench_parser(fixture: Path, iterations: int = 200) -> dict[str, float]:
     text = fixture.read_text(encoding="utf-8")
-    reference = _per_call_us(lambda: [s for f in text_string_to_metric_families(text) for s in f.samples],
-                             iterations)
+    reference = _per_call_us(lambda: [s for f in text_string_to_metric_families(text) for s in f.samples], iterations)
     fast = _per_call_us(lambda: fast_samples(text), iterations)
     parse = _per_call_us(lambda: parse_exposition(text), iterations)
     snap = _per_call_us(lambda: snapshot_from_text(text, target="t", ts=0.0), iterations)
@@ -65,12 +64,21 @@ def bench_parser(fixture: Path, iterations: int = 200) -> dict[str, float]:
     layouts = Layouts()
     snapshot_from_text(bodies[0], target="t", ts=0.0, layouts=layouts)
     turn = iter(range(10**9))
-    by_layout = _per_call_us(lambda: snapshot_from_text(bodies[next(turn) % 64], target="t", ts=0.0,
-                                                        layouts=layouts), iterations)
+    by_layout = _per_call_us(
+        lambda: snapshot_from_text(bodies[next(turn) % 64], target="t", ts=0.0, layouts=layouts), iterations
+    )
     assert layouts.misses == 1, "the layout path missed on bodies of one shape"
     lines = sum(1 for line in text.split("\n") if line and not line.startswith("#"))
-    return {"bytes": len(text.encode()), "samples": lines, "reference_us": reference, "fast_us": fast,
-            "parse_exposition_us": parse, "snapshot_us": snap, "layout_us": by_layout, "ratio": reference / fast}
+    return {
+        "bytes": len(text.encode()),
+        "samples": lines,
+        "reference_us": reference,
+        "fast_us": fast,
+        "parse_exposition_us": parse,
+        "snapshot_us": snap,
+        "layout_us": by_layout,
+        "ratio": reference / fast,
+    }
 
 
 def _advanced(base: TargetSnapshot, k: float, ts: float) -> TargetSnapshot:
@@ -81,9 +89,10 @@ def _advanced(base: TargetSnapshot, k: float, ts: float) -> TargetSnapshot:
     engines = []
     for e in base.engines:
         values = {key: (float(round(v * k)) if key[0].endswith("_total") else v) for key, v in e.values.items()}
-        hists = {key: Histogram(h.bounds, tuple(float(round(c * k)) for c in h.counts), h.sum * k,
-                                float(round(h.count * k)))
-                 for key, h in e.histograms.items()}
+        hists = {
+            key: Histogram(h.bounds, tuple(float(round(c * k)) for c in h.counts), h.sum * k, float(round(h.count * k)))
+            for key, h in e.histograms.items()
+        }
         engines.append(EngineSnapshot(e.backend, e.engine, e.model_name, values, hists, e.config))
     return dataclasses.replace(base, ts=ts, engines=tuple(engines))
 
@@ -98,8 +107,15 @@ def _db_bytes(path: Path) -> int:
     return path.stat().st_size
 
 
-def bench_storage(fixture: Path, *, days: int = 30, interval_s: float = 5.0, old_step_s: float = 60.0,
-                  retention: Retention | None = None, workdir: Path | None = None) -> dict[str, object]:
+def bench_storage(
+    fixture: Path,
+    *,
+    days: int = 30,
+    interval_s: float = 5.0,
+    old_step_s: float = 60.0,
+    retention: Retention | None = None,
+    workdir: Path | None = None,
+) -> dict[str, object]:
     """One target's ``days`` of history as retention leaves it; bytes per target-day; P99 query times.
 
     The raw part (the last ``retention.raw``) is ingested at ``interval_s``. Older history is ingested
@@ -139,15 +155,19 @@ def bench_storage(fixture: Path, *, days: int = 30, interval_s: float = 5.0, old
     engine.dispose()
     total = _db_bytes(db)
     con = sqlite3.connect(db)
-    rows = {t: con.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
-            for t in ("samples", "hist_samples", "gauge_rollups", "scrapes")}
+    rows = {
+        t: con.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+        for t in ("samples", "hist_samples", "gauge_rollups", "scrapes")
+    }
     # Bytes per row of each table (its indexes included), from SQLite's own page accounting.
     pages = dict(con.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name").fetchall())
     pages["scrapes"] = pages.get("scrapes", 0) + pages.get("ix_scrapes_target_ts", 0)
     per_row = {t: pages.get(t, 0) / n if n else 0.0 for t, n in rows.items()}
     raw_ms = int(raw_from * 1000)
-    raw_rows = {t: con.execute(f"SELECT COUNT(*) FROM {t} WHERE ts_ms >= ?", (raw_ms,)).fetchone()[0]
-                for t in ("samples", "hist_samples", "scrapes")}
+    raw_rows = {
+        t: con.execute(f"SELECT COUNT(*) FROM {t} WHERE ts_ms >= ?", (raw_ms,)).fetchone()[0]
+        for t in ("samples", "hist_samples", "scrapes")
+    }
     con.close()
     raw_days = retention.raw.total_seconds() / DAY
     raw_bytes = sum(raw_rows[t] * per_row[t] for t in raw_rows)
@@ -156,24 +176,45 @@ def bench_storage(fixture: Path, *, days: int = 30, interval_s: float = 5.0, old
     engine = open_engine(f"sqlite:///{db}")
     store = Store(engine, retention=retention)  # as the daemon and the CLI open it
     queries = {}
-    for label, span, end, n in (("5m, latest (raw points)", 300, now, 20),
-                                ("5m, 20 days back (one point per 5m step: no P99 possible)", 300, now - 20 * DAY, 20),
-                                ("10m, 20 days back (rolled-up points)", 600, now - 20 * DAY, 20),
-                                ("all 30 days", days * DAY, now, 1)):
+    for label, span, end, n in (
+        ("5m, latest (raw points)", 300, now, 20),
+        ("5m, 20 days back (one point per 5m step: no P99 possible)", 300, now - 20 * DAY, 20),
+        ("10m, 20 days back (rolled-up points)", 600, now - 20 * DAY, 20),
+        ("all 30 days", days * DAY, now, 1),
+    ):
+
         def p99(end: float = end, span: float = span) -> float | None:
             sig = compute_signals(store.window("t0000", end - span, end, metrics=SIGNAL_METRICS))
             return sig.engines[0].e2e_p99 if sig.engines else None
+
         value = p99()
         ms = _per_call_us(p99, n, 5 if n > 1 else 1) / 1000
-        window_ms = _per_call_us(lambda end=end, span=span: store.window("t0000", end - span, end,
-                                                                         metrics=SIGNAL_METRICS), n,
-                                 5 if n > 1 else 1) / 1000
+        window_ms = (
+            _per_call_us(
+                lambda end=end, span=span: store.window("t0000", end - span, end, metrics=SIGNAL_METRICS),
+                n,
+                5 if n > 1 else 1,
+            )
+            / 1000
+        )
         queries[label] = {"ms": ms, "window_ms": window_ms, "e2e_p99_s": value}
     engine.dispose()
-    return {"days": days, "ingests": n_ingest, "ingest_s": ingest_s, "retention_s": retention_s,
-            "retention_counts": counts, "db_bytes": total, "bytes_per_target_day": total / days,
-            "raw_days": raw_days, "rows": rows, "bytes_per_row": per_row,
-            "bytes_per_raw_day": raw_bytes / raw_days, "bytes_per_rolled_day": old_bytes / (days - raw_days), "queries": queries, "path": str(db)}
+    return {
+        "days": days,
+        "ingests": n_ingest,
+        "ingest_s": ingest_s,
+        "retention_s": retention_s,
+        "retention_counts": counts,
+        "db_bytes": total,
+        "bytes_per_target_day": total / days,
+        "raw_days": raw_days,
+        "rows": rows,
+        "bytes_per_row": per_row,
+        "bytes_per_raw_day": raw_bytes / raw_days,
+        "bytes_per_rolled_day": old_bytes / (days - raw_days),
+        "queries": queries,
+        "path": str(db),
+    }
 
 
 def bench_scrape_loop(fixture: Path, iterations: int = 300, workdir: Path | None = None) -> dict[str, float]:
@@ -191,17 +232,30 @@ def bench_scrape_loop(fixture: Path, iterations: int = 300, workdir: Path | None
 
     tmp = Path(tempfile.mkdtemp(prefix="tuner-bench-loop-", dir=workdir))
     ports = tmp / "ports.txt"
-    farm = subprocess.Popen([sys.executable, str(Path(__file__).parent / "farm.py"), "--targets", "1",
-                             "--fixture", str(fixture), "--ports-file", str(ports)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    farm = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).parent / "farm.py"),
+            "--targets",
+            "1",
+            "--fixture",
+            str(fixture),
+            "--ports-file",
+            str(ports),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(ports.exists, 60, "the farm's ports", proc=farm, every_s=0.05)
         url = f"http://127.0.0.1:{ports.read_text().split()[0]}"
         engine = open_engine(f"sqlite:///{tmp / 'tuner.db'}")
         upgrade(engine)
         store = Store(engine)
-        stages: dict[str, list[float]] = {k: [] for k in ("GET /metrics + /health (one connection)",
-                                                          "read by the layout", "Store.write (batches of 50)")}
+        stages: dict[str, list[float]] = {
+            k: []
+            for k in ("GET /metrics + /health (one connection)", "read by the layout", "Store.write (batches of 50)")
+        }
         layouts = Layouts()
         batch: list[Scraped] = []
         for i in range(iterations):
@@ -210,8 +264,14 @@ def bench_scrape_loop(fixture: Path, iterations: int = 300, workdir: Path | None
                 body = peer.get("/metrics", timeout_s=3, max_bytes=10 * 2**20).body
                 peer.get("/health", timeout_s=3, max_bytes=65536)
             t1 = time.perf_counter()
-            snap = snapshot_from_text(decode_body(body), target="t", ts=1000.0 + 5 * i, duration_s=t1 - t0,
-                                      body_bytes=len(body), layouts=layouts)
+            snap = snapshot_from_text(
+                decode_body(body),
+                target="t",
+                ts=1000.0 + 5 * i,
+                duration_s=t1 - t0,
+                body_bytes=len(body),
+                layouts=layouts,
+            )
             t2 = time.perf_counter()
             batch.append(Scraped(snap, url))
             if len(batch) == 50:

@@ -85,6 +85,7 @@ class FlappingServer:
         def flap() -> None:
             while not self.stop.wait(period_s):
                 self.down = not self.down
+
         threading.Thread(target=flap, daemon=True).start()
 
     def close(self) -> None:
@@ -116,14 +117,21 @@ class Reader(threading.Thread):
     def poll(self, conn: sqlite3.Connection) -> None:
         try:
             conn.execute("BEGIN")  # one snapshot: the scrape rows and their samples committed together
-            rows = conn.execute("SELECT id, target_id, ts_ms FROM scrapes WHERE id > ? AND health != 'down' "
-                                "ORDER BY id", (self.last_scrape_id,)).fetchall()
+            rows = conn.execute(
+                "SELECT id, target_id, ts_ms FROM scrapes WHERE id > ? AND health != 'down' ORDER BY id",
+                (self.last_scrape_id,),
+            ).fetchall()
             found = set()
             for _, target_id, ts_ms in rows:
                 for table in ("samples", "hist_samples"):
-                    found.update((table, sid, ts_ms) for (sid,) in conn.execute(
-                        f"SELECT s.series_id FROM {table} s JOIN series r ON r.id = s.series_id "  # noqa: S608
-                        "WHERE r.target_id = ? AND s.ts_ms = ?", (target_id, ts_ms)))
+                    found.update(
+                        (table, sid, ts_ms)
+                        for (sid,) in conn.execute(
+                            f"SELECT s.series_id FROM {table} s JOIN series r ON r.id = s.series_id "  # noqa: S608
+                            "WHERE r.target_id = ? AND s.ts_ms = ?",
+                            (target_id, ts_ms),
+                        )
+                    )
             conn.execute("COMMIT")
         except sqlite3.OperationalError:  # locked during a checkpoint, or tables not there yet: next time
             conn.rollback()
@@ -163,8 +171,9 @@ def event_chain_faults(db: Path) -> tuple[int, int, dict[str, set[int]]]:
     firings: dict[str, set[int]] = defaultdict(set)
     last: dict[tuple[str, str], tuple[str, str]] = {}
     with sqlite3.connect(db, timeout=30) as conn:
-        rows = conn.execute("SELECT rule, fingerprint, labels, from_state, to_state, ts_ms FROM alert_events "
-                            "ORDER BY id").fetchall()
+        rows = conn.execute(
+            "SELECT rule, fingerprint, labels, from_state, to_state, ts_ms FROM alert_events ORDER BY id"
+        ).fetchall()
     for rule, fp, labels, frm, to, ts in rows:
         prev = last.get((rule, fp))
         expected_from = prev[1] if prev else "inactive"
@@ -215,12 +224,18 @@ class IngestSurface(Surface):
         self.sink = AlertSink()
         targets = {f"replay-{i}": ("vllm", s.url) for i, s in enumerate(self.servers)}
         targets["flappy"] = ("vllm", self.flappy.url)
-        self.tuner = TunerProcess(work, targets, interval="200ms", timeout="1s", rules=RULES,
-                                  alertmanagers=[self.sink.url])
+        self.tuner = TunerProcess(
+            work, targets, interval="200ms", timeout="1s", rules=RULES, alertmanagers=[self.sink.url]
+        )
         self.reader = Reader(self.tuner.db)
         self.reader.start()
-        self.totals = {"samples_seen": 0, "samples_lost": 0, "integrity_failures": 0,
-                       "duplicate_transitions": 0, "missing_transitions": 0}
+        self.totals = {
+            "samples_seen": 0,
+            "samples_lost": 0,
+            "integrity_failures": 0,
+            "duplicate_transitions": 0,
+            "missing_transitions": 0,
+        }
 
     def start(self) -> TunerProcess:
         before = self.reader.scrapes_seen()
@@ -265,13 +280,20 @@ class IngestSurface(Surface):
         notified_lost = sum(len(starts - sent.get(k, set())) for k, starts in firings.items())
         # A start that no firing transition has: the same firing announced again under a new start.
         notified_dup = sum(len(starts - firings.get(k, set())) for k, starts in sent.items())
-        return {"samples_seen": len(self.reader.seen), "samples_lost_total": all_lost,
-                "integrity_failures": self.totals["integrity_failures"] + (integrity(self.tuner.db) != "ok"),
-                "alert_transitions": _count(self.tuner.db, "alert_events"), "firings": firing_count,
-                "duplicate_transitions": dup, "missing_transitions": missing,
-                "firings_not_notified": notified_lost, "firings_notified_twice": notified_dup,
-                "notifications_received": deliveries, "posts_received": len(self.sink.posts),
-                "scrapes_stored": _count(self.tuner.db, "scrapes")}
+        return {
+            "samples_seen": len(self.reader.seen),
+            "samples_lost_total": all_lost,
+            "integrity_failures": self.totals["integrity_failures"] + (integrity(self.tuner.db) != "ok"),
+            "alert_transitions": _count(self.tuner.db, "alert_events"),
+            "firings": firing_count,
+            "duplicate_transitions": dup,
+            "missing_transitions": missing,
+            "firings_not_notified": notified_lost,
+            "firings_notified_twice": notified_dup,
+            "notifications_received": deliveries,
+            "posts_received": len(self.sink.posts),
+            "scrapes_stored": _count(self.tuner.db, "scrapes"),
+        }
 
     def close(self) -> None:
         self.reader.halt.set()
@@ -295,8 +317,9 @@ def _count(db: Path, table: str) -> int:
 SURFACES: dict[str, type] = {"ingest": IngestSurface, "apply": ApplySurface}
 
 
-def run(kills: int, *, seed: int = 1, surface: str = "ingest", work: Path | None = None,
-        max_delay_s: float = 1.5, log=print) -> dict:  # type: ignore[no-untyped-def]
+def run(
+    kills: int, *, seed: int = 1, surface: str = "ingest", work: Path | None = None, max_delay_s: float = 1.5, log=print
+) -> dict:  # type: ignore[no-untyped-def]
     rng = random.Random(seed)
     tmp = None
     if work is None:
@@ -320,8 +343,14 @@ def run(kills: int, *, seed: int = 1, surface: str = "ingest", work: Path | None
             survived += check["integrity_ok"] and not check["lost"]
             if i % 10 == 0 or i == kills or not check["integrity_ok"] or check["lost"]:
                 log(f"kill {i}/{kills}: {check}")
-        result = {"surface": surface, "kills": kills, "kills_survived": survived, "seed": seed, **s.final(),
-                  "seconds": round(time.monotonic() - started, 1)}
+        result = {
+            "surface": surface,
+            "kills": kills,
+            "kills_survived": survived,
+            "seed": seed,
+            **s.final(),
+            "seconds": round(time.monotonic() - started, 1),
+        }
     finally:
         s.close()
         if tmp is not None:
@@ -360,9 +389,16 @@ def main() -> int:
         for surface, counts in fuzzed.items():
             print(f"fuzz {surface}: " + ", ".join(f"{k} {v:g}" for k, v in counts.items()))
         print("\n".join(f"{k}: {v}" for k, v in result.items()))
-    bad = (result["integrity_failures"] or result["samples_lost_total"] or result.get("inconsistent")
-           or result.get("orphans") or result["duplicate_transitions"]
-           or result["missing_transitions"] or result["firings_not_notified"] or result["firings_notified_twice"])
+    bad = (
+        result["integrity_failures"]
+        or result["samples_lost_total"]
+        or result.get("inconsistent")
+        or result.get("orphans")
+        or result["duplicate_transitions"]
+        or result["missing_transitions"]
+        or result["firings_not_notified"]
+        or result["firings_notified_twice"]
+    )
     return 1 if bad else 0
 
 

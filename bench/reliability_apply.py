@@ -74,21 +74,36 @@ class ApplySurface:
             f"  - name: llama\n    backend: llamacpp\n    url: {self.url}\n"
             f"    managed: {{model: '{gguf}', executable: '{binary}', flags: {{parallel: 2, ctx_size: 512}}, "
             "extra_args: {'-t': 1}, drain_timeout: 2s, start_timeout: 60s}\n"
-            "    apply: {observe: 2s, observe_max: 2s, baseline: 30s, min_requests: 0, max_restarts_per_hour: 100000}\n")
+            "    apply: {observe: 2s, observe_max: 2s, baseline: 30s, min_requests: 0, max_restarts_per_hour: 100000}\n"
+        )
         self._cli("db", "upgrade")
         self._cli("managed", "start")
         self.engine = open_engine(f"sqlite:///{self.db}")
         self.log = work / "apply.log"
         self.current: int | None = None
-        self.totals = {"applies_started": 0, "killed_mid_apply": 0, "finished_before_kill": 0, "reconciled": 0,
-                       "inconsistent": 0, "integrity_failures": 0, "orphans": 0, "kept": 0, "rolled_back": 0,
-                       "failed": 0}
+        self.totals = {
+            "applies_started": 0,
+            "killed_mid_apply": 0,
+            "finished_before_kill": 0,
+            "reconciled": 0,
+            "inconsistent": 0,
+            "integrity_failures": 0,
+            "orphans": 0,
+            "kept": 0,
+            "rolled_back": 0,
+            "failed": 0,
+        }
         self.findings: dict[str, int] = {}
 
     def _cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(self.config), "--log-level",
-                               "WARNING", *args], capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, check=False)
+        return subprocess.run(
+            [sys.executable, "-m", "tuner.cli", "--config", str(self.config), "--log-level", "WARNING", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
 
     def _parallel_in_force(self) -> int:
         st = jr.get_managed(self.engine, "llama")
@@ -97,19 +112,45 @@ class ApplySurface:
     def start(self) -> _ApplyProcess:
         new = 3 if self._parallel_in_force() == 2 else 2
         self.current = recs.add_recommendation(
-            self.engine, target="llama", now=time.time(), rules=["kill9"], diff_key=json.dumps({"parallel": new}),
-            diff={"parallel": new}, current={"parallel": 5 - new}, evidence=[], expected_effect="", risk="",
-            confidence=0.9, rank=1, memory_check={"ok": True})
+            self.engine,
+            target="llama",
+            now=time.time(),
+            rules=["kill9"],
+            diff_key=json.dumps({"parallel": new}),
+            diff={"parallel": new},
+            current={"parallel": 5 - new},
+            evidence=[],
+            expected_effect="",
+            risk="",
+            confidence=0.9,
+            rank=1,
+            memory_check={"ok": True},
+        )
         self.totals["applies_started"] += 1
-        proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(self.config), "apply-recommendation",
-                                 str(self.current), "--yes"], stdout=subprocess.DEVNULL,
-                                stderr=open(self.log, "ab"), stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tuner.cli",
+                "--config",
+                str(self.config),
+                "apply-recommendation",
+                str(self.current),
+                "--yes",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.log, "ab"),
+            stdin=subprocess.DEVNULL,
+        )
         # The kill is timed from the moment the apply's entry opens, not from the process start: the interpreter and
         # tuner's imports take 1-3 s depending on the host's load, which pushed every kill of one CI run into the
         # observation (the last step).
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None and not any(
-                a.recommendation_id == self.current for a in jr.list_applies(self.engine, limit=3)):
+        while (
+            time.monotonic() < deadline
+            and proc.poll() is None
+            and not any(a.recommendation_id == self.current for a in jr.list_applies(self.engine, limit=3))
+        ):
             time.sleep(0.02)
         return _ApplyProcess(proc, self.log)
 
@@ -153,21 +194,33 @@ class ApplySurface:
             if servers and proc_argv(servers[0]) != want:
                 problems.append(f"server argv is not the journal's ({a0.outcome})")
             status = recs.get_recommendation(self.engine, self.current).status
-            expected = {"kept": ("applied",), "rolled_back": ("rolled_back", "proposed"),
-                        "inconclusive": ("rolled_back", "proposed"), "failed": ("failed",)}
+            expected = {
+                "kept": ("applied",),
+                "rolled_back": ("rolled_back", "proposed"),
+                "inconclusive": ("rolled_back", "proposed"),
+                "failed": ("failed",),
+            }
             if status not in expected.get(a0.outcome or "", ()):
                 problems.append(f"recommendation {status} after outcome {a0.outcome}")
         if problems:
             self.totals["inconsistent"] += 1
-            print(f"inconsistent: {problems}; reconcile said: {rc.stdout.strip()[-300:]} {rc.stderr.strip()[-300:]}",
-                  file=sys.stderr)
+            print(
+                f"inconsistent: {problems}; reconcile said: {rc.stdout.strip()[-300:]} {rc.stderr.strip()[-300:]}",
+                file=sys.stderr,
+            )
         return {"lost": len(problems), "integrity_ok": int(ok), "was_open": int(was_open)}
 
     def final(self) -> dict[str, object]:
-        return {**self.totals, "killed_at_step": dict(sorted(self.findings.items())),
-                "integrity_failures": self.totals["integrity_failures"], "samples_lost_total": 0,
-                "duplicate_transitions": 0, "missing_transitions": 0, "firings_not_notified": 0,
-                "firings_notified_twice": 0}
+        return {
+            **self.totals,
+            "killed_at_step": dict(sorted(self.findings.items())),
+            "integrity_failures": self.totals["integrity_failures"],
+            "samples_lost_total": 0,
+            "duplicate_transitions": 0,
+            "missing_transitions": 0,
+            "firings_not_notified": 0,
+            "firings_notified_twice": 0,
+        }
 
     def close(self) -> None:
         self._cli("managed", "stop")

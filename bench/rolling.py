@@ -42,29 +42,42 @@ from tuner.store.db import open_engine  # noqa: E402
 
 
 def tuner(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "WARNING", *args],
-                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "WARNING", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def config(work: Path, server: str, model: str, setup: str) -> tuple[Path, int]:
     front = free_port()
     own = free_port() if setup == "bluegreen" else front
-    head = (f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\n"
-            "defaults: {scrape_interval: 1s, scrape_timeout: 1s}\ntargets:\n"
-            f"  - name: chat\n    backend: llamacpp\n    url: http://127.0.0.1:{own}\n")
+    head = (
+        f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\n"
+        "defaults: {scrape_interval: 1s, scrape_timeout: 1s}\ntargets:\n"
+        f"  - name: chat\n    backend: llamacpp\n    url: http://127.0.0.1:{own}\n"
+    )
     if setup == "bluegreen":
-        head += (f"    balancer: {{socket: '{work / 'haproxy.sock'}', backend: chat, server: blue, "
-                 f"frontend: '127.0.0.1:{front}'}}\n")
+        head += (
+            f"    balancer: {{socket: '{work / 'haproxy.sock'}', backend: chat, server: blue, "
+            f"frontend: '127.0.0.1:{front}'}}\n"
+        )
     if setup == "group":
-        head += (f"    balancer: {{socket: '{work / 'haproxy.sock'}', backend: chat}}\n    replicas:\n"
-                 f"      - {{name: r1, url: 'http://127.0.0.1:{free_port()}'}}\n"
-                 f"      - {{name: r2, url: 'http://127.0.0.1:{free_port()}'}}\n")
+        head += (
+            f"    balancer: {{socket: '{work / 'haproxy.sock'}', backend: chat}}\n    replicas:\n"
+            f"      - {{name: r1, url: 'http://127.0.0.1:{free_port()}'}}\n"
+            f"      - {{name: r2, url: 'http://127.0.0.1:{free_port()}'}}\n"
+        )
     cfg = work / "tuner.yaml"
-    cfg.write_text(head + f"    managed:\n      model: {model}\n      executable: {server}\n"
-                   "      flags: {parallel: 2, ctx_size: 1024}\n      extra_args: {'-t': 1}\n"
-                   f"      drain_timeout: 5s\n      log_dir: {work / 'logs'}\n"
-                   "    apply: {observe: 4s, observe_max: 4s, baseline: 10s, on_inconclusive: keep_new, "
-                   "max_restarts_per_hour: 100}\n")
+    cfg.write_text(
+        head + f"    managed:\n      model: {model}\n      executable: {server}\n"
+        "      flags: {parallel: 2, ctx_size: 1024}\n      extra_args: {'-t': 1}\n"
+        f"      drain_timeout: 5s\n      log_dir: {work / 'logs'}\n"
+        "    apply: {observe: 4s, observe_max: 4s, baseline: 10s, on_inconclusive: keep_new, "
+        "max_restarts_per_hour: 100}\n"
+    )
     return cfg, front
 
 
@@ -85,37 +98,70 @@ def measure(work: Path, server: str, model: str, setup: str, applies: int) -> di
     proxy = None
     if setup != "single":
         (work / "haproxy.cfg").write_text(tuner(cfg, "haproxy-config", "chat").stdout)
-        proxy = subprocess.Popen([shutil.which("haproxy") or "/usr/sbin/haproxy", "-db", "-f",
-                                  str(work / "haproxy.cfg")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proxy = subprocess.Popen(
+            [shutil.which("haproxy") or "/usr/sbin/haproxy", "-db", "-f", str(work / "haproxy.cfg")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         lb = HAProxy(str(work / "haproxy.sock"), "chat")
-        wait_for(lambda: (work / "haproxy.sock").exists() and all(s.status == "UP" for s in lb.stats().values()),
-                 30, "the replicas UP in HAProxy", proc=proxy, every_s=0.2)
+        wait_for(
+            lambda: (work / "haproxy.sock").exists() and all(s.status == "UP" for s in lb.stats().values()),
+            30,
+            "the replicas UP in HAProxy",
+            proc=proxy,
+            every_s=0.2,
+        )
     url = f"http://127.0.0.1:{front}"  # HAProxy's frontend, or the single server itself
     engine = open_engine(f"sqlite:///{work / 'tuner.db'}")
     stop, box = threading.Event(), {}
-    load = threading.Thread(target=lambda: box.update(r=run_load(url, model="x", n_requests=10_000, concurrency=3,
-                                                                   prompt_tokens_approx=32, max_tokens=24,
-                                                                   timeout_s=1800, stop=stop)))
+    load = threading.Thread(
+        target=lambda: box.update(
+            r=run_load(
+                url,
+                model="x",
+                n_requests=10_000,
+                concurrency=3,
+                prompt_tokens_approx=32,
+                max_tokens=24,
+                timeout_s=1800,
+                stop=stop,
+            )
+        )
+    )
     load.start()
     time.sleep(3.0)
     rows = []
     try:
         for i in range(applies):
             value = 4 if i % 2 == 0 else 2
-            rid = recs.add_recommendation(engine, target=names[0], now=time.time(), rules=["bench"], diff_key=str(i),
-                                          diff={"parallel": value}, current={"parallel": 6 - value}, evidence=[],
-                                          expected_effect="", risk="", confidence=0.9, rank=1,
-                                          memory_check={"ok": True})
+            rid = recs.add_recommendation(
+                engine,
+                target=names[0],
+                now=time.time(),
+                rules=["bench"],
+                diff_key=str(i),
+                diff={"parallel": value},
+                current={"parallel": 6 - value},
+                evidence=[],
+                expected_effect="",
+                risk="",
+                confidence=0.9,
+                rank=1,
+                memory_check={"ok": True},
+            )
             out = tuner(cfg, "apply-recommendation", str(rid), "--yes", "--json")
             a = json.loads(out.stdout)
             row = {"outcome": a["outcome"], "apply_s": round((ts(a, "healthy") or 0) - ts(a, "planned"), 2)}
             if group:
                 row["replica_s"] = [round((ts(a, "in_rotation", n) or 0) - ts(a, "draining", n), 2) for n in names]
-                row["haproxy_drain_s"] = [round((ts(a, "drained", n) or ts(a, "drain_timeout", n) or 0)
-                                                - ts(a, "draining", n), 2) for n in names]
+                row["haproxy_drain_s"] = [
+                    round((ts(a, "drained", n) or ts(a, "drain_timeout", n) or 0) - ts(a, "draining", n), 2)
+                    for n in names
+                ]
             if setup == "bluegreen":
-                row["spare_up_s"] = round((ts(a, "in_rotation", "chat~spare") or 0) - ts(a, "starting", "chat~spare"),
-                                          2)
+                row["spare_up_s"] = round(
+                    (ts(a, "in_rotation", "chat~spare") or 0) - ts(a, "starting", "chat~spare"), 2
+                )
             rows.append(row)
             time.sleep(2.0)
     finally:
@@ -139,24 +185,35 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="rolling-bench-"))
     print(f"load average {os.getloadavg()[0]:.2f}; workdir {work}", flush=True)
     out = {}
-    for name, setup in (("single llama-server", "single"), ("2 replicas behind HAProxy", "group"),
-                        ("blue/green llama-server behind HAProxy", "bluegreen")):
+    for name, setup in (
+        ("single llama-server", "single"),
+        ("2 replicas behind HAProxy", "group"),
+        ("blue/green llama-server behind HAProxy", "bluegreen"),
+    ):
         group = setup == "group"
         out[name] = measure(work / setup, server, model, setup, args.applies)
         res = out[name]
         applies = res["applies"]
-        print(f"\n{name}: {res['ok']} requests answered, {res['failed']} failed during {len(applies)} applies "
-              f"{res['errors']}")
-        print(f"  apply -> healthy: median {statistics.median(a['apply_s'] for a in applies):.1f}s "
-              f"({', '.join(str(a['apply_s']) for a in applies)}); outcomes {[a['outcome'] for a in applies]}")
+        print(
+            f"\n{name}: {res['ok']} requests answered, {res['failed']} failed during {len(applies)} applies "
+            f"{res['errors']}"
+        )
+        print(
+            f"  apply -> healthy: median {statistics.median(a['apply_s'] for a in applies):.1f}s "
+            f"({', '.join(str(a['apply_s']) for a in applies)}); outcomes {[a['outcome'] for a in applies]}"
+        )
         if group:
             per = [s for a in applies for s in a["replica_s"]]
             drains = [s for a in applies for s in a["haproxy_drain_s"]]
-            print(f"  per replica (drain in HAProxy -> UP again): median {statistics.median(per):.1f}s; "
-                  f"HAProxy drain until idle: median {statistics.median(drains):.2f}s")
+            print(
+                f"  per replica (drain in HAProxy -> UP again): median {statistics.median(per):.1f}s; "
+                f"HAProxy drain until idle: median {statistics.median(drains):.2f}s"
+            )
         if setup == "bluegreen":
-            print(f"  the spare's start until UP in HAProxy: median "
-                  f"{statistics.median(a['spare_up_s'] for a in applies):.1f}s")
+            print(
+                f"  the spare's start until UP in HAProxy: median "
+                f"{statistics.median(a['spare_up_s'] for a in applies):.1f}s"
+            )
     print(f"\nload average {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -34,10 +34,11 @@ PROMETHEUS = os.environ.get("PROMETHEUS", "prometheus")
 
 # ---- /proc ---------------------------------------------------------------------------------------
 
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime + cutime + cstime of ``pid`` (its own CPU and its waited-for children's)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLK_TCK
 
 
@@ -54,6 +55,7 @@ def loadavg() -> str:
 
 # ---- processes -----------------------------------------------------------------------------------
 
+
 @dataclass
 class Procs:
     """Every process the bench started; ``stop_all`` ends them (SIGTERM, then SIGKILL) by pid."""
@@ -63,8 +65,9 @@ class Procs:
 
     def start(self, argv: list[str], log: Path, **kw: object) -> subprocess.Popen:
         with open(log, "wb") as out:
-            p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, **kw)  # type: ignore[call-overload]
+            p = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, **kw
+            )  # type: ignore[call-overload]
         self.started.append(p)
         if self.pidfile:
             self.pidfile.write_text("".join(f"{q.pid}\n" for q in self.started))
@@ -103,13 +106,13 @@ def answers(url: str) -> bool:
 
 # ---- what each scraper reports -------------------------------------------------------------------
 
+
 def prom_metrics(port: int) -> dict[str, float]:
     """Prometheus's own /metrics, flattened to ``name{labels}`` -> value."""
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(get(f"http://127.0.0.1:{port}/metrics").decode()):
         for s in fam.samples:
-            key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
-                            if s.labels else "")
+            key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}" if s.labels else "")
             out[key] = float(s.value)
     return out
 
@@ -150,27 +153,44 @@ def tuner_db_counts(db: Path, lo_ms: int, hi_ms: int, interval_ms: int) -> dict[
         plain = q("SELECT COUNT(*) FROM samples WHERE ts_ms >= ? AND ts_ms < ?")
         hist = q("SELECT COUNT(*) FROM hist_samples WHERE ts_ms >= ? AND ts_ms < ?")
         # A histogram row holds every bucket plus count and sum: count them as Prometheus would.
-        buckets = q("SELECT COALESCE(SUM(json_array_length(r.bounds) + 2), 0) FROM hist_samples h "
-                    "JOIN series r ON r.id = h.series_id WHERE h.ts_ms >= ? AND h.ts_ms < ?")
+        buckets = q(
+            "SELECT COALESCE(SUM(json_array_length(r.bounds) + 2), 0) FROM hist_samples h "
+            "JOIN series r ON r.id = h.series_id WHERE h.ts_ms >= ? AND h.ts_ms < ?"
+        )
         ok = q("SELECT COUNT(*) FROM scrapes WHERE health != 'down' AND ts_ms >= ? AND ts_ms < ?")
         failed = q("SELECT COUNT(*) FROM scrapes WHERE health = 'down' AND ts_ms >= ? AND ts_ms < ?")
-        gaps = [r[0] for r in con.execute(
-            "SELECT ts_ms - LAG(ts_ms) OVER (PARTITION BY target_id ORDER BY ts_ms) FROM scrapes "
-            "WHERE ts_ms >= ? AND ts_ms < ?", (lo_ms, hi_ms)) if r[0] is not None]
+        gaps = [
+            r[0]
+            for r in con.execute(
+                "SELECT ts_ms - LAG(ts_ms) OVER (PARTITION BY target_id ORDER BY ts_ms) FROM scrapes "
+                "WHERE ts_ms >= ? AND ts_ms < ?",
+                (lo_ms, hi_ms),
+            )
+            if r[0] is not None
+        ]
         # Lateness against each target's own schedule: its least-late scrape in the run sets the phase.
         by_target: dict[int, list[int]] = {}
-        for tid, ts in con.execute("SELECT target_id, ts_ms FROM scrapes WHERE ts_ms >= ? - ? AND ts_ms < ?",
-                                   (lo_ms, 600_000, hi_ms)):
+        for tid, ts in con.execute(
+            "SELECT target_id, ts_ms FROM scrapes WHERE ts_ms >= ? - ? AND ts_ms < ?", (lo_ms, 600_000, hi_ms)
+        ):
             by_target.setdefault(tid, []).append(ts)
         late = []
         for stamps in by_target.values():
             late += [d for ts, d in zip(stamps, lateness_ms(stamps, interval_ms)) if ts >= lo_ms]
-        durations = sorted(r[0] for r in con.execute(
-            "SELECT duration_s FROM scrapes WHERE ts_ms >= ? AND ts_ms < ?", (lo_ms, hi_ms)))
+        durations = sorted(
+            r[0] for r in con.execute("SELECT duration_s FROM scrapes WHERE ts_ms >= ? AND ts_ms < ?", (lo_ms, hi_ms))
+        )
     finally:
         con.close()
-    return {"rows": plain + hist, "values": plain + buckets, "ok": ok, "failed": failed,
-            "gaps_ms": sorted(gaps), "durations": durations, "late_ms": sorted(late)}  # type: ignore[dict-item]
+    return {
+        "rows": plain + hist,
+        "values": plain + buckets,
+        "ok": ok,
+        "failed": failed,
+        "gaps_ms": sorted(gaps),
+        "durations": durations,
+        "late_ms": sorted(late),
+    }  # type: ignore[dict-item]
 
 
 def quantile(xs: list[float], q: float) -> float | None:
@@ -179,60 +199,111 @@ def quantile(xs: list[float], q: float) -> float | None:
 
 # ---- one run -------------------------------------------------------------------------------------
 
-def run_one(n: int, interval_s: float, duration_s: float, fixture: Path, work: Path,
-            procs: Procs, profile: bool = False, signals: bool = True, source: str = "direct",
-            warmup_s: float | None = None) -> dict[str, object]:
+
+def run_one(
+    n: int,
+    interval_s: float,
+    duration_s: float,
+    fixture: Path,
+    work: Path,
+    procs: Procs,
+    profile: bool = False,
+    signals: bool = True,
+    source: str = "direct",
+    warmup_s: float | None = None,
+) -> dict[str, object]:
     """tuner and Prometheus over the same ``n`` endpoints. ``source="prometheus"``: tuner reads every target
     from that Prometheus instead (the fleet path), and after the run both ways of reading it are timed in this
     process: the whole fleet in one call (what the daemon does) and one target at a time."""
     work.mkdir(parents=True, exist_ok=True)
     ports_file = work / "ports.txt"
     farm_log = work / "farm.log"
-    farm = procs.start([sys.executable, str(ROOT / "bench" / "farm.py"), "--targets", str(n),
-                        "--fixture", str(fixture), "--ports-file", str(ports_file)], farm_log)
+    farm = procs.start(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "farm.py"),
+            "--targets",
+            str(n),
+            "--fixture",
+            str(fixture),
+            "--ports-file",
+            str(ports_file),
+        ],
+        farm_log,
+    )
     wait_for(ports_file.exists, 120, "the farm's ports", proc=farm, log=farm_log, every_s=0.2)
     ports = ports_file.read_text().split()
 
     timeout_s = min(3.0, interval_s)
     tuner_port, prom_port = free_port(), free_port()
     db = work / "tuner.db"
-    cfg = {"store": {"url": f"sqlite:///{db}"}, "listen": f"127.0.0.1:{tuner_port}",
-           "gpu": {"source": "none"},
-           "defaults": {"scrape_interval": f"{interval_s:g}s", "scrape_timeout": f"{timeout_s:g}s"},
-           "targets": [{"name": f"t{i:04d}", "backend": "vllm", "url": f"http://127.0.0.1:{p}"}
-                       for i, p in enumerate(ports)]}
+    cfg = {
+        "store": {"url": f"sqlite:///{db}"},
+        "listen": f"127.0.0.1:{tuner_port}",
+        "gpu": {"source": "none"},
+        "defaults": {"scrape_interval": f"{interval_s:g}s", "scrape_timeout": f"{timeout_s:g}s"},
+        "targets": [
+            {"name": f"t{i:04d}", "backend": "vllm", "url": f"http://127.0.0.1:{p}"} for i, p in enumerate(ports)
+        ],
+    }
     if source == "prometheus":
         cfg["prometheus"] = {"url": f"http://127.0.0.1:{prom_port}"}
         for t in cfg["targets"]:  # type: ignore[union-attr]
             t["source"] = "prometheus"  # type: ignore[index]
     (work / "tuner.yaml").write_text(json.dumps(cfg, indent=1))  # JSON is YAML
     tuner_bin = str(Path(sys.executable).parent / "tuner")
-    subprocess.run([tuner_bin, "--config", str(work / "tuner.yaml"), "db", "upgrade"], check=True,
-                   capture_output=True)
+    subprocess.run([tuner_bin, "--config", str(work / "tuner.yaml"), "db", "upgrade"], check=True, capture_output=True)
     # Each series carries its target's name, as the exported rules expect. Where tuner evaluates its rules,
     # Prometheus evaluates the same pack (`tuner alerts export`) on the same interval: the same work each side.
     prom_cfg: dict[str, object] = {
         "global": {"scrape_interval": f"{interval_s:g}s", "scrape_timeout": f"{timeout_s:g}s"},
-        "scrape_configs": [{"job_name": "vllm",
-                            "static_configs": [{"targets": [f"127.0.0.1:{p}"], "labels": {"target": f"t{i:04d}"}}
-                                               for i, p in enumerate(ports)]}]}
+        "scrape_configs": [
+            {
+                "job_name": "vllm",
+                "static_configs": [
+                    {"targets": [f"127.0.0.1:{p}"], "labels": {"target": f"t{i:04d}"}} for i, p in enumerate(ports)
+                ],
+            }
+        ],
+    }
     if signals and source == "direct":
-        subprocess.run([tuner_bin, "--config", str(work / "tuner.yaml"), "alerts", "export", "-o",
-                        str(work / "prom-rules.yml")], check=True, capture_output=True)
+        subprocess.run(
+            [tuner_bin, "--config", str(work / "tuner.yaml"), "alerts", "export", "-o", str(work / "prom-rules.yml")],
+            check=True,
+            capture_output=True,
+        )
         prom_cfg["global"]["evaluation_interval"] = "15s"  # type: ignore[index]  # tuner's default
         prom_cfg["rule_files"] = [str(work / "prom-rules.yml")]
     (work / "prometheus.yml").write_text(json.dumps(prom_cfg, indent=1))
     tuner_log, prom_log = work / "tuner.log", work / "prometheus.log"
     tuner_argv = [tuner_bin] if signals else [sys.executable, str(ROOT / "bench" / "tuner_nosignals.py")]
-    tuner = procs.start([*tuner_argv, "--config", str(work / "tuner.yaml"), "--log-level", "WARNING", "run"],
-                        tuner_log)
-    prom = procs.start([PROMETHEUS, f"--config.file={work / 'prometheus.yml'}",
-                        f"--storage.tsdb.path={work / 'prom-data'}",
-                        f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"], prom_log)
-    wait_for(lambda: answers(f"http://127.0.0.1:{tuner_port}/metrics"), 120, "tuner's /metrics", proc=tuner,
-             log=tuner_log, every_s=0.2)
-    wait_for(lambda: answers(f"http://127.0.0.1:{prom_port}/-/ready"), 120, "prometheus to be ready", proc=prom,
-             log=prom_log, every_s=0.2)
+    tuner = procs.start([*tuner_argv, "--config", str(work / "tuner.yaml"), "--log-level", "WARNING", "run"], tuner_log)
+    prom = procs.start(
+        [
+            PROMETHEUS,
+            f"--config.file={work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={work / 'prom-data'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+            "--log.level=warn",
+        ],
+        prom_log,
+    )
+    wait_for(
+        lambda: answers(f"http://127.0.0.1:{tuner_port}/metrics"),
+        120,
+        "tuner's /metrics",
+        proc=tuner,
+        log=tuner_log,
+        every_s=0.2,
+    )
+    wait_for(
+        lambda: answers(f"http://127.0.0.1:{prom_port}/-/ready"),
+        120,
+        "prometheus to be ready",
+        proc=prom,
+        log=prom_log,
+        every_s=0.2,
+    )
     # Both spread first scrapes over one interval: measure from the second interval on (or after ``warmup_s``:
     # tuner's alert rules read up to 5 minutes of history each evaluation, so their cost grows until it is there).
     warmup_s = interval_s * 1.5 if warmup_s is None else max(warmup_s, interval_s * 1.5)
@@ -273,28 +344,49 @@ def run_one(n: int, interval_s: float, duration_s: float, fixture: Path, work: P
     tdb = tuner_db_counts(db, int(t0 * 1000), int(t1 * 1000), int(interval_s * 1000))
     late = [x / 1000 for x in tdb["late_ms"]]  # type: ignore[union-attr]
     gaps = [g / 1000 - interval_s for g in tdb["gaps_ms"]]  # type: ignore[union-attr]
-    prom_samples = (m1["prometheus_tsdb_head_samples_appended_total{type=float}"]
-                    - m0["prometheus_tsdb_head_samples_appended_total{type=float}"]) \
-        if "prometheus_tsdb_head_samples_appended_total{type=float}" in m1 else \
-        m1["prometheus_tsdb_head_samples_appended_total"] - m0["prometheus_tsdb_head_samples_appended_total"]
+    prom_samples = (
+        (
+            m1["prometheus_tsdb_head_samples_appended_total{type=float}"]
+            - m0["prometheus_tsdb_head_samples_appended_total{type=float}"]
+        )
+        if "prometheus_tsdb_head_samples_appended_total{type=float}" in m1
+        else m1["prometheus_tsdb_head_samples_appended_total"] - m0["prometheus_tsdb_head_samples_appended_total"]
+    )
     tuner_scrapes = tdb["ok"]
     spy_out = work / "tuner.pyspy.txt"
     return {
         "profile": profile_summary(spy_out) if profile and spy_out.exists() else [],
-        "targets": n, "signals": signals, "source": source, "reads": reads, "interval_s": interval_s,
-        "warmup_s": warmup_s, "elapsed_s": elapsed, "scheduled": scheduled,
-        "load_start": load_start, "load_end": load_end,
-        "cpu_s": {k: c1[k] - c0[k] for k in pids}, "peak_rss": rss,
-        "tuner": {"scrapes_ok": tuner_scrapes, "scrapes_failed": tdb["failed"], "rows": tdb["rows"],
-                  "values": tdb["values"],
-                  "lag_p50_s": quantile(gaps, 0.5), "lag_p99_s": quantile(gaps, 0.99),
-                  "lag_max_s": gaps[-1] if gaps else None,
-                  "late_p50_s": quantile(late, 0.5), "late_p99_s": quantile(late, 0.99),
-                  "duration_p99_s": quantile(tdb["durations"], 0.99)},  # type: ignore[arg-type]
-        "prometheus": {"scrapes_ok": prom_scrapes, "samples": prom_samples,
-                       "lag_p50_s": (m1.get(q50, float("nan")) - interval_s),
-                       "lag_p99_s": (m1.get(q99, float("nan")) - interval_s),
-                       "duration_p99_s": prom_dur},
+        "targets": n,
+        "signals": signals,
+        "source": source,
+        "reads": reads,
+        "interval_s": interval_s,
+        "warmup_s": warmup_s,
+        "elapsed_s": elapsed,
+        "scheduled": scheduled,
+        "load_start": load_start,
+        "load_end": load_end,
+        "cpu_s": {k: c1[k] - c0[k] for k in pids},
+        "peak_rss": rss,
+        "tuner": {
+            "scrapes_ok": tuner_scrapes,
+            "scrapes_failed": tdb["failed"],
+            "rows": tdb["rows"],
+            "values": tdb["values"],
+            "lag_p50_s": quantile(gaps, 0.5),
+            "lag_p99_s": quantile(gaps, 0.99),
+            "lag_max_s": gaps[-1] if gaps else None,
+            "late_p50_s": quantile(late, 0.5),
+            "late_p99_s": quantile(late, 0.99),
+            "duration_p99_s": quantile(tdb["durations"], 0.99),
+        },  # type: ignore[arg-type]
+        "prometheus": {
+            "scrapes_ok": prom_scrapes,
+            "samples": prom_samples,
+            "lag_p50_s": (m1.get(q50, float("nan")) - interval_s),
+            "lag_p99_s": (m1.get(q99, float("nan")) - interval_s),
+            "duration_p99_s": prom_dur,
+        },
     }
 
 
@@ -308,9 +400,10 @@ def read_costs(config: Path, prom_pid: int, rounds: int = 3, alone: int = 50) ->
     assert cfg.prometheus is not None
     url, targets = cfg.prometheus.url, list(cfg.targets)
     out: dict[str, float] = {}
-    for label, calls in (("fleet", [lambda: scrape_fleet(url, targets, timeout_s=60)] * rounds),
-                         ("alone", [lambda t=t: scrape_via_prometheus(url, t, timeout_s=60)
-                                    for t in targets[:alone]])):
+    for label, calls in (
+        ("fleet", [lambda: scrape_fleet(url, targets, timeout_s=60)] * rounds),
+        ("alone", [lambda t=t: scrape_via_prometheus(url, t, timeout_s=60) for t in targets[:alone]]),
+    ):
         n = len(targets) * rounds if label == "fleet" else min(alone, len(targets))
         c0, p0, w0 = time.process_time(), cpu_seconds(prom_pid), time.monotonic()
         for call in calls:
@@ -361,8 +454,25 @@ def start_profiler(pid: int, seconds: float, out: Path, procs: Procs) -> subproc
     spy = Path(sys.executable).parent / "py-spy"
     if not spy.exists():
         return None
-    return procs.start([str(spy), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "50",
-                        # --gil: only the thread holding the GIL, i.e. where tuner's Python CPU goes. In
-                        # --nonblocking mode py-spy cannot ask the OS which threads run, and its heuristic
-                        # counts threads blocked on a lock or a socket as busy (py-spy issue #480).
-                        "--gil", "--nonblocking", "--format", "raw", "--output", str(out)], out.with_suffix(".log"))
+    return procs.start(
+        [
+            str(spy),
+            "record",
+            "--pid",
+            str(pid),
+            "--duration",
+            str(int(seconds)),
+            "--rate",
+            "50",
+            # --gil: only the thread holding the GIL, i.e. where tuner's Python CPU goes. In
+            # --nonblocking mode py-spy cannot ask the OS which threads run, and its heuristic
+            # counts threads blocked on a lock or a socket as busy (py-spy issue #480).
+            "--gil",
+            "--nonblocking",
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+        ],
+        out.with_suffix(".log"),
+    )

@@ -71,8 +71,19 @@ RETENTION = {"raw": "10m", "rollup": "20m", "rollup_step": "1m"}
 RETENTION_EVERY_MIN = 10
 RESEND_S = 60.0  # alerting.resend_delay
 NOTIFY_TIMEOUT_S = 5.0  # tuner's POST to Alertmanager gives up after this (tuner/notify/alertmanager.py)  # the daemon's retention job runs this often (tuner/daemon/jobs.py)
-TABLES = ("samples", "hist_samples", "scrapes", "series", "engine_configs", "alert_events", "alert_states",
-          "alert_outbox", "applies", "apply_steps", "recommendations")
+TABLES = (
+    "samples",
+    "hist_samples",
+    "scrapes",
+    "series",
+    "engine_configs",
+    "alert_events",
+    "alert_states",
+    "alert_outbox",
+    "applies",
+    "apply_steps",
+    "recommendations",
+)
 
 GOOD_RULES = """groups:
   - name: soak
@@ -107,6 +118,7 @@ with open(sys.argv[1], "a") as f:
 
 
 # ---- the parts ----------------------------------------------------------------------------------------------------
+
 
 class Proxy:
     """Between tuner and Alertmanager: forwards each POST and keeps, for every body Alertmanager accepted (2xx), its
@@ -198,10 +210,20 @@ class Alertmanager:
         self.received = 0.0  # alertmanager_alerts_received_total over every life, read before each stop
         self.starts = 0
         home.mkdir(parents=True, exist_ok=True)
-        (home / "am.yml").write_text(json.dumps({
-            "route": {"receiver": "hook", "group_by": ["alertname", "target"], "group_wait": "1s",
-                      "group_interval": "5s", "repeat_interval": "1h"},
-            "receivers": [{"name": "hook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}]}))
+        (home / "am.yml").write_text(
+            json.dumps(
+                {
+                    "route": {
+                        "receiver": "hook",
+                        "group_by": ["alertname", "target"],
+                        "group_wait": "1s",
+                        "group_interval": "5s",
+                        "repeat_interval": "1h",
+                    },
+                    "receivers": [{"name": "hook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
+                }
+            )
+        )
 
     def _get(self, path: str) -> tuple[int, bytes] | None:
         try:
@@ -216,19 +238,37 @@ class Alertmanager:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["nice", "-n", "5", ALERTMANAGER, f"--config.file={self.home / 'am.yml'}",
-             f"--storage.path={self.home / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
-             "--cluster.listen-address="], stdout=open(self.home / "am.log", "ab"), stderr=subprocess.STDOUT)
-        wait_for(lambda: (self._get("/-/ready") or (0, b""))[0] == 200, 60, "Alertmanager ready", proc=self.proc,
-                 log=self.home / "am.log")
+            [
+                "nice",
+                "-n",
+                "5",
+                ALERTMANAGER,
+                f"--config.file={self.home / 'am.yml'}",
+                f"--storage.path={self.home / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--cluster.listen-address=",
+            ],
+            stdout=open(self.home / "am.log", "ab"),
+            stderr=subprocess.STDOUT,
+        )
+        wait_for(
+            lambda: (self._get("/-/ready") or (0, b""))[0] == 200,
+            60,
+            "Alertmanager ready",
+            proc=self.proc,
+            log=self.home / "am.log",
+        )
         self.starts += 1
 
     def received_now(self) -> float:
         got = self._get("/metrics")
         if got is None:
             return 0.0
-        return sum(float(line.rsplit(" ", 1)[1]) for line in got[1].decode().splitlines()
-                   if line.startswith("alertmanager_alerts_received_total"))
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in got[1].decode().splitlines()
+            if line.startswith("alertmanager_alerts_received_total")
+        )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -286,6 +326,7 @@ def sent_against_queued(accepted: dict[str, int], queued: dict[str, int]) -> tup
 
 
 # ---- what is measured, and the verdicts over it --------------------------------------------------------------------
+
 
 @dataclass
 class Race:
@@ -347,11 +388,13 @@ def double_applies(races: list[Race], hook_runs: list[dict], applies: list[jr.St
             by_rec[a.recommendation_id] = by_rec.get(a.recommendation_id, 0) + 1
     spans = [(a.created_ms / 1000, a.updated_ms / 1000 if a.state == "done" else float("inf")) for a in applies]
     journaled_hooks = sum(1 for a in applies for s in a.steps if s["step"] == "hook")
-    return {"races with two 202s": sum(1 for r in races if r.statuses.count(202) > 1),
-            "hook runs overlapping another": overlapping([(h["start"], h["end"]) for h in hook_runs]),
-            "recommendations applied twice": sum(1 for n in by_rec.values() if n > 1),
-            "applies overlapping another in the journal": overlapping(spans),
-            "hook runs the journal does not hold": max(0, len(hook_runs) - journaled_hooks)}
+    return {
+        "races with two 202s": sum(1 for r in races if r.statuses.count(202) > 1),
+        "hook runs overlapping another": overlapping([(h["start"], h["end"]) for h in hook_runs]),
+        "recommendations applied twice": sum(1 for n in by_rec.values() if n > 1),
+        "applies overlapping another in the journal": overlapping(spans),
+        "hook runs the journal does not hold": max(0, len(hook_runs) - journaled_hooks),
+    }
 
 
 def flat(samples: list[Sample], settle_min: float, *, tolerance: float = 0.10) -> dict[str, tuple[float, float, bool]]:
@@ -365,8 +408,10 @@ def flat(samples: list[Sample], settle_min: float, *, tolerance: float = 0.10) -
     before, last = [s for s in settled if s.minute < mid], [s for s in settled if s.minute >= mid]
     out = {}
     for key in ("file_bytes", *TABLES):
+
         def value(s: Sample, key: str = key) -> float:
             return float(s.file_bytes if key == "file_bytes" else s.rows.get(key, 0))
+
         a, b = max(map(value, before)), max(map(value, last))
         out[key] = (a, b, b <= (1 + tolerance) * a + 64)  # + 64: a table of a few rows may hold a few more
     return out
@@ -383,25 +428,41 @@ def _ts(text: Any) -> float | None:
 
 # ---- the run ------------------------------------------------------------------------------------------------------
 
+
 def _config(work: Path, ports: list[int], am_url: str, listen: int, hook_log: Path) -> Path:
     hook = [sys.executable, str(work / "hook.py"), str(hook_log), "{target}", "{flags}"]
-    lines = [f"store: {{url: 'sqlite:///{work / 'tuner.db'}', retention: {json.dumps(RETENTION)}}}",
-             f"listen: 127.0.0.1:{listen}",
-             "defaults: {scrape_interval: 5s, scrape_timeout: 3s}",
-             "gpu: {source: none}",
-             f"api: {{token_file: '{work / 'token'}'}}",
-             "alerting: " + json.dumps({"rule_files": [str(ROOT / "alerts" / "default.yaml"), "rules.yaml"],
-                                        "evaluation_interval": "15s", "resend_delay": f"{RESEND_S:g}s",
-                                        "alertmanagers": [am_url]}),
-             "targets:"]
+    lines = [
+        f"store: {{url: 'sqlite:///{work / 'tuner.db'}', retention: {json.dumps(RETENTION)}}}",
+        f"listen: 127.0.0.1:{listen}",
+        "defaults: {scrape_interval: 5s, scrape_timeout: 3s}",
+        "gpu: {source: none}",
+        f"api: {{token_file: '{work / 'token'}'}}",
+        "alerting: "
+        + json.dumps(
+            {
+                "rule_files": [str(ROOT / "alerts" / "default.yaml"), "rules.yaml"],
+                "evaluation_interval": "15s",
+                "resend_delay": f"{RESEND_S:g}s",
+                "alertmanagers": [am_url],
+            }
+        ),
+        "targets:",
+    ]
     for i, port in enumerate(ports):
         name = f"soak-{i:02d}"
         lines.append(f"  - {{name: {name}, backend: vllm, url: 'http://127.0.0.1:{port}', flags: {{max-num-seqs: 4}}")
         if name == APPLY_TARGET:
-            lines[-1] += (", apply: " + json.dumps({
-                "hook": {"command": hook, "timeout": "1m"}, "baseline": "1m", "observe": "40s",
-                "observe_max": "40s", "on_inconclusive": "keep", "min_requests": 0,
-                "max_restarts_per_hour": 1000}))
+            lines[-1] += ", apply: " + json.dumps(
+                {
+                    "hook": {"command": hook, "timeout": "1m"},
+                    "baseline": "1m",
+                    "observe": "40s",
+                    "observe_max": "40s",
+                    "on_inconclusive": "keep",
+                    "min_requests": 0,
+                    "max_restarts_per_hour": 1000,
+                }
+            )
         lines[-1] += "}"
     (work / "token").write_text(TOKEN + "\n")
     os.chmod(work / "token", 0o600)
@@ -413,8 +474,13 @@ def _config(work: Path, ports: list[int], am_url: str, listen: int, hook_log: Pa
 
 
 def _tuner(*args: str, cfg: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(cfg), *args], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "--config", str(cfg), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def _metric(port: int, name: str, **labels: str) -> float | None | bool:
@@ -428,7 +494,7 @@ def _metric(port: int, name: str, **labels: str) -> float | None | bool:
         return False
     want = [f'{k}="{v}"' for k, v in labels.items()]
     for line in text.splitlines():
-        if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " ") and all(w in line for w in want):
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " ") and all(w in line for w in want):
             return float(line.rsplit(" ", 1)[1])
     return None
 
@@ -453,13 +519,26 @@ def race(engine: Any, cfg: Any, port: int, minute: float) -> Race:
     now_flags = flags_in_force(engine, t)
     cur = int(now_flags.get("max_num_seqs", 4))
     diff = {"max_num_seqs": 8 if cur == 4 else 4}
-    rec_id = recs.add_recommendation(engine, target=APPLY_TARGET, now=time.time(), rules=["soak"],
-                                      diff_key=json.dumps(diff, sort_keys=True), diff=diff,
-                                      current={"max_num_seqs": cur}, evidence=[], expected_effect="soak",
-                                      risk="none", confidence=0.9, rank=1, memory_check={"ok": True})
+    rec_id = recs.add_recommendation(
+        engine,
+        target=APPLY_TARGET,
+        now=time.time(),
+        rules=["soak"],
+        diff_key=json.dumps(diff, sort_keys=True),
+        diff=diff,
+        current={"max_num_seqs": cur},
+        evidence=[],
+        expected_effect="soak",
+        risk="none",
+        confidence=0.9,
+        rank=1,
+        memory_check={"ok": True},
+    )
     barrier, out = threading.Barrier(2), [(0, ""), (0, "")]
-    threads = [threading.Thread(target=_post, args=(port, f"/api/v1/recommendations/{rec_id}/apply", barrier, out, i))
-               for i in range(2)]
+    threads = [
+        threading.Thread(target=_post, args=(port, f"/api/v1/recommendations/{rec_id}/apply", barrier, out, i))
+        for i in range(2)
+    ]
     for th in threads:
         th.start()
     for th in threads:
@@ -475,8 +554,11 @@ def sample(db: Path, pid: int, port: int, minute: float) -> Sample:
     finally:
         conn.close()
     try:
-        rss = next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                   if line.startswith("VmRSS:"))
+        rss = next(
+            int(line.split()[1]) * 1024
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            if line.startswith("VmRSS:")
+        )
     except (OSError, StopIteration):
         rss = 0
     queued = _metric(port, "tuner_alert_notifications_queued")
@@ -489,7 +571,8 @@ def read_transitions(db: Path, soak: Soak) -> None:
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
     try:
         for eid, labels, frm, to, ts in conn.execute(
-                "SELECT id, labels, from_state, to_state, ts_ms FROM alert_events WHERE id > ? ORDER BY id", (last,)):
+            "SELECT id, labels, from_state, to_state, ts_ms FROM alert_events WHERE id > ? ORDER BY id", (last,)
+        ):
             soak.transitions[eid] = (json.dumps(json.loads(labels), sort_keys=True), frm, to, ts)
     finally:
         conn.close()
@@ -499,10 +582,25 @@ def run(args: argparse.Namespace, work: Path) -> tuple[Soak, dict[str, Any]]:
     soak = Soak()
     started = time.time()
     ports_file = work / "ports.txt"
-    farm = subprocess.Popen(["nice", "-n", "5", sys.executable, str(ROOT / "bench" / "farm.py"), "--targets",
-                             str(args.targets), "--fixture", str(FIXTURE), "--ports-file", str(ports_file),
-                             "--churn", str(args.churn)], stdout=subprocess.DEVNULL,
-                            stderr=open(work / "farm.log", "ab"))
+    farm = subprocess.Popen(
+        [
+            "nice",
+            "-n",
+            "5",
+            sys.executable,
+            str(ROOT / "bench" / "farm.py"),
+            "--targets",
+            str(args.targets),
+            "--fixture",
+            str(FIXTURE),
+            "--ports-file",
+            str(ports_file),
+            "--churn",
+            str(args.churn),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(work / "farm.log", "ab"),
+    )
     webhook = Webhook()
     am = Alertmanager(work / "am", webhook.url)
     proxy = Proxy(am.port)
@@ -523,11 +621,15 @@ def run(args: argparse.Namespace, work: Path) -> tuple[Soak, dict[str, Any]]:
         am.start()
 
         def start_tuner() -> subprocess.Popen:
-            proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(cfg_path), "run"],
-                                    stdout=subprocess.DEVNULL, stderr=open(log, "ab"),
-                                    env={**os.environ, "PYTHONPATH": str(ROOT)})
-            wait_for(lambda: _metric(listen, "tuner_scrapes_total") is not False, 120, "tuner's /metrics",
-                     proc=proc, log=log)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tuner.cli", "--config", str(cfg_path), "run"],
+                stdout=subprocess.DEVNULL,
+                stderr=open(log, "ab"),
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
+            wait_for(
+                lambda: _metric(listen, "tuner_scrapes_total") is not False, 120, "tuner's /metrics", proc=proc, log=log
+            )
             return proc
 
         tuner = start_tuner()
@@ -543,8 +645,10 @@ def run(args: argparse.Namespace, work: Path) -> tuple[Soak, dict[str, Any]]:
             now = time.monotonic()
             minute = (now - t0) / 60
             if tuner.poll() is not None:
-                soak.crashes.append(f"minute {minute:.1f}: exited {tuner.returncode}: "
-                                    + " | ".join(log.read_text(errors="replace").splitlines()[-3:]))
+                soak.crashes.append(
+                    f"minute {minute:.1f}: exited {tuner.returncode}: "
+                    + " | ".join(log.read_text(errors="replace").splitlines()[-3:])
+                )
                 print(f"  CRASH {soak.crashes[-1]}", flush=True)
                 tuner = start_tuner()
             if now >= next_am:
@@ -584,10 +688,13 @@ def run(args: argparse.Namespace, work: Path) -> tuple[Soak, dict[str, Any]]:
                 drain_audit(work / "tuner.db", queued)
                 soak.samples.append(s)
                 r = soak.races[-1].statuses if soak.races else []
-                print(f"  min {minute:5.1f}: store {s.file_bytes / 2**20:6.1f} MiB, samples {s.rows['samples']:,}, "
-                      f"series {s.rows['series']:,}, outbox {s.outbox}, rss {s.rss_bytes / 2**20:.0f} MiB, "
-                      f"AM {'up' if am.up else 'down'}, last race {r}, reloads ok "
-                      f"{sum(x.ok for x in soak.reloads)}/{len(soak.reloads)}", flush=True)
+                print(
+                    f"  min {minute:5.1f}: store {s.file_bytes / 2**20:6.1f} MiB, samples {s.rows['samples']:,}, "
+                    f"series {s.rows['series']:,}, outbox {s.outbox}, rss {s.rss_bytes / 2**20:.0f} MiB, "
+                    f"AM {'up' if am.up else 'down'}, last race {r}, reloads ok "
+                    f"{sum(x.ok for x in soak.reloads)}/{len(soak.reloads)}",
+                    flush=True,
+                )
                 next_sample += 60
             time.sleep(0.5)
         # the end: Alertmanager up until tuner's outbox is empty, then a clean stop
@@ -595,8 +702,14 @@ def run(args: argparse.Namespace, work: Path) -> tuple[Soak, dict[str, Any]]:
             am.start()
         drained = True
         try:
-            wait_for(lambda: _metric(listen, "tuner_alert_notifications_queued") == 0.0, 600, "the outbox drained",
-                     proc=tuner, log=log, every_s=1.0)
+            wait_for(
+                lambda: _metric(listen, "tuner_alert_notifications_queued") == 0.0,
+                600,
+                "the outbox drained",
+                proc=tuner,
+                log=log,
+                every_s=1.0,
+            )
         except AssertionError as exc:
             drained = False
             print(f"  {exc}", flush=True)
@@ -619,15 +732,26 @@ def run(args: argparse.Namespace, work: Path) -> tuple[Soak, dict[str, Any]]:
                 for when, body in proxy.bodies:
                     f.write(json.dumps({"at": when, "alerts": json.loads(body)}) + "\n")
         text = log.read_text(errors="replace")
-        facts = {"started": started, "ended": time.time(), "drained": drained, "applies": applies,
-                 "hook_runs": hook_runs, "accepted": accepted, "queued": queued, "alerts_accepted": alerts,
-                 "am_received": am.received, "am_starts": am.starts, "refused": proxy.refused,
-                 "webhook": (webhook.notifications, webhook.alerts), "tracebacks": text.count("Traceback"),
-                 "log_lines": len(text.splitlines()), "last_eval": last_eval,
-                 "dropped": sum(int(m) for m in re.findall(r"dropped (\d+) notification", text))
-                 + text.count("; dropping notification"),
-                 "errors": sorted({line.split(" ", 3)[-1][:160] for line in text.splitlines()
-                                   if " ERROR " in line})}
+        facts = {
+            "started": started,
+            "ended": time.time(),
+            "drained": drained,
+            "applies": applies,
+            "hook_runs": hook_runs,
+            "accepted": accepted,
+            "queued": queued,
+            "alerts_accepted": alerts,
+            "am_received": am.received,
+            "am_starts": am.starts,
+            "refused": proxy.refused,
+            "webhook": (webhook.notifications, webhook.alerts),
+            "tracebacks": text.count("Traceback"),
+            "log_lines": len(text.splitlines()),
+            "last_eval": last_eval,
+            "dropped": sum(int(m) for m in re.findall(r"dropped (\d+) notification", text))
+            + text.count("; dropping notification"),
+            "errors": sorted({line.split(" ", 3)[-1][:160] for line in text.splitlines() if " ERROR " in line}),
+        }
         return soak, facts
     finally:
         if tuner is not None and tuner.poll() is None:
@@ -641,6 +765,7 @@ def run(args: argparse.Namespace, work: Path) -> tuple[Soak, dict[str, Any]]:
 
 
 # ---- the report ---------------------------------------------------------------------------------------------------
+
 
 def report(args: argparse.Namespace, soak: Soak, facts: dict[str, Any], command: str) -> tuple[str, dict[str, Any]]:
     doubles = double_applies(soak.races, facts["hook_runs"], facts["applies"])
@@ -665,9 +790,13 @@ def report(args: argparse.Namespace, soak: Soak, facts: dict[str, Any], command:
     outcomes: dict[str, int] = {}
     for a in facts["applies"]:
         outcomes[a.outcome or a.state] = outcomes.get(a.outcome or a.state, 0) + 1
-    store_flat = ("n/a (shorter than the rollup age + a retention run + two samples)" if not flatness else
-                  "yes" if all(ok for _, _, ok in flatness.values()) else
-                  "NO: " + ", ".join(k for k, (_, _, ok) in flatness.items() if not ok))
+    store_flat = (
+        "n/a (shorter than the rollup age + a retention run + two samples)"
+        if not flatness
+        else "yes"
+        if all(ok for _, _, ok in flatness.values())
+        else "NO: " + ", ".join(k for k, (_, _, ok) in flatness.items() if not ok)
+    )
     summary = {
         "crashes": len(soak.crashes) + (soak.exit_code not in (0, None)),
         "double applies": sum(doubles.values()),
@@ -677,83 +806,125 @@ def report(args: argparse.Namespace, soak: Soak, facts: dict[str, Any], command:
         "store flat after retention": store_flat,
     }
     load = os.getloadavg()
-    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "tuner"], capture_output=True,
-                           text=True).stdout.strip()
+    rev = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--porcelain", "--", "tuner"], capture_output=True, text=True
+    ).stdout.strip()
     when = datetime.fromtimestamp(facts["started"], timezone.utc)
-    lines = [f"## {when:%Y-%m-%d %H:%M} UTC", "",
-             f"Command: `{command}`, on tuner {rev}{' (with uncommitted changes in tuner/)' if dirty else ''}.", "",
-             f"- machine: {os.cpu_count()} CPUs, shared (other engineers' tests beside it); Python "
-             f"{sys.version.split()[0]}; Alertmanager: {ALERTMANAGER}",
-             f"- load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
-             f"- {args.targets} targets (bench/farm.py, model_name renamed every {args.churn} scrapes), scraped every "
-             f"5 s; retention raw {RETENTION['raw']}, rollup {RETENTION['rollup']}, step {RETENTION['rollup_step']}; "
-             f"Alertmanager stopped and started every {args.am_period:g} s ({soak.am_downs} outages, "
-             f"{facts['am_starts']} starts); SIGHUP every minute, good and broken rule files in turn; two applies "
-             f"racing every minute",
-             "", "### Verdict", "",
-             "| what | count |", "|---|---|",
-             f"| minutes | {args.minutes:g} |"]
+    lines = [
+        f"## {when:%Y-%m-%d %H:%M} UTC",
+        "",
+        f"Command: `{command}`, on tuner {rev}{' (with uncommitted changes in tuner/)' if dirty else ''}.",
+        "",
+        f"- machine: {os.cpu_count()} CPUs, shared (other engineers' tests beside it); Python "
+        f"{sys.version.split()[0]}; Alertmanager: {ALERTMANAGER}",
+        f"- load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+        f"- {args.targets} targets (bench/farm.py, model_name renamed every {args.churn} scrapes), scraped every "
+        f"5 s; retention raw {RETENTION['raw']}, rollup {RETENTION['rollup']}, step {RETENTION['rollup_step']}; "
+        f"Alertmanager stopped and started every {args.am_period:g} s ({soak.am_downs} outages, "
+        f"{facts['am_starts']} starts); SIGHUP every minute, good and broken rule files in turn; two applies "
+        f"racing every minute",
+        "",
+        "### Verdict",
+        "",
+        "| what | count |",
+        "|---|---|",
+        f"| minutes | {args.minutes:g} |",
+    ]
     lines += [f"| {k} | {v} |" for k, v in summary.items()]
-    lines += ["", "### Applies racing", "",
-              f"{len(soak.races)} races of two POST /api/v1/recommendations/ID/apply at once; answers: "
-              + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items()))
-              + f". Applies journaled: {len(facts['applies'])} ("
-              + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
-              + f"); hook runs: {len(facts['hook_runs'])}.", "",
-              "| double-apply check | count |", "|---|---|"]
+    lines += [
+        "",
+        "### Applies racing",
+        "",
+        f"{len(soak.races)} races of two POST /api/v1/recommendations/ID/apply at once; answers: "
+        + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items()))
+        + f". Applies journaled: {len(facts['applies'])} ("
+        + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
+        + f"); hook runs: {len(facts['hook_runs'])}.",
+        "",
+        "| double-apply check | count |",
+        "|---|---|",
+    ]
     lines += [f"| {k} | {v} |" for k, v in doubles.items()]
-    refusals = sorted({e.split(';')[0][:120] for r in soak.races for e in r.errors})
+    refusals = sorted({e.split(";")[0][:120] for r in soak.races for e in r.errors})
     if refusals:
         lines += ["", "Refusals seen (first clause): " + "; ".join(f"`{e}`" for e in refusals[:8])]
-    lines += ["", "### Notifications", "",
-              f"- notifications tuner queued (outbox rows): {rows:,}; bodies Alertmanager accepted: {bodies:,} "
-              f"({n_alerts:,} alerts); accepted more often than queued (duplicates): {dup_bodies}; queued and never "
-              f"accepted: {never} (dropped by tuner and logged: {dropped}); Alertmanager answers slower than "
-              f"tuner's {NOTIFY_TIMEOUT_S:g} s timeout (tuner would send again what it had taken): {slow}",
-              f"- Alertmanager's own alerts_received_total over its {facts['am_starts']} lives: "
-              f"{facts['am_received']:,.0f} (against {n_alerts:,} in the accepted bodies)",
-              f"- POSTs dropped while Alertmanager was down: {facts['refused']:,}; outbox drained at the end: "
-              f"{'yes' if facts['drained'] else 'NO'}",
-              f"- alert transitions the daemon recorded: {len(soak.transitions):,}; with no accepted notification: "
-              f"{len(lost)}" + (f" (e.g. {lost[0]})" if lost else ""),
-              f"- Alertmanager's webhook got {facts['webhook'][0]:,} notifications ({facts['webhook'][1]:,} alerts)",
-              "", "### Rule reloads (SIGHUP)", "",
-              f"{len(soak.reloads)} reloads, {sum(r.ok for r in soak.reloads)} as expected (a broken file keeps the "
-              f"last good rules and sets tuner_job_error{{job=\"rules\"}}; a good one clears it); the outcome "
-              f"showed on /metrics after {max((r.seconds for r in soak.reloads), default=0):.1f} s at most"
-              + ("; not as expected: " + ", ".join(f"minute {r.minute:.0f} {r.what}" for r in reload_bad)
-                 if reload_bad else ""),
-              "", "### Store", ""]
+    lines += [
+        "",
+        "### Notifications",
+        "",
+        f"- notifications tuner queued (outbox rows): {rows:,}; bodies Alertmanager accepted: {bodies:,} "
+        f"({n_alerts:,} alerts); accepted more often than queued (duplicates): {dup_bodies}; queued and never "
+        f"accepted: {never} (dropped by tuner and logged: {dropped}); Alertmanager answers slower than "
+        f"tuner's {NOTIFY_TIMEOUT_S:g} s timeout (tuner would send again what it had taken): {slow}",
+        f"- Alertmanager's own alerts_received_total over its {facts['am_starts']} lives: "
+        f"{facts['am_received']:,.0f} (against {n_alerts:,} in the accepted bodies)",
+        f"- POSTs dropped while Alertmanager was down: {facts['refused']:,}; outbox drained at the end: "
+        f"{'yes' if facts['drained'] else 'NO'}",
+        f"- alert transitions the daemon recorded: {len(soak.transitions):,}; with no accepted notification: "
+        f"{len(lost)}" + (f" (e.g. {lost[0]})" if lost else ""),
+        f"- Alertmanager's webhook got {facts['webhook'][0]:,} notifications ({facts['webhook'][1]:,} alerts)",
+        "",
+        "### Rule reloads (SIGHUP)",
+        "",
+        f"{len(soak.reloads)} reloads, {sum(r.ok for r in soak.reloads)} as expected (a broken file keeps the "
+        f'last good rules and sets tuner_job_error{{job="rules"}}; a good one clears it); the outcome '
+        f"showed on /metrics after {max((r.seconds for r in soak.reloads), default=0):.1f} s at most"
+        + (
+            "; not as expected: " + ", ".join(f"minute {r.minute:.0f} {r.what}" for r in reload_bad)
+            if reload_bad
+            else ""
+        ),
+        "",
+        "### Store",
+        "",
+    ]
     if first is not None and last is not None:
-        lines += [f"File (with WAL) {first.file_bytes / 2**20:.1f} MiB at minute {first.minute:.0f}, "
-                  f"{last.file_bytes / 2**20:.1f} MiB at minute {last.minute:.0f}; tuner's RSS "
-                  f"{first.rss_bytes / 2**20:.0f} -> {last.rss_bytes / 2**20:.0f} MiB.", ""]
+        lines += [
+            f"File (with WAL) {first.file_bytes / 2**20:.1f} MiB at minute {first.minute:.0f}, "
+            f"{last.file_bytes / 2**20:.1f} MiB at minute {last.minute:.0f}; tuner's RSS "
+            f"{first.rss_bytes / 2**20:.0f} -> {last.rss_bytes / 2**20:.0f} MiB.",
+            "",
+        ]
     if flatness:
-        lines += [f"After retention settled (minute {settle:g} on), the peak of each half:", "",
-                  "| what | first half | second half | flat (≤ 1.10×) |", "|---|---:|---:|---|"]
+        lines += [
+            f"After retention settled (minute {settle:g} on), the peak of each half:",
+            "",
+            "| what | first half | second half | flat (≤ 1.10×) |",
+            "|---|---:|---:|---|",
+        ]
         lines += [f"| {k} | {a:,.0f} | {b:,.0f} | {'yes' if ok else 'NO'} |" for k, (a, b, ok) in flatness.items()]
         lines.append("")
-    lines += ["| minute | file MiB | samples | hist_samples | series | engine_configs | alert_events | outbox | "
-              "RSS MiB |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "| minute | file MiB | samples | hist_samples | series | engine_configs | alert_events | outbox | RSS MiB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     step = max(1, len(soak.samples) // 20)
     for s in soak.samples[::step] + ([soak.samples[-1]] if soak.samples and (len(soak.samples) - 1) % step else []):
-        lines.append(f"| {s.minute:.0f} | {s.file_bytes / 2**20:.1f} | {s.rows['samples']:,} | "
-                     f"{s.rows['hist_samples']:,} | {s.rows['series']:,} | {s.rows['engine_configs']:,} | "
-                     f"{s.rows['alert_events']:,} | {s.rows['alert_outbox']:,} | {s.rss_bytes / 2**20:.0f} |")
-    lines += ["", "### The daemon's log", "",
-              f"{facts['log_lines']:,} lines, {facts['tracebacks']} tracebacks; crashes: "
-              + ("; ".join(soak.crashes) if soak.crashes else "none")
-              + f"; exit code at SIGTERM: {soak.exit_code}."]
+        lines.append(
+            f"| {s.minute:.0f} | {s.file_bytes / 2**20:.1f} | {s.rows['samples']:,} | "
+            f"{s.rows['hist_samples']:,} | {s.rows['series']:,} | {s.rows['engine_configs']:,} | "
+            f"{s.rows['alert_events']:,} | {s.rows['alert_outbox']:,} | {s.rss_bytes / 2**20:.0f} |"
+        )
+    lines += [
+        "",
+        "### The daemon's log",
+        "",
+        f"{facts['log_lines']:,} lines, {facts['tracebacks']} tracebacks; crashes: "
+        + ("; ".join(soak.crashes) if soak.crashes else "none")
+        + f"; exit code at SIGTERM: {soak.exit_code}.",
+    ]
     if facts["errors"]:
         lines += ["", "ERROR lines (distinct, first 160 characters):", ""]
         lines += [f"- `{e}`" for e in facts["errors"][:15]]
     return "\n".join(lines) + "\n", summary
 
 
-def lost_notifications(transitions: dict[int, tuple[str, str, str, int]], alerts: list[dict],
-                       until: float) -> list[str]:
+def lost_notifications(
+    transitions: dict[int, tuple[str, str, str, int]], alerts: list[dict], until: float
+) -> list[str]:
     """Transitions to firing, and resolutions, that no accepted notification carried: each firing must reach
     Alertmanager as an alert with its labels and startsAt = the firing time; each resolution as one with its labels
     and endsAt = the resolution time (tuner/rules/evaluate.py payload; to the second, either way). Transitions in the
@@ -801,8 +972,9 @@ def main() -> int:
         path.write_text(f"# Soak: {args.minutes:g} minutes, {args.targets} targets\n\n" + text, encoding="utf-8")
         print(f"written {path}")
         update_readme()
-    bad = any(v != 0 for k, v in summary.items() if k != "store flat after retention") or \
-        summary["store flat after retention"].startswith("NO")
+    bad = any(v != 0 for k, v in summary.items() if k != "store flat after retention") or summary[
+        "store flat after retention"
+    ].startswith("NO")
     if not bad and args.work is None:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if bad else 0

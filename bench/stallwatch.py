@@ -41,7 +41,7 @@ def _stat(path: str) -> tuple[str, list[str]]:
     """A /proc stat file: the command name, and the fields after it (state first)."""
     with open(path) as f:
         raw = f.read()
-    return raw[raw.index("(") + 1:raw.rindex(")")], raw[raw.rindex(")") + 2:].split()
+    return raw[raw.index("(") + 1 : raw.rindex(")")], raw[raw.rindex(")") + 2 :].split()
 
 
 def threads_of(pid: int) -> dict[int, tuple[str, str, str, float]]:
@@ -106,8 +106,9 @@ def _pressure() -> str:
 
 
 class StallWatch:
-    def __init__(self, pid: int, port: int, *, out: Path, every_s: float = 0.25, after_s: float = 1.0,
-                 py_spy: str | None = None) -> None:
+    def __init__(
+        self, pid: int, port: int, *, out: Path, every_s: float = 0.25, after_s: float = 1.0, py_spy: str | None = None
+    ) -> None:
         self.pid, self.port, self.out = pid, port, out
         self.every_s, self.after_s = every_s, after_s
         found = py_spy or shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -155,11 +156,14 @@ class StallWatch:
                 seconds = time.monotonic() - t0
                 ran, waited = (b - a for a, b in zip(sched0, schedstat(self.pid)))
                 procs1, c1 = cpu_by_process(), time.monotonic()
-                top = sorted(((procs1[p][1] - procs0[p][1], procs1[p][0], p) for p in procs1 if p in procs0),
-                             reverse=True)[:4]
-                whole = (f"over the whole stall its threads ran {ran:.2f} s and waited {waited:.2f} s runnable for a "
-                         f"CPU; the machine's busiest processes from its capture on ({c1 - c0:.1f} s): "
-                         + ", ".join(f"{name}[{p}] {cpu:.1f} s" for cpu, name, p in top))
+                top = sorted(
+                    ((procs1[p][1] - procs0[p][1], procs1[p][0], p) for p in procs1 if p in procs0), reverse=True
+                )[:4]
+                whole = (
+                    f"over the whole stall its threads ran {ran:.2f} s and waited {waited:.2f} s runnable for a "
+                    f"CPU; the machine's busiest processes from its capture on ({c1 - c0:.1f} s): "
+                    + ", ".join(f"{name}[{p}] {cpu:.1f} s" for cpu, name, p in top)
+                )
                 with open(self.out, "a") as f:
                     f.write(f"=== stall ended after {seconds:.1f} s: {whole}\n\n")
                 self.stalls.append(Stall(at, seconds, f"{whole}; {summary}"))
@@ -184,18 +188,27 @@ class StallWatch:
         dump = ""
         if self.py_spy is not None:
             try:
-                dump = subprocess.run([self.py_spy, "dump", "--pid", str(self.pid), "--native"], capture_output=True,
-                                      text=True, timeout=20).stdout
+                dump = subprocess.run(
+                    [self.py_spy, "dump", "--pid", str(self.pid), "--native"],
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                ).stdout
             except subprocess.TimeoutExpired:
                 dump = "(py-spy dump timed out)"
         gil = _gil_holder(dump)
-        summary = (f"threads by state {dict(sorted(states.items()))}; CPU in the next 0.5 s: "
-                   f"{', '.join(busy) or 'none'}; running or in IO: {waits or 'none'}; GIL: {gil}; {_pressure()}")
+        summary = (
+            f"threads by state {dict(sorted(states.items()))}; CPU in the next 0.5 s: "
+            f"{', '.join(busy) or 'none'}; running or in IO: {waits or 'none'}; GIL: {gil}; {_pressure()}"
+        )
         with open(self.out, "a") as f:
-            f.write(f"=== stall probe sent {time.strftime('%H:%M:%S', time.gmtime(at))} UTC "
-                    f"(+{at % 1:.2f} s)\n{summary}\n"
-                    + "".join(f"  {t} {n} {s} {w} cpu {c:.2f}\n" for t, (n, s, w, c) in sorted(after.items()))
-                    + dump + "\n")
+            f.write(
+                f"=== stall probe sent {time.strftime('%H:%M:%S', time.gmtime(at))} UTC "
+                f"(+{at % 1:.2f} s)\n{summary}\n"
+                + "".join(f"  {t} {n} {s} {w} cpu {c:.2f}\n" for t, (n, s, w, c) in sorted(after.items()))
+                + dump
+                + "\n"
+            )
         return summary
 
 
@@ -207,7 +220,7 @@ def _gil_holder(dump: str) -> str:
     for i, line in enumerate(lines):
         if line.startswith("Thread ") and "gil" in line:
             frames: list[str] = []
-            for ln in lines[i + 1:]:  # its innermost frames, down to the first of Python code
+            for ln in lines[i + 1 :]:  # its innermost frames, down to the first of Python code
                 if not ln.startswith(" "):
                     break
                 frames.append(ln.strip())

@@ -48,22 +48,38 @@ def grow(targets: int, minutes: float, workdir: Path) -> list[dict[str, float]]:
     rows: list[dict[str, float]] = []
     cpu = wall = 0.0
     for tick in range(int(minutes * per_minute)):
-        items = [Scraped(snapshot_from_text(bodies[tick % len(bodies)], target=f"t{i:04d}",
-                                            ts=now + i * INTERVAL_S / targets, layouts=layouts),
-                         f"http://127.0.0.1:{10000 + i}", {}) for i in range(targets)]
+        items = [
+            Scraped(
+                snapshot_from_text(
+                    bodies[tick % len(bodies)], target=f"t{i:04d}", ts=now + i * INTERVAL_S / targets, layouts=layouts
+                ),
+                f"http://127.0.0.1:{10000 + i}",
+                {},
+            )
+            for i in range(targets)
+        ]
         now += INTERVAL_S
         c0, w0 = time.process_time(), time.perf_counter()
         for j in range(0, targets, BATCH):
-            store.write(items[j:j + BATCH])
+            store.write(items[j : j + BATCH])
         cpu += time.process_time() - c0
         wall += time.perf_counter() - w0
         if (tick + 1) % per_minute == 0:
             scrapes = targets * per_minute
             size = sum(f.stat().st_size for f in workdir.iterdir() if f.name.startswith("tuner.db"))
-            rows.append({"minute": (tick + 1) / per_minute, "mib": size / 2**20, "cpu_us": cpu / scrapes * 1e6,
-                         "wall_us": wall / scrapes * 1e6})
-            print(f"minute {rows[-1]['minute']:.0f}: {rows[-1]['cpu_us']:.0f} µs CPU per scrape, "
-                  f"store {rows[-1]['mib']:.0f} MiB", flush=True)
+            rows.append(
+                {
+                    "minute": (tick + 1) / per_minute,
+                    "mib": size / 2**20,
+                    "cpu_us": cpu / scrapes * 1e6,
+                    "wall_us": wall / scrapes * 1e6,
+                }
+            )
+            print(
+                f"minute {rows[-1]['minute']:.0f}: {rows[-1]['cpu_us']:.0f} µs CPU per scrape, "
+                f"store {rows[-1]['mib']:.0f} MiB",
+                flush=True,
+            )
             cpu = wall = 0.0
     engine.dispose()
     return rows
@@ -78,8 +94,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tuner-store-growth-") as tmp:
         rows = grow(args.targets, args.minutes, Path(tmp))
     print()
-    print(f"{args.targets} targets; load average at start: {' '.join(f'{x:.2f}' for x in load_start)}, "
-          f"at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"{args.targets} targets; load average at start: {' '.join(f'{x:.2f}' for x in load_start)}, "
+        f"at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     print()
     print("| minute | store (DB + WAL) | Store.write CPU µs per scrape | wall µs per scrape |")
     print("|---:|---:|---:|---:|")

@@ -28,42 +28,59 @@ def main() -> int:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         if order == "series":
-            db.execute("CREATE TABLE s (series_id INTEGER, ts_ms INTEGER, value REAL, keep INTEGER DEFAULT 0, "
-                       "PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID")
+            db.execute(
+                "CREATE TABLE s (series_id INTEGER, ts_ms INTEGER, value REAL, keep INTEGER DEFAULT 0, "
+                "PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID"
+            )
             insert = "INSERT OR IGNORE INTO s (series_id, ts_ms, value) VALUES (?, ?, ?)"
 
             def row(t: int, sid: int, ts: int, v: float) -> tuple:
                 return (sid, ts, v)
         else:
-            db.execute("CREATE TABLE s (target_id INTEGER, ts_ms INTEGER, series_id INTEGER, value REAL, "
-                       "keep INTEGER DEFAULT 0, PRIMARY KEY (target_id, ts_ms, series_id)) WITHOUT ROWID")
+            db.execute(
+                "CREATE TABLE s (target_id INTEGER, ts_ms INTEGER, series_id INTEGER, value REAL, "
+                "keep INTEGER DEFAULT 0, PRIMARY KEY (target_id, ts_ms, series_id)) WITHOUT ROWID"
+            )
             insert = "INSERT OR IGNORE INTO s (target_id, ts_ms, series_id, value) VALUES (?, ?, ?, ?)"
 
             def row(t: int, sid: int, ts: int, v: float) -> tuple:
                 return (t, ts, sid, v)
+
         ts0 = 1_800_000_000_000
         for k in range(ticks):
             c0 = time.process_time()
             for j in range(0, TARGETS, BATCH):
-                rows = [row(t, t * SERIES + s, ts0 + k * 5000 + t * 5, random.random() * 1e6)
-                        for t in range(j, j + BATCH) for s in range(SERIES)]
+                rows = [
+                    row(t, t * SERIES + s, ts0 + k * 5000 + t * 5, random.random() * 1e6)
+                    for t in range(j, j + BATCH)
+                    for s in range(SERIES)
+                ]
                 db.execute("BEGIN")
                 db.executemany(insert, rows)
                 db.execute("COMMIT")
             if k % 24 == 23:
-                print(f"{order}: minute {(k + 1) / 12:.0f}: {(time.process_time() - c0) / TARGETS * 1e6:.0f} µs CPU "
-                      "per scrape (rows built in Python included)", flush=True)
+                print(
+                    f"{order}: minute {(k + 1) / 12:.0f}: {(time.process_time() - c0) / TARGETS * 1e6:.0f} µs CPU "
+                    "per scrape (rows built in Python included)",
+                    flush=True,
+                )
         start = time.perf_counter()
         for t in range(0, TARGETS, 10):  # a 10-minute window of 20 of a target's series
             ids = list(range(t * SERIES, t * SERIES + 20))
             lo, hi = ts0 + (ticks - 120) * 5000, ts0 + ticks * 5000
             marks = ",".join("?" * len(ids))
             if order == "series":
-                db.execute(f"SELECT series_id, ts_ms, value FROM s WHERE series_id IN ({marks}) AND ts_ms BETWEEN ? "
-                           "AND ? ORDER BY series_id, ts_ms", (*ids, lo, hi)).fetchall()
+                db.execute(
+                    f"SELECT series_id, ts_ms, value FROM s WHERE series_id IN ({marks}) AND ts_ms BETWEEN ? "
+                    "AND ? ORDER BY series_id, ts_ms",
+                    (*ids, lo, hi),
+                ).fetchall()
             else:
-                db.execute(f"SELECT series_id, ts_ms, value FROM s WHERE target_id = ? AND ts_ms BETWEEN ? AND ? "
-                           f"AND series_id IN ({marks}) ORDER BY series_id, ts_ms", (t, lo, hi, *ids)).fetchall()
+                db.execute(
+                    f"SELECT series_id, ts_ms, value FROM s WHERE target_id = ? AND ts_ms BETWEEN ? AND ? "
+                    f"AND series_id IN ({marks}) ORDER BY series_id, ts_ms",
+                    (t, lo, hi, *ids),
+                ).fetchall()
         print(f"{order}: a window read {(time.perf_counter() - start) / (TARGETS / 10) * 1e3:.2f} ms")
         db.close()
     print(f"load average at end: {os.getloadavg()}")

@@ -94,8 +94,7 @@ def section(text: str, heading: str) -> str | None:
         m = re.match(r"^(#{2,3}) (.*)$", line)
         if m and m.group(2).startswith(heading):
             level = len(m.group(1))
-            end = next((j for j in range(i + 1, len(lines))
-                        if re.match(rf"^(#{{1,{level}}}) ", lines[j])), len(lines))
+            end = next((j for j in range(i + 1, len(lines)) if re.match(rf"^(#{{1,{level}}}) ", lines[j])), len(lines))
             return "\n".join(lines[i:end])
     return None
 
@@ -155,11 +154,18 @@ def _scale(text: str) -> dict[str, str] | None:
     if tuner is None or prom is None:
         return None
     every = re.search(r"every ([\d.]+ ?\w+),", sec)
-    out = {"n": f"{n:,}", "every": every.group(1) if every else "?",
-           "cpu_t": tuner[col(header, "CPU % of a core")], "cpu_p": prom[col(header, "CPU % of a core")],
-           "us_t": tuner[col(header, "CPU µs per target-scrape")], "us_p": prom[col(header, "CPU µs per target-scrape")],
-           "rss_t": tuner[col(header, "peak RSS")], "rss_p": prom[col(header, "peak RSS")],
-           "done": tuner[col(header, "scrapes done")], "only": only[col(header, "CPU % of a core")] if only else ""}
+    out = {
+        "n": f"{n:,}",
+        "every": every.group(1) if every else "?",
+        "cpu_t": tuner[col(header, "CPU % of a core")],
+        "cpu_p": prom[col(header, "CPU % of a core")],
+        "us_t": tuner[col(header, "CPU µs per target-scrape")],
+        "us_p": prom[col(header, "CPU µs per target-scrape")],
+        "rss_t": tuner[col(header, "peak RSS")],
+        "rss_p": prom[col(header, "peak RSS")],
+        "done": tuner[col(header, "scrapes done")],
+        "only": only[col(header, "CPU % of a core")] if only else "",
+    }
     late = re.search(rf"late against each target's own schedule:.*?\b{n} targets: p50 [\d.]+ s, p99 ([\d.]+ s)", sec)
     out["late_p99"] = late.group(1) if late else ""
     ratios = table_with(sec, "CPU per target-scrape tuner/Prometheus")
@@ -174,8 +180,10 @@ def cpu(text: str) -> str | None:
     s = _scale(text)
     if s is None or not s.get("ratio"):
         return None
-    return (f"{s['ratio']} Prometheus's CPU per target-scrape ({s['us_t']} against {s['us_p']} µs), "
-            f"{s['n']} targets every {s['every']}, the same alert rules on both sides")
+    return (
+        f"{s['ratio']} Prometheus's CPU per target-scrape ({s['us_t']} against {s['us_p']} µs), "
+        f"{s['n']} targets every {s['every']}, the same alert rules on both sides"
+    )
 
 
 def cpu_share(text: str) -> str | None:
@@ -236,9 +244,11 @@ def fleet(text: str) -> str | None:
         return None
     header, rows = t
     r = rows[-1]
-    return (f"{int(num(r[0])):,} targets read from Prometheus: tuner {r[col(header, 'tuner CPU % of a core')]} of a "
-            f"core, {r[col(header, 'tuner CPU µs per target-read')]} µs per target-read, reads done "
-            f"{r[col(header, 'reads done')]}, Prometheus {r[col(header, 'Prometheus CPU %')]} of a core")
+    return (
+        f"{int(num(r[0])):,} targets read from Prometheus: tuner {r[col(header, 'tuner CPU % of a core')]} of a "
+        f"core, {r[col(header, 'tuner CPU µs per target-read')]} µs per target-read, reads done "
+        f"{r[col(header, 'reads done')]}, Prometheus {r[col(header, 'Prometheus CPU %')]} of a core"
+    )
 
 
 def alert_latency(text: str) -> str | None:
@@ -250,11 +260,14 @@ def alert_latency(text: str) -> str | None:
     median = next((r for r in rows if r[0] == "median"), None)
     if median is None:
         return None
-    worst = re.search(r"from Prometheus's first sample above, tuner [\d.]+ s against [\d.]+ s \(worst trial ([\d.]+×)",
-                      sec)
+    worst = re.search(
+        r"from Prometheus's first sample above, tuner [\d.]+ s against [\d.]+ s \(worst trial ([\d.]+×)", sec
+    )
     tail = f"; worst trial {worst.group(1)} theirs" if worst else ""
-    return (f"median, condition onset → webhook: tuner {median[col(header, 'tuner: onset')]} s, Prometheus + "
-            f"Alertmanager {median[col(header, 'Prometheus: onset')]} s ({len(rows) - 1} trials{tail})")
+    return (
+        f"median, condition onset → webhook: tuner {median[col(header, 'tuner: onset')]} s, Prometheus + "
+        f"Alertmanager {median[col(header, 'Prometheus: onset')]} s ({len(rows) - 1} trials{tail})"
+    )
 
 
 def goals(text: str) -> str | None:
@@ -273,8 +286,10 @@ def store_growth(text: str) -> str | None:
     header, rows = t
     last = len(header) - 1
     order = header[last - 1].split(":")[0]
-    return (f"Store.write per scrape in {order}: {rows[0][last]} µs at minute {rows[0][0]}, {rows[-1][last]} µs at "
-            f"minute {rows[-1][0]}")
+    return (
+        f"Store.write per scrape in {order}: {rows[0][last]} µs at minute {rows[0][0]}, {rows[-1][last]} µs at "
+        f"minute {rows[-1][0]}"
+    )
 
 
 def _kv(text: str, first: str) -> dict[str, str] | None:
@@ -293,8 +308,10 @@ def reliability_ingest(text: str) -> str | None:
     kv = _kv(text, "kills")
     if kv is None:
         return None
-    return (f"{_get(kv, 'kills survived')} of {_get(kv, 'kills (')} kills survived; "
-            f"{_get(kv, 'of those, missing')} of {_get(kv, 'samples the reader saw')} committed samples lost")
+    return (
+        f"{_get(kv, 'kills survived')} of {_get(kv, 'kills (')} kills survived; "
+        f"{_get(kv, 'of those, missing')} of {_get(kv, 'samples the reader saw')} committed samples lost"
+    )
 
 
 def fuzz(text: str) -> str | None:
@@ -310,8 +327,10 @@ def reliability_apply(text: str) -> str | None:
     kv = _kv(text, "kills")
     if kv is None:
         return None
-    return (f"{_get(kv, 'kills survived')} of {_get(kv, 'kills')} kills survived; applies left open after reconcile: "
-            f"{_get(kv, 'applies left open')}")
+    return (
+        f"{_get(kv, 'kills survived')} of {_get(kv, 'kills')} kills survived; applies left open after reconcile: "
+        f"{_get(kv, 'applies left open')}"
+    )
 
 
 def apply(text: str) -> str | None:
@@ -336,15 +355,26 @@ def verdict(text: str) -> str | None:
 
 def verdict_corpus(text: str) -> str | None:
     m = re.search(r"^Score: built on (\d+) of (\d+); held back (\d+) of (\d+)\.", text, re.M)
-    return None if m is None else (f"built on: {m.group(1)} of {m.group(2)} pairs judged right; held back (chosen "
-                                   f"at random before recording): {m.group(3)} of {m.group(4)}")
+    return (
+        None
+        if m is None
+        else (
+            f"built on: {m.group(1)} of {m.group(2)} pairs judged right; held back (chosen "
+            f"at random before recording): {m.group(3)} of {m.group(4)}"
+        )
+    )
 
 
 def probes(text: str) -> str | None:
-    m = re.search(r"^Probes: (\d+); tracebacks: (\d+); unbounded: (\d+); not as they should end: (\d+)\.", text,
-                  re.M)
-    return None if m is None else (f"{m.group(1)} bad inputs and races: {m.group(2)} tracebacks, {m.group(3)} "
-                                   f"unbounded, {m.group(4)} not ending as they should")
+    m = re.search(r"^Probes: (\d+); tracebacks: (\d+); unbounded: (\d+); not as they should end: (\d+)\.", text, re.M)
+    return (
+        None
+        if m is None
+        else (
+            f"{m.group(1)} bad inputs and races: {m.group(2)} tracebacks, {m.group(3)} "
+            f"unbounded, {m.group(4)} not ending as they should"
+        )
+    )
 
 
 def soak(text: str) -> str | None:
@@ -356,9 +386,11 @@ def soak(text: str) -> str | None:
     if "minutes" not in kv:
         return None
     flat = kv.get("store flat after retention", "?").split(" (")[0]
-    return (f"{kv['minutes']} min: crashes {kv.get('crashes', '?')}, double applies {kv.get('double applies', '?')}, "
-            f"duplicate notifications {kv.get('duplicate notifications', '?')}, lost "
-            f"{kv.get('notifications lost', '?')}, tracebacks {kv.get('tracebacks', '?')}; store flat: {flat}")
+    return (
+        f"{kv['minutes']} min: crashes {kv.get('crashes', '?')}, double applies {kv.get('double applies', '?')}, "
+        f"duplicate notifications {kv.get('duplicate notifications', '?')}, lost "
+        f"{kv.get('notifications lost', '?')}, tracebacks {kv.get('tracebacks', '?')}; store flat: {flat}"
+    )
 
 
 def keepalive(text: str) -> str | None:
@@ -366,8 +398,11 @@ def keepalive(text: str) -> str | None:
     if t is None:
         return None
     header, rows = t
-    return "; ".join(f"{lead(r[col(header, 'server keep-alive')])}, {lead(r[col(header, 'client connections')])}: "
-                     f"{lead(r[col(header, 'failed')])} of {r[col(header, 'sent')]} lost" for r in rows)
+    return "; ".join(
+        f"{lead(r[col(header, 'server keep-alive')])}, {lead(r[col(header, 'client connections')])}: "
+        f"{lead(r[col(header, 'failed')])} of {r[col(header, 'sent')]} lost"
+        for r in rows
+    )
 
 
 def demo(text: str) -> str | None:
@@ -407,7 +442,9 @@ def tune(workload: str) -> Reader:
                 for r in rows:
                     key = "tpe" if r[s].startswith("tpe") else "random" if r[s].startswith("random") else None
                     if key and key not in mine:
-                        mine[key] = r[score] + (f" with {r[col(header, 'trials')]} trials" if "trials" in header else "")
+                        mine[key] = r[score] + (
+                            f" with {r[col(header, 'trials')]} trials" if "trials" in header else ""
+                        )
                 found.update(mine)
             elif "workload" in header:
                 w = col(header, "workload")
@@ -430,10 +467,13 @@ def tune_spread(text: str) -> str | None:
         return None
     header, rows = t
     n = re.search(r"on (\d+) fresh vLLM CPU servers", text)
-    parts = [f"{r[col(header, 'binding')]}, neighbour {r[col(header, 'neighbour')]}: "
-             f"{r[col(header, 'worst deviation')]}" for r in rows]
-    return (f"worst deviation from the mean of {n.group(1) if n else '?'} servers: " + "; ".join(parts)) if parts \
-        else None
+    parts = [
+        f"{r[col(header, 'binding')]}, neighbour {r[col(header, 'neighbour')]}: {r[col(header, 'worst deviation')]}"
+        for r in rows
+    ]
+    return (
+        (f"worst deviation from the mean of {n.group(1) if n else '?'} servers: " + "; ".join(parts)) if parts else None
+    )
 
 
 def rolling(text: str) -> str | None:
@@ -443,7 +483,9 @@ def rolling(text: str) -> str | None:
     header, rows = t
     return "requests failed: " + "; ".join(
         f"{r[col(header, 'setup')]} {lead(r[col(header, 'requests failed')])} of "
-        f"{int(num(r[col(header, 'requests answered')]) + num(r[col(header, 'requests failed')])):,}" for r in rows)
+        f"{int(num(r[col(header, 'requests answered')]) + num(r[col(header, 'requests failed')])):,}"
+        for r in rows
+    )
 
 
 def rolling_vllm(text: str) -> str | None:
@@ -456,8 +498,9 @@ def rolling_vllm(text: str) -> str | None:
         return None
     r = done[-1]
     start = r[col(header, "one replica")] if any(h.startswith("one replica") for h in header) else ""
-    return (f"{r[col(header, 'failed')]} of {r[col(header, 'requests answered')]} requests failed"
-            + (f"; one replica's start until back in rotation: {start}" if start else ""))
+    return f"{r[col(header, 'failed')]} of {r[col(header, 'requests answered')]} requests failed" + (
+        f"; one replica's start until back in rotation: {start}" if start else ""
+    )
 
 
 def suite_time(text: str) -> str | None:
@@ -493,8 +536,12 @@ ROWS = (
     Row("reliability-apply", "kill -9 during an apply", ("reliability-apply",), reliability_apply),
     Row("apply", "an apply on real servers", ("apply",), apply),
     Row("verdict", "the verdict on recorded series", ("verdict",), verdict),
-    Row("verdict-corpus", "the verdict on the recorded corpus, against the clients' truth", ("verdict-corpus",),
-        verdict_corpus),
+    Row(
+        "verdict-corpus",
+        "the verdict on the recorded corpus, against the clients' truth",
+        ("verdict-corpus",),
+        verdict_corpus,
+    ),
     Row("demo", "the demo's apply, clean clone after clean clone", ("demo-verdict",), demo),
     Row("converge", "auto mode from a poor max-num-seqs", ("converge",), converge),
     Row("tune-chat", "tune: chat workload", ("tune-chat", "tune-gallop"), tune("chat")),
@@ -528,12 +575,15 @@ def render(folder: Path = RESULTS) -> str:
     for row in ROWS:
         got = newest(row, found)
         if got is None:
-            raise SystemExit(f"bench/summary.py: no file of kind {'/'.join(row.kinds)} in {folder} holds the "
-                             f"figure of row {row.key!r} (its reader is {row.read.__name__})")
+            raise SystemExit(
+                f"bench/summary.py: no file of kind {'/'.join(row.kinds)} in {folder} holds the "
+                f"figure of row {row.key!r} (its reader is {row.read.__name__})"
+            )
         figure, r = got
         when = f"{r.date} {r.time[:2]}:{r.time[2:]}" if r.time else r.date
-        lines.append(f'| <a id="{row.key}"></a>{row.what} | {figure.replace("|", "/")} | '
-                     f"[{when}](results/{r.path.name}) |")
+        lines.append(
+            f'| <a id="{row.key}"></a>{row.what} | {figure.replace("|", "/")} | [{when}](results/{r.path.name}) |'
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -542,7 +592,7 @@ def splice(readme: str, table: str) -> str:
     if BEGIN not in readme or END not in readme:
         raise SystemExit(f"{README}: the summary markers are missing ({BEGIN} ... {END})")
     head, rest = readme.split(BEGIN, 1)
-    return head + BEGIN + "\n" + table + rest[rest.index(END):]
+    return head + BEGIN + "\n" + table + rest[rest.index(END) :]
 
 
 def update_readme() -> bool:

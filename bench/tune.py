@@ -39,26 +39,33 @@ sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whicheve
 
 WORKLOADS = {
     # name: (workload file, SLO, flags searched with their values, the flags in force)
-    "chat": ({"input_len": 128, "output_len": 128, "range_ratio": 0.3, "burstiness": 1.0, "rate_rps": 2.0},
-             "{ttft_p99: 1s, e2e_p99: 4s, objective: 0.95}",
-             "max_num_seqs=1/2/4/8/16/32,max_num_batched_tokens=256/2048",
-             {"max_num_seqs": 2, "max_num_batched_tokens": 2048}),
-    "long-prompt": ({"input_len": 768, "output_len": 32, "range_ratio": 0.2, "burstiness": 1.0, "rate_rps": 1.0},
-                    "{ttft_p99: 2s, e2e_p99: 4s, objective: 0.95}",
-                    "max_num_seqs=1/2/4/8/16/32,max_num_batched_tokens=256/2048",
-                    {"max_num_seqs": 2, "max_num_batched_tokens": 2048}),
-    "shared-prefix": ({"input_len": 640, "prefix_len": 576, "output_len": 32, "range_ratio": 0.0, "burstiness": 1.0,
-                       "rate_rps": 1.0},
-                      "{ttft_p99: 2s, e2e_p99: 4s, objective: 0.95}",
-                      "max_num_seqs=1/2/4/8/16/32,enable_prefix_caching=false/true",
-                      {"max_num_seqs": 2, "enable_prefix_caching": False}),
+    "chat": (
+        {"input_len": 128, "output_len": 128, "range_ratio": 0.3, "burstiness": 1.0, "rate_rps": 2.0},
+        "{ttft_p99: 1s, e2e_p99: 4s, objective: 0.95}",
+        "max_num_seqs=1/2/4/8/16/32,max_num_batched_tokens=256/2048",
+        {"max_num_seqs": 2, "max_num_batched_tokens": 2048},
+    ),
+    "long-prompt": (
+        {"input_len": 768, "output_len": 32, "range_ratio": 0.2, "burstiness": 1.0, "rate_rps": 1.0},
+        "{ttft_p99: 2s, e2e_p99: 4s, objective: 0.95}",
+        "max_num_seqs=1/2/4/8/16/32,max_num_batched_tokens=256/2048",
+        {"max_num_seqs": 2, "max_num_batched_tokens": 2048},
+    ),
+    "shared-prefix": (
+        {"input_len": 640, "prefix_len": 576, "output_len": 32, "range_ratio": 0.0, "burstiness": 1.0, "rate_rps": 1.0},
+        "{ttft_p99: 2s, e2e_p99: 4s, objective: 0.95}",
+        "max_num_seqs=1/2/4/8/16/32,enable_prefix_caching=false/true",
+        {"max_num_seqs": 2, "enable_prefix_caching": False},
+    ),
     # short answers and a 2 s TTFT budget: with 128-token answers and 1 s, one sequence met the SLO only at
     # 0.06 req/s and 30-request runs held too few bursts for a stable share
     # (bench/results/2026-11-24-0432-tune-bursty-chat.md)
-    "bursty-chat": ({"input_len": 128, "output_len": 32, "range_ratio": 0.3, "burstiness": 0.25, "rate_rps": 2.0},
-                    "{ttft_p99: 2s, e2e_p99: 4s, objective: 0.95}",
-                    "max_num_seqs=1/2/4/8/16/32,max_num_batched_tokens=256/2048",
-                    {"max_num_seqs": 2, "max_num_batched_tokens": 2048}),
+    "bursty-chat": (
+        {"input_len": 128, "output_len": 32, "range_ratio": 0.3, "burstiness": 0.25, "rate_rps": 2.0},
+        "{ttft_p99: 2s, e2e_p99: 4s, objective: 0.95}",
+        "max_num_seqs=1/2/4/8/16/32,max_num_batched_tokens=256/2048",
+        {"max_num_seqs": 2, "max_num_batched_tokens": 2048},
+    ),
 }
 
 
@@ -96,15 +103,39 @@ def write_config(work: Path, workload: str, python: str, model: str) -> Path:
         f"      model: {model}\n      executable: {python}\n"
         f"      flags: {{{flags}}}\n"
         "      extra_args: {enforce-eager: true}\n"
-        f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{work / 'vllm-cache'}'}}\n")
+        f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{work / 'vllm-cache'}'}}\n"
+    )
     return cfg
 
 
 def tune(cfg: Path, work: Path, sampler: str, budget: int, flags: str, args: argparse.Namespace) -> dict:
-    argv = [sys.executable, "-m", "tuner.cli", "-c", str(cfg), "tune", "tiny", "--workload",
-            str(work / "workload.yaml"), "--sampler", sampler, "--budget", str(budget), "--flags", flags,
-            "--no-noise-check", "--run-seconds", str(args.run_seconds), "--max-runs", str(args.max_runs),
-            "--max-time", "4h", "--seed", str(args.seed), "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "-c",
+        str(cfg),
+        "tune",
+        "tiny",
+        "--workload",
+        str(work / "workload.yaml"),
+        "--sampler",
+        sampler,
+        "--budget",
+        str(budget),
+        "--flags",
+        flags,
+        "--no-noise-check",
+        "--run-seconds",
+        str(args.run_seconds),
+        "--max-runs",
+        str(args.max_runs),
+        "--max-time",
+        "4h",
+        "--seed",
+        str(args.seed),
+        "--json",
+    ]
     t0 = time.monotonic()
     with open(work / f"{sampler}.log", "w") as log:
         out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True, check=False)
@@ -123,8 +154,9 @@ def key(flags: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="chat", help="a built-in workload")
-    ap.add_argument("--workload-file", help="a workload file `tuner workload` wrote from a store (instead of "
-                    "--workload)")
+    ap.add_argument(
+        "--workload-file", help="a workload file `tuner workload` wrote from a store (instead of --workload)"
+    )
     ap.add_argument("--name", help="its name in the output (default: the file's stem)")
     ap.add_argument("--slo", help=f"its SLO (default {FILE_SLO})")
     ap.add_argument("--grid", help=f"the flags searched with their values (default {FILE_GRID})")
@@ -143,11 +175,15 @@ def main() -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix=f"tune-bench-{args.workload}-"))
     work.mkdir(parents=True, exist_ok=True)
     cfg = write_config(work, args.workload, python, model)
-    subprocess.run([sys.executable, "-m", "tuner.cli", "-c", str(cfg), "db", "upgrade"], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "-c", str(cfg), "db", "upgrade"], check=True, stdout=subprocess.DEVNULL
+    )
     flags = WORKLOADS[args.workload][2]
-    print(f"workload {args.workload}: {WORKLOADS[args.workload][0]}; SLO {WORKLOADS[args.workload][1]}; "
-          f"grid {flags}; workdir {work}; load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"workload {args.workload}: {WORKLOADS[args.workload][0]}; SLO {WORKLOADS[args.workload][1]}; "
+        f"grid {flags}; workdir {work}; load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     results = {}
     for sampler in ("grid", "tpe", "random"):
         if sampler in args.skip and (work / f"{sampler}.json").exists():
@@ -159,8 +195,10 @@ def main() -> int:
         print(f"{sampler}: {results[sampler]['counts']} in {results[sampler]['wall_s']:.0f}s", flush=True)
     grid = {key(t["flags"]): t for t in results["grid"]["trials"] if t["status"] == "measured"}
     best = max(t["capacity_rps"] for t in grid.values())
-    print(f"\ngrid ({len(grid)} points measured, {results['grid']['counts']['pruned']} pruned, "
-          f"{results['grid']['wall_s']:.0f}s):")
+    print(
+        f"\ngrid ({len(grid)} points measured, {results['grid']['counts']['pruned']} pruned, "
+        f"{results['grid']['wall_s']:.0f}s):"
+    )
     for t in sorted(grid.values(), key=lambda t: -t["capacity_rps"]):
         print(f"  {t['capacity_rps']:6.3g} req/s  {' '.join(f'{k}={v}' for k, v in t['flags'].items())}")
     print(f"\n{'search':8} {'trials':>8} {'crashes':>8} {'chosen/grid-best':>17} {'measured/grid-best':>19}  chosen")
@@ -169,12 +207,16 @@ def main() -> int:
         chosen = r["best"]["flags"]
         in_grid = grid.get(key(chosen), {}).get("capacity_rps")
         trials = r["counts"]["measured"] + r["counts"]["crashed"]
-        print(f"{sampler:8} {trials:>4}/{len(grid):<3} {r['counts']['crashed']:>8} "
-              f"{(in_grid or 0) / best:>17.0%} {r['best']['capacity_rps'] / best:>19.0%}  "
-              f"{' '.join(f'{k}={v}' for k, v in chosen.items())}")
+        print(
+            f"{sampler:8} {trials:>4}/{len(grid):<3} {r['counts']['crashed']:>8} "
+            f"{(in_grid or 0) / best:>17.0%} {r['best']['capacity_rps'] / best:>19.0%}  "
+            f"{' '.join(f'{k}={v}' for k, v in chosen.items())}"
+        )
     spread = (best - min(t["capacity_rps"] for t in grid.values())) / best
-    print(f"\ngrid best {best:.3g} req/s; worst is {spread:.0%} below it; baseline (the flags in force) "
-          f"{results['tpe']['baseline']['capacity_rps']} req/s; load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"\ngrid best {best:.3g} req/s; worst is {spread:.0%} below it; baseline (the flags in force) "
+        f"{results['tpe']['baseline']['capacity_rps']} req/s; load average {os.getloadavg()[0]:.2f}"
+    )
     return 0
 
 

@@ -42,8 +42,14 @@ from tuner.lab.proc import stop  # noqa: E402
 
 # name: (workload the client sends (its fields as tuner's workload files spell them), request rate)
 SHAPES: dict[str, dict] = {
-    "rag": {"input_len": 750, "prefix_len": 600, "output_len": 80, "range_ratio": 0.133, "burstiness": 1.0,
-            "rate_rps": 3.0},
+    "rag": {
+        "input_len": 750,
+        "prefix_len": 600,
+        "output_len": 80,
+        "range_ratio": 0.133,
+        "burstiness": 1.0,
+        "rate_rps": 3.0,
+    },
     "short-chat": {"input_len": 64, "output_len": 64, "range_ratio": 0.5, "burstiness": 1.0, "rate_rps": 4.0},
     "long-gen": {"input_len": 64, "output_len": 512, "range_ratio": 0.3, "burstiness": 1.0, "rate_rps": 0.5},
     "bursty": {"input_len": 128, "output_len": 64, "range_ratio": 0.3, "burstiness": 0.2, "rate_rps": 3.0},
@@ -54,12 +60,18 @@ SLO = "{ttft_p99: 2s, e2e_p99: 20s, objective: 0.95}"
 
 
 def _tuner(cfg: Path, *args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuner.cli", "-c", str(cfg), *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "-c", str(cfg), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        **kw,
+    )
 
 
 def _healthy(url: str) -> bool:
     from tuner.collect import http
+
     try:
         return http.get(url + "/health", timeout_s=3, max_bytes=1024).status == 200
     except Exception:  # noqa: BLE001 (not up yet)
@@ -86,11 +98,15 @@ def serve_shape(name: str, out: Path, python: str, model: str, seconds: float) -
         f"      model: {model}\n      executable: {python}\n"
         "      flags: {max_model_len: 1024}\n"
         f"      log_dir: {work / 'logs'}\n"
-        f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{work / 'vllm-cache'}'}}\n")
+        f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{work / 'vllm-cache'}'}}\n"
+    )
     _tuner(cfg, "db", "upgrade", check=True)
-    daemon = subprocess.Popen([sys.executable, "-m", "tuner.cli", "-c", str(cfg), "--log-level", "WARNING", "run"],
-                              stdout=open(work / "run.log", "w"), stderr=subprocess.STDOUT,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", "-c", str(cfg), "--log-level", "WARNING", "run"],
+        stdout=open(work / "run.log", "w"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         deadline = time.monotonic() + 600
         while not _healthy(url):
@@ -102,9 +118,17 @@ def serve_shape(name: str, out: Path, python: str, model: str, seconds: float) -
         w = Workload(**{k: v for k, v in shape.items()})
         t0 = time.time()
         with BenchClient(python, work / "client") as client:
-            run = client.run(w, url=url, model="tiny", tokenizer=model, rate=shape["rate_rps"],
-                             prompts=max(30, int(shape["rate_rps"] * seconds)), slo=Slo(e2e_p99="20s"), warmups=0,
-                             timeout_s=seconds * 4 + 300)
+            run = client.run(
+                w,
+                url=url,
+                model="tiny",
+                tokenizer=model,
+                rate=shape["rate_rps"],
+                prompts=max(30, int(shape["rate_rps"] * seconds)),
+                slo=Slo(e2e_p99="20s"),
+                warmups=0,
+                timeout_s=seconds * 4 + 300,
+            )
         time.sleep(12)  # the last requests' scrape
         window = int(time.time() - t0) + 5
         path = out / f"{name}.yaml"
@@ -112,8 +136,13 @@ def serve_shape(name: str, out: Path, python: str, model: str, seconds: float) -
         if got.returncode != 0:
             raise SystemExit(f"{name}: tuner workload failed: {got.stderr.strip()}")
         print(got.stdout.strip(), flush=True)
-        return {"shape": name, "sent": shape, "file": str(path), "client": {"sent": run.sent, "completed":
-                run.completed, "throughput_rps": run.throughput_rps}, "workdir": str(work)}
+        return {
+            "shape": name,
+            "sent": shape,
+            "file": str(path),
+            "client": {"sent": run.sent, "completed": run.completed, "throughput_rps": run.throughput_rps},
+            "workdir": str(work),
+        }
     finally:
         stop(daemon, 30)
         _tuner(cfg, "managed", "stop", timeout=120)
@@ -143,8 +172,10 @@ def main() -> int:
         print(f"held back (chosen before any tuning, seed {seed}): {', '.join(held)}", flush=True)
     done = [serve_shape(n, out, python, model, args.seconds) for n in names]
     (out / "corpus.json").write_text(json.dumps(done, indent=1) + "\n")
-    print(f"\nwrote {len(done)} workloads to {out}; score each with bench/tune.py --workload-file FILE --name NAME "
-          "(once with --in-force '{}' for vLLM's defaults, once with a poor config)")
+    print(
+        f"\nwrote {len(done)} workloads to {out}; score each with bench/tune.py --workload-file FILE --name NAME "
+        "(once with --in-force '{}' for vLLM's defaults, once with a poor config)"
+    )
     return 0
 
 

@@ -42,8 +42,10 @@ sys.path.insert(0, str(ROOT))
 
 WORKLOAD = {"input_len": 128, "output_len": 64, "range_ratio": 0.3, "burstiness": 1.0, "rate_rps": 2.0}
 SLO = "{ttft_p99: 1s, e2e_p99: 4s, objective: 0.95}"
-NEIGHBOUR = "import time\nwhile True:\n    t = time.perf_counter()\n    while time.perf_counter() - t < 0.01:\n" \
-            "        pass\n    time.sleep(0.01)\n"
+NEIGHBOUR = (
+    "import time\nwhile True:\n    t = time.perf_counter()\n    while time.perf_counter() - t < 0.01:\n"
+    "        pass\n    time.sleep(0.01)\n"
+)
 
 
 def write_config(work: Path, python: str, model: str, flags: dict) -> Path:
@@ -58,7 +60,8 @@ def write_config(work: Path, python: str, model: str, flags: dict) -> Path:
         f"      flags: {{{', '.join(f'{k}: {json.dumps(v)}' for k, v in flags.items())}, max_model_len: 1024}}\n"
         "      extra_args: {enforce-eager: true}\n"
         f"      log_dir: {work / 'logs'}\n"
-        f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{work / 'vllm-cache'}'}}\n")
+        f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{work / 'vllm-cache'}'}}\n"
+    )
     return cfg
 
 
@@ -73,26 +76,55 @@ def bound_cores(log: str) -> str:
 
 
 def one_server(cfg: Path, work: Path, bind: str, args: argparse.Namespace, tag: str) -> dict:
-    argv = [sys.executable, "-m", "tuner.cli", "-c", str(cfg), "tune", "tiny", "--workload",
-            str(work / "workload.yaml"), "--budget", "1", "--no-noise-check", "--cpu-bind", bind,
-            "--run-seconds", str(args.run_seconds), "--max-runs", str(args.max_runs), "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "-c",
+        str(cfg),
+        "tune",
+        "tiny",
+        "--workload",
+        str(work / "workload.yaml"),
+        "--budget",
+        "1",
+        "--no-noise-check",
+        "--cpu-bind",
+        bind,
+        "--run-seconds",
+        str(args.run_seconds),
+        "--max-runs",
+        str(args.max_runs),
+        "--json",
+    ]
     t0 = time.monotonic()
     with open(work / f"{tag}.log", "w") as log:
-        out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True, check=False,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        out = subprocess.run(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            check=False,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
     if out.returncode != 0:
         return {"tag": tag, "error": f"tuner tune exited {out.returncode}; see {work / (tag + '.log')}"}
     result = json.loads(out.stdout)
     from tuner.store import tuning as tj
     from tuner.store.db import open_engine
+
     engine = open_engine(f"sqlite:///{work / 'tuner.db'}")
     trial = tj.trials(engine, result["run_id"])[0]
     engine.dispose()
-    return {"tag": tag, "capacity_rps": trial.capacity_rps, "interval": [trial.detail.get("lo_rps"),
-                                                                          trial.detail.get("hi_rps")],
-            "worker_cores": bound_cores(trial.detail.get("log", "")),
-            "placement": (trial.detail.get("placement") or {}).get("note", "vLLM's own (auto)"),
-            "wall_s": round(time.monotonic() - t0, 1), "load": round(os.getloadavg()[0], 2)}
+    return {
+        "tag": tag,
+        "capacity_rps": trial.capacity_rps,
+        "interval": [trial.detail.get("lo_rps"), trial.detail.get("hi_rps")],
+        "worker_cores": bound_cores(trial.detail.get("log", "")),
+        "placement": (trial.detail.get("placement") or {}).get("note", "vLLM's own (auto)"),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "load": round(os.getloadavg()[0], 2),
+    }
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -100,9 +132,15 @@ def summarize(rows: list[dict]) -> dict:
     if not caps:
         return {"n": 0}
     mean = statistics.fmean(caps)
-    return {"n": len(caps), "mean": mean, "min": min(caps), "max": max(caps),
-            "spread": (max(caps) - min(caps)) / mean, "worst": max(abs(c - mean) for c in caps) / mean,
-            "within_10": all(abs(c - mean) <= 0.1 * mean for c in caps)}
+    return {
+        "n": len(caps),
+        "mean": mean,
+        "min": min(caps),
+        "max": max(caps),
+        "spread": (max(caps) - min(caps)) / mean,
+        "worst": max(abs(c - mean) for c in caps) / mean,
+        "within_10": all(abs(c - mean) <= 0.1 * mean for c in caps),
+    }
 
 
 def main() -> int:
@@ -123,13 +161,20 @@ def main() -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tune-spread-"))
     work.mkdir(parents=True, exist_ok=True)
     cfg = write_config(work, python, model, flags)
-    subprocess.run([sys.executable, "-m", "tuner.cli", "-c", str(cfg), "db", "upgrade"], check=True,
-                   stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "-c", str(cfg), "db", "upgrade"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     conditions = [(b, n) for n in args.neighbour.split(",") for b in args.bind.split(",")]
     started = datetime.now(timezone.utc)
     load0 = os.getloadavg()[0]
-    print(f"flags {flags}; workload {WORKLOAD}; SLO {SLO}; conditions {conditions}; {args.servers} servers each; "
-          f"workdir {work}; load average {load0:.2f}", flush=True)
+    print(
+        f"flags {flags}; workload {WORKLOAD}; SLO {SLO}; conditions {conditions}; {args.servers} servers each; "
+        f"workdir {work}; load average {load0:.2f}",
+        flush=True,
+    )
     rows: dict[tuple[str, str], list[dict]] = {c: [] for c in conditions}
     for i in range(args.servers):
         for bind, neighbour in conditions:
@@ -142,29 +187,40 @@ def main() -> int:
                     noisy.wait()
             rows[(bind, neighbour)].append(r)
             print(json.dumps(r), flush=True)
-    lines = [f"## `tuner tune`: the same flags on {args.servers} fresh vLLM CPU servers "
-             f"({started:%Y-%m-%d %H:%M} UTC)", "",
-             f"`python bench/tune_spread.py --servers {args.servers} --bind {args.bind} --neighbour {args.neighbour} "
-             f"--flags {args.flags} --run-seconds {args.run_seconds:g} --max-runs {args.max_runs}`; workload "
-             f"{WORKLOAD}, SLO {SLO}; load average {load0:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
-             f"{os.cpu_count()} CPUs.", "",
-             "| binding | neighbour (half a core) | capacities, req/s (interval) | worker's cores | mean | spread "
-             "(max-min)/mean | worst deviation | all within ±10% |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"## `tuner tune`: the same flags on {args.servers} fresh vLLM CPU servers ({started:%Y-%m-%d %H:%M} UTC)",
+        "",
+        f"`python bench/tune_spread.py --servers {args.servers} --bind {args.bind} --neighbour {args.neighbour} "
+        f"--flags {args.flags} --run-seconds {args.run_seconds:g} --max-runs {args.max_runs}`; workload "
+        f"{WORKLOAD}, SLO {SLO}; load average {load0:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
+        f"{os.cpu_count()} CPUs.",
+        "",
+        "| binding | neighbour (half a core) | capacities, req/s (interval) | worker's cores | mean | spread "
+        "(max-min)/mean | worst deviation | all within ±10% |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for (bind, neighbour), rs in rows.items():
         s = summarize(rs)
-        caps = ", ".join(f"{r['capacity_rps']:.3g} ({r['interval'][0] or 0:.3g}-"
-                         f"{'ceiling' if r['interval'][1] is None else format(r['interval'][1], '.3g')})"
-                         if r.get("capacity_rps") is not None else r.get("error", "-") for r in rs)
+        caps = ", ".join(
+            f"{r['capacity_rps']:.3g} ({r['interval'][0] or 0:.3g}-"
+            f"{'ceiling' if r['interval'][1] is None else format(r['interval'][1], '.3g')})"
+            if r.get("capacity_rps") is not None
+            else r.get("error", "-")
+            for r in rs
+        )
         cores = ", ".join(r.get("worker_cores", "?") for r in rs)
         if s["n"]:
-            lines.append(f"| {bind} | {neighbour} | {caps} | {cores} | {s['mean']:.3g} | {s['spread']:.0%} | "
-                         f"±{s['worst']:.0%} | {'yes' if s['within_10'] else 'no'} |")
+            lines.append(
+                f"| {bind} | {neighbour} | {caps} | {cores} | {s['mean']:.3g} | {s['spread']:.0%} | "
+                f"±{s['worst']:.0%} | {'yes' if s['within_10'] else 'no'} |"
+            )
         else:
             lines.append(f"| {bind} | {neighbour} | {caps} | {cores} | - | - | - | no |")
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     if args.write:
         from bench.summary import results_path
+
         path = results_path("tune-spread", started)
         path.write_text(text)
         print(f"wrote {path}")

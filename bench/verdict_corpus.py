@@ -32,8 +32,10 @@ def _flags(f: dict) -> str:
 
 
 def _table(pairs: list[corpus.Pair]) -> tuple[list[str], int]:
-    rows = ["| pair | change | truth (from the clients) | allowed | verdict | confidence | why |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| pair | change | truth (from the clients) | allowed | verdict | confidence | why |",
+        "|---|---|---|---|---|---|---|",
+    ]
     right = 0
     for p in pairs:
         meta = corpus.meta(p.recording)
@@ -42,29 +44,38 @@ def _table(pairs: list[corpus.Pair]) -> tuple[list[str], int]:
         bad = corpus.clauses_contradicting_their_numbers(v)
         ok = v.outcome in allowed and not bad
         right += ok
-        change = f"{_flags(meta['before']['flags'])} @ {meta['before']['rate']:g}/s -> " \
-                 f"{_flags(meta['after']['flags'])} @ {meta['after']['rate']:g}/s"
-        rows.append(f"| {p.id} | {change} | {why.replace('|', '/')} | {', '.join(sorted(allowed))} | "
-                    f"**{v.outcome}**{'' if ok else ' (WRONG)'} | {v.confidence:.2f} | "
-                    f"{v.reason[:220].replace('|', '/')}{' CONTRADICTS: ' + '; '.join(bad) if bad else ''} |")
+        change = (
+            f"{_flags(meta['before']['flags'])} @ {meta['before']['rate']:g}/s -> "
+            f"{_flags(meta['after']['flags'])} @ {meta['after']['rate']:g}/s"
+        )
+        rows.append(
+            f"| {p.id} | {change} | {why.replace('|', '/')} | {', '.join(sorted(allowed))} | "
+            f"**{v.outcome}**{'' if ok else ' (WRONG)'} | {v.confidence:.2f} | "
+            f"{v.reason[:220].replace('|', '/')}{' CONTRADICTS: ' + '; '.join(bad) if bad else ''} |"
+        )
     return rows, right
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--append", action="store_true",
-                    help="also write the tables to bench/results/YYYY-MM-DD-HHMM-verdict-corpus.md")
+    ap.add_argument(
+        "--append", action="store_true", help="also write the tables to bench/results/YYYY-MM-DD-HHMM-verdict-corpus.md"
+    )
     args = ap.parse_args()
     started = time.gmtime()
     pairs = corpus.pairs()
     parts = {"built on": [p for p in pairs if not p.held_back], "held back": [p for p in pairs if p.held_back]}
     load = os.getloadavg()
-    out = [f"## The verdict on the recorded corpus ({time.strftime('%Y-%m-%d %H:%M UTC', started)})", "",
-           f"`python bench/verdict_corpus.py` (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}): "
-           f"{len(corpus.recordings())} recordings from `scripts/record_verdict_corpus.py`, {len(pairs)} judged "
-           "pairs (each vLLM recording without an SLO and under three). The held-back recordings "
-           f"({', '.join(sorted(corpus.held_back()))}) were chosen at random before any was recorded "
-           "(tests/fixtures/verdict_corpus/held_back.json) and nothing was tuned to them.", ""]
+    out = [
+        f"## The verdict on the recorded corpus ({time.strftime('%Y-%m-%d %H:%M UTC', started)})",
+        "",
+        f"`python bench/verdict_corpus.py` (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}): "
+        f"{len(corpus.recordings())} recordings from `scripts/record_verdict_corpus.py`, {len(pairs)} judged "
+        "pairs (each vLLM recording without an SLO and under three). The held-back recordings "
+        f"({', '.join(sorted(corpus.held_back()))}) were chosen at random before any was recorded "
+        "(tests/fixtures/verdict_corpus/held_back.json) and nothing was tuned to them.",
+        "",
+    ]
     scores = {}
     for name, part in parts.items():
         rows, right = _table(part)

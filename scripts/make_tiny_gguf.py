@@ -12,6 +12,7 @@ residual dimension 0 is held at a constant and column 0 of the output matrix act
 pushes byte and control tokens far down: generated text is always printable ASCII and always runs to
 max_tokens (end-of-generation tokens are never sampled), which keeps load tests predictable.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,17 +74,19 @@ def build_tensors(types: list[int], rng: np.random.Generator) -> dict[str, np.nd
         ffn_down = rand(N_EMBD, N_FF)
         attn_out[BIAS_DIM, :] = 0.0  # keep residual dim 0 constant through the block
         ffn_down[BIAS_DIM, :] = 0.0
-        tensors.update({
-            f"blk.{i}.attn_norm.weight": np.ones(N_EMBD, np.float32),
-            f"blk.{i}.attn_q.weight": rand(N_EMBD, N_EMBD),
-            f"blk.{i}.attn_k.weight": rand(n_kv, N_EMBD),
-            f"blk.{i}.attn_v.weight": rand(n_kv, N_EMBD),
-            f"blk.{i}.attn_output.weight": attn_out,
-            f"blk.{i}.ffn_norm.weight": np.ones(N_EMBD, np.float32),
-            f"blk.{i}.ffn_gate.weight": rand(N_FF, N_EMBD),
-            f"blk.{i}.ffn_up.weight": rand(N_FF, N_EMBD),
-            f"blk.{i}.ffn_down.weight": ffn_down,
-        })
+        tensors.update(
+            {
+                f"blk.{i}.attn_norm.weight": np.ones(N_EMBD, np.float32),
+                f"blk.{i}.attn_q.weight": rand(N_EMBD, N_EMBD),
+                f"blk.{i}.attn_k.weight": rand(n_kv, N_EMBD),
+                f"blk.{i}.attn_v.weight": rand(n_kv, N_EMBD),
+                f"blk.{i}.attn_output.weight": attn_out,
+                f"blk.{i}.ffn_norm.weight": np.ones(N_EMBD, np.float32),
+                f"blk.{i}.ffn_gate.weight": rand(N_FF, N_EMBD),
+                f"blk.{i}.ffn_up.weight": rand(N_FF, N_EMBD),
+                f"blk.{i}.ffn_down.weight": ffn_down,
+            }
+        )
     tensors["output_norm.weight"] = np.ones(N_EMBD, np.float32)
     tensors["output.weight"] = out
     return tensors

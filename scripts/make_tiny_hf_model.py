@@ -10,6 +10,7 @@ trained on deterministically generated text, a chatml chat template, and a 2-lay
 itself (config, safetensors, tokenizer, template), so `--model OUTDIR --served-model-name NAME` just works.
 Skips when OUTDIR/config.json exists, unless --force.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,9 @@ WORDS = (
     "after use our how over such year most even want because good give day just know request model server "
     "token cache batch queue latency memory prompt prefix throughput decode prefill sequence running waiting"
 ).split()
-SYLLABLES = ("ka ri to mo na se lu pe vi da go ne ta ru mi so ke ba lo fi ze an en in on un ar er or "
-             "st tr pl gr ch sh th qu").split()
+SYLLABLES = (
+    "ka ri to mo na se lu pe vi da go ne ta ru mi so ke ba lo fi ze an en in on un ar er or st tr pl gr ch sh th qu"
+).split()
 
 
 def corpus(n_lines: int = 20000) -> list[str]:
@@ -80,7 +82,8 @@ def build_tokenizer():
     tok.train_from_iterator(corpus(), trainer=trainer)
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
     return tok
 
 
@@ -90,8 +93,14 @@ def write_model(out: Path) -> None:
 
     raw = build_tokenizer()
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw, bos_token="<s>", eos_token="<|im_end|>", unk_token="<unk>", pad_token="</s>",
-        additional_special_tokens=["<|im_start|>", "</s>"], model_max_length=2048)
+        tokenizer_object=raw,
+        bos_token="<s>",
+        eos_token="<|im_end|>",
+        unk_token="<unk>",
+        pad_token="</s>",
+        additional_special_tokens=["<|im_start|>", "</s>"],
+        model_max_length=2048,
+    )
     tokenizer.chat_template = CHATML
 
     torch.manual_seed(SEED)
@@ -121,7 +130,8 @@ def write_model(out: Path) -> None:
         (tmp / "README.md").write_text(
             "# tuner tiny-llama\n\nRandom weights (seed %d) and a locally trained %d-token byte-level BPE "  # noqa: UP031
             "tokenizer, made by tuner's scripts/make_tiny_hf_model.py for tests. Output is noise.\n"
-            % (SEED, len(tokenizer)))
+            % (SEED, len(tokenizer))
+        )
         for path in [tmp, *tmp.iterdir()]:  # mkdtemp makes 0700: let other users (CI runners) read the model
             path.chmod(0o755 if path.is_dir() else 0o644)
         if out.exists():

@@ -84,9 +84,13 @@ def load_in_background(url: str, **kwargs: object) -> tuple[threading.Thread, li
     return thread, result
 
 
-def capture_during(url: str, thread: threading.Thread, good: Callable[[str], bool],
-                   score: Callable[[str], float], extra: Callable[[], bytes] | None = None
-                   ) -> tuple[str, bytes | None, bool]:
+def capture_during(
+    url: str,
+    thread: threading.Thread,
+    good: Callable[[str], bool],
+    score: Callable[[str], float],
+    extra: Callable[[], bytes] | None = None,
+) -> tuple[str, bytes | None, bool]:
     """Poll /metrics while the load thread runs: first body that is good(), else the best-scoring one."""
     best: tuple[float, str, bytes | None] = (-1.0, "", None)
     while thread.is_alive():
@@ -116,9 +120,12 @@ def shape(load: dict[str, object]) -> str:
 
 def describe(result: LoadResult) -> str:
     p50 = result.quantile(0.5)
-    return (f"{result.ok}/{result.requested} ok, {result.failed} failed, {result.completion_tokens} tokens "
-            f"generated, p50 {p50:.2f} s, wall {result.wall_s:.1f} s" if p50 is not None
-            else f"{result.ok}/{result.requested} ok, errors: {result.errors[:2]}")
+    return (
+        f"{result.ok}/{result.requested} ok, {result.failed} failed, {result.completion_tokens} tokens "
+        f"generated, p50 {p50:.2f} s, wall {result.wall_s:.1f} s"
+        if p50 is not None
+        else f"{result.ok}/{result.requested} ok, errors: {result.errors[:2]}"
+    )
 
 
 def shown_argv(server: RealServer) -> str:
@@ -170,23 +177,39 @@ def record_vllm(rec: Recorder, workdir: Path) -> None:
         else:
             rec.notes.setdefault(sub, []).append(
                 "- no `health_loading.txt`: while loading, vLLM sent no HTTP answer to /health ("
-                + (", ".join(sorted(failures)) or "nothing") + "); it answers only once ready, with 200.")
+                + (", ".join(sorted(failures)) or "nothing")
+                + "); it answers only once ready, with 200."
+            )
         rec.write(sub, "version.json", get(server.url + "/version").content, "GET /version")
-        rec.write(sub, "metrics_idle.txt", get(server.url + "/metrics").content,
-                  f"/metrics right after /health turned 200, no request served yet. `{argv}`")
+        rec.write(
+            sub,
+            "metrics_idle.txt",
+            get(server.url + "/metrics").content,
+            f"/metrics right after /health turned 200, no request served yet. `{argv}`",
+        )
         thread, result = load_in_background(server.url, model=server.model_name, **VLLM_LOAD)
         body, _, ok = capture_during(
-            server.url, thread,
+            server.url,
+            thread,
             good=lambda b: sample(b, metric_names[0]) > 0 and sample(b, metric_names[1]) > 0,
-            score=lambda b: sample(b, metric_names[0]) + sample(b, metric_names[1]))
+            score=lambda b: sample(b, metric_names[0]) + sample(b, metric_names[1]),
+        )
         thread.join()
         if not ok:
             log("warning: never saw running > 0 and waiting > 0 at once; kept the busiest body")
-        rec.write(sub, "metrics_under_load.txt", body,
-                  f"/metrics while run_load({shape(VLLM_LOAD)}) ran (running {sample(body, metric_names[0]):g}, waiting "
-                  f"{sample(body, metric_names[1]):g}). Load: {describe(result[0])}. Same server.")
-        rec.write(sub, "metrics_after_load.txt", wait_idle(server.url, metric_names),
-                  "/metrics after that load finished (running and waiting back to 0). Same server.")
+        rec.write(
+            sub,
+            "metrics_under_load.txt",
+            body,
+            f"/metrics while run_load({shape(VLLM_LOAD)}) ran (running {sample(body, metric_names[0]):g}, waiting "
+            f"{sample(body, metric_names[1]):g}). Load: {describe(result[0])}. Same server.",
+        )
+        rec.write(
+            sub,
+            "metrics_after_load.txt",
+            wait_idle(server.url, metric_names),
+            "/metrics after that load finished (running and waiting back to 0). Same server.",
+        )
     finally:
         log(f"vLLM stop exit code {server.stop()}")
 
@@ -194,30 +217,41 @@ def record_vllm(rec: Recorder, workdir: Path) -> None:
     server = realservers.start_vllm(workdir / "vllm-noprefix", flags={"enable-prefix-caching": False})
     try:
         result = run_load(server.url, model=server.model_name, **VLLM_SMALL_LOAD)  # type: ignore[arg-type]
-        rec.write(sub, "metrics_prefix_caching_off.txt", wait_idle(server.url, metric_names),
-                  f"/metrics after run_load({shape(VLLM_SMALL_LOAD)}) ({describe(result)}). `{shown_argv(server)}`")
+        rec.write(
+            sub,
+            "metrics_prefix_caching_off.txt",
+            wait_idle(server.url, metric_names),
+            f"/metrics after run_load({shape(VLLM_SMALL_LOAD)}) ({describe(result)}). `{shown_argv(server)}`",
+        )
     finally:
         server.stop()
 
     # 3. KV pressure: a tiny KV space and distinct prompts force preemptions and near-full KV usage.
     server = realservers.start_vllm(workdir / "vllm-kv", flags=VLLM_KV_FLAGS)
     try:
-        thread, result = load_in_background(server.url, model=server.model_name, distinct_prompts=True,
-                                            **VLLM_KV_LOAD)
+        thread, result = load_in_background(server.url, model=server.model_name, distinct_prompts=True, **VLLM_KV_LOAD)
         body, _, ok = capture_during(
-            server.url, thread,
-            good=lambda b: sample(b, "vllm:num_preemptions_total") > 0
-            and sample(b, "vllm:kv_cache_usage_perc") >= 0.85,
-            score=lambda b: sample(b, "vllm:kv_cache_usage_perc")
-            + (1.0 if sample(b, "vllm:num_preemptions_total") > 0 else 0.0))
+            server.url,
+            thread,
+            good=lambda b: (
+                sample(b, "vllm:num_preemptions_total") > 0 and sample(b, "vllm:kv_cache_usage_perc") >= 0.85
+            ),
+            score=lambda b: (
+                sample(b, "vllm:kv_cache_usage_perc") + (1.0 if sample(b, "vllm:num_preemptions_total") > 0 else 0.0)
+            ),
+        )
         thread.join()
         if not ok:
             log("warning: never saw preemptions > 0 with KV usage >= 0.85; kept the fullest body")
-        rec.write(sub, "metrics_kv_pressure.txt", body,
-                  f"/metrics under run_load({shape(VLLM_KV_LOAD)}), distinct prompts (KV usage "
-                  f"{sample(body, 'vllm:kv_cache_usage_perc'):.2f}, preemptions "
-                  f"{sample(body, 'vllm:num_preemptions_total'):g}). Load: {describe(result[0])}. "
-                  f"VLLM_CPU_KVCACHE_SPACE unset (it would override the flag). `{shown_argv(server)}`")
+        rec.write(
+            sub,
+            "metrics_kv_pressure.txt",
+            body,
+            f"/metrics under run_load({shape(VLLM_KV_LOAD)}), distinct prompts (KV usage "
+            f"{sample(body, 'vllm:kv_cache_usage_perc'):.2f}, preemptions "
+            f"{sample(body, 'vllm:num_preemptions_total'):g}). Load: {describe(result[0])}. "
+            f"VLLM_CPU_KVCACHE_SPACE unset (it would override the flag). `{shown_argv(server)}`",
+        )
     finally:
         server.stop()
 
@@ -231,25 +265,36 @@ def record_llama(rec: Recorder, workdir: Path) -> None:
         url = server.url
         rec.write(sub, "health_ok.json", get(url + "/health").content, "GET /health once loaded")
         rec.write(sub, "props.json", get(url + "/props").content, f"GET /props. `{argv}`")
-        rec.write(sub, "metrics_idle.txt", get(url + "/metrics").content,
-                  f"/metrics right after start, no request served yet. `{argv}`")
+        rec.write(
+            sub,
+            "metrics_idle.txt",
+            get(url + "/metrics").content,
+            f"/metrics right after start, no request served yet. `{argv}`",
+        )
         rec.write(sub, "slots_idle.json", get(url + "/slots").content, "/slots at the same moment")
         thread, result = load_in_background(url, model=None, **LLAMA_LOAD)
         body, slots, ok = capture_during(
-            url, thread,
+            url,
+            thread,
             good=lambda b: sample(b, gauges[0]) > 0 and sample(b, gauges[1]) > 0,
             score=lambda b: sample(b, gauges[0]) + sample(b, gauges[1]),
-            extra=lambda: get(url + "/slots").content)
+            extra=lambda: get(url + "/slots").content,
+        )
         thread.join()
         if not ok:
             log("warning: never saw processing > 0 and deferred > 0 at once; kept the busiest body")
-        rec.write(sub, "metrics_mid_load.txt", body,
-                  f"/metrics while run_load({shape(LLAMA_LOAD)}) ran on /v1/completions (processing "
-                  f"{sample(body, gauges[0]):g}, deferred {sample(body, gauges[1]):g}). "
-                  f"Load: {describe(result[0])}. Same server.")
+        rec.write(
+            sub,
+            "metrics_mid_load.txt",
+            body,
+            f"/metrics while run_load({shape(LLAMA_LOAD)}) ran on /v1/completions (processing "
+            f"{sample(body, gauges[0]):g}, deferred {sample(body, gauges[1]):g}). "
+            f"Load: {describe(result[0])}. Same server.",
+        )
         rec.write(sub, "slots_mid_load.json", slots or b"", "/slots fetched right after metrics_mid_load.txt")
-        rec.write(sub, "metrics_after_load.txt", wait_idle(url, gauges),
-                  "/metrics after that load finished. Same server.")
+        rec.write(
+            sub, "metrics_after_load.txt", wait_idle(url, gauges), "/metrics after that load finished. Same server."
+        )
         rec.write(sub, "slots_after_load.json", get(url + "/slots").content, "/slots at the same moment")
     finally:
         log(f"llama-server stop exit code {server.stop()}")
@@ -257,8 +302,12 @@ def record_llama(rec: Recorder, workdir: Path) -> None:
     server = realservers.start_llama_server(workdir / "llama-nometrics", flags={"--metrics": None})
     try:
         r = get(server.url + "/metrics")
-        rec.write(sub, "no_metrics_501.txt", json.dumps({"status": r.status_code, "body": r.text}) + "\n",
-                  f"status and body of /metrics on a server started without --metrics. `{shown_argv(server)}`")
+        rec.write(
+            sub,
+            "no_metrics_501.txt",
+            json.dumps({"status": r.status_code, "body": r.text}) + "\n",
+            f"status and body of /metrics on a server started without --metrics. `{shown_argv(server)}`",
+        )
     finally:
         server.stop()
 
@@ -283,8 +332,11 @@ README_END = "<!-- END generated by scripts/record_fixtures.py -->"
 
 def machine() -> str:
     try:
-        os_name = dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines()
-                       if "=" in line).get("PRETTY_NAME", "Linux").strip('"')
+        os_name = (
+            dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines() if "=" in line)
+            .get("PRETTY_NAME", "Linux")
+            .strip('"')
+        )
     except OSError:
         os_name = sys.platform
     return f"{os.cpu_count()}-core CPU-only {os_name} machine"
@@ -319,9 +371,14 @@ def write_readme(rec: Recorder, extra: dict[str, str]) -> None:
         lines += notes + [""]
     lines.append(README_END)
     path = rec.out / "README.md"
-    old = path.read_text() if path.exists() else (
-        "# Test fixtures\n\nRecorded real bodies that the unit tests replay. Folders not listed below have "
-        "their own README.\n\n")
+    old = (
+        path.read_text()
+        if path.exists()
+        else (
+            "# Test fixtures\n\nRecorded real bodies that the unit tests replay. Folders not listed below have "
+            "their own README.\n\n"
+        )
+    )
     if README_BEGIN in old and README_END in old:
         head, rest = old.split(README_BEGIN, 1)
         tail = rest.split(README_END, 1)[1]
@@ -336,8 +393,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures")
     ap.add_argument("--only", choices=["vllm", "llama-server"])
     args = ap.parse_args(argv)
-    needs = {"vllm": (realservers.VLLM_PYTHON, realservers.TINY_MODEL),
-             "llama-server": (realservers.LLAMA_SERVER, realservers.TINY_GGUF)}
+    needs = {
+        "vllm": (realservers.VLLM_PYTHON, realservers.TINY_MODEL),
+        "llama-server": (realservers.LLAMA_SERVER, realservers.TINY_GGUF),
+    }
     chosen = [args.only] if args.only else list(needs)
     missing = [r for k in chosen for r in (p.missing_reason() for p in needs[k]) if r]
     if missing:
@@ -355,8 +414,10 @@ def main(argv: list[str] | None = None) -> int:
         build = json.loads(props.read_text()).get("build_info")
         ver["llama-server"] = f"{ver.get('llama-server', '')}, build_info {build!r}".lstrip(", ")
     vj = rec.out / "vllm-0.32-cpu" / "version.json"
-    extra = {"vllm-0.32-cpu": ver.get("vllm", "") + (f", /version {vj.read_text().strip()}" if vj.exists() else ""),
-             "llama-server": ver.get("llama-server", "")}
+    extra = {
+        "vllm-0.32-cpu": ver.get("vllm", "") + (f", /version {vj.read_text().strip()}" if vj.exists() else ""),
+        "llama-server": ver.get("llama-server", ""),
+    }
     if args.only is None:
         write_readme(rec, extra)
     else:

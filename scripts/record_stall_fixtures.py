@@ -48,10 +48,21 @@ LLAMA_STALL_S = 120.0  # EngineStalled for llama-server: 1m pending
 VLLM_FLAGS = {"max-num-seqs": 2}
 VLLM_LOAD = dict(concurrency=6, prompt_tokens_approx=100, max_tokens=600)
 LLAMA_LOAD = dict(concurrency=6, prompt_tokens_approx=50, max_tokens=400)
-VLLM_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total",
-               "vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:kv_cache_usage_perc")
-LLAMA_GAUGES = ("llamacpp:requests_processing", "llamacpp:requests_deferred", "llamacpp:n_decode_total",
-                "llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total")
+VLLM_GAUGES = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:prompt_tokens_total",
+    "vllm:kv_cache_usage_perc",
+)
+LLAMA_GAUGES = (
+    "llamacpp:requests_processing",
+    "llamacpp:requests_deferred",
+    "llamacpp:n_decode_total",
+    "llamacpp:tokens_predicted_total",
+    "llamacpp:prompt_tokens_total",
+)
 
 
 def log(msg: str) -> None:
@@ -84,12 +95,17 @@ class Timeline:
     def take(self, phase: str) -> dict[str, Any]:
         h = ask(self.url + "/health")
         m = ask(self.url + "/metrics")
-        row: dict[str, Any] = {"t": round(time.time() - self.t0, 2), "phase": phase,
-                               "health": {"status": h[0], "seconds": round(h[2], 3),
-                                          "body": h[1][:200] if h[0] is not None else None,
-                                          "error": None if h[0] is not None else h[1]},
-                               "metrics": {"status": m[0], "seconds": round(m[2], 3),
-                                           "error": None if m[0] is not None else m[1]}}
+        row: dict[str, Any] = {
+            "t": round(time.time() - self.t0, 2),
+            "phase": phase,
+            "health": {
+                "status": h[0],
+                "seconds": round(h[2], 3),
+                "body": h[1][:200] if h[0] is not None else None,
+                "error": None if h[0] is not None else h[1],
+            },
+            "metrics": {"status": m[0], "seconds": round(m[2], 3), "error": None if m[0] is not None else m[1]},
+        }
         if m[0] == 200:
             row["values"] = {n: sample(m[1], n) for n in self.names}
             self.bodies[phase] = m[1]
@@ -105,15 +121,26 @@ class Timeline:
             time.sleep(max(0.0, every - (time.monotonic() - t)))
 
 
-def background_load(url: str, model: str | None, stop: threading.Event, said: list[str],
-                    **load: Any) -> threading.Thread:
+def background_load(
+    url: str, model: str | None, stop: threading.Event, said: list[str], **load: Any
+) -> threading.Thread:
     """Clients that keep ``concurrency`` requests in flight until ``stop`` (and a long timeout for a stall); how
     it went is appended to ``said``."""
+
     def go() -> None:
-        r = run_load(url, model=model, n_requests=10_000, timeout_s=1200, send_for_s=1100, stop=stop,
-                     distinct_prompts=True, **load)
+        r = run_load(
+            url,
+            model=model,
+            n_requests=10_000,
+            timeout_s=1200,
+            send_for_s=1100,
+            stop=stop,
+            distinct_prompts=True,
+            **load,
+        )
         said.append(f"load across the stall: {r.ok} ok, {r.failed} failed, errors {list(r.errors[:2])}")
         log(said[-1])
+
     th = threading.Thread(target=go, daemon=True)
     th.start()
     return th
@@ -136,14 +163,24 @@ def record_vllm(out: Path, workdir: Path) -> tuple[list[dict[str, Any]], list[st
         # a request that arrives while the engine core is stopped: do the gauges count it?
         late: list[tuple[int | None, str, float]] = []
         threading.Thread(target=lambda: late.append(ask(server.url + "/v1/models", 10)), daemon=True).start()
-        extra = threading.Thread(target=lambda: run_load(server.url, model=server.model_name, n_requests=2,
-                                                         concurrency=2, prompt_tokens_approx=20, max_tokens=8,
-                                                         timeout_s=STALL_S + RESUMED_S), daemon=True)
+        extra = threading.Thread(
+            target=lambda: run_load(
+                server.url,
+                model=server.model_name,
+                n_requests=2,
+                concurrency=2,
+                prompt_tokens_approx=20,
+                max_tokens=8,
+                timeout_s=STALL_S + RESUMED_S,
+            ),
+            daemon=True,
+        )
         extra.start()
         tl.run("stopped", STALL_S - 30)
         h = ask(server.url + "/health")
-        (out / "vllm_health_stopped.json").write_text(json.dumps({"status": h[0], "body": h[1], "seconds":
-                                                                  round(h[2], 3)}) + "\n")
+        (out / "vllm_health_stopped.json").write_text(
+            json.dumps({"status": h[0], "body": h[1], "seconds": round(h[2], 3)}) + "\n"
+        )
         (out / "vllm_metrics_stopped.txt").write_text(tl.bodies["stopped"])
         resume_process(core)
         log(f"SIGCONT engine core pid {core}")
@@ -168,9 +205,17 @@ def record_llama(out: Path, workdir: Path, notes: list[str]) -> tuple[list[dict[
         done = threading.Event()
 
         def one() -> None:
-            run_load(server.url, model=None, n_requests=2, concurrency=2, prompt_tokens_approx=50, max_tokens=450,
-                     timeout_s=60)
+            run_load(
+                server.url,
+                model=None,
+                n_requests=2,
+                concurrency=2,
+                prompt_tokens_approx=50,
+                max_tokens=450,
+                timeout_s=60,
+            )
             done.set()
+
         threading.Thread(target=one, daemon=True).start()
         t0 = time.time()
         while not done.is_set():
@@ -189,11 +234,13 @@ def record_llama(out: Path, workdir: Path, notes: list[str]) -> tuple[list[dict[
         with ThreadStop(server.process.pid):
             log("main loop thread stopped")
             s = ask(server.url + "/slots")
-            (out / "llama_slots_loop_stopped.json").write_text(json.dumps(
-                {"status": s[0], "error": None if s[0] else s[1], "seconds": round(s[2], 3)}) + "\n")
+            (out / "llama_slots_loop_stopped.json").write_text(
+                json.dumps({"status": s[0], "error": None if s[0] else s[1], "seconds": round(s[2], 3)}) + "\n"
+            )
             h = ask(server.url + "/health")
-            (out / "llama_health_loop_stopped.json").write_text(json.dumps(
-                {"status": h[0], "body": h[1], "seconds": round(h[2], 3)}) + "\n")
+            (out / "llama_health_loop_stopped.json").write_text(
+                json.dumps({"status": h[0], "body": h[1], "seconds": round(h[2], 3)}) + "\n"
+            )
             tl.run("loop_stopped", LLAMA_STALL_S)
         log("main loop thread resumed")
         tl.run("resumed", 45)
@@ -240,6 +287,7 @@ def vllm_scenario(rows: list[dict[str, Any]], rel_fixture: str) -> str:
 
     def series(name: str) -> list[float | None]:
         return [v[name] if v else None for v in vals]
+
     run, wait = series("vllm:num_requests_running"), series("vllm:num_requests_waiting")
     up = [1.0 if r["metrics"]["status"] == 200 else 0.0 for r in steps]
     healthy = [1.0 if r["health"]["status"] == 200 else 0.0 for r in steps]
@@ -250,8 +298,9 @@ def vllm_scenario(rows: list[dict[str, Any]], rel_fixture: str) -> str:
         if i < window or None in (run[i], wait[i], gen[i], gen[i - window], done[i], done[i - window]):
             return False
         return (run[i] or 0) + (wait[i] or 0) > 0 and gen[i] == gen[i - window] and done[i] == done[i - window]
+
     cond = [stalled(i) for i in range(len(steps))]
-    fires = next(i for i in range(len(steps)) if i >= hold and all(cond[i - hold:i + 1]))
+    fires = next(i for i in range(len(steps)) if i >= hold and all(cond[i - hold : i + 1]))
     clears = next(i for i in range(fires, len(steps)) if not cond[i])
     inflight = (run[fires] or 0) + (wait[fires] or 0)
     stop_t = next(r["t"] for r in rows if r["phase"] == "stopped")
@@ -311,7 +360,7 @@ def llama_scenario(rows: list[dict[str, Any]], rel_fixture: str) -> str:
     healthy = [1.0 if r["health"]["status"] == 200 else 0.0 if r["health"]["status"] else None for r in steps]
     hold = 4  # 1m in 15 s steps
     cond = [u == 0 and h == 1 for u, h in zip(up, healthy)]
-    fires = next(i for i in range(len(steps)) if i >= hold and all(cond[i - hold:i + 1]))
+    fires = next(i for i in range(len(steps)) if i >= hold and all(cond[i - hold : i + 1]))
     clears = next(i for i in range(fires, len(steps)) if not cond[i])
     start_t = steps[0]["t"]
     stop_t = next(r["t"] for r in rows if r["phase"] == "loop_stopped")
@@ -363,52 +412,75 @@ def _frozen(rows: list[dict[str, Any]], phase: str, name: str) -> str:
     return "/".join(f"{v:g}" for v in vals)
 
 
-def write_readme(out: Path, vllm: list[dict[str, Any]] | None, llama: list[dict[str, Any]] | None,
-                 counters: list[dict[str, Any]] | None, notes: list[str], llama_notes: list[str]) -> None:
-    lines = ["# What a stalled real server answers", "",
-             "Recorded by `scripts/record_stall_fixtures.py` (see its docstring; about 8 minutes, needs the real",
-             "servers of `scripts/setup-real-servers.sh`): `eval \"$(bash scripts/setup-real-servers.sh | grep ^export)\"; "
-             ".venv/bin/python scripts/record_stall_fixtures.py`. It also writes",
-             "`tests/rules/scenarios/engine_stalled_vllm.yaml` and `engine_stalled_llamacpp.yaml` from the timelines.",
-             f"Every {STEP_S:g} s the recorder asked `/health` and `/metrics` with a {SCRAPE_TIMEOUT_S:g} s timeout "
-             "(tuner's default scrape timeout); each `*_timeline.jsonl` line is one such look: its phase, what each "
-             "answered and how fast, and the values of the series that matter.", ""]
+def write_readme(
+    out: Path,
+    vllm: list[dict[str, Any]] | None,
+    llama: list[dict[str, Any]] | None,
+    counters: list[dict[str, Any]] | None,
+    notes: list[str],
+    llama_notes: list[str],
+) -> None:
+    lines = [
+        "# What a stalled real server answers",
+        "",
+        "Recorded by `scripts/record_stall_fixtures.py` (see its docstring; about 8 minutes, needs the real",
+        'servers of `scripts/setup-real-servers.sh`): `eval "$(bash scripts/setup-real-servers.sh | grep ^export)"; '
+        ".venv/bin/python scripts/record_stall_fixtures.py`. It also writes",
+        "`tests/rules/scenarios/engine_stalled_vllm.yaml` and `engine_stalled_llamacpp.yaml` from the timelines.",
+        f"Every {STEP_S:g} s the recorder asked `/health` and `/metrics` with a {SCRAPE_TIMEOUT_S:g} s timeout "
+        "(tuner's default scrape timeout); each `*_timeline.jsonl` line is one such look: its phase, what each "
+        "answered and how fast, and the values of the series that matter.",
+        "",
+    ]
     if vllm:
         stopped = [r for r in vllm if r["phase"] == "stopped"]
-        lines += ["## vLLM (CPU build, tiny model, `--max-num-seqs 2`, 6 clients)", "",
-                  f"The engine core (`VLLM::EngineCore`, a child of the API server) stopped with SIGSTOP for "
-                  f"{stopped[-1]['t'] - stopped[0]['t'] + STEP_S:.0f} s, then SIGCONT:", "",
-                  f"- `/health`: {_span(vllm, 'stopped', 'health')} (`vllm_health_stopped.json`: 200, empty body).",
-                  f"- `/metrics`: {_span(vllm, 'stopped', 'metrics')} (`vllm_metrics_stopped.txt`).",
-                  f"- The gauges stay where the engine left them: running {_frozen(vllm, 'stopped', 'vllm:num_requests_running')}"
-                  f", waiting {_frozen(vllm, 'stopped', 'vllm:num_requests_waiting')}; the counters stop: generation tokens "
-                  f"{_frozen(vllm, 'stopped', 'vllm:generation_tokens_total')}, finished requests "
-                  f"{_frozen(vllm, 'stopped', 'vllm:request_success_total')}.",
-                  "- Two requests sent 30 s into the stop are not counted: waiting stays the same until SIGCONT, then "
-                  "shows them. A stall that begins with nothing in flight leaves the gauges at 0 whatever arrives.",
-                  *(f"- {n}." for n in notes),
-                  "- After SIGCONT the counters move again within the next look.",
-                  "", "Files: `vllm_timeline.jsonl`, `vllm_metrics_before_stop.txt` (under load, just before the stop), "
-                  "`vllm_metrics_stopped.txt` (the last look while stopped), `vllm_health_stopped.json`, "
-                  "`vllm_metrics_resumed.txt`, `vllm_notes.txt`.", ""]
+        lines += [
+            "## vLLM (CPU build, tiny model, `--max-num-seqs 2`, 6 clients)",
+            "",
+            f"The engine core (`VLLM::EngineCore`, a child of the API server) stopped with SIGSTOP for "
+            f"{stopped[-1]['t'] - stopped[0]['t'] + STEP_S:.0f} s, then SIGCONT:",
+            "",
+            f"- `/health`: {_span(vllm, 'stopped', 'health')} (`vllm_health_stopped.json`: 200, empty body).",
+            f"- `/metrics`: {_span(vllm, 'stopped', 'metrics')} (`vllm_metrics_stopped.txt`).",
+            f"- The gauges stay where the engine left them: running {_frozen(vllm, 'stopped', 'vllm:num_requests_running')}"
+            f", waiting {_frozen(vllm, 'stopped', 'vllm:num_requests_waiting')}; the counters stop: generation tokens "
+            f"{_frozen(vllm, 'stopped', 'vllm:generation_tokens_total')}, finished requests "
+            f"{_frozen(vllm, 'stopped', 'vllm:request_success_total')}.",
+            "- Two requests sent 30 s into the stop are not counted: waiting stays the same until SIGCONT, then "
+            "shows them. A stall that begins with nothing in flight leaves the gauges at 0 whatever arrives.",
+            *(f"- {n}." for n in notes),
+            "- After SIGCONT the counters move again within the next look.",
+            "",
+            "Files: `vllm_timeline.jsonl`, `vllm_metrics_before_stop.txt` (under load, just before the stop), "
+            "`vllm_metrics_stopped.txt` (the last look while stopped), `vllm_health_stopped.json`, "
+            "`vllm_metrics_resumed.txt`, `vllm_notes.txt`.",
+            "",
+        ]
     if llama:
-        lines += ["## llama-server (tiny GGUF, `--parallel 2 -c 1024 -t 1 --metrics`, 6 clients)", "",
-                  "- The loop that runs the slots (the main thread, tid = pid) stopped alone (ptrace), the HTTP threads "
-                  "running on: "
-                  f"`/health` {_span(llama, 'loop_stopped', 'health')}; `/metrics` {_span(llama, 'loop_stopped', 'metrics')}"
-                  "; `/slots` too (`llama_slots_loop_stopped.json`). That loop answers /metrics and /slots, so a stuck "
-                  "loop shows as a failed scrape while /health answers: there is no `requests_deferred` to read then.",
-                  f"- The whole process stopped with SIGSTOP: `/health` {_span(llama, 'process_stopped', 'health')}, "
-                  f"`/metrics` {_span(llama, 'process_stopped', 'metrics')}: a down target.",
-                  *(f"- {n}." for n in llama_notes), ""]
+        lines += [
+            "## llama-server (tiny GGUF, `--parallel 2 -c 1024 -t 1 --metrics`, 6 clients)",
+            "",
+            "- The loop that runs the slots (the main thread, tid = pid) stopped alone (ptrace), the HTTP threads "
+            "running on: "
+            f"`/health` {_span(llama, 'loop_stopped', 'health')}; `/metrics` {_span(llama, 'loop_stopped', 'metrics')}"
+            "; `/slots` too (`llama_slots_loop_stopped.json`). That loop answers /metrics and /slots, so a stuck "
+            "loop shows as a failed scrape while /health answers: there is no `requests_deferred` to read then.",
+            f"- The whole process stopped with SIGSTOP: `/health` {_span(llama, 'process_stopped', 'health')}, "
+            f"`/metrics` {_span(llama, 'process_stopped', 'metrics')}: a down target.",
+            *(f"- {n}." for n in llama_notes),
+            "",
+        ]
     if counters:
         mid = [c for c in counters if c["llamacpp:requests_processing"] > 0]
         if mid:
-            lines += [f"`llama_counters_during_generation.jsonl`: /metrics polled as fast as it answers through two "
-                      f"450-token requests. While one ran, `n_decode_total` went {mid[0]['llamacpp:n_decode_total']:g} -> "
-                      f"{mid[-1]['llamacpp:n_decode_total']:g} and `tokens_predicted_total` stayed "
-                      f"{mid[-1]['llamacpp:tokens_predicted_total']:g} (it counts a request's tokens when it finishes): "
-                      "progress is `n_decode_total`, not tokens predicted.", ""]
+            lines += [
+                f"`llama_counters_during_generation.jsonl`: /metrics polled as fast as it answers through two "
+                f"450-token requests. While one ran, `n_decode_total` went {mid[0]['llamacpp:n_decode_total']:g} -> "
+                f"{mid[-1]['llamacpp:n_decode_total']:g} and `tokens_predicted_total` stayed "
+                f"{mid[-1]['llamacpp:tokens_predicted_total']:g} (it counts a request's tokens when it finishes): "
+                "progress is `n_decode_total`, not tokens predicted.",
+                "",
+            ]
     (out / "README.md").write_text("\n".join(lines))
 
 
@@ -417,11 +489,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "stall")
     ap.add_argument("--scenarios", type=Path, default=ROOT / "tests" / "rules" / "scenarios")
     ap.add_argument("--only", choices=["vllm", "llama-server"])
-    ap.add_argument("--from-timelines", action="store_true",
-                    help="write README.md and the scenarios again from the recorded timelines (no server)")
+    ap.add_argument(
+        "--from-timelines",
+        action="store_true",
+        help="write README.md and the scenarios again from the recorded timelines (no server)",
+    )
     args = ap.parse_args(argv)
-    needs = {"vllm": (realservers.VLLM_PYTHON, realservers.TINY_MODEL),
-             "llama-server": (realservers.LLAMA_SERVER, realservers.TINY_GGUF)}
+    needs = {
+        "vllm": (realservers.VLLM_PYTHON, realservers.TINY_MODEL),
+        "llama-server": (realservers.LLAMA_SERVER, realservers.TINY_GGUF),
+    }
     chosen = [args.only] if args.only else list(needs)
     missing = [r for k in chosen for r in (p.missing_reason() for p in needs[k]) if r]
     if missing:
@@ -438,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
                 (out / "llama_notes.txt").write_text("\n".join(llama_notes) + "\n")
                 (out / "llama_timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in llama))
                 (out / "llama_counters_during_generation.jsonl").write_text(
-                    "".join(json.dumps(r) + "\n" for r in counters))
+                    "".join(json.dumps(r) + "\n" for r in counters)
+                )
             if "vllm" in chosen:
                 vllm, notes = record_vllm(out, Path(tmp))
                 (out / "vllm_timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in vllm))
@@ -454,11 +532,20 @@ def main(argv: list[str] | None = None) -> int:
         (args.scenarios / "engine_stalled_vllm.yaml").write_text(vllm_scenario(vllm_rows, f"{rel}/vllm_timeline.jsonl"))
     if llama_rows:
         (args.scenarios / "engine_stalled_llamacpp.yaml").write_text(
-            llama_scenario(llama_rows, f"{rel}/llama_timeline.jsonl"))
+            llama_scenario(llama_rows, f"{rel}/llama_timeline.jsonl")
+        )
+
     def lines(name: str) -> list[str]:
         return [x for x in (out / name).read_text().splitlines() if x] if (out / name).exists() else []
-    write_readme(out, vllm_rows, llama_rows, read("llama_counters_during_generation.jsonl"), lines("vllm_notes.txt"),
-                 lines("llama_notes.txt"))
+
+    write_readme(
+        out,
+        vllm_rows,
+        llama_rows,
+        read("llama_counters_during_generation.jsonl"),
+        lines("vllm_notes.txt"),
+        lines("llama_notes.txt"),
+    )
     return 0
 
 

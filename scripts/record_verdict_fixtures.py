@@ -42,11 +42,21 @@ TINY_MODEL = Path(os.environ.get("TUNER_TINY_MODEL") or CACHE / "models" / "tiny
 LLAMA_SERVER = Path(os.environ.get("TUNER_LLAMA_SERVER") or CACHE / "llama.cpp" / "bin" / "llama-server")
 TINY_GGUF = Path(os.environ.get("TUNER_TINY_GGUF") or CACHE / "models" / "tiny.gguf")
 
-KEEP = ("vllm:request_success_total", "vllm:generation_tokens_total", "vllm:prompt_tokens_total",
-        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-        "vllm:num_preemptions_total", "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
-        "vllm:inter_token_latency_seconds", "vllm:request_queue_time_seconds", "vllm:cache_config_info",
-        "process_start_time_seconds")
+KEEP = (
+    "vllm:request_success_total",
+    "vllm:generation_tokens_total",
+    "vllm:prompt_tokens_total",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_preemptions_total",
+    "vllm:time_to_first_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:cache_config_info",
+    "process_start_time_seconds",
+)
 
 # case -> (backend, before flags, after flags, before clients, after clients, requests a side or None, expected)
 CASES = {
@@ -55,10 +65,24 @@ CASES = {
     "same_restart": ("vllm", {"max-num-seqs": 4}, {"max-num-seqs": 4}, 8, 8, None, "not rolled_back"),
     "load_doubled": ("vllm", {"max-num-seqs": 16}, {"max-num-seqs": 16}, 3, 6, None, "not rolled_back"),
     "trickle": ("vllm", {"max-num-seqs": 8}, {"max-num-seqs": 16}, 1, 1, 3, "inconclusive"),
-    "llama_more_parallel": ("llamacpp", {"--parallel": 1, "-c": 2048}, {"--parallel": 4, "-c": 2048}, 8, 8, None,
-                            "kept"),
-    "llama_less_parallel": ("llamacpp", {"--parallel": 4, "-c": 2048}, {"--parallel": 1, "-c": 2048}, 8, 8, None,
-                            "rolled_back"),
+    "llama_more_parallel": (
+        "llamacpp",
+        {"--parallel": 1, "-c": 2048},
+        {"--parallel": 4, "-c": 2048},
+        8,
+        8,
+        None,
+        "kept",
+    ),
+    "llama_less_parallel": (
+        "llamacpp",
+        {"--parallel": 4, "-c": 2048},
+        {"--parallel": 1, "-c": 2048},
+        8,
+        8,
+        None,
+        "rolled_back",
+    ),
 }
 
 
@@ -98,13 +122,25 @@ def _start(backend: str, flags: dict, work: Path) -> tuple[ServerProcess, str]:
 
 
 def _load(url: str, backend: str, clients: int, n: int, seconds: float) -> subprocess.Popen[str]:
-    kwargs = {"model": "tiny-llama" if backend == "vllm" else None, "n_requests": n, "concurrency": clients,
-              "prompt_tokens_approx": 100, "max_tokens": 64 if backend == "vllm" else 128, "timeout_s": seconds}
-    script = ("import dataclasses, json, sys; from tuner.lab.load import run_load; "
-              "r = run_load(sys.argv[1], **json.loads(sys.argv[2])); "
-              "print(json.dumps({k: v for k, v in dataclasses.asdict(r).items() if k != 'latencies_s'}))")
-    proc = subprocess.Popen([sys.executable, "-c", script, url, json.dumps(kwargs)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    kwargs = {
+        "model": "tiny-llama" if backend == "vllm" else None,
+        "n_requests": n,
+        "concurrency": clients,
+        "prompt_tokens_approx": 100,
+        "max_tokens": 64 if backend == "vllm" else 128,
+        "timeout_s": seconds,
+    }
+    script = (
+        "import dataclasses, json, sys; from tuner.lab.load import run_load; "
+        "r = run_load(sys.argv[1], **json.loads(sys.argv[2])); "
+        "print(json.dumps({k: v for k, v in dataclasses.asdict(r).items() if k != 'latencies_s'}))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, url, json.dumps(kwargs)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         os.setpriority(os.PRIO_PROCESS, proc.pid, 10)  # the server keeps its share of 2 cores
     except OSError:
@@ -112,8 +148,9 @@ def _load(url: str, backend: str, clients: int, n: int, seconds: float) -> subpr
     return proc
 
 
-def _side(case_dir: Path, side: str, backend: str, flags: dict, clients: int, n: int | None, seconds: float,
-          work: Path) -> dict:
+def _side(
+    case_dir: Path, side: str, backend: str, flags: dict, clients: int, n: int | None, seconds: float, work: Path
+) -> dict:
     out = case_dir / side
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -155,14 +192,23 @@ def main() -> int:
             backend, before, after, c0, c1, n, expected = CASES[name]
             case_dir = OUT / name
             print(f"== {name}: {backend} {before} -> {after}, clients {c0} -> {c1}", flush=True)
-            sides = {side: _side(case_dir, side, backend, flags, clients, n, args.seconds, Path(tmp))
-                     for side, flags, clients in (("before", before, c0), ("after", after, c1))}
-            meta = {"backend": backend, "expected": expected, "seconds": args.seconds, **sides,
-                    "recorded": time.strftime("%Y-%m-%d", time.gmtime()),
-                    "command": f"scripts/record_verdict_fixtures.py --cases {name} --seconds {args.seconds:g}"}
+            sides = {
+                side: _side(case_dir, side, backend, flags, clients, n, args.seconds, Path(tmp))
+                for side, flags, clients in (("before", before, c0), ("after", after, c1))
+            }
+            meta = {
+                "backend": backend,
+                "expected": expected,
+                "seconds": args.seconds,
+                **sides,
+                "recorded": time.strftime("%Y-%m-%d", time.gmtime()),
+                "command": f"scripts/record_verdict_fixtures.py --cases {name} --seconds {args.seconds:g}",
+            }
             (case_dir / "case.json").write_text(json.dumps(meta, indent=1) + "\n")
-            print(f"   before: {sides['before']['client']['ok']} ok, after: {sides['after']['client']['ok']} ok",
-                  flush=True)
+            print(
+                f"   before: {sides['before']['client']['ok']} ok, after: {sides['after']['client']['ok']} ok",
+                flush=True,
+            )
     return 0
 
 

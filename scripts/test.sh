@@ -24,6 +24,8 @@ fi
 # before the real-server installs.
 log "ruff: pyflakes, import order, bugbear, pyupgrade ([tool.ruff] in pyproject.toml)"
 .venv/bin/python -m ruff check --output-format concise tuner tests scripts bench
+log "ruff format: the layout ([tool.ruff.format]; run \`ruff format tuner tests scripts bench\` to fix)"
+.venv/bin/python -m ruff format --check tuner tests scripts bench
 log "mypy: types of tuner/ ([tool.mypy] in pyproject.toml)"
 .venv/bin/python -m mypy --no-error-summary
 log "import-linter: the layering ([tool.importlinter] in pyproject.toml; function-level imports count)"

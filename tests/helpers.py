@@ -22,8 +22,22 @@ import pytest
 from tuner.store.db import open_engine, upgrade
 from tuner.store.store import Store
 
-__all__ = ["FIXTURES", "VLLM_DIR", "LLAMA_DIR", "fixture_text", "Route", "serve", "migrated_store",
-           "store_recorded_history", "parse_labels", "sample_lines", "series_values", "value_of", "bucket_counts", "slot_tokens"]
+__all__ = [
+    "FIXTURES",
+    "VLLM_DIR",
+    "LLAMA_DIR",
+    "fixture_text",
+    "Route",
+    "serve",
+    "migrated_store",
+    "store_recorded_history",
+    "parse_labels",
+    "sample_lines",
+    "series_values",
+    "value_of",
+    "bucket_counts",
+    "slot_tokens",
+]
 
 FIXTURES = Path(__file__).parent / "fixtures"
 VLLM_DIR = FIXTURES / "vllm-0.32-cpu"
@@ -88,7 +102,7 @@ def _handler(routes: dict[str, Route], stop: threading.Event) -> type[BaseHTTPRe
                 chunks: Iterable[bytes] = route.stream()
             elif route.trickle is not None:
                 n = route.trickle[0]
-                chunks = (body[i:i + n] for i in range(0, len(body), n))
+                chunks = (body[i : i + n] for i in range(0, len(body), n))
             else:
                 chunks = (body,)
             for chunk in chunks:
@@ -139,9 +153,11 @@ def migrated_store(tmp_path: Path, name: str = "tuner.db") -> Store:
     return Store(engine)
 
 
-def store_recorded_history(store: Store, t0: float,
-                           fixtures: Iterable[str] = ("metrics_idle.txt", "metrics_under_load.txt",
-                                                      "metrics_after_load.txt")) -> float:
+def store_recorded_history(
+    store: Store,
+    t0: float,
+    fixtures: Iterable[str] = ("metrics_idle.txt", "metrics_under_load.txt", "metrics_after_load.txt"),
+) -> float:
     """Recorded scrapes with counters advancing into ``store``: 12 of target "v" per vLLM fixture (its server
     restarts at the third: process_start_time_seconds moves), then 24 of llama-server target "l"; every 5 s from
     ``t0``. Returns the time of the last vLLM scrape + 5 s (the llama-server scrapes end 5 s before it)."""
@@ -152,8 +168,9 @@ def store_recorded_history(store: Store, t0: float,
     for i, fixture in enumerate(fixtures):
         text = (VLLM_DIR / fixture).read_text()
         if i == 2:  # the server restarted
-            text = re.sub(r"^(process_start_time_seconds) (\S+)$", lambda m: f"{m[1]} {float(m[2]) + 900}", text,
-                          flags=re.M)
+            text = re.sub(
+                r"^(process_start_time_seconds) (\S+)$", lambda m: f"{m[1]} {float(m[2]) + 900}", text, flags=re.M
+            )
         replay = ReplayExposition(text, growth=0.05)
         for _ in range(12):
             store.ingest(vllm.snapshot_from_text(replay.render().decode(), target="v", ts=t0))
@@ -161,8 +178,9 @@ def store_recorded_history(store: Store, t0: float,
     slots = parse_slots((LLAMA_DIR / "slots_mid_load.json").read_bytes())
     replay_l = ReplayExposition((LLAMA_DIR / "metrics_mid_load.txt").read_text(), growth=0.05)
     for k in range(24):
-        store.ingest(llamacpp.snapshot_from_text(replay_l.render().decode(), target="l", ts=t0 - 5 * (23 - k),
-                                                 slots=slots))
+        store.ingest(
+            llamacpp.snapshot_from_text(replay_l.render().decode(), target="l", ts=t0 - 5 * (23 - k), slots=slots)
+        )
     return t0
 
 
@@ -190,8 +208,11 @@ def sample_lines(text: str) -> list[tuple[int, str, dict[str, str], float]]:
 
 def series_values(text: str, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
     """Every sample of ``name`` whose labels include ``labels``."""
-    return [(lbl, v) for _, n, lbl, v in sample_lines(text)
-            if n == name and all(lbl.get(k) == want for k, want in labels.items())]
+    return [
+        (lbl, v)
+        for _, n, lbl, v in sample_lines(text)
+        if n == name and all(lbl.get(k) == want for k, want in labels.items())
+    ]
 
 
 def value_of(text: str, name: str, **labels: str) -> float:
@@ -214,8 +235,11 @@ def slot_tokens(slot: dict) -> int:
     older builds count the prompt only. Prompt = processed + cached; take the larger, cap at n_ctx.
     """
     decoded = sum(t.get("n_decoded", 0) for t in slot.get("next_token", []))
-    prompt = slot.get("n_prompt_tokens_processed", 0) + slot.get("n_prompt_tokens_cache", 0) \
-        if "n_prompt_tokens_processed" in slot else slot["n_prompt_tokens"]
+    prompt = (
+        slot.get("n_prompt_tokens_processed", 0) + slot.get("n_prompt_tokens_cache", 0)
+        if "n_prompt_tokens_processed" in slot
+        else slot["n_prompt_tokens"]
+    )
     return min(slot["n_ctx"], max(slot["n_prompt_tokens"], prompt + decoded))
 
 

@@ -108,35 +108,64 @@ class RealCluster:
         self.image = os.environ.get("TUNER_K8S_TEST_IMAGE", "python:3.12-alpine")
         self.kubeconfig = Path(os.environ["KUBECONFIG"].split(os.pathsep)[0])
         self.api = config.new_client_from_config(config_file=str(self.kubeconfig))
-        self.apps, self.core, self.policy = (client.AppsV1Api(self.api), client.CoreV1Api(self.api),
-                                             client.PolicyV1Api(self.api))
+        self.apps, self.core, self.policy = (
+            client.AppsV1Api(self.api),
+            client.CoreV1Api(self.api),
+            client.PolicyV1Api(self.api),
+        )
         self.clock: Callable[[], float] = time.time
         self.sleep: Callable[[float], None] = time.sleep
         self.made: list[tuple[str, str]] = []
         self.suffix = f"{int(time.time()) % 100000}"
 
-    def deployment(self, name: str, *, replicas: int, args: list[str], container: str = "vllm",
-                   labels: dict[str, str] | None = None, max_unavailable: int | str | None = 0,
-                   max_surge: int | str | None = 1, strategy: str = "RollingUpdate", progress_deadline_s: int = 600,
-                   port: int = 8000, command: list[str] | None = None) -> None:
+    def deployment(
+        self,
+        name: str,
+        *,
+        replicas: int,
+        args: list[str],
+        container: str = "vllm",
+        labels: dict[str, str] | None = None,
+        max_unavailable: int | str | None = 0,
+        max_surge: int | str | None = 1,
+        strategy: str = "RollingUpdate",
+        progress_deadline_s: int = 600,
+        port: int = 8000,
+        command: list[str] | None = None,
+    ) -> None:
         from kubernetes import client
 
         labels = labels or {"app": name}
-        probe = client.V1Probe(http_get=client.V1HTTPGetAction(path="/health", port=port), period_seconds=1,
-                               failure_threshold=1)
-        c = client.V1Container(name=container, image=self.image, command=["python", "-c", WORKLOAD], args=args,
-                               ports=[client.V1ContainerPort(name="http", container_port=port)],
-                               readiness_probe=probe)
-        ru = (client.V1RollingUpdateDeployment(max_unavailable=max_unavailable, max_surge=max_surge)
-              if strategy == "RollingUpdate" else None)
+        probe = client.V1Probe(
+            http_get=client.V1HTTPGetAction(path="/health", port=port), period_seconds=1, failure_threshold=1
+        )
+        c = client.V1Container(
+            name=container,
+            image=self.image,
+            command=["python", "-c", WORKLOAD],
+            args=args,
+            ports=[client.V1ContainerPort(name="http", container_port=port)],
+            readiness_probe=probe,
+        )
+        ru = (
+            client.V1RollingUpdateDeployment(max_unavailable=max_unavailable, max_surge=max_surge)
+            if strategy == "RollingUpdate"
+            else None
+        )
         d = client.V1Deployment(
-            api_version="apps/v1", kind="Deployment", metadata=client.V1ObjectMeta(name=name, labels=labels),
+            api_version="apps/v1",
+            kind="Deployment",
+            metadata=client.V1ObjectMeta(name=name, labels=labels),
             spec=client.V1DeploymentSpec(
-                replicas=replicas, progress_deadline_seconds=progress_deadline_s,
+                replicas=replicas,
+                progress_deadline_seconds=progress_deadline_s,
                 selector=client.V1LabelSelector(match_labels=labels),
                 strategy=client.V1DeploymentStrategy(type=strategy, rolling_update=ru),
-                template=client.V1PodTemplateSpec(metadata=client.V1ObjectMeta(labels=labels),
-                                                  spec=client.V1PodSpec(containers=[c]))))
+                template=client.V1PodTemplateSpec(
+                    metadata=client.V1ObjectMeta(labels=labels), spec=client.V1PodSpec(containers=[c])
+                ),
+            ),
+        )
         self.apps.create_namespaced_deployment(self.namespace, d)
         self.made.append(("Deployment", name))
         self.settle(name)
@@ -144,10 +173,12 @@ class RealCluster:
     def pdb(self, name: str, labels: dict[str, str], **kw: Any) -> None:
         from kubernetes import client
 
-        p = client.V1PodDisruptionBudget(api_version="policy/v1", kind="PodDisruptionBudget",
-                                         metadata=client.V1ObjectMeta(name=name),
-                                         spec=client.V1PodDisruptionBudgetSpec(
-                                             selector=client.V1LabelSelector(match_labels=labels), **kw))
+        p = client.V1PodDisruptionBudget(
+            api_version="policy/v1",
+            kind="PodDisruptionBudget",
+            metadata=client.V1ObjectMeta(name=name),
+            spec=client.V1PodDisruptionBudgetSpec(selector=client.V1LabelSelector(match_labels=labels), **kw),
+        )
         self.policy.create_namespaced_pod_disruption_budget(self.namespace, p)
         self.made.append(("PodDisruptionBudget", name))
 
@@ -169,8 +200,10 @@ class RealCluster:
         while time.time() < deadline:
             d = self.apps.read_namespaced_deployment(owner, self.namespace)
             st = d.status
-            if (st.observed_generation or 0) >= d.metadata.generation and st.updated_replicas == d.spec.replicas \
-                    == st.available_replicas == st.replicas:
+            if (
+                (st.observed_generation or 0) >= d.metadata.generation
+                and st.updated_replicas == d.spec.replicas == st.available_replicas == st.replicas
+            ):
                 return
             time.sleep(1)
         raise AssertionError(f"Deployment {owner} did not settle in {timeout_s:g}s")

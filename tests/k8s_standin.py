@@ -187,27 +187,61 @@ class Cluster:
 
     # ---- what a test sets up ---------------------------------------------------------------------------
 
-    def deployment(self, namespace: str, name: str, *, replicas: int, args: list[str], container: str = "vllm",
-                   labels: dict[str, str] | None = None, max_unavailable: int | str | None = 0,
-                   max_surge: int | str | None = 1, strategy: str = "RollingUpdate", progress_deadline_s: int = 600,
-                   port: int = 8000, command: list[str] | None = None) -> None:
+    def deployment(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        replicas: int,
+        args: list[str],
+        container: str = "vllm",
+        labels: dict[str, str] | None = None,
+        max_unavailable: int | str | None = 0,
+        max_surge: int | str | None = 1,
+        strategy: str = "RollingUpdate",
+        progress_deadline_s: int = 600,
+        port: int = 8000,
+        command: list[str] | None = None,
+    ) -> None:
         """A Deployment whose pods are already rolled out and ready."""
         labels = labels or {"app": name}
-        ru = (V1RollingUpdateDeployment(max_unavailable=max_unavailable, max_surge=max_surge)
-              if strategy == "RollingUpdate" else None)
+        ru = (
+            V1RollingUpdateDeployment(max_unavailable=max_unavailable, max_surge=max_surge)
+            if strategy == "RollingUpdate"
+            else None
+        )
         d = V1Deployment(
-            api_version="apps/v1", kind="Deployment",
-            metadata=V1ObjectMeta(name=name, namespace=namespace, generation=1, uid=f"uid-{name}",
-                                  creation_timestamp=datetime.now(timezone.utc), labels=dict(labels)),
+            api_version="apps/v1",
+            kind="Deployment",
+            metadata=V1ObjectMeta(
+                name=name,
+                namespace=namespace,
+                generation=1,
+                uid=f"uid-{name}",
+                creation_timestamp=datetime.now(timezone.utc),
+                labels=dict(labels),
+            ),
             spec=V1DeploymentSpec(
-                replicas=replicas, progress_deadline_seconds=progress_deadline_s,
+                replicas=replicas,
+                progress_deadline_seconds=progress_deadline_s,
                 selector=V1LabelSelector(match_labels=dict(labels)),
                 strategy=V1DeploymentStrategy(type=strategy, rolling_update=ru),
                 template=V1PodTemplateSpec(
                     metadata=V1ObjectMeta(labels=dict(labels)),
-                    spec=V1PodSpec(containers=[V1Container(
-                        name=container, image="vllm/vllm-openai:v0.11.0", command=command, args=list(args),
-                        ports=[V1ContainerPort(name="http", container_port=port)])]))))
+                    spec=V1PodSpec(
+                        containers=[
+                            V1Container(
+                                name=container,
+                                image="vllm/vllm-openai:v0.11.0",
+                                command=command,
+                                args=list(args),
+                                ports=[V1ContainerPort(name="http", container_port=port)],
+                            )
+                        ]
+                    ),
+                ),
+            ),
+        )
         with self.lock:
             obj = _API.sanitize_for_serialization(d)
             self._bump(obj)
@@ -217,13 +251,25 @@ class Cluster:
                 self._new_pod(dep, ready=True)
             self.changed.notify_all()
 
-    def pdb(self, namespace: str, name: str, labels: dict[str, str], *, min_available: int | str | None = None,
-            max_unavailable: int | str | None = None) -> None:
-        p = V1PodDisruptionBudget(api_version="policy/v1", kind="PodDisruptionBudget",
-                                  metadata=V1ObjectMeta(name=name, namespace=namespace),
-                                  spec=V1PodDisruptionBudgetSpec(min_available=min_available,
-                                                                 max_unavailable=max_unavailable,
-                                                                 selector=V1LabelSelector(match_labels=labels)))
+    def pdb(
+        self,
+        namespace: str,
+        name: str,
+        labels: dict[str, str],
+        *,
+        min_available: int | str | None = None,
+        max_unavailable: int | str | None = None,
+    ) -> None:
+        p = V1PodDisruptionBudget(
+            api_version="policy/v1",
+            kind="PodDisruptionBudget",
+            metadata=V1ObjectMeta(name=name, namespace=namespace),
+            spec=V1PodDisruptionBudgetSpec(
+                min_available=min_available,
+                max_unavailable=max_unavailable,
+                selector=V1LabelSelector(match_labels=labels),
+            ),
+        )
         with self.lock:
             obj = _API.sanitize_for_serialization(p)
             self._bump(obj)
@@ -254,9 +300,13 @@ class Cluster:
 
     def pod_names(self, namespace: str, owner: str | None = None, *, ready: bool | None = None) -> list[str]:
         with self.lock:
-            return sorted(p["metadata"]["name"] for (ns, _), p in self.pods.items() if ns == namespace
-                          and (owner is None or self._owner(p) == owner)
-                          and (ready is None or self._ready(p) == ready))
+            return sorted(
+                p["metadata"]["name"]
+                for (ns, _), p in self.pods.items()
+                if ns == namespace
+                and (owner is None or self._owner(p) == owner)
+                and (ready is None or self._ready(p) == ready)
+            )
 
     def pod(self, namespace: str, name: str) -> dict[str, Any]:
         with self.lock:
@@ -309,20 +359,46 @@ class Cluster:
         ip = f"127.0.0.{self.next_ip}"
         self.next_ip += 1
         spec = copy.deepcopy(template["spec"])
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": name, "namespace": meta["namespace"], "uid": f"uid-{name}",
-                            "creationTimestamp": _now(),
-                            "labels": {**template["metadata"]["labels"], "pod-template-hash": h},
-                            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                                                 "name": f"{meta['name']}-{h}", "uid": f"uid-rs-{h}",
-                                                 "controller": True, "blockOwnerDeletion": True}]},
-               "spec": spec,
-               "status": {"phase": "Pending", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
-                          "conditions": [{"type": "Ready", "status": "False"}],
-                          "containerStatuses": [{"name": c["name"], "image": c["image"], "imageID": "",
-                                                 "ready": False, "restartCount": 0,
-                                                 "state": {"waiting": {"reason": "ContainerCreating"}}}
-                                                for c in spec["containers"]]}}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": meta["namespace"],
+                "uid": f"uid-{name}",
+                "creationTimestamp": _now(),
+                "labels": {**template["metadata"]["labels"], "pod-template-hash": h},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "ReplicaSet",
+                        "name": f"{meta['name']}-{h}",
+                        "uid": f"uid-rs-{h}",
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": spec,
+            "status": {
+                "phase": "Pending",
+                "podIP": ip,
+                "podIPs": [{"ip": ip}],
+                "hostIP": "127.0.0.1",
+                "conditions": [{"type": "Ready", "status": "False"}],
+                "containerStatuses": [
+                    {
+                        "name": c["name"],
+                        "image": c["image"],
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"waiting": {"reason": "ContainerCreating"}},
+                    }
+                    for c in spec["containers"]
+                ],
+            },
+        }
         if ready:
             self._run_pod(pod)
         self.pods[(meta["namespace"], name)] = pod
@@ -335,10 +411,19 @@ class Cluster:
         cs = pod["status"]["containerStatuses"][0]
         if what == "crash":
             cs["restartCount"] += 1
-            cs["state"] = {"waiting": {"reason": "CrashLoopBackOff",
-                                       "message": f"back-off restarting failed container {c['name']}"}}
-            cs["lastState"] = {"terminated": {"exitCode": 1, "reason": "Error",
-                                              "message": "ValueError: max_num_seqs 999 does not fit the KV cache"}}
+            cs["state"] = {
+                "waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": f"back-off restarting failed container {c['name']}",
+                }
+            }
+            cs["lastState"] = {
+                "terminated": {
+                    "exitCode": 1,
+                    "reason": "Error",
+                    "message": "ValueError: max_num_seqs 999 does not fit the KV cache",
+                }
+            }
             pod["status"]["phase"] = "Running"
             ready = False
         else:
@@ -411,18 +496,42 @@ class Cluster:
         complete = len(new) == replicas == len(pods) and all(self._ready(p) for p in new)
         deadline = spec.get("progressDeadlineSeconds", 600)
         if complete:
-            progressing = {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable",
-                           "message": f'ReplicaSet "{meta["name"]}-{new_hash}" has successfully progressed.'}
+            progressing = {
+                "type": "Progressing",
+                "status": "True",
+                "reason": "NewReplicaSetAvailable",
+                "message": f'ReplicaSet "{meta["name"]}-{new_hash}" has successfully progressed.',
+            }
         elif dep.stuck_ticks * self.tick_s > deadline:
-            progressing = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
-                           "message": f'ReplicaSet "{meta["name"]}-{new_hash}" has timed out progressing.'}
+            progressing = {
+                "type": "Progressing",
+                "status": "False",
+                "reason": "ProgressDeadlineExceeded",
+                "message": f'ReplicaSet "{meta["name"]}-{new_hash}" has timed out progressing.',
+            }
         else:
-            progressing = {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated",
-                           "message": f'ReplicaSet "{meta["name"]}-{new_hash}" is progressing.'}
-        status = {"observedGeneration": dep.seen_generation, "replicas": len(pods), "updatedReplicas": len(new),
-                  "readyReplicas": ready, "availableReplicas": ready, "unavailableReplicas": max(0, replicas - ready),
-                  "conditions": [{"type": "Available", "status": "True" if ready >= replicas - 1 else "False",
-                                  "reason": "MinimumReplicasAvailable"}, progressing]}
+            progressing = {
+                "type": "Progressing",
+                "status": "True",
+                "reason": "ReplicaSetUpdated",
+                "message": f'ReplicaSet "{meta["name"]}-{new_hash}" is progressing.',
+            }
+        status = {
+            "observedGeneration": dep.seen_generation,
+            "replicas": len(pods),
+            "updatedReplicas": len(new),
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "unavailableReplicas": max(0, replicas - ready),
+            "conditions": [
+                {
+                    "type": "Available",
+                    "status": "True" if ready >= replicas - 1 else "False",
+                    "reason": "MinimumReplicasAvailable",
+                },
+                progressing,
+            ],
+        }
         return _shape(V1Deployment, {k: v for k, v in dep.obj.items() if not k.startswith("_")} | {"status": status})
 
 
@@ -432,8 +541,8 @@ class Cluster:
 def _request(method: str, path: str, query: dict[str, str]) -> tuple[str, str, str, str | None] | None:
     """(verb, API group, resource, name) of a request, as RBAC reads it."""
     m = re.fullmatch(r"/api/v1/namespaces/[^/]+/(pods)(?:/([^/]+))?", path) or re.fullmatch(
-        r"/apis/(?:apps|policy)/v1/namespaces/[^/]+/(deployments|statefulsets|poddisruptionbudgets)(?:/([^/]+))?",
-        path)
+        r"/apis/(?:apps|policy)/v1/namespaces/[^/]+/(deployments|statefulsets|poddisruptionbudgets)(?:/([^/]+))?", path
+    )
     if m is None:
         return None
     group = {"pods": "", "deployments": "apps", "statefulsets": "apps", "poddisruptionbudgets": "policy"}[m[1]]
@@ -456,8 +565,9 @@ def _allowed(rules: list[dict[str, Any]], verb: str, group: str, resource: str, 
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return _API.sanitize_for_serialization(client.V1Status(api_version="v1", kind="Status", status="Failure",
-                                                           code=code, reason=reason, message=message))
+    return _API.sanitize_for_serialization(
+        client.V1Status(api_version="v1", kind="Status", status="Failure", code=code, reason=reason, message=message)
+    )
 
 
 def _handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
@@ -485,10 +595,17 @@ def _handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
                 return True
             verb, group, resource, name = req
             ns = url.path.split("/namespaces/")[1].split("/")[0]
-            self._send(403, _status(403, "Forbidden", f'{resource}{"." + group if group else ""}'
-                                    f'{" " + repr(name) if name else ""} is forbidden: User '
-                                    f'"system:serviceaccount:{ns}:tuner" cannot {verb} resource "{resource}" in API '
-                                    f'group "{group}" in the namespace "{ns}"'))
+            self._send(
+                403,
+                _status(
+                    403,
+                    "Forbidden",
+                    f"{resource}{'.' + group if group else ''}"
+                    f"{' ' + repr(name) if name else ''} is forbidden: User "
+                    f'"system:serviceaccount:{ns}:tuner" cannot {verb} resource "{resource}" in API '
+                    f'group "{group}" in the namespace "{ns}"',
+                ),
+            )
             return False
 
         def do_GET(self) -> None:  # noqa: N802
@@ -502,25 +619,35 @@ def _handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
                 if q.get("watch") in ("true", "1"):
                     return self._watch(m[1], q)
                 with cluster.lock:
-                    items = [p for (ns, _), p in sorted(cluster.pods.items()) if ns == m[1]
-                             and _selector_matches(q.get("labelSelector", ""), p["metadata"]["labels"])]
-                    body = {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": str(cluster.rv)},
-                            "items": items}
+                    items = [
+                        p
+                        for (ns, _), p in sorted(cluster.pods.items())
+                        if ns == m[1] and _selector_matches(q.get("labelSelector", ""), p["metadata"]["labels"])
+                    ]
+                    body = {
+                        "apiVersion": "v1",
+                        "kind": "PodList",
+                        "metadata": {"resourceVersion": str(cluster.rv)},
+                        "items": items,
+                    }
                 return self._send(200, _shape(client.V1PodList, body))
             if m := re.fullmatch(r"/apis/apps/v1/namespaces/([^/]+)/deployments/([^/]+)", url.path):
                 with cluster.lock:
                     dep = cluster.deployments.get((m[1], m[2]))
                     if dep is None:
-                        return self._send(404, _status(404, "NotFound",
-                                                       f'deployments.apps "{m[2]}" not found'))
+                        return self._send(404, _status(404, "NotFound", f'deployments.apps "{m[2]}" not found'))
                     view = cluster.deployment_view(dep)
                     cluster.tick(m[1], m[2])  # after the read: what a client sees next is one step on
                 return self._send(200, view)
             if m := re.fullmatch(r"/apis/policy/v1/namespaces/([^/]+)/poddisruptionbudgets", url.path):
                 with cluster.lock:
                     items = [p for (ns, _), p in sorted(cluster.pdbs.items()) if ns == m[1]]
-                    body = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList",
-                            "metadata": {"resourceVersion": str(cluster.rv)}, "items": items}
+                    body = {
+                        "apiVersion": "policy/v1",
+                        "kind": "PodDisruptionBudgetList",
+                        "metadata": {"resourceVersion": str(cluster.rv)},
+                        "items": items,
+                    }
                 return self._send(200, _shape(client.V1PodDisruptionBudgetList, body))
             self._send(404, _status(404, "NotFound", f"the server could not find the requested resource {url.path}"))
 
@@ -536,22 +663,37 @@ def _handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
             m = re.fullmatch(r"/apis/apps/v1/namespaces/([^/]+)/deployments/([^/]+)", url.path)
             if m is None:
                 return self._send(404, _status(404, "NotFound", url.path))
-            merge = {"application/strategic-merge-patch+json": strategic_merge,
-                     "application/merge-patch+json": lambda t, p: merge_patch(t, p)}.get(ctype)
+            merge = {
+                "application/strategic-merge-patch+json": strategic_merge,
+                "application/merge-patch+json": lambda t, p: merge_patch(t, p),
+            }.get(ctype)
             if merge is None or not isinstance(patch, dict):
-                return self._send(415, _status(415, "UnsupportedMediaType",
-                                               f"the body of the request was in an unknown format - accepted "
-                                               f"media types include: application/strategic-merge-patch+json, "
-                                               f"application/merge-patch+json (got {ctype})"))
+                return self._send(
+                    415,
+                    _status(
+                        415,
+                        "UnsupportedMediaType",
+                        f"the body of the request was in an unknown format - accepted "
+                        f"media types include: application/strategic-merge-patch+json, "
+                        f"application/merge-patch+json (got {ctype})",
+                    ),
+                )
             with cluster.lock:
                 dep = cluster.deployments.get((m[1], m[2]))
                 if dep is None:
                     return self._send(404, _status(404, "NotFound", f'deployments.apps "{m[2]}" not found'))
                 want = (patch.get("metadata") or {}).get("resourceVersion")
                 if want is not None and want != dep.obj["metadata"]["resourceVersion"]:
-                    return self._send(409, _status(409, "Conflict", f'Operation cannot be fulfilled on '
-                                                   f'deployments.apps "{m[2]}": the object has been modified; '
-                                                   "please apply your changes to the latest version and try again"))
+                    return self._send(
+                        409,
+                        _status(
+                            409,
+                            "Conflict",
+                            f"Operation cannot be fulfilled on "
+                            f'deployments.apps "{m[2]}": the object has been modified; '
+                            "please apply your changes to the latest version and try again",
+                        ),
+                    )
                 before = copy.deepcopy(dep.obj["spec"])
                 obj = merge({k: v for k, v in dep.obj.items() if not k.startswith("_")}, patch)
                 V1Deployment.from_dict(obj)  # what the API would refuse to store, it refuses here too
@@ -579,8 +721,14 @@ def _handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
             try:
                 with cluster.lock:
                     if since and since < cluster.compacted:
-                        chunk({"type": "ERROR", "object": _status(410, "Expired", f"too old resource version: "
-                                                                               f"{since} ({cluster.compacted})")})
+                        chunk(
+                            {
+                                "type": "ERROR",
+                                "object": _status(
+                                    410, "Expired", f"too old resource version: {since} ({cluster.compacted})"
+                                ),
+                            }
+                        )
                         self.wfile.write(b"0\r\n\r\n")
                         return
                     sent = since
@@ -632,10 +780,18 @@ def serve_cluster(cluster: Cluster, tmp_path: Path, namespace: str = "llm") -> R
     threading.Thread(target=server.serve_forever, name="k8s-standin", daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     path = tmp_path / "kubeconfig"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "standin",
-        "clusters": [{"name": "standin", "cluster": {"server": url}}],
-        "users": [{"name": "tuner", "user": {"token": cluster.token}}],
-        "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "tuner",
-                                                      "namespace": namespace}}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "standin",
+                "clusters": [{"name": "standin", "cluster": {"server": url}}],
+                "users": [{"name": "tuner", "user": {"token": cluster.token}}],
+                "contexts": [
+                    {"name": "standin", "context": {"cluster": "standin", "user": "tuner", "namespace": namespace}}
+                ],
+            }
+        )
+    )
     return Running(cluster, url, path, server)

@@ -15,8 +15,10 @@ from tuner.flags import FLAGS, parse_version, render, takes
 LOADED = {"vllm": "vllm-0.32-cpu/metrics_under_load.txt", "llamacpp": "llama-server/metrics_mid_load.txt"}
 # What each real server says its version is, and the argv builder its managed servers start with.
 VERSIONS = {"vllm": ("0.32.0", "0.32.0"), "llamacpp": ("b6250-0c1e570", "build 6250")}
-ARGV = {"vllm": lambda flags: vllm_argv("python", "/m", port=8000, flags=flags),
-        "llamacpp": lambda flags: llama_server_argv("llama-server", "/m.gguf", port=8000, flags=flags)}
+ARGV = {
+    "vllm": lambda flags: vllm_argv("python", "/m", port=8000, flags=flags),
+    "llamacpp": lambda flags: llama_server_argv("llama-server", "/m.gguf", port=8000, flags=flags),
+}
 EVERY = pytest.mark.parametrize("b", list(BACKENDS.values()), ids=list(BACKENDS))
 
 
@@ -52,9 +54,19 @@ def test_a_recorded_exposition_reads_back_as_its_backend(b: Backend):
 
 @EVERY
 def test_its_flags_render_the_way_its_server_spells_them(b: Backend):
-    flags = {f.name: (f.choices[0] if f.kind == "choice" else True if f.kind == "bool" else
-                      int(f.minimum or 1) if f.kind == "int" else 0.5)
-             for f in FLAGS if takes(b.name, f.name) and f.name != "backend"}
+    flags = {
+        f.name: (
+            f.choices[0]
+            if f.kind == "choice"
+            else True
+            if f.kind == "bool"
+            else int(f.minimum or 1)
+            if f.kind == "int"
+            else 0.5
+        )
+        for f in FLAGS
+        if takes(b.name, f.name) and f.name != "backend"
+    }
     assert flags, b.name
     rendered = render(b.name, flags)
     assert all(key.startswith("-") == b.dashed_flags for key in rendered), rendered

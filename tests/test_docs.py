@@ -37,8 +37,9 @@ def test_the_readme_is_short_and_states_the_two_commands() -> None:
     assert size <= 12 * 1024, f"README.md is {size} bytes: keep it to 12 KB, move the rest to docs/"
     text = _text(README)
     assert "bash scripts/demo.sh" in text and "bash scripts/test.sh" in text
-    assert re.search(r"^exec bash scripts/test\.sh\b", _text(ROOT / ".ci" / "run"), re.M), \
+    assert re.search(r"^exec bash scripts/test\.sh\b", _text(ROOT / ".ci" / "run"), re.M), (
         ".ci/run must run exactly the README's test command"
+    )
 
 
 def _subcommands() -> list[str]:
@@ -49,8 +50,8 @@ def _subcommands() -> list[str]:
 
 def test_every_command_is_in_the_readme_command_table() -> None:
     text = _text(README)
-    table = text[text.index("## Commands"):]
-    table = table[:table.index("\n## ", 3)]
+    table = text[text.index("## Commands") :]
+    table = table[: table.index("\n## ", 3)]
     rows = [line for line in table.splitlines() if line.startswith("| `tuner ")]
     words = {w for row in rows for w in re.findall(r"[a-z][a-z-]*", re.split(r"(?<!\\)\|", row)[1])}
     missing = [c for c in _subcommands() if c not in words]
@@ -97,8 +98,9 @@ def _exported_families() -> set[str]:
 def test_every_metric_tuner_exports_is_in_the_metrics_reference() -> None:
     doc = _text(ROOT / "docs" / "http-api.md")
     counters = {"tuner_scrapes", "tuner_scrape_failures", "tuner_applies"}  # exposed with _total
-    missing = sorted(n for n in _exported_families()
-                     if not re.search(rf"\b{n}{'_total' if n in counters else ''}\b", doc))
+    missing = sorted(
+        n for n in _exported_families() if not re.search(rf"\b{n}{'_total' if n in counters else ''}\b", doc)
+    )
     assert not missing, f"tuner's own series missing from docs/http-api.md: {missing}"
 
 
@@ -106,8 +108,11 @@ def _yaml_blocks(text: str) -> list[str]:
     return re.findall(r"(?ms)^```yaml\n(.*?)^```", text)
 
 
-@pytest.mark.parametrize("page", [README, ROOT / "docs" / "configuration.md", ROOT / "docs" / "apply.md",
-                                  ROOT / "docs" / "replica-groups.md"], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "page",
+    [README, ROOT / "docs" / "configuration.md", ROOT / "docs" / "apply.md", ROOT / "docs" / "replica-groups.md"],
+    ids=lambda p: p.name,
+)
 def test_the_config_examples_load(page: Path) -> None:
     whole = [b for b in _yaml_blocks(_text(page)) if re.match(r"(store|targets|listen):", b)]
     assert whole, f"{page.name}: no whole config example found"
@@ -147,13 +152,17 @@ def test_no_dated_figures_in_the_readme_or_docs(page: Path) -> None:
     prose = _prose(_text(page))
     dates = re.findall(r"\b20\d\d-\d\d-\d\d\b", prose)
     clocks = re.findall(r"\b\d{1,2}:\d\d(?::\d\d)?\b", prose)
-    assert not dates and not clocks, (f"{page.relative_to(ROOT)} quotes {dates + clocks}: a dated figure belongs in "
-                                      "bench/results/, linked from bench/README.md's summary")
+    assert not dates and not clocks, (
+        f"{page.relative_to(ROOT)} quotes {dates + clocks}: a dated figure belongs in "
+        "bench/results/, linked from bench/README.md's summary"
+    )
 
 
 def test_the_no_dates_check_can_fail() -> None:
-    prose = _prose("measured on 2026-11-25 at 17:21: 1.16 s, see [the run](../bench/results/2026-11-25-x.md)\n"
-                   "```yaml\nmaintenance_windows: ['daily 02:00-04:00']\n```\n`Mon-Fri 22:00-02:00`")
+    prose = _prose(
+        "measured on 2026-11-25 at 17:21: 1.16 s, see [the run](../bench/results/2026-11-25-x.md)\n"
+        "```yaml\nmaintenance_windows: ['daily 02:00-04:00']\n```\n`Mon-Fri 22:00-02:00`"
+    )
     assert re.findall(r"\b20\d\d-\d\d-\d\d\b", prose) == ["2026-11-25"]
     assert re.findall(r"\b\d{1,2}:\d\d(?::\d\d)?\b", prose) == ["17:21"]
 

@@ -37,14 +37,17 @@ def test_the_tree_keeps_its_contracts(tmp_path):
     assert "0 broken" in proc.stdout
 
 
-@pytest.mark.parametrize("module, line, contract", [
-    # a core package reaching up to a face: the cycle cli -> daemon -> advise/cli -> cli that started this
-    ("store/window.py", "from tuner.cli import main", "The tree reads as the data flow"),
-    # a function-level import counts like any other
-    ("signals/derive.py", "def _sneak():\n    from tuner.app import session\n", "The tree reads as the data flow"),
-    ("app/session.py", "import argparse", "Only the CLI parses a command line"),
-    ("rules/evaluate.py", "import sqlalchemy", "The deciders are pure"),
-])
+@pytest.mark.parametrize(
+    "module, line, contract",
+    [
+        # a core package reaching up to a face: the cycle cli -> daemon -> advise/cli -> cli that started this
+        ("store/window.py", "from tuner.cli import main", "The tree reads as the data flow"),
+        # a function-level import counts like any other
+        ("signals/derive.py", "def _sneak():\n    from tuner.app import session\n", "The tree reads as the data flow"),
+        ("app/session.py", "import argparse", "Only the CLI parses a command line"),
+        ("rules/evaluate.py", "import sqlalchemy", "The deciders are pure"),
+    ],
+)
 def test_a_violation_fails_the_check_and_names_the_contract(tmp_path, module, line, contract):
     root = _copy(tmp_path)
     path = root / "tuner" / module

@@ -28,17 +28,22 @@ from tuner.store.tuning import TRIAL_STATUSES, RunState, TrialStatus
 
 TUNER = Path(__file__).resolve().parents[1] / "tuner"
 
-ENUMS: tuple[type[StrEnum], ...] = (ApplyOutcome, ApplyState, ServerState, RecStatus, AlertState, TrialStatus,
-                                     RunState)
+ENUMS: tuple[type[StrEnum], ...] = (ApplyOutcome, ApplyState, ServerState, RecStatus, AlertState, TrialStatus, RunState)
 
 # Words that mean one thing in tuner, and the modules that own them. Words several vocabularies share ("done",
 # "failed", "running", "crashed", "stopped", "starting": a Kubernetes rollout, a trial, a managed server, an apply step,
 # a log line) are left out: the check must not flag a word that is not the enum's.
 OWNED = {
-    "kept": "store/journal.py", "rolled_back": "store/journal.py", "inconclusive": "store/journal.py",
+    "kept": "store/journal.py",
+    "rolled_back": "store/journal.py",
+    "inconclusive": "store/journal.py",
     "given_up": "store/journal.py",
-    "inactive": "rules/state.py", "pending": "rules/state.py", "firing": "rules/state.py",
-    "measured": "store/tuning.py", "pruned": "store/tuning.py", "interrupted": "store/tuning.py",
+    "inactive": "rules/state.py",
+    "pending": "rules/state.py",
+    "firing": "rules/state.py",
+    "measured": "store/tuning.py",
+    "pruned": "store/tuning.py",
+    "interrupted": "store/tuning.py",
     "compared": "store/tuning.py",
 }
 # "rolled_back" is also a recommendation status
@@ -69,13 +74,19 @@ def _strings(root: Path):
 
 
 def vocabulary_literals(root: Path = TUNER) -> list[str]:
-    return [f"{rel}:{line}: {text!r}" for rel, line, text in _strings(root)
-            if text in OWNED and rel != OWNED[text] and rel not in ALSO.get(text, set())]
+    return [
+        f"{rel}:{line}: {text!r}"
+        for rel, line, text in _strings(root)
+        if text in OWNED and rel != OWNED[text] and rel not in ALSO.get(text, set())
+    ]
 
 
 def metric_literals(root: Path = TUNER) -> list[str]:
-    return [f"{rel}:{line}: {text!r}" for rel, line, text in _strings(root)
-            if METRIC.search(text) and rel not in METRIC_OWNERS]
+    return [
+        f"{rel}:{line}: {text!r}"
+        for rel, line, text in _strings(root)
+        if METRIC.search(text) and rel not in METRIC_OWNERS
+    ]
 
 
 def test_no_vocabulary_word_is_typed_outside_its_owner():
@@ -87,10 +98,12 @@ def test_no_engine_metric_name_is_typed_outside_the_catalogue():
 
 
 def test_the_walk_sees_what_it_looks_for(tmp_path):
-    (tmp_path / "m.py").write_text('"""vllm:num_requests_running, rolled_back: a docstring says what it likes."""\n'
-                                   'x = "rolled_back"\n'
-                                   'q = f"rate(vllm:request_success_total{{sel}}[{w}])"\n'
-                                   'ok = "vllm: the cpu_bind value, not a metric"\n')
+    (tmp_path / "m.py").write_text(
+        '"""vllm:num_requests_running, rolled_back: a docstring says what it likes."""\n'
+        'x = "rolled_back"\n'
+        'q = f"rate(vllm:request_success_total{{sel}}[{w}])"\n'
+        'ok = "vllm: the cpu_bind value, not a metric"\n'
+    )
     assert vocabulary_literals(tmp_path) == ["m.py:2: 'rolled_back'"]
     assert metric_literals(tmp_path) == ["m.py:3: 'rate(vllm:request_success_total{sel}['"]
 
@@ -105,8 +118,16 @@ def test_every_engine_name_is_in_the_catalogue_and_every_canonical_one_has_a_nam
 
 
 def test_the_tuples_the_store_checks_against_are_unchanged():
-    assert STATES == ("planned", "draining", "starting", "health_check", "observing", "awaiting_manual", "tuning",
-                      "done")
+    assert STATES == (
+        "planned",
+        "draining",
+        "starting",
+        "health_check",
+        "observing",
+        "awaiting_manual",
+        "tuning",
+        "done",
+    )
     assert OUTCOMES == ("kept", "rolled_back", "inconclusive", "failed")
     assert STATUSES == ("proposed", "applied", "rejected", "expired", "rolled_back", "failed")
     assert TRIAL_STATUSES == ("running", "measured", "crashed", "pruned", "interrupted", "compared")

@@ -52,20 +52,41 @@ class Backend:
 
 
 VLLM = Backend(
-    name="vllm", title="vLLM", counts_requests=True, dashed_flags=False, version_style="release",
-    drain="shutdown_timeout", model_is_file=False, gate_names_model=True,
-    load_metrics={"finished": VLLM_REQUEST_SUCCESS_TOTAL, "generated": VLLM_GENERATION_TOKENS_TOTAL,
-                  "running": VLLM_NUM_REQUESTS_RUNNING, "waiting": VLLM_NUM_REQUESTS_WAITING,
-                  "ttft": VLLM_TIME_TO_FIRST_TOKEN_SECONDS, "e2e": VLLM_E2E_REQUEST_LATENCY_SECONDS,
-                  "itl": VLLM_INTER_TOKEN_LATENCY_SECONDS, "queue": VLLM_REQUEST_QUEUE_TIME_SECONDS},
+    name="vllm",
+    title="vLLM",
+    counts_requests=True,
+    dashed_flags=False,
+    version_style="release",
+    drain="shutdown_timeout",
+    model_is_file=False,
+    gate_names_model=True,
+    load_metrics={
+        "finished": VLLM_REQUEST_SUCCESS_TOTAL,
+        "generated": VLLM_GENERATION_TOKENS_TOTAL,
+        "running": VLLM_NUM_REQUESTS_RUNNING,
+        "waiting": VLLM_NUM_REQUESTS_WAITING,
+        "ttft": VLLM_TIME_TO_FIRST_TOKEN_SECONDS,
+        "e2e": VLLM_E2E_REQUEST_LATENCY_SECONDS,
+        "itl": VLLM_INTER_TOKEN_LATENCY_SECONDS,
+        "queue": VLLM_REQUEST_QUEUE_TIME_SECONDS,
+    },
 )
 
 LLAMACPP = Backend(
-    name="llamacpp", title="llama-server", counts_requests=False, dashed_flags=True, version_style="build",
-    drain="slots_idle", model_is_file=True, gate_names_model=False,
-    load_metrics={"generated": LLAMACPP_TOKENS_PREDICTED_TOTAL,
-                  "gen_seconds": LLAMACPP_TOKENS_PREDICTED_SECONDS_TOTAL,
-                  "running": LLAMACPP_REQUESTS_PROCESSING, "waiting": LLAMACPP_REQUESTS_DEFERRED},
+    name="llamacpp",
+    title="llama-server",
+    counts_requests=False,
+    dashed_flags=True,
+    version_style="build",
+    drain="slots_idle",
+    model_is_file=True,
+    gate_names_model=False,
+    load_metrics={
+        "generated": LLAMACPP_TOKENS_PREDICTED_TOTAL,
+        "gen_seconds": LLAMACPP_TOKENS_PREDICTED_SECONDS_TOTAL,
+        "running": LLAMACPP_REQUESTS_PROCESSING,
+        "waiting": LLAMACPP_REQUESTS_DEFERRED,
+    },
 )
 
 BACKENDS: Mapping[str, Backend] = {b.name: b for b in (VLLM, LLAMACPP)}

@@ -18,22 +18,38 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
 import yaml
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tuner.errors import ConfigError, FlagError, InputFileError, UnknownTargetError
 from tuner.files import read_text
 from tuner.flags import REDACTED, redact_argv_text, secret_flag, spec, tunable_spelled, validate
 
-__all__ = ["Matcher", "parse_selector", "replica_groups", "Window", "parse_window", "in_window", "window_left", "Config", "Target", "Balancer", "Replica", "Managed", "Hook", "ApplyPolicy", "Slo", "GpuSource", "StoreConfig", "Alerting", "load_config", "parse_config",
-           "parse_duration", "parse_interval", "MIN_INTERVAL", "DEFAULT_LISTEN"]
+__all__ = [
+    "Matcher",
+    "parse_selector",
+    "replica_groups",
+    "Window",
+    "parse_window",
+    "in_window",
+    "window_left",
+    "Config",
+    "Target",
+    "Balancer",
+    "Replica",
+    "Managed",
+    "Hook",
+    "ApplyPolicy",
+    "Slo",
+    "GpuSource",
+    "StoreConfig",
+    "Alerting",
+    "load_config",
+    "parse_config",
+    "parse_duration",
+    "parse_interval",
+    "MIN_INTERVAL",
+    "DEFAULT_LISTEN",
+]
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
 MIN_TOKEN = 16  # characters of an API token, from a file or $TUNER_API_TOKEN alike
@@ -43,8 +59,7 @@ _COMPOUND = re.compile(r"^(?:\d+(?:ms|s|m|h|d))+\Z")
 _ZERO = re.compile(r"^0+(?:\.0*)?\s*(?:ms|s|m|h|d)?\Z")
 _PART = re.compile(r"(\d+)(ms|s|m|h|d)")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*\Z")
-_UNIT_B = {"B": 1, None: 1, "KB": 10**3, "MB": 10**6, "GB": 10**9,
-           "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+_UNIT_B = {"B": 1, None: 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")  # \Z: "$" also matches before a final newline
 # HOST:PORT; an IPv6 address in brackets ([::1]:9464), as in a URL
 _LISTEN = re.compile(r"(?:\[([^\]]+)\]|([A-Za-z0-9][A-Za-z0-9.-]*)):([0-9]{1,5})")
@@ -65,8 +80,8 @@ class YamlLoader(yaml.SafeLoader):
             return super().construct_object(node, deep)
         except (ValueError, TypeError, AttributeError, OverflowError, IndexError) as exc:
             raise yaml.constructor.ConstructorError(
-                None, None, f"cannot read {node.value!r} as {node.tag.rsplit(':', 1)[-1]} ({exc})",
-                node.start_mark) from None
+                None, None, f"cannot read {node.value!r} as {node.tag.rsplit(':', 1)[-1]} ({exc})", node.start_mark
+            ) from None
 
 
 class YamlTextError(ValueError):
@@ -105,7 +120,9 @@ def parse_duration(value: Any) -> timedelta:
     if isinstance(value, bool):
         raise ValueError(f"expected a duration like 5s or 2m, got {value!r}")
     if isinstance(value, (int, float)):
-        seconds = float(value) if isinstance(value, float) or abs(value) < 2**53 else math.inf  # float(10**400) overflows
+        seconds = (
+            float(value) if isinstance(value, float) or abs(value) < 2**53 else math.inf
+        )  # float(10**400) overflows
     else:
         text = str(value).strip()
         match = _DURATION.match(text)
@@ -149,9 +166,11 @@ def parse_interval(value: Any) -> timedelta:
     """A duration of at least MIN_INTERVAL (scrape, GPU and evaluation intervals)."""
     d = parse_duration(value)
     if d < MIN_INTERVAL:
-        raise ValueError(f"{value!r} is shorter than {MIN_INTERVAL.total_seconds() * 1000:.0f}ms, the shortest "
-                         "interval tuner takes (a typo? scrapes and evaluations that often flood the server and the "
-                         "store)")
+        raise ValueError(
+            f"{value!r} is shorter than {MIN_INTERVAL.total_seconds() * 1000:.0f}ms, the shortest "
+            "interval tuner takes (a typo? scrapes and evaluations that often flood the server and the "
+            "store)"
+        )
     return d
 
 
@@ -218,8 +237,11 @@ class Managed(_Model):
         """The key the server asks its clients for (its --api-key in extra_args, any spelling, else VLLM_API_KEY or
         LLAMA_API_KEY in env): the health gate sends it as ``Authorization: Bearer``."""
         for key, value in self.extra_args.items():
-            if key.lstrip("-").replace("_", "-").lower() == "api-key" and value is not None \
-                    and not isinstance(value, bool):
+            if (
+                key.lstrip("-").replace("_", "-").lower() == "api-key"
+                and value is not None
+                and not isinstance(value, bool)
+            ):
                 return str(value)
         return self.env.get("VLLM_API_KEY") or self.env.get("LLAMA_API_KEY") or None
 
@@ -227,8 +249,10 @@ class Managed(_Model):
     def _key(self) -> Managed:
         key = self.api_key
         if key is not None and not (key.isascii() and key.isprintable() and key.strip() == key and key):
-            raise ValueError("the api-key (extra_args or env) must be printable ASCII without spaces around it (the "
-                             "health gate sends it in an Authorization header)")
+            raise ValueError(
+                "the api-key (extra_args or env) must be printable ASCII without spaces around it (the "
+                "health gate sends it in an Authorization header)"
+            )
         return self
 
 
@@ -248,9 +272,11 @@ class Hook(_Model):
     @classmethod
     def _unit(cls, v: str | None) -> str | None:
         if v is not None and (not _SYSTEMD_SERVICE.fullmatch(v) or len(v) > 255):
-            raise ValueError(f"expected a systemd service unit name such as vllm.service or llama@chat.service "
-                             f"(letters, digits, ':', '_', '.', '-', '\\', one '@' for a template; at most 255 "
-                             f"characters), got {v!r}")
+            raise ValueError(
+                f"expected a systemd service unit name such as vllm.service or llama@chat.service "
+                f"(letters, digits, ':', '_', '.', '-', '\\', one '@' for a template; at most 255 "
+                f"characters), got {v!r}"
+            )
         return v
 
     @model_validator(mode="after")
@@ -265,8 +291,10 @@ class Hook(_Model):
 # ---- maintenance windows (apply.maintenance_windows) ---------------------------------------------
 
 _DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
-_WINDOW = re.compile(r"^\s*(daily|[A-Za-z]{3}(?:-[A-Za-z]{3})?(?:,[A-Za-z]{3}(?:-[A-Za-z]{3})?)*)\s+"
-                     r"(\d{2}):(\d{2})-(\d{2}):(\d{2})\s*\Z")
+_WINDOW = re.compile(
+    r"^\s*(daily|[A-Za-z]{3}(?:-[A-Za-z]{3})?(?:,[A-Za-z]{3}(?:-[A-Za-z]{3})?)*)\s+"
+    r"(\d{2}):(\d{2})-(\d{2}):(\d{2})\s*\Z"
+)
 
 
 @dataclass(frozen=True)
@@ -282,8 +310,9 @@ def parse_window(text: str) -> Window:
     """``daily 02:00-04:00``, ``Mon-Fri 22:00-02:00``, ``Sat,Sun 00:00-06:00`` (UTC); ValueError names the text."""
     m = _WINDOW.match(text)
     if not m:
-        raise ValueError(f"maintenance window {text!r}: expected e.g. 'daily 02:00-04:00' or 'Mon-Fri 22:00-02:00' "
-                         "(UTC)")
+        raise ValueError(
+            f"maintenance window {text!r}: expected e.g. 'daily 02:00-04:00' or 'Mon-Fri 22:00-02:00' (UTC)"
+        )
     spec, h1, m1, h2, m2 = m.groups()
     if int(h1) > 23 or int(h2) > 23 or int(m1) > 59 or int(m2) > 59:
         raise ValueError(f"maintenance window {text!r}: times must be 00:00..23:59")
@@ -406,7 +435,9 @@ class Replica(_Model):
     @classmethod
     def _url(cls, v: str) -> str:
         if not re.match(r"^https?://([^/:\s]+|\[[^\]\s]+\]):\d+/?\Z", v):
-            raise ValueError(f"expected http://HOST:PORT of this replica (tuner scrapes and starts it there), got {v!r}")
+            raise ValueError(
+                f"expected http://HOST:PORT of this replica (tuner scrapes and starts it there), got {v!r}"
+            )
         return v.rstrip("/")
 
 
@@ -437,7 +468,7 @@ def parse_selector(selector: str) -> tuple[Matcher, ...]:
     while pos < len(text):
         m = _MATCHER.match(text, pos)
         if m is None:
-            raise ValueError(f"expected label=\"value\" (or !=, =~, !~) at {text[pos:pos + 30]!r}")
+            raise ValueError(f'expected label="value" (or !=, =~, !~) at {text[pos : pos + 30]!r}')
         try:
             value = json.loads(f'"{m[3]}"')
         except ValueError:
@@ -466,16 +497,20 @@ _REQUIREMENT = re.compile(r"\s*(!?)\s*([^\s!=,()]+)\s*(?:(==|=|!=)\s*([^\s,()]*)
 def dns_label(v: str, what: str) -> str:
     """``v`` if it is a DNS-1123 label (namespaces, container names), else a ValueError saying the rule."""
     if len(v) > 63 or not _DNS_LABEL.fullmatch(v):
-        raise ValueError(f"{what} {v!r} is not a DNS-1123 label: at most 63 characters, lowercase letters, digits "
-                         "and '-', starting and ending with a letter or digit")
+        raise ValueError(
+            f"{what} {v!r} is not a DNS-1123 label: at most 63 characters, lowercase letters, digits "
+            "and '-', starting and ending with a letter or digit"
+        )
     return v
 
 
 def dns_subdomain(v: str, what: str) -> str:
     """``v`` if it is a DNS-1123 subdomain (Deployment and StatefulSet names), else a ValueError saying the rule."""
     if len(v) > 253 or not _DNS_SUBDOMAIN.fullmatch(v):
-        raise ValueError(f"{what} {v!r} is not a DNS-1123 subdomain: at most 253 characters, lowercase letters, "
-                         "digits, '-' and '.', each part starting and ending with a letter or digit")
+        raise ValueError(
+            f"{what} {v!r} is not a DNS-1123 subdomain: at most 253 characters, lowercase letters, "
+            "digits, '-' and '.', each part starting and ending with a letter or digit"
+        )
     return v
 
 
@@ -484,14 +519,18 @@ def _label_key(key: str, selector: str) -> None:
     if prefix:
         dns_subdomain(prefix, f"label selector {selector!r}: key prefix")
     if len(name) > 63 or not _KUBE_LABEL_NAME.fullmatch(name):
-        raise ValueError(f"label selector {selector!r}: {key!r} is not a label key (at most 63 characters of "
-                         "letters, digits, '-', '_', '.', after an optional DNS prefix and '/')")
+        raise ValueError(
+            f"label selector {selector!r}: {key!r} is not a label key (at most 63 characters of "
+            "letters, digits, '-', '_', '.', after an optional DNS prefix and '/')"
+        )
 
 
 def _label_value(value: str, selector: str) -> None:
     if value and (len(value) > 63 or not _KUBE_LABEL_NAME.fullmatch(value)):
-        raise ValueError(f"label selector {selector!r}: {value!r} is not a label value (at most 63 characters of "
-                         "letters, digits, '-', '_', '.', starting and ending with a letter or digit)")
+        raise ValueError(
+            f"label selector {selector!r}: {value!r} is not a label value (at most 63 characters of "
+            "letters, digits, '-', '_', '.', starting and ending with a letter or digit)"
+        )
 
 
 def label_selector(selector: str) -> str:
@@ -509,10 +548,12 @@ def label_selector(selector: str) -> str:
     for part in parts:
         m = _REQUIREMENT.fullmatch(part)
         if m is None or (m[1] and (m[3] or m[5])):
-            raise ValueError(f"label selector {selector!r}: cannot read {part.strip()!r} (use key=value, key!=value, "
-                             "key in (a,b), key notin (a,b), key or !key)")
+            raise ValueError(
+                f"label selector {selector!r}: cannot read {part.strip()!r} (use key=value, key!=value, "
+                "key in (a,b), key notin (a,b), key or !key)"
+            )
         _label_key(m[2], selector)
-        for value in ([m[4]] if m[3] else [v.strip() for v in m[6].split(",")] if m[5] else []):
+        for value in [m[4]] if m[3] else [v.strip() for v in m[6].split(",")] if m[5] else []:
             _label_value(value, selector)
     return selector.strip()
 
@@ -541,8 +582,10 @@ class KubePods(_Model):
         if isinstance(v, int) and not 0 < v < 65536:
             raise ValueError(f"port {v} is outside 1..65535")
         if isinstance(v, str) and (len(v) > 15 or not _PORT_NAME.fullmatch(v) or not re.search("[a-z]", v)):
-            raise ValueError(f"port {v!r}: expected a number or a container port's name (at most 15 lowercase "
-                             "letters, digits and '-', with a letter)")
+            raise ValueError(
+                f"port {v!r}: expected a number or a container port's name (at most 15 lowercase "
+                "letters, digits and '-', with a letter)"
+            )
         return v
 
     @field_validator("namespace_label", "pod_label")
@@ -642,13 +685,17 @@ class Target(_Model):
     @model_validator(mode="after")
     def _group(self) -> Target:
         if self.replicas and self.balancer is None:
-            raise ValueError("replicas: a group needs a balancer (balancer: {socket, backend}); without one a "
-                             "restart of any replica drops its requests")
+            raise ValueError(
+                "replicas: a group needs a balancer (balancer: {socket, backend}); without one a "
+                "restart of any replica drops its requests"
+            )
         if self.balancer is not None and not self.replicas:
             if self.balancer.server is None or self.managed is None:
-                raise ValueError("balancer: list at least two replicas (a rolling apply takes one out at a time), "
-                                 "or, for blue/green on one host, give balancer.server (this server's name in the "
-                                 "backend) on a managed target (tuner starts the second server)")
+                raise ValueError(
+                    "balancer: list at least two replicas (a rolling apply takes one out at a time), "
+                    "or, for blue/green on one host, give balancer.server (this server's name in the "
+                    "backend) on a managed target (tuner starts the second server)"
+                )
         elif self.balancer is not None and len(self.replicas) < 2:
             raise ValueError("balancer: list at least two replicas (a rolling apply takes one out at a time)")
         names = [r.name for r in self.replicas]
@@ -667,14 +714,18 @@ class Target(_Model):
         if self.managed is not None:
             raise ValueError("kubernetes: Kubernetes starts this server, not tuner; remove managed:")
         if self.balancer is not None or self.replicas:
-            raise ValueError("kubernetes: the workload's pods are the replicas (kubernetes.pods), behind its "
-                             "Service; remove balancer: and replicas:")
+            raise ValueError(
+                "kubernetes: the workload's pods are the replicas (kubernetes.pods), behind its "
+                "Service; remove balancer: and replicas:"
+            )
         if self.apply.hook is not None:
             raise ValueError("kubernetes: an apply patches the workload's container args; remove apply.hook")
         if self.apply.mode == "auto" and k.pods is not None:
-            raise ValueError("kubernetes: apply.mode auto is not supported on a Kubernetes pods group: auto mode's "
-                             "guardrails (restart budget, halt after rollbacks) count per target, and every rollout "
-                             "makes new pods; use mode: manual")
+            raise ValueError(
+                "kubernetes: apply.mode auto is not supported on a Kubernetes pods group: auto mode's "
+                "guardrails (restart budget, halt after rollbacks) count per target, and every rollout "
+                "makes new pods; use mode: manual"
+            )
         return self
 
     @property
@@ -688,11 +739,26 @@ class Target(_Model):
         if not self.replicas:
             return [self]
         labels = lambda r: {**self.labels, "group": self.name, "replica": r.name}  # noqa: E731
-        managed = lambda r: (self.managed.model_copy(update={"env": {**self.managed.env, **r.env}})  # noqa: E731
-                             if self.managed is not None and r.env else self.managed)
-        return [self.model_copy(update={"name": f"{self.name}.{r.name}", "url": r.url, "replicas": [],
-                                        "group": self.name, "replica": r.name, "group_url": self.url,
-                                        "labels": labels(r), "managed": managed(r)}) for r in self.replicas]
+        managed = lambda r: (
+            self.managed.model_copy(update={"env": {**self.managed.env, **r.env}})  # noqa: E731
+            if self.managed is not None and r.env
+            else self.managed
+        )
+        return [
+            self.model_copy(
+                update={
+                    "name": f"{self.name}.{r.name}",
+                    "url": r.url,
+                    "replicas": [],
+                    "group": self.name,
+                    "replica": r.name,
+                    "group_url": self.url,
+                    "labels": labels(r),
+                    "managed": managed(r),
+                }
+            )
+            for r in self.replicas
+        ]
 
     @field_validator("url")
     @classmethod
@@ -731,8 +797,7 @@ class Target(_Model):
     def _managed(self) -> Target:
         if self.managed is None:
             if self.backend == "auto":
-                raise ValueError("backend auto needs managed.model to choose from (a .gguf file: llamacpp, "
-                                 "else vllm)")
+                raise ValueError("backend auto needs managed.model to choose from (a .gguf file: llamacpp, else vllm)")
             return self
 
         backend = self.backend
@@ -746,12 +811,15 @@ class Target(_Model):
                 raise ValueError(f"managed.flags.{name}: {exc}") from None
         for key in self.managed.extra_args:
             if (tunable := tunable_spelled(backend, key)) is not None:  # it would be on the argv twice
-                raise ValueError(f"managed.extra_args.{key}: sets the tunable flag {tunable.name} "
-                                 f"({tunable.cli[backend]}); put it in managed.flags, where tuner can change it")
+                raise ValueError(
+                    f"managed.extra_args.{key}: sets the tunable flag {tunable.name} "
+                    f"({tunable.cli[backend]}); put it in managed.flags, where tuner can change it"
+                )
         host = re.match(r"^https?://([^/:]+|\[[^\]]+\])(?::(\d+))?\Z", self.url)
         if host is None or host.group(2) is None:
-            raise ValueError(f"a managed target's url must be http://HOST:PORT (tuner starts the server there), "
-                             f"got {self.url!r}")
+            raise ValueError(
+                f"a managed target's url must be http://HOST:PORT (tuner starts the server there), got {self.url!r}"
+            )
         return self
 
     @property
@@ -792,8 +860,10 @@ class Retention(_Model):
     @model_validator(mode="after")
     def _order(self) -> Retention:
         if self.raw > self.rollup:  # everything older than rollup is deleted: raw samples with it
-            raise ValueError(f"raw ({self.raw}) is longer than rollup ({self.rollup}): every sample would be deleted "
-                             "at the rollup age; make rollup at least as long as raw")
+            raise ValueError(
+                f"raw ({self.raw}) is longer than rollup ({self.rollup}): every sample would be deleted "
+                "at the rollup age; make rollup at least as long as raw"
+            )
         return self
 
 
@@ -873,8 +943,12 @@ class Api(_Model):
                 raise ConfigError("config", "api.token_file", str(exc)) from None
             where, key = "config", "api.token_file"
         if len(text) < MIN_TOKEN:
-            raise ConfigError(where, key, f"the token must be at least {MIN_TOKEN} characters (it is {len(text)}); "
-                                          "generate one with `openssl rand -hex 32`")
+            raise ConfigError(
+                where,
+                key,
+                f"the token must be at least {MIN_TOKEN} characters (it is {len(text)}); "
+                "generate one with `openssl rand -hex 32`",
+            )
         return text
 
 
@@ -896,8 +970,9 @@ class Config(_Model):
     def _listen(cls, v: str) -> str:
         m = _LISTEN.fullmatch(v)
         if m is None or int(m[3]) > 65535:
-            raise ValueError(f"expected HOST:PORT such as {DEFAULT_LISTEN} (an IPv6 address in brackets: "
-                             f"[::1]:9464), got {v!r}")
+            raise ValueError(
+                f"expected HOST:PORT such as {DEFAULT_LISTEN} (an IPv6 address in brackets: [::1]:9464), got {v!r}"
+            )
         if m[1] is not None:
             try:
                 ipaddress.IPv6Address(m[1])
@@ -934,8 +1009,11 @@ class Config(_Model):
         for t in self.targets:
             if t.managed is None:
                 continue
-            found.update(str(v) for k, v in t.managed.extra_args.items()
-                         if secret_flag(k) and v is not None and not isinstance(v, bool))
+            found.update(
+                str(v)
+                for k, v in t.managed.extra_args.items()
+                if secret_flag(k) and v is not None and not isinstance(v, bool)
+            )
             found.update(v for k, v in t.managed.env.items() if secret_flag(k))
         # shorter ones are hidden by their place in an argv only (as text they would hide innocent digits)
         return self.targets, tuple(sorted((v for v in found if len(v) >= 4), key=len, reverse=True))
@@ -1050,7 +1128,7 @@ def _resolve_store_path(cfg: Config, path: Path) -> Config:
     url = cfg.store.url
     prefix = "sqlite:///"
     if url.startswith(prefix) and not url.startswith(prefix + "/") and url != "sqlite:///:memory:":
-        resolved = (path.parent / url[len(prefix):]).resolve()
+        resolved = (path.parent / url[len(prefix) :]).resolve()
         store = cfg.store.model_copy(update={"url": prefix + str(resolved)})
         return cfg.model_copy(update={"store": store})
     return cfg

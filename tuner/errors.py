@@ -103,8 +103,10 @@ class StoreBusyError(StoreError):
     def __init__(self, url: str, lock: Path, holder: str) -> None:
         self.lock, self.holder = lock, holder
         who = f"pid {holder}" if holder.isdigit() else "a process whose pid it has not written yet"
-        super().__init__(f"store {url} is held by another `tuner run` ({who}; lock {lock}): one daemon per store; "
-                         "stop that one first, or give this one its own store.url")
+        super().__init__(
+            f"store {url} is held by another `tuner run` ({who}; lock {lock}): one daemon per store; "
+            "stop that one first, or give this one its own store.url"
+        )
 
 
 class UnknownTargetError(TunerError, KeyError):
@@ -161,25 +163,43 @@ class NotProposedError(ApplyError):
 
     def __init__(self, rec_id: int, status: str) -> None:
         self.rec_id, self.status = rec_id, status
-        super().__init__(f"recommendation #{rec_id} is {status}, not proposed; only proposed ones are applied "
-                         "(see `tuner recommendations list`)")
+        super().__init__(
+            f"recommendation #{rec_id} is {status}, not proposed; only proposed ones are applied "
+            "(see `tuner recommendations list`)"
+        )
 
 
 class TargetBusyError(ApplyError):
     """Raised when a target, or the replica group it belongs to, already has an apply (or a tuning run) in progress:
     one at a time per target and per group. Names the apply that holds it."""
 
-    def __init__(self, target: str, apply_id: int, *, held_target: str | None = None, kind: str = "apply",
-                 mode: str = "", group: str | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        apply_id: int,
+        *,
+        held_target: str | None = None,
+        kind: str = "apply",
+        mode: str = "",
+        group: str | None = None,
+    ) -> None:
         self.target, self.apply_id, self.held_target, self.group = target, apply_id, held_target or target, group
-        what = f"apply #{apply_id}" if kind == "apply" else (f"apply #{apply_id} ({kind}"
-                                                             + (f", {mode}" if mode == "shadow" else "") + ")")
+        what = (
+            f"apply #{apply_id}"
+            if kind == "apply"
+            else (f"apply #{apply_id} ({kind}" + (f", {mode}" if mode == "shadow" else "") + ")")
+        )
         if self.held_target != target:
             what += f" on {self.held_target}"
-        scope = (f"replica group {group} of target {target!r}" if group and self.held_target != target
-                 else f"target {target!r}")
-        super().__init__(f"{scope} has {what} in progress (one change at a time per target and per group); wait for "
-                         "it, or run `tuner reconcile` if the tuner doing it died")
+        scope = (
+            f"replica group {group} of target {target!r}"
+            if group and self.held_target != target
+            else f"target {target!r}"
+        )
+        super().__init__(
+            f"{scope} has {what} in progress (one change at a time per target and per group); wait for "
+            "it, or run `tuner reconcile` if the tuner doing it died"
+        )
 
 
 class FlagError(TunerError, ValueError):
@@ -214,8 +234,14 @@ class RecommendationNotFoundError(TunerError, KeyError):
         return str(self.args[0])
 
 
-__all__ += ["FlagError", "ModelFactsError", "RecommendationNotFoundError", "ApplyError", "NotProposedError",
-            "TargetBusyError"]
+__all__ += [
+    "FlagError",
+    "ModelFactsError",
+    "RecommendationNotFoundError",
+    "ApplyError",
+    "NotProposedError",
+    "TargetBusyError",
+]
 
 
 class RuleFileError(TunerError, ValueError):

@@ -17,15 +17,14 @@ MAX_FILE_BYTES = 10 * 2**20  # as defaults.max_body_bytes: no input file tuner r
 _CHUNK = 1 << 16
 
 
-def read_bytes(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES, gzipped: bool = False,
-               cap: str = "") -> bytes:
+def read_bytes(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES, gzipped: bool = False, cap: str = "") -> bytes:
     """The file's bytes (decompressed when ``gzipped``), at most ``max_bytes`` of them: reading stops one chunk
     past the cap. InputFileError when it cannot be opened, is larger, or is not a complete gzip stream; ``cap``
     names the setting that sets ``max_bytes`` in that message."""
     name = str(path)
     try:
         f: BinaryIO
-        with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as f:  # type: ignore[assignment]
+        with gzip.open(path, "rb") if gzipped else open(path, "rb") as f:  # type: ignore[assignment]
             chunks, size = [], 0
             while chunk := f.read(min(_CHUNK, max_bytes + 1 - size)):
                 chunks.append(chunk)
@@ -62,8 +61,9 @@ def decode(raw: bytes, name: str) -> str:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise InputFileError(name, f"not UTF-8 text: byte 0x{raw[exc.start]:02x} on line {line} "
-                                   "(save the file as UTF-8)") from None
+        raise InputFileError(
+            name, f"not UTF-8 text: byte 0x{raw[exc.start]:02x} on line {line} (save the file as UTF-8)"
+        ) from None
 
 
 def read_text(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES, gzipped: bool = False, cap: str = "") -> str:

@@ -17,9 +17,25 @@ from tuner.backends import BACKENDS as _KNOWN
 from tuner.backends import backend as backend_of
 from tuner.errors import FlagError
 
-__all__ = ["FlagSpec", "FLAGS", "FlagValue", "spec", "validate", "cli_name", "render", "supported", "tunable_spelled",
-           "secret_flag", "redact_argv", "redact_argv_text", "REDACTED",
-           "parse_version", "help_flags", "takes", "BACKENDS"]
+__all__ = [
+    "FlagSpec",
+    "FLAGS",
+    "FlagValue",
+    "spec",
+    "validate",
+    "cli_name",
+    "render",
+    "supported",
+    "tunable_spelled",
+    "secret_flag",
+    "redact_argv",
+    "redact_argv_text",
+    "REDACTED",
+    "parse_version",
+    "help_flags",
+    "takes",
+    "BACKENDS",
+]
 
 BACKENDS: tuple[str, ...] = tuple(_KNOWN)
 FlagValue = int | float | bool | str
@@ -45,41 +61,136 @@ class FlagSpec:
 
 FLAGS: tuple[FlagSpec, ...] = (
     # vLLM
-    FlagSpec("max_num_seqs", "int", {"vllm": "--max-num-seqs"}, "most sequences scheduled at once",
-             minimum=1, maximum=4096),
-    FlagSpec("gpu_memory_utilization", "float", {"vllm": "--gpu-memory-utilization"},
-             "fraction 0-1 of GPU memory vLLM may use (weights + activations + KV cache)", minimum=0.05, maximum=0.98),
-    FlagSpec("max_model_len", "int", {"vllm": "--max-model-len"}, "longest prompt + output, tokens",
-             minimum=128, maximum=10_485_760),
-    FlagSpec("kv_cache_dtype", "choice", {"vllm": "--kv-cache-dtype"}, "KV cache element type",
-             choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"), min_version={"vllm": (0, 4, 0)}),
-    FlagSpec("max_num_batched_tokens", "int", {"vllm": "--max-num-batched-tokens"},
-             "most tokens in one scheduler step (prefill chunk budget)", minimum=64, maximum=1_048_576),
-    FlagSpec("enable_chunked_prefill", "bool", {"vllm": "--enable-chunked-prefill"},
-             "split long prefills into chunks mixed with decodes", min_version={"vllm": (0, 4, 1)}),
-    FlagSpec("enable_prefix_caching", "bool", {"vllm": "--enable-prefix-caching"},
-             "reuse KV blocks of repeated prompt prefixes", min_version={"vllm": (0, 4, 0)}),
-    FlagSpec("tensor_parallel_size", "int", {"vllm": "--tensor-parallel-size"}, "GPUs the model is split over",
-             minimum=1, maximum=64, aliases={"vllm": ("-tp",)}),
-    FlagSpec("quantization", "choice", {"vllm": "--quantization"}, "weight quantization method",
-             choices=("awq", "gptq", "fp8", "bitsandbytes"), aliases={"vllm": ("-q",)}),
+    FlagSpec(
+        "max_num_seqs", "int", {"vllm": "--max-num-seqs"}, "most sequences scheduled at once", minimum=1, maximum=4096
+    ),
+    FlagSpec(
+        "gpu_memory_utilization",
+        "float",
+        {"vllm": "--gpu-memory-utilization"},
+        "fraction 0-1 of GPU memory vLLM may use (weights + activations + KV cache)",
+        minimum=0.05,
+        maximum=0.98,
+    ),
+    FlagSpec(
+        "max_model_len",
+        "int",
+        {"vllm": "--max-model-len"},
+        "longest prompt + output, tokens",
+        minimum=128,
+        maximum=10_485_760,
+    ),
+    FlagSpec(
+        "kv_cache_dtype",
+        "choice",
+        {"vllm": "--kv-cache-dtype"},
+        "KV cache element type",
+        choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+        min_version={"vllm": (0, 4, 0)},
+    ),
+    FlagSpec(
+        "max_num_batched_tokens",
+        "int",
+        {"vllm": "--max-num-batched-tokens"},
+        "most tokens in one scheduler step (prefill chunk budget)",
+        minimum=64,
+        maximum=1_048_576,
+    ),
+    FlagSpec(
+        "enable_chunked_prefill",
+        "bool",
+        {"vllm": "--enable-chunked-prefill"},
+        "split long prefills into chunks mixed with decodes",
+        min_version={"vllm": (0, 4, 1)},
+    ),
+    FlagSpec(
+        "enable_prefix_caching",
+        "bool",
+        {"vllm": "--enable-prefix-caching"},
+        "reuse KV blocks of repeated prompt prefixes",
+        min_version={"vllm": (0, 4, 0)},
+    ),
+    FlagSpec(
+        "tensor_parallel_size",
+        "int",
+        {"vllm": "--tensor-parallel-size"},
+        "GPUs the model is split over",
+        minimum=1,
+        maximum=64,
+        aliases={"vllm": ("-tp",)},
+    ),
+    FlagSpec(
+        "quantization",
+        "choice",
+        {"vllm": "--quantization"},
+        "weight quantization method",
+        choices=("awq", "gptq", "fp8", "bitsandbytes"),
+        aliases={"vllm": ("-q",)},
+    ),
     # llama-server
-    FlagSpec("ctx_size", "int", {"llamacpp": "-c"}, "total context, tokens, split evenly across --parallel slots",
-             minimum=128, maximum=10_485_760, aliases={"llamacpp": ("--ctx-size",)}),
-    FlagSpec("n_gpu_layers", "int", {"llamacpp": "-ngl"}, "layers offloaded to the GPU", minimum=0, maximum=999,
-             aliases={"llamacpp": ("--gpu-layers", "--n-gpu-layers")}),
-    FlagSpec("batch_size", "int", {"llamacpp": "-b"}, "logical batch, tokens", minimum=32, maximum=65536,
-             aliases={"llamacpp": ("--batch-size",)}),
-    FlagSpec("ubatch_size", "int", {"llamacpp": "-ub"}, "physical batch, tokens (<= -b)", minimum=32,
-             maximum=65536, aliases={"llamacpp": ("--ubatch-size",)}),
-    FlagSpec("parallel", "int", {"llamacpp": "--parallel"}, "slots decoding at once", minimum=1, maximum=256,
-             aliases={"llamacpp": ("-np",)}),
+    FlagSpec(
+        "ctx_size",
+        "int",
+        {"llamacpp": "-c"},
+        "total context, tokens, split evenly across --parallel slots",
+        minimum=128,
+        maximum=10_485_760,
+        aliases={"llamacpp": ("--ctx-size",)},
+    ),
+    FlagSpec(
+        "n_gpu_layers",
+        "int",
+        {"llamacpp": "-ngl"},
+        "layers offloaded to the GPU",
+        minimum=0,
+        maximum=999,
+        aliases={"llamacpp": ("--gpu-layers", "--n-gpu-layers")},
+    ),
+    FlagSpec(
+        "batch_size",
+        "int",
+        {"llamacpp": "-b"},
+        "logical batch, tokens",
+        minimum=32,
+        maximum=65536,
+        aliases={"llamacpp": ("--batch-size",)},
+    ),
+    FlagSpec(
+        "ubatch_size",
+        "int",
+        {"llamacpp": "-ub"},
+        "physical batch, tokens (<= -b)",
+        minimum=32,
+        maximum=65536,
+        aliases={"llamacpp": ("--ubatch-size",)},
+    ),
+    FlagSpec(
+        "parallel",
+        "int",
+        {"llamacpp": "--parallel"},
+        "slots decoding at once",
+        minimum=1,
+        maximum=256,
+        aliases={"llamacpp": ("-np",)},
+    ),
     # The on|off|auto value form replaced the bare switch in mid-2025 builds.
-    FlagSpec("flash_attn", "choice", {"llamacpp": "-fa"}, "flash attention", choices=("on", "off", "auto"),
-             min_version={"llamacpp": (6250,)}, aliases={"llamacpp": ("--flash-attn",)}),
+    FlagSpec(
+        "flash_attn",
+        "choice",
+        {"llamacpp": "-fa"},
+        "flash attention",
+        choices=("on", "off", "auto"),
+        min_version={"llamacpp": (6250,)},
+        aliases={"llamacpp": ("--flash-attn",)},
+    ),
     # Not a server flag: which server to run at all (the seed's backend choice).
-    FlagSpec("backend", "choice", {"vllm": "backend", "llamacpp": "backend"}, "which inference server to run",
-             choices=BACKENDS),
+    FlagSpec(
+        "backend",
+        "choice",
+        {"vllm": "backend", "llamacpp": "backend"},
+        "which inference server to run",
+        choices=BACKENDS,
+    ),
 )
 _BY_NAME = {f.name: f for f in FLAGS}
 _BY_CLI = {(b, cli): f for f in FLAGS for b, cli in f.cli.items()}
@@ -94,15 +205,22 @@ def _spelling(key: str) -> str:
 # too for a switch); tuner's own name counts as one
 _SETS: dict[tuple[str, str], FlagSpec] = {
     (b, pre + _spelling(sp)): f
-    for f in FLAGS if f.name != "backend" for b, cli in f.cli.items()
-    for sp in (cli, f.name, *f.aliases.get(b, ())) for pre in (("", "no-") if f.kind == "bool" else ("",))}
+    for f in FLAGS
+    if f.name != "backend"
+    for b, cli in f.cli.items()
+    for sp in (cli, f.name, *f.aliases.get(b, ()))
+    for pre in (("", "no-") if f.kind == "bool" else ("",))
+}
 
 
 # A flag whose value is a credential (vLLM's and llama-server's --api-key, --hf-token, ...): its value is never shown
 _SECRET = re.compile(r"key|token|secret|passw|auth|credential")
 # Such a flag and its value inside a JSON argv (a journal step, a log line): "--api-key", "VALUE"
-_SECRET_IN_JSON = re.compile(r'("--?[A-Za-z0-9_-]*(?:key|token|secret|passw|auth|credential)[A-Za-z0-9_-]*",\s*)'
-                             r'"(?:[^"\\]|\\.)*"', re.IGNORECASE)
+_SECRET_IN_JSON = re.compile(
+    r'("--?[A-Za-z0-9_-]*(?:key|token|secret|passw|auth|credential)[A-Za-z0-9_-]*",\s*)'
+    r'"(?:[^"\\]|\\.)*"',
+    re.IGNORECASE,
+)
 REDACTED = "***"
 
 
@@ -179,8 +297,9 @@ def _number(backend: str, s: FlagSpec, value: object) -> int | float:
     try:
         number = float(value) if s.kind == "float" else _int(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise FlagError(backend, s.name, f"expected {'a number' if s.kind == 'float' else 'a whole number'}, "
-                                         f"got {value!r}") from None
+        raise FlagError(
+            backend, s.name, f"expected {'a number' if s.kind == 'float' else 'a whole number'}, got {value!r}"
+        ) from None
     if not math.isfinite(number):
         raise FlagError(backend, s.name, f"expected a finite number, got {value!r}")
     return number
@@ -235,8 +354,9 @@ def help_flags(help_text: str) -> frozenset[str]:
     return frozenset(_HELP_FLAG.findall(help_text))
 
 
-def supported(backend: str, name: str, version: tuple[int, ...] | None,
-              help_options: frozenset[str] | None) -> tuple[bool, str]:
+def supported(
+    backend: str, name: str, version: tuple[int, ...] | None, help_options: frozenset[str] | None
+) -> tuple[bool, str]:
     """Whether the running server takes the flag, and why: its ``--help`` decides when known, else its version.
 
     A flag with a minimum version on a server whose version is unknown counts as unsupported: never guess.

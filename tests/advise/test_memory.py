@@ -35,20 +35,27 @@ def test_seed_llama3_8b_on_24gb_at_085_and_8k():
     budget = floor(24 GiB x 0.85) = 21,904,333,209 - weights 16,060,522,496 - overhead (1 GiB + 8192 tokens x
     (4 x 4096 + 2 x 14336) x 2 B = 1,811,939,328) = 4,031,871,385 B; / (16 x 131072 B) = 1922 blocks = 30,752
     tokens = 3.75 sequences of 8192. It fits, with ~3.75 full-length sequences (not "dozens")."""
-    p = plan(load_model(MODELS / "llama-3-8b"), gpu_memory_bytes=24 * GIB, gpu_memory_utilization=0.85,
-             max_model_len=8192)
+    p = plan(
+        load_model(MODELS / "llama-3-8b"), gpu_memory_bytes=24 * GIB, gpu_memory_utilization=0.85, max_model_len=8192
+    )
     assert p.overhead_bytes == 1_811_939_328
     assert p.kv_budget_bytes == 4_031_871_385
     assert (p.kv_blocks, p.kv_capacity_tokens) == (1922, 30_752)
     assert p.max_concurrency == pytest.approx(3.7539, abs=1e-4) and p.fits
     # A "24 GB" card with 24e9 bytes leaves 20.4e9 - 16.06e9 - 1.81e9 = 2.53e9 B: 1205 blocks, 2.35 sequences.
-    small = plan(load_model(MODELS / "llama-3-8b"), gpu_memory_bytes=24 * 10**9, gpu_memory_utilization=0.85,
-                 max_model_len=8192)
+    small = plan(
+        load_model(MODELS / "llama-3-8b"), gpu_memory_bytes=24 * 10**9, gpu_memory_utilization=0.85, max_model_len=8192
+    )
     assert small.kv_blocks == 1205 and small.fits
     # fp8 KV halves bytes per token: 4,031,871,385 / (16 x 65,536) = 3845.1 -> 3845 blocks (2 x 1922 + the
     # half block the 16-bit layout floored away).
-    fp8 = plan(load_model(MODELS / "llama-3-8b"), gpu_memory_bytes=24 * GIB, gpu_memory_utilization=0.85,
-               max_model_len=8192, kv_cache_dtype="fp8")
+    fp8 = plan(
+        load_model(MODELS / "llama-3-8b"),
+        gpu_memory_bytes=24 * GIB,
+        gpu_memory_utilization=0.85,
+        max_model_len=8192,
+        kv_cache_dtype="fp8",
+    )
     assert fp8.kv_bytes_per_token == 65_536 and fp8.kv_blocks == 3845
 
 
@@ -80,21 +87,40 @@ def test_seed_128k_to_16k_cuts_kv_per_sequence_8x():
 def test_70b_bf16_does_not_fit_one_80gb_gpu_and_says_why():
     p = plan(load_model(MODELS / "llama-3-70b"), gpu_memory_bytes=80 * GIB, max_model_len=8192)
     assert not p.fits and "weights" in p.reason
-    assert plan(load_model(MODELS / "llama-3-70b"), gpu_memory_bytes=80 * GIB, max_model_len=8192,
-                tensor_parallel_size=2).fits
+    assert plan(
+        load_model(MODELS / "llama-3-70b"), gpu_memory_bytes=80 * GIB, max_model_len=8192, tensor_parallel_size=2
+    ).fits
 
 
 @pytest.mark.parametrize("fixture", ["metrics_idle.txt", "metrics_kv_pressure.txt"])
 def test_calibration_against_recorded_vllm_cache_config(fixture, tmp_path):
     """The tiny model (2 layers, 2 KV heads, head_dim 32, float32 served as bf16): 512 B/token, CPU blocks of 128.
     Recorded: 1 GiB -> 16384 blocks / 2,097,152 tokens; 3,000,000 B -> 45 blocks / 5760 tokens."""
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 4096,
-        "max_position_embeddings": 2048, "tie_word_embeddings": True, "dtype": "float32"}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": 128,
+                "intermediate_size": 256,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 32,
+                "vocab_size": 4096,
+                "max_position_embeddings": 2048,
+                "tie_word_embeddings": True,
+                "dtype": "float32",
+            }
+        )
+    )
     [(live, _)] = series_values((VLLM_DIR / fixture).read_text(), "vllm:cache_config_info")
-    p = plan(load_model(tmp_path), gpu_memory_bytes=2**34, max_model_len=1024, block_size=int(live["block_size"]),
-             kv_cache_memory_bytes=int(live["kv_cache_memory_bytes"]))
+    p = plan(
+        load_model(tmp_path),
+        gpu_memory_bytes=2**34,
+        max_model_len=1024,
+        block_size=int(live["block_size"]),
+        kv_cache_memory_bytes=int(live["kv_cache_memory_bytes"]),
+    )
     assert abs(p.kv_blocks - int(live["num_gpu_blocks"])) <= 0.05 * int(live["num_gpu_blocks"])
     assert abs(p.kv_capacity_tokens - int(live["kv_cache_size_tokens"])) <= 0.05 * int(live["kv_cache_size_tokens"])
     assert p.kv_capacity_tokens == int(live["kv_cache_size_tokens"])  # in fact exact
@@ -108,8 +134,12 @@ def test_safetensors_and_gguf_sizes_are_read(tmp_path):
     d = tmp_path / "m"
     d.mkdir()
     (d / "config.json").write_text((MODELS / "llama-3-8b" / "config.json").read_text())
-    header = json.dumps({"a": {"dtype": "BF16", "shape": [10], "data_offsets": [0, 20]},
-                         "b": {"dtype": "BF16", "shape": [5], "data_offsets": [20, 30]}}).encode()
+    header = json.dumps(
+        {
+            "a": {"dtype": "BF16", "shape": [10], "data_offsets": [0, 20]},
+            "b": {"dtype": "BF16", "shape": [5], "data_offsets": [20, 30]},
+        }
+    ).encode()
     (d / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 30)
     assert load_model(d).checkpoint_bytes == 30 and weights_bytes(load_model(d)) == 30
 
@@ -132,8 +162,14 @@ def test_safetensors_and_gguf_sizes_are_read(tmp_path):
     assert g.checkpoint_bytes == path.stat().st_size and g.tie_word_embeddings
 
 
-@pytest.mark.parametrize("content,fragment", [(None, "expected a model directory"), ("{", "cannot read as JSON"),
-                                              ('{"hidden_size": 8}', "no integer num_hidden_layers")])
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        (None, "expected a model directory"),
+        ("{", "cannot read as JSON"),
+        ('{"hidden_size": 8}', "no integer num_hidden_layers"),
+    ],
+)
 def test_bad_model_paths_name_the_file_and_the_problem(tmp_path, content, fragment):
     path = tmp_path / "config.json"
     if content is not None:
@@ -145,8 +181,12 @@ def test_bad_model_paths_name_the_file_and_the_problem(tmp_path, content, fragme
 
 def test_plan_rejects_bad_arguments():
     m = load_model(MODELS / "llama-3-8b")
-    for kwargs in ({"gpu_memory_bytes": 0}, {"gpu_memory_bytes": GIB, "gpu_memory_utilization": 1.5},
-                   {"gpu_memory_bytes": GIB, "tensor_parallel_size": 0}, {"gpu_memory_bytes": GIB, "kv_cache_dtype": "q4"}):
+    for kwargs in (
+        {"gpu_memory_bytes": 0},
+        {"gpu_memory_bytes": GIB, "gpu_memory_utilization": 1.5},
+        {"gpu_memory_bytes": GIB, "tensor_parallel_size": 0},
+        {"gpu_memory_bytes": GIB, "kv_cache_dtype": "q4"},
+    ):
         with pytest.raises(ValueError):
             plan(m, **kwargs)
 
@@ -170,6 +210,10 @@ def test_breakdown_of_a_recorded_vllm_from_its_cache_config_and_kv_use(fixture, 
     unknown = breakdown(live, usage, None)
     assert (unknown.kv_source, unknown.kv_cache_allocated_bytes) == ("budget", int(live["kv_cache_memory_bytes"]))
     assert unknown.weights_bytes is None and unknown.overhead_bytes is None
-    assert breakdown({}, None, None).as_json() == {"weights_bytes": None, "kv_cache_allocated_bytes": None,
-                                                   "kv_cache_used_bytes": None, "overhead_bytes": None,
-                                                   "kv_source": ""}
+    assert breakdown({}, None, None).as_json() == {
+        "weights_bytes": None,
+        "kv_cache_allocated_bytes": None,
+        "kv_cache_used_bytes": None,
+        "overhead_bytes": None,
+        "kv_source": "",
+    }

@@ -40,15 +40,25 @@ def inputs_from(sc: dict) -> Inputs:
     server = sc.get("server") or ({"version": "0.32.0"} if sc["backend"] == "vllm" else {})
     host = sc.get("host_memory_available_gib")
     return Inputs(
-        target="t", backend=sc["backend"], now=1_000_000.0, window_s=300.0,
+        target="t",
+        backend=sc["backend"],
+        now=1_000_000.0,
+        window_s=300.0,
         signals=EngineSignals(engine="0", model_name="m", samples=100, **(sc.get("signals") or {})),
-        observed=Observed(**(sc.get("observed") or {})), flags=sc.get("flags") or {},
-        model=load_model(MODELS / sc["model"]) if sc.get("model") else None, gpu=GpuFacts(**g),
-        server=ServerFacts(version=parse_version(server.get("version")),
-                           help_options=frozenset(server["help"]) if "help" in server else None),
-        live=sc.get("live") or {}, slo=Slo(**sc["slo"]) if sc.get("slo") else None,
-        startup_error=sc.get("startup_error"), repeated_prefix_share=sc.get("repeated_prefix_share"),
-        host_memory_available_bytes=int(host * GIB) if host is not None else None)
+        observed=Observed(**(sc.get("observed") or {})),
+        flags=sc.get("flags") or {},
+        model=load_model(MODELS / sc["model"]) if sc.get("model") else None,
+        gpu=GpuFacts(**g),
+        server=ServerFacts(
+            version=parse_version(server.get("version")),
+            help_options=frozenset(server["help"]) if "help" in server else None,
+        ),
+        live=sc.get("live") or {},
+        slo=Slo(**sc["slo"]) if sc.get("slo") else None,
+        startup_error=sc.get("startup_error"),
+        repeated_prefix_share=sc.get("repeated_prefix_share"),
+        host_memory_available_bytes=int(host * GIB) if host is not None else None,
+    )
 
 
 @pytest.mark.parametrize("sc", list(_scenarios()))

@@ -23,13 +23,16 @@ groups:
 def _cfg(tmp_path, rules_text=RULES):
     path = tmp_path / "rules.yaml"
     path.write_text(rules_text)
-    return parse_config(f"targets:\n  - {{name: chat, backend: vllm, url: 'http://127.0.0.1:1'}}\n"
-                        f"alerting: {{rule_files: ['{path}']}}\n"), path
+    return parse_config(
+        f"targets:\n  - {{name: chat, backend: vllm, url: 'http://127.0.0.1:1'}}\n"
+        f"alerting: {{rule_files: ['{path}']}}\n"
+    ), path
 
 
 def _scrape(store, ts, kv):
-    e = EngineSnapshot(backend="vllm", engine="0", model_name="m", values={("vllm:kv_cache_usage_perc", ()): kv},
-                       histograms={})
+    e = EngineSnapshot(
+        backend="vllm", engine="0", model_name="m", values={("vllm:kv_cache_usage_perc", ()): kv}, histograms={}
+    )
     store.ingest(TargetSnapshot(target="chat", backend="vllm", ts=ts, duration_s=0.0, engines=(e,)))
 
 
@@ -75,6 +78,7 @@ def test_a_rule_over_groups_judges_what_the_replicas_served_together(tmp_path, s
     from tuner.collect import vllm
     from tuner.lab.replay import ReplayExposition
     from tuner.signals.derive import compute_signals
+
     t0 = 1_800_000_000.0
     busy = ReplayExposition((VLLM_DIR / "metrics_kv_pressure.txt").read_text(), growth=0.05)
     calm = ReplayExposition((VLLM_DIR / "metrics_after_load.txt").read_text(), growth=0.3)
@@ -82,9 +86,11 @@ def test_a_rule_over_groups_judges_what_the_replicas_served_together(tmp_path, s
         store.ingest(vllm.snapshot_from_text(busy.render().decode(), target="chat.r1", ts=t0 + 5 * i))
         store.ingest(vllm.snapshot_from_text(calm.render().decode(), target="chat.r2", ts=t0 + 5 * i + 1))
     now = t0 + 300
-    group_cfg = ("targets:\n  - name: chat\n    backend: vllm\n    url: 'http://127.0.0.1:9'\n"
-                 "    balancer: {socket: /nonexistent.sock, backend: chat}\n"
-                 "    replicas: [{name: r1, url: 'http://127.0.0.1:8001'}, {name: r2, url: 'http://127.0.0.1:8002'}]\n")
+    group_cfg = (
+        "targets:\n  - name: chat\n    backend: vllm\n    url: 'http://127.0.0.1:9'\n"
+        "    balancer: {socket: /nonexistent.sock, backend: chat}\n"
+        "    replicas: [{name: r1, url: 'http://127.0.0.1:8001'}, {name: r2, url: 'http://127.0.0.1:8002'}]\n"
+    )
     cfg = parse_config(group_cfg)
     group = group_signals_at(store, cfg, "chat", window_s=300, at=now).engines[0].e2e_p99
     replicas = [compute_signals(store.window(f"chat.{r}", now - 300, now)).engines[0].e2e_p99 for r in ("r1", "r2")]
@@ -103,8 +109,9 @@ groups:
     cfg = parse_config(group_cfg + f"alerting: {{rule_files: ['{rules}']}}\n")
     alerting = Alerting(cfg, store, clock=lambda: now)
     alerting.evaluate_group(alerting.rules.groups[0])
-    fired = {(a.labels["alertname"], a.labels.get("group") or a.labels.get("target")): a.value
-             for a in alerting.active()}
+    fired = {
+        (a.labels["alertname"], a.labels.get("group") or a.labels.get("target")): a.value for a in alerting.active()
+    }
     slowest = "chat.r1" if replicas[0] > replicas[1] else "chat.r2"
     assert fired.keys() == {("GroupSlowLow", "chat"), ("ReplicaSlowHigh", slowest), ("GroupWaiting", "chat")}
     assert fired[("GroupSlowLow", "chat")] == group
@@ -122,8 +129,10 @@ def test_the_store_holds_the_evaluated_alerts_after_each_evaluation_writing_only
     from tuner.rules.state import to_row
     from tuner.store.alerts import load_states
 
-    rules = RULES.replace("for: 5m}", "for: 30s}") + \
-        "      - {alert: KVLow, signal: kv_cache_usage, op: \"<\", threshold: 0.5, window: 10m}\n"
+    rules = (
+        RULES.replace("for: 5m}", "for: 30s}")
+        + '      - {alert: KVLow, signal: kv_cache_usage, op: "<", threshold: 0.5, window: 10m}\n'
+    )
     cfg, path = _cfg(tmp_path, rules)
     t0 = 1_800_000_000.0
     clock = [t0]
@@ -132,8 +141,9 @@ def test_the_store_holds_the_evaluated_alerts_after_each_evaluation_writing_only
         conn.execute(text("CREATE TABLE writes (n INTEGER)"))
         conn.execute(text("INSERT INTO writes VALUES (0)"))
         for op in ("INSERT", "UPDATE", "DELETE"):
-            conn.execute(text(f"CREATE TRIGGER count_{op} AFTER {op} ON alert_states "
-                              "BEGIN UPDATE writes SET n = n + 1; END"))
+            conn.execute(
+                text(f"CREATE TRIGGER count_{op} AFTER {op} ON alert_states BEGIN UPDATE writes SET n = n + 1; END")
+            )
 
     def written() -> int:
         with store.engine.connect() as conn:

@@ -20,17 +20,20 @@ groups:
 
 
 def _scrape(store, ts: float, kv: float) -> None:
-    e = EngineSnapshot(backend="vllm", engine="0", model_name="m", values={("vllm:kv_cache_usage_perc", ()): kv},
-                       histograms={})
+    e = EngineSnapshot(
+        backend="vllm", engine="0", model_name="m", values={("vllm:kv_cache_usage_perc", ()): kv}, histograms={}
+    )
     store.ingest(TargetSnapshot(target="chat", backend="vllm", ts=ts, duration_s=0.0, engines=(e,)))
 
 
 def test_the_exporter_and_the_rules_share_one_derivation_per_scrape(tmp_path, store):
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
-    cfg = parse_config("targets:\n  - {name: chat, backend: vllm, url: 'http://127.0.0.1:1'}\n"
-                       "defaults: {scrape_interval: 5s, signal_window: 5m}\n"
-                       f"alerting: {{rule_files: ['{rules}']}}\n")
+    cfg = parse_config(
+        "targets:\n  - {name: chat, backend: vllm, url: 'http://127.0.0.1:1'}\n"
+        "defaults: {scrape_interval: 5s, signal_window: 5m}\n"
+        f"alerting: {{rule_files: ['{rules}']}}\n"
+    )
     now = [T0]
     daemon = Daemon(cfg, store, clock=lambda: now[0])
     calls: list[str] = []
@@ -91,13 +94,17 @@ def test_a_groups_windows_come_from_one_read_per_target_and_equal_a_read_of_each
     store's own read of that window, signal for signal, on recorded vLLM and llama-server history with a restart."""
     from tests.helpers import store_recorded_history
     from tuner.signals.derive import SIGNAL_METRICS, metrics_for
+
     rules = tmp_path / "rules.yaml"
     rules.write_text(GROUP)
-    cfg = parse_config("targets:\n  - {name: v, backend: vllm, url: 'http://127.0.0.1:1'}\n"
-                       "  - {name: l, backend: llamacpp, url: 'http://127.0.0.1:2'}\n"
-                       "defaults: {scrape_interval: 5s, signal_window: 5m}\n"
-                       f"alerting: {{rule_files: ['{rules}']}}\n")
+    cfg = parse_config(
+        "targets:\n  - {name: v, backend: vllm, url: 'http://127.0.0.1:1'}\n"
+        "  - {name: l, backend: llamacpp, url: 'http://127.0.0.1:2'}\n"
+        "defaults: {scrape_interval: 5s, signal_window: 5m}\n"
+        f"alerting: {{rule_files: ['{rules}']}}\n"
+    )
     from tuner.rules.evaluate import reads_by_window
+
     end = store_recorded_history(store, T0)  # 36 vLLM scrapes over 3 minutes, restarted at the 25th
     for now in (end - 5, end - 61.5, end + 400):  # windows holding all, part of and none of the history
         daemon = Daemon(cfg, store, clock=lambda: now)  # noqa: B023 (used within its iteration)
@@ -112,19 +119,30 @@ def test_a_groups_windows_come_from_one_read_per_target_and_equal_a_read_of_each
             for w in (60.0, 300.0, 600.0):
                 got = daemon.signals.get(name, w, now, fields=fields)
                 only = None if w == 300.0 else fields[w]
-                want = compute_signals(store.window(name, now - w, now, metrics=SIGNAL_METRICS),
-                                       slo=cfg.target(name).slo, only=only)
+                want = compute_signals(
+                    store.window(name, now - w, now, metrics=SIGNAL_METRICS), slo=cfg.target(name).slo, only=only
+                )
                 assert got is not None and _but_samples(got) == _but_samples(want), (name, w, now)
                 if w == 600.0:  # read for its fields' series: the same figures, and samples counts those
-                    assert got.as_json() == compute_signals(store.window(name, now - w, now, metrics=metrics_for(only)),
-                                                            slo=cfg.target(name).slo, only=only).as_json()
+                    assert (
+                        got.as_json()
+                        == compute_signals(
+                            store.window(name, now - w, now, metrics=metrics_for(only)),
+                            slo=cfg.target(name).slo,
+                            only=only,
+                        ).as_json()
+                    )
                     assert all(g.samples < w_.samples for g, w_ in zip(got.engines, want.engines)), name
                 else:
                     assert got.as_json() == want.as_json(), (name, w, now)
         assert daemon.signals.reads == 4  # all of them held for the tick
         whole = daemon.signals.get("v", 600.0, now)  # a reader that wants every field: a whole derivation
-        assert whole.as_json() == compute_signals(store.window("v", now - 600, now, metrics=SIGNAL_METRICS),
-                                                  slo=cfg.target("v").slo).as_json()
+        assert (
+            whole.as_json()
+            == compute_signals(
+                store.window("v", now - 600, now, metrics=SIGNAL_METRICS), slo=cfg.target("v").slo
+            ).as_json()
+        )
 
 
 def test_a_window_past_the_raw_retention_is_not_cut_down(tmp_path, store):
@@ -134,6 +152,7 @@ def test_a_window_past_the_raw_retention_is_not_cut_down(tmp_path, store):
     from tuner.config import Retention
     from tuner.signals.derive import SIGNAL_METRICS
     from tuner.store.store import Store
+
     cfg = parse_config("targets:\n  - {name: v, backend: vllm, url: 'http://127.0.0.1:1'}\n")
     end = store_recorded_history(store, T0)
     short = Store(store.engine, retention=Retention(raw="2m"))
@@ -141,7 +160,10 @@ def test_a_window_past_the_raw_retention_is_not_cut_down(tmp_path, store):
     got = book.get("v", 60.0, end, windows=(60.0, 600.0))
     assert book.reads == 1  # the 1-minute window alone: the 10-minute one is not read for it
     assert got.as_json() == compute_signals(short.window("v", end - 60, end, metrics=SIGNAL_METRICS)).as_json()
-    assert book.get("v", 600.0, end).as_json() == compute_signals(short.window("v", end - 600, end, metrics=SIGNAL_METRICS)).as_json()
+    assert (
+        book.get("v", 600.0, end).as_json()
+        == compute_signals(short.window("v", end - 600, end, metrics=SIGNAL_METRICS)).as_json()
+    )
     assert book.reads == 2
 
 
@@ -154,8 +176,10 @@ def test_a_window_of_its_own_is_derived_for_the_fields_its_rules_read_and_never_
 
     store = migrated_store(tmp_path)
     t0 = store_recorded_history(store, T0)
-    cfg = parse_config("targets:\n  - {name: v, backend: vllm, url: 'http://127.0.0.1:1'}\n"
-                       "defaults: {scrape_interval: 5s, signal_window: 5m}\n")
+    cfg = parse_config(
+        "targets:\n  - {name: v, backend: vllm, url: 'http://127.0.0.1:1'}\n"
+        "defaults: {scrape_interval: 5s, signal_window: 5m}\n"
+    )
     book = SignalBook(cfg, store)
     whole = compute_signals(store.window("v", t0 - 120, t0))
     assert whole.engines[0].ttft_p99 is not None and whole.engines[0].requests_per_s is not None
@@ -183,6 +207,7 @@ def test_a_window_of_its_own_is_derived_for_the_fields_its_rules_read_and_never_
 
 def full_metrics():
     from tuner.signals.derive import SIGNAL_METRICS
+
     return SIGNAL_METRICS
 
 
@@ -213,11 +238,14 @@ def test_groups_of_one_interval_share_one_read_and_one_derivation_of_each_window
     from tests.helpers import store_recorded_history
     from tuner.rules.evaluate import reads_by_window
     from tuner.signals.derive import ALWAYS_DERIVED, SIGNAL_METRICS
+
     rules = tmp_path / "rules.yaml"
     rules.write_text(TWO_GROUPS)
-    cfg = parse_config("targets:\n  - {name: v, backend: vllm, url: 'http://127.0.0.1:1'}\n"
-                       "defaults: {scrape_interval: 5s, signal_window: 5m}\n"
-                       f"alerting: {{rule_files: ['{rules}']}}\n")
+    cfg = parse_config(
+        "targets:\n  - {name: v, backend: vllm, url: 'http://127.0.0.1:1'}\n"
+        "defaults: {scrape_interval: 5s, signal_window: 5m}\n"
+        f"alerting: {{rule_files: ['{rules}']}}\n"
+    )
     end = store_recorded_history(store, T0)
     daemon = Daemon(cfg, store, clock=lambda: end)
     asked: list[tuple[float, frozenset | None]] = []
@@ -238,8 +266,11 @@ def test_groups_of_one_interval_share_one_read_and_one_derivation_of_each_window
     assert first[2][1] == fields[600.0] - ALWAYS_DERIVED  # what the first derivation was asked for (restarts: always)
     for w in (60.0, 300.0, 600.0):
         got = daemon.signals.get("v", w, end, fields=fields)
-        want = compute_signals(store.window("v", end - w, end, metrics=SIGNAL_METRICS), slo=cfg.target("v").slo,
-                               only=None if w == 300.0 else fields[w])
+        want = compute_signals(
+            store.window("v", end - w, end, metrics=SIGNAL_METRICS),
+            slo=cfg.target("v").slo,
+            only=None if w == 300.0 else fields[w],
+        )
         assert _but_samples(got) == _but_samples(want), w  # the 10 m window's samples: its series' points
     assert len(asked) == 3
 

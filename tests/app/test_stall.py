@@ -17,19 +17,40 @@ from tuner.store import journal as jr
 
 
 def _sig(stalled: float) -> TargetSignals:
-    return TargetSignals("t", "vllm", 60, 0, None, (EngineSignals("0", "m", 10, requests_running=2,
-                                                                  requests_waiting=4, stalled_requests=stalled),))
+    return TargetSignals(
+        "t",
+        "vllm",
+        60,
+        0,
+        None,
+        (EngineSignals("0", "m", 10, requests_running=2, requests_waiting=4, stalled_requests=stalled),),
+    )
 
 
 def test_the_restart_is_asked_for_after_restart_when_stalled_and_a_refusal_waits_as_long_again(store, tmp_path):
     (tmp_path / "model").mkdir()
-    cfg = parse_config("targets:\n  - name: t\n    backend: vllm\n    url: http://127.0.0.1:9\n"
-                       f"    managed: {{model: '{tmp_path / 'model'}', restart_when_stalled: 2m}}\n"
-                       "    apply: {max_restarts_per_hour: 1}\n")
+    cfg = parse_config(
+        "targets:\n  - name: t\n    backend: vllm\n    url: http://127.0.0.1:9\n"
+        f"    managed: {{model: '{tmp_path / 'model'}', restart_when_stalled: 2m}}\n"
+        "    apply: {max_restarts_per_hour: 1}\n"
+    )
     ap, t, watch = Applier(cfg, store, tmp_path, say=lambda m: None), cfg.targets[0], StallWatch()
     now = time.time()
-    aid = jr.begin_apply(store.engine, target="t", recommendation_id=None, kind="apply", mode="auto", now=now - 60,
-                         diff={}, old_flags={}, new_flags={}, old_argv=[], new_argv=[], owner_pid=1, owner_start=1)
+    aid = jr.begin_apply(
+        store.engine,
+        target="t",
+        recommendation_id=None,
+        kind="apply",
+        mode="auto",
+        now=now - 60,
+        diff={},
+        old_flags={},
+        new_flags={},
+        old_argv=[],
+        new_argv=[],
+        owner_pid=1,
+        owner_start=1,
+    )
     jr.step(store.engine, aid, "starting", now=now - 60)  # the restart budget (1 an hour) is spent
     jr.finish(store.engine, aid, "kept", "", now=now - 60)
 
@@ -45,11 +66,14 @@ def test_the_restart_is_asked_for_after_restart_when_stalled_and_a_refusal_waits
 
 def test_off_unless_set(store, tmp_path):
     (tmp_path / "model").mkdir()
-    cfg = parse_config("targets:\n  - name: t\n    backend: vllm\n    url: http://127.0.0.1:9\n"
-                       f"    managed: {{model: '{tmp_path / 'model'}'}}\n")
+    cfg = parse_config(
+        "targets:\n  - name: t\n    backend: vllm\n    url: http://127.0.0.1:9\n"
+        f"    managed: {{model: '{tmp_path / 'model'}'}}\n"
+    )
     watch = StallWatch()
     assert cfg.targets[0].managed.restart_when_stalled is None
     for k in range(3):
-        assert stall_step(Applier(cfg, store, tmp_path), cfg.targets[0], _sig(6), now=1e9 + 3600 * k,
-                          watch=watch) is None
+        assert (
+            stall_step(Applier(cfg, store, tmp_path), cfg.targets[0], _sig(6), now=1e9 + 3600 * k, watch=watch) is None
+        )
     assert watch.since == {}

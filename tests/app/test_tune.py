@@ -28,43 +28,64 @@ def _cfg(tmp_path, target: str) -> object:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     (model / "m.gguf").write_bytes(b"")  # never read: every case is refused before the model is
-    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "hidden_size": 128, '
-                                       '"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, '
-                                       '"intermediate_size": 256, "vocab_size": 4096, "max_position_embeddings": 2048}')
+    (model / "config.json").write_text(
+        '{"architectures": ["LlamaForCausalLM"], "hidden_size": 128, '
+        '"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, '
+        '"intermediate_size": 256, "vocab_size": 4096, "max_position_embeddings": 2048}'
+    )
     return parse_config(f"targets:\n{target.replace('MODEL', str(model))}")
 
 
-VLLM = ("  - name: v\n    backend: vllm\n    url: http://127.0.0.1:9\n    slo: {e2e_p99: 4s}\n"
-        "    managed: {model: MODEL, flags: {max_num_seqs: 2}}\n")
+VLLM = (
+    "  - name: v\n    backend: vllm\n    url: http://127.0.0.1:9\n    slo: {e2e_p99: 4s}\n"
+    "    managed: {model: MODEL, flags: {max_num_seqs: 2}}\n"
+)
 
 
-LLAMA = ("  - name: l\n    backend: llamacpp\n    url: http://127.0.0.1:9\n    slo: {e2e_p99: 4s}\n"
-         "    managed: {model: MODEL/m.gguf, flags: {parallel: 2}}\n")
+LLAMA = (
+    "  - name: l\n    backend: llamacpp\n    url: http://127.0.0.1:9\n    slo: {e2e_p99: 4s}\n"
+    "    managed: {model: MODEL/m.gguf, flags: {parallel: 2}}\n"
+)
 
 
 AT_0300 = datetime(2026, 11, 23, 3, 0, tzinfo=timezone.utc).timestamp()
 
 
-@pytest.mark.parametrize("target,req,key", [
-    ("  - name: l\n    backend: llamacpp\n    url: http://127.0.0.1:9\n    slo: {e2e_p99: 4s}\n", TuneRequest("l"),
-     "targets[l].managed"),
-    (LLAMA, TuneRequest("l"), "--client-python"),
-    (LLAMA, TuneRequest("l", client_python=sys.executable), "--tokenizer"),
-    (LLAMA, TuneRequest("l", client_python=sys.executable, tokenizer="t"), "--workload"),  # no request lengths
-    ("  - name: v\n    backend: vllm\n    url: http://127.0.0.1:9\n    slo: {e2e_p99: 4s}\n", TuneRequest("v"),
-     "targets[v].managed"),
-    (VLLM.replace("    slo: {e2e_p99: 4s}\n", ""), TuneRequest("v"), "targets[v].slo"),
-    (VLLM, TuneRequest("v", budget=0), "--budget"),
-    (VLLM, TuneRequest("v", on_target=True), "targets[v].apply.maintenance_windows"),  # none configured
-    (VLLM.replace("    managed:", "    apply: {maintenance_windows: ['daily 04:00-05:00']}\n    managed:"),
-     TuneRequest("v", on_target=True), "targets[v].apply.maintenance_windows"),  # closed at 03:00
-    (VLLM.replace("    managed:", "    apply: {maintenance_windows: ['daily 02:00-03:10']}\n    managed:"),
-     TuneRequest("v", on_target=True), "targets[v].apply.maintenance_windows"),  # 10 min left < drain + start
-    (VLLM, TuneRequest("v", sampler="bayes"), "--sampler"),
-    (VLLM, TuneRequest("v", resume=True), "--resume"),
-    (VLLM, TuneRequest("v"), "--workload"),  # no stored traffic and no file
-    (VLLM, TuneRequest("v", workload_file="/nonexistent/wl.yaml"), ""),
-])
+@pytest.mark.parametrize(
+    "target,req,key",
+    [
+        (
+            "  - name: l\n    backend: llamacpp\n    url: http://127.0.0.1:9\n    slo: {e2e_p99: 4s}\n",
+            TuneRequest("l"),
+            "targets[l].managed",
+        ),
+        (LLAMA, TuneRequest("l"), "--client-python"),
+        (LLAMA, TuneRequest("l", client_python=sys.executable), "--tokenizer"),
+        (LLAMA, TuneRequest("l", client_python=sys.executable, tokenizer="t"), "--workload"),  # no request lengths
+        (
+            "  - name: v\n    backend: vllm\n    url: http://127.0.0.1:9\n    slo: {e2e_p99: 4s}\n",
+            TuneRequest("v"),
+            "targets[v].managed",
+        ),
+        (VLLM.replace("    slo: {e2e_p99: 4s}\n", ""), TuneRequest("v"), "targets[v].slo"),
+        (VLLM, TuneRequest("v", budget=0), "--budget"),
+        (VLLM, TuneRequest("v", on_target=True), "targets[v].apply.maintenance_windows"),  # none configured
+        (
+            VLLM.replace("    managed:", "    apply: {maintenance_windows: ['daily 04:00-05:00']}\n    managed:"),
+            TuneRequest("v", on_target=True),
+            "targets[v].apply.maintenance_windows",
+        ),  # closed at 03:00
+        (
+            VLLM.replace("    managed:", "    apply: {maintenance_windows: ['daily 02:00-03:10']}\n    managed:"),
+            TuneRequest("v", on_target=True),
+            "targets[v].apply.maintenance_windows",
+        ),  # 10 min left < drain + start
+        (VLLM, TuneRequest("v", sampler="bayes"), "--sampler"),
+        (VLLM, TuneRequest("v", resume=True), "--resume"),
+        (VLLM, TuneRequest("v"), "--workload"),  # no stored traffic and no file
+        (VLLM, TuneRequest("v", workload_file="/nonexistent/wl.yaml"), ""),
+    ],
+)
 def test_refusals_name_what_to_fix(tmp_path, store, target, req, key):
     cfg = _cfg(tmp_path, target)
     with pytest.raises(ConfigError) as err:
@@ -76,8 +97,7 @@ def test_refusals_name_what_to_fix(tmp_path, store, target, req, key):
 def test_a_trial_server_left_running_by_a_dead_tuner_is_stopped_and_its_trial_marked(tmp_path, store):
     # A real process in its own session standing in for a trial server (what matters: found by pid + start time).
     sleeper = mg.start_server([sys.executable, "-c", "import time; time.sleep(600)"], {}, tmp_path / "s.log")
-    run = tj.begin_run(store.engine, target="v", now=time.time(), request={}, workload={}, slo={},
-                       baseline_flags={})
+    run = tj.begin_run(store.engine, target="v", now=time.time(), request={}, workload={}, slo={}, baseline_flags={})
     tid = tj.begin_trial(store.engine, run, now=time.time(), flags={"max_num_seqs": 4}, seed="", url="u")
     tj.trial_started(store.engine, tid, pid=sleeper.pid, proc_start=sleeper.start)
     gone = tj.begin_trial(store.engine, run, now=time.time(), flags={"max_num_seqs": 8}, seed="", url="u")
@@ -91,10 +111,12 @@ def test_a_trial_server_left_running_by_a_dead_tuner_is_stopped_and_its_trial_ma
 
 def test_a_trial_server_dies_with_the_tuner_that_started_it(tmp_path):
     # The parent here is a short-lived Python that starts a server with die_with_parent and is then SIGKILLed.
-    code = ("import sys, time; from pathlib import Path; from tuner.apply import managed as mg; "
-            "r = mg.start_server([sys.executable, '-c', 'import time; time.sleep(600)'], {}, "
-            f"Path({str(tmp_path / 's.log')!r}), die_with_parent=True); print(r.pid, r.start, flush=True); "
-            "time.sleep(600)")
+    code = (
+        "import sys, time; from pathlib import Path; from tuner.apply import managed as mg; "
+        "r = mg.start_server([sys.executable, '-c', 'import time; time.sleep(600)'], {}, "
+        f"Path({str(tmp_path / 's.log')!r}), die_with_parent=True); print(r.pid, r.start, flush=True); "
+        "time.sleep(600)"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     pid, start = map(int, parent.stdout.readline().split())
     assert mg.is_alive(pid, start)
@@ -110,13 +132,17 @@ def test_what_a_trial_server_started_dies_with_the_tuner_too(tmp_path):
     """PR_SET_PDEATHSIG reaches only the server itself: vLLM's engine core and worker, children in the server's
     process group, were seen running 13 minutes after their tuner died. The group's sentinel kills them too."""
     child_pid = tmp_path / "child.pid"
-    server = ("import subprocess, sys, time; "
-              "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
-              f"open({str(child_pid)!r}, 'w').write(str(c.pid)); time.sleep(600)")
-    code = ("import sys, time; from pathlib import Path; from tuner.apply import managed as mg; "
-            f"r = mg.start_server([sys.executable, '-c', {server!r}], {{}}, "
-            f"Path({str(tmp_path / 's.log')!r}), die_with_parent=True); print(r.pid, flush=True); "
-            "time.sleep(600)")
+    server = (
+        "import subprocess, sys, time; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+        f"open({str(child_pid)!r}, 'w').write(str(c.pid)); time.sleep(600)"
+    )
+    code = (
+        "import sys, time; from pathlib import Path; from tuner.apply import managed as mg; "
+        f"r = mg.start_server([sys.executable, '-c', {server!r}], {{}}, "
+        f"Path({str(tmp_path / 's.log')!r}), die_with_parent=True); print(r.pid, flush=True); "
+        "time.sleep(600)"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     pgid = int(parent.stdout.readline())
     deadline = time.monotonic() + 30
@@ -134,8 +160,13 @@ def test_what_a_trial_server_started_dies_with_the_tuner_too(tmp_path):
 
 def test_a_stopped_trial_server_leaves_no_sentinel_behind(tmp_path):
     from tuner.apply.launch import ServerProcess
-    proc = ServerProcess.start([sys.executable, "-c", "import time; time.sleep(600)"], env=None,
-                               log_path=tmp_path / "s.log", die_with_parent=True)
+
+    proc = ServerProcess.start(
+        [sys.executable, "-c", "import time; time.sleep(600)"],
+        env=None,
+        log_path=tmp_path / "s.log",
+        die_with_parent=True,
+    )
     # Only the watcher of this server's group counts: other tests on the machine may run watchers of their own.
     # Between its fork and its exec the watcher's /proc cmdline is still this process's: wait for the exec.
     deadline = time.monotonic() + 10
@@ -166,8 +197,9 @@ def _sentinels(group: int | None = None) -> set[int]:
 def _first_tuner(db: str, log: str, started, stop) -> None:
     """A `tuner tune` at work, reduced to what it journals: its run (owned by it), a trial, the trial's server."""
     engine = open_engine(f"sqlite:///{db}")
-    run = tj.begin_run(engine, target="v", now=time.time(), request={}, workload={}, slo={}, baseline_flags={},
-                       owner=own_identity())
+    run = tj.begin_run(
+        engine, target="v", now=time.time(), request={}, workload={}, slo={}, baseline_flags={}, owner=own_identity()
+    )
     tid = tj.begin_trial(engine, run, now=time.time(), flags={"max_num_seqs": 4}, seed="", url="u")
     # not die_with_parent: when this tuner dies, its server is left running, as after a kill -9 of a whole group
     server = mg.start_server([sys.executable, "-c", "import time; time.sleep(600)"], {}, Path(log))
@@ -209,17 +241,41 @@ def test_a_tune_is_refused_while_an_apply_holds_the_target_and_holds_it_against_
     (tmp_path / "w.yaml").write_text(WORKLOAD)
     req = TuneRequest("v", workload_file=str(tmp_path / "w.yaml"), client_python=sys.executable, budget=1)
     me = own_identity()
-    aid = jr.begin_apply(store.engine, target="v", recommendation_id=None, kind="apply", mode="manual",
-                         now=time.time(), diff={}, old_flags={}, new_flags={}, old_argv=[], new_argv=[],
-                         owner_pid=me[0], owner_start=me[1])  # a live tuner's apply
+    aid = jr.begin_apply(
+        store.engine,
+        target="v",
+        recommendation_id=None,
+        kind="apply",
+        mode="manual",
+        now=time.time(),
+        diff={},
+        old_flags={},
+        new_flags={},
+        old_argv=[],
+        new_argv=[],
+        owner_pid=me[0],
+        owner_start=me[1],
+    )  # a live tuner's apply
     with pytest.raises(TargetBusyError, match=f"target 'v' has apply #{aid} in progress"):
         tune(cfg, store, req, config_dir=tmp_path, say=lambda m: None)
     assert tj.latest_run(store.engine, "v") is None  # refused before anything was journaled
     jr.finish(store.engine, aid, "kept", "", now=time.time())
 
-    rid = recs.add_recommendation(store.engine, target="v", now=time.time(), rules=["r"], diff_key="{}",
-                                  diff={"max_num_seqs": 4}, current={"max_num_seqs": 2}, evidence=[],
-                                  expected_effect="", risk="", confidence=0.9, rank=1, memory_check={"ok": True})
+    rid = recs.add_recommendation(
+        store.engine,
+        target="v",
+        now=time.time(),
+        rules=["r"],
+        diff_key="{}",
+        diff={"max_num_seqs": 4},
+        current={"max_num_seqs": 2},
+        evidence=[],
+        expected_effect="",
+        risk="",
+        confidence=0.9,
+        rank=1,
+        memory_check={"ok": True},
+    )
     ap = Applier(cfg, store, tmp_path, say=lambda m: None)
     seen: list[str] = []
 
@@ -231,12 +287,14 @@ def test_a_tune_is_refused_while_an_apply_holds_the_target_and_holds_it_against_
             except TargetBusyError as exc:
                 seen.append(str(exc))
             seen.append(f"supervisor sees busy: {ap._busy(cfg.targets[0], shadow=False)}")
+
     tune(cfg, store, req, config_dir=tmp_path, say=meanwhile)  # no vLLM here: its one trial crashes at once
     assert len(seen) == 2 and "(tune, shadow) in progress" in seen[0], seen
     assert seen[1] == "supervisor sees busy: []"
     [entry] = [a for a in jr.list_applies(store.engine, target="v") if a.kind == "tune"]
     assert entry.state == "done" and entry.mode == "shadow" and "not touched" in entry.note, entry
     from tuner.app.status import _last_apply
+
     assert _last_apply(store, "v").id == aid  # `tuner status` shows the last apply, not a tune that changed nothing
     assert ap.open_apply(rid).id > entry.id  # free again once the tune ended
 
@@ -245,14 +303,25 @@ def test_nothing_to_measure_is_an_error_naming_the_binding_constraint_and_the_fi
     """The issue's RAG case: a workload whose longest request reads 1000 + 200 tokens (the buckets' edges) against
     flags in force with max-model-len 1024, max-model-len the only flag searched: every candidate pruned. It used
     to print a table of pruned rows and exit 0; now nothing starts, nothing is journaled, and one line says why."""
-    cfg = _cfg(tmp_path, VLLM.replace("flags: {max_num_seqs: 2}", "flags: {max_num_seqs: 2, max_model_len: 1024}, "
-                                      "env: {VLLM_CPU_KVCACHE_SPACE: '1'}"))
+    cfg = _cfg(
+        tmp_path,
+        VLLM.replace(
+            "flags: {max_num_seqs: 2}",
+            "flags: {max_num_seqs: 2, max_model_len: 1024}, env: {VLLM_CPU_KVCACHE_SPACE: '1'}",
+        ),
+    )
     wl = tmp_path / "wl.yaml"
     wl.write_text("input_len: 752\noutput_len: 80\nmax_prompt_tokens: 1000\nmax_output_tokens: 200\n")
     said: list[str] = []
     with pytest.raises(NothingToMeasureError) as err:
-        tune(cfg, store, TuneRequest("v", workload_file=str(wl), flags=("max_model_len",)), config_dir=tmp_path,
-             say=said.append, clock=lambda: AT_0300)
+        tune(
+            cfg,
+            store,
+            TuneRequest("v", workload_file=str(wl), flags=("max_model_len",)),
+            config_dir=tmp_path,
+            say=said.append,
+            clock=lambda: AT_0300,
+        )
     msg = str(err.value)
     assert err.value.exit_code == 2 and "\n" not in msg
     assert "max-model-len 1024 < the workload's longest request (1200 tokens)" in msg
@@ -261,23 +330,37 @@ def test_nothing_to_measure_is_an_error_naming_the_binding_constraint_and_the_fi
     assert tj.latest_run(store.engine, "v") is None  # nothing journaled, no server started
     # the pruned are counted by reason, one line each, not one row per point
     counts = [line for line in said if line.startswith("pruned")]
-    assert counts == ["pruned     1 x len_below_longest: max-model-len 1024 < the workload's longest request "
-                      "(1200 tokens)"], said
+    assert counts == [
+        "pruned     1 x len_below_longest: max-model-len 1024 < the workload's longest request (1200 tokens)"
+    ], said
 
 
 def test_the_same_workload_with_its_proven_longest_request_is_measurable(tmp_path, store):
     """With max_request_tokens (what `tuner workload` writes when the window served every request at 1024) the flags
     in force are feasible: the run gets past the feasibility check to its first trial (whose server cannot start:
     the executable does not exist)."""
-    cfg = _cfg(tmp_path, VLLM.replace("flags: {max_num_seqs: 2}", "flags: {max_num_seqs: 2, max_model_len: 1024}, "
-                                      "env: {VLLM_CPU_KVCACHE_SPACE: '1'}, executable: /nonexistent/python"))
+    cfg = _cfg(
+        tmp_path,
+        VLLM.replace(
+            "flags: {max_num_seqs: 2}",
+            "flags: {max_num_seqs: 2, max_model_len: 1024}, "
+            "env: {VLLM_CPU_KVCACHE_SPACE: '1'}, executable: /nonexistent/python",
+        ),
+    )
     wl = tmp_path / "wl.yaml"
-    wl.write_text("input_len: 752\noutput_len: 80\nmax_prompt_tokens: 1000\nmax_output_tokens: 200\n"
-                  "max_request_tokens: 1024\n")
+    wl.write_text(
+        "input_len: 752\noutput_len: 80\nmax_prompt_tokens: 1000\nmax_output_tokens: 200\nmax_request_tokens: 1024\n"
+    )
     said: list[str] = []
     with pytest.raises(Exception) as err:
-        tune(cfg, store, TuneRequest("v", workload_file=str(wl), flags=("max_model_len",)), config_dir=tmp_path,
-             say=said.append, clock=lambda: AT_0300)
+        tune(
+            cfg,
+            store,
+            TuneRequest("v", workload_file=str(wl), flags=("max_model_len",)),
+            config_dir=tmp_path,
+            say=said.append,
+            clock=lambda: AT_0300,
+        )
     assert not isinstance(err.value, NothingToMeasureError)
     assert any(line.startswith("trial 1/8 (baseline): max_model_len=1024") for line in said), said
 
@@ -285,19 +368,31 @@ def test_the_same_workload_with_its_proven_longest_request_is_measurable(tmp_pat
 def test_a_backend_switch_is_no_candidate_and_says_why():
     """The advisor's `backend: vllm -> llamacpp` ran as vLLM with the baseline's argv, labelled backend=llamacpp."""
     from tuner.tune.space import Hardware, feasible, not_applied
+
     v = feasible("vllm", {"max_num_seqs": 4, "backend": "llamacpp"}, model=None, hardware=Hardware(), longest=10)
     assert not v.ok and v.kind == "not_applied" and "not a tune candidate" in v.reason
     assert "llamacpp" in not_applied("vllm", {"backend": "llamacpp"})
     assert not_applied("vllm", {"max_num_seqs": 4}) == ""
 
 
-@pytest.mark.parametrize("target,flags", [
-    (VLLM, {"max_num_seqs": 8, "enable_prefix_caching": False, "enable_chunked_prefill": True,
-            "max_num_batched_tokens": 2048}),
-    (LLAMA, {"parallel": 4, "ctx_size": 4096, "flash_attn": "on", "ubatch_size": 256}),
-])
+@pytest.mark.parametrize(
+    "target,flags",
+    [
+        (
+            VLLM,
+            {
+                "max_num_seqs": 8,
+                "enable_prefix_caching": False,
+                "enable_chunked_prefill": True,
+                "max_num_batched_tokens": 2048,
+            },
+        ),
+        (LLAMA, {"parallel": 4, "ctx_size": 4096, "flash_attn": "on", "ubatch_size": 256}),
+    ],
+)
 def test_a_trial_argv_carries_each_candidate_flag_and_a_dropped_one_is_caught(tmp_path, target, flags):
     from tuner.tune.space import missing_from_argv
+
     cfg = _cfg(tmp_path, target)
     t = cfg.targets[0]
     argv = mg.build_argv(t, flags)
@@ -313,14 +408,26 @@ def _decided(tmp_path, store, base_interval, best_interval, comparison=None):
     ``base_interval`` (each [highest rate met, lowest rate missed]), with or without a comparison in turns."""
     from tuner.app.tune import _Ctx, _recommend
     from tuner.store import recommendations as recs
+
     cfg = _cfg(tmp_path, VLLM)
-    ctx = _Ctx(cfg, store, cfg.targets[0], TuneRequest("v"), tmp_path, say=lambda m: None, clock=lambda: AT_0300,
-               run_id=1)
-    result = {"best": {"flags": {"max_num_seqs": 8}, "capacity_rps": best_interval[0], "interval": best_interval,
-                       "ttft_p99": 0.5, "e2e_p99": 2.0},
-              "baseline": {"flags": {"max_num_seqs": 2}, "capacity_rps": base_interval[0], "interval": base_interval},
-              "comparison": comparison, "trials": [{"flags": {"max_num_seqs": 8}, "memory": {}}], "counts": {},
-              "workload": {}, "slo": {}}
+    ctx = _Ctx(
+        cfg, store, cfg.targets[0], TuneRequest("v"), tmp_path, say=lambda m: None, clock=lambda: AT_0300, run_id=1
+    )
+    result = {
+        "best": {
+            "flags": {"max_num_seqs": 8},
+            "capacity_rps": best_interval[0],
+            "interval": best_interval,
+            "ttft_p99": 0.5,
+            "e2e_p99": 2.0,
+        },
+        "baseline": {"flags": {"max_num_seqs": 2}, "capacity_rps": base_interval[0], "interval": base_interval},
+        "comparison": comparison,
+        "trials": [{"flags": {"max_num_seqs": 8}, "memory": {}}],
+        "counts": {},
+        "workload": {},
+        "slo": {},
+    }
     rid = _recommend(ctx, result, {"max_num_seqs": 2})
     stored = recs.list_recommendations(store.engine, target="v")
     assert (rid is None) == (stored == [])
@@ -341,43 +448,70 @@ def test_a_winner_is_stored_only_when_the_comparison_in_turns_confirms_it(tmp_pa
     same = {"outcome": "same", "confidence": 0.0, "reason": "at 2.65 req/s ... both serve it", "runs": {}}
     verdict, stored = _decided(tmp_path, store, [2.0, 2.3], [3.5, 4.0], same)
     assert stored == [] and "compared in turns at 2.65 req/s" in verdict and "keep the flags in force" in verdict
-    better = {"outcome": "b_better", "confidence": 0.998, "reason": "at 2.65 req/s ... (confidence 0.998)",
-              "runs": {"A": [], "B": []}}
+    better = {
+        "outcome": "b_better",
+        "confidence": 0.998,
+        "reason": "at 2.65 req/s ... (confidence 0.998)",
+        "runs": {"A": [], "B": []},
+    }
     verdict, stored = _decided(tmp_path, store, [2.0, 2.3], [3.5, 4.0], better)
     assert len(stored) == 1 and stored[0].confidence == pytest.approx(0.99) and "confirmed in turns" in verdict
     assert stored[0].evidence[-1]["comparison"]["outcome"] == "b_better"
     assert "runs" not in stored[0].evidence[-1]["comparison"]
 
 
-@pytest.mark.parametrize("vs_best,said", [
-    ("not separable", "no difference measurable at this budget: the flags in force measured 0.861 req/s within the "
-                      "SLO (0.861-1.22), the next best, max_num_seqs=8, 0.861, not separable from them (their "
-                      "intervals overlap)"),
-    ("below", "the flags in force are the best found: the flags in force measured 0.861 req/s within the SLO "
-              "(0.861-1.22), the next best, max_num_seqs=8, 0.861, below them beyond both intervals"),
-])
-def test_when_the_flags_in_force_measure_highest_the_verdict_says_whether_anything_is_separable(tmp_path, store,
-                                                                                                 vs_best, said):
+@pytest.mark.parametrize(
+    "vs_best,said",
+    [
+        (
+            "not separable",
+            "no difference measurable at this budget: the flags in force measured 0.861 req/s within the "
+            "SLO (0.861-1.22), the next best, max_num_seqs=8, 0.861, not separable from them (their "
+            "intervals overlap)",
+        ),
+        (
+            "below",
+            "the flags in force are the best found: the flags in force measured 0.861 req/s within the SLO "
+            "(0.861-1.22), the next best, max_num_seqs=8, 0.861, below them beyond both intervals",
+        ),
+    ],
+)
+def test_when_the_flags_in_force_measure_highest_the_verdict_says_whether_anything_is_separable(
+    tmp_path, store, vs_best, said
+):
     """The demo's run: both 4 and 8 sequences measured 0.861 req/s (brackets 0.861-1.22 and 0.861-1.28)."""
     from tuner.app.tune import _Ctx, _recommend
+
     cfg = _cfg(tmp_path, VLLM)
     ctx = _Ctx(cfg, store, cfg.targets[0], TuneRequest("v"), tmp_path, say=lambda m: None, clock=lambda: AT_0300)
-    result = {"best": {"flags": {"max_num_seqs": 2}, "capacity_rps": 0.8608, "interval": [0.8608, 1.22]},
-              "baseline": {"flags": {"max_num_seqs": 2}, "capacity_rps": 0.8608, "interval": [0.8608, 1.22]},
-              "trials": [{"flags": {"max_num_seqs": 2}, "status": "measured", "capacity_rps": 0.8608, "vs_best": "best"},
-                         {"flags": {"max_num_seqs": 8}, "status": "measured", "capacity_rps": 0.8608,
-                          "vs_best": vs_best}], "comparison": None}
+    result = {
+        "best": {"flags": {"max_num_seqs": 2}, "capacity_rps": 0.8608, "interval": [0.8608, 1.22]},
+        "baseline": {"flags": {"max_num_seqs": 2}, "capacity_rps": 0.8608, "interval": [0.8608, 1.22]},
+        "trials": [
+            {"flags": {"max_num_seqs": 2}, "status": "measured", "capacity_rps": 0.8608, "vs_best": "best"},
+            {"flags": {"max_num_seqs": 8}, "status": "measured", "capacity_rps": 0.8608, "vs_best": vs_best},
+        ],
+        "comparison": None,
+    }
     assert _recommend(ctx, result, {"max_num_seqs": 2}) is None
     assert result["verdict"] == said
 
 
-@pytest.mark.parametrize("base,best,want", [
-    ({"lo_rps": 0.583, "hi_rps": 1.167}, 1.871, (1.167 * 1.871) ** 0.5),  # the demo's: between 1.167 (missed) and 1.871
-    ({"lo_rps": 2.0, "hi_rps": 3.0}, 2.6, 2.6),  # overlapping intervals: at the winner's own capacity
-    ({"lo_rps": 2.0, "hi_rps": None}, 2.6, 2.6),  # the flags in force missed nothing
-])
+@pytest.mark.parametrize(
+    "base,best,want",
+    [
+        (
+            {"lo_rps": 0.583, "hi_rps": 1.167},
+            1.871,
+            (1.167 * 1.871) ** 0.5,
+        ),  # the demo's: between 1.167 (missed) and 1.871
+        ({"lo_rps": 2.0, "hi_rps": 3.0}, 2.6, 2.6),  # overlapping intervals: at the winner's own capacity
+        ({"lo_rps": 2.0, "hi_rps": None}, 2.6, 2.6),  # the flags in force missed nothing
+    ],
+)
 def test_the_comparison_runs_where_the_two_measurements_predict_different_outcomes(base, best, want):
     """The demo's first comparison ran at sqrt(0.583 x 1.871) = 1.04 req/s, inside the flags in force's own interval
     (they met 0.583 and missed 1.167): both served it, which said nothing of the difference."""
     from tuner.app.tune import _compare_rate
+
     assert _compare_rate(base, best) == pytest.approx(want)

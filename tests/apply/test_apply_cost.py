@@ -18,17 +18,38 @@ T0 = 1_790_000_000.0
 
 
 def _apply(store, steps: list[tuple[str, float]]) -> int:
-    aid = jr.begin_apply(store.engine, target="t", recommendation_id=None, kind="apply", mode="managed", now=T0,
-                         diff={"max_num_seqs": 8}, old_flags={"max_num_seqs": 4}, new_flags={"max_num_seqs": 8},
-                         old_argv=[], new_argv=[], owner_pid=1, owner_start=1)
+    aid = jr.begin_apply(
+        store.engine,
+        target="t",
+        recommendation_id=None,
+        kind="apply",
+        mode="managed",
+        now=T0,
+        diff={"max_num_seqs": 8},
+        old_flags={"max_num_seqs": 4},
+        new_flags={"max_num_seqs": 8},
+        old_argv=[],
+        new_argv=[],
+        owner_pid=1,
+        owner_start=1,
+    )
     for name, at in steps:
         jr.step(store.engine, aid, name, "", now=T0 + at)
     return aid
 
 
 def test_the_cost_is_the_outage_and_the_arrivals_it_met(store):
-    aid = _apply(store, [("baseline", 0), ("draining", 2.0), ("stopped", 9.5), ("starting", 9.6),
-                         ("health_check", 10.0), ("healthy", 37.5)])
+    aid = _apply(
+        store,
+        [
+            ("baseline", 0),
+            ("draining", 2.0),
+            ("stopped", 9.5),
+            ("starting", 9.6),
+            ("health_check", 10.0),
+            ("healthy", 37.5),
+        ],
+    )
     base = {"offered_rps": 3.2, "in_flight_at_drain": 14, "mean_in_flight": 15.26}
     cost = Applier._cost(jr.get_apply(store.engine, aid), base)
     assert cost == {"outage_s": 35.5, "arrivals_during_outage": 113.6}  # 3.2 req/s x 35.5 s
@@ -50,23 +71,35 @@ def test_no_cost_line_without_a_measured_outage(store):
     aid2 = _apply(store, [("draining", 100.0), ("healthy", 130.0)])
     assert Applier._cost(jr.get_apply(store.engine, aid2), {}) == {"outage_s": 30.0}
     # the gauges did not answer before the drain: the baseline's Little's-law mean still says how many were in
-    jr.set_kpis(store.engine, aid2, now=T0 + 140, baseline={"in_flight_at_drain": None, "mean_in_flight": 7.04},
-                after={"outage_s": 30.0})
+    jr.set_kpis(
+        store.engine,
+        aid2,
+        now=T0 + 140,
+        baseline={"in_flight_at_drain": None, "mean_in_flight": 7.04},
+        after={"outage_s": 30.0},
+    )
     line = _cost_line(jr.get_apply(store.engine, aid2))
     assert line is not None and "request(s) in flight: 7.0 on average over the baseline" in line, line
 
 
-@pytest.mark.parametrize("backend, fixture, running, waiting", [
-    ("vllm", "vllm-0.32-cpu/metrics_under_load.txt", "vllm:num_requests_running", "vllm:num_requests_waiting"),
-    ("llamacpp", "llama-server/metrics_mid_load.txt", "llamacpp:requests_processing", "llamacpp:requests_deferred"),
-])
-def test_in_flight_at_the_drain_is_read_from_the_server_for_either_backend(store, tmp_path, backend, fixture, running,
-                                                                          waiting):
+@pytest.mark.parametrize(
+    "backend, fixture, running, waiting",
+    [
+        ("vllm", "vllm-0.32-cpu/metrics_under_load.txt", "vllm:num_requests_running", "vllm:num_requests_waiting"),
+        ("llamacpp", "llama-server/metrics_mid_load.txt", "llamacpp:requests_processing", "llamacpp:requests_deferred"),
+    ],
+)
+def test_in_flight_at_the_drain_is_read_from_the_server_for_either_backend(
+    store, tmp_path, backend, fixture, running, waiting
+):
     """A recorded loaded exposition served over HTTP: in flight = running + waiting as the server exports them
     (llama-server: processing + deferred). A llama-server apply once died here on a vLLM-only field name."""
     text = fixture_text(fixture)
-    expected = sum(float(m.group(1)) for name in (running, waiting)
-                   for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+    expected = sum(
+        float(m.group(1))
+        for name in (running, waiting)
+        for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    )
     with ReplayServer(ReplayExposition(text, growth=0.0)) as server:
         cfg = parse_config(f"targets:\n  - {{name: t, backend: {backend}, url: '{server.url}'}}\n")
         ap = Applier(cfg, store, Path(tmp_path), say=lambda m: None)

@@ -14,16 +14,30 @@ from tuner.store import journal as jr
 
 
 def finished(store, outcome: str, now: float, mode: str = "auto") -> None:
-    aid = jr.begin_apply(store.engine, target="a", recommendation_id=None, kind="apply", mode=mode, now=now,
-                         diff={"parallel": 4}, old_flags={}, new_flags={}, old_argv=[], new_argv=[], owner_pid=1,
-                         owner_start=1)
+    aid = jr.begin_apply(
+        store.engine,
+        target="a",
+        recommendation_id=None,
+        kind="apply",
+        mode=mode,
+        now=now,
+        diff={"parallel": 4},
+        old_flags={},
+        new_flags={},
+        old_argv=[],
+        new_argv=[],
+        owner_pid=1,
+        owner_start=1,
+    )
     jr.finish(store.engine, aid, outcome, "test", now=now + 1)
 
 
 def test_rollbacks_in_a_row_halt_auto_mode_and_raise_the_alert(store):
-    cfg = parse_config("targets:\n  - {name: a, backend: llamacpp, url: 'http://127.0.0.1:9', "
-                       "apply: {mode: auto, max_consecutive_rollbacks: 2}}\n"
-                       "  - {name: b, backend: llamacpp, url: 'http://127.0.0.1:9'}\n")
+    cfg = parse_config(
+        "targets:\n  - {name: a, backend: llamacpp, url: 'http://127.0.0.1:9', "
+        "apply: {mode: auto, max_consecutive_rollbacks: 2}}\n"
+        "  - {name: b, backend: llamacpp, url: 'http://127.0.0.1:9'}\n"
+    )
     daemon = Daemon(cfg, store)
     group = next(g for g in daemon.alerting.rules.groups if g.name == "tuner-targets")
     now = time.time()
@@ -41,5 +55,6 @@ def test_rollbacks_in_a_row_halt_auto_mode_and_raise_the_alert(store):
 
     finished(store, "kept", now - 10, mode="manual")  # an operator's kept apply ends the streak
     daemon.alerting.evaluate_group(group)
-    assert not [x for x in daemon.alerting.active() if x.labels["alertname"] == "AutoApplyHalted"
-                and x.state == "firing"]
+    assert not [
+        x for x in daemon.alerting.active() if x.labels["alertname"] == "AutoApplyHalted" and x.state == "firing"
+    ]

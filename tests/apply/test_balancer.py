@@ -65,8 +65,15 @@ def lb(tmp_path):  # type: ignore[no-untyped-def]
     front = free_port()
     sock = str(tmp_path / "admin.sock")
     cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(haproxy_config(frontend=f"127.0.0.1:{front}", socket_path=sock, backend="chat",
-                                  servers=[(n, "127.0.0.1", p) for n, p in ports.items()], check_interval_ms=200))
+    cfg.write_text(
+        haproxy_config(
+            frontend=f"127.0.0.1:{front}",
+            socket_path=sock,
+            backend="chat",
+            servers=[(n, "127.0.0.1", p) for n, p in ports.items()],
+            check_interval_ms=200,
+        )
+    )
     check = subprocess.run([exe, "-c", "-f", str(cfg)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr  # the config tuner documents is one HAProxy takes
     proc = subprocess.Popen([exe, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -83,8 +90,9 @@ def lb(tmp_path):  # type: ignore[no-untyped-def]
 
 
 def _post(url: str, seconds: float = 0.0) -> int:
-    return requests.post(f"{url}/slow?s={seconds}", timeout=30, proxies={"http": ""},
-                         headers={"Connection": "close"}).status_code
+    return requests.post(
+        f"{url}/slow?s={seconds}", timeout=30, proxies={"http": ""}, headers={"Connection": "close"}
+    ).status_code
 
 
 def test_drain_sends_nothing_new_waits_for_the_open_request_and_ready_brings_it_back(lb):
@@ -137,40 +145,65 @@ def test_errors_name_what_to_fix(lb, tmp_path):
         HAProxy(h.socket_path, "other").stats()
 
 
-@pytest.mark.parametrize("replicas,balancer,key", [
-    ("[{name: r1, url: 'http://127.0.0.1:1'}, {name: r2, url: 'http://127.0.0.1:2'}]", None, "targets[0]"),
-    ("[{name: r1, url: 'http://127.0.0.1:1'}]", "{socket: /s, backend: b}", "targets[0]"),
-    ("[{name: r1, url: 'http://127.0.0.1:1'}, {name: r1, url: 'http://127.0.0.1:2'}]", "{socket: /s, backend: b}",
-     "targets[0]"),
-    ("[{name: 'r 1', url: 'http://127.0.0.1:1'}, {name: r2, url: 'http://127.0.0.1:2'}]",
-     "{socket: /s, backend: b}", "targets[0].replicas[0].name"),
-    ("[{name: r1, url: 'http://127.0.0.1'}, {name: r2, url: 'http://127.0.0.1:2'}]", "{socket: /s, backend: b}",
-     "targets[0].replicas[0].url"),
-    ("[{name: r1, url: 'http://127.0.0.1:1'}, {name: r2, url: 'http://127.0.0.1:2'}]", "{socket: /s, backend: 'b;x'}",
-     "targets[0].balancer.backend"),
-    ("[]", "{socket: /s, backend: b}", "targets[0]"),  # one server behind a balancer: blue/green needs its name
-    ("[]", "{socket: /s, backend: b, server: blue}", "targets[0]"),  # ... and a managed target (no managed here)
-    ("[]", "{socket: /s, backend: b, server: 'blue;x'}", "targets[0].balancer.server"),
-    ("[]", "{socket: /s, backend: b, server: blue, frontend: 'nohost'}", "targets[0].balancer.frontend"),
-])
+@pytest.mark.parametrize(
+    "replicas,balancer,key",
+    [
+        ("[{name: r1, url: 'http://127.0.0.1:1'}, {name: r2, url: 'http://127.0.0.1:2'}]", None, "targets[0]"),
+        ("[{name: r1, url: 'http://127.0.0.1:1'}]", "{socket: /s, backend: b}", "targets[0]"),
+        (
+            "[{name: r1, url: 'http://127.0.0.1:1'}, {name: r1, url: 'http://127.0.0.1:2'}]",
+            "{socket: /s, backend: b}",
+            "targets[0]",
+        ),
+        (
+            "[{name: 'r 1', url: 'http://127.0.0.1:1'}, {name: r2, url: 'http://127.0.0.1:2'}]",
+            "{socket: /s, backend: b}",
+            "targets[0].replicas[0].name",
+        ),
+        (
+            "[{name: r1, url: 'http://127.0.0.1'}, {name: r2, url: 'http://127.0.0.1:2'}]",
+            "{socket: /s, backend: b}",
+            "targets[0].replicas[0].url",
+        ),
+        (
+            "[{name: r1, url: 'http://127.0.0.1:1'}, {name: r2, url: 'http://127.0.0.1:2'}]",
+            "{socket: /s, backend: 'b;x'}",
+            "targets[0].balancer.backend",
+        ),
+        ("[]", "{socket: /s, backend: b}", "targets[0]"),  # one server behind a balancer: blue/green needs its name
+        ("[]", "{socket: /s, backend: b, server: blue}", "targets[0]"),  # ... and a managed target (no managed here)
+        ("[]", "{socket: /s, backend: b, server: 'blue;x'}", "targets[0].balancer.server"),
+        ("[]", "{socket: /s, backend: b, server: blue, frontend: 'nohost'}", "targets[0].balancer.frontend"),
+    ],
+)
 def test_a_bad_group_is_rejected_with_its_key(replicas, balancer, key):
-    text = ("targets:\n  - name: chat\n    backend: llamacpp\n    url: http://127.0.0.1:8080\n"
-            f"    replicas: {replicas}\n" + (f"    balancer: {balancer}\n" if balancer else ""))
+    text = (
+        "targets:\n  - name: chat\n    backend: llamacpp\n    url: http://127.0.0.1:8080\n"
+        f"    replicas: {replicas}\n" + (f"    balancer: {balancer}\n" if balancer else "")
+    )
     with pytest.raises(ConfigError) as err:
         parse_config(text)
     assert err.value.key.startswith(key), (err.value.key, str(err.value))
 
 
 def test_a_group_is_one_target_per_replica_sharing_everything_but_the_url():
-    cfg = parse_config("targets:\n  - name: chat\n    backend: llamacpp\n    url: http://127.0.0.1:8080\n"
-                       "    balancer: {socket: /run/h.sock, backend: chat}\n    slo: {e2e_p99: 4s}\n"
-                       "    replicas: [{name: a, url: 'http://127.0.0.1:8001'}, {name: b, url: 'http://127.0.0.1:8002'}]\n")
+    cfg = parse_config(
+        "targets:\n  - name: chat\n    backend: llamacpp\n    url: http://127.0.0.1:8080\n"
+        "    balancer: {socket: /run/h.sock, backend: chat}\n    slo: {e2e_p99: 4s}\n"
+        "    replicas: [{name: a, url: 'http://127.0.0.1:8001'}, {name: b, url: 'http://127.0.0.1:8002'}]\n"
+    )
     a, b = cfg.targets
-    assert (a.name, a.url, a.replica, b.name, b.url) == ("chat.a", "http://127.0.0.1:8001", "a", "chat.b",
-                                                         "http://127.0.0.1:8002")
+    assert (a.name, a.url, a.replica, b.name, b.url) == (
+        "chat.a",
+        "http://127.0.0.1:8001",
+        "a",
+        "chat.b",
+        "http://127.0.0.1:8002",
+    )
     assert a.group == b.group == "chat" and a.group_url == "http://127.0.0.1:8080" and a.slo == b.slo
     assert cfg.group(a) == [a, b] and a.labels == {"group": "chat", "replica": "a"}
     from tuner.app.apply import haproxy_config_for
+
     text = haproxy_config_for(cfg, "chat")
     assert "bind 127.0.0.1:8080" in text and "server a 127.0.0.1:8001 check" in text and "/run/h.sock" in text
     with pytest.raises(ConfigError, match="there are: chat"):
@@ -179,11 +212,13 @@ def test_a_group_is_one_target_per_replica_sharing_everything_but_the_url():
 
 def test_a_replica_has_environment_variables_of_its_own_over_the_groups(tmp_path):
     (tmp_path / "m").mkdir()
-    cfg = parse_config("targets:\n  - name: chat\n    backend: vllm\n    url: http://127.0.0.1:8080\n"
-                       "    balancer: {socket: /run/h.sock, backend: chat}\n"
-                       f"    managed: {{model: '{tmp_path / 'm'}', env: {{A: '1', B: '2'}}}}\n"
-                       "    replicas: [{name: a, url: 'http://127.0.0.1:8001', env: {B: '3', CUDA_VISIBLE_DEVICES: '1'}},"
-                       " {name: b, url: 'http://127.0.0.1:8002'}]\n")
+    cfg = parse_config(
+        "targets:\n  - name: chat\n    backend: vllm\n    url: http://127.0.0.1:8080\n"
+        "    balancer: {socket: /run/h.sock, backend: chat}\n"
+        f"    managed: {{model: '{tmp_path / 'm'}', env: {{A: '1', B: '2'}}}}\n"
+        "    replicas: [{name: a, url: 'http://127.0.0.1:8001', env: {B: '3', CUDA_VISIBLE_DEVICES: '1'}},"
+        " {name: b, url: 'http://127.0.0.1:8002'}]\n"
+    )
     a, b = cfg.targets
     assert a.managed is not None and b.managed is not None
     assert a.managed.env == {"A": "1", "B": "3", "CUDA_VISIBLE_DEVICES": "1"} and b.managed.env == {"A": "1", "B": "2"}
@@ -192,13 +227,16 @@ def test_a_replica_has_environment_variables_of_its_own_over_the_groups(tmp_path
 
 def test_blue_green_is_one_managed_target_with_its_server_name_and_its_haproxy_config(tmp_path):
     (tmp_path / "m").mkdir()
-    text = ("targets:\n  - name: chat\n    backend: llamacpp\n    url: http://127.0.0.1:8001\n"
-            f"    managed: {{model: '{tmp_path / 'm'}'}}\n"
-            "    balancer: {socket: /run/h.sock, backend: chat, server: blue, frontend: '127.0.0.1:8080'}\n")
+    text = (
+        "targets:\n  - name: chat\n    backend: llamacpp\n    url: http://127.0.0.1:8001\n"
+        f"    managed: {{model: '{tmp_path / 'm'}'}}\n"
+        "    balancer: {socket: /run/h.sock, backend: chat, server: blue, frontend: '127.0.0.1:8080'}\n"
+    )
     cfg = parse_config(text)
     (t,) = cfg.targets
     from tuner.app.apply import haproxy_config_for
     from tuner.apply.routes import ROUTES, BlueGreen, route_for
+
     assert route_for(t) is ROUTES["blue_green"] and t.group is None and cfg.group(t) == [t]
     out = haproxy_config_for(cfg, "chat")
     assert "bind 127.0.0.1:8080" in out and "server blue 127.0.0.1:8001 check" in out and "leastconn" in out

@@ -71,12 +71,14 @@ def _store_group(store) -> tuple[float, float, float]:
     return r1["before"][0][0], before_end, r1["after"][0][0]
 
 
-_CONFIG = ("targets:\n  - name: chat\n    backend: vllm\n    url: http://127.0.0.1:8\n"
-           "    slo: {ttft_p99: 2s, e2e_p99: 10s}\n"
-           "    balancer: {socket: /nonexistent.sock, backend: chat}\n"
-           "    replicas:\n      - {name: r1, url: 'http://127.0.0.1:9'}\n"
-           "      - {name: r2, url: 'http://127.0.0.1:10'}\n"
-           "    apply: {baseline: 30s, observe: 25s, observe_max: 25s, on_inconclusive: keep_new}\n")
+_CONFIG = (
+    "targets:\n  - name: chat\n    backend: vllm\n    url: http://127.0.0.1:8\n"
+    "    slo: {ttft_p99: 2s, e2e_p99: 10s}\n"
+    "    balancer: {socket: /nonexistent.sock, backend: chat}\n"
+    "    replicas:\n      - {name: r1, url: 'http://127.0.0.1:9'}\n"
+    "      - {name: r2, url: 'http://127.0.0.1:10'}\n"
+    "    apply: {baseline: 30s, observe: 25s, observe_max: 25s, on_inconclusive: keep_new}\n"
+)
 
 
 def _config():
@@ -112,9 +114,21 @@ def test_a_rolling_apply_is_judged_on_what_the_whole_group_served(store, tmp_pat
     old, new = {"max_num_seqs": 4}, {"max_num_seqs": 8}
     plan = Plan(r1, RollingStandIn(), {"max_num_seqs": 8}, old, new, [], [])  # type: ignore[arg-type]
     assert plan.whole_group
-    aid = jr.begin_apply(store.engine, target=r1.name, recommendation_id=None, kind="apply", mode="manual",
-                         now=clock(), diff=plan.diff, old_flags=old, new_flags=new, old_argv=[], new_argv=[],
-                         owner_pid=1, owner_start=1)
+    aid = jr.begin_apply(
+        store.engine,
+        target=r1.name,
+        recommendation_id=None,
+        kind="apply",
+        mode="manual",
+        now=clock(),
+        diff=plan.diff,
+        old_flags=old,
+        new_flags=new,
+        old_argv=[],
+        new_argv=[],
+        owner_pid=1,
+        owner_start=1,
+    )
     base = ap._kpis(r1, b0 - 1, b1 + 1, group=plan.whole_group)  # what _carry_out journals before the switch
     jr.set_kpis(store.engine, aid, now=clock(), baseline=base)
     a = ap._observe_and_judge(aid, plan, None, base)
@@ -135,8 +149,14 @@ def test_a_rolling_apply_is_judged_on_what_the_whole_group_served(store, tmp_pat
     assert a.baseline["replicas"] == ["chat.r1", "chat.r2"]
     windows = [store.window(n, *a.after["window"]) for n in ("chat.r1", "chat.r2")]
     assert a.after["finished"] == round(profile(windows[0]).finished + profile(windows[1]).finished, 6)
-    assert judge(group_profile("chat", [store.window(n, b0 - 1, b1 + 1) for n in ("chat.r1", "chat.r2")]),
-                 group_profile("chat", windows), min_requests=r1.apply.min_requests).outcome == "rolled_back"
+    assert (
+        judge(
+            group_profile("chat", [store.window(n, b0 - 1, b1 + 1) for n in ("chat.r1", "chat.r2")]),
+            group_profile("chat", windows),
+            min_requests=r1.apply.min_requests,
+        ).outcome
+        == "rolled_back"
+    )
     assert any("the replicas of chat together" in s["detail"] for s in a.steps if s["step"] == "observing")
     from tuner.cli.apply import _print_apply  # what `tuner journal chat.r1` prints of it
 
@@ -155,8 +175,9 @@ def test_tuner_judge_on_a_group_s_name_judges_its_replicas_together(tmp_path, ca
     b0, b1, a0 = _store_group(Store(engine))
     engine.dispose()
     cfg = tmp_path / "tuner.yaml"
-    cfg.write_text(f"store: {{url: 'sqlite:///{tmp_path / 'tuner.db'}'}}\n"
-                   + "\n".join(_CONFIG.splitlines()[:-1]) + "\n")  # without the apply: line
+    cfg.write_text(
+        f"store: {{url: 'sqlite:///{tmp_path / 'tuner.db'}'}}\n" + "\n".join(_CONFIG.splitlines()[:-1]) + "\n"
+    )  # without the apply: line
     before, after = f"{b0 - 1:.3f}..{b1 + 1:.3f}", f"{a0 - 0.5:.3f}..{a0 + 24.5:.3f}"
     capsys.readouterr()
     verdicts = {}

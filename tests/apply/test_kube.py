@@ -60,8 +60,18 @@ from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 
 CASES = Path(__file__).resolve().parents[1] / "fixtures" / "verdict"
-ARGS = ["serve", "/models/qwen", "--port", "8000", "--max-num-seqs", "4", "--enable-prefix-caching",
-        "--served-model-name", "chat", "--max-model-len=2048"]
+ARGS = [
+    "serve",
+    "/models/qwen",
+    "--port",
+    "8000",
+    "--max-num-seqs",
+    "4",
+    "--enable-prefix-caching",
+    "--served-model-name",
+    "chat",
+    "--max-model-len=2048",
+]
 
 
 @pytest.fixture(params=CLUSTERS)
@@ -73,12 +83,14 @@ def cluster(request, tmp_path):
 
 def _config(c: Any, tmp_path: Path, *, name: str = "chat", canary: str | None = None, apply: str = "") -> str:
     extra = f", canary: {canary}" if canary else ""
-    return (f"kubernetes: {{kubeconfig: '{c.kubeconfig}'}}\n"
-            f"targets:\n  - name: chat\n    backend: vllm\n    url: http://chat.{c.namespace}.svc:8000\n"
-            f"    slo: {{ttft_p99: 2s, e2e_p99: 10s}}\n"
-            f"    kubernetes: {{namespace: {c.namespace}, name: {name}, container: vllm, pods: {{selector: "
-            f"'app=chat'}}, poll: 2s{extra}}}\n"
-            f"    apply: {{baseline: 25s, observe: 25s, observe_max: 25s{apply}}}\n")
+    return (
+        f"kubernetes: {{kubeconfig: '{c.kubeconfig}'}}\n"
+        f"targets:\n  - name: chat\n    backend: vllm\n    url: http://chat.{c.namespace}.svc:8000\n"
+        f"    slo: {{ttft_p99: 2s, e2e_p99: 10s}}\n"
+        f"    kubernetes: {{namespace: {c.namespace}, name: {name}, container: vllm, pods: {{selector: "
+        f"'app=chat'}}, poll: 2s{extra}}}\n"
+        f"    apply: {{baseline: 25s, observe: 25s, observe_max: 25s{apply}}}\n"
+    )
 
 
 def _discovered(c: Any, tmp_path: Path, **kw: Any):
@@ -98,9 +110,21 @@ def _store_served(store: Any, name: str, case: str, part: str, *, start: float) 
 
 
 def _recommend(store: Any, target: str, diff: dict[str, Any], current: dict[str, Any], now: float) -> int:
-    return recs.add_recommendation(store.engine, target=target, now=now, rules=["r"], diff_key=json.dumps(diff),
-                                   diff=diff, current=current, evidence=[], expected_effect="", risk="",
-                                   confidence=0.9, rank=1, memory_check={"ok": True})
+    return recs.add_recommendation(
+        store.engine,
+        target=target,
+        now=now,
+        rules=["r"],
+        diff_key=json.dumps(diff),
+        diff=diff,
+        current=current,
+        evidence=[],
+        expected_effect="",
+        risk="",
+        confidence=0.9,
+        rank=1,
+        memory_check={"ok": True},
+    )
 
 
 def _on_observing(then: Callable[[], None]) -> Callable[[str], None]:
@@ -111,6 +135,7 @@ def _on_observing(then: Callable[[], None]) -> Callable[[str], None]:
         if "] observing:" in msg and not done:
             done.append(msg)
             then()
+
     return say
 
 
@@ -151,8 +176,11 @@ def test_an_apply_on_a_two_pod_deployment_rolls_is_judged_on_its_pods_and_rolls_
     assert steps.index("healthy") < steps.index("observing") and len(new_pods) == 2 and not set(new_pods) & set(old)
     if not c.real:
         assert any("waiting for the controller to see generation 2" in r for r in rollout), rollout
-        assert ("PATCH", "/apis/apps/v1/namespaces/llm/deployments/chat",
-                "application/strategic-merge-patch+json") in c.cluster.requests
+        assert (
+            "PATCH",
+            "/apis/apps/v1/namespaces/llm/deployments/chat",
+            "application/strategic-merge-patch+json",
+        ) in c.cluster.requests
         # the patch is data: the container's args and tuner's annotation, on the resourceVersion tuner read
         body = c.cluster.patches[0]
         assert body["spec"] == {"template": {"spec": {"containers": [{"name": "vllm", "args": patches[0]["to"]}]}}}
@@ -209,8 +237,9 @@ def test_a_pod_that_crash_loops_fails_the_apply_with_its_own_words_and_is_restor
 def test_an_apply_that_could_go_below_the_pdb_is_refused_before_anything_is_patched(cluster, store, tmp_path, shape):
     """Stand-in API server (or $KUBECONFIG's cluster): maxUnavailable 1 (or Recreate) against minAvailable 2."""
     c = cluster
-    kw: dict[str, Any] = ({"max_unavailable": 1, "max_surge": 0} if shape == "max_unavailable"
-                          else {"strategy": "Recreate"})
+    kw: dict[str, Any] = (
+        {"max_unavailable": 1, "max_surge": 0} if shape == "max_unavailable" else {"strategy": "Recreate"}
+    )
     c.deployment("chat", replicas=2, args=ARGS, labels={"app": "chat"}, **kw)
     c.pdb("chat", {"app": "chat"}, min_available=2)
     cfg = _discovered(c, tmp_path)
@@ -251,8 +280,14 @@ def test_a_deployment_changed_outside_tuner_is_not_overwritten(cluster, store, t
     t = cfg.targets[0]
     later = ARGS + ["--seed", "1"]
     rid = _recommend(store, t.name, {"max_num_seqs": 8}, {"max_num_seqs": 4}, c.clock())
-    ap = Applier(cfg, store, tmp_path, say=_on_observing(lambda: c.cluster.edit_args("llm", "chat", later)),
-                 clock=c.clock, sleep=c.sleep)
+    ap = Applier(
+        cfg,
+        store,
+        tmp_path,
+        say=_on_observing(lambda: c.cluster.edit_args("llm", "chat", later)),
+        clock=c.clock,
+        sleep=c.sleep,
+    )
     a = ap.apply(rid)  # nothing served: inconclusive, and keep_previous restores...
     assert a.outcome == "inconclusive" and "restoring the previous flags FAILED" in a.note, a.note
     assert "was changed since tuner patched it" in a.note and c.args_of("chat") == later
@@ -266,9 +301,15 @@ def test_a_stale_resource_version_is_a_conflict_not_an_overwrite(cluster, tmp_pa
     w = api.workload("Deployment", c.namespace, "chat")
     api.patch("Deployment", c.namespace, "chat", {"metadata": {"annotations": {"x": "1"}}})  # someone else
     with pytest.raises(KubernetesError, match="409 .*changed since tuner read it"):
-        api.patch("Deployment", c.namespace, "chat", {"metadata": {"resourceVersion": w.metadata.resource_version},
-                                                      "spec": {"template": {"spec": {"containers": [
-                                                          {"name": "vllm", "args": ["--max-num-seqs", "8"]}]}}}})
+        api.patch(
+            "Deployment",
+            c.namespace,
+            "chat",
+            {
+                "metadata": {"resourceVersion": w.metadata.resource_version},
+                "spec": {"template": {"spec": {"containers": [{"name": "vllm", "args": ["--max-num-seqs", "8"]}]}}},
+            },
+        )
     assert c.args_of("chat") == ARGS
 
 
@@ -315,8 +356,10 @@ def test_a_tuner_that_died_mid_apply_leaves_the_previous_args_restored_by_reconc
 
     def die() -> None:
         raise Killed
-    dead = Applier(cfg, store, tmp_path, say=_on_observing(die), clock=c.clock, sleep=c.sleep,
-                   owner=(2**22 + 7, 1))  # no such process: its apply is orphaned
+
+    dead = Applier(
+        cfg, store, tmp_path, say=_on_observing(die), clock=c.clock, sleep=c.sleep, owner=(2**22 + 7, 1)
+    )  # no such process: its apply is orphaned
     with pytest.raises(Killed):
         dead.apply(rid)
     assert c.args_of("chat") != ARGS and len(jr.open_applies(store.engine)) == 1
@@ -330,8 +373,13 @@ def test_flags_held_in_the_command_are_refused(cluster, store, tmp_path):
     c = cluster
     if c.real:
         pytest.skip("the real cluster's test image has its own command")
-    c.deployment("chat", replicas=1, args=["/models/qwen"], labels={"app": "chat"},
-                 command=["vllm", "serve", "--max-num-seqs", "4"])
+    c.deployment(
+        "chat",
+        replicas=1,
+        args=["/models/qwen"],
+        labels={"app": "chat"},
+        command=["vllm", "serve", "--max-num-seqs", "4"],
+    )
     cfg = _discovered(c, tmp_path)
     rid = _recommend(store, cfg.targets[0].name, {"max_num_seqs": 8}, {}, c.clock())
     a = Applier(cfg, store, tmp_path, say=lambda m: None, clock=c.clock, sleep=c.sleep).apply(rid)
@@ -342,36 +390,82 @@ def test_flags_held_in_the_command_are_refused(cluster, store, tmp_path):
 
 
 def test_args_are_set_in_place_and_every_other_arg_is_left_as_it_was():
-    args = ["serve", "m", "--max-num-seqs", "4", "--seed", "3", "--max-model-len=2048", "--no-enable-prefix-caching",
-            "--max-num-seqs", "5", "--trust-remote-code"]
+    args = [
+        "serve",
+        "m",
+        "--max-num-seqs",
+        "4",
+        "--seed",
+        "3",
+        "--max-model-len=2048",
+        "--no-enable-prefix-caching",
+        "--max-num-seqs",
+        "5",
+        "--trust-remote-code",
+    ]
     assert parse_flags("vllm", args) == {"max_num_seqs": 5, "max_model_len": 2048, "enable_prefix_caching": False}
-    out = rewrite_args("vllm", args, {"max_num_seqs": ["--max-num-seqs", "8"],
-                                      "max_model_len": ["--max-model-len", "4096"],
-                                      "enable_prefix_caching": ["--enable-prefix-caching"],
-                                      "gpu_memory_utilization": ["--gpu-memory-utilization", "0.85"]})
-    assert out == ["serve", "m", "--max-num-seqs", "8", "--seed", "3", "--max-model-len=4096",
-                   "--enable-prefix-caching", "--max-num-seqs", "8", "--trust-remote-code",
-                   "--gpu-memory-utilization", "0.85"]
+    out = rewrite_args(
+        "vllm",
+        args,
+        {
+            "max_num_seqs": ["--max-num-seqs", "8"],
+            "max_model_len": ["--max-model-len", "4096"],
+            "enable_prefix_caching": ["--enable-prefix-caching"],
+            "gpu_memory_utilization": ["--gpu-memory-utilization", "0.85"],
+        },
+    )
+    assert out == [
+        "serve",
+        "m",
+        "--max-num-seqs",
+        "8",
+        "--seed",
+        "3",
+        "--max-model-len=4096",
+        "--enable-prefix-caching",
+        "--max-num-seqs",
+        "8",
+        "--trust-remote-code",
+        "--gpu-memory-utilization",
+        "0.85",
+    ]
     assert rewrite_args("vllm", args, {}) == args
-    assert parse_flags("llamacpp", ["-m", "x.gguf", "-c", "4096", "-fa", "on", "--port", "8080"]) == \
-        {"ctx_size": 4096, "flash_attn": "on"}
+    assert parse_flags("llamacpp", ["-m", "x.gguf", "-c", "4096", "-fa", "on", "--port", "8080"]) == {
+        "ctx_size": 4096,
+        "flash_attn": "on",
+    }
     with pytest.raises(FlagError, match="end with --max-num-seqs and no value"):
         parse_flags("vllm", ["--max-num-seqs"])
     with pytest.raises(FlagError, match="max_num_seqs"):
         parse_flags("vllm", ["--max-num-seqs", "-1"])
 
 
-def _deployment(replicas: int = 2, *, strategy: str = "RollingUpdate", mu: Any = None, surge: Any = None,
-                status: V1DeploymentStatus | None = None, generation: int = 1) -> V1Deployment:
+def _deployment(
+    replicas: int = 2,
+    *,
+    strategy: str = "RollingUpdate",
+    mu: Any = None,
+    surge: Any = None,
+    status: V1DeploymentStatus | None = None,
+    generation: int = 1,
+) -> V1Deployment:
     ru = V1RollingUpdateDeployment(max_unavailable=mu, max_surge=surge) if strategy == "RollingUpdate" else None
     return V1Deployment(
         metadata=V1ObjectMeta(name="chat", generation=generation),
-        spec=V1DeploymentSpec(replicas=replicas, selector=V1LabelSelector(match_labels={"app": "chat"}),
-                              strategy=V1DeploymentStrategy(type=strategy, rolling_update=ru),
-                              template=V1PodTemplateSpec(metadata=V1ObjectMeta(labels={"app": "chat", "tier": "a"}),
-                                                         spec=V1PodSpec(containers=[V1Container(name="vllm")]))),
-        status=status or V1DeploymentStatus(replicas=replicas, available_replicas=replicas, observed_generation=1,
-                                            updated_replicas=replicas))
+        spec=V1DeploymentSpec(
+            replicas=replicas,
+            selector=V1LabelSelector(match_labels={"app": "chat"}),
+            strategy=V1DeploymentStrategy(type=strategy, rolling_update=ru),
+            template=V1PodTemplateSpec(
+                metadata=V1ObjectMeta(labels={"app": "chat", "tier": "a"}),
+                spec=V1PodSpec(containers=[V1Container(name="vllm")]),
+            ),
+        ),
+        status=status
+        or V1DeploymentStatus(
+            replicas=replicas, available_replicas=replicas, observed_generation=1, updated_replicas=replicas
+        ),
+    )
 
 
 def _pdb(**kw: Any) -> V1PodDisruptionBudget:
@@ -385,15 +479,22 @@ def test_what_a_rollout_may_take_out_is_read_as_the_controllers_read_it():
     assert unavailable_during_roll("Deployment", _deployment(4, mu=0, surge=0))[0] == 1  # both 0: the controller's 1
     assert unavailable_during_roll("Deployment", _deployment(10, mu="30%"))[0] == 3
     assert unavailable_during_roll("Deployment", _deployment(3, strategy="Recreate"))[0] == 3
-    sts = V1StatefulSet(metadata=V1ObjectMeta(name="s"), spec=V1StatefulSetSpec(
-        replicas=3, selector=V1LabelSelector(match_labels={"a": "b"}), service_name="s",
-        template=V1PodTemplateSpec(spec=V1PodSpec(containers=[V1Container(name="vllm")]))))
+    sts = V1StatefulSet(
+        metadata=V1ObjectMeta(name="s"),
+        spec=V1StatefulSetSpec(
+            replicas=3,
+            selector=V1LabelSelector(match_labels={"a": "b"}),
+            service_name="s",
+            template=V1PodTemplateSpec(spec=V1PodSpec(containers=[V1Container(name="vllm")])),
+        ),
+    )
     assert unavailable_during_roll("StatefulSet", sts)[0] == 1
     sts.spec.update_strategy = V1StatefulSetUpdateStrategy(type="OnDelete")
     with pytest.raises(ApplyError, match="OnDelete"):
         unavailable_during_roll("StatefulSet", sts)
     sts.spec.update_strategy = V1StatefulSetUpdateStrategy(
-        type="RollingUpdate", rolling_update=V1RollingUpdateStatefulSetStrategy(partition=2))
+        type="RollingUpdate", rolling_update=V1RollingUpdateStatefulSetStrategy(partition=2)
+    )
     with pytest.raises(ApplyError, match="partition is 2"):
         unavailable_during_roll("StatefulSet", sts)
 
@@ -415,35 +516,68 @@ def test_a_budget_refuses_what_its_selector_covers_and_nothing_else():
 
 def _pod(name: str, args: list[str], waiting: str | None = None, restarts: int = 0) -> V1Pod:
     state = V1ContainerState(waiting=V1ContainerStateWaiting(reason=waiting)) if waiting else V1ContainerState()
-    last = V1ContainerState(terminated=V1ContainerStateTerminated(exit_code=137, reason="OOMKilled",
-                                                                  message="Killed\n"))
-    return V1Pod(metadata=V1ObjectMeta(name=name), spec=V1PodSpec(containers=[V1Container(name="vllm", args=args)]),
-                 status=V1PodStatus(container_statuses=[V1ContainerStatus(
-                     name="vllm", image="i", image_id="", ready=False, restart_count=restarts, state=state,
-                     last_state=last)]))
+    last = V1ContainerState(
+        terminated=V1ContainerStateTerminated(exit_code=137, reason="OOMKilled", message="Killed\n")
+    )
+    return V1Pod(
+        metadata=V1ObjectMeta(name=name),
+        spec=V1PodSpec(containers=[V1Container(name="vllm", args=args)]),
+        status=V1PodStatus(
+            container_statuses=[
+                V1ContainerStatus(
+                    name="vllm",
+                    image="i",
+                    image_id="",
+                    ready=False,
+                    restart_count=restarts,
+                    state=state,
+                    last_state=last,
+                )
+            ]
+        ),
+    )
 
 
 def test_a_rollout_is_done_failed_or_progressing_by_its_status_and_its_new_pods():
     new = ["--max-num-seqs", "8"]
-    done = _deployment(2, generation=2, status=V1DeploymentStatus(
-        observed_generation=2, replicas=2, updated_replicas=2, available_replicas=2))
+    done = _deployment(
+        2,
+        generation=2,
+        status=V1DeploymentStatus(observed_generation=2, replicas=2, updated_replicas=2, available_replicas=2),
+    )
     assert rollout_state("Deployment", done, [], "vllm", new)[0] == "done"
     unseen = _deployment(2, generation=3, status=done.status)
     assert rollout_state("Deployment", unseen, [], "vllm", new) == (
-        "progressing", "waiting for the controller to see generation 3")
-    old_left = _deployment(2, generation=2, status=V1DeploymentStatus(
-        observed_generation=2, replicas=3, updated_replicas=2, available_replicas=2))
+        "progressing",
+        "waiting for the controller to see generation 3",
+    )
+    old_left = _deployment(
+        2,
+        generation=2,
+        status=V1DeploymentStatus(observed_generation=2, replicas=3, updated_replicas=2, available_replicas=2),
+    )
     assert rollout_state("Deployment", old_left, [], "vllm", new) == (
-        "progressing", "2 of 2 pods updated, 2 available, 1 old")
+        "progressing",
+        "2 of 2 pods updated, 2 available, 1 old",
+    )
     looping = [_pod("old", ["--max-num-seqs", "4"], "CrashLoopBackOff", 3), _pod("new", new, "CrashLoopBackOff", 2)]
     state, why = rollout_state("Deployment", old_left, looping, "vllm", new)
     assert state == "failed" and why.startswith("pod new: CrashLoopBackOff after 2 restarts; it exited 137 (OOMKilled)")
-    assert rollout_state("Deployment", old_left, [_pod("new", new, "ContainerCreating")], "vllm", new)[0] == \
-        "progressing"
-    sts = V1StatefulSet(metadata=V1ObjectMeta(name="s", generation=2), spec=V1StatefulSetSpec(
-        replicas=2, selector=V1LabelSelector(), service_name="s", template=V1PodTemplateSpec()),
-        status=V1StatefulSetStatus(replicas=2, observed_generation=2, updated_replicas=2, ready_replicas=2,
-                                   current_revision="a", update_revision="b"))
+    assert (
+        rollout_state("Deployment", old_left, [_pod("new", new, "ContainerCreating")], "vllm", new)[0] == "progressing"
+    )
+    sts = V1StatefulSet(
+        metadata=V1ObjectMeta(name="s", generation=2),
+        spec=V1StatefulSetSpec(replicas=2, selector=V1LabelSelector(), service_name="s", template=V1PodTemplateSpec()),
+        status=V1StatefulSetStatus(
+            replicas=2,
+            observed_generation=2,
+            updated_replicas=2,
+            ready_replicas=2,
+            current_revision="a",
+            update_revision="b",
+        ),
+    )
     assert rollout_state("StatefulSet", sts, [], "vllm", new)[0] == "progressing"
     sts.status.current_revision = "b"
     assert rollout_state("StatefulSet", sts, [], "vllm", new) == ("done", "2 of 2 pods updated, 2 ready")
@@ -453,16 +587,20 @@ def test_the_config_names_the_workload_by_kubernetes_rules():
     base = "targets:\n  - {name: c, backend: vllm, url: 'http://x:1', kubernetes: {%s}}"
     ok = parse_config(base % "namespace: llm, name: vllm.chat-1, container: vllm, pods: {port: http}")
     assert ok.targets[0].kubernetes.kind == "Deployment"
-    for bad, key in [("namespace: Llm, name: c, container: v", "kubernetes.namespace"),
-                     ("namespace: llm, name: c_1, container: v", "kubernetes.name"),
-                     ("namespace: llm, name: c, container: v.1", "kubernetes.container"),
-                     ("namespace: llm, name: c, container: v, pods: {selector: 'a in b'}", "kubernetes.pods.selector"),
-                     ("namespace: llm, name: c, container: v, pods: {port: Http}", "kubernetes.pods.port"),
-                     ("namespace: " + "a" * 64 + ", name: c, container: v", "kubernetes.namespace")]:
+    for bad, key in [
+        ("namespace: Llm, name: c, container: v", "kubernetes.namespace"),
+        ("namespace: llm, name: c_1, container: v", "kubernetes.name"),
+        ("namespace: llm, name: c, container: v.1", "kubernetes.container"),
+        ("namespace: llm, name: c, container: v, pods: {selector: 'a in b'}", "kubernetes.pods.selector"),
+        ("namespace: llm, name: c, container: v, pods: {port: Http}", "kubernetes.pods.port"),
+        ("namespace: " + "a" * 64 + ", name: c, container: v", "kubernetes.namespace"),
+    ]:
         with pytest.raises(Exception, match=key.replace(".", r"\.")):
             parse_config(base % bad)
     with pytest.raises(Exception, match="auto mode's guardrails .* count per target"):
         parse_config(base % "namespace: llm, name: c, container: v, pods: {}}, apply: {mode: auto")
     with pytest.raises(Exception, match="Kubernetes starts this server"):
-        parse_config("targets:\n  - {name: c, backend: vllm, url: 'http://x:1', managed: {model: m}, "
-                     "kubernetes: {namespace: a, name: b, container: c}}")
+        parse_config(
+            "targets:\n  - {name: c, backend: vllm, url: 'http://x:1', managed: {model: m}, "
+            "kubernetes: {namespace: a, name: b, container: c}}"
+        )

@@ -8,17 +8,19 @@ import time
 
 import pytest
 
-from tuner.apply.launch import (
-    ServerProcess,
-    ServerStartError,
-    free_port,
-    llama_server_argv,
-    vllm_argv,
-    vllm_cpu_env,
-)
+from tuner.apply.launch import ServerProcess, ServerStartError, free_port, llama_server_argv, vllm_argv, vllm_cpu_env
 
-VLLM_HEAD = ["py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/tiny",
-             "--host", "127.0.0.1", "--port", "8000"]
+VLLM_HEAD = [
+    "py",
+    "-m",
+    "vllm.entrypoints.openai.api_server",
+    "--model",
+    "/models/tiny",
+    "--host",
+    "127.0.0.1",
+    "--port",
+    "8000",
+]
 
 
 def test_vllm_argv_fixed_part_and_served_name():
@@ -44,8 +46,7 @@ def test_vllm_flag_rendering(flags, rendered):
 
 @pytest.mark.parametrize(
     "name",
-    ["--max-num-seqs", "-x", "Max-Num-Seqs", "max_num_seqs", "max num seqs", "", "-", "a;b", "max-num-seqs=4",
-     "é"],
+    ["--max-num-seqs", "-x", "Max-Num-Seqs", "max_num_seqs", "max num seqs", "", "-", "a;b", "max-num-seqs=4", "é"],
 )
 def test_vllm_rejects_bad_flag_names(name):
     with pytest.raises(ValueError, match="flag"):
@@ -77,11 +78,28 @@ def test_rejects_unsupported_value_types():
 
 def test_llama_server_argv_renders_dashed_keys():
     argv = llama_server_argv(
-        "/bin/llama-server", "/m/tiny.gguf", port=9000,
+        "/bin/llama-server",
+        "/m/tiny.gguf",
+        port=9000,
         flags={"-c": 1024, "--parallel": 4, "--metrics": True, "-t": 1, "--mmap": False, "-ngl": None},
     )
-    assert argv == ["/bin/llama-server", "-m", "/m/tiny.gguf", "--host", "127.0.0.1", "--port", "9000",
-                    "-c", "1024", "--parallel", "4", "--metrics", "-t", "1", "--no-mmap"]
+    assert argv == [
+        "/bin/llama-server",
+        "-m",
+        "/m/tiny.gguf",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9000",
+        "-c",
+        "1024",
+        "--parallel",
+        "4",
+        "--metrics",
+        "-t",
+        "1",
+        "--no-mmap",
+    ]
 
 
 @pytest.mark.parametrize("name", ["c", "parallel", "---c", "--Parallel", "-C x", "--", "--a_b", "-m", "--port"])
@@ -111,7 +129,8 @@ def test_vllm_cpu_env_whole_gib_only(tmp_path):
     assert env["VLLM_CACHE_ROOT"] == str(tmp_path)
     assert env["PATH"] == "/usr/bin"
     assert "VLLM_CPU_KVCACHE_SPACE" not in vllm_cpu_env(
-        tmp_path, kvcache_space_gib=None, base={"VLLM_CPU_KVCACHE_SPACE": "4"})
+        tmp_path, kvcache_space_gib=None, base={"VLLM_CPU_KVCACHE_SPACE": "4"}
+    )
     for bad in (0, 0.5, "", True):
         with pytest.raises(ValueError, match="whole number"):
             vllm_cpu_env(tmp_path, kvcache_space_gib=bad)
@@ -150,8 +169,10 @@ def test_server_process_health_and_stop(tmp_path):
 
 def test_server_process_escalates_when_sigterm_is_ignored(tmp_path):
     # Ignores SIGTERM and SIGINT like a server waiting for clients: only the final SIGKILL ends it.
-    code = "import signal, time\nfor s in (signal.SIGTERM, signal.SIGINT): signal.signal(s, signal.SIG_IGN)\n" \
-           "print('ready', flush=True)\ntime.sleep(60)\n"
+    code = (
+        "import signal, time\nfor s in (signal.SIGTERM, signal.SIGINT): signal.signal(s, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\ntime.sleep(60)\n"
+    )
     proc = ServerProcess.start([sys.executable, "-c", code], env=None, log_path=tmp_path / "s.log")
     deadline = time.monotonic() + 10
     while "ready" not in proc.log_tail() and time.monotonic() < deadline:
@@ -162,8 +183,9 @@ def test_server_process_escalates_when_sigterm_is_ignored(tmp_path):
 
 
 def test_server_process_timeout_names_the_health_url(tmp_path):
-    proc = ServerProcess.start([sys.executable, "-c", "import time; time.sleep(30)"], env=None,
-                               log_path=tmp_path / "s.log")
+    proc = ServerProcess.start(
+        [sys.executable, "-c", "import time; time.sleep(30)"], env=None, log_path=tmp_path / "s.log"
+    )
     try:
         with pytest.raises(ServerStartError, match="not healthy after"):
             proc.wait_healthy(f"http://127.0.0.1:{free_port()}", timeout=0.5)

@@ -44,21 +44,30 @@ def test_llamacpp_argv_always_has_metrics_and_embedding_when_asked(tmp_path):
 
 def test_backend_auto_follows_the_model_file(tmp_path):
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    cfg = parse_config(f"targets:\n  - {{name: a, backend: auto, url: 'http://127.0.0.1:8080', "
-                       f"managed: {{model: '{tmp_path / 'm.gguf'}'}}}}\n")
+    cfg = parse_config(
+        f"targets:\n  - {{name: a, backend: auto, url: 'http://127.0.0.1:8080', "
+        f"managed: {{model: '{tmp_path / 'm.gguf'}'}}}}\n"
+    )
     assert cfg.targets[0].backend == "llamacpp"
     with pytest.raises(ConfigError, match=r"targets\[0\]: backend auto needs managed.model"):
         parse_config("targets:\n  - {name: a, backend: auto, url: 'http://127.0.0.1:8080'}\n")
 
 
-@pytest.mark.parametrize("managed, key, reason", [
-    (", flags: {max_num_seqs: 0}", "targets[0].managed.flags.max_num_seqs", "outside 1..4096"),
-    (", flags: {max_num_seqs: '--api-key'}", "targets[0].managed.flags.max_num_seqs", "starts with '-'"),
-    (", flags: {trust_remote_code: true}", "targets[0].managed.flags.trust_remote_code", "not on tuner's allow-list"),
-    (", flags: {kv_cache_dtype: 'fp8 --x'}", "targets[0].managed.flags.kv_cache_dtype", "expected one of"),
-    (", nice: 40", "targets[0].managed.nice", "less than or equal to 19"),
-    (", typo: 1", "targets[0].managed.typo", "unknown key"),
-])
+@pytest.mark.parametrize(
+    "managed, key, reason",
+    [
+        (", flags: {max_num_seqs: 0}", "targets[0].managed.flags.max_num_seqs", "outside 1..4096"),
+        (", flags: {max_num_seqs: '--api-key'}", "targets[0].managed.flags.max_num_seqs", "starts with '-'"),
+        (
+            ", flags: {trust_remote_code: true}",
+            "targets[0].managed.flags.trust_remote_code",
+            "not on tuner's allow-list",
+        ),
+        (", flags: {kv_cache_dtype: 'fp8 --x'}", "targets[0].managed.flags.kv_cache_dtype", "expected one of"),
+        (", nice: 40", "targets[0].managed.nice", "less than or equal to 19"),
+        (", typo: 1", "targets[0].managed.typo", "unknown key"),
+    ],
+)
 def test_bad_managed_values_are_refused_with_their_key(tmp_path, managed, key, reason):
     with pytest.raises(ConfigError) as info:
         target(tmp_path, managed)
@@ -70,11 +79,14 @@ def test_a_managed_url_needs_a_port(tmp_path):
         target(tmp_path, url="http://127.0.0.1")
 
 
-@pytest.mark.parametrize("extra, reason", [
-    ("{api-key: '--no-auth'}", "starts with '-'"),
-    ("{'--model': other}", "expected a bare name"),
-    ("{port: 9}", "set by the builder's own argument"),
-])
+@pytest.mark.parametrize(
+    "extra, reason",
+    [
+        ("{api-key: '--no-auth'}", "starts with '-'"),
+        ("{'--model': other}", "expected a bare name"),
+        ("{port: 9}", "set by the builder's own argument"),
+    ],
+)
 def test_extra_args_cannot_smuggle_options(tmp_path, extra, reason):
     t = target(tmp_path, f", extra_args: {extra}")
     with pytest.raises(ConfigError) as info:
@@ -97,11 +109,23 @@ def test_a_missing_model_is_named(tmp_path):
 
 
 def test_hook_templates_expand_flags_as_separate_elements(tmp_path):
-    t = target(tmp_path, managed=None, apply="hook: {command: [/usr/local/bin/restart, '--unit={target}', "
-                                              "'{flags}', '--only', '{diff}']}")
+    t = target(
+        tmp_path,
+        managed=None,
+        apply="hook: {command: [/usr/local/bin/restart, '--unit={target}', '{flags}', '--only', '{diff}']}",
+    )
     argv = hook_argv(t, {"max_num_seqs": 8, "max_model_len": 4096}, {"max_num_seqs": 8}, 3)
-    assert argv == ["/usr/local/bin/restart", "--unit=t", "--max-num-seqs", "8", "--max-model-len", "4096",
-                    "--only", "--max-num-seqs", "8"]
+    assert argv == [
+        "/usr/local/bin/restart",
+        "--unit=t",
+        "--max-num-seqs",
+        "8",
+        "--max-model-len",
+        "4096",
+        "--only",
+        "--max-num-seqs",
+        "8",
+    ]
     bad = target(tmp_path, managed=None, apply="hook: {command: [x, '{secret}']}")
     with pytest.raises(ConfigError, match="unknown placeholder"):
         hook_argv(bad, {}, {}, None)
@@ -127,14 +151,28 @@ def test_systemd_hook_writes_the_dropin_and_says_what_to_do_without_systemctl(tm
     from tuner.store import recommendations as recs
 
     dropin = tmp_path / "vllm.service.d" / "tuner-flags.conf"
-    cfg = parse_config("targets:\n  - name: t\n    backend: vllm\n    url: http://127.0.0.1:9\n"
-                       "    flags: {max-num-seqs: 4}\n"
-                       f"    apply: {{hook: {{systemd_unit: vllm.service, systemd_dropin: '{dropin}'}}}}\n")
+    cfg = parse_config(
+        "targets:\n  - name: t\n    backend: vllm\n    url: http://127.0.0.1:9\n"
+        "    flags: {max-num-seqs: 4}\n"
+        f"    apply: {{hook: {{systemd_unit: vllm.service, systemd_dropin: '{dropin}'}}}}\n"
+    )
     monkeypatch.setenv("PATH", str(tmp_path))  # no systemctl on PATH, for certain
     ap = Applier(cfg, store, tmp_path, say=lambda m: None)
-    rid = recs.add_recommendation(store.engine, target="t", now=time.time(), rules=["r"], diff_key="{}",
-                                  diff={"max_num_seqs": 8}, current={}, evidence=[], expected_effect="", risk="",
-                                  confidence=0.9, rank=1, memory_check={"ok": True})
+    rid = recs.add_recommendation(
+        store.engine,
+        target="t",
+        now=time.time(),
+        rules=["r"],
+        diff_key="{}",
+        diff={"max_num_seqs": 8},
+        current={},
+        evidence=[],
+        expected_effect="",
+        risk="",
+        confidence=0.9,
+        rank=1,
+        memory_check={"ok": True},
+    )
     a = ap.apply(rid)
     assert a.outcome == "failed" and "hook 'systemctl' not found; apply by hand" in a.note, a.note
     # restoring wrote the old flags back, so the unit would start as before

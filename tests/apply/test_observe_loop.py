@@ -35,9 +35,11 @@ class FakeClock:
 
 
 def _run(store, tmp_path, apply_yaml: str) -> tuple[jr.StoredApply, FakeClock]:
-    cfg = parse_config("targets:\n  - name: chat\n    backend: vllm\n    url: http://127.0.0.1:9\n"
-                       "    slo: {ttft_p99: 2s, e2e_p99: 10s}\n"
-                       f"    apply: {{baseline: 30s, observe: 5s, {apply_yaml}}}\n")
+    cfg = parse_config(
+        "targets:\n  - name: chat\n    backend: vllm\n    url: http://127.0.0.1:9\n"
+        "    slo: {ttft_p99: 2s, e2e_p99: 10s}\n"
+        f"    apply: {{baseline: 30s, observe: 5s, {apply_yaml}}}\n"
+    )
     store.ensure_target("chat", "vllm", "http://127.0.0.1:9")
     before, after = read_series(CASE / "before"), read_series(CASE / "after")
     for ts, text, _ in before + after:
@@ -47,9 +49,21 @@ def _run(store, tmp_path, apply_yaml: str) -> tuple[jr.StoredApply, FakeClock]:
     t = cfg.targets[0]
     old, new = {"max_num_seqs": 2}, {"max_num_seqs": 8}
     plan = Plan(t, ROUTES["manual"], {"max_num_seqs": 8}, old, new, [], [])
-    aid = jr.begin_apply(store.engine, target="chat", recommendation_id=None, kind="apply", mode="manual",
-                         now=clock(), diff=plan.diff, old_flags=old, new_flags=new, old_argv=[], new_argv=[],
-                         owner_pid=1, owner_start=1)
+    aid = jr.begin_apply(
+        store.engine,
+        target="chat",
+        recommendation_id=None,
+        kind="apply",
+        mode="manual",
+        now=clock(),
+        diff=plan.diff,
+        old_flags=old,
+        new_flags=new,
+        old_argv=[],
+        new_argv=[],
+        owner_pid=1,
+        owner_start=1,
+    )
     base = {"window": [before[0][0], before[-1][0]]}
     return ap._observe_and_judge(aid, plan, None, base), clock
 
@@ -80,6 +94,7 @@ def test_still_inconclusive_at_observe_max_keeps_the_previous_flags(store, tmp_p
     assert "restart it by hand" in a.note and "--max-num-seqs 2" in a.note
     assert _details(a, "restore_by_hand") == ["--max-num-seqs 2"], a.steps
     from tuner.store import journal as jr
+
     assert not jr.new_flags_stand(a)  # the old flags are what should run now
 
 

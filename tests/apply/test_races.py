@@ -53,9 +53,21 @@ def _config(tmp_path: Path) -> str:
 
 
 def _rec(store: Store, target: str) -> int:
-    return recs.add_recommendation(store.engine, target=target, now=time.time(), rules=["r"], diff_key="{}",
-                                   diff={"max_num_seqs": 8}, current={"max_num_seqs": 4}, evidence=[],
-                                   expected_effect="", risk="", confidence=0.9, rank=1, memory_check={"ok": True})
+    return recs.add_recommendation(
+        store.engine,
+        target=target,
+        now=time.time(),
+        rules=["r"],
+        diff_key="{}",
+        diff={"max_num_seqs": 8},
+        current={"max_num_seqs": 4},
+        evidence=[],
+        expected_effect="",
+        risk="",
+        confidence=0.9,
+        rank=1,
+        memory_check={"ok": True},
+    )
 
 
 def _worker(db: str, cfg_text: str, cfg_dir: str, action: str, args: list, barrier, results) -> None:
@@ -86,8 +98,10 @@ def _race(tmp_path: Path, cfg_text: str, action: str, per_worker: list[list], be
     """Run the two workers through the trials; ``between(i)`` runs in the parent after each trial."""
     barrier, results = _FORK.Barrier(3), _FORK.Queue()
     db = str(tmp_path / "tuner.db")
-    procs = [_FORK.Process(target=_worker, args=(db, cfg_text, str(tmp_path), action, args, barrier,
-                                                 results)) for args in per_worker]
+    procs = [
+        _FORK.Process(target=_worker, args=(db, cfg_text, str(tmp_path), action, args, barrier, results))
+        for args in per_worker
+    ]
     for p in procs:
         p.start()
     try:
@@ -137,6 +151,7 @@ def test_two_processes_never_both_open_an_apply_on_one_target_or_group(tmp_path,
 @contextmanager
 def _completions() -> Iterator[str]:
     """A real local HTTP server answering a completion, as vLLM does: what the health gate asks for."""
+
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
             pass
@@ -174,16 +189,29 @@ def test_two_reconcilers_restore_an_apply_left_by_a_dead_tuner_once(tmp_path, st
     runs = tmp_path / "hook.runs"
     (tmp_path / "hook.py").write_text(HOOK)
     with _completions() as url:  # the server the hook "restarts": passes the health gate
-        cfg = (f"targets:\n  - name: h\n    backend: vllm\n    url: {url}\n    flags: {{max-num-seqs: 4}}\n"
-               f"    apply: {{hook: {{command: ['{sys.executable}', '{tmp_path / 'hook.py'}', '{runs}', "
-               "'{target}', '{flags}']}}\n")
+        cfg = (
+            f"targets:\n  - name: h\n    backend: vllm\n    url: {url}\n    flags: {{max-num-seqs: 4}}\n"
+            f"    apply: {{hook: {{command: ['{sys.executable}', '{tmp_path / 'hook.py'}', '{runs}', "
+            "'{target}', '{flags}']}}\n"
+        )
         left: list[int] = []
 
         def dead_apply() -> int:  # what a tuner killed mid-apply leaves: an open apply, its owner gone
-            aid = jr.begin_apply(store.engine, target="h", recommendation_id=None, kind="apply", mode="manual",
-                                 now=time.time(), diff={"max_num_seqs": 8}, old_flags={"max_num_seqs": 4},
-                                 new_flags={"max_num_seqs": 8}, old_argv=[], new_argv=[], owner_pid=1,
-                                 owner_start=1)  # pid 1 with another start time: not alive
+            aid = jr.begin_apply(
+                store.engine,
+                target="h",
+                recommendation_id=None,
+                kind="apply",
+                mode="manual",
+                now=time.time(),
+                diff={"max_num_seqs": 8},
+                old_flags={"max_num_seqs": 4},
+                new_flags={"max_num_seqs": 8},
+                old_argv=[],
+                new_argv=[],
+                owner_pid=1,
+                owner_start=1,
+            )  # pid 1 with another start time: not alive
             jr.step(store.engine, aid, "starting", "", now=time.time(), state="starting")
             return aid
 

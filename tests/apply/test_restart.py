@@ -28,9 +28,21 @@ def test_a_restart_is_refused_past_the_restart_budget_and_on_a_server_tuner_does
     ap = Applier(cfg, store, tmp_path, say=lambda m: None)
     now = time.time()
     for i in range(2):  # two server starts by applies in the last hour
-        aid = jr.begin_apply(store.engine, target="t", recommendation_id=None, kind="apply", mode="auto",
-                             now=now - 600 + i, diff={}, old_flags={}, new_flags={}, old_argv=[], new_argv=[],
-                             owner_pid=1, owner_start=1)
+        aid = jr.begin_apply(
+            store.engine,
+            target="t",
+            recommendation_id=None,
+            kind="apply",
+            mode="auto",
+            now=now - 600 + i,
+            diff={},
+            old_flags={},
+            new_flags={},
+            old_argv=[],
+            new_argv=[],
+            owner_pid=1,
+            owner_start=1,
+        )
         jr.step(store.engine, aid, "starting", now=now - 600 + i)
         jr.finish(store.engine, aid, "kept", "", now=now - 600 + i)
     with pytest.raises(ApplyError, match=r"2 server starts by applies in the last hour .*max_restarts_per_hour 2"):
@@ -45,7 +57,20 @@ def test_a_restart_is_refused_past_the_restart_budget_and_on_a_server_tuner_does
 
 def test_a_restart_waits_while_an_apply_is_open_on_the_target(store, tmp_path):
     ap = Applier(_cfg(tmp_path), store, tmp_path, say=lambda m: None)
-    jr.begin_apply(store.engine, target="t", recommendation_id=None, kind="apply", mode="manual", now=time.time(),
-                   diff={}, old_flags={}, new_flags={}, old_argv=[], new_argv=[], owner_pid=1, owner_start=1)
+    jr.begin_apply(
+        store.engine,
+        target="t",
+        recommendation_id=None,
+        kind="apply",
+        mode="manual",
+        now=time.time(),
+        diff={},
+        old_flags={},
+        new_flags={},
+        old_argv=[],
+        new_argv=[],
+        owner_pid=1,
+        owner_start=1,
+    )
     with pytest.raises(ApplyError, match="apply #1"):
         ap.restart("t", reason="stalled")

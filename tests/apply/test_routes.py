@@ -60,13 +60,17 @@ def _config(tmp_path: Path, route: str, port: int = 9, apply_extra: str = "") ->
     head = f"targets:\n  - name: t\n    backend: vllm\n    url: http://127.0.0.1:{port}\n"
     if route == "rolling":
         (tmp_path / "model").mkdir(exist_ok=True)
-        return head + (f"    balancer: {{socket: '{tmp_path / 'haproxy.sock'}', backend: t}}\n"
-                       "    replicas: [{name: r1, url: 'http://127.0.0.1:9'}, {name: r2, url: 'http://127.0.0.1:10'}]\n"
-                       f"    managed: {{model: '{tmp_path / 'model'}', flags: {{max_num_seqs: 4}}}}\n")
+        return head + (
+            f"    balancer: {{socket: '{tmp_path / 'haproxy.sock'}', backend: t}}\n"
+            "    replicas: [{name: r1, url: 'http://127.0.0.1:9'}, {name: r2, url: 'http://127.0.0.1:10'}]\n"
+            f"    managed: {{model: '{tmp_path / 'model'}', flags: {{max_num_seqs: 4}}}}\n"
+        )
     if route == "blue_green":
         (tmp_path / "model").mkdir(exist_ok=True)
-        return head + (f"    balancer: {{socket: '{tmp_path / 'haproxy.sock'}', backend: t, server: blue}}\n"
-                       f"    managed: {{model: '{tmp_path / 'model'}', flags: {{max_num_seqs: 4}}}}\n")
+        return head + (
+            f"    balancer: {{socket: '{tmp_path / 'haproxy.sock'}', backend: t, server: blue}}\n"
+            f"    managed: {{model: '{tmp_path / 'model'}', flags: {{max_num_seqs: 4}}}}\n"
+        )
     if route == "managed":
         (tmp_path / "model").mkdir(exist_ok=True)
         return head + f"    managed: {{model: '{tmp_path / 'model'}', flags: {{max_num_seqs: 4}}}}\n"
@@ -74,12 +78,15 @@ def _config(tmp_path: Path, route: str, port: int = 9, apply_extra: str = "") ->
     if route == "kubernetes":
         return head + "    kubernetes: {namespace: llm, name: chat, container: vllm}\n"
     if route == "hook":
-        return head + (f"    apply: {{hook: {{command: ['{sys.executable}', '{tmp_path / 'hook.py'}', "
-                       f"'{tmp_path / 'server.pid'}', '{tmp_path / 'server.py'}', '{port}', '{{flags}}']}}"
-                       f"{apply_extra}}}\n")
+        return head + (
+            f"    apply: {{hook: {{command: ['{sys.executable}', '{tmp_path / 'hook.py'}', "
+            f"'{tmp_path / 'server.pid'}', '{tmp_path / 'server.py'}', '{port}', '{{flags}}']}}"
+            f"{apply_extra}}}\n"
+        )
     if route == "systemd":
-        return head + (f"    apply: {{hook: {{systemd_unit: vllm.service, "
-                       f"systemd_dropin: '{tmp_path / 'tuner-flags.conf'}'}}}}\n")
+        return head + (
+            f"    apply: {{hook: {{systemd_unit: vllm.service, systemd_dropin: '{tmp_path / 'tuner-flags.conf'}'}}}}\n"
+        )
     return head
 
 
@@ -101,8 +108,9 @@ def test_each_route_is_chosen_by_its_config_and_plans_the_same_diff(tmp_path, st
     assert "max_num_seqs: 4 -> 8" in described
     # the dry run shows what will run with the new value: an argv, a drop-in, or the flags to set by hand
     shown = described.splitlines()[-1]
-    assert ("--max-num-seqs" in shown and "8" in shown) or (name == "systemd" and "TUNER_FLAGS=--max-num-seqs 8" in
-                                                            shown), described
+    assert ("--max-num-seqs" in shown and "8" in shown) or (
+        name == "systemd" and "TUNER_FLAGS=--max-num-seqs 8" in shown
+    ), described
     if name != "systemd":  # a unit restart's argv has no flags: the drop-in carries them
         assert "8" in p.new_argv and "4" in p.old_argv and "--max-num-seqs" in p.new_argv
     # a failure is told in one line; only the managed route reads the server's log (and the in-flight count)
@@ -130,9 +138,21 @@ def test_the_hook_route_switches_a_real_server_and_observes_it(tmp_path, store):
     port = free_port()
     cfg = parse_config(_config(tmp_path, "hook", port, apply_extra=", observe: 1s, baseline: 1s"))
     ap = Applier(cfg, store, tmp_path, say=lambda m: None)
-    rid = recs.add_recommendation(store.engine, target="t", now=time.time(), rules=["r"], diff_key="{}",
-                                  diff={"max_num_seqs": 8}, current={}, evidence=[], expected_effect="", risk="",
-                                  confidence=0.9, rank=1, memory_check={"ok": True})
+    rid = recs.add_recommendation(
+        store.engine,
+        target="t",
+        now=time.time(),
+        rules=["r"],
+        diff_key="{}",
+        diff={"max_num_seqs": 8},
+        current={},
+        evidence=[],
+        expected_effect="",
+        risk="",
+        confidence=0.9,
+        rank=1,
+        memory_check={"ok": True},
+    )
     try:
         a = ap.apply(rid)
         steps = [s["step"] for s in a.steps]
@@ -144,7 +164,7 @@ def test_the_hook_route_switches_a_real_server_and_observes_it(tmp_path, store):
         # never scraped: nothing to judge with, so the verdict is inconclusive and (apply.on_inconclusive:
         # keep_previous) the previous flags go back through the same hook and the same gate
         assert a.outcome == "inconclusive" and "too little traffic" in a.note, a.note
-        assert steps[steps.index("restoring"):] == ["restoring", "hook", "restored", "done: inconclusive"], steps
+        assert steps[steps.index("restoring") :] == ["restoring", "hook", "restored", "done: inconclusive"], steps
         answer = http.post_json(f"http://127.0.0.1:{port}/v1/completions", {"prompt": "x"}, timeout_s=10)
         assert json.loads(answer.body)["flags"] == ["--max-num-seqs", "4"]  # the server runs the old flags again
         assert jr.open_applies(store.engine) == []
@@ -153,6 +173,7 @@ def test_the_hook_route_switches_a_real_server_and_observes_it(tmp_path, store):
         if pidfile.exists():
             import os
             import signal
+
             try:
                 os.kill(int(pidfile.read_text()), signal.SIGTERM)
             except ProcessLookupError:
@@ -162,9 +183,21 @@ def test_the_hook_route_switches_a_real_server_and_observes_it(tmp_path, store):
 def test_a_canary_needs_a_group_behind_a_balancer(tmp_path, store):
     cfg = parse_config(_config(tmp_path, "managed"))
     ap = Applier(cfg, store, tmp_path, say=lambda m: None)
-    rid = recs.add_recommendation(store.engine, target="t", now=time.time(), rules=["r"], diff_key="{}",
-                                  diff={"max_num_seqs": 8}, current={}, evidence=[], expected_effect="", risk="",
-                                  confidence=0.9, rank=1, memory_check={"ok": True})
+    rid = recs.add_recommendation(
+        store.engine,
+        target="t",
+        now=time.time(),
+        rules=["r"],
+        diff_key="{}",
+        diff={"max_num_seqs": 8},
+        current={},
+        evidence=[],
+        expected_effect="",
+        risk="",
+        confidence=0.9,
+        rank=1,
+        memory_check={"ok": True},
+    )
     with pytest.raises(ApplyError, match="a canary needs peers serving the same traffic"):
         ap.canary(rid)
     assert jr.open_applies(store.engine) == [] and jr.list_applies(store.engine) == []  # nothing begun

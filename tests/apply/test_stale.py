@@ -16,19 +16,49 @@ from tuner.store import recommendations as recs
 
 
 def _rec(store, target: str, diff: dict, current: dict) -> int:
-    return recs.add_recommendation(store.engine, target=target, now=time.time(), rules=["r"], diff_key=str(diff),
-                                   diff=diff, current=current, evidence=[], expected_effect="", risk="",
-                                   confidence=0.9, rank=1, memory_check={"ok": True})
+    return recs.add_recommendation(
+        store.engine,
+        target=target,
+        now=time.time(),
+        rules=["r"],
+        diff_key=str(diff),
+        diff=diff,
+        current=current,
+        evidence=[],
+        expected_effect="",
+        risk="",
+        confidence=0.9,
+        rank=1,
+        memory_check={"ok": True},
+    )
 
 
 def test_stale_says_what_is_in_force_already_or_what_moved():
     rec = lambda diff, current: recs.StoredRecommendation(  # noqa: E731
-        id=1, target="t", created_ms=0, updated_ms=0, status="proposed", rules=[], diff_key="", diff=diff,
-        current=current, evidence=[], expected_effect="", risk="", confidence=1.0, rank=1, memory_check={}, note="")
+        id=1,
+        target="t",
+        created_ms=0,
+        updated_ms=0,
+        status="proposed",
+        rules=[],
+        diff_key="",
+        diff=diff,
+        current=current,
+        evidence=[],
+        expected_effect="",
+        risk="",
+        confidence=1.0,
+        rank=1,
+        memory_check={},
+        note="",
+    )
     assert stale(rec({"max_num_seqs": 8}, {"max_num_seqs": 4}), {"max_num_seqs": 4}) is None
-    assert stale(rec({"max_num_seqs": 8}, {"max_num_seqs": 4}), {"max_num_seqs": 8}) == "already in force: max_num_seqs=8"
+    assert (
+        stale(rec({"max_num_seqs": 8}, {"max_num_seqs": 4}), {"max_num_seqs": 8}) == "already in force: max_num_seqs=8"
+    )
     assert stale(rec({"max_num_seqs": 16}, {"max_num_seqs": 4}), {"max_num_seqs": 8}) == (
-        "proposed against max_num_seqs=4; in force now: max_num_seqs=8")
+        "proposed against max_num_seqs=4; in force now: max_num_seqs=8"
+    )
     assert stale(rec({"max_num_seqs": 16}, {}), {"max_num_seqs": 8}) is None  # no value recorded: not judged
     assert stale(rec({"enable_prefix_caching": True}, {"enable_prefix_caching": None}), {}) is None  # unset = unset
 
@@ -41,12 +71,26 @@ def test_a_roll_over_a_group_expires_the_other_replicas_proposals_and_a_stale_on
         "targets:\n  - name: chat\n    backend: vllm\n    url: 'http://127.0.0.1:9'\n"
         "    balancer: {socket: /nonexistent.sock, backend: chat}\n"
         "    replicas: [{name: r1, url: 'http://127.0.0.1:8001'}, {name: r2, url: 'http://127.0.0.1:8002'}]\n"
-        f"    managed: {{model: '{tmp_path}', flags: {{max_num_seqs: 4}}}}\n")
+        f"    managed: {{model: '{tmp_path}', flags: {{max_num_seqs: 4}}}}\n"
+    )
     now = time.time()
     for r in ("chat.r1", "chat.r2"):
-        jr.save_managed(store.engine, jr.ManagedState(
-            target=r, pid=None, proc_start=None, argv=[], flags={"max_num_seqs": 8}, config_flags={"max_num_seqs": 4},
-            started_ms=int(now * 1000), restarts=[], state="running", updated_ms=int(now * 1000), note=""))
+        jr.save_managed(
+            store.engine,
+            jr.ManagedState(
+                target=r,
+                pid=None,
+                proc_start=None,
+                argv=[],
+                flags={"max_num_seqs": 8},
+                config_flags={"max_num_seqs": 4},
+                started_ms=int(now * 1000),
+                restarts=[],
+                state="running",
+                updated_ms=int(now * 1000),
+                note="",
+            ),
+        )
     ap = Applier(cfg, store, Path(tmp_path), say=lambda m: None)
     in_force = _rec(store, "chat.r2", {"max_num_seqs": 8}, {"max_num_seqs": 4})
     moved = _rec(store, "chat.r1", {"max_num_seqs": 16}, {"max_num_seqs": 4})

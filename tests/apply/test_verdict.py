@@ -32,26 +32,52 @@ def _cum(counts: list[float]) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _profile(*, rate: float, saturated: bool, e2e: list[float], ttft: list[float] | None = None,
-             attainment: float | None = None, offered: float | None = None, n_intervals: int = 12,
-             jitter: float = 0.1) -> LoadProfile:
+def _profile(
+    *,
+    rate: float,
+    saturated: bool,
+    e2e: list[float],
+    ttft: list[float] | None = None,
+    attainment: float | None = None,
+    offered: float | None = None,
+    n_intervals: int = 12,
+    jitter: float = 0.1,
+) -> LoadProfile:
     """A vLLM window: n 2-second intervals finishing about ``rate`` requests/s, latency histograms as given."""
-    intervals = tuple(Interval(2.0, rate * 2 * (1 + jitter * ((i % 3) - 1)), rate * 2 * 64, True)
-                      for i in range(n_intervals))
+    intervals = tuple(
+        Interval(2.0, rate * 2 * (1 + jitter * ((i % 3) - 1)), rate * 2 * 64, True) for i in range(n_intervals)
+    )
     finished = math.fsum(iv.finished for iv in intervals)
     secs = 2.0 * n_intervals
     hists = {"e2e": (BOUNDS, _cum(e2e)), "ttft": (BOUNDS, _cum(ttft or e2e))}
     return LoadProfile(
-        backend="vllm", start=0.0, end=secs, samples=n_intervals + 1, finished=finished, aborted=0.0,
-        generated_tokens=finished * 64, served_rps=finished / secs, offered_rps=offered or finished / secs,
-        capacity_rps=finished / secs, tokens_per_s=finished * 64 / secs, capacity_tokens_per_s=finished * 64 / secs,
-        queued_share=0.5 if saturated else 0.0, mean_in_flight=None, queue_time_share=0.5 if saturated else 0.0,
-        waiting_share=0.5 if saturated else 0.0, saturated=saturated,
-        slo_attainment=attainment, slo_goodput_rps=finished / secs * attainment if attainment is not None else None,
-        ttft_p99=histogram_quantile(0.99, *hists["ttft"]), e2e_p99=histogram_quantile(0.99, *hists["e2e"]),
-        ttft_p50=histogram_quantile(0.5, *hists["ttft"]), e2e_p50=histogram_quantile(0.5, *hists["e2e"]),
+        backend="vllm",
+        start=0.0,
+        end=secs,
+        samples=n_intervals + 1,
+        finished=finished,
+        aborted=0.0,
+        generated_tokens=finished * 64,
+        served_rps=finished / secs,
+        offered_rps=offered or finished / secs,
+        capacity_rps=finished / secs,
+        tokens_per_s=finished * 64 / secs,
+        capacity_tokens_per_s=finished * 64 / secs,
+        queued_share=0.5 if saturated else 0.0,
+        mean_in_flight=None,
+        queue_time_share=0.5 if saturated else 0.0,
+        waiting_share=0.5 if saturated else 0.0,
+        saturated=saturated,
+        slo_attainment=attainment,
+        slo_goodput_rps=finished / secs * attainment if attainment is not None else None,
+        ttft_p99=histogram_quantile(0.99, *hists["ttft"]),
+        e2e_p99=histogram_quantile(0.99, *hists["e2e"]),
+        ttft_p50=histogram_quantile(0.5, *hists["ttft"]),
+        e2e_p50=histogram_quantile(0.5, *hists["e2e"]),
         seconds_per_token=None,
-        intervals=intervals, hists=hists)
+        intervals=intervals,
+        hists=hists,
+    )
 
 
 def _said(v, kind: str, word: str) -> bool:
@@ -60,6 +86,7 @@ def _said(v, kind: str, word: str) -> bool:
 
 
 # ---- the statistics -----------------------------------------------------------------------------------------
+
 
 def test_rank_test_over_buckets():
     same = _cum([10, 20, 30, 5, 0, 0, 0, 0])
@@ -70,7 +97,8 @@ def test_rank_test_over_buckets():
     # Hand-computed: before one obs in bucket 0, after one in bucket 1: U = 1, mean 0.5, ties none ->
     # var = 1*1/12*(3 - 0) = 0.25, z = 1 -> Phi(1) = 0.8413
     assert rank_p_up(BOUNDS, _cum([1, 0, 0, 0, 0, 0, 0, 0]), _cum([0, 1, 0, 0, 0, 0, 0, 0])) == pytest.approx(
-        0.8413, abs=1e-4)
+        0.8413, abs=1e-4
+    )
     assert rank_p_up(BOUNDS, _cum([0] * 8), same) == 0.5  # nothing to compare
 
 
@@ -112,14 +140,16 @@ def test_saturated_before_more_capacity_is_kept_even_if_per_request_speed_fell()
 
 
 def test_saturated_both_sides_less_capacity_is_rolled_back():
-    v = judge(_profile(rate=6.0, saturated=True, e2e=SLOW), _profile(rate=2.0, saturated=True, e2e=SLOW),
-              min_requests=20)
+    v = judge(
+        _profile(rate=6.0, saturated=True, e2e=SLOW), _profile(rate=2.0, saturated=True, e2e=SLOW), min_requests=20
+    )
     assert v.outcome == "rolled_back" and _said(v, "capacity", "fell") and v.confidence >= CONFIDENT
 
 
 def test_saturated_both_sides_same_capacity_is_inconclusive():
-    v = judge(_profile(rate=5.0, saturated=True, e2e=SLOW), _profile(rate=5.0, saturated=True, e2e=SLOW),
-              min_requests=20)
+    v = judge(
+        _profile(rate=5.0, saturated=True, e2e=SLOW), _profile(rate=5.0, saturated=True, e2e=SLOW), min_requests=20
+    )
     assert v.outcome == "inconclusive" and _said(v, "capacity", "held") and "noise" in v.reason
     assert v.confidence < CONFIDENT
 
@@ -128,9 +158,13 @@ def _tokens(p: LoadProfile, per_request: float, budgets: dict[str, float]) -> Lo
     """The same window with ``per_request`` tokens generated per finished request and the SLO's budgets."""
     intervals = tuple(dataclasses.replace(iv, generated=iv.finished * per_request) for iv in p.intervals)
     tokens = math.fsum(iv.generated for iv in intervals) / (p.end - p.start)
-    return dataclasses.replace(p, intervals=intervals, tokens_per_s=tokens, slo_budgets=budgets,
-                               slo_token_goodput_tps=tokens * p.slo_attainment if p.slo_attainment is not None
-                               else None)
+    return dataclasses.replace(
+        p,
+        intervals=intervals,
+        tokens_per_s=tokens,
+        slo_budgets=budgets,
+        slo_token_goodput_tps=tokens * p.slo_attainment if p.slo_attainment is not None else None,
+    )
 
 
 def test_saturated_both_sides_token_goodput_decides_where_the_slo_is_per_token():
@@ -182,8 +216,9 @@ def test_a_latency_shift_too_small_for_the_slo_does_not_count():
     ttft_b, ttft_a = (tiny, _cum([40, 40, 10, 5, 3, 2, 0, 0, 0])), (tiny, _cum([10, 60, 20, 5, 3, 2, 0, 0, 0]))
 
     def with_ttft(p: LoadProfile, hist, budgets) -> LoadProfile:
-        return dataclasses.replace(p, hists={**p.hists, "ttft": hist}, ttft_p50=histogram_quantile(0.5, *hist),
-                                   slo_budgets=budgets)
+        return dataclasses.replace(
+            p, hists={**p.hists, "ttft": hist}, ttft_p50=histogram_quantile(0.5, *hist), slo_budgets=budgets
+        )
 
     no_slo = judge(with_ttft(before, ttft_b, {}), with_ttft(after, ttft_a, {}), min_requests=20)
     assert no_slo.outcome == "inconclusive" and "P50 TTFT" in no_slo.reason  # without a budget: +50% is a shift
@@ -192,33 +227,52 @@ def test_a_latency_shift_too_small_for_the_slo_does_not_count():
     assert v.outcome == "kept" and _said(v, "load", "rose"), v
     # a shift of a whole 5% of the budget still counts
     tight = {"ttft": 0.05, "e2e": 10.0}  # 5% of 50 ms = 2.5 ms < the 4.2 ms shift of the median
-    assert judge(with_ttft(before, ttft_b, tight), with_ttft(after, ttft_a, tight), min_requests=20).outcome == \
-        "inconclusive"
+    assert (
+        judge(with_ttft(before, ttft_b, tight), with_ttft(after, ttft_a, tight), min_requests=20).outcome
+        == "inconclusive"
+    )
 
 
 def test_too_little_traffic_is_inconclusive_with_zero_confidence():
-    v = judge(_profile(rate=0.1, saturated=False, e2e=[1, 0, 0, 0, 0, 0, 0, 0]),
-              _profile(rate=5.0, saturated=False, e2e=FAST), min_requests=20)
+    v = judge(
+        _profile(rate=0.1, saturated=False, e2e=[1, 0, 0, 0, 0, 0, 0, 0]),
+        _profile(rate=5.0, saturated=False, e2e=FAST),
+        min_requests=20,
+    )
     assert v.outcome == "inconclusive" and "too little traffic" in v.reason and v.confidence == 0.0
     assert judge(None, _profile(rate=5.0, saturated=False, e2e=FAST), min_requests=20).outcome == "inconclusive"
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
-@given(rate=st.floats(1.0, 20.0), gain=st.floats(0.0, 3.0), sat_before=st.booleans(), sat_after=st.booleans(),
-       shift=st.integers(0, 3), attainment=st.floats(0.0, 1.0), att_gain=st.floats(0.0, 1.0))
-def test_a_change_better_on_every_kpi_is_never_rolled_back(rate, gain, sat_before, sat_after, shift, attainment,
-                                                           att_gain):
+@given(
+    rate=st.floats(1.0, 20.0),
+    gain=st.floats(0.0, 3.0),
+    sat_before=st.booleans(),
+    sat_after=st.booleans(),
+    shift=st.integers(0, 3),
+    attainment=st.floats(0.0, 1.0),
+    att_gain=st.floats(0.0, 1.0),
+)
+def test_a_change_better_on_every_kpi_is_never_rolled_back(
+    rate, gain, sat_before, sat_after, shift, attainment, att_gain
+):
     """Capacity and goodput up or equal, latency down or equal, attainment up or equal, a queue no worse."""
     before_lat = [0, 0, 10, 20, 30, 40, 0, 0]
     after_lat = before_lat[shift:] + [0] * shift  # moved to faster buckets
     sat_after = sat_after and sat_before  # a queue that appears is not "better"
     before = _profile(rate=rate, saturated=sat_before, e2e=before_lat, attainment=attainment)
-    after = _profile(rate=rate * (1 + gain), saturated=sat_after, e2e=after_lat,
-                     attainment=min(1.0, attainment + att_gain), offered=rate * (1 + gain))
+    after = _profile(
+        rate=rate * (1 + gain),
+        saturated=sat_after,
+        e2e=after_lat,
+        attainment=min(1.0, attainment + att_gain),
+        offered=rate * (1 + gain),
+    )
     assert judge(before, after, min_requests=5).outcome != "rolled_back"
 
 
 # ---- recorded truth -------------------------------------------------------------------------------------------
+
 
 def _cases() -> list[Path]:
     return sorted(p for p in CASES.iterdir() if (p / "case.json").exists()) if CASES.exists() else []
@@ -228,13 +282,37 @@ def _cases() -> list[Path]:
 def test_judge_on_recorded_real_series(case: Path, capsys):
     meta = json.loads((case / "case.json").read_text())
     capsys.readouterr()
-    assert main(["judge", "--before", str(case / "before"), "--after", str(case / "after"), "--backend",
-                 meta["backend"], "--slo-ttft-p99", "2s", "--slo-e2e-p99", "10s", "--json"]) == 0
+    assert (
+        main(
+            [
+                "judge",
+                "--before",
+                str(case / "before"),
+                "--after",
+                str(case / "after"),
+                "--backend",
+                meta["backend"],
+                "--slo-ttft-p99",
+                "2s",
+                "--slo-e2e-p99",
+                "10s",
+                "--json",
+            ]
+        )
+        == 0
+    )
     v = json.loads(capsys.readouterr().out)
     assert set(v) >= {"outcome", "reason", "confidence", "test", "before", "after"}
     for side in ("before", "after"):
-        assert {"saturated", "offered_rps", "served_rps", "slo_goodput_rps", "slo_attainment", "ttft_p99",
-                "e2e_p99"} <= set(v[side])
+        assert {
+            "saturated",
+            "offered_rps",
+            "served_rps",
+            "slo_goodput_rps",
+            "slo_attainment",
+            "ttft_p99",
+            "e2e_p99",
+        } <= set(v[side])
     expected = meta["expected"]
     if expected == "not rolled_back":
         assert v["outcome"] != "rolled_back", v
@@ -266,16 +344,22 @@ def test_recorded_cases_cover_every_outcome():
 def test_judge_names_what_is_missing(tmp_path, capsys):
     (tmp_path / "before").mkdir()
     (tmp_path / "after").mkdir()
-    (tmp_path / "before" / "1700000000000.txt").write_text("vllm:num_requests_running{engine=\"0\" 1\n")
-    assert main(["judge", "--before", str(tmp_path / "before"), "--after", str(tmp_path / "after"), "--backend",
-                 "vllm"]) == 3
+    (tmp_path / "before" / "1700000000000.txt").write_text('vllm:num_requests_running{engine="0" 1\n')
+    assert (
+        main(["judge", "--before", str(tmp_path / "before"), "--after", str(tmp_path / "after"), "--backend", "vllm"])
+        == 3
+    )
     assert "before/1700000000000.txt" in capsys.readouterr().err
     (tmp_path / "before" / "1700000000000.txt").unlink()
-    assert main(["judge", "--before", str(tmp_path / "before"), "--after", str(tmp_path / "after"), "--backend",
-                 "vllm"]) == 3
+    assert (
+        main(["judge", "--before", str(tmp_path / "before"), "--after", str(tmp_path / "after"), "--backend", "vllm"])
+        == 3
+    )
     assert "0 readable exposition(s)" in capsys.readouterr().err
-    assert main(["judge", "--before", str(tmp_path / "nope"), "--after", str(tmp_path / "after"), "--backend",
-                 "vllm"]) == 2
+    assert (
+        main(["judge", "--before", str(tmp_path / "nope"), "--after", str(tmp_path / "after"), "--backend", "vllm"])
+        == 2
+    )
 
 
 def test_judge_a_configured_target_over_two_ranges_of_its_store(tmp_path, capsys):
@@ -287,9 +371,11 @@ def test_judge_a_configured_target_over_two_ranges_of_its_store(tmp_path, capsys
 
     case = CASES / "queue_more_seqs"
     cfg = tmp_path / "tuner.yaml"
-    cfg.write_text(f"store: {{url: 'sqlite:///{tmp_path / 'tuner.db'}'}}\n"
-                   "targets:\n  - {name: chat, backend: vllm, url: 'http://127.0.0.1:9',"
-                   " slo: {ttft_p99: 2s, e2e_p99: 10s}}\n")
+    cfg.write_text(
+        f"store: {{url: 'sqlite:///{tmp_path / 'tuner.db'}'}}\n"
+        "targets:\n  - {name: chat, backend: vllm, url: 'http://127.0.0.1:9',"
+        " slo: {ttft_p99: 2s, e2e_p99: 10s}}\n"
+    )
     engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
     upgrade(engine)
     store = Store(engine)
@@ -302,8 +388,12 @@ def test_judge_a_configured_target_over_two_ranges_of_its_store(tmp_path, capsys
         ranges[side] = f"{series[0][0]:.3f}..{series[-1][0]:.3f}"
     engine.dispose()
     capsys.readouterr()
-    assert main(["--config", str(cfg), "judge", "chat", "--before", ranges["before"], "--after", ranges["after"],
-                 "--json"]) == 0
+    assert (
+        main(
+            ["--config", str(cfg), "judge", "chat", "--before", ranges["before"], "--after", ranges["after"], "--json"]
+        )
+        == 0
+    )
     v = json.loads(capsys.readouterr().out)
     assert v["outcome"] == "kept" and v["after"]["capacity_rps"] > v["before"]["capacity_rps"] * 2, v
     assert main(["--config", str(cfg), "judge", "chat", "--before", "oops", "--after", ranges["after"]]) == 2
@@ -312,27 +402,53 @@ def test_judge_a_configured_target_over_two_ranges_of_its_store(tmp_path, capsys
 
 # ---- SLO first, and reasons made of facts, over generated load profiles -----------------------------------------
 
-def _slo_profile(*, rate: float, offered: float, saturated: bool, attainment: float, n_intervals: int,
-                 e2e: list[float], objective: float, budgets: dict[str, float]) -> LoadProfile:
+
+def _slo_profile(
+    *,
+    rate: float,
+    offered: float,
+    saturated: bool,
+    attainment: float,
+    n_intervals: int,
+    e2e: list[float],
+    objective: float,
+    budgets: dict[str, float],
+) -> LoadProfile:
     import dataclasses
 
-    p = _profile(rate=rate, saturated=saturated, e2e=e2e, attainment=attainment, offered=offered,
-                 n_intervals=n_intervals)
+    p = _profile(
+        rate=rate, saturated=saturated, e2e=e2e, attainment=attainment, offered=offered, n_intervals=n_intervals
+    )
     return dataclasses.replace(p, slo_objective=objective, slo_budgets=budgets)
 
 
-LAT_SHAPES = [[40, 30, 20, 10, 0, 0, 0, 0], [0, 0, 10, 20, 30, 40, 0, 0], [5, 10, 20, 30, 20, 10, 5, 0],
-              [0, 0, 0, 0, 10, 20, 40, 30]]
+LAT_SHAPES = [
+    [40, 30, 20, 10, 0, 0, 0, 0],
+    [0, 0, 10, 20, 30, 40, 0, 0],
+    [5, 10, 20, 30, 20, 10, 5, 0],
+    [0, 0, 0, 0, 10, 20, 40, 30],
+]
 
 
 @settings(max_examples=250, deadline=None, derandomize=True, database=None)
-@given(rate_b=st.floats(0.5, 20.0), rate_gain=st.floats(0.3, 3.0), load_gain=st.floats(0.3, 3.0),
-       sat_b=st.booleans(), sat_a=st.booleans(), att_b=st.floats(0.5, 1.0), att_a=st.floats(0.5, 1.0),
-       n_b=st.integers(6, 40), n_a=st.integers(6, 40), lat_b=st.integers(0, 3), lat_a=st.integers(0, 3),
-       objective=st.sampled_from([0.9, 0.95, 0.99, 0.999]), with_slo=st.booleans())
-def test_the_slo_rule_holds_and_every_clause_agrees_with_its_numbers(rate_b, rate_gain, load_gain, sat_b, sat_a,
-                                                                    att_b, att_a, n_b, n_a, lat_b, lat_a, objective,
-                                                                    with_slo):
+@given(
+    rate_b=st.floats(0.5, 20.0),
+    rate_gain=st.floats(0.3, 3.0),
+    load_gain=st.floats(0.3, 3.0),
+    sat_b=st.booleans(),
+    sat_a=st.booleans(),
+    att_b=st.floats(0.5, 1.0),
+    att_a=st.floats(0.5, 1.0),
+    n_b=st.integers(6, 40),
+    n_a=st.integers(6, 40),
+    lat_b=st.integers(0, 3),
+    lat_a=st.integers(0, 3),
+    objective=st.sampled_from([0.9, 0.95, 0.99, 0.999]),
+    with_slo=st.booleans(),
+)
+def test_the_slo_rule_holds_and_every_clause_agrees_with_its_numbers(
+    rate_b, rate_gain, load_gain, sat_b, sat_a, att_b, att_a, n_b, n_a, lat_b, lat_a, objective, with_slo
+):
     """Over generated before/after windows: each clause's word agrees with the numbers it cites (no "rose" when it
     fell, no "a queue appeared" unless the after window is saturated and the before one not), and the outcome
     never contradicts the SLO rule, checked here from first principles (Wilson intervals and a two-proportion test
@@ -340,13 +456,29 @@ def test_the_slo_rule_holds_and_every_clause_agrees_with_its_numbers(rate_b, rat
     from tests.apply.verdict_corpus import clauses_contradicting_their_numbers, wilson
 
     budgets = {"ttft": 1.0, "e2e": 5.0}
-    before = _slo_profile(rate=rate_b, offered=rate_b, saturated=sat_b, attainment=att_b, n_intervals=n_b,
-                          e2e=LAT_SHAPES[lat_b], objective=objective, budgets=budgets if with_slo else {})
-    after = _slo_profile(rate=rate_b * rate_gain, offered=rate_b * load_gain, saturated=sat_a, attainment=att_a,
-                         n_intervals=n_a, e2e=LAT_SHAPES[lat_a], objective=objective,
-                         budgets=budgets if with_slo else {})
+    before = _slo_profile(
+        rate=rate_b,
+        offered=rate_b,
+        saturated=sat_b,
+        attainment=att_b,
+        n_intervals=n_b,
+        e2e=LAT_SHAPES[lat_b],
+        objective=objective,
+        budgets=budgets if with_slo else {},
+    )
+    after = _slo_profile(
+        rate=rate_b * rate_gain,
+        offered=rate_b * load_gain,
+        saturated=sat_a,
+        attainment=att_a,
+        n_intervals=n_a,
+        e2e=LAT_SHAPES[lat_a],
+        objective=objective,
+        budgets=budgets if with_slo else {},
+    )
     if not with_slo:
         import dataclasses
+
         before = dataclasses.replace(before, slo_objective=None, slo_attainment=None, slo_goodput_rps=None)
         after = dataclasses.replace(after, slo_objective=None, slo_attainment=None, slo_goodput_rps=None)
     v = judge(before, after, min_requests=5)
@@ -364,8 +496,15 @@ def test_the_slo_rule_holds_and_every_clause_agrees_with_its_numbers(rate_b, rat
 
     pooled = (att_b * nb + att_a * na) / (nb + na)
     se = math.sqrt(pooled * (1 - pooled) * (1 / nb + 1 / na))
-    p_fell = (0.5 * (1 + math.erf((att_b - att_a) / se / math.sqrt(2))) if se else
-              1.0 if att_a < att_b else 0.0 if att_a > att_b else 0.5)
+    p_fell = (
+        0.5 * (1 + math.erf((att_b - att_a) / se / math.sqrt(2)))
+        if se
+        else 1.0
+        if att_a < att_b
+        else 0.0
+        if att_a > att_b
+        else 0.5
+    )
     ratio = after.offered / before.offered
     sb, sa = status(att_b, nb), status(att_a, na)
     if sb == "met" and sa == "breached" and p_fell >= CONFIDENT and ratio <= 1.25:
@@ -383,10 +522,26 @@ def test_the_issue_case_a_queue_and_a_broken_slo_under_a_load_that_fell_is_rolle
     queue appeared, but the offered load rose too'. The SLO broke at a load that fell: rolled_back, and no clause
     says the load rose."""
     budgets = {"ttft": 1.5, "e2e": 12.0}
-    before = _slo_profile(rate=3.487, offered=3.487, saturated=False, attainment=1.0, n_intervals=30,
-                          e2e=LAT_SHAPES[0], objective=0.99, budgets=budgets)
-    after = _slo_profile(rate=3.161, offered=3.412, saturated=True, attainment=0.822, n_intervals=30,
-                         e2e=LAT_SHAPES[3], objective=0.99, budgets=budgets)
+    before = _slo_profile(
+        rate=3.487,
+        offered=3.487,
+        saturated=False,
+        attainment=1.0,
+        n_intervals=30,
+        e2e=LAT_SHAPES[0],
+        objective=0.99,
+        budgets=budgets,
+    )
+    after = _slo_profile(
+        rate=3.161,
+        offered=3.412,
+        saturated=True,
+        attainment=0.822,
+        n_intervals=30,
+        e2e=LAT_SHAPES[3],
+        objective=0.99,
+        budgets=budgets,
+    )
     v = judge(before, after, min_requests=20)
     assert v.outcome == "rolled_back" and v.test.startswith("SLO attainment"), v
     assert [c.word for c in v.clauses if c.kind in ("slo", "load", "queue")] == ["broke", "held", "appeared"]
@@ -403,15 +558,39 @@ def test_a_queue_that_sets_the_attainment_on_both_sides_is_judged_on_capacity_al
     attainment, which measured how long the queue had grown, not the flags: judged on capacity alone, never
     rolled back. Met before and breached after, the SLO decides first."""
     budgets = {"ttft": 5.0, "e2e": 15.0}
-    before = _slo_profile(rate=4.06, offered=7.83, saturated=True, attainment=0.111, n_intervals=40,
-                          e2e=LAT_SHAPES[3], objective=0.99, budgets=budgets)
-    after = _slo_profile(rate=4.06, offered=7.66, saturated=True, attainment=0.0, n_intervals=40,
-                         e2e=LAT_SHAPES[3], objective=0.99, budgets=budgets)
+    before = _slo_profile(
+        rate=4.06,
+        offered=7.83,
+        saturated=True,
+        attainment=0.111,
+        n_intervals=40,
+        e2e=LAT_SHAPES[3],
+        objective=0.99,
+        budgets=budgets,
+    )
+    after = _slo_profile(
+        rate=4.06,
+        offered=7.66,
+        saturated=True,
+        attainment=0.0,
+        n_intervals=40,
+        e2e=LAT_SHAPES[3],
+        objective=0.99,
+        budgets=budgets,
+    )
     v = judge(before, after, min_requests=20)
     assert v.outcome == "inconclusive" and not any(c.kind == "goodput" for c in v.clauses), v
     assert v.slo is not None and (v.slo.before.status, v.slo.after.status) == ("breached", "breached")
-    met = _slo_profile(rate=4.06, offered=7.83, saturated=True, attainment=1.0, n_intervals=40, e2e=LAT_SHAPES[0],
-                       objective=0.5, budgets=budgets)
+    met = _slo_profile(
+        rate=4.06,
+        offered=7.83,
+        saturated=True,
+        attainment=1.0,
+        n_intervals=40,
+        e2e=LAT_SHAPES[0],
+        objective=0.5,
+        budgets=budgets,
+    )
     v = judge(met, after, min_requests=20)
     assert v.outcome == "rolled_back" and v.clauses[0].kind == "slo" and v.clauses[0].word == "broke", v
 
@@ -424,8 +603,16 @@ def test_a_budget_inside_a_bucket_is_doubt_not_a_breach():
     import dataclasses
 
     budgets = {"ttft": 1.5, "e2e": 5.0}
-    p = _slo_profile(rate=9.7, offered=9.8, saturated=True, attainment=0.98, n_intervals=40, e2e=LAT_SHAPES[0],
-                     objective=0.99, budgets=budgets)
+    p = _slo_profile(
+        rate=9.7,
+        offered=9.8,
+        saturated=True,
+        attainment=0.98,
+        n_intervals=40,
+        e2e=LAT_SHAPES[0],
+        objective=0.99,
+        budgets=budgets,
+    )
     doubt = dataclasses.replace(p, slo_attainment_hi=1.0)
     sure = dataclasses.replace(p, slo_attainment_hi=0.98)
     before = dataclasses.replace(p, slo_attainment=1.0, slo_attainment_hi=1.0)

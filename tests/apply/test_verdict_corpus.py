@@ -89,14 +89,47 @@ def test_tuner_judge_gives_the_same_verdict_as_the_corpus_test(capsys):
     slo = corpus.meta(pair.recording)["slos"]["tight"]
     case = corpus.CORPUS / pair.recording
     capsys.readouterr()
-    assert main(["judge", "--before", str(case / "before"), "--after", str(case / "after"), "--backend", "vllm",
-                 "--slo-ttft-p99", f"{slo['ttft_p99']}s", "--slo-e2e-p99", f"{slo['e2e_p99']}s", "--json"]) == 0
+    assert (
+        main(
+            [
+                "judge",
+                "--before",
+                str(case / "before"),
+                "--after",
+                str(case / "after"),
+                "--backend",
+                "vllm",
+                "--slo-ttft-p99",
+                f"{slo['ttft_p99']}s",
+                "--slo-e2e-p99",
+                f"{slo['e2e_p99']}s",
+                "--json",
+            ]
+        )
+        == 0
+    )
     got = json.loads(capsys.readouterr().out)
     v = judge_pair(pair)
     assert (got["outcome"], got["reason"]) == (v.outcome, v.reason)
     assert got["slo"]["line"] == v.slo.line()  # type: ignore[union-attr]
-    assert main(["judge", "--before", str(case / "before"), "--after", str(case / "after"), "--backend", "vllm",
-                 "--slo-ttft-p99", f"{slo['ttft_p99']}s", "--slo-e2e-p99", f"{slo['e2e_p99']}s"]) == 0
+    assert (
+        main(
+            [
+                "judge",
+                "--before",
+                str(case / "before"),
+                "--after",
+                str(case / "after"),
+                "--backend",
+                "vllm",
+                "--slo-ttft-p99",
+                f"{slo['ttft_p99']}s",
+                "--slo-e2e-p99",
+                f"{slo['e2e_p99']}s",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == v.slo.line()  # type: ignore[union-attr]  # the SLO line first
     assert printed[1].startswith(f"{v.outcome} (confidence")

@@ -116,13 +116,21 @@ def side_facts(recording: str, side: str, slo: dict[str, float] | None) -> Side:
         served = sum(r["tokens"] for r in finished_in) / secs
     attainment = None
     if slo is not None and reqs:
-        good = sum(1 for r in done if r["ttft"] <= slo.get("ttft_p99", math.inf) and r["e2e"] <= slo.get("e2e_p99",
-                   math.inf))
+        good = sum(
+            1 for r in done if r["ttft"] <= slo.get("ttft_p99", math.inf) and r["e2e"] <= slo.get("e2e_p99", math.inf)
+        )
         attainment = good / len(reqs)
-    return Side(offered=len(reqs) / secs, served=served, backlog=1 - len(finished_in) / len(reqs) if reqs else 0.0,
-                finished=len(finished_in), sent=len(reqs), attainment=attainment,
-                ttft_p50=median(r["ttft"] for r in done) if done else None,
-                e2e_p50=median(r["e2e"] for r in done) if done else None, window_s=secs)
+    return Side(
+        offered=len(reqs) / secs,
+        served=served,
+        backlog=1 - len(finished_in) / len(reqs) if reqs else 0.0,
+        finished=len(finished_in),
+        sent=len(reqs),
+        attainment=attainment,
+        ttft_p50=median(r["ttft"] for r in done) if done else None,
+        e2e_p50=median(r["e2e"] for r in done) if done else None,
+        window_s=secs,
+    )
 
 
 def wilson(p: float, n: int) -> tuple[float, float]:
@@ -157,26 +165,32 @@ def truth(pair: Pair) -> tuple[frozenset[str], str]:
     slo = (m.get("slos") or {}).get(pair.slo) if pair.slo else None
     objective = slo.get("objective", 0.99) if slo else 0.99
     b, a = side_facts(pair.recording, "before", slo), side_facts(pair.recording, "after", slo)
-    facts = (f"offered {b.offered:.2f} -> {a.offered:.2f}, served {b.served:.2f} -> {a.served:.2f}, backlog "
-             f"{b.backlog:.0%} -> {a.backlog:.0%}, finished {b.finished} -> {a.finished}")
+    facts = (
+        f"offered {b.offered:.2f} -> {a.offered:.2f}, served {b.served:.2f} -> {a.served:.2f}, backlog "
+        f"{b.backlog:.0%} -> {a.backlog:.0%}, finished {b.finished} -> {a.finished}"
+    )
     if min(b.finished, a.finished) < TRICKLE:
         return frozenset({"inconclusive"}), f"rule 1 (a trickle): {facts}"
     ratio = a.offered / b.offered if b.offered else math.inf
     if slo is not None and b.attainment is not None and a.attainment is not None:
         sb, sa = _status(b.attainment, b.sent, objective), _status(a.attainment, a.sent, objective)
         facts += f", attainment {b.attainment:.1%} ({sb}) -> {a.attainment:.1%} ({sa})"
-        fell, rose = _p_fell(b.attainment, b.sent, a.attainment, a.sent), _p_fell(a.attainment, a.sent,
-                                                                                     b.attainment, b.sent)
+        fell, rose = (
+            _p_fell(b.attainment, b.sent, a.attainment, a.sent),
+            _p_fell(a.attainment, a.sent, b.attainment, b.sent),
+        )
         if sb == "met" and sa == "breached" and fell >= 0.95 and ratio <= LOAD_MATCH:
             if fell >= CLEAR:
                 return frozenset({"rolled_back"}), f"rule 2 (the SLO broke): {facts}"
-            return frozenset({"rolled_back", "inconclusive"}), f"rule 2 (the SLO broke, just beyond the noise: " \
-                f"P {fell:.3f}): {facts}"
+            return frozenset(
+                {"rolled_back", "inconclusive"}
+            ), f"rule 2 (the SLO broke, just beyond the noise: P {fell:.3f}): {facts}"
         if sb == "breached" and sa == "met" and rose >= 0.95 and ratio >= 1 / LOAD_MATCH:
             if rose >= CLEAR:
                 return frozenset({"kept"}), f"rule 2 (the SLO was cured): {facts}"
-            return frozenset({"kept", "inconclusive"}), f"rule 2 (the SLO was cured, just beyond the noise: " \
-                f"P {rose:.3f}): {facts}"
+            return frozenset(
+                {"kept", "inconclusive"}
+            ), f"rule 2 (the SLO was cured, just beyond the noise: P {rose:.3f}): {facts}"
     same_flags = m["before"]["flags"] == m["after"]["flags"]
     sat_b, sat_a = b.backlog >= BACKLOG, a.backlog >= BACKLOG
     served = a.served / b.served if b.served else math.inf
@@ -186,8 +200,9 @@ def truth(pair: Pair) -> tuple[frozenset[str], str]:
         if sat_b and sat_a and served <= 0.77:
             return frozenset({"rolled_back"}), f"rule 4 (capacity down by {1 - served:.0%}): {facts}"
         if not sat_b and sat_a and ratio <= LOAD_MATCH and a.served <= 0.7 * b.offered:
-            return frozenset({"rolled_back"}), f"rule 4 (a queue appeared, {a.served / b.offered:.0%} of the load " \
-                f"served): {facts}"
+            return frozenset(
+                {"rolled_back"}
+            ), f"rule 4 (a queue appeared, {a.served / b.offered:.0%} of the load served): {facts}"
     worse, better = [], []
     if sat_b and sat_a:
         (worse if served <= 0.9 else better if served >= 1.1 else []).append("served")
@@ -229,10 +244,16 @@ def clauses_contradicting_their_numbers(v: Verdict) -> list[str]:
             bad.append(c.text)
         if c.kind == "load" and c.word == "held" and b and a is not None and abs(a / b - 1) > 0.05 + 1e-9:
             bad.append(c.text)
-        if c.kind == "queue" and (c.word in ("appeared", "stayed") and not v.after.get("saturated") or
-                                  c.word in ("gone", "none") and v.after.get("saturated") or
-                                  c.word in ("gone", "stayed") and not v.before.get("saturated") or
-                                  c.word in ("appeared", "none") and v.before.get("saturated")):
+        if c.kind == "queue" and (
+            c.word in ("appeared", "stayed")
+            and not v.after.get("saturated")
+            or c.word in ("gone", "none")
+            and v.after.get("saturated")
+            or c.word in ("gone", "stayed")
+            and not v.before.get("saturated")
+            or c.word in ("appeared", "none")
+            and v.before.get("saturated")
+        ):
             bad.append(c.text)
         if c.kind == "slo" and v.slo is not None and (c.word == "broke") != v.slo.broke:
             bad.append(c.text)

@@ -20,8 +20,18 @@ from bench.scale import cpu_seconds, peak_rss_bytes, profile_summary  # noqa: E4
 
 def test_farm_serves_every_endpoint_with_counters_and_histograms_advancing(tmp_path: Path) -> None:
     ports_file = tmp_path / "ports.txt"
-    farm = subprocess.Popen([sys.executable, str(ROOT / "bench" / "farm.py"), "--targets", "3",
-                             "--fixture", str(VLLM_DIR / "metrics_kv_pressure.txt"), "--ports-file", str(ports_file)])
+    farm = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "farm.py"),
+            "--targets",
+            "3",
+            "--fixture",
+            str(VLLM_DIR / "metrics_kv_pressure.txt"),
+            "--ports-file",
+            str(ports_file),
+        ]
+    )
     try:
         deadline = time.monotonic() + 30
         while not ports_file.exists():  # bounded by the deadline
@@ -57,33 +67,43 @@ def test_proc_readers_see_this_process() -> None:
 
 def test_profile_summary_attributes_each_stack_to_its_first_stage(tmp_path: Path) -> None:
     raw = tmp_path / "spy.txt"
-    raw.write_text("run (apscheduler/executors/base.py:1);scrape_once (tuner/daemon/jobs.py:2);"
-                   "read (tuner/collect/layout.py:3) 30\n"
-                   "run (threading.py:1);_write_forever (tuner/daemon/jobs.py:2);flush (tuner/daemon/jobs.py:3);"
-                   "write (tuner/store/store.py:4) 20\n"
-                   "run (apscheduler/executors/base.py:1);signals_once (tuner/daemon/jobs.py:4);"
-                   "window (tuner/store/store.py:5) 10\n"
-                   "run (apscheduler/executors/base.py:1);scrape_once (tuner/daemon/jobs.py:2) 10\n"
-                   "main (x.py:1) 30\n")
-    assert dict(profile_summary(raw)) == {"scrape: read by the learned layout": 0.3,
-                                          "store: write (one transaction per batch)": 0.2,
-                                          "signals: store.window": 0.1, "scrape job (the rest)": 0.1, "other": 0.3}
+    raw.write_text(
+        "run (apscheduler/executors/base.py:1);scrape_once (tuner/daemon/jobs.py:2);"
+        "read (tuner/collect/layout.py:3) 30\n"
+        "run (threading.py:1);_write_forever (tuner/daemon/jobs.py:2);flush (tuner/daemon/jobs.py:3);"
+        "write (tuner/store/store.py:4) 20\n"
+        "run (apscheduler/executors/base.py:1);signals_once (tuner/daemon/jobs.py:4);"
+        "window (tuner/store/store.py:5) 10\n"
+        "run (apscheduler/executors/base.py:1);scrape_once (tuner/daemon/jobs.py:2) 10\n"
+        "main (x.py:1) 30\n"
+    )
+    assert dict(profile_summary(raw)) == {
+        "scrape: read by the learned layout": 0.3,
+        "store: write (one transaction per batch)": 0.2,
+        "signals: store.window": 0.1,
+        "scrape job (the rest)": 0.1,
+        "other": 0.3,
+    }
 
 
 def test_the_apply_bench_counts_requests_not_attempts() -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     from bench.apply import Req, requests_summary
 
-    attempts = [Req(0, 1, "ok", request=(1, 0)),
-                Req(1, 2, "refused", request=(1, 1)), Req(2, 3, "refused", request=(1, 1)),
-                Req(3, 4, "ok", request=(1, 1)),  # one request, three attempts, answered
-                Req(0, 5, "ok", request=(2, 0)),
-                Req(5, 6, "http 500", request=(2, 1))]  # still failing when the load stopped
+    attempts = [
+        Req(0, 1, "ok", request=(1, 0)),
+        Req(1, 2, "refused", request=(1, 1)),
+        Req(2, 3, "refused", request=(1, 1)),
+        Req(3, 4, "ok", request=(1, 1)),  # one request, three attempts, answered
+        Req(0, 5, "ok", request=(2, 0)),
+        Req(5, 6, "http 500", request=(2, 1)),
+    ]  # still failing when the load stopped
     assert requests_summary(attempts) == {"requests": 4, "retried": 1, "lost": 1, "attempts_failed": 3}
 
 
 def test_lateness_is_read_around_the_interval_so_a_phase_at_its_edge_is_not_a_whole_interval_late() -> None:
     from bench.scale import lateness_ms
+
     interval = 5000
     # a target scraped at 4.99 s past each 5 s mark, with +-15 ms of jitter: some scrapes land just past the mark
     stamps = [k * interval + 4990 + j for k, j in enumerate([0, 15, -10, 12, 14, 3, -15, 11, 0, 13])]
@@ -100,6 +120,7 @@ def test_alert_latency_medians_take_the_onset_from_either_scraper_as_well() -> N
     """Prometheus's onset alone gives tuner no credit for seeing the condition first; the other onset does, and a
     trial where one side never notified counts for neither."""
     from bench.alert_latency import medians
+
     # (trial, Prometheus's onset, tuner's webhook, Prometheus's webhook); tuner's first scrape above, per trial
     rows = [(1, 100.0, 102.0, 101.0), (2, 200.0, 201.0, 201.5), (3, 300.0, None, 303.0)]
     seen = [100.9, 199.5, None]  # trial 1: tuner saw it 0.9 s after Prometheus; trial 2: 0.5 s before
@@ -144,8 +165,11 @@ def test_scrapers_disagree_only_when_one_scraped_the_condition_below_after_the_o
     assert disagreed(101.0, 100.8, prom, tuner) is False
     assert disagreed(None, 100.8, prom, tuner) is False
     # the verdict leaves the disagreeing trials out (here the one that was 6x theirs), whichever side was first
-    m = {"rows": [(1, 100.0, 101.0, 101.5), (2, 200.0, 206.8, 201.1), (3, 300.0, 301.2, 301.6)],
-         "steps": [(100.0, 0.01, None), (205.8, 0.01, None), (300.0, 0.01, None)], "split": [False, True, False]}
+    m = {
+        "rows": [(1, 100.0, 101.0, 101.5), (2, 200.0, 206.8, 201.1), (3, 300.0, 301.2, 301.6)],
+        "steps": [(100.0, 0.01, None), (205.8, 0.01, None), (300.0, 0.01, None)],
+        "split": [False, True, False],
+    }
     ok, how = verdict(m)
     assert ok is True and "(2 trials)" in how and "1 where one sampled" in how
     assert verdict({**m, "split": [False, False, False]})[0] is False
@@ -158,8 +182,11 @@ def test_scrapers_disagree_only_when_one_scraped_the_condition_below_after_the_o
 def test_a_trial_where_only_prometheus_notified_fails_goal_3() -> None:
     from bench.alert_latency import verdict
 
-    m = {"rows": [(1, 100.0, 101.0, 101.5), (2, 200.0, None, 204.6), (3, 300.0, 301.2, 301.6)],
-         "steps": [(100.0, 0.01, None), (200.2, 0.01, None), (300.0, 0.01, None)], "split": [False, False, False]}
+    m = {
+        "rows": [(1, 100.0, 101.0, 101.5), (2, 200.0, None, 204.6), (3, 300.0, 301.2, 301.6)],
+        "steps": [(100.0, 0.01, None), (200.2, 0.01, None), (300.0, 0.01, None)],
+        "split": [False, False, False],
+    }
     ok, how = verdict(m)
     assert ok is False and "1 trial(s) where Prometheus notified and tuner did not" in how
     assert verdict({**m, "rows": [m["rows"][0], (2, 200.0, 201.1, None), m["rows"][2]]})[0] is True
@@ -193,8 +220,9 @@ def test_the_stall_watch_catches_a_process_that_stops_answering_and_names_the_gi
     from bench.stallwatch import StallWatch
 
     n = 26  # ~2**26 backtracking steps: a second or more here
-    proc = subprocess.Popen([sys.executable, "-c", _STALLER, str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STALLER, str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdin is not None and proc.stdout is not None
     try:
         port = int(proc.stdout.readline())

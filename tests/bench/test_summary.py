@@ -24,22 +24,27 @@ def _row(key: str) -> summary.Row:
 
 def test_the_readme_table_is_what_the_script_reads_from_the_results() -> None:
     readme = summary.README.read_text(encoding="utf-8")
-    assert summary.splice(readme, summary.render()) == readme, \
+    assert summary.splice(readme, summary.render()) == readme, (
         "bench/README.md's summary is stale: run python bench/summary.py --write"
+    )
     assert summary.BEGIN in readme and summary.render().count('<a id="') == len(summary.ROWS)
 
 
 def test_the_check_command_says_when_the_table_is_stale(tmp_path: Path) -> None:
-    ok = subprocess.run([sys.executable, str(ROOT / "bench" / "summary.py"), "--check"], capture_output=True,
-                        text=True, cwd=tmp_path)
+    ok = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "summary.py"), "--check"], capture_output=True, text=True, cwd=tmp_path
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
 
 
 def test_a_row_reads_the_newest_file_that_measured_it(tmp_path: Path) -> None:
     """A newer whole run that skipped the scale part leaves the CPU row on the older one; the alert row moves on."""
     shutil.copy(REAL / "2026-11-25-1721-whole-run.md", tmp_path / "2026-11-25-1721-whole-run.md")
-    newer = (REAL / "2026-11-25-1721-whole-run.md").read_text(encoding="utf-8").replace("| 1000 | 0.82× |",
-                                                                                         "| 1000 | 0.71× |")
+    newer = (
+        (REAL / "2026-11-25-1721-whole-run.md")
+        .read_text(encoding="utf-8")
+        .replace("| 1000 | 0.82× |", "| 1000 | 0.71× |")
+    )
     assert "0.71×" in newer
     (tmp_path / "2026-12-01-0900-whole-run.md").write_text(newer, encoding="utf-8")
     shutil.copy(REAL / "2026-11-25-1646-whole-run.md", tmp_path / "2026-12-02-0900-whole-run.md")  # alerts only
@@ -61,15 +66,18 @@ def test_every_row_finds_its_figure_in_the_results() -> None:
         assert src.kind in row.kinds and figure and "nan" not in figure, (row.key, figure)
 
 
-@pytest.mark.parametrize("key, expected", [
-    ("cpu", "0.82× Prometheus's CPU per target-scrape (1,115 against 1,357 µs), 1,000 targets every 5 s"),
-    ("scrapes", "12,001 / 12,001 done / scheduled (1,000 targets); lateness p99 0.025 s"),
-    ("alert-latency", "tuner 1.16 s, Prometheus + Alertmanager 1.53 s (10 trials; worst trial 1.13× theirs)"),
-    ("storage", "1.62 MiB per target-day"),
-    ("rolling", "one llama-server 355 of 10,000; 2 replicas behind HAProxy, rolling 0 of 8,161"),
-    ("tune-chat", "100% of the grid's best (random search 30%), 3/12 trials"),
-    ("tune-shared-prefix", "65% of the grid's best"),
-])
+@pytest.mark.parametrize(
+    "key, expected",
+    [
+        ("cpu", "0.82× Prometheus's CPU per target-scrape (1,115 against 1,357 µs), 1,000 targets every 5 s"),
+        ("scrapes", "12,001 / 12,001 done / scheduled (1,000 targets); lateness p99 0.025 s"),
+        ("alert-latency", "tuner 1.16 s, Prometheus + Alertmanager 1.53 s (10 trials; worst trial 1.13× theirs)"),
+        ("storage", "1.62 MiB per target-day"),
+        ("rolling", "one llama-server 355 of 10,000; 2 replicas behind HAProxy, rolling 0 of 8,161"),
+        ("tune-chat", "100% of the grid's best (random search 30%), 3/12 trials"),
+        ("tune-shared-prefix", "65% of the grid's best"),
+    ],
+)
 def test_rows_read_the_figures_the_results_files_hold(key: str, expected: str) -> None:
     got = summary.newest(_row(key), summary.results())
     assert got is not None and expected in got[0], got

@@ -39,17 +39,26 @@ def test_snapshot_contract_vllm(fixture):
     assert len(objs) >= 1
     obj = objs[0]
     text = path.read_text()
-    for key, metric in (("kv_cache_usage", "vllm:kv_cache_usage_perc"), ("requests_running", "vllm:num_requests_running"),
-                        ("requests_waiting", "vllm:num_requests_waiting"), ("preemptions_total", "vllm:num_preemptions_total"),
-                        ("prompt_tokens_total", "vllm:prompt_tokens_total"),
-                        ("generation_tokens_total", "vllm:generation_tokens_total"),
-                        ("prefix_cache_hits_total", "vllm:prefix_cache_hits_total"),
-                        ("prefix_cache_queries_total", "vllm:prefix_cache_queries_total")):
+    for key, metric in (
+        ("kv_cache_usage", "vllm:kv_cache_usage_perc"),
+        ("requests_running", "vllm:num_requests_running"),
+        ("requests_waiting", "vllm:num_requests_waiting"),
+        ("preemptions_total", "vllm:num_preemptions_total"),
+        ("prompt_tokens_total", "vllm:prompt_tokens_total"),
+        ("generation_tokens_total", "vllm:generation_tokens_total"),
+        ("prefix_cache_hits_total", "vllm:prefix_cache_hits_total"),
+        ("prefix_cache_queries_total", "vllm:prefix_cache_queries_total"),
+    ):
         assert isinstance(obj[key], (int, float)) and not isinstance(obj[key], bool), key
         assert obj[key] == _line_value(text, metric), key
     assert obj["model_name"] and obj["engine"] == "0"
-    for label in ("block_size", "num_gpu_blocks", "kv_cache_size_tokens", "gpu_memory_utilization",
-                  "enable_prefix_caching"):
+    for label in (
+        "block_size",
+        "num_gpu_blocks",
+        "kv_cache_size_tokens",
+        "gpu_memory_utilization",
+        "enable_prefix_caching",
+    ):
         assert re.search(rf'{label}="{re.escape(obj["config"][label])}"', text), label
 
 
@@ -104,9 +113,11 @@ def _scraped_four_times(tmp_path, cfg_text: str, store) -> Daemon:
 def test_status_and_signals_read_what_the_daemon_stored(tmp_path, store):
     text = fixture_text("vllm-0.32-cpu/metrics_after_load.txt")
     with ReplayServer(ReplayExposition(text, growth=0.05)) as server:
-        cfg_text = (f"store: {{url: '{store.engine.url}'}}\n"
-                    f"targets:\n  - {{name: v, backend: vllm, url: '{server.url}', slo: {{e2e_p99: 10s}}}}\n"
-                    f"  - {{name: gone, backend: vllm, url: 'http://127.0.0.1:9'}}\n")
+        cfg_text = (
+            f"store: {{url: '{store.engine.url}'}}\n"
+            f"targets:\n  - {{name: v, backend: vllm, url: '{server.url}', slo: {{e2e_p99: 10s}}}}\n"
+            f"  - {{name: gone, backend: vllm, url: 'http://127.0.0.1:9'}}\n"
+        )
         _scraped_four_times(tmp_path, cfg_text, store)
     proc = tuner("--config", str(tmp_path / "tuner.yaml"), "status")
     assert proc.returncode == 0, proc.stderr
@@ -132,16 +143,33 @@ def test_status_shows_the_peaks_a_late_scrape_missed_and_the_last_apply(tmp_path
 
     now = time.time()
     for ago, running, waiting, kv in ((40, 4, 12, 0.53), (20, 4, 3, 0.31), (1, 0, 0, 0.02)):
-        values = {("vllm:num_requests_running", ()): running, ("vllm:num_requests_waiting", ()): waiting,
-                  ("vllm:kv_cache_usage_perc", ()): kv}
+        values = {
+            ("vllm:num_requests_running", ()): running,
+            ("vllm:num_requests_waiting", ()): waiting,
+            ("vllm:kv_cache_usage_perc", ()): kv,
+        }
         e = EngineSnapshot(backend="vllm", engine="0", model_name="m", values=values, histograms={})
         store.ingest(TargetSnapshot(target="v", backend="vllm", ts=now - ago, duration_s=0.01, engines=(e,)))
-    aid = jr.begin_apply(store.engine, target="v", recommendation_id=None, kind="apply", mode="manual", now=now - 30,
-                         diff={"max_num_seqs": 8}, old_flags={"max_num_seqs": 4}, new_flags={"max_num_seqs": 8},
-                         old_argv=[], new_argv=[], owner_pid=1, owner_start=1)
+    aid = jr.begin_apply(
+        store.engine,
+        target="v",
+        recommendation_id=None,
+        kind="apply",
+        mode="manual",
+        now=now - 30,
+        diff={"max_num_seqs": 8},
+        old_flags={"max_num_seqs": 4},
+        new_flags={"max_num_seqs": 8},
+        old_argv=[],
+        new_argv=[],
+        owner_pid=1,
+        owner_start=1,
+    )
     jr.finish(store.engine, aid, "kept", "capacity rose", now=now - 10)
     cfg = tmp_path / "tuner.yaml"
-    cfg.write_text(f"store: {{url: '{store.engine.url}'}}\ntargets:\n  - {{name: v, backend: vllm, url: 'http://127.0.0.1:9'}}\n")
+    cfg.write_text(
+        f"store: {{url: '{store.engine.url}'}}\ntargets:\n  - {{name: v, backend: vllm, url: 'http://127.0.0.1:9'}}\n"
+    )
     proc = tuner("--config", str(cfg), "status", "--window", "5m")  # 5m: a loaded host can take 20 s to start tuner
     assert proc.returncode == 0, proc.stderr
     header, row = proc.stdout.splitlines()[1], proc.stdout.splitlines()[2]
@@ -164,8 +192,9 @@ def test_commands_that_need_no_config_work_without_one(tmp_path):
     checked = run("alerts", "check")
     assert checked.returncode == 0 and "alerts/default.yaml" in checked.stdout, checked.stderr
     verdict = FIXTURES / "verdict" / "trickle"
-    judged = run("judge", "--before", str(verdict / "before"), "--after", str(verdict / "after"), "--backend", "vllm",
-                 "--json")
+    judged = run(
+        "judge", "--before", str(verdict / "before"), "--after", str(verdict / "after"), "--backend", "vllm", "--json"
+    )
     assert judged.returncode == 0 and json.loads(judged.stdout)["outcome"] == "inconclusive", judged.stderr
     assert run("snapshot", "--file", str(VLLM / "metrics_idle.txt"), "--backend", "vllm").returncode == 0
     # a config that is named but missing is still an error that names it; so is one a command needs
@@ -177,6 +206,7 @@ def test_commands_that_need_no_config_work_without_one(tmp_path):
 
 def test_tables_are_rich_on_a_terminal_and_plain_columns_when_piped():
     from tuner.cli.common import table
+
     rows = [["target", "state", "note"], ["chat", "up", "[apply #1] kept"], ["embed", "down", "-"]]
     plain = table(rows, tty=False)
     assert plain.splitlines() == ["target  state  note", "chat    up     [apply #1] kept", "embed   down   -"]
@@ -191,13 +221,19 @@ def test_a_replica_groups_signals_are_its_replicas_together_in_status_signals_an
     `tuner signals GROUP` gives what both served together, equal to the sum of `tuner signals` of each replica at
     the same instant; `tuner status` has a group row; the daemon exports the group's signals on /metrics."""
     from tuner.daemon.metrics import TunerCollector
+
     busy, calm = (fixture_text(f"vllm-0.32-cpu/{f}") for f in ("metrics_kv_pressure.txt", "metrics_after_load.txt"))
-    with ReplayServer(ReplayExposition(busy, growth=0.2)) as s1, ReplayServer(ReplayExposition(calm, growth=0.05)) as s2:
-        cfg_text = (f"store: {{url: '{store.engine.url}'}}\n"
-                    "targets:\n  - name: chat\n    backend: vllm\n    url: 'http://127.0.0.1:9'\n"
-                    "    balancer: {socket: /nonexistent/haproxy.sock, backend: chat}\n"
-                    "    flags: {max_num_seqs: 4}\n"
-                    f"    replicas: [{{name: r1, url: '{s1.url}'}}, {{name: r2, url: '{s2.url}'}}]\n")
+    with (
+        ReplayServer(ReplayExposition(busy, growth=0.2)) as s1,
+        ReplayServer(ReplayExposition(calm, growth=0.05)) as s2,
+    ):
+        cfg_text = (
+            f"store: {{url: '{store.engine.url}'}}\n"
+            "targets:\n  - name: chat\n    backend: vllm\n    url: 'http://127.0.0.1:9'\n"
+            "    balancer: {socket: /nonexistent/haproxy.sock, backend: chat}\n"
+            "    flags: {max_num_seqs: 4}\n"
+            f"    replicas: [{{name: r1, url: '{s1.url}'}}, {{name: r2, url: '{s2.url}'}}]\n"
+        )
         daemon = _scraped_four_times(tmp_path, cfg_text, store)
     at = str(time.time())
     got = {}
@@ -219,13 +255,18 @@ def test_a_replica_groups_signals_are_its_replicas_together_in_status_signals_an
     assert js["groups"][0]["replicas"] == ["chat.r1", "chat.r2"] and js["groups"][0]["replicas_up"] == 2
     daemon.signals_once()
     daemon.apply_status_once()  # the flags in force: max-num-seqs 4 on each replica, 8 for the group
-    exported = {(m.name, s.labels.get("target"), s.labels.get("engine")): s.value
-                for m in TunerCollector(daemon.state).collect() for s in m.samples}
+    exported = {
+        (m.name, s.labels.get("target"), s.labels.get("engine")): s.value
+        for m in TunerCollector(daemon.state).collect()
+        for s in m.samples
+    }
     assert exported[("tuner_requests_waiting", "chat", "all")] == 9
     assert exported[("tuner_queue_to_max_num_seqs_ratio", "chat", "all")] == 9 / 8
     assert exported[("tuner_queue_to_max_num_seqs_ratio", "chat.r1", "0")] == 9 / 4
     assert exported[("tuner_requests_per_second", "chat", "all")] == pytest.approx(
-        exported[("tuner_requests_per_second", "chat.r1", "0")] + exported[("tuner_requests_per_second", "chat.r2", "0")])
+        exported[("tuner_requests_per_second", "chat.r1", "0")]
+        + exported[("tuner_requests_per_second", "chat.r2", "0")]
+    )
 
 
 def test_journal_prints_the_slo_line_first(tmp_path, store):
@@ -234,23 +275,44 @@ def test_journal_prints_the_slo_line_first(tmp_path, store):
     from tuner.store import journal as jr
 
     now = time.time()
-    aid = jr.begin_apply(store.engine, target="v", recommendation_id=None, kind="apply", mode="manual", now=now - 30,
-                         diff={"max_num_seqs": 2}, old_flags={"max_num_seqs": 16}, new_flags={"max_num_seqs": 2},
-                         old_argv=[], new_argv=[], owner_pid=1, owner_start=1)
+    aid = jr.begin_apply(
+        store.engine,
+        target="v",
+        recommendation_id=None,
+        kind="apply",
+        mode="manual",
+        now=now - 30,
+        diff={"max_num_seqs": 2},
+        old_flags={"max_num_seqs": 16},
+        new_flags={"max_num_seqs": 2},
+        old_argv=[],
+        new_argv=[],
+        owner_pid=1,
+        owner_start=1,
+    )
     slo = {"slo_objective": 0.99, "slo_budgets": {"ttft": 1.5, "e2e": 12.0}}
-    jr.set_kpis(store.engine, aid, now=now - 20, baseline={"slo_attainment": 1.0, "finished": 160, **slo},
-                after={"slo_attainment": 0.822, "finished": 136, **slo})
+    jr.set_kpis(
+        store.engine,
+        aid,
+        now=now - 20,
+        baseline={"slo_attainment": 1.0, "finished": 160, **slo},
+        after={"slo_attainment": 0.822, "finished": 136, **slo},
+    )
     jr.finish(store.engine, aid, "rolled_back", "the SLO broke", now=now - 10)
     cfg = tmp_path / "tuner.yaml"
-    cfg.write_text(f"store: {{url: '{store.engine.url}'}}\ntargets:\n  - {{name: v, backend: vllm, url: 'http://127.0.0.1:9'}}\n")
+    cfg.write_text(
+        f"store: {{url: '{store.engine.url}'}}\ntargets:\n  - {{name: v, backend: vllm, url: 'http://127.0.0.1:9'}}\n"
+    )
     proc = tuner("--config", str(cfg), "journal")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith(f"apply #{aid} v apply"), lines
     # Wilson by hand: 0.822 of 136 -> centre 0.8132, half-width 0.0640; 1.0 of 160 -> lower 0.9766
-    assert lines[1].strip() == ("SLO 0.99 of requests within TTFT P99 1.5s, E2E P99 12s: before 100.0% [97.7%, "
-                                "100.0%] of 160 (met), after 82.2% [74.9%, 87.7%] of 136 (breached) (95% Wilson "
-                                "intervals)"), lines[1]
+    assert lines[1].strip() == (
+        "SLO 0.99 of requests within TTFT P99 1.5s, E2E P99 12s: before 100.0% [97.7%, "
+        "100.0%] of 160 (met), after 82.2% [74.9%, 87.7%] of 136 (breached) (95% Wilson "
+        "intervals)"
+    ), lines[1]
     assert lines[2].strip().startswith("state done, outcome rolled_back")
     assert "slo_budgets" not in proc.stdout  # said once, by the SLO line
 
@@ -263,21 +325,49 @@ def test_an_apply_of_a_held_group_is_refused_with_the_holder_named_and_exit_8(tm
     from tuner.store import recommendations as recs
 
     cfg = tmp_path / "tuner.yaml"
-    cfg.write_text(f"store: {{url: '{store.engine.url}'}}\ntargets:\n  - name: g\n    backend: vllm\n"
-                   "    url: http://127.0.0.1:9\n    flags: {max-num-seqs: 4}\n"
-                   f"    balancer: {{socket: '{tmp_path / 'haproxy.sock'}', backend: g}}\n"
-                   "    replicas: [{name: r1, url: 'http://127.0.0.1:10'}, {name: r2, url: 'http://127.0.0.1:11'}]\n")
+    cfg.write_text(
+        f"store: {{url: '{store.engine.url}'}}\ntargets:\n  - name: g\n    backend: vllm\n"
+        "    url: http://127.0.0.1:9\n    flags: {max-num-seqs: 4}\n"
+        f"    balancer: {{socket: '{tmp_path / 'haproxy.sock'}', backend: g}}\n"
+        "    replicas: [{name: r1, url: 'http://127.0.0.1:10'}, {name: r2, url: 'http://127.0.0.1:11'}]\n"
+    )
     me = own_identity()
-    holder = jr.begin_apply(store.engine, target="g.r1", recommendation_id=None, kind="apply", mode="manual",
-                            now=time.time(), diff={}, old_flags={}, new_flags={}, old_argv=[], new_argv=[],
-                            owner_pid=me[0], owner_start=me[1], group="g")
-    rid = recs.add_recommendation(store.engine, target="g.r2", now=time.time(), rules=["r"], diff_key="{}",
-                                  diff={"max_num_seqs": 8}, current={"max_num_seqs": 4}, evidence=[],
-                                  expected_effect="", risk="", confidence=0.9, rank=1, memory_check={"ok": True})
+    holder = jr.begin_apply(
+        store.engine,
+        target="g.r1",
+        recommendation_id=None,
+        kind="apply",
+        mode="manual",
+        now=time.time(),
+        diff={},
+        old_flags={},
+        new_flags={},
+        old_argv=[],
+        new_argv=[],
+        owner_pid=me[0],
+        owner_start=me[1],
+        group="g",
+    )
+    rid = recs.add_recommendation(
+        store.engine,
+        target="g.r2",
+        now=time.time(),
+        rules=["r"],
+        diff_key="{}",
+        diff={"max_num_seqs": 8},
+        current={"max_num_seqs": 4},
+        evidence=[],
+        expected_effect="",
+        risk="",
+        confidence=0.9,
+        rank=1,
+        memory_check={"ok": True},
+    )
     proc = tuner("--config", str(cfg), "apply-recommendation", str(rid), "--yes")
     assert proc.returncode == 8, proc.stderr
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].endswith(
         f"replica group g of target 'g.r2' has apply #{holder} on g.r1 in progress (one change at a time per target "
-        "and per group); wait for it, or run `tuner reconcile` if the tuner doing it died"), proc.stderr
+        "and per group); wait for it, or run `tuner reconcile` if the tuner doing it died"
+    ), proc.stderr
     assert [a.id for a in jr.open_applies(store.engine)] == [holder]

@@ -34,22 +34,27 @@ def one_line(proc: subprocess.CompletedProcess[str], code: int, *fragments: str)
 
 def _config(tmp_path: Path, extra: str = "") -> Path:
     cfg = tmp_path / "tuner.yaml"
-    cfg.write_text(f"store: {{url: 'sqlite:///{tmp_path}/tuner.db'}}\n"
-                   f"targets:\n  - {{name: chat, backend: vllm, url: 'http://127.0.0.1:1'}}\n{extra}")
+    cfg.write_text(
+        f"store: {{url: 'sqlite:///{tmp_path}/tuner.db'}}\n"
+        f"targets:\n  - {{name: chat, backend: vllm, url: 'http://127.0.0.1:1'}}\n{extra}"
+    )
     return cfg
 
 
 # ---- item 6: a NaN threshold ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("command", [["alerts", "check"], ["alerts", "export"]])
 def test_a_nan_threshold_is_refused_by_check_and_export_naming_the_rule(tmp_path, command):
     rules = tmp_path / "rules.yaml"
-    rules.write_text("groups:\n  - name: g\n    rules:\n"
-                     "      - {alert: KVHigh, signal: kv_cache_usage, op: '>', threshold: .nan}\n")
+    rules.write_text(
+        "groups:\n  - name: g\n    rules:\n      - {alert: KVHigh, signal: kv_cache_usage, op: '>', threshold: .nan}\n"
+    )
     one_line(tuner(*command, "--files", str(rules)), 2, f"{rules}:4:", "KVHigh: threshold must be a finite number")
 
 
 # ---- item 7: tracebacks instead of one line ------------------------------------------------------------------------
+
 
 def test_a_config_that_is_not_utf8_is_one_line(tmp_path):
     cfg = tmp_path / "tuner.yaml"
@@ -59,9 +64,11 @@ def test_a_config_that_is_not_utf8_is_one_line(tmp_path):
 
 def test_a_workload_file_that_is_not_utf8_is_one_line(tmp_path):
     cfg = tmp_path / "tuner.yaml"
-    cfg.write_text(f"store: {{url: 'sqlite:///{tmp_path}/tuner.db'}}\n"
-                   "targets:\n  - {name: chat, backend: vllm, url: 'http://127.0.0.1:1', slo: {ttft_p99: 1s},\n"
-                   "     managed: {model: /nonexistent/model}}\n")
+    cfg.write_text(
+        f"store: {{url: 'sqlite:///{tmp_path}/tuner.db'}}\n"
+        "targets:\n  - {name: chat, backend: vllm, url: 'http://127.0.0.1:1', slo: {ttft_p99: 1s},\n"
+        "     managed: {model: /nonexistent/model}}\n"
+    )
     assert tuner("--config", str(cfg), "db", "upgrade").returncode == 0
     workload = tmp_path / "w.yaml"
     workload.write_bytes(b"input_len: 100\noutput_len: 10 # \xff\n")
@@ -87,8 +94,12 @@ def test_a_short_token_in_the_environment_is_refused_as_a_short_token_file_is(tm
 
     cfg = _config(tmp_path, "listen: 127.0.0.1:0\n")
     assert tuner("--config", str(cfg), "db", "upgrade").returncode == 0
-    one_line(tuner("--config", str(cfg), "run", "--for", "1s", env={**os.environ, "TUNER_API_TOKEN": "x"}), 2,
-             "TUNER_API_TOKEN", "at least 16 characters")
+    one_line(
+        tuner("--config", str(cfg), "run", "--for", "1s", env={**os.environ, "TUNER_API_TOKEN": "x"}),
+        2,
+        "TUNER_API_TOKEN",
+        "at least 16 characters",
+    )
 
 
 def test_listen_on_ipv6_serves_and_a_bare_ipv6_host_is_refused(tmp_path):
@@ -99,8 +110,12 @@ def test_listen_on_ipv6_serves_and_a_bare_ipv6_host_is_refused(tmp_path):
         port = s.getsockname()[1]
     cfg = _config(tmp_path, f"listen: '[::1]:{port}'\ndefaults: {{scrape_interval: 1s}}\n")
     assert tuner("--config", str(cfg), "db", "upgrade").returncode == 0
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(cfg), "run"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", "--config", str(cfg), "run"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         from tuner.lab.proc import wait_for
 
@@ -109,10 +124,13 @@ def test_listen_on_ipv6_serves_and_a_bare_ipv6_host_is_refused(tmp_path):
                 with urllib.request.urlopen(f"http://[::1]:{port}/metrics", timeout=2) as r:
                     # running for two scrapes: a SIGTERM in its first milliseconds meets an APScheduler race
                     text = r.read().decode()
-                return any(line.startswith('tuner_scrapes_total{target="chat"}') and float(line.split()[-1]) >= 2
-                           for line in text.splitlines())
+                return any(
+                    line.startswith('tuner_scrapes_total{target="chat"}') and float(line.split()[-1]) >= 2
+                    for line in text.splitlines()
+                )
             except OSError:
                 return proc.poll() is not None  # it died: stop waiting, the assertion below says why
+
         wait_for(answers, 60, "tuner's /metrics on [::1]")
         assert proc.poll() is None
     finally:
@@ -154,20 +172,29 @@ def test_judge_of_a_truncated_or_corrupt_gzip_exits_3_naming_the_file(tmp_path, 
     one_line(_judge(before, after), 3, str(victim))
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["signals", "chat", "--at", "nan"], "--at: expected unix seconds from 0"),
-    (["signals", "chat", "--at", "1e30"], "--at: expected unix seconds from 0"),
-    (["recommendations", "show", "9" * 20], "id: expected a whole number from 1 to"),
-    (["apply-recommendation", "9" * 20, "--yes"], "id: expected a whole number from 1 to"),
-    (["journal", "--limit", "9" * 20], "--limit: expected a whole number from 1 to"),
-    (["report", "--until", "inf"], "--until: expected unix seconds"),
-    (["plan", "--model", str(FIXTURES / "models" / "llama-3-8b"), "--gpu-memory-gib", "inf"],
-     "--gpu-memory-gib: expected a number above 0"),
-    (["plan", "--model", str(FIXTURES / "models" / "llama-3-8b"), "--gpu-memory-gib", "nan"],
-     "--gpu-memory-gib: expected a number above 0"),
-    (["judge", "--before", "a", "--after", "b", "--backend", "vllm", "--slo-ttft-p99", "soon"],
-     "--slo-ttft-p99: expected a duration"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["signals", "chat", "--at", "nan"], "--at: expected unix seconds from 0"),
+        (["signals", "chat", "--at", "1e30"], "--at: expected unix seconds from 0"),
+        (["recommendations", "show", "9" * 20], "id: expected a whole number from 1 to"),
+        (["apply-recommendation", "9" * 20, "--yes"], "id: expected a whole number from 1 to"),
+        (["journal", "--limit", "9" * 20], "--limit: expected a whole number from 1 to"),
+        (["report", "--until", "inf"], "--until: expected unix seconds"),
+        (
+            ["plan", "--model", str(FIXTURES / "models" / "llama-3-8b"), "--gpu-memory-gib", "inf"],
+            "--gpu-memory-gib: expected a number above 0",
+        ),
+        (
+            ["plan", "--model", str(FIXTURES / "models" / "llama-3-8b"), "--gpu-memory-gib", "nan"],
+            "--gpu-memory-gib: expected a number above 0",
+        ),
+        (
+            ["judge", "--before", "a", "--after", "b", "--backend", "vllm", "--slo-ttft-p99", "soon"],
+            "--slo-ttft-p99: expected a duration",
+        ),
+    ],
+)
 def test_bad_numbers_on_the_command_line_are_refused_by_name(tmp_path, args, fragment):
     cfg = _config(tmp_path)
     assert tuner("--config", str(cfg), "db", "upgrade").returncode == 0
@@ -179,6 +206,7 @@ def test_bad_numbers_on_the_command_line_are_refused_by_name(tmp_path, args, fra
 
 # ---- item 8: unbounded reads -------------------------------------------------------------------------------------
 
+
 def _bounded() -> None:
     """The command's address space, capped: a read that does not stop ends in MemoryError (the review's
     `snapshot --file /dev/zero` grew to 23.7 GB), not in the machine's OOM killer."""
@@ -188,8 +216,7 @@ def _bounded() -> None:
 
 
 def test_snapshot_of_dev_zero_stops_at_the_cap(tmp_path):
-    proc = tuner("snapshot", "--file", "/dev/zero", "--backend", "vllm", "--max-bytes", "1048576",
-                 preexec_fn=_bounded)
+    proc = tuner("snapshot", "--file", "/dev/zero", "--backend", "vllm", "--max-bytes", "1048576", preexec_fn=_bounded)
     one_line(proc, 4, "/dev/zero", "larger than 1048576 bytes")
 
 

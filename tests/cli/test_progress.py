@@ -31,8 +31,11 @@ def test_quiet_for_the_period_says_what_it_waits_for_piped_as_plain_lines():
     assert hb.tick() is False  # at most one line per period
     clock.t += 5.0
     assert hb.tick() is True
-    assert out.getvalue().splitlines() == ["[apply #1] draining: pid 42", "… apply #1: draining the old server (12s)",
-                                           "… apply #1: draining the old server (12s)"]
+    assert out.getvalue().splitlines() == [
+        "[apply #1] draining: pid 42",
+        "… apply #1: draining the old server (12s)",
+        "… apply #1: draining the old server (12s)",
+    ]
 
 
 def test_on_a_terminal_the_line_is_rewritten_and_cleared_before_the_next_real_line():
@@ -61,12 +64,25 @@ def test_waiting_on_names_the_running_step_and_how_long(tmp_path, store):
     cfg = parse_config("targets:\n  - {name: t, backend: vllm, url: 'http://127.0.0.1:9'}\n")
     s = Session(cfg, tmp_path, store)
     assert apply_app.waiting_on(s, "t", 1000.0) is None  # nothing running
-    aid = jr.begin_apply(store.engine, target="t", recommendation_id=None, kind="apply", mode="manual", now=990.0,
-                         diff={"max_num_seqs": 8}, old_flags={}, new_flags={}, old_argv=[], new_argv=[],
-                         owner_pid=1, owner_start=1)
+    aid = jr.begin_apply(
+        store.engine,
+        target="t",
+        recommendation_id=None,
+        kind="apply",
+        mode="manual",
+        now=990.0,
+        diff={"max_num_seqs": 8},
+        old_flags={},
+        new_flags={},
+        old_argv=[],
+        new_argv=[],
+        owner_pid=1,
+        owner_start=1,
+    )
     jr.step(store.engine, aid, "draining", "pid 42", now=995.0, state="draining")
-    assert apply_app.waiting_on(s, "t", 1003.0) == (f"apply #{aid}: draining the old server (in-flight requests "
-                                                    "finish first) (8s)")
+    assert apply_app.waiting_on(s, "t", 1003.0) == (
+        f"apply #{aid}: draining the old server (in-flight requests finish first) (8s)"
+    )
     jr.step(store.engine, aid, "observing", "30s", now=1010.0, state="observing")
     assert apply_app.waiting_on(s, "t", 1022.0) == f"apply #{aid}: observing the new flags (12s)"
     jr.finish(store.engine, aid, "kept", "", now=1040.0)
@@ -83,4 +99,3 @@ def test_one_heartbeat_serves_several_waits_in_turn():
             while out.getvalue().count("… waiting") == before and time.monotonic() < deadline:
                 time.sleep(0.01)
         assert out.getvalue().count("… waiting") > before
-

@@ -23,10 +23,19 @@ from tuner.errors import ExpositionError
 def reference(samples, backend, default_model, problems):
     """assemble_engines as it was before issue 39: every sample matched against every engine (O(N^2))."""
     samples = list(samples)
-    engines = {(s.labels["engine"], s.labels["model_name"])
-               for s in samples if "engine" in s.labels and "model_name" in s.labels} or {
-        (s.labels.get("engine", "0"), s.labels.get("model_name", default_model))
-        for s in samples if "engine" in s.labels or "model_name" in s.labels} or {("0", default_model)}
+    engines = (
+        {
+            (s.labels["engine"], s.labels["model_name"])
+            for s in samples
+            if "engine" in s.labels and "model_name" in s.labels
+        }
+        or {
+            (s.labels.get("engine", "0"), s.labels.get("model_name", default_model))
+            for s in samples
+            if "engine" in s.labels or "model_name" in s.labels
+        }
+        or {("0", default_model)}
+    )
 
     def owners(labels):
         e, m = labels.get("engine"), labels.get("model_name")
@@ -50,8 +59,16 @@ def reference(samples, backend, default_model, problems):
     out = []
     for owner in sorted(engines):
         hists = {k: h for k, p in parts[owner].items() if (h := _histogram(k[0], p, problems)) is not None}
-        out.append(EngineSnapshot(backend=backend, engine=owner[0], model_name=owner[1], values=dict(values[owner]),
-                                  histograms=hists, config=dict(config[owner])))
+        out.append(
+            EngineSnapshot(
+                backend=backend,
+                engine=owner[0],
+                model_name=owner[1],
+                values=dict(values[owner]),
+                histograms=hists,
+                config=dict(config[owner]),
+            )
+        )
     return tuple(out)
 
 
@@ -95,7 +112,8 @@ def test_the_same_engines_as_the_quadratic_walk(seed: int) -> None:
 
 def _engines_body(n: int) -> str:
     return "# TYPE vllm:num_requests_running gauge\n" + "".join(
-        f'vllm:num_requests_running{{engine="0",model_name="m{i}"}} 1\n' for i in range(n))
+        f'vllm:num_requests_running{{engine="0",model_name="m{i}"}} 1\n' for i in range(n)
+    )
 
 
 def test_more_engines_than_the_cap_is_an_exposition_error() -> None:
@@ -109,16 +127,25 @@ def test_more_engines_than_the_cap_is_an_exposition_error() -> None:
 def test_a_target_over_the_cap_is_a_failed_scrape_and_the_daemon_goes_on(tmp_path, store) -> None:
     """A real server whose body names 5,000 models: the scrape is recorded as failed (down, the cap named), no
     series is stored for it, and the next target is scraped as usual."""
-    with serve({"/metrics": Route(body=_engines_body(5000)), "/health": Route(body=b"")}) as bad, \
-            serve({"/metrics": Route(body=fixture_text("vllm-0.32-cpu/metrics_after_load.txt")),
-                   "/health": Route(body=b"")}) as good:
-        cfg = parse_config(f"store: {{url: 'sqlite:///{tmp_path}/t.db'}}\ntargets:\n"
-                           f"  - {{name: many, backend: vllm, url: '{bad}'}}\n"
-                           f"  - {{name: good, backend: vllm, url: '{good}'}}\n")
+    with (
+        serve({"/metrics": Route(body=_engines_body(5000)), "/health": Route(body=b"")}) as bad,
+        serve(
+            {"/metrics": Route(body=fixture_text("vllm-0.32-cpu/metrics_after_load.txt")), "/health": Route(body=b"")}
+        ) as good,
+    ):
+        cfg = parse_config(
+            f"store: {{url: 'sqlite:///{tmp_path}/t.db'}}\ntargets:\n"
+            f"  - {{name: many, backend: vllm, url: '{bad}'}}\n"
+            f"  - {{name: good, backend: vllm, url: '{good}'}}\n"
+        )
         daemon = Daemon(cfg, store)
         assert [daemon.scrape_once(t) for t in cfg.targets] == [False, True]
     h = store.health("many")
     assert h is not None and h.health == "down" and f"cap of {MAX_ENGINES}" in h.last_error
     with store.engine.connect() as conn:
-        assert conn.execute(text("SELECT COUNT(*) FROM series s JOIN targets t ON t.id = s.target_id "
-                                 "WHERE t.name = 'many'")).scalar() == 0
+        assert (
+            conn.execute(
+                text("SELECT COUNT(*) FROM series s JOIN targets t ON t.id = s.target_id WHERE t.name = 'many'")
+            ).scalar()
+            == 0
+        )

@@ -60,8 +60,13 @@ def _wire_names(s: MetricSpec) -> set[str]:
 
 
 def test_the_recorded_fixtures_are_there() -> None:
-    expected_vllm = {"metrics_idle.txt", "metrics_under_load.txt", "metrics_after_load.txt",
-                     "metrics_prefix_caching_off.txt", "metrics_kv_pressure.txt"}
+    expected_vllm = {
+        "metrics_idle.txt",
+        "metrics_under_load.txt",
+        "metrics_after_load.txt",
+        "metrics_prefix_caching_off.txt",
+        "metrics_kv_pressure.txt",
+    }
     expected_llama = {"metrics_idle.txt", "metrics_mid_load.txt", "metrics_after_load.txt"}
     assert expected_vllm <= {p.name for p in VLLM_FIXTURES}
     assert expected_llama <= {p.name for p in LLAMA_FIXTURES}

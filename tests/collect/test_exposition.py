@@ -56,12 +56,15 @@ def test_value_that_is_not_a_number_is_reported_with_its_line() -> None:
     assert (info.value.line_no, info.value.line) == (n, lines[n - 1])
 
 
-@pytest.mark.parametrize("body", [
-    pytest.param("garbage garbage garbage\n", id="garbage"),
-    pytest.param("<!DOCTYPE html>\n<html><body><h1>502 Bad Gateway</h1></body></html>\n", id="html"),
-    pytest.param('{"object": "error", "message": "Not Found", "code": 404}\n', id="json"),
-    pytest.param('[{"id": 0, "n_ctx": 256}]', id="json-list"),
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param("garbage garbage garbage\n", id="garbage"),
+        pytest.param("<!DOCTYPE html>\n<html><body><h1>502 Bad Gateway</h1></body></html>\n", id="html"),
+        pytest.param('{"object": "error", "message": "Not Found", "code": 404}\n', id="json"),
+        pytest.param('[{"id": 0, "n_ctx": 256}]', id="json-list"),
+    ],
+)
 def test_a_body_that_is_not_an_exposition_is_rejected_at_line_1(body: str) -> None:
     with pytest.raises(ExpositionError) as info:
         parse_exposition(body)
@@ -80,9 +83,11 @@ def test_duplicate_series_names_the_second_line() -> None:
 
 
 def test_duplicate_series_with_labels_in_another_order_is_still_a_duplicate() -> None:
-    text = ("# TYPE vllm:num_requests_running gauge\n"
-            'vllm:num_requests_running{engine="0",model_name="m"} 1\n'
-            'vllm:num_requests_running{model_name="m",engine="0"} 2\n')
+    text = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="m"} 1\n'
+        'vllm:num_requests_running{model_name="m",engine="0"} 2\n'
+    )
     with pytest.raises(ExpositionError) as info:
         parse_exposition(text)
     assert info.value.line_no == 3
@@ -114,19 +119,25 @@ def test_non_finite_values_outside_the_catalogue_are_not_problems() -> None:
 
 
 def test_samples_without_help_or_type_are_read_with_one_problem_per_metric() -> None:
-    text = "\n".join([
-        'vllm:num_requests_running{engine="0",model_name="m"} 3',
-        'vllm:num_requests_running{engine="1",model_name="m"} 4',
-        'vllm:prompt_tokens_total{engine="0",model_name="m"} 1234',
-        'vllm:e2e_request_latency_seconds_bucket{engine="0",le="1.0",model_name="m"} 2',
-        'vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 5',
-        'vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 5',
-        'vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} 7.5',
-    ]) + "\n"
+    text = (
+        "\n".join(
+            [
+                'vllm:num_requests_running{engine="0",model_name="m"} 3',
+                'vllm:num_requests_running{engine="1",model_name="m"} 4',
+                'vllm:prompt_tokens_total{engine="0",model_name="m"} 1234',
+                'vllm:e2e_request_latency_seconds_bucket{engine="0",le="1.0",model_name="m"} 2',
+                'vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 5',
+                'vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 5',
+                'vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} 7.5',
+            ]
+        )
+        + "\n"
+    )
     parsed = parse_exposition(text)
 
-    read = [(s.spec.name, s.part, s.labels.get("engine"), s.labels.get("le"), s.value, s.line_no)
-            for s in parsed.samples]
+    read = [
+        (s.spec.name, s.part, s.labels.get("engine"), s.labels.get("le"), s.value, s.line_no) for s in parsed.samples
+    ]
     assert read == [
         ("vllm:num_requests_running", "value", "0", None, 3.0, 1),
         ("vllm:num_requests_running", "value", "1", None, 4.0, 2),
@@ -161,23 +172,30 @@ def test_utf8_body_decodes_unchanged() -> None:
 
 # ---- arbitrary text -----------------------------------------------------------------------------
 
-_LINE_LIKE = st.sampled_from([
-    "# HELP vllm:num_requests_running Number of requests running.",
-    "# TYPE vllm:num_requests_running gauge",
-    'vllm:num_requests_running{engine="0",model_name="m"} 1',
-    "vllm:num_requests_running 2",
-    "# TYPE vllm:prompt_tokens_total counter",
-    "vllm:prompt_tokens_total 17",
-    "# TYPE vllm:time_to_first_token_seconds histogram",
-    'vllm:time_to_first_token_seconds_bucket{le="+Inf"} 3',
-    "vllm:time_to_first_token_seconds_count 3",
-    "vllm:kv_cache_usage_perc NaN",
-    'vllm:cache_config_info{block_size="16"} 1',
-    "ray_vllm:num_requests_waiting 4",
-    "llamacpp:requests_processing 1 1700000000000",
-    "process_start_time_seconds 1.7e9",
-    "# EOF", "#", "", " ", "\r", "\t",
-])
+_LINE_LIKE = st.sampled_from(
+    [
+        "# HELP vllm:num_requests_running Number of requests running.",
+        "# TYPE vllm:num_requests_running gauge",
+        'vllm:num_requests_running{engine="0",model_name="m"} 1',
+        "vllm:num_requests_running 2",
+        "# TYPE vllm:prompt_tokens_total counter",
+        "vllm:prompt_tokens_total 17",
+        "# TYPE vllm:time_to_first_token_seconds histogram",
+        'vllm:time_to_first_token_seconds_bucket{le="+Inf"} 3',
+        "vllm:time_to_first_token_seconds_count 3",
+        "vllm:kv_cache_usage_perc NaN",
+        'vllm:cache_config_info{block_size="16"} 1',
+        "ray_vllm:num_requests_waiting 4",
+        "llamacpp:requests_processing 1 1700000000000",
+        "process_start_time_seconds 1.7e9",
+        "# EOF",
+        "#",
+        "",
+        " ",
+        "\r",
+        "\t",
+    ]
+)
 _FRAGMENT = st.text(alphabet=st.sampled_from(list(' \t\r#{}="\\,_:.+-eEINFnafx01\u00e9\u2028\x00')), max_size=20)
 _ARBITRARY = st.lists(st.one_of(_LINE_LIKE, _FRAGMENT, st.text(max_size=30)), max_size=12).map("\n".join)
 

@@ -63,13 +63,38 @@ def test_parse_exposition_is_the_same_with_and_without_the_fast_path(path, monke
 _BASES = ["vllm:a", "b", "c_total", "vllm:h", "_total", "x:y"]
 _SUFFIXES = ["", "_total", "_bucket", "_count", "_sum", "_created"]
 _TYPES = ["counter", "gauge", "histogram", "summary", "untyped", "info", "bogus"]
-_VALUES = ["0", "1", "-0", "-0.0", "1.5", "2.", ".5", "1e3", "1E-2", "+3", "01", "+Inf", "-Inf", "Inf", "NaN",
-           "nan", "inf", "1_0", "0x1", "1.0.0", "", "١", "12345678901234567890123", "1e400"]
+_VALUES = [
+    "0",
+    "1",
+    "-0",
+    "-0.0",
+    "1.5",
+    "2.",
+    ".5",
+    "1e3",
+    "1E-2",
+    "+3",
+    "01",
+    "+Inf",
+    "-Inf",
+    "Inf",
+    "NaN",
+    "nan",
+    "inf",
+    "1_0",
+    "0x1",
+    "1.0.0",
+    "",
+    "١",
+    "12345678901234567890123",
+    "1e400",
+]
 _LABEL_VALUES = ["", "0", "a b", "a,b", "}", "{", "=", "# x", "é", "a\\\\b", 'a\\"b', "a\\nb", "\t"]
 _SEPARATORS = [" ", " ", " ", "  ", "\t"]
 
-_label = st.tuples(st.sampled_from(["engine", "model_name", "le", "a", "__x", "A_1", "bad-name"]),
-                   st.sampled_from(_LABEL_VALUES))
+_label = st.tuples(
+    st.sampled_from(["engine", "model_name", "le", "a", "__x", "A_1", "bad-name"]), st.sampled_from(_LABEL_VALUES)
+)
 
 
 @st.composite
@@ -82,7 +107,7 @@ def _sample_line(draw) -> str:  # type: ignore[no-untyped-def]
         head += "{" + body + draw(st.sampled_from(["", "", ","])) + "}"
     line = head + draw(st.sampled_from(_SEPARATORS)) + draw(st.sampled_from(_VALUES))
     if draw(st.integers(0, 9)) == 0:
-        line += draw(st.sampled_from([" 1700000000000", " ", "\r", " # {a=\"b\"} 1"]))
+        line += draw(st.sampled_from([" 1700000000000", " ", "\r", ' # {a="b"} 1']))
     return line
 
 
@@ -97,9 +122,9 @@ def _comment_line(draw) -> str:  # type: ignore[no-untyped-def]
     return draw(st.sampled_from(["# EOF", "#", "# a comment", "#HELP x y", "# HELP", "# TYPE x"]))
 
 
-_expositions = st.lists(st.one_of(_sample_line(), _sample_line(), _comment_line(),
-                                  st.sampled_from(["", " ", "x{a=\"b\"}"])), max_size=25) \
-    .map(lambda lines: "\n".join(lines) + "\n")
+_expositions = st.lists(
+    st.one_of(_sample_line(), _sample_line(), _comment_line(), st.sampled_from(["", " ", 'x{a="b"}'])), max_size=25
+).map(lambda lines: "\n".join(lines) + "\n")
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

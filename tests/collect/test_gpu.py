@@ -65,6 +65,7 @@ def sleeper() -> Iterator[int]:
 
 # ------------------------------------------------------------------------------------ NVML, for real
 
+
 @pytest.mark.skipif(_nvml_library_present(), reason="this host has NVML; see test_read_nvml_on_a_gpu_host")
 def test_read_nvml_without_nvml_is_unavailable_with_a_reason() -> None:
     for _ in range(2):  # a second read tries again and answers the same
@@ -87,14 +88,13 @@ def test_read_nvml_on_a_gpu_host() -> None:
 
 # ------------------------------------------------------------------- NVML's mapping, with stand-ins
 
+
 def _proc(pid: int, used: int | None) -> types.SimpleNamespace:
     # the shape nvidia-ml-py returns: nvmlFriendlyObject(pid, usedGpuMemory, gpuInstanceId, computeInstanceId)
-    return types.SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF,
-                                 computeInstanceId=0xFFFFFFFF)
+    return types.SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
 
 
-def _stand_in_pynvml(devices: list[dict[str, Any]], init_error: type[Exception] | None = None
-                     ) -> types.ModuleType:
+def _stand_in_pynvml(devices: list[dict[str, Any]], init_error: type[Exception] | None = None) -> types.ModuleType:
     """A stand-in for the ``pynvml`` module of nvidia-ml-py 13.x, because no GPU exists on CI machines.
 
     Same function names, arguments and return shapes; the exception classes are nvidia-ml-py's own
@@ -121,14 +121,23 @@ def _stand_in_pynvml(devices: list[dict[str, Any]], init_error: type[Exception] 
             if isinstance(value, type) and issubclass(value, BaseException):
                 raise value()
             return value
+
         return call
 
     nv.nvmlInit = nvmlInit
     nv.nvmlDeviceGetCount = lambda: len(devices)
     nv.nvmlDeviceGetHandleByIndex = lambda i: devices[i]
-    for fn, key in [("UUID", "uuid"), ("Name", "name"), ("UtilizationRates", "util"), ("MemoryInfo", "mem"),
-                    ("TemperatureV", "temp_v"), ("Temperature", "temp"), ("PowerUsage", "power_mw"),
-                    ("ComputeRunningProcesses", "compute"), ("GraphicsRunningProcesses", "graphics")]:
+    for fn, key in [
+        ("UUID", "uuid"),
+        ("Name", "name"),
+        ("UtilizationRates", "util"),
+        ("MemoryInfo", "mem"),
+        ("TemperatureV", "temp_v"),
+        ("Temperature", "temp"),
+        ("PowerUsage", "power_mw"),
+        ("ComputeRunningProcesses", "compute"),
+        ("GraphicsRunningProcesses", "graphics"),
+    ]:
         setattr(nv, f"nvmlDeviceGet{fn}", field(key))
     return nv
 
@@ -140,20 +149,29 @@ def test_nvml_mapping_units_fields_and_processes(monkeypatch: pytest.MonkeyPatch
     process -> both listed, names from /proc/<pid>/comm ("" when gone), nvmlInit called once.
     """
     me, gone = os.getpid(), _dead_pid()
-    h100 = dict(uuid="GPU-3f9b2c1e-7a4d-5e8f-9b0c-1d2e3f4a5b6c", name="NVIDIA H100 80GB HBM3",
-                util=types.SimpleNamespace(gpu=37, memory=21),
-                mem=types.SimpleNamespace(total=85_520_809_984, free=8_564_768_768, used=76_956_041_216),
-                temp_v=54, temp=54, power_mw=312_489,
-                # vLLM (this process) and another program share the GPU; vLLM is in both lists
-                compute=[_proc(me, 72_000_000_000), _proc(sleeper, 1_073_741_824)],
-                graphics=[_proc(me, None)])
-    old = dict(uuid="GPU-a81c6d0f-2b3e-4c5d-8e9f-0a1b2c3d4e5f", name="Tesla T4",
-               util=pynvml.NVMLError_NotSupported,
-               mem=types.SimpleNamespace(total=16_106_127_360, free=16_106_127_360, used=0),
-               temp_v=pynvml.NVMLError_FunctionNotFound, temp=31,  # a driver without nvmlDeviceGetTemperatureV
-               power_mw=pynvml.NVMLError_NotSupported,
-               compute=[_proc(gone, None), _proc(gone - 1, 2**64 - 1)],  # 2**64-1: NVML_VALUE_NOT_AVAILABLE
-               graphics=pynvml.NVMLError_NoPermission)
+    h100 = dict(
+        uuid="GPU-3f9b2c1e-7a4d-5e8f-9b0c-1d2e3f4a5b6c",
+        name="NVIDIA H100 80GB HBM3",
+        util=types.SimpleNamespace(gpu=37, memory=21),
+        mem=types.SimpleNamespace(total=85_520_809_984, free=8_564_768_768, used=76_956_041_216),
+        temp_v=54,
+        temp=54,
+        power_mw=312_489,
+        # vLLM (this process) and another program share the GPU; vLLM is in both lists
+        compute=[_proc(me, 72_000_000_000), _proc(sleeper, 1_073_741_824)],
+        graphics=[_proc(me, None)],
+    )
+    old = dict(
+        uuid="GPU-a81c6d0f-2b3e-4c5d-8e9f-0a1b2c3d4e5f",
+        name="Tesla T4",
+        util=pynvml.NVMLError_NotSupported,
+        mem=types.SimpleNamespace(total=16_106_127_360, free=16_106_127_360, used=0),
+        temp_v=pynvml.NVMLError_FunctionNotFound,
+        temp=31,  # a driver without nvmlDeviceGetTemperatureV
+        power_mw=pynvml.NVMLError_NotSupported,
+        compute=[_proc(gone, None), _proc(gone - 1, 2**64 - 1)],  # 2**64-1: NVML_VALUE_NOT_AVAILABLE
+        graphics=pynvml.NVMLError_NoPermission,
+    )
     nv = _stand_in_pynvml([h100, old])
     monkeypatch.setitem(sys.modules, "pynvml", nv)
 
@@ -166,8 +184,10 @@ def test_nvml_mapping_units_fields_and_processes(monkeypatch: pytest.MonkeyPatch
     assert g0.temperature_c == 54.0
     assert g0.power_w == pytest.approx(312.489)  # mW -> W
     assert sorted(g0.processes, key=lambda p: p.pid) == list(g0.processes)
-    assert set(g0.processes) == {GpuProcess(me, _comm(me), 72_000_000_000),  # deduped, memory kept
-                                 GpuProcess(sleeper, "sleep", 1_073_741_824)}
+    assert set(g0.processes) == {
+        GpuProcess(me, _comm(me), 72_000_000_000),  # deduped, memory kept
+        GpuProcess(sleeper, "sleep", 1_073_741_824),
+    }
 
     assert (g1.index, g1.name, g1.memory_used_bytes) == (1, "Tesla T4", 0)
     assert g1.utilization is None and g1.power_w is None  # NotSupported -> None, the rest still read
@@ -178,10 +198,13 @@ def test_nvml_mapping_units_fields_and_processes(monkeypatch: pytest.MonkeyPatch
     assert nv.init_calls == 1  # initialised once, kept initialised
 
 
-@pytest.mark.parametrize(("error", "words"), [
-    (pynvml.NVMLError_DriverNotLoaded, "Driver Not Loaded"),
-    (pynvml.NVMLError_NoPermission, "Insufficient Permissions"),
-])
+@pytest.mark.parametrize(
+    ("error", "words"),
+    [
+        (pynvml.NVMLError_DriverNotLoaded, "Driver Not Loaded"),
+        (pynvml.NVMLError_NoPermission, "Insufficient Permissions"),
+    ],
+)
 def test_nvml_that_cannot_start_is_unavailable(monkeypatch: pytest.MonkeyPatch, error: type, words: str) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", _stand_in_pynvml([], init_error=error))
     reading = read_nvml(NOW)
@@ -279,11 +302,28 @@ class _NewLibNvml(_OldLibNvml):
 
 @pytest.mark.parametrize("lib", [_OldLibNvml, _NewLibNvml])
 def test_real_binding_over_a_stand_in_library(monkeypatch: pytest.MonkeyPatch, lib: type, sleeper: int) -> None:
-    gpus = [dict(uuid="GPU-3f9b2c1e-7a4d-5e8f-9b0c-1d2e3f4a5b6c", name="NVIDIA H100 80GB HBM3", util=37,
-                 mem=(85_520_809_984, 76_956_041_216), temp=54, power_mw=312_489,
-                 compute=[(sleeper, 1_073_741_824), (os.getpid(), 2**64 - 1)], graphics=[(sleeper, 1_073_741_824)]),
-            dict(uuid="GPU-a81c6d0f-2b3e-4c5d-8e9f-0a1b2c3d4e5f", name="NVIDIA L4", util=0,
-                 mem=(24_152_899_584, 0), temp=31, power_mw=None, compute=[], graphics=[])]
+    gpus = [
+        dict(
+            uuid="GPU-3f9b2c1e-7a4d-5e8f-9b0c-1d2e3f4a5b6c",
+            name="NVIDIA H100 80GB HBM3",
+            util=37,
+            mem=(85_520_809_984, 76_956_041_216),
+            temp=54,
+            power_mw=312_489,
+            compute=[(sleeper, 1_073_741_824), (os.getpid(), 2**64 - 1)],
+            graphics=[(sleeper, 1_073_741_824)],
+        ),
+        dict(
+            uuid="GPU-a81c6d0f-2b3e-4c5d-8e9f-0a1b2c3d4e5f",
+            name="NVIDIA L4",
+            util=0,
+            mem=(24_152_899_584, 0),
+            temp=31,
+            power_mw=None,
+            compute=[],
+            graphics=[],
+        ),
+    ]
     monkeypatch.setattr(pynvml, "nvmlLib", lib(gpus))
     monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer_cache", {})
     monkeypatch.setattr(pynvml, "_nvmlLib_refcount", 0)
@@ -292,12 +332,15 @@ def test_real_binding_over_a_stand_in_library(monkeypatch: pytest.MonkeyPatch, l
     g0, g1 = read_nvml(NOW).gpus
     assert (g0.uuid, g0.name, g0.utilization, g0.temperature_c) == (gpus[0]["uuid"], gpus[0]["name"], 0.37, 54.0)
     assert (g0.memory_total_bytes, g0.memory_used_bytes, g0.power_w) == (85_520_809_984, 76_956_041_216, 312.489)
-    assert set(g0.processes) == {GpuProcess(sleeper, "sleep", 1_073_741_824),
-                                 GpuProcess(os.getpid(), _comm(os.getpid()), None)}
+    assert set(g0.processes) == {
+        GpuProcess(sleeper, "sleep", 1_073_741_824),
+        GpuProcess(os.getpid(), _comm(os.getpid()), None),
+    }
     assert (g1.name, g1.utilization, g1.power_w, g1.processes) == ("NVIDIA L4", 0.0, None, ())
 
 
 # --------------------------------------------------------------------------------- dcgm-exporter
+
 
 def test_parse_dcgm_two_gpus_in_tuner_units() -> None:
     reading = parse_dcgm(FIXTURE.read_text(), NOW)
@@ -315,33 +358,41 @@ def test_parse_dcgm_two_gpus_in_tuner_units() -> None:
 
 
 def test_parse_dcgm_older_exporter_and_blank_values() -> None:
-    text = ('# TYPE DCGM_FI_DEV_FB_USED gauge\n'
-            'DCGM_FI_DEV_FB_USED{gpu="0", UUID="GPU-8c16e996", device="nvidia0"} 1024\n'
-            'DCGM_FI_DEV_FB_FREE{gpu="0", UUID="GPU-8c16e996", device="nvidia0"} 3072\n'
-            # DCGM's int64 / fp64 "blank" sentinels: the exporter prints them as values
-            'DCGM_FI_DEV_GPU_TEMP{gpu="0", UUID="GPU-8c16e996", device="nvidia0"} 9223372036854775794\n'
-            'DCGM_FI_DEV_POWER_USAGE{gpu="0", UUID="GPU-8c16e996", device="nvidia0"} 140737488355328.000000\n')
+    text = (
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\n"
+        'DCGM_FI_DEV_FB_USED{gpu="0", UUID="GPU-8c16e996", device="nvidia0"} 1024\n'
+        'DCGM_FI_DEV_FB_FREE{gpu="0", UUID="GPU-8c16e996", device="nvidia0"} 3072\n'
+        # DCGM's int64 / fp64 "blank" sentinels: the exporter prints them as values
+        'DCGM_FI_DEV_GPU_TEMP{gpu="0", UUID="GPU-8c16e996", device="nvidia0"} 9223372036854775794\n'
+        'DCGM_FI_DEV_POWER_USAGE{gpu="0", UUID="GPU-8c16e996", device="nvidia0"} 140737488355328.000000\n'
+    )
     (g,) = parse_dcgm(text, NOW).gpus
     assert (g.name, g.memory_used_bytes, g.memory_total_bytes) == ("nvidia0", 1024 * MIB, 4096 * MIB)  # no reserved
     assert g.temperature_c is None and g.power_w is None and g.utilization is None
 
 
-@pytest.mark.parametrize("text", [
-    "<html><body>502 Bad Gateway</body></html>",
-    "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} thirty-seven\n",
-    '{"gpu": 0, "util": 37}',
-    "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-1} 37\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<html><body>502 Bad Gateway</body></html>",
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0"} thirty-seven\n',
+        '{"gpu": 0, "util": 37}',
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1} 37\n',
+    ],
+)
 def test_parse_dcgm_rejects_garbage(text: str) -> None:
     with pytest.raises(ExpositionError, match="not a valid Prometheus text exposition"):
         parse_dcgm(text, NOW)
 
 
-@pytest.mark.parametrize(("text", "match"), [
-    ("", "no DCGM_FI_DEV_"),
-    ("vllm:num_requests_running{engine=\"0\"} 1\n", "is gpu.url the /metrics of a dcgm-exporter"),
-    ("DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-1\"} 37\n", "no numeric gpu label"),
-])
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("", "no DCGM_FI_DEV_"),
+        ('vllm:num_requests_running{engine="0"} 1\n', "is gpu.url the /metrics of a dcgm-exporter"),
+        ('DCGM_FI_DEV_GPU_UTIL{UUID="GPU-1"} 37\n', "no numeric gpu label"),
+    ],
+)
 def test_parse_dcgm_rejects_bodies_that_are_not_dcgm(text: str, match: str) -> None:
     with pytest.raises(ExpositionError, match=match):
         parse_dcgm(text, NOW)
@@ -414,6 +465,7 @@ def test_scrape_dcgm_timeout(exporter: str) -> None:
 
 
 # ------------------------------------------------------------------------------------- the source
+
 
 def test_collector_none_and_bad_settings() -> None:
     assert GpuCollector("none").read(NOW).reason == "GPU telemetry disabled (gpu.source: none)"

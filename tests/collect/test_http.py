@@ -180,8 +180,10 @@ class _KeepAliveServer(_RawServer):
                     path = head.split(b" ")[1].decode()
                     self.requests.append(path)
                     body = (VLLM_DIR / "metrics_idle.txt").read_bytes() if path == "/metrics" else b""
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s"
-                                 % (len(body), body))
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s"
+                        % (len(body), body)
+                    )
                     answered += 1
 
 
@@ -252,10 +254,13 @@ def test_a_peer_that_closes_after_every_answer_still_gets_each_request_once() ->
 
 _ANSWERS = {
     "content-length": b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: 5\r\n\r\nhello",
-    "chunked, extensions, trailer": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: a/b\r\n\r\n"
-                                     b"5;ext=1\r\nhello\r\n6\r\n world\r\nA\r\n0123456789\r\n0\r\nX-T: 1\r\n\r\n"),
-    "chunked wins over a length": (b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\nTransfer-Encoding: chunked\r\n\r\n"
-                                   b"3\r\nabc\r\n0\r\n\r\n"),
+    "chunked, extensions, trailer": (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: a/b\r\n\r\n"
+        b"5;ext=1\r\nhello\r\n6\r\n world\r\nA\r\n0123456789\r\n0\r\nX-T: 1\r\n\r\n"
+    ),
+    "chunked wins over a length": (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    ),
     "HTTP/1.0, no length: to the close": b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nbody until close\n",
     "1.1, Connection: close, no length": b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nxyz",
     "100 Continue first": b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
@@ -264,7 +269,8 @@ _ANSWERS = {
     "header case and spacing": b"HTTP/1.1 503 Service Unavailable\r\ncontent-length:  4\r\nCONTENT-TYPE:j\r\n\r\ndown",
     "a long body": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (3 * MB, b"m" * (3 * MB)),
     "a long chunked body": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                           + b"".join(b"%x\r\n%s\r\n" % (n, b"c" * n) for n in range(1, 3000, 7)) + b"0\r\n\r\n",
+    + b"".join(b"%x\r\n%s\r\n" % (n, b"c" * n) for n in range(1, 3000, 7))
+    + b"0\r\n\r\n",
 }
 
 
@@ -286,7 +292,7 @@ class _Canned(_RawServer):
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
                 for i in range(0, len(self.answer), 997):  # pieces that split lines, sizes and bodies
-                    conn.sendall(self.answer[i:i + 997])
+                    conn.sendall(self.answer[i : i + 997])
             except (BrokenPipeError, ConnectionResetError):
                 pass  # a client that stopped reading (over its cap)
 
@@ -311,11 +317,15 @@ def test_each_answer_reads_as_http_client_reads_it(answer: bytes) -> None:
     assert theirs[1] or theirs[0] == 204  # the case has a body to compare (a silent empty read would pass)
 
 
-@pytest.mark.parametrize(("answer", "max_bytes", "error"), [
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", MB, "closed the connection after 3 of its 10 bytes"),
-    (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", MB, "not an HTTP answer: 'SSH-2.0-OpenSSH_9.2'"),
-    (_ANSWERS["a long chunked body"], 1000, "exceeds max_body_bytes=1000"),
-], ids=["a body cut short", "not HTTP", "a chunked body over the cap"])
+@pytest.mark.parametrize(
+    ("answer", "max_bytes", "error"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", MB, "closed the connection after 3 of its 10 bytes"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", MB, "not an HTTP answer: 'SSH-2.0-OpenSSH_9.2'"),
+        (_ANSWERS["a long chunked body"], 1000, "exceeds max_body_bytes=1000"),
+    ],
+    ids=["a body cut short", "not HTTP", "a chunked body over the cap"],
+)
 def test_a_bad_answer_is_an_error_that_says_what_was_wrong(answer: bytes, max_bytes: int, error: str) -> None:
     server = _Canned(answer)
     try:
@@ -335,9 +345,28 @@ def test_https_verifies_the_server_certificate_as_http_client_does(tmp_path, mon
     if shutil.which("openssl") is None:
         pytest.skip("openssl (the command) makes the test's certificate")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
+    )
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802

@@ -39,10 +39,19 @@ def _read(path: Path, text: str, layouts: Layouts | None):
 def _renumber(text: str, rng: random.Random, *, buckets: bool) -> str:
     """Line-final numbers replaced by other spellings of numbers; bucket lines too when ``buckets`` (then
     histograms mostly stop being cumulative: such bodies must miss and still come out equal)."""
-    spellings = [lambda: str(rng.randint(0, 10**6)), lambda: repr(rng.random() * 1e3), lambda: "-0",
-                 lambda: f"{rng.random():.3e}", lambda: "." + str(rng.randint(0, 99)), lambda: "+7", lambda: "5."]
-    return "\n".join(line if "_bucket{" in line and not buckets else _NUMBER.sub(lambda m: rng.choice(spellings)(), line)
-                     for line in text.split("\n"))
+    spellings = [
+        lambda: str(rng.randint(0, 10**6)),
+        lambda: repr(rng.random() * 1e3),
+        lambda: "-0",
+        lambda: f"{rng.random():.3e}",
+        lambda: "." + str(rng.randint(0, 99)),
+        lambda: "+7",
+        lambda: "5.",
+    ]
+    return "\n".join(
+        line if "_bucket{" in line and not buckets else _NUMBER.sub(lambda m: rng.choice(spellings)(), line)
+        for line in text.split("\n")
+    )
 
 
 @pytest.mark.parametrize("path", VLLM + LLAMA, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -76,8 +85,9 @@ def _lines(text: str) -> list[str]:
     return text.split("\n")
 
 
-@pytest.mark.parametrize("change", ["nan", "inf_literal", "new_series", "timestamp", "label_value",
-                                    "decreasing_buckets", "bad_number"])
+@pytest.mark.parametrize(
+    "change", ["nan", "inf_literal", "new_series", "timestamp", "label_value", "decreasing_buckets", "bad_number"]
+)
 def test_a_body_that_changed_more_than_its_numbers_is_parsed_in_full(change: str) -> None:
     path = FIXTURES / "vllm-0.32-cpu" / "metrics_under_load.txt"
     text = path.read_text()

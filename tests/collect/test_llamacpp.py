@@ -65,13 +65,18 @@ def test_a_vllm_exposition_is_not_llama_server() -> None:
 
 # ---- /slots -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("path", SLOTS, ids=lambda p: p.stem)
 def test_parse_slots_counts_from_the_json(path: Path) -> None:
     slots = _slots_json(path)
     total, busy, in_use, n_ctx = _expected_slots(slots)
     state = llamacpp.parse_slots(path.read_bytes())
     assert (state.slots_total, state.slots_busy, state.kv_tokens_in_use, state.slot_context_tokens) == (
-        total, busy, in_use, n_ctx)
+        total,
+        busy,
+        in_use,
+        n_ctx,
+    )
     assert state.kv_cache_usage == in_use / (total * n_ctx)
     assert llamacpp.parse_slots(slots) == state  # already-decoded JSON reads the same
 
@@ -101,22 +106,27 @@ def _variant(**changes: Any) -> list[dict[str, Any]]:
     return [slot]
 
 
-@pytest.mark.parametrize(("data", "names"), [
-    pytest.param(b"<html>nope</html>", "/slots is not JSON", id="not-json"),
-    pytest.param({"error": "no slots"}, "non-empty JSON list of slots, got dict", id="object"),
-    pytest.param([], "non-empty JSON list of slots, got list", id="empty-list"),
-    pytest.param([7], "/slots[0]: expected an object, got int", id="slot-not-object"),
-    pytest.param(_variant(n_ctx=...), "/slots[0].n_ctx", id="n_ctx-missing"),
-    pytest.param(_variant(n_ctx=0), "/slots[0].n_ctx", id="n_ctx-zero"),
-    pytest.param(_variant(n_ctx=True), "/slots[0].n_ctx", id="n_ctx-bool"),
-    pytest.param(_variant(n_ctx="512"), "/slots[0].n_ctx", id="n_ctx-string"),
-    pytest.param(_variant(n_prompt_tokens=-1), "/slots[0].n_prompt_tokens", id="prompt-negative"),
-    pytest.param(_variant(n_prompt_tokens=1.5), "/slots[0].n_prompt_tokens", id="prompt-float"),
-    pytest.param(_variant(n_decoded="65"), "/slots[0].next_token.n_decoded", id="decoded-string"),
-    # found by tests/reliability/test_fuzz.py: a 300-digit n_ctx overflowed float() (a traceback, not a problem)
-    pytest.param(_variant(n_ctx=10**300), "/slots[0].n_ctx: expected a positive integer up to 2**53", id="n_ctx-huge"),
-    pytest.param(_variant(n_prompt_tokens=2**60), "/slots[0].n_prompt_tokens", id="prompt-huge"),
-])
+@pytest.mark.parametrize(
+    ("data", "names"),
+    [
+        pytest.param(b"<html>nope</html>", "/slots is not JSON", id="not-json"),
+        pytest.param({"error": "no slots"}, "non-empty JSON list of slots, got dict", id="object"),
+        pytest.param([], "non-empty JSON list of slots, got list", id="empty-list"),
+        pytest.param([7], "/slots[0]: expected an object, got int", id="slot-not-object"),
+        pytest.param(_variant(n_ctx=...), "/slots[0].n_ctx", id="n_ctx-missing"),
+        pytest.param(_variant(n_ctx=0), "/slots[0].n_ctx", id="n_ctx-zero"),
+        pytest.param(_variant(n_ctx=True), "/slots[0].n_ctx", id="n_ctx-bool"),
+        pytest.param(_variant(n_ctx="512"), "/slots[0].n_ctx", id="n_ctx-string"),
+        pytest.param(_variant(n_prompt_tokens=-1), "/slots[0].n_prompt_tokens", id="prompt-negative"),
+        pytest.param(_variant(n_prompt_tokens=1.5), "/slots[0].n_prompt_tokens", id="prompt-float"),
+        pytest.param(_variant(n_decoded="65"), "/slots[0].next_token.n_decoded", id="decoded-string"),
+        # found by tests/reliability/test_fuzz.py: a 300-digit n_ctx overflowed float() (a traceback, not a problem)
+        pytest.param(
+            _variant(n_ctx=10**300), "/slots[0].n_ctx: expected a positive integer up to 2**53", id="n_ctx-huge"
+        ),
+        pytest.param(_variant(n_prompt_tokens=2**60), "/slots[0].n_prompt_tokens", id="prompt-huge"),
+    ],
+)
 def test_bad_slots_json_names_the_field(data: Any, names: str) -> None:
     with pytest.raises(ExpositionError) as info:
         llamacpp.parse_slots(json.dumps(data) if isinstance(data, (list, dict)) else data)
@@ -124,6 +134,7 @@ def test_bad_slots_json_names_the_field(data: Any, names: str) -> None:
 
 
 # ---- scrape() over real HTTP ----------------------------------------------------------------------------
+
 
 def _routes(metrics: str = "metrics_mid_load.txt", slots: str = "slots_mid_load.json") -> dict[str, Route]:
     return {
@@ -138,10 +149,16 @@ def test_scrape_gives_a_full_snapshot() -> None:
     text = (LLAMA_DIR / "metrics_mid_load.txt").read_text(encoding="utf-8")
     total, busy, in_use, n_ctx = _expected_slots(_slots_json(LLAMA_DIR / "slots_mid_load.json"))
     with serve(routes) as url:
-        snap = llamacpp.scrape(url, target="laptop", timeout_s=5, max_bytes=1 << 20, model_name="tiny",
-                               now=1_700_000_000.0)
+        snap = llamacpp.scrape(
+            url, target="laptop", timeout_s=5, max_bytes=1 << 20, model_name="tiny", now=1_700_000_000.0
+        )
     assert (snap.target, snap.backend, snap.ts, snap.healthy, snap.problems) == (
-        "laptop", "llamacpp", 1_700_000_000.0, True, ())
+        "laptop",
+        "llamacpp",
+        1_700_000_000.0,
+        True,
+        (),
+    )
     assert snap.body_bytes == len(text.encode())
     (engine,) = snap.engines
     got = engine.as_json()
@@ -149,7 +166,11 @@ def test_scrape_gives_a_full_snapshot() -> None:
     assert got["requests_processing"] == served["llamacpp:requests_processing"]
     assert got["tokens_predicted_total"] == served["llamacpp:tokens_predicted_total"]
     assert (got["slots_total"], got["slots_busy"], got["kv_tokens_in_use"], got["slot_context_tokens"]) == (
-        total, busy, in_use, n_ctx)
+        total,
+        busy,
+        in_use,
+        n_ctx,
+    )
     assert got["kv_cache_usage"] == in_use / (total * n_ctx)
     assert snap.slots is not None and snap.slots.kv_tokens_in_use == in_use
     assert [r.hits for r in routes.values()] == [1, 1, 1]
@@ -170,8 +191,11 @@ def test_metrics_disabled_says_to_restart_with_metrics_flag() -> None:
 def test_health_503_says_the_model_is_loading() -> None:
     routes = _routes()
     # what llama-server answers on /health while it loads the model
-    routes["/health"] = Route(status=503, content_type="application/json",
-                              body='{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}')
+    routes["/health"] = Route(
+        status=503,
+        content_type="application/json",
+        body='{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}',
+    )
     with serve(routes) as url:
         with pytest.raises(ScrapeError, match="still loading the model"):
             llamacpp.scrape(url, target="laptop", timeout_s=5, max_bytes=1 << 20)
@@ -180,8 +204,11 @@ def test_health_503_says_the_model_is_loading() -> None:
 
 def test_slots_disabled_still_gives_a_snapshot_with_a_problem() -> None:
     routes = _routes()
-    routes["/slots"] = Route(status=501, content_type="application/json",
-                             body='{"error":{"code":501,"message":"This server does not support slots endpoint."}}')
+    routes["/slots"] = Route(
+        status=501,
+        content_type="application/json",
+        body='{"error":{"code":501,"message":"This server does not support slots endpoint."}}',
+    )
     with serve(routes) as url:
         snap = llamacpp.scrape(url, target="laptop", timeout_s=5, max_bytes=1 << 20)
     assert snap.slots is None
@@ -189,8 +216,10 @@ def test_slots_disabled_still_gives_a_snapshot_with_a_problem() -> None:
     (engine,) = snap.engines
     assert "kv_cache_usage" not in engine.as_json()
     text = (LLAMA_DIR / "metrics_mid_load.txt").read_text(encoding="utf-8")
-    assert engine.as_json()["requests_deferred"] == dict(
-        (n, v) for _, n, _, v in sample_lines(text))["llamacpp:requests_deferred"]
+    assert (
+        engine.as_json()["requests_deferred"]
+        == dict((n, v) for _, n, _, v in sample_lines(text))["llamacpp:requests_deferred"]
+    )
 
 
 def test_unreadable_slots_still_gives_a_snapshot_with_a_problem() -> None:
@@ -202,26 +231,44 @@ def test_unreadable_slots_still_gives_a_snapshot_with_a_problem() -> None:
     assert len(snap.problems) == 1 and snap.problems[0].startswith("/slots: ")
 
 
-@pytest.mark.parametrize("slot, held", [
-    # recorded mid-load slot: n_prompt_tokens already includes the 65 generated; 101 + 10 + 65 = 176
-    ({"n_ctx": 512, "is_processing": True, "n_prompt_tokens": 175, "n_prompt_tokens_processed": 101,
-      "n_prompt_tokens_cache": 10, "next_token": [{"n_decoded": 65}]}, 176),
-    # an older build: n_prompt_tokens is the prompt only, no processed/cache fields: 100 + 50
-    ({"n_ctx": 512, "is_processing": True, "n_prompt_tokens": 100, "next_token": [{"n_decoded": 50}]}, 150),
-    # never more than the slot's context
-    ({"n_ctx": 512, "is_processing": True, "n_prompt_tokens": 500, "next_token": [{"n_decoded": 400}]}, 512),
-])
+@pytest.mark.parametrize(
+    "slot, held",
+    [
+        # recorded mid-load slot: n_prompt_tokens already includes the 65 generated; 101 + 10 + 65 = 176
+        (
+            {
+                "n_ctx": 512,
+                "is_processing": True,
+                "n_prompt_tokens": 175,
+                "n_prompt_tokens_processed": 101,
+                "n_prompt_tokens_cache": 10,
+                "next_token": [{"n_decoded": 65}],
+            },
+            176,
+        ),
+        # an older build: n_prompt_tokens is the prompt only, no processed/cache fields: 100 + 50
+        ({"n_ctx": 512, "is_processing": True, "n_prompt_tokens": 100, "next_token": [{"n_decoded": 50}]}, 150),
+        # never more than the slot's context
+        ({"n_ctx": 512, "is_processing": True, "n_prompt_tokens": 500, "next_token": [{"n_decoded": 400}]}, 512),
+    ],
+)
 def test_slot_tokens_count_generated_tokens_once(slot: dict[str, Any], held: int) -> None:
     state = llamacpp.parse_slots([slot, {"n_ctx": 512, "is_processing": False, "n_prompt_tokens": 480}])
     assert state.kv_tokens_in_use == held
     assert state.kv_cache_usage == held / 1024
 
 
-@pytest.mark.parametrize(("data", "names"), [
-    pytest.param(json.dumps([{**_variant(n_ctx=512)[0], "is_processing": True, "next_token": 1}]),
-                 "/slots[0].next_token: expected a list, got int", id="next_token-not-a-list"),
-    pytest.param("[" * 100_000, "/slots is not JSON tuner can read (nested too deeply)", id="nested-too-deeply"),
-])
+@pytest.mark.parametrize(
+    ("data", "names"),
+    [
+        pytest.param(
+            json.dumps([{**_variant(n_ctx=512)[0], "is_processing": True, "next_token": 1}]),
+            "/slots[0].next_token: expected a list, got int",
+            id="next_token-not-a-list",
+        ),
+        pytest.param("[" * 100_000, "/slots is not JSON tuner can read (nested too deeply)", id="nested-too-deeply"),
+    ],
+)
 def test_slots_that_crashed_the_parser_are_named(data: str, names: str) -> None:
     """Found by tests/reliability/test_fuzz.py: these raised TypeError / RecursionError, so a scrape with a fine
     /metrics was recorded as an internal error instead of a snapshot with a /slots problem."""
@@ -239,8 +286,9 @@ def test_a_slot_loop_that_does_not_answer_metrics_while_health_answers_is_said_a
     routes["/health"] = Route(body=recorded["body"], content_type="application/json")
     routes["/metrics"] = Route(delay_s=30)
     with serve(routes) as url:
-        with pytest.raises(ScrapeError, match="/health answered 200: the loop that runs the slots does not answer") \
-                as info:
+        with pytest.raises(
+            ScrapeError, match="/health answered 200: the loop that runs the slots does not answer"
+        ) as info:
             llamacpp.scrape(url, target="laptop", timeout_s=0.5, max_bytes=1 << 20)
     assert info.value.healthy is True
     routes = _routes()

@@ -16,8 +16,14 @@ from tuner.errors import ScrapeError
 
 VLLM_FIXTURES = sorted(VLLM_DIR.glob("metrics_*.txt"))
 HISTOGRAMS = [s.name for s in VLLM if s.kind == "histogram"]
-CONFIG_KEYS = ["block_size", "num_gpu_blocks", "kv_cache_size_tokens", "kv_cache_max_concurrency",
-               "gpu_memory_utilization", "enable_prefix_caching"]
+CONFIG_KEYS = [
+    "block_size",
+    "num_gpu_blocks",
+    "kv_cache_size_tokens",
+    "kv_cache_max_concurrency",
+    "gpu_memory_utilization",
+    "enable_prefix_caching",
+]
 
 
 def _text(path: Path) -> str:
@@ -37,7 +43,7 @@ def _sum(text: str, name: str, **labels: str) -> float:
 
 
 def _config_labels(text: str, engine: str = "0") -> dict[str, str]:
-    (labels, _), = series_values(text, "vllm:cache_config_info", engine=engine)
+    ((labels, _),) = series_values(text, "vllm:cache_config_info", engine=engine)
     return labels
 
 
@@ -45,7 +51,7 @@ def _config_labels(text: str, engine: str = "0") -> dict[str, str]:
 def test_contract_fields_equal_the_fixture_lines(path: Path) -> None:
     text = _text(path)
     e = _one_engine(text)
-    (labels, _), = series_values(text, "vllm:num_requests_running")
+    ((labels, _),) = series_values(text, "vllm:num_requests_running")
     assert (e.engine, e.model_name) == (labels["engine"], labels["model_name"])
 
     assert e.kv_cache_usage == value_of(text, "vllm:kv_cache_usage_perc")
@@ -53,14 +59,16 @@ def test_contract_fields_equal_the_fixture_lines(path: Path) -> None:
     assert e.requests_waiting == value_of(text, "vllm:num_requests_waiting")
     got = e.as_json()
     assert (got["backend"], got["engine"], got["model_name"]) == ("vllm", e.engine, e.model_name)
-    for field, metric in [("preemptions_total", "vllm:num_preemptions_total"),
-                          ("prompt_tokens_total", "vllm:prompt_tokens_total"),
-                          ("generation_tokens_total", "vllm:generation_tokens_total"),
-                          ("prefix_cache_hits_total", "vllm:prefix_cache_hits_total"),
-                          ("prefix_cache_queries_total", "vllm:prefix_cache_queries_total"),
-                          ("process_start_time_seconds", "process_start_time_seconds"),
-                          # summed over finished_reason (stop, length, abort, ...)
-                          ("requests_finished_total", "vllm:request_success_total")]:
+    for field, metric in [
+        ("preemptions_total", "vllm:num_preemptions_total"),
+        ("prompt_tokens_total", "vllm:prompt_tokens_total"),
+        ("generation_tokens_total", "vllm:generation_tokens_total"),
+        ("prefix_cache_hits_total", "vllm:prefix_cache_hits_total"),
+        ("prefix_cache_queries_total", "vllm:prefix_cache_queries_total"),
+        ("process_start_time_seconds", "process_start_time_seconds"),
+        # summed over finished_reason (stop, length, abort, ...)
+        ("requests_finished_total", "vllm:request_success_total"),
+    ]:
         assert got[field] == _sum(text, metric), field
 
 
@@ -150,8 +158,9 @@ def _with_second_engine(text: str, model: str) -> str:
             series = series.replace(f'model_name="{model}"', f'model_name="{SECOND[1]}"')
             out.append(f"{series} {_other(float(value))!r}")
         else:  # cache_config_info: engine label only; give engine 1 twice the blocks
-            out.append(re.sub(r'num_gpu_blocks="(\d+)"', lambda m: f'num_gpu_blocks="{int(m[1]) * 2}"', series)
-                       + f" {value}")
+            out.append(
+                re.sub(r'num_gpu_blocks="(\d+)"', lambda m: f'num_gpu_blocks="{int(m[1]) * 2}"', series) + f" {value}"
+            )
     return "\n".join(out)
 
 
@@ -191,6 +200,7 @@ def test_each_engine_and_model_gets_its_own_values_and_config() -> None:
 
 # ---- the wrong server ---------------------------------------------------------------------------------
 
+
 def test_a_llama_server_exposition_is_not_vllm() -> None:
     text = _text(LLAMA_DIR / "metrics_mid_load.txt")
     with pytest.raises(ScrapeError, match=r"has no vllm:\* series"):
@@ -203,6 +213,7 @@ def test_an_empty_exposition_is_not_vllm() -> None:
 
 
 # ---- scrape() over real HTTP ----------------------------------------------------------------------------
+
 
 def test_scrape_reads_metrics_and_health_from_a_server() -> None:
     body = (VLLM_DIR / "metrics_under_load.txt").read_bytes()

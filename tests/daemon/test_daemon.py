@@ -25,7 +25,7 @@ def _bad_routes() -> dict[str, dict[str, Route]]:
     good = fixture_text(VLLM_FIXTURE)
     lines = good.splitlines()
     running = next(i for i, line in enumerate(lines) if line.startswith("vllm:num_requests_running{"))
-    malformed = "\n".join(lines[:running] + ['vllm:num_requests_running{engine="0" 3'] + lines[running + 1:])
+    malformed = "\n".join(lines[:running] + ['vllm:num_requests_running{engine="0" 3'] + lines[running + 1 :])
     nan = good.replace(lines[running], lines[running].rsplit(" ", 1)[0] + " NaN")
     dup = good + lines[running] + "\n"
     untyped = "\n".join(line for line in lines if not line.startswith("#"))
@@ -57,9 +57,11 @@ EXPECT = {  # target -> (health, a fragment of the recorded error)
 
 def _config(tmp_path: Path, urls: dict[str, str], interval: str = "1s") -> str:
     targets = "\n".join(f"  - {{name: {n}, backend: vllm, url: '{u}'}}" for n, u in urls.items())
-    return (f"store: {{url: 'sqlite:///{tmp_path}/tuner.db'}}\nlisten: 127.0.0.1:0\n"
-            f"defaults: {{scrape_interval: {interval}, scrape_timeout: 1s, max_body_bytes: 5MiB}}\n"
-            f"targets:\n{targets}\n")
+    return (
+        f"store: {{url: 'sqlite:///{tmp_path}/tuner.db'}}\nlisten: 127.0.0.1:0\n"
+        f"defaults: {{scrape_interval: {interval}, scrape_timeout: 1s, max_body_bytes: 5MiB}}\n"
+        f"targets:\n{targets}\n"
+    )
 
 
 def test_every_bad_target_is_recorded_and_the_good_one_still_stored(tmp_path, store):
@@ -82,9 +84,14 @@ def test_every_bad_target_is_recorded_and_the_good_one_still_stored(tmp_path, st
             assert fragment in h.last_error, (name, h.last_error)
         # degraded scrapes keep what was valid: the NaN one lost only the bad sample
         with store.engine.connect() as conn:
-            stored = dict(conn.execute(text(
-                "SELECT t.name, COUNT(*) FROM samples s JOIN series r ON r.id = s.series_id "
-                "JOIN targets t ON t.id = r.target_id GROUP BY t.name")).all())
+            stored = dict(
+                conn.execute(
+                    text(
+                        "SELECT t.name, COUNT(*) FROM samples s JOIN series r ON r.id = s.series_id "
+                        "JOIN targets t ON t.id = r.target_id GROUP BY t.name"
+                    )
+                ).all()
+            )
         assert stored["nan"] == stored["good"] - 1
         assert stored["untyped"] == stored["good"]
         assert "malformed" not in stored and "huge" not in stored
@@ -92,8 +99,11 @@ def test_every_bad_target_is_recorded_and_the_good_one_still_stored(tmp_path, st
         # Now on the scheduler: the good target keeps being scraped while the others fail.
         daemon.run_forever(install_signal_handlers=False, max_seconds=3.5)
         with store.engine.connect() as conn:
-            per_target = dict(conn.execute(text(
-                "SELECT t.name, COUNT(*) FROM scrapes s JOIN targets t ON t.id = s.target_id GROUP BY t.name")).all())
+            per_target = dict(
+                conn.execute(
+                    text("SELECT t.name, COUNT(*) FROM scrapes s JOIN targets t ON t.id = s.target_id GROUP BY t.name")
+                ).all()
+            )
         assert per_target["good"] >= 3
         assert daemon.state.scrape_failures_total.get("good", 0) == 0
         assert store.health("refused").consecutive_failures >= 3
@@ -130,8 +140,11 @@ def test_no_overlapping_scrapes_of_one_target(tmp_path, store):
         runner = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False})
         runner.start()
         try:
-            wait_for(lambda: daemon.scrape_loop is not None and daemon.scrape_loop.refused >= 3, 30,
-                     "the scrape loop to come back three times for the busy target")
+            wait_for(
+                lambda: daemon.scrape_loop is not None and daemon.scrape_loop.refused >= 3,
+                30,
+                "the scrape loop to come back three times for the busy target",
+            )
             assert SlowDaemon.runs == 1  # three due runs came and went while the first was in flight
         finally:
             release.set()
@@ -141,8 +154,13 @@ def test_no_overlapping_scrapes_of_one_target(tmp_path, store):
 
 
 def _run_tuner(config: Path, *args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(config), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", "--config", str(config), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def test_outdated_schema_stops_run_with_the_fixing_command(tmp_path):
@@ -158,8 +176,11 @@ def test_sigterm_stops_run_cleanly(tmp_path):
     with ReplayServer(ReplayExposition(fixture_text(VLLM_FIXTURE))) as server:
         config = tmp_path / "tuner.yaml"
         config.write_text(_config(tmp_path, {"good": server.url}, interval="500ms"))
-        subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(config), "db", "upgrade"], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "tuner.cli", "--config", str(config), "db", "upgrade"],
+            check=True,
+            capture_output=True,
+        )
         proc = _run_tuner(config, "run")
         deadline = time.monotonic() + 30
         while server_scrapes(server) < 2 and time.monotonic() < deadline:
@@ -177,8 +198,9 @@ def test_one_daemon_per_store_a_second_run_exits_with_one_line_naming_the_first(
     traceback registering the same targets). When the first is gone, a new one starts."""
     config = tmp_path / "tuner.yaml"
     config.write_text(_config(tmp_path, {f"t{k}": "http://127.0.0.1:9" for k in range(20)}))
-    subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(config), "db", "upgrade"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "--config", str(config), "db", "upgrade"], check=True, capture_output=True
+    )
     procs = [_run_tuner(config, "run") for _ in range(2)]
     try:
         wait_for(lambda: any(p.poll() is not None for p in procs), 60, "one of the two `tuner run` to exit")
@@ -215,8 +237,10 @@ def test_health_is_asked_every_health_interval_while_it_answers_200_and_every_sc
     body = fixture_text(VLLM_FIXTURE)
     routes = {"/metrics": Route(body=body), "/health": Route(body=b"")}
     with serve(routes) as url:
-        cfg = parse_config(f"targets:\n  - {{name: v, backend: vllm, url: '{url}'}}\n"
-                           "defaults: {scrape_interval: 5s, scrape_timeout: 2s, health_interval: 15s}\n")
+        cfg = parse_config(
+            f"targets:\n  - {{name: v, backend: vllm, url: '{url}'}}\n"
+            "defaults: {scrape_interval: 5s, scrape_timeout: 2s, health_interval: 15s}\n"
+        )
         now = [1_800_000_000.0]
         daemon = Daemon(cfg, store, clock=lambda: now[0])
         seen = []
@@ -241,10 +265,21 @@ def test_health_is_asked_every_health_interval_while_it_answers_200_and_every_sc
         scrape(50, metrics_status=500)  # down: health unknown, asked again at the next scrape
         scrape(55, metrics_status=200)
         scrape(60)
-    assert seen == [(0, 1, "up", True), (5, 0, "up", True), (10, 0, "up", True), (15, 1, "up", True),
-                    (20, 0, "up", True), (25, 0, "up", True), (30, 1, "up", False), (35, 1, "up", False),
-                    (40, 1, "up", True), (45, 0, "up", True), (50, 0, "down", None), (55, 1, "up", True),
-                    (60, 0, "up", True)]
+    assert seen == [
+        (0, 1, "up", True),
+        (5, 0, "up", True),
+        (10, 0, "up", True),
+        (15, 1, "up", True),
+        (20, 0, "up", True),
+        (25, 0, "up", True),
+        (30, 1, "up", False),
+        (35, 1, "up", False),
+        (40, 1, "up", True),
+        (45, 0, "up", True),
+        (50, 0, "down", None),
+        (55, 1, "up", True),
+        (60, 0, "up", True),
+    ]
 
 
 def test_health_interval_0s_asks_at_every_scrape(store):
@@ -272,11 +307,15 @@ def test_an_evaluation_reads_the_scrape_due_with_it_the_moment_it_lands(tmp_path
     assert line + "0.0\n" in text_
     metrics = Route(body=text_.replace(line + "0.0\n", line + "0.1\n"))
     rules = tmp_path / "rules.yaml"
-    rules.write_text("groups:\n  - name: g\n    interval: 2s\n    rules:\n"
-                     "      - {alert: KVHigh, signal: kv_cache_usage, op: '>', threshold: 0.5, window: 1m, for: 0s}\n")
+    rules.write_text(
+        "groups:\n  - name: g\n    interval: 2s\n    rules:\n"
+        "      - {alert: KVHigh, signal: kv_cache_usage, op: '>', threshold: 0.5, window: 1m, for: 0s}\n"
+    )
     with serve({"/metrics": metrics, "/health": Route(body=b"")}) as url:
-        cfg = parse_config(_config(tmp_path, {"chat": url}, interval="2s")
-                           + f"alerting: {{rule_files: ['{rules}'], evaluation_interval: 2s}}\n")
+        cfg = parse_config(
+            _config(tmp_path, {"chat": url}, interval="2s")
+            + f"alerting: {{rule_files: ['{rules}'], evaluation_interval: 2s}}\n"
+        )
         daemon = Daemon(cfg, store)
         runner = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False})
         runner.start()
@@ -285,13 +324,24 @@ def test_an_evaluation_reads_the_scrape_due_with_it_the_moment_it_lands(tmp_path
             metrics.finished.clear()
             assert metrics.finished.wait(30)  # a calm scrape was just answered: the next one is an interval away
             metrics.delay_s, metrics.body = 0.3, text_.replace(line + "0.0\n", line + "0.9\n")
-            wait_for(lambda: _first(store, "SELECT MIN(ts_ms) FROM alert_events WHERE rule LIKE '%KVHigh%' "
-                                           "AND to_state = 'firing'") is not None, 30, "KVHigh to fire")
+            wait_for(
+                lambda: (
+                    _first(
+                        store, "SELECT MIN(ts_ms) FROM alert_events WHERE rule LIKE '%KVHigh%' AND to_state = 'firing'"
+                    )
+                    is not None
+                ),
+                30,
+                "KVHigh to fire",
+            )
         finally:
             daemon.stop()
             runner.join(30)
-    seen = _first(store, "SELECT MIN(s.ts_ms) FROM samples s JOIN series r ON r.id = s.series_id "
-                         "WHERE r.metric = 'vllm:kv_cache_usage_perc' AND s.value > 0.5")
+    seen = _first(
+        store,
+        "SELECT MIN(s.ts_ms) FROM samples s JOIN series r ON r.id = s.series_id "
+        "WHERE r.metric = 'vllm:kv_cache_usage_perc' AND s.value > 0.5",
+    )
     fired = _first(store, "SELECT MIN(ts_ms) FROM alert_events WHERE rule LIKE '%KVHigh%' AND to_state = 'firing'")
     assert seen is not None and fired is not None
     assert 0.3 <= (fired - seen) / 1000 < 0.8, (seen, fired)  # after the slow scrape landed, and at once
@@ -310,8 +360,10 @@ def test_a_rules_reload_in_a_running_daemon_replaces_the_evaluation_loop(tmp_pat
     line = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} '
     metrics = Route(body=fixture_text(VLLM_FIXTURE).replace(line + "0.0\n", line + "0.9\n"))
     rules = tmp_path / "rules.yaml"
-    rules.write_text("groups:\n  - name: g\n    interval: 1s\n    rules:\n"
-                     "      - {alert: Low, signal: kv_cache_usage, op: '<', threshold: 0.5, window: 1m, for: 0s}\n")
+    rules.write_text(
+        "groups:\n  - name: g\n    interval: 1s\n    rules:\n"
+        "      - {alert: Low, signal: kv_cache_usage, op: '<', threshold: 0.5, window: 1m, for: 0s}\n"
+    )
     with serve({"/metrics": metrics, "/health": Route(body=b"")}) as url:
         cfg = parse_config(_config(tmp_path, {"chat": url}) + f"alerting: {{rule_files: ['{rules}']}}\n")
         daemon = Daemon(cfg, store)
@@ -320,13 +372,20 @@ def test_a_rules_reload_in_a_running_daemon_replaces_the_evaluation_loop(tmp_pat
         try:
             wait_for(lambda: daemon.rule_loop is not None, 30, "the rules' loop to start")
             old = daemon.rule_loop
-            rules.write_text("groups:\n  - name: h\n    interval: 1s\n    rules:\n"
-                             "      - {alert: High, signal: kv_cache_usage, op: '>', threshold: 0.5, window: 1m, "
-                             "for: 0s}\n")
+            rules.write_text(
+                "groups:\n  - name: h\n    interval: 1s\n    rules:\n"
+                "      - {alert: High, signal: kv_cache_usage, op: '>', threshold: 0.5, window: 1m, "
+                "for: 0s}\n"
+            )
             assert daemon.reload_rules() is True
             assert daemon.rule_loop is not old and old is not None and old._stopping  # noqa: SLF001
-            wait_for(lambda: _first(store, "SELECT COUNT(*) FROM alert_events WHERE rule LIKE '%High%' "
-                                           "AND to_state = 'firing'"), 30, "the new group's alert to fire")
+            wait_for(
+                lambda: _first(
+                    store, "SELECT COUNT(*) FROM alert_events WHERE rule LIKE '%High%' AND to_state = 'firing'"
+                ),
+                30,
+                "the new group's alert to fire",
+            )
         finally:
             daemon.stop()
             runner.join(30)

@@ -24,8 +24,10 @@ TOKEN = "s3cret-token-0123456789"
 
 @pytest.fixture
 def api(store):
-    cfg = parse_config("targets:\n  - {name: t, backend: vllm, url: 'http://127.0.0.1:9', flags: {max-num-seqs: 4}}\n"
-                       "  - {name: u, backend: vllm, url: 'http://127.0.0.1:9'}\n")
+    cfg = parse_config(
+        "targets:\n  - {name: t, backend: vllm, url: 'http://127.0.0.1:9', flags: {max-num-seqs: 4}}\n"
+        "  - {name: u, backend: vllm, url: 'http://127.0.0.1:9'}\n"
+    )
     daemon = Daemon(cfg, store)
     servers = []
 
@@ -40,9 +42,21 @@ def api(store):
 
 
 def rec(store, target="t"):
-    return recs.add_recommendation(store.engine, target=target, now=time.time(), rules=["r"], diff_key="{}",
-                                   diff={"max_num_seqs": 8}, current={"max_num_seqs": 4}, evidence=[],
-                                   expected_effect="", risk="", confidence=0.9, rank=1, memory_check={"ok": True})
+    return recs.add_recommendation(
+        store.engine,
+        target=target,
+        now=time.time(),
+        rules=["r"],
+        diff_key="{}",
+        diff={"max_num_seqs": 8},
+        current={"max_num_seqs": 4},
+        evidence=[],
+        expected_effect="",
+        risk="",
+        confidence=0.9,
+        rank=1,
+        memory_check={"ok": True},
+    )
 
 
 def post(url, token=None):
@@ -74,8 +88,7 @@ def test_the_token_is_required_and_checked(api, store):
     assert r.status_code == 202 and r.json()["follow"] == "/api/v1/journal?target=t"
     deadline = time.monotonic() + 10
     # the row appears as "planned" and moves to awaiting_manual a step later: wait for that state, not the row
-    while not any(a.state == "awaiting_manual" for a in jr.list_applies(store.engine)) and \
-            time.monotonic() < deadline:
+    while not any(a.state == "awaiting_manual" for a in jr.list_applies(store.engine)) and time.monotonic() < deadline:
         time.sleep(0.05)
     (a,) = jr.list_applies(store.engine)
     assert a.mode == "api" and a.state == "awaiting_manual" and a.diff == {"max_num_seqs": 8}
@@ -88,19 +101,23 @@ def test_the_token_is_required_and_checked(api, store):
     assert post(url, TOKEN).status_code == 409
 
 
-@pytest.mark.parametrize("method, path, status", [
-    ("get", "/api/v1/recommendations/1/apply", 405),
-    ("post", "/api/v1/recommendations/999/apply", 404),
-    ("post", "/api/v1/targets/nope/rollback", 404),
-    ("post", "/api/v1/targets/../../etc/rollback", 404),
-    ("post", "/metrics", 404),
-    ("get", "/admin", 404),
-])
+@pytest.mark.parametrize(
+    "method, path, status",
+    [
+        ("get", "/api/v1/recommendations/1/apply", 405),
+        ("post", "/api/v1/recommendations/999/apply", 404),
+        ("post", "/api/v1/targets/nope/rollback", 404),
+        ("post", "/api/v1/targets/../../etc/rollback", 404),
+        ("post", "/metrics", 404),
+        ("get", "/admin", 404),
+    ],
+)
 def test_everything_else_is_refused(api, method, path, status):
     _, start = api
     base = start(TOKEN)
-    r = getattr(requests, method)(base + path, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10,
-                                  proxies={"http": ""})
+    r = getattr(requests, method)(
+        base + path, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10, proxies={"http": ""}
+    )
     assert r.status_code == status, r.text
 
 
@@ -126,10 +143,12 @@ def test_defaults_bind_loopback_and_tokens_are_checked(tmp_path, monkeypatch):
         parse_config("api: {token_file: missing}").api.token(tmp_path)
 
 
-GROUPED = ("targets:\n  - {name: t, backend: vllm, url: 'http://127.0.0.1:9', flags: {max-num-seqs: 4}}\n"
-           "  - name: g\n    backend: vllm\n    url: http://127.0.0.1:9\n    flags: {max-num-seqs: 4}\n"
-           "    balancer: {socket: SOCKET, backend: g}\n"
-           "    replicas: [{name: r1, url: 'http://127.0.0.1:10'}, {name: r2, url: 'http://127.0.0.1:11'}]\n")
+GROUPED = (
+    "targets:\n  - {name: t, backend: vllm, url: 'http://127.0.0.1:9', flags: {max-num-seqs: 4}}\n"
+    "  - name: g\n    backend: vllm\n    url: http://127.0.0.1:9\n    flags: {max-num-seqs: 4}\n"
+    "    balancer: {socket: SOCKET, backend: g}\n"
+    "    replicas: [{name: r1, url: 'http://127.0.0.1:10'}, {name: r2, url: 'http://127.0.0.1:11'}]\n"
+)
 
 
 @pytest.mark.parametrize("first, second", [("t", "t"), ("g.r1", "g.r2")], ids=["one target", "two replicas"])
@@ -150,6 +169,7 @@ def test_two_apply_requests_at_the_same_instant_one_is_refused_before_the_answer
             def ask(rid):
                 barrier.wait(10)  # noqa: B023 (each pair's threads are joined within its iteration)
                 got[rid] = post(f"{base}/api/v1/recommendations/{rid}/apply", TOKEN)  # noqa: B023
+
             threads = [threading.Thread(target=ask, args=(rid,)) for rid in ids]
             for th in threads:
                 th.start()
@@ -158,8 +178,9 @@ def test_two_apply_requests_at_the_same_instant_one_is_refused_before_the_answer
             for th in list(httpd.actions):  # what the 202s started (a by-hand apply: it opens and waits)
                 th.join(30)
             httpd.actions.clear()
-            answers.append(sorted((r.status_code, r.json().get("error", r.json().get("apply_id")))
-                                  for r in got.values()))
+            answers.append(
+                sorted((r.status_code, r.json().get("error", r.json().get("apply_id"))) for r in got.values())
+            )
             open_now = jr.open_applies(store.engine)
             opened.append(len(open_now))
             for a in open_now:

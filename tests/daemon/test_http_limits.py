@@ -45,8 +45,9 @@ def test_a_bad_content_length_is_400_at_once(listener, caplog, length):
     _, port = listener()
     caplog.set_level(logging.DEBUG)
     start = time.monotonic()
-    got = _exchange(port, f"POST /api/v1/targets/t/rollback HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n"
-                          "\r\n".encode())
+    got = _exchange(
+        port, f"POST /api/v1/targets/t/rollback HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode()
+    )
     assert got.startswith(b"HTTP/1.0 400"), got
     assert b"is not a number of bytes" in got
     assert time.monotonic() - start < 2  # "-1" read until the client hung up; "abc" raised in the handler
@@ -83,5 +84,8 @@ def test_connections_past_the_pool_are_refused_at_once_and_threads_stay_bounded(
         for s in held:
             s.close()
     # slots free again once the held connections are gone: a request is served
-    wait_for(lambda: _exchange(port, b"GET /metrics HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.0 200"), 10,
-             "a request to be served again")
+    wait_for(
+        lambda: _exchange(port, b"GET /metrics HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.0 200"),
+        10,
+        "a request to be served again",
+    )

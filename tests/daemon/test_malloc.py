@@ -39,15 +39,22 @@ os.unlink(path)
 
 def _arenas(env: dict) -> tuple[str, int]:
     from pathlib import Path
+
     root = str(Path(__file__).resolve().parents[2])
-    out = subprocess.run([sys.executable, "-c", _COUNT.format(root=root, env=env)], capture_output=True, text=True,
-                         check=True, timeout=60).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", _COUNT.format(root=root, env=env)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split()
     return out[0], int(out[1])
 
 
 def test_the_daemons_threads_share_two_arenas_unless_malloc_arena_max_is_set() -> None:
     import ctypes
     import ctypes.util
+
     try:
         _ = ctypes.CDLL(ctypes.util.find_library("c")).gnu_get_libc_version
     except (OSError, AttributeError, TypeError):
@@ -75,7 +82,9 @@ print(later() is None)
 
 def test_the_daemon_freezes_what_it_built_and_still_collects_the_cycles_it_makes_later() -> None:
     from pathlib import Path
+
     root = str(Path(__file__).resolve().parents[2])
-    out = subprocess.run([sys.executable, "-c", _GC.format(root=root)], capture_output=True, text=True,
-                         check=True, timeout=60).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", _GC.format(root=root)], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
     assert out == ["True", "True", "True", "True"], out

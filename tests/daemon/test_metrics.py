@@ -16,15 +16,20 @@ from tuner.lab.replay import ReplayExposition, ReplayServer
 
 
 def _samples(body: str) -> dict[tuple[str, tuple], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(body) for s in f.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(body)
+        for s in f.samples
+    }
 
 
 def test_exports_health_and_signals_per_target(store):
     text = fixture_text("vllm-0.32-cpu/metrics_after_load.txt")
     with ReplayServer(ReplayExposition(text, growth=0.05)) as server:
-        cfg = parse_config(f"targets:\n  - {{name: v, backend: vllm, url: '{server.url}'}}\n"
-                           "  - {name: gone, backend: vllm, url: 'http://127.0.0.1:9'}\n")
+        cfg = parse_config(
+            f"targets:\n  - {{name: v, backend: vllm, url: '{server.url}'}}\n"
+            "  - {name: gone, backend: vllm, url: 'http://127.0.0.1:9'}\n"
+        )
         daemon = Daemon(cfg, store)
         for _ in range(3):
             for t in cfg.targets:
@@ -66,9 +71,11 @@ def test_queue_ratio_uses_the_max_num_seqs_in_force_not_the_config_key(store, tm
     assert waiting >= 2
     (tmp_path / "model").mkdir()
     with ReplayServer(ReplayExposition(text, growth=0.05)) as server:
-        cfg = parse_config(f"targets:\n  - name: v\n    backend: vllm\n    url: '{server.url}'\n"
-                           f"    managed: {{model: '{tmp_path / 'model'}', executable: /opt/vllm/bin/python, "
-                           "flags: {max_num_seqs: 4}}\n")
+        cfg = parse_config(
+            f"targets:\n  - name: v\n    backend: vllm\n    url: '{server.url}'\n"
+            f"    managed: {{model: '{tmp_path / 'model'}', executable: /opt/vllm/bin/python, "
+            "flags: {max_num_seqs: 4}}\n"
+        )
         daemon = Daemon(cfg, store, config_dir=tmp_path)
         for _ in range(2):
             daemon.scrape_once(cfg.targets[0])
@@ -78,8 +85,9 @@ def test_queue_ratio_uses_the_max_num_seqs_in_force_not_the_config_key(store, tm
         daemon.apply_status_once()
         httpd, _ = serve_metrics(daemon.state, "127.0.0.1", 0)
         try:
-            body = http.get(f"http://127.0.0.1:{httpd.server_address[1]}/metrics", timeout_s=5,
-                            max_bytes=2**22).body.decode()
+            body = http.get(
+                f"http://127.0.0.1:{httpd.server_address[1]}/metrics", timeout_s=5, max_bytes=2**22
+            ).body.decode()
         finally:
             httpd.shutdown()
         eng = (("backend", "vllm"), ("engine", "0"), ("model_name", "tiny-llama"), ("target", "v"))
@@ -94,9 +102,22 @@ def test_queue_ratio_uses_the_max_num_seqs_in_force_not_the_config_key(store, tm
 
     assert exported() == waiting / 4 and alert_value() == waiting / 4  # the managed config's max_num_seqs: 4
     # An apply raised it to 8 and was kept: the limit in force is now 8, whatever the config says.
-    jr.save_managed(store.engine, jr.ManagedState(
-        target="v", pid=None, proc_start=None, argv=[], flags={"max_num_seqs": 8}, config_flags={"max_num_seqs": 4},
-        started_ms=0, restarts=[], state="running", updated_ms=0, note=""))
+    jr.save_managed(
+        store.engine,
+        jr.ManagedState(
+            target="v",
+            pid=None,
+            proc_start=None,
+            argv=[],
+            flags={"max_num_seqs": 8},
+            config_flags={"max_num_seqs": 4},
+            started_ms=0,
+            restarts=[],
+            state="running",
+            updated_ms=0,
+            note="",
+        ),
+    )
     assert exported() == waiting / 8 and alert_value() == waiting / 8
 
 
@@ -123,17 +144,48 @@ def test_memory_breakdown_on_metrics_and_in_status_json(store, tmp_path):
     server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
     try:
         with ReplayServer(ReplayExposition(text, growth=0.0)) as replay:
-            cfg = parse_config(f"targets:\n  - name: v\n    backend: vllm\n    url: '{replay.url}'\n"
-                               f"    managed: {{model: '{model_dir}', executable: /opt/vllm/bin/python}}\n")
+            cfg = parse_config(
+                f"targets:\n  - name: v\n    backend: vllm\n    url: '{replay.url}'\n"
+                f"    managed: {{model: '{model_dir}', executable: /opt/vllm/bin/python}}\n"
+            )
             now = time.time()
-            jr.save_managed(store.engine, jr.ManagedState(
-                target="v", pid=server.pid, proc_start=proc_start_time(server.pid), argv=[], flags={},
-                config_flags={}, started_ms=int(now * 1000), restarts=[], state="running", updated_ms=int(now * 1000),
-                note=""))
+            jr.save_managed(
+                store.engine,
+                jr.ManagedState(
+                    target="v",
+                    pid=server.pid,
+                    proc_start=proc_start_time(server.pid),
+                    argv=[],
+                    flags={},
+                    config_flags={},
+                    started_ms=int(now * 1000),
+                    restarts=[],
+                    state="running",
+                    updated_ms=int(now * 1000),
+                    note="",
+                ),
+            )
             gib = 2**30
-            store.ingest_gpu(GpuReading("nvml", now, True, (GpuSnapshot(
-                0, "GPU-0", "NVIDIA H100 80GB HBM3", 0.4, 70 * gib, 80 * gib, 50.0, 300.0,
-                (GpuProcess(server.pid, "python", 60 * gib), GpuProcess(1, "someone-else", 10 * gib))),)))
+            store.ingest_gpu(
+                GpuReading(
+                    "nvml",
+                    now,
+                    True,
+                    (
+                        GpuSnapshot(
+                            0,
+                            "GPU-0",
+                            "NVIDIA H100 80GB HBM3",
+                            0.4,
+                            70 * gib,
+                            80 * gib,
+                            50.0,
+                            300.0,
+                            (GpuProcess(server.pid, "python", 60 * gib), GpuProcess(1, "someone-else", 10 * gib)),
+                        ),
+                    ),
+                )
+            )
             daemon = Daemon(cfg, store, config_dir=tmp_path)
             for _ in range(2):
                 daemon.scrape_once(cfg.targets[0])
@@ -142,8 +194,9 @@ def test_memory_breakdown_on_metrics_and_in_status_json(store, tmp_path):
             st = status(Session(cfg, tmp_path, store), window_s=300, now=time.time())
         httpd, _ = serve_metrics(daemon.state, "127.0.0.1", 0)
         try:
-            body = http.get(f"http://127.0.0.1:{httpd.server_address[1]}/metrics", timeout_s=5,
-                            max_bytes=2**22).body.decode()
+            body = http.get(
+                f"http://127.0.0.1:{httpd.server_address[1]}/metrics", timeout_s=5, max_bytes=2**22
+            ).body.decode()
         finally:
             httpd.shutdown()
     finally:
@@ -159,10 +212,13 @@ def test_memory_breakdown_on_metrics_and_in_status_json(store, tmp_path):
     assert got[("tuner_memory_gpu_process_used_bytes", proc)] == 60 * gib
     assert got[("tuner_memory_gpu_total_bytes", (("gpu", "0"), ("target", "v")))] == 80 * gib
     assert not [k for k in got if k[0] == "tuner_memory_gpu_process_used_bytes" and ("pid", "1") in k[1]]
-    assert got[("tuner_applies_last_hour", (("target", "v"),))] == 0 and ("tuner_apply_flag_flips", (("target", "v"),)) \
-        in got
+    assert (
+        got[("tuner_applies_last_hour", (("target", "v"),))] == 0
+        and ("tuner_apply_flag_flips", (("target", "v"),)) in got
+    )
     (row,) = st.targets
     (mem,) = row.as_json()["memory"]
     assert mem["kv_cache_allocated_bytes"] == 2**30 and mem["kv_source"] == "blocks"
-    assert mem["gpu_processes"] == [{"gpu": 0, "pid": server.pid, "name": "python", "used_bytes": 60 * gib,
-                                     "total_bytes": 80 * gib}]
+    assert mem["gpu_processes"] == [
+        {"gpu": 0, "pid": server.pid, "name": "python", "used_bytes": 60 * gib, "total_bytes": 80 * gib}
+    ]

@@ -19,8 +19,10 @@ class Clock:
 
 def test_scrape_errors_auto_evaluations_missed_and_the_outbox_reach_the_rules(store):
     clock = Clock(1_800_000_000.0)
-    cfg = parse_config("targets:\n  - {name: gone, backend: vllm, url: 'http://127.0.0.1:9', "
-                       "apply: {mode: auto, auto_interval: 30s}}\n")
+    cfg = parse_config(
+        "targets:\n  - {name: gone, backend: vllm, url: 'http://127.0.0.1:9', "
+        "apply: {mode: auto, auto_interval: 30s}}\n"
+    )
     daemon = Daemon(cfg, store, clock=clock)
     start = clock.t
     for _ in range(41):  # a refused target, scraped every 15 s for 10 minutes; nothing ever evaluates auto mode

@@ -14,8 +14,10 @@ from pathlib import Path
 from tests.helpers import Route, fixture_text, serve
 from tuner.lab.proc import wait_for
 
-GOOD = ("groups:\n  - name: g\n    interval: 1s\n    rules:\n"
-        "      - {alert: Up, signal: up, op: '==', threshold: 1, window: 1m, for: 0s}\n")
+GOOD = (
+    "groups:\n  - name: g\n    interval: 1s\n    rules:\n"
+    "      - {alert: Up, signal: up, op: '==', threshold: 1, window: 1m, for: 0s}\n"
+)
 
 
 def _metrics_of(port: int) -> str:
@@ -33,13 +35,16 @@ def _tuner_run(tmp_path: Path, rules: Path, stderr) -> Iterator[tuple[subprocess
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with serve({"/metrics": Route(body=fixture_text("vllm-0.32-cpu/metrics_after_load.txt")),
-                "/health": Route(body=b"")}) as url:
+    with serve(
+        {"/metrics": Route(body=fixture_text("vllm-0.32-cpu/metrics_after_load.txt")), "/health": Route(body=b"")}
+    ) as url:
         config = tmp_path / "tuner.yaml"
-        config.write_text(f"store: {{url: 'sqlite:///{tmp_path}/tuner.db'}}\nlisten: 127.0.0.1:{port}\n"
-                          f"defaults: {{scrape_interval: 1s}}\n"
-                          f"targets:\n  - {{name: chat, backend: vllm, url: '{url}'}}\n"
-                          f"alerting: {{rule_files: ['{rules}'], evaluation_interval: 1s}}\n")
+        config.write_text(
+            f"store: {{url: 'sqlite:///{tmp_path}/tuner.db'}}\nlisten: 127.0.0.1:{port}\n"
+            f"defaults: {{scrape_interval: 1s}}\n"
+            f"targets:\n  - {{name: chat, backend: vllm, url: '{url}'}}\n"
+            f"alerting: {{rule_files: ['{rules}'], evaluation_interval: 1s}}\n"
+        )
         cli = [sys.executable, "-m", "tuner.cli", "--config", str(config)]
         subprocess.run([*cli, "db", "upgrade"], check=True, capture_output=True)
         proc = subprocess.Popen([*cli, "run"], stdout=subprocess.DEVNULL, stderr=stderr)
@@ -58,8 +63,11 @@ def test_sighup_with_a_rule_file_that_is_not_utf8_keeps_the_daemon_and_its_rules
         wait_for(lambda: 'alertname="Up"' in _safe(_metrics_of, port), 60, "the Up alert to fire")
         rules.write_bytes(GOOD.replace("Up", "Caf\xe9").encode("latin-1"))  # "Café" in Latin-1: not UTF-8
         os.kill(proc.pid, signal.SIGHUP)
-        wait_for(lambda: proc.poll() is not None or 'tuner_job_error{job="rules"} 1.0' in _safe(_metrics_of, port),
-                 30, "the failed reload to show")
+        wait_for(
+            lambda: proc.poll() is not None or 'tuner_job_error{job="rules"} 1.0' in _safe(_metrics_of, port),
+            30,
+            "the failed reload to show",
+        )
         assert proc.poll() is None, log.read_text()
         then = _scrapes(port)
         wait_for(lambda: proc.poll() is not None or _scrapes(port) >= then + 2, 30, "two more scrapes")
@@ -71,6 +79,7 @@ def test_sighup_with_a_rule_file_that_is_not_utf8_keeps_the_daemon_and_its_rules
     assert len(lines) == 1, text
     assert str(rules) in lines[0] and "not UTF-8" in lines[0], lines[0]
     assert proc.returncode == 0, text
+
 
 def _scrapes(port: int) -> float:
     line = next(x for x in _safe(_metrics_of, port).splitlines() if x.startswith('tuner_scrapes_total{target="chat"}'))
@@ -99,9 +108,14 @@ def test_every_sighup_on_a_busy_host_is_handled_at_once(tmp_path: Path):
                 broken = i % 2 == 0
                 rules.write_bytes(GOOD.replace("Up", "Caf\xe9").encode("latin-1") if broken else GOOD.encode())
                 os.kill(proc.pid, signal.SIGHUP)
-                wait_for(lambda b=broken: ('tuner_job_error{job="rules"} 1.0' in _safe(_metrics_of, port)) is b
-                         or proc.poll() is not None, 5, f"reload {i + 1} of 16 ({'broken' if broken else 'good'})"
-                         " to show", every_s=0.05)
+                wait_for(
+                    lambda b=broken: (
+                        ('tuner_job_error{job="rules"} 1.0' in _safe(_metrics_of, port)) is b or proc.poll() is not None
+                    ),
+                    5,
+                    f"reload {i + 1} of 16 ({'broken' if broken else 'good'}) to show",
+                    every_s=0.05,
+                )
                 assert proc.poll() is None
         assert proc.returncode == 0
     finally:

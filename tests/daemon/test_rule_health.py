@@ -27,8 +27,9 @@ groups:
 
 
 def _scrape(store, ts: float, kv: float) -> None:
-    e = EngineSnapshot(backend="vllm", engine="0", model_name="m", values={("vllm:kv_cache_usage_perc", ()): kv},
-                       histograms={})
+    e = EngineSnapshot(
+        backend="vllm", engine="0", model_name="m", values={("vllm:kv_cache_usage_perc", ()): kv}, histograms={}
+    )
     store.ingest(TargetSnapshot(target="chat", backend="vllm", ts=ts, duration_s=0.0, engines=(e,)))
 
 
@@ -41,8 +42,10 @@ def _metrics(daemon: Daemon) -> str:
 def test_a_rule_that_fails_to_evaluate_leaves_its_group_evaluating_and_shows_once(tmp_path, store, caplog):
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
-    cfg = parse_config(f"targets:\n  - {{name: chat, backend: vllm, url: 'http://127.0.0.1:1', slo: {{ttft_p99: 1s}}}}\n"
-                       f"alerting: {{rule_files: ['{rules}']}}\n")
+    cfg = parse_config(
+        f"targets:\n  - {{name: chat, backend: vllm, url: 'http://127.0.0.1:1', slo: {{ttft_p99: 1s}}}}\n"
+        f"alerting: {{rule_files: ['{rules}']}}\n"
+    )
     now = [1_800_000_000.0]
     daemon = Daemon(cfg, store, clock=lambda: now[0])
     # The loader refuses a NaN threshold now; a rule built by hand with one stands for any rule that fails when

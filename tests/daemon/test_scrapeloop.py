@@ -35,8 +35,14 @@ class _Clock:
 
 def _run(items: dict[str, float], clock: _Clock, run=None) -> tuple[ScrapeLoop[str], list[tuple[str, float]]]:
     runs: list[tuple[str, float]] = []
-    loop = ScrapeLoop(list(items), items.__getitem__, run or (lambda item: runs.append((item, clock()))),
-                      workers=2, clock=clock, sleep=clock.sleep)
+    loop = ScrapeLoop(
+        list(items),
+        items.__getitem__,
+        run or (lambda item: runs.append((item, clock()))),
+        workers=2,
+        clock=clock,
+        sleep=clock.sleep,
+    )
     clock.loop = loop
     loop.start()
     assert loop._thread is not None  # noqa: SLF001
@@ -87,8 +93,9 @@ def test_a_target_still_being_scraped_is_refused_not_run_twice() -> None:
     assert calls == [0.0, 4.0, 5.0, 6.0]
 
 
-def _held_loop(items: dict[str, float], clock: list[float]) -> tuple[ScrapeLoop[str], dict[str, threading.Event],
-                                                                       threading.Event]:
+def _held_loop(
+    items: dict[str, float], clock: list[float]
+) -> tuple[ScrapeLoop[str], dict[str, threading.Event], threading.Event]:
     """A loop on a hand-moved clock whose runs each block until their item's event is set; its loop thread
     only looks at the clock when woken (so the test decides when runs are handed out)."""
     gates = {item: threading.Event() for item in items}
@@ -98,8 +105,15 @@ def _held_loop(items: dict[str, float], clock: list[float]) -> tuple[ScrapeLoop[
         wake.wait(30)
         wake.clear()
 
-    loop = ScrapeLoop(list(items), items.__getitem__, lambda item: gates[item].wait(30), workers=2,
-                      clock=lambda: clock[0], sleep=sleep, start=0.0)
+    loop = ScrapeLoop(
+        list(items),
+        items.__getitem__,
+        lambda item: gates[item].wait(30),
+        workers=2,
+        clock=lambda: clock[0],
+        sleep=sleep,
+        start=0.0,
+    )
     return loop, gates, wake
 
 
@@ -148,8 +162,16 @@ def test_unspread_first_runs_all_start_at_the_origin() -> None:
     """The alert groups' loop: every group's first evaluation at the origin, then each on its own interval."""
     clock = _Clock(until=4.0)
     runs: list[tuple[str, float]] = []
-    loop = ScrapeLoop(["a", "b"], {"a": 1.0, "b": 2.0}.__getitem__, lambda item: runs.append((item, clock())),
-                      workers=2, clock=clock, sleep=clock.sleep, start=0.5, spread=False)
+    loop = ScrapeLoop(
+        ["a", "b"],
+        {"a": 1.0, "b": 2.0}.__getitem__,
+        lambda item: runs.append((item, clock())),
+        workers=2,
+        clock=clock,
+        sleep=clock.sleep,
+        start=0.5,
+        spread=False,
+    )
     clock.loop = loop
     loop.start()
     assert loop._thread is not None  # noqa: SLF001

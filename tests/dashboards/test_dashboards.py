@@ -50,9 +50,11 @@ def exporter_names(store) -> set[str]:  # type: ignore[no-untyped-def]
     llama = ReplayServer(ReplayExposition(fixture_text("llama-server/metrics_mid_load.txt"), growth=0.05))
     dcgm = ReplayServer(ReplayExposition(fixture_text("dcgm-exporter/metrics_2gpus.txt"), growth=0.0))
     with vllm, llama, dcgm:
-        cfg = parse_config(f"gpu: {{source: dcgm, url: '{dcgm.url}/metrics'}}\ntargets:\n"
-                           f"  - {{name: v, backend: vllm, url: '{vllm.url}'}}\n"
-                           f"  - {{name: l, backend: llamacpp, url: '{llama.url}'}}\n")
+        cfg = parse_config(
+            f"gpu: {{source: dcgm, url: '{dcgm.url}/metrics'}}\ntargets:\n"
+            f"  - {{name: v, backend: vllm, url: '{vllm.url}'}}\n"
+            f"  - {{name: l, backend: llamacpp, url: '{llama.url}'}}\n"
+        )
         daemon = Daemon(cfg, store)
         for _ in range(3):
             for t in cfg.targets:
@@ -82,8 +84,13 @@ def known_names(tmp_path_factory) -> set[str]:  # type: ignore[no-untyped-def]
 
 
 def unknown_names(dashboards: dict[str, dict], known: set[str]) -> list[str]:
-    return [f"{q.dashboard} / {q.where}: {name}" for d in dashboards.values() for q in queries(d)
-            for name in sorted(metric_names(q.expr)) if name not in known]
+    return [
+        f"{q.dashboard} / {q.where}: {name}"
+        for d in dashboards.values()
+        for q in queries(d)
+        for name in sorted(metric_names(q.expr))
+        if name not in known
+    ]
 
 
 def promtool_errors(exprs: list[str], tmp: Path) -> list[str]:
@@ -91,8 +98,14 @@ def promtool_errors(exprs: list[str], tmp: Path) -> list[str]:
     promtool = require_tool("promtool")
 
     def check(batch: list[str], name: str) -> subprocess.CompletedProcess[str]:
-        rules = {"groups": [{"name": "dashboards", "rules": [
-            {"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(batch)]}]}
+        rules = {
+            "groups": [
+                {
+                    "name": "dashboards",
+                    "rules": [{"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(batch)],
+                }
+            ]
+        }
         path = tmp / name
         path.write_text(json.dumps(rules))  # JSON is YAML
         return subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
@@ -163,32 +176,49 @@ def test_pending_exporter_series_are_still_pending(dashboards, known_names):
     served = PENDING_SERIES & known_names
     assert not served, f"tuner's exporter now serves {sorted(served)}: remove them from PENDING_SERIES"
     used = {n for d in dashboards.values() for q in queries(d) for n in metric_names(q.expr)}
-    assert {"vllm:kv_cache_usage_perc", "llamacpp:requests_deferred", "DCGM_FI_DEV_GPU_UTIL",
-            "tuner_gpu_utilization_ratio", "tuner_alerts", "tuner_scrape_duration_seconds"} <= used
+    assert {
+        "vllm:kv_cache_usage_perc",
+        "llamacpp:requests_deferred",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "tuner_gpu_utilization_ratio",
+        "tuner_alerts",
+        "tuner_scrape_duration_seconds",
+    } <= used
 
 
 def test_name_check_catches_a_name_no_real_exposition_has(dashboards, known_names):
     known_names = known_names | PENDING_SERIES
     # vLLM 0.32 renamed gpu_cache_usage_perc to kv_cache_usage_perc: a dashboard on the old name shows nothing.
     assert "vllm:gpu_cache_usage_perc" not in known_names
-    d = json.loads(json.dumps(dashboards["tuner-vllm"]).replace("vllm:kv_cache_usage_perc",
-                                                                 "vllm:gpu_cache_usage_perc"))
+    d = json.loads(
+        json.dumps(dashboards["tuner-vllm"]).replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+    )
     missing = unknown_names({"tuner-vllm": d}, known_names)
     assert missing == ["tuner-vllm / KV-cache use [A]: vllm:gpu_cache_usage_perc"]
     d = json.loads(json.dumps(dashboards["tuner-gpu"]).replace("tuner_gpu_power_watts", "tuner_gpu_power_w"))
     assert unknown_names({"tuner-gpu": d}, known_names) == ["tuner-gpu / Power [A]: tuner_gpu_power_w"]
 
 
-@pytest.mark.parametrize("expr, names", [
-    ('histogram_quantile(0.99, sum by (target, model_name, le) (rate(vllm:e2e_request_latency_seconds_bucket'
-     '{target=~".*",model_name=~"a|b"}[30s])))', {"vllm:e2e_request_latency_seconds_bucket"}),
-    ("sum(rate(a_total[5m])) / ignoring(le) sum without (x) (b) > bool 0 or vector(0)", {"a_total", "b"}),
-    ('count by (alertname, alertstate) (tuner_alerts{alertstate="firing",summary="rate(x) by (y)"}) offset 5m',
-     {"tuner_alerts"}),
-    ("DCGM_FI_DEV_FB_USED + on(gpu) group_left(modelName) DCGM_FI_DEV_FB_FREE", {"DCGM_FI_DEV_FB_USED",
-                                                                                   "DCGM_FI_DEV_FB_FREE"}),
-    ("max_over_time(up[1h:1m]) * 1e3", {"up"}),
-])
+@pytest.mark.parametrize(
+    "expr, names",
+    [
+        (
+            "histogram_quantile(0.99, sum by (target, model_name, le) (rate(vllm:e2e_request_latency_seconds_bucket"
+            '{target=~".*",model_name=~"a|b"}[30s])))',
+            {"vllm:e2e_request_latency_seconds_bucket"},
+        ),
+        ("sum(rate(a_total[5m])) / ignoring(le) sum without (x) (b) > bool 0 or vector(0)", {"a_total", "b"}),
+        (
+            'count by (alertname, alertstate) (tuner_alerts{alertstate="firing",summary="rate(x) by (y)"}) offset 5m',
+            {"tuner_alerts"},
+        ),
+        (
+            "DCGM_FI_DEV_FB_USED + on(gpu) group_left(modelName) DCGM_FI_DEV_FB_FREE",
+            {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"},
+        ),
+        ("max_over_time(up[1h:1m]) * 1e3", {"up"}),
+    ],
+)
 def test_metric_names_of_an_expression(expr, names):
     assert metric_names(expr) == names
 

@@ -52,8 +52,9 @@ class FakeGrafana:
                 if fake.status:
                     return self._reply(fake.status, {"message": "invalid API key"})
                 if (method, path) == ("GET", "/api/folders"):
-                    return self._reply(200, [{"id": f["id"], "uid": uid, "title": f["title"]}
-                                             for uid, f in fake.folders.items()])
+                    return self._reply(
+                        200, [{"id": f["id"], "uid": uid, "title": f["title"]} for uid, f in fake.folders.items()]
+                    )
                 if (method, path) == ("POST", "/api/folders"):
                     uid = body.get("uid") or f"f{len(fake.folders)}"
                     if uid in fake.folders:
@@ -68,10 +69,21 @@ class FakeGrafana:
                     if body.get("folderUid") not in fake.folders:
                         return self._reply(400, {"message": "folder not found"})
                     version = (old["version"] + 1) if old else 1
-                    fake.dashboards[dash["uid"]] = {"version": version, "folderUid": body["folderUid"],
-                                                    "dashboard": dash}
-                    return self._reply(200, {"id": 1, "uid": dash["uid"], "status": "success", "version": version,
-                                             "url": f"/d/{dash['uid']}/x"})
+                    fake.dashboards[dash["uid"]] = {
+                        "version": version,
+                        "folderUid": body["folderUid"],
+                        "dashboard": dash,
+                    }
+                    return self._reply(
+                        200,
+                        {
+                            "id": 1,
+                            "uid": dash["uid"],
+                            "status": "success",
+                            "version": version,
+                            "url": f"/d/{dash['uid']}/x",
+                        },
+                    )
                 return self._reply(404, {"message": "not found"})
 
             def do_GET(self) -> None:  # noqa: N802
@@ -100,7 +112,7 @@ def test_push_creates_the_folder_once_and_overwrites_dashboards(monkeypatch, cap
         assert main(["dashboards", "push", "--grafana-url", grafana.url, "--folder", "LLM serving"]) == 0
         first = list(grafana.requests)
         assert main(["dashboards", "push", "--grafana-url", grafana.url, "--folder", "LLM serving"]) == 0
-        second = grafana.requests[len(first):]
+        second = grafana.requests[len(first) :]
     out = capsys.readouterr().out
     assert "created" in out and "found" in out
     # Every request carries the token as a bearer header; the token never appears elsewhere.

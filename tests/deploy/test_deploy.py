@@ -44,8 +44,13 @@ CRDS = {"ServiceMonitor", "PrometheusRule"}
 
 
 def _docs() -> list[tuple[str, dict[str, Any]]]:
-    return [(p.name, d) for p in sorted(K8S.glob("*.yaml")) if p.name != "kustomization.yaml"
-            for d in yaml.safe_load_all(p.read_text()) if d]
+    return [
+        (p.name, d)
+        for p in sorted(K8S.glob("*.yaml"))
+        if p.name != "kustomization.yaml"
+        for d in yaml.safe_load_all(p.read_text())
+        if d
+    ]
 
 
 def _one(kind: str) -> dict[str, Any]:
@@ -54,8 +59,11 @@ def _one(kind: str) -> dict[str, Any]:
 
 def _schema_validate(data: Any, type_file: str) -> None:
     """``data`` against one type of the Kubernetes schema kubernetes-validate ships (strict), e.g. ObjectMeta."""
-    base = importlib_resources.files("kubernetes_validate") / "kubernetes-json-schema" / \
-        f"v{latest_version()}-local-strict"
+    base = (
+        importlib_resources.files("kubernetes_validate")
+        / "kubernetes-json-schema"
+        / f"v{latest_version()}-local-strict"
+    )
     schema = json.loads((base / type_file).read_text())
     defs = json.loads((base / "_definitions.json").read_text())
     registry = Resource.from_contents(defs) @ (Resource.from_contents(schema) @ Registry())
@@ -73,8 +81,16 @@ def _validate(doc: dict[str, Any]) -> None:
 
 def test_every_manifest_validates_against_the_kubernetes_openapi_schema():
     docs = _docs()
-    assert {d["kind"] for _, d in docs} == {"ServiceAccount", "Role", "RoleBinding", "ConfigMap",
-                                             "PersistentVolumeClaim", "Deployment", "Service", "ServiceMonitor"}
+    assert {d["kind"] for _, d in docs} == {
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ConfigMap",
+        "PersistentVolumeClaim",
+        "Deployment",
+        "Service",
+        "ServiceMonitor",
+    }
     for _name, doc in docs:
         _validate(doc)
     # and the check can fail: a misspelt field, a wrong type, a bad label are refused
@@ -148,16 +164,29 @@ def test_the_shipped_role_is_enough_for_tuner_and_no_more(tmp_path, store):
         c.deployment("vllm-chat", replicas=2, args=args, labels={"app": "vllm-chat"})
         c.deployment("other", replicas=1, args=args, labels={"app": "other"})
         cm = parse_config(_one("ConfigMap")["data"]["tuner.yaml"])
-        text = _one("ConfigMap")["data"]["tuner.yaml"].replace("'sqlite:////var/lib/tuner/tuner.db'",
-                                                               f"'sqlite:///{tmp_path}/t.db'")
+        text = _one("ConfigMap")["data"]["tuner.yaml"].replace(
+            "'sqlite:////var/lib/tuner/tuner.db'", f"'sqlite:///{tmp_path}/t.db'"
+        )
         cfg = parse_config(f"kubernetes: {{kubeconfig: '{c.kubeconfig}'}}\n" + text)
         assert cfg.targets[0].kubernetes == cm.targets[0].kubernetes
         cfg = expand(cfg, list_pods(cfg, None, now=c.clock()))
         assert len(cfg.targets) == 2
         t = cfg.targets[0]
-        rid = recs.add_recommendation(store.engine, target=t.name, now=c.clock(), rules=["r"], diff_key="{}",
-                                      diff={"max_num_seqs": 8}, current={"max_num_seqs": 4}, evidence=[],
-                                      expected_effect="", risk="", confidence=0.9, rank=1, memory_check={"ok": True})
+        rid = recs.add_recommendation(
+            store.engine,
+            target=t.name,
+            now=c.clock(),
+            rules=["r"],
+            diff_key="{}",
+            diff={"max_num_seqs": 8},
+            current={"max_num_seqs": 4},
+            evidence=[],
+            expected_effect="",
+            risk="",
+            confidence=0.9,
+            rank=1,
+            memory_check={"ok": True},
+        )
         a = Applier(cfg, store, tmp_path, say=lambda m: None, clock=c.clock, sleep=c.sleep).apply(rid)
         assert "forbidden" not in a.note and [s for s in a.steps if s["step"] == "patch"], a.note
         api = connect(cfg.kubernetes)
@@ -172,14 +201,24 @@ def test_the_shipped_role_is_enough_for_tuner_and_no_more(tmp_path, store):
 
 
 def _tuner(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
 def test_alerts_export_writes_a_prometheus_rule_object_promtool_accepts(tmp_path):
     promtool = require_tool("promtool")
-    out = _tuner("alerts", "export", "--format", "prometheus-operator", "--namespace", "monitoring",
-                 "--label", "release=prometheus", cwd=tmp_path)
+    out = _tuner(
+        "alerts",
+        "export",
+        "--format",
+        "prometheus-operator",
+        "--namespace",
+        "monitoring",
+        "--label",
+        "release=prometheus",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     obj = yaml.safe_load(out.stdout)
     assert (obj["apiVersion"], obj["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
@@ -189,18 +228,21 @@ def test_alerts_export_writes_a_prometheus_rule_object_promtool_accepts(tmp_path
     plain = yaml.safe_load(_tuner("alerts", "export", cwd=tmp_path).stdout)
     assert obj["spec"]["groups"] == plain["groups"]  # the same rules as the rule file
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": obj["spec"]["groups"]}))
-    check = subprocess.run([promtool, "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True,
-                           text=True, timeout=60)
+    check = subprocess.run(
+        [promtool, "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True, timeout=60
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     assert "SUCCESS" in check.stdout
     # the configured pack, and a bad name said in one line
     cfg = tmp_path / "tuner.yaml"
     (tmp_path / "mine.yaml").write_text(
         "groups:\n  - name: mine\n    rules:\n      - {alert: Busy, signal: requests_waiting, op: '>', threshold: 3, "
-        "for: 1m, backend: vllm}\n")
+        "for: 1m, backend: vllm}\n"
+    )
     cfg.write_text("alerting: {rule_files: [mine.yaml]}\n")
-    mine = yaml.safe_load(_tuner("--config", str(cfg), "alerts", "export", "--format", "prometheus-operator",
-                                 cwd=tmp_path).stdout)
+    mine = yaml.safe_load(
+        _tuner("--config", str(cfg), "alerts", "export", "--format", "prometheus-operator", cwd=tmp_path).stdout
+    )
     assert [g["name"] for g in mine["spec"]["groups"]] == ["mine"]
     bad = _tuner("alerts", "export", "--format", "prometheus-operator", "--name", "Tuner_Rules", cwd=tmp_path)
     assert bad.returncode == 2 and "--name" in bad.stderr and "DNS-1123" in bad.stderr
@@ -208,8 +250,12 @@ def test_alerts_export_writes_a_prometheus_rule_object_promtool_accepts(tmp_path
 
 
 def _verify(unit_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["systemd-analyze", "verify", str(unit_dir / "tuner.service"), str(unit_dir / "tuner.slice")],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["systemd-analyze", "verify", str(unit_dir / "tuner.service"), str(unit_dir / "tuner.slice")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_the_systemd_unit_passes_systemd_analyze_verify(tmp_path):
@@ -231,8 +277,9 @@ def test_the_systemd_unit_passes_systemd_analyze_verify(tmp_path):
     # loopback by default: the unit sets no listen address, and a config without one listens on 127.0.0.1
     assert "0.0.0.0" not in unit and parse_config("targets: []").listen_host_port[0] == "127.0.0.1"
     # and verify can fail: a misspelt key, a missing binary
-    (tmp_path / "tuner.service").write_text(unit.replace("/usr/local/bin/tuner", str(tuner))
-                                            .replace("Restart=", "Restrat="))
+    (tmp_path / "tuner.service").write_text(
+        unit.replace("/usr/local/bin/tuner", str(tuner)).replace("Restart=", "Restrat=")
+    )
     got = _verify(tmp_path)
     assert "Unknown key" in got.stdout + got.stderr
     (tmp_path / "tuner.service").write_text(unit)

@@ -58,10 +58,10 @@ def vllm_server_factory(tmp_path: Path) -> Iterator[Callable[..., RealServer]]:
     require(realservers.VLLM_PYTHON, realservers.TINY_MODEL)
     started: list[RealServer] = []
 
-    def factory(flags: Mapping[str, FlagValue] | None = None, env: Mapping[str, str] | None = None,
-                **kwargs: object) -> RealServer:
-        server = realservers.start_vllm(tmp_path / f"vllm-{len(started)}", flags=flags, env=env,
-                                        **kwargs)  # type: ignore[arg-type]
+    def factory(
+        flags: Mapping[str, FlagValue] | None = None, env: Mapping[str, str] | None = None, **kwargs: object
+    ) -> RealServer:
+        server = realservers.start_vllm(tmp_path / f"vllm-{len(started)}", flags=flags, env=env, **kwargs)  # type: ignore[arg-type]
         started.append(server)
         return server
 
@@ -87,8 +87,7 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServe
 def llama_server_no_metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
     """llama-server started without --metrics: its /metrics answers 501."""
     require(realservers.LLAMA_SERVER, realservers.TINY_GGUF)
-    server = realservers.start_llama_server(tmp_path_factory.mktemp("llama-nometrics"),
-                                            flags={"--metrics": None})
+    server = realservers.start_llama_server(tmp_path_factory.mktemp("llama-nometrics"), flags={"--metrics": None})
     try:
         yield server
     finally:
@@ -102,8 +101,7 @@ def llama_server_factory(tmp_path: Path) -> Iterator[Callable[..., RealServer]]:
     started: list[RealServer] = []
 
     def factory(flags: Mapping[str, FlagValue] | None = None, **kwargs: object) -> RealServer:
-        server = realservers.start_llama_server(tmp_path / f"llama-{len(started)}", flags=flags,
-                                                **kwargs)  # type: ignore[arg-type]
+        server = realservers.start_llama_server(tmp_path / f"llama-{len(started)}", flags=flags, **kwargs)  # type: ignore[arg-type]
         started.append(server)
         return server
 

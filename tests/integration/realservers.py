@@ -18,14 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tuner.apply.launch import (
-    FlagValue,
-    ServerProcess,
-    free_port,
-    llama_server_argv,
-    vllm_argv,
-    vllm_cpu_env,
-)
+from tuner.apply.launch import FlagValue, ServerProcess, free_port, llama_server_argv, vllm_argv, vllm_cpu_env
 
 if TYPE_CHECKING:
     from tuner.lab.load import LoadResult
@@ -68,12 +61,18 @@ class Part:
         return f"{self.what} not found {where} (set {self.env_var}, or run {self.script})"
 
 
-VLLM_PYTHON = Part("vLLM CPU venv python", "TUNER_VLLM_PYTHON", CACHE / "vllm-venv" / "bin" / "python",
-                   "scripts/install-vllm-cpu.sh")
-TINY_MODEL = Part("tiny HF model dir", "TUNER_TINY_MODEL", CACHE / "models" / "tiny-llama",
-                  "scripts/setup-real-servers.sh")
-LLAMA_SERVER = Part("llama-server", "TUNER_LLAMA_SERVER", CACHE / "llama.cpp" / "bin" / "llama-server",
-                    "scripts/install-llama-server.sh")
+VLLM_PYTHON = Part(
+    "vLLM CPU venv python", "TUNER_VLLM_PYTHON", CACHE / "vllm-venv" / "bin" / "python", "scripts/install-vllm-cpu.sh"
+)
+TINY_MODEL = Part(
+    "tiny HF model dir", "TUNER_TINY_MODEL", CACHE / "models" / "tiny-llama", "scripts/setup-real-servers.sh"
+)
+LLAMA_SERVER = Part(
+    "llama-server",
+    "TUNER_LLAMA_SERVER",
+    CACHE / "llama.cpp" / "bin" / "llama-server",
+    "scripts/install-llama-server.sh",
+)
 TINY_GGUF = Part("tiny GGUF", "TUNER_TINY_GGUF", CACHE / "models" / "tiny.gguf", "scripts/setup-real-servers.sh")
 PROMETHEUS = Part("prometheus", "TUNER_PROMETHEUS", None, "scripts/install-prometheus.sh")
 HAPROXY = Part("haproxy", "TUNER_HAPROXY", None, "scripts/install-haproxy.sh")
@@ -98,8 +97,9 @@ class RealServer:
         return self.process.stop(grace_s)
 
 
-def _started(kind: str, proc: ServerProcess, url: str, timeout: float, model_name: str | None,
-             path: str = "/health") -> RealServer:
+def _started(
+    kind: str, proc: ServerProcess, url: str, timeout: float, model_name: str | None, path: str = "/health"
+) -> RealServer:
     try:
         start_s = proc.wait_healthy(url, timeout, path=path)
     except BaseException:
@@ -128,11 +128,15 @@ def start_vllm(
     if any(merged.get(f) is not None for f in _KV_SIZING_FLAGS):
         kvcache_space_gib = None
     port = port or free_port()
-    argv = vllm_argv(str(VLLM_PYTHON.path()), str(model or TINY_MODEL.path()), port=port,
-                     served_model_name=served_model_name, flags=merged)
+    argv = vllm_argv(
+        str(VLLM_PYTHON.path()),
+        str(model or TINY_MODEL.path()),
+        port=port,
+        served_model_name=served_model_name,
+        flags=merged,
+    )
     workdir.mkdir(parents=True, exist_ok=True)
-    run_env = vllm_cpu_env(tempfile.mkdtemp(prefix="vllm-cache-", dir=workdir),
-                           kvcache_space_gib=kvcache_space_gib)
+    run_env = vllm_cpu_env(tempfile.mkdtemp(prefix="vllm-cache-", dir=workdir), kvcache_space_gib=kvcache_space_gib)
     run_env.update(env or {})
     proc = ServerProcess.start(argv, run_env, workdir / f"vllm-{port}.log", cwd=workdir)
     return _started("vllm", proc, f"http://127.0.0.1:{port}", timeout, served_model_name)
@@ -158,20 +162,26 @@ def start_llama_server(
     return _started("llama-server", proc, f"http://127.0.0.1:{port}", timeout, name)
 
 
-def prometheus_config(targets: Iterable[str], *, interval_s: float, job: str = "tuner-test",
-                      metrics_path: str = "/metrics") -> str:
+def prometheus_config(
+    targets: Iterable[str], *, interval_s: float, job: str = "tuner-test", metrics_path: str = "/metrics"
+) -> str:
     """A Prometheus config scraping host:port targets (JSON is valid YAML, so no YAML writer is needed)."""
     interval = f"{int(interval_s * 1000)}ms"
-    return json.dumps({
-        "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "scrape_configs": [{
-            "job_name": job,
-            "metrics_path": metrics_path,
-            "scrape_interval": interval,
-            "scrape_timeout": interval,
-            "static_configs": [{"targets": list(targets)}],
-        }],
-    }, indent=2)
+    return json.dumps(
+        {
+            "global": {"scrape_interval": interval, "evaluation_interval": interval},
+            "scrape_configs": [
+                {
+                    "job_name": job,
+                    "metrics_path": metrics_path,
+                    "scrape_interval": interval,
+                    "scrape_timeout": interval,
+                    "static_configs": [{"targets": list(targets)}],
+                }
+            ],
+        },
+        indent=2,
+    )
 
 
 def start_prometheus(
@@ -188,8 +198,13 @@ def start_prometheus(
     (home / "data").mkdir(parents=True)
     config = home / "prometheus.yml"
     config.write_text(prometheus_config(targets, interval_s=interval_s, job=job))
-    argv = [str(PROMETHEUS.path()), f"--config.file={config}", f"--storage.tsdb.path={home / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+    argv = [
+        str(PROMETHEUS.path()),
+        f"--config.file={config}",
+        f"--storage.tsdb.path={home / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+    ]
     proc = ServerProcess.start(argv, None, home / "prometheus.log", cwd=home)
     server = _started("prometheus", proc, f"http://127.0.0.1:{port}", timeout, None, path="/-/ready")
     server.extra["config"] = config
@@ -213,12 +228,17 @@ def run_load_process(base_url: str, *, ahead: bool = False, **kwargs: object) ->
 
     from tuner.lab.load import LoadResult
 
-    script = ("import dataclasses, json, sys; from tuner.lab.load import raise_priority, run_load\n"
-              "if sys.argv[3] == '1': raise_priority()\n"
-              "r = run_load(sys.argv[1], **json.loads(sys.argv[2])); print(json.dumps(dataclasses.asdict(r)))")
-    proc = subprocess.run([sys.executable, "-c", script, base_url, json.dumps(kwargs), str(int(ahead))],
-                          capture_output=True,
-                          text=True, timeout=float(kwargs.get("timeout_s", 300)) + 60)  # type: ignore[arg-type]
+    script = (
+        "import dataclasses, json, sys; from tuner.lab.load import raise_priority, run_load\n"
+        "if sys.argv[3] == '1': raise_priority()\n"
+        "r = run_load(sys.argv[1], **json.loads(sys.argv[2])); print(json.dumps(dataclasses.asdict(r)))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, base_url, json.dumps(kwargs), str(int(ahead))],
+        capture_output=True,
+        text=True,
+        timeout=float(kwargs.get("timeout_s", 300)) + 60,
+    )  # type: ignore[arg-type]
     if proc.returncode != 0:
         raise RuntimeError(f"load generator failed: {proc.stderr[-2000:]}")
     data = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -24,9 +24,11 @@ from tuner.daemon import Daemon
 
 def _config(tmp_path: Path, store_url: str, name: str, backend: str, url: str, interval: str) -> str:
     path = tmp_path / "tuner.yaml"
-    path.write_text(f"store: {{url: '{store_url}'}}\ngpu: {{source: none}}\n"
-                    f"defaults: {{scrape_interval: {interval}, scrape_timeout: {interval}}}\n"
-                    f"targets:\n  - {{name: {name}, backend: {backend}, url: '{url}'}}\n")
+    path.write_text(
+        f"store: {{url: '{store_url}'}}\ngpu: {{source: none}}\n"
+        f"defaults: {{scrape_interval: {interval}, scrape_timeout: {interval}}}\n"
+        f"targets:\n  - {{name: {name}, backend: {backend}, url: '{url}'}}\n"
+    )
     return str(path)
 
 
@@ -47,18 +49,26 @@ def _cache_config(url: str) -> dict[str, str]:
     return labels
 
 
-def test_vllm_kv_saturation_recommends_fewer_seqs_and_memory_model_matches(vllm_server_factory, store, tmp_path,
-                                                                           capsys):
+def test_vllm_kv_saturation_recommends_fewer_seqs_and_memory_model_matches(
+    vllm_server_factory, store, tmp_path, capsys
+):
     server = vllm_server_factory(flags={"kv-cache-memory-bytes": 3_000_000})
     live = _cache_config(server.url)
     # Calibration: 3,000,000 / (128 tokens x 512 bytes) = 45.8 -> 45 blocks = 5760 tokens (recorded: 45, 5760).
-    p = plan(load_model(realservers.TINY_MODEL.path()), gpu_memory_bytes=2**34, max_model_len=1024,
-             block_size=int(live["block_size"]), kv_cache_memory_bytes=3_000_000)
+    p = plan(
+        load_model(realservers.TINY_MODEL.path()),
+        gpu_memory_bytes=2**34,
+        max_model_len=1024,
+        block_size=int(live["block_size"]),
+        kv_cache_memory_bytes=3_000_000,
+    )
     assert p.kv_bytes_per_token == 512
     assert abs(p.kv_blocks - int(live["num_gpu_blocks"])) <= 0.05 * int(live["num_gpu_blocks"])
     assert abs(p.kv_capacity_tokens - int(live["kv_cache_size_tokens"])) <= 0.05 * int(live["kv_cache_size_tokens"])
-    print(f"calibration 3MB bf16: model {p.kv_capacity_tokens} tokens / {p.kv_blocks} blocks, vLLM "
-          f"{live['kv_cache_size_tokens']} / {live['num_gpu_blocks']}")
+    print(
+        f"calibration 3MB bf16: model {p.kv_capacity_tokens} tokens / {p.kv_blocks} blocks, vLLM "
+        f"{live['kv_cache_size_tokens']} / {live['num_gpu_blocks']}"
+    )
 
     # 1 s scrapes: KV use swings while the scheduler preempts, and the rule needs a sample of its peak.
     config = _config(tmp_path, str(store.engine.url), "vllm", "vllm", server.url, "1s")
@@ -69,19 +79,32 @@ def test_vllm_kv_saturation_recommends_fewer_seqs_and_memory_model_matches(vllm_
         # The rule's proof is the preemption counter, which no scrape misses; the KV-use gauge is sampled and a
         # busy CPU vLLM answers /metrics late exactly while it preempts, so its peak is asserted only as far as
         # a stored scrape caught it.
-        load = run_load_process(server.url, model=server.model_name, n_requests=32, concurrency=8,
-                                prompt_tokens_approx=300, max_tokens=600, timeout_s=300)
+        load = run_load_process(
+            server.url,
+            model=server.model_name,
+            n_requests=32,
+            concurrency=8,
+            prompt_tokens_approx=300,
+            max_tokens=600,
+            timeout_s=300,
+        )
         assert load.ok == 32, load.errors
         time.sleep(2)  # a scrape after the load stores the final preemption count
-        peak = max(v for (name, _), pts in store.window("vllm", time.time() - 600, time.time()).engines[0]
-                   .series.items() if name == "vllm:kv_cache_usage_perc" for _, v in pts)
+        peak = max(
+            v
+            for (name, _), pts in store.window("vllm", time.time() - 600, time.time()).engines[0].series.items()
+            if name == "vllm:kv_cache_usage_perc"
+            for _, v in pts
+        )
     after = value_of(_metrics(server.url), "vllm:num_preemptions_total")
     assert after - before >= 1, "the workload did not preempt: the test needs a smaller KV space"
 
     out = _recommend(capsys, config, "vllm", "--window", "10m", "--flag", "max_num_seqs=8")
     found = [r for r in out["recommendations"] if "vllm.kv_saturated" in r["rules"] and "max_num_seqs" in r["diff"]]
-    assert len(found) == 1, {"recommendations": [(r["rules"], r["diff"]) for r in out["recommendations"]],
-                             "suppressed": out["suppressed"]}
+    assert len(found) == 1, {
+        "recommendations": [(r["rules"], r["diff"]) for r in out["recommendations"]],
+        "suppressed": out["suppressed"],
+    }
     [rec] = found
     assert 1 <= rec["diff"]["max_num_seqs"] < 8
     ev = next(e for e in rec["evidence"] if e["rule"] == "vllm.kv_saturated")
@@ -89,7 +112,9 @@ def test_vllm_kv_saturation_recommends_fewer_seqs_and_memory_model_matches(vllm_
     assert ev["signals"]["kv_cache_usage_max"] == peak  # the highest KV use a stored scrape caught
     assert ev["signals"]["kv_capacity_tokens"] == int(live["kv_cache_size_tokens"])
     # the peak is named as a crossed threshold exactly when a scrape caught it at 0.9 or more
-    assert {t["signal"] for t in ev["thresholds"]} == {"preemptions"} | ({"kv_cache_usage_max"} if peak >= 0.9 else set())
+    assert {t["signal"] for t in ev["thresholds"]} == {"preemptions"} | (
+        {"kv_cache_usage_max"} if peak >= 0.9 else set()
+    )
     assert rec["memory_check"]["ok"] is True and rec["status"] == "proposed"
     # Nothing unsafe slips out: no GPU here, so raising memory use is refused, never emitted.
     assert all("gpu_memory_utilization" not in r["diff"] for r in out["recommendations"])
@@ -109,8 +134,14 @@ def test_vllm_queue_with_kv_room_recommends_more_seqs(vllm_server_factory, store
     server = vllm_server_factory(flags={"max-num-seqs": 2, "kv-cache-memory-bytes": 50_000_000})
     live = _cache_config(server.url)
     # Calibration, bf16 KV: 512 bytes/token; 50,000,000 / (128 x 512) = 762.9 -> 762 blocks = 97,536 tokens.
-    p = plan(load_model(realservers.TINY_MODEL.path()), gpu_memory_bytes=2**34, max_model_len=1024,
-             kv_cache_dtype="auto", block_size=int(live["block_size"]), kv_cache_memory_bytes=50_000_000)
+    p = plan(
+        load_model(realservers.TINY_MODEL.path()),
+        gpu_memory_bytes=2**34,
+        max_model_len=1024,
+        kv_cache_dtype="auto",
+        block_size=int(live["block_size"]),
+        kv_cache_memory_bytes=50_000_000,
+    )
     assert abs(p.kv_capacity_tokens - int(live["kv_cache_size_tokens"])) <= 0.05 * int(live["kv_cache_size_tokens"])
     print(f"calibration 50MB bf16: model {p.kv_capacity_tokens} tokens, vLLM {live['kv_cache_size_tokens']}")
 
@@ -118,8 +149,15 @@ def test_vllm_queue_with_kv_room_recommends_more_seqs(vllm_server_factory, store
     config = _config(tmp_path, str(store.engine.url), "vllm", "vllm", server.url, "2s")
     with running(Daemon(parse_config(Path(config).read_text()), store)):
         time.sleep(3)
-        load = run_load_process(server.url, model=server.model_name, n_requests=32, concurrency=8, prompt_tokens_approx=100,
-                        max_tokens=300, timeout_s=300)
+        load = run_load_process(
+            server.url,
+            model=server.model_name,
+            n_requests=32,
+            concurrency=8,
+            prompt_tokens_approx=100,
+            max_tokens=300,
+            timeout_s=300,
+        )
         time.sleep(2)
     assert load.ok == 32, load.errors
     out = _recommend(capsys, config, "vllm", "--window", "10m", "--flag", "max_num_seqs=2")
@@ -146,8 +184,15 @@ def test_llama_server_deferred_recommends_parallel_keeping_slot_context(llama_se
         time.sleep(1)
         # 8 at a time against --parallel 2: six wait (deferred) while two decode long answers.
         # 48 requests keep the slots saturated across many 200 ms scrapes (the tiny GGUF is fast).
-        load = run_load_process(llama_server.url, model=None, n_requests=48, concurrency=8, prompt_tokens_approx=100,
-                        max_tokens=380, timeout_s=300)
+        load = run_load_process(
+            llama_server.url,
+            model=None,
+            n_requests=48,
+            concurrency=8,
+            prompt_tokens_approx=100,
+            max_tokens=380,
+            timeout_s=300,
+        )
         time.sleep(1)
     assert load.ok == 48, load.errors
     longest = value_of(_metrics(llama_server.url), "llamacpp:n_tokens_max")

@@ -36,10 +36,15 @@ def _diagnosis(store, hook, daemon) -> str:
     from tuner.store.alerts import history, outbox_size
 
     now = time.time()
-    sig = [(e.kv_cache_usage_max, e.preemptions_per_s) for e in compute_signals(store.window("tiny", now - 120, now)).engines]
-    return (f"webhook got {[a['labels']['alertname'] for a in hook.alerts()]}; (kv max, preemptions/s) {sig}; "
-            f"history {[(h.rule, h.to_state) for h in history(store)]}; outbox {outbox_size(store)}; "
-            f"job errors {daemon.state.job_errors}")
+    sig = [
+        (e.kv_cache_usage_max, e.preemptions_per_s)
+        for e in compute_signals(store.window("tiny", now - 120, now)).engines
+    ]
+    return (
+        f"webhook got {[a['labels']['alertname'] for a in hook.alerts()]}; (kv max, preemptions/s) {sig}; "
+        f"history {[(h.rule, h.to_state) for h in history(store)]}; outbox {outbox_size(store)}; "
+        f"job errors {daemon.state.job_errors}"
+    )
 
 
 def test_kv_pressure_on_real_vllm_fires_alerts_that_reach_the_webhook(vllm_server_factory, store, tmp_path):
@@ -52,12 +57,14 @@ def test_kv_pressure_on_real_vllm_fires_alerts_that_reach_the_webhook(vllm_serve
         cfg = parse_config(
             "defaults: {scrape_interval: 1s, scrape_timeout: 1s}\n"
             f"targets:\n  - {{name: tiny, backend: vllm, url: '{server.url}'}}\n"
-            f"alerting: {{rule_files: ['{rules}'], alertmanagers: ['{am.url}']}}\n")
+            f"alerting: {{rule_files: ['{rules}'], alertmanagers: ['{am.url}']}}\n"
+        )
         daemon = Daemon(cfg, store)
         thread = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False}, daemon=True)
         thread.start()
         try:
             time.sleep(2)
+
             # ~3 MB of KV holds ~5,800 tokens; 8 running sequences of ~1,000 tokens each do not fit, so the
             # scheduler preempts, and the cache stays near full for the whole load.
             def fired(w, name):
@@ -68,9 +75,16 @@ def test_kv_pressure_on_real_vllm_fires_alerts_that_reach_the_webhook(vllm_serve
             # again (at most 3 rounds) until both alerts fired; only the observation is retried, every assertion
             # below stays as it is.
             for _ in range(3):
-                load = run_load_process(server.url, model=server.model_name, n_requests=32, concurrency=16,
-                                        prompt_tokens_approx=600, max_tokens=380, distinct_prompts=True,
-                                        timeout_s=300)
+                load = run_load_process(
+                    server.url,
+                    model=server.model_name,
+                    n_requests=32,
+                    concurrency=16,
+                    prompt_tokens_approx=600,
+                    max_tokens=380,
+                    distinct_prompts=True,
+                    timeout_s=300,
+                )
                 assert load.ok == 32, load.errors
                 ok = hook.wait_for(lambda w: fired(w, "KVCacheHigh") and fired(w, "PreemptionsHigh"), 30)
                 if ok:
@@ -80,8 +94,13 @@ def test_kv_pressure_on_real_vllm_fires_alerts_that_reach_the_webhook(vllm_serve
             daemon.stop()
             thread.join(30)
         kv = next(a for a in hook.alerts("firing") if a["labels"]["alertname"] == "KVCacheHigh")
-        assert kv["labels"] == {"alertname": "KVCacheHigh", "target": "tiny", "engine": "0",
-                                "model_name": server.model_name, "severity": "critical"}
+        assert kv["labels"] == {
+            "alertname": "KVCacheHigh",
+            "target": "tiny",
+            "engine": "0",
+            "model_name": server.model_name,
+            "severity": "critical",
+        }
         assert kv["annotations"]["summary"].startswith("KV cache ") and "full on tiny" in kv["annotations"]["summary"]
         pre = next(a for a in hook.alerts("firing") if a["labels"]["alertname"] == "PreemptionsHigh")
         assert "preemptions/s on tiny" in pre["annotations"]["summary"]

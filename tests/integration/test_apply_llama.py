@@ -26,8 +26,13 @@ from tuner.store.db import open_engine
 
 
 def tuner(cfg: Path, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "WARNING", *args],
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "WARNING", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     if check:
         assert proc.returncode == 0, f"tuner {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     return proc
@@ -35,21 +40,27 @@ def tuner(cfg: Path, *args: str, check: bool = True, timeout: float = 180) -> su
 
 def write_config(tmp_path: Path, port: int, *, observe: str = "6s", extra: str = "", managed: bool = True) -> Path:
     cfg = tmp_path / "tuner.yaml"
-    body = (f"store: {{url: 'sqlite:///{tmp_path / 'tuner.db'}'}}\n"
-            f"listen: 127.0.0.1:{free_port()}\n"
-            "defaults: {scrape_interval: 1s, scrape_timeout: 1s}\n"
-            "targets:\n"
-            f"  - name: llama\n    backend: {'auto' if managed else 'llamacpp'}\n    url: http://127.0.0.1:{port}\n")
+    body = (
+        f"store: {{url: 'sqlite:///{tmp_path / 'tuner.db'}'}}\n"
+        f"listen: 127.0.0.1:{free_port()}\n"
+        "defaults: {scrape_interval: 1s, scrape_timeout: 1s}\n"
+        "targets:\n"
+        f"  - name: llama\n    backend: {'auto' if managed else 'llamacpp'}\n    url: http://127.0.0.1:{port}\n"
+    )
     if managed:
-        body += (f"    managed:\n      model: {realservers.TINY_GGUF.path()}\n"
-                 f"      executable: {realservers.LLAMA_SERVER.path()}\n"
-                 "      flags: {parallel: 2, ctx_size: 512}\n      extra_args: {'-t': 1}\n"
-                 "      drain_timeout: 5s\n      max_restarts: 2\n      restart_window: 5m\n")
+        body += (
+            f"    managed:\n      model: {realservers.TINY_GGUF.path()}\n"
+            f"      executable: {realservers.LLAMA_SERVER.path()}\n"
+            "      flags: {parallel: 2, ctx_size: 512}\n      extra_args: {'-t': 1}\n"
+            "      drain_timeout: 5s\n      max_restarts: 2\n      restart_window: 5m\n"
+        )
     budget = "" if "max_restarts_per_hour" in extra else ", max_restarts_per_hour: 50"
     # These tests are about how an apply happens; a verdict that cannot tell keeps the new flags here (the
     # verdict itself is tested on recorded real series, tests/apply/test_verdict.py, and in the demo).
-    body += (f"    apply: {{observe: {observe}, observe_max: {observe}, on_inconclusive: keep_new, baseline: 30s, "
-             f"min_requests: 1{budget}{extra}}}\n")
+    body += (
+        f"    apply: {{observe: {observe}, observe_max: {observe}, on_inconclusive: keep_new, baseline: 30s, "
+        f"min_requests: 1{budget}{extra}}}\n"
+    )
     cfg.write_text(body)
     tuner(cfg, "db", "upgrade")
     return cfg
@@ -57,14 +68,30 @@ def write_config(tmp_path: Path, port: int, *, observe: str = "6s", extra: str =
 
 def propose(engine, target: str, diff: dict, current: dict) -> int:  # type: ignore[no-untyped-def]
     """Store a recommendation as the advisor would (for tests whose point is the apply, not the advice)."""
-    return recs.add_recommendation(engine, target=target, now=time.time(), rules=["test"],
-                                   diff_key=json.dumps(diff, sort_keys=True), diff=diff, current=current, evidence=[],
-                                   expected_effect="", risk="", confidence=0.9, rank=1, memory_check={"ok": True})
+    return recs.add_recommendation(
+        engine,
+        target=target,
+        now=time.time(),
+        rules=["test"],
+        diff_key=json.dumps(diff, sort_keys=True),
+        diff=diff,
+        current=current,
+        evidence=[],
+        expected_effect="",
+        risk="",
+        confidence=0.9,
+        rank=1,
+        memory_check={"ok": True},
+    )
 
 
 def start_daemon(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "INFO", "run"],
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "INFO", "run"],
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def stop_daemon(proc: subprocess.Popen[bytes]) -> None:
@@ -108,16 +135,22 @@ def slots(port: int) -> int | None:
 
 def background_load(port: int, seconds: float) -> subprocess.Popen[str]:
     """Clients that keep sending for ``seconds``, and retry (after a pause) while the server restarts."""
-    script = ("import sys, time; from tuner.lab.load import run_load\n"
-              "end, ok, failed = time.monotonic() + float(sys.argv[2]), 0, 0\n"
-              "while time.monotonic() < end:\n"
-              "    r = run_load(sys.argv[1], model='x', n_requests=24, concurrency=6, prompt_tokens_approx=80,\n"
-              "                 max_tokens=48, timeout_s=max(1.0, end - time.monotonic()))\n"
-              "    ok, failed = ok + r.ok, failed + r.failed\n"
-              "    if r.failed: time.sleep(0.3)\n"
-              "print(ok, failed)")
-    return subprocess.Popen([sys.executable, "-c", script, f"http://127.0.0.1:{port}", str(seconds)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    script = (
+        "import sys, time; from tuner.lab.load import run_load\n"
+        "end, ok, failed = time.monotonic() + float(sys.argv[2]), 0, 0\n"
+        "while time.monotonic() < end:\n"
+        "    r = run_load(sys.argv[1], model='x', n_requests=24, concurrency=6, prompt_tokens_approx=80,\n"
+        "                 max_tokens=48, timeout_s=max(1.0, end - time.monotonic()))\n"
+        "    ok, failed = ok + r.ok, failed + r.failed\n"
+        "    if r.failed: time.sleep(0.3)\n"
+        "print(ok, failed)"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", script, f"http://127.0.0.1:{port}", str(seconds)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_managed_llama_recommend_apply_verdict_rollback(tmp_path):
@@ -129,8 +162,15 @@ def test_managed_llama_recommend_apply_verdict_rollback(tmp_path):
         first = wait_for(lambda: managed_pid(cfg), 60, "the daemon to start the managed llama-server")
         assert wait_for(lambda: slots(port), 30, "the managed llama-server to serve its slots") == 2
         # 12 at a time against --parallel 2 for several 1 s scrapes: requests are deferred and the advisor says so.
-        realservers.run_load_process(f"http://127.0.0.1:{port}", model="x", n_requests=240, concurrency=12,
-                                     prompt_tokens_approx=100, max_tokens=96, timeout_s=120)
+        realservers.run_load_process(
+            f"http://127.0.0.1:{port}",
+            model="x",
+            n_requests=240,
+            concurrency=12,
+            prompt_tokens_approx=100,
+            max_tokens=96,
+            timeout_s=120,
+        )
         time.sleep(2)
         out = json.loads(tuner(cfg, "recommend", "llama", "--window", "1m", "--json").stdout)
         rec = next(r for r in out["recommendations"] if "parallel" in r["diff"])
@@ -148,8 +188,16 @@ def test_managed_llama_recommend_apply_verdict_rollback(tmp_path):
         load_out = load.communicate(timeout=60)
         a = json.loads(proc.stdout)
         steps = [s["step"] for s in a["steps"]]
-        assert steps[:8] == ["planned", "baseline", "draining", "stopped", "starting", "health_check", "healthy",
-                             "observing"], steps
+        assert steps[:8] == [
+            "planned",
+            "baseline",
+            "draining",
+            "stopped",
+            "starting",
+            "health_check",
+            "healthy",
+            "observing",
+        ], steps
         assert a["state"] == "done" and a["outcome"] in ("kept", "rolled_back", "inconclusive"), a
         assert a["baseline"]["capacity_tokens_per_s"] and a["after"]["capacity_tokens_per_s"], (a, load_out)
         if a["outcome"] == "kept" and a["baseline"]["saturated"]:  # kept on capacity: it did rise
@@ -175,8 +223,10 @@ def test_managed_llama_recommend_apply_verdict_rollback(tmp_path):
             import requests
 
             text = requests.get(f"http://{listen}/metrics", timeout=5, proxies={"http": ""}).text
-            want = (f'tuner_applies_total{{outcome="{a["outcome"]}",target="llama"}} 1.0',
-                    'tuner_managed_server_up{target="llama"} 1.0')
+            want = (
+                f'tuner_applies_total{{outcome="{a["outcome"]}",target="llama"}} 1.0',
+                'tuner_managed_server_up{target="llama"} 1.0',
+            )
             return text if all(w in text for w in want) else ""
 
         wait_for(metrics, 15, "tuner's /metrics to count the apply and see the managed server up")
@@ -198,8 +248,15 @@ def test_a_crashed_managed_server_is_restarted_a_bounded_number_of_times(tmp_pat
             # the new pid is recorded as soon as the process exists: wait until it serves its slots
             assert wait_for(lambda: slots(port), 30, f"restart {n} to serve its slots") == 2
         os.kill(pids[-1], signal.SIGKILL)
-        st = wait_for(lambda: (s := jr.get_managed(open_engine(f"sqlite:///{tmp_path / 'tuner.db'}"), "llama"))
-                      and s.state == "given_up" and s, 30, "the supervisor to give up")
+        st = wait_for(
+            lambda: (
+                (s := jr.get_managed(open_engine(f"sqlite:///{tmp_path / 'tuner.db'}"), "llama"))
+                and s.state == "given_up"
+                and s
+            ),
+            30,
+            "the supervisor to give up",
+        )
         assert "2 restarts" in st.note
         status = tuner(cfg, "managed", "status", check=False)
         assert status.returncode == 1 and "given_up" in status.stdout
@@ -225,10 +282,16 @@ def test_tuner_killed_mid_apply_is_reconciled(tmp_path, kill_at, findings):
     engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
     try:
         rid = propose(engine, "llama", {"parallel": 3}, {"parallel": 2})
-        proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(cfg), "apply-recommendation",
-                                 str(rid), "--yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: any(s["step"] == kill_at for a in jr.list_applies(engine) for s in a.steps), 60,
-                 f"the apply to reach {kill_at}")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner.cli", "--config", str(cfg), "apply-recommendation", str(rid), "--yes"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(
+            lambda: any(s["step"] == kill_at for a in jr.list_applies(engine) for s in a.steps),
+            60,
+            f"the apply to reach {kill_at}",
+        )
         proc.kill()
         proc.wait()
         open_ = jr.open_applies(engine)
@@ -245,8 +308,9 @@ def test_tuner_killed_mid_apply_is_reconciled(tmp_path, kill_at, findings):
         elif found == "no server running":
             assert a.outcome == "rolled_back" and "previous flags restored and healthy" in a.note and in_force == 2
         else:  # observed again by the reconciling tuner, then judged
-            assert "observing" in [s["step"] for s in a.steps[a.steps.index(next(
-                s for s in a.steps if s["step"] == "reconcile")):]]
+            assert "observing" in [
+                s["step"] for s in a.steps[a.steps.index(next(s for s in a.steps if s["step"] == "reconcile")) :]
+            ]
             assert a.outcome in ("kept", "rolled_back", "inconclusive")  # no load here: inconclusive, kept new
             assert in_force == (2 if a.outcome == "rolled_back" else 3)
         assert not jr.open_applies(engine)
@@ -254,7 +318,7 @@ def test_tuner_killed_mid_apply_is_reconciled(tmp_path, kill_at, findings):
         tuner(cfg, "managed", "stop", check=False)
 
 
-HOOK = '''
+HOOK = """
 import json, os, signal, subprocess, sys, time
 # A deployment's own restart script, as an operator would write one: stop the llama-server whose pid is in the
 # pid file, start it again with the flags tuner passes, record the argv it was given.
@@ -268,7 +332,7 @@ except (OSError, ValueError):
 p = subprocess.Popen([binary, "-m", model, "--host", "127.0.0.1", "--port", port, "--metrics", "-t", "1", *flags],
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 open(pidfile, "w").write(str(p.pid))
-'''
+"""
 
 
 def test_unmanaged_target_applies_through_its_hook_and_by_hand(tmp_path):
@@ -277,16 +341,36 @@ def test_unmanaged_target_applies_through_its_hook_and_by_hand(tmp_path):
     hook, pidfile = tmp_path / "restart-llama.py", tmp_path / "llama.pid"
     hook.write_text(HOOK)
     # the operator's server, started by their script (not by tuner)
-    subprocess.run([sys.executable, str(hook), str(pidfile), str(realservers.LLAMA_SERVER.path()),
-                    str(realservers.TINY_GGUF.path()), str(port), "--parallel", "2", "-c", "512"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(hook),
+            str(pidfile),
+            str(realservers.LLAMA_SERVER.path()),
+            str(realservers.TINY_GGUF.path()),
+            str(port),
+            "--parallel",
+            "2",
+            "-c",
+            "512",
+        ],
+        check=True,
+    )
     try:
-        extra = (f", hook: {{command: [{sys.executable}, {hook}, {pidfile}, {realservers.LLAMA_SERVER.path()}, "
-                 f"{realservers.TINY_GGUF.path()}, '{port}', '{{flags}}']}}")
+        extra = (
+            f", hook: {{command: [{sys.executable}, {hook}, {pidfile}, {realservers.LLAMA_SERVER.path()}, "
+            f"{realservers.TINY_GGUF.path()}, '{port}', '{{flags}}']}}"
+        )
         cfg = write_config(tmp_path, port, observe="2s", extra=extra, managed=False)
         cfg.write_text(cfg.read_text().replace("    apply:", "    flags: {parallel: 2, ctx_size: 512}\n    apply:"))
         engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
-        wait_for(lambda: subprocess.run(["curl", "-sf", f"http://127.0.0.1:{port}/health"],
-                                        capture_output=True).returncode == 0, 30, "the operator's server")
+        wait_for(
+            lambda: (
+                subprocess.run(["curl", "-sf", f"http://127.0.0.1:{port}/health"], capture_output=True).returncode == 0
+            ),
+            30,
+            "the operator's server",
+        )
         rid = propose(engine, "llama", {"parallel": 4}, {"parallel": 2})
         a = json.loads(tuner(cfg, "apply-recommendation", str(rid), "--yes", "--json").stdout)
         assert a["outcome"] in ("kept", "inconclusive") and slots(port) == 4  # no traffic: nothing to judge
@@ -299,10 +383,28 @@ def test_unmanaged_target_applies_through_its_hook_and_by_hand(tmp_path):
         wait = tuner(cfg, "apply-recommendation", str(rid2), "--yes").stdout
         assert "restart it by hand with --parallel 3" in wait and f"apply-recommendation {rid2} --applied" in wait
         assert slots(port) == 4  # tuner did not touch it
-        subprocess.run([sys.executable, str(hook), str(pidfile), str(realservers.LLAMA_SERVER.path()),
-                        str(realservers.TINY_GGUF.path()), str(port), "--parallel", "3", "-c", "512"], check=True)
-        wait_for(lambda: subprocess.run(["curl", "-sf", f"http://127.0.0.1:{port}/health"],
-                                        capture_output=True).returncode == 0, 30, "the restarted server")
+        subprocess.run(
+            [
+                sys.executable,
+                str(hook),
+                str(pidfile),
+                str(realservers.LLAMA_SERVER.path()),
+                str(realservers.TINY_GGUF.path()),
+                str(port),
+                "--parallel",
+                "3",
+                "-c",
+                "512",
+            ],
+            check=True,
+        )
+        wait_for(
+            lambda: (
+                subprocess.run(["curl", "-sf", f"http://127.0.0.1:{port}/health"], capture_output=True).returncode == 0
+            ),
+            30,
+            "the restarted server",
+        )
         done = json.loads(tuner(cfg, "apply-recommendation", str(rid2), "--applied", "--json").stdout)
         assert done["outcome"] in ("kept", "inconclusive") and "applied_by_hand" in [s["step"] for s in done["steps"]]
     finally:
@@ -315,15 +417,22 @@ def test_unmanaged_target_applies_through_its_hook_and_by_hand(tmp_path):
 def test_auto_mode_applies_by_itself_within_its_guardrails(tmp_path):
     require(realservers.LLAMA_SERVER, realservers.TINY_GGUF)
     port = free_port()
-    cfg = write_config(tmp_path, port, observe="3s", extra=", mode: auto, auto_interval: 2s, min_confidence: 0.5, "
-                                                         "cooldown: 1h, max_restarts_per_hour: 3")
+    cfg = write_config(
+        tmp_path,
+        port,
+        observe="3s",
+        extra=", mode: auto, auto_interval: 2s, min_confidence: 0.5, cooldown: 1h, max_restarts_per_hour: 3",
+    )
     daemon = start_daemon(cfg, tmp_path / "run.log")
     engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
     try:
         wait_for(lambda: managed_pid(cfg), 60, "the daemon to start the managed llama-server")
         load = background_load(port, 40)
-        a = wait_for(lambda: next((a for a in jr.list_applies(engine) if a.state == "done"), None), 60,
-                     "auto mode to apply a recommendation")
+        a = wait_for(
+            lambda: next((a for a in jr.list_applies(engine) if a.state == "done"), None),
+            60,
+            "auto mode to apply a recommendation",
+        )
         assert a.mode == "auto" and a.kind == "apply" and "parallel" in a.diff
         rec = recs.get_recommendation(engine, a.recommendation_id)
         assert rec.confidence >= 0.5 and rec.status in ("applied", "rolled_back")
@@ -342,7 +451,9 @@ def test_an_embedding_server_is_started_and_gated_with_a_real_embedding(tmp_path
     require(realservers.LLAMA_SERVER, realservers.TINY_GGUF)
     port = free_port()
     cfg = write_config(tmp_path, port)
-    cfg.write_text(cfg.read_text().replace("      flags: {parallel: 2", "      type: embedding\n      flags: {parallel: 2"))
+    cfg.write_text(
+        cfg.read_text().replace("      flags: {parallel: 2", "      type: embedding\n      flags: {parallel: 2")
+    )
     try:
         # The tiny GGUF is a causal LM without a pooling type: llama-server starts and answers /health, but
         # cannot embed. The gate's real request catches what /health alone would pass.

@@ -70,12 +70,12 @@ def managed_vllm(tmp_path_factory: pytest.TempPathFactory):
         "      drain_timeout: 20s\n      start_timeout: 5m\n"
         # about how an apply happens: a verdict that cannot tell (no load after it) keeps the new flags here
         "    apply: {observe: 10s, observe_max: 10s, on_inconclusive: keep_new, baseline: 1m, min_requests: 1, "
-        "max_restarts_per_hour: 50}\n")
+        "max_restarts_per_hour: 50}\n"
+    )
     tuner(m.cfg, "db", "upgrade")
     daemon = start_daemon(m.cfg, m.root / "run.log")
     try:
-        wait_for(lambda: m.pid() and m.healthy(), 300,
-                 "the daemon to start the managed vLLM")
+        wait_for(lambda: m.pid() and m.healthy(), 300, "the daemon to start the managed vLLM")
         yield m
     finally:
         stop_daemon(daemon)
@@ -87,11 +87,20 @@ def test_recommend_apply_and_see_it_in_cache_config_info(managed_vllm):
     first = m.pid()
     assert m.cache_config()["enable_prefix_caching"] == "False"
     # Shared prompts (one system prompt for all), 8 at a time against --max-num-seqs 2.
-    realservers.run_load_process(m.url, model="tiny", n_requests=48, concurrency=8, prompt_tokens_approx=150,
-                                 max_tokens=32, distinct_prompts=False, timeout_s=240)
+    realservers.run_load_process(
+        m.url,
+        model="tiny",
+        n_requests=48,
+        concurrency=8,
+        prompt_tokens_approx=150,
+        max_tokens=32,
+        distinct_prompts=False,
+        timeout_s=240,
+    )
     time.sleep(4)
-    out = json.loads(tuner(m.cfg, "recommend", "tiny", "--window", "2m", "--repeated-prefix-share", "0.8",
-                           "--json").stdout)
+    out = json.loads(
+        tuner(m.cfg, "recommend", "tiny", "--window", "2m", "--repeated-prefix-share", "0.8", "--json").stdout
+    )
     rec = next(r for r in out["recommendations"] if r["diff"] == {"enable_prefix_caching": True})
     assert "vllm.prefix_caching_off" in rec["rules"]
 
@@ -102,8 +111,16 @@ def test_recommend_apply_and_see_it_in_cache_config_info(managed_vllm):
     proc = tuner(m.cfg, "apply-recommendation", str(rec["id"]), "--yes", "--json", check=False, timeout=600)
     a = json.loads(proc.stdout)
     steps = [s["step"] for s in a["steps"]]
-    assert steps[:8] == ["planned", "baseline", "draining", "stopped", "starting", "health_check", "healthy",
-                         "observing"], steps
+    assert steps[:8] == [
+        "planned",
+        "baseline",
+        "draining",
+        "stopped",
+        "starting",
+        "health_check",
+        "healthy",
+        "observing",
+    ], steps
     assert "exited after SIGTERM" in a["steps"][3]["detail"]  # drained by vLLM's own --shutdown-timeout
     assert a["baseline"]["finished"] and a["baseline"]["e2e_p99"] is not None
     assert a["state"] == "done" and a["outcome"] in ("kept", "rolled_back", "inconclusive")
@@ -144,8 +161,12 @@ def test_tuner_killed_while_the_new_vllm_starts_is_reconciled(managed_vllm):
     m = managed_vllm
     argv_before = proc_argv(m.pid())
     rid = propose(m.engine, "tiny", {"max_num_seqs": 4}, {"max_num_seqs": 2})
-    apply = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(m.cfg), "apply-recommendation",
-                              str(rid), "--yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    apply = subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", "--config", str(m.cfg), "apply-recommendation", str(rid), "--yes"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
     def new_server_starting() -> bool:
         # The managed record names the new process a moment before the journal's health_check step is written
         # (Applier.launch: save_managed, then spawned): killed in between, the apply is still at "starting", a

@@ -76,7 +76,8 @@ class BlueGreen:
             "      flags: {parallel: 2, ctx_size: 1024}\n      extra_args: {'-t': 1}\n"
             f"      drain_timeout: 5s\n      start_timeout: 60s\n      log_dir: {tmp / 'logs'}\n"
             "    apply: {observe: 4s, observe_max: 4s, baseline: 10s, on_inconclusive: keep_new, "
-            "max_restarts_per_hour: 50}\n")
+            "max_restarts_per_hour: 50}\n"
+        )
         out = _tuner(self.cfg, "haproxy-config", "chat")
         assert out.returncode == 0, out.stderr
         (tmp / "haproxy.cfg").write_text(out.stdout)
@@ -84,8 +85,11 @@ class BlueGreen:
         self.engine = open_engine(f"sqlite:///{tmp / 'tuner.db'}")
         started = _tuner(self.cfg, "managed", "start", "chat")
         assert started.returncode == 0, started.stderr
-        self.haproxy = subprocess.Popen([str(realservers.HAPROXY.path()), "-db", "-f", str(tmp / "haproxy.cfg")],
-                                        stdout=subprocess.DEVNULL, stderr=open(tmp / "haproxy.log", "w"))
+        self.haproxy = subprocess.Popen(
+            [str(realservers.HAPROXY.path()), "-db", "-f", str(tmp / "haproxy.cfg")],
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp / "haproxy.log", "w"),
+        )
         self.lb = HAProxy(self.sock, "chat")
         wait_for(lambda: Path(self.sock).exists() and self.lb.stat("blue").status == "UP", 30, "blue UP in HAProxy")
 
@@ -112,9 +116,21 @@ class BlueGreen:
         return out
 
     def recommend(self, diff: dict) -> int:
-        return recs.add_recommendation(self.engine, target="chat", now=time.time(), rules=["test"], diff_key="{}",
-                                       diff=diff, current={}, evidence=[], expected_effect="", risk="",
-                                       confidence=0.9, rank=1, memory_check={"ok": True})
+        return recs.add_recommendation(
+            self.engine,
+            target="chat",
+            now=time.time(),
+            rules=["test"],
+            diff_key="{}",
+            diff=diff,
+            current={},
+            evidence=[],
+            expected_effect="",
+            risk="",
+            confidence=0.9,
+            rank=1,
+            memory_check={"ok": True},
+        )
 
     def close(self) -> None:
         self.haproxy.terminate()
@@ -150,21 +166,45 @@ def test_a_blue_green_apply_on_one_host_loses_no_request_and_leaves_nothing_behi
         pid0 = g.pid()
         a, load, result = _apply_under_load(g, {"parallel": 4})
         steps = [(s["step"], s["detail"].split(":")[0].split(" on ")[0]) for s in a["steps"]]
-        order = [st for st in steps if st[0] in ("room", "starting", "in_rotation", "draining", "stopped",
-                                                 "removed")]
+        order = [st for st in steps if st[0] in ("room", "starting", "in_rotation", "draining", "stopped", "removed")]
         # the spare serves before blue leaves; blue is back before the spare leaves
-        assert [k for k, _ in order] == ["room", "starting", "in_rotation", "draining", "stopped", "starting",
-                                         "in_rotation", "stopped", "removed"], steps
-        assert [who for _, who in order[1:]] == ["chat~spare", "chat~spare", "chat", "chat", "chat", "chat",
-                                                 "chat~spare", "chat~spare"], steps
+        assert [k for k, _ in order] == [
+            "room",
+            "starting",
+            "in_rotation",
+            "draining",
+            "stopped",
+            "starting",
+            "in_rotation",
+            "stopped",
+            "removed",
+        ], steps
+        assert [who for _, who in order[1:]] == [
+            "chat~spare",
+            "chat~spare",
+            "chat",
+            "chat",
+            "chat",
+            "chat",
+            "chat~spare",
+            "chat~spare",
+        ], steps
         assert g.parallel() == "4" and g.pid() != pid0
         _clean(g)
         ts = [s["ts_ms"] / 1000 for s in a["steps"]]
         assert load.t0 < ts[0] and ts[-1] < load.t1  # the switch ran inside the load
         assert result.failed == 0, result.errors
         assert result.ok >= 20, result
-        print(json.dumps({"ok": result.ok, "failed": result.failed, "outcome": a["outcome"],
-                          "switch_s": round(ts[-1] - ts[0], 1)}))
+        print(
+            json.dumps(
+                {
+                    "ok": result.ok,
+                    "failed": result.failed,
+                    "outcome": a["outcome"],
+                    "switch_s": round(ts[-1] - ts[0], 1),
+                }
+            )
+        )
     finally:
         g.close()
 
@@ -191,14 +231,31 @@ def test_kill_9_while_the_spare_serves_alone_then_reconcile_brings_the_server_ba
         load = Load(g.front)
         wait_for(lambda: g.lb.stat("blue").total >= 10, 60, "the load to reach the server")
         rid = g.recommend({"parallel": 4})
-        proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(g.cfg), "--log-level", "WARNING",
-                                 "apply-recommendation", str(rid), "--yes"], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tuner.cli",
+                "--config",
+                str(g.cfg),
+                "--log-level",
+                "WARNING",
+                "apply-recommendation",
+                str(rid),
+                "--yes",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
         def blue_starting() -> bool:
             applies = jr.open_applies(g.engine)
-            return bool(applies) and any(s["step"] == "health_check" and s["detail"].startswith("chat:")
-                                         for s in jr.get_apply(g.engine, applies[0].id).steps)
+            return bool(applies) and any(
+                s["step"] == "health_check" and s["detail"].startswith("chat:")
+                for s in jr.get_apply(g.engine, applies[0].id).steps
+            )
+
         wait_for(blue_starting, 120, "blue to be starting again while the spare serves")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)

@@ -33,15 +33,23 @@ def test_vllm_signals_move_with_load_and_bad_targets_stay_recorded(vllm_server, 
         "targets:\n"
         f"  - {{name: vllm, backend: vllm, url: '{vllm_server.url}', slo: {{ttft_p99: 1s, e2e_p99: 30s}}}}\n"
         f"  - {{name: no-metrics, backend: llamacpp, url: '{llama_server_no_metrics.url}'}}\n"
-        "  - {name: refused, backend: vllm, url: 'http://127.0.0.1:9'}\n")
+        "  - {name: refused, backend: vllm, url: 'http://127.0.0.1:9'}\n"
+    )
     daemon = Daemon(cfg, store)
     with running(daemon):
         time.sleep(3)
         t_load = time.time()
         # 16 at a time against --max-num-seqs 8: half of them have to wait.
         # Long answers keep the server busy for several 1 s scrapes (64 tokens finish within one).
-        load = run_load_process(vllm_server.url, model=vllm_server.model_name, n_requests=48, concurrency=16,
-                        prompt_tokens_approx=300, max_tokens=320, timeout_s=300)
+        load = run_load_process(
+            vllm_server.url,
+            model=vllm_server.model_name,
+            n_requests=48,
+            concurrency=16,
+            prompt_tokens_approx=300,
+            max_tokens=320,
+            timeout_s=300,
+        )
         t_done = time.time()
         time.sleep(3)
     t_end = time.time()
@@ -58,8 +66,10 @@ def test_vllm_signals_move_with_load_and_bad_targets_stay_recorded(vllm_server, 
     # 16 clients against 8 slots: the second eight wait for a whole 320-token answer, far over 0.3 s.
     assert whole_queue.queued_over_s == 0.3 and whole_queue.requests_queued >= 8
     # KV use is a gauge too: every stored sample taken while a request ran must show KV blocks in use.
-    for (ts, n_running), (ts_kv, kv) in zip(_points(store, "vllm", "vllm:num_requests_running", t_load, t_done),
-                                            _points(store, "vllm", "vllm:kv_cache_usage_perc", t_load, t_done)):
+    for (ts, n_running), (ts_kv, kv) in zip(
+        _points(store, "vllm", "vllm:num_requests_running", t_load, t_done),
+        _points(store, "vllm", "vllm:kv_cache_usage_perc", t_load, t_done),
+    ):
         assert ts == ts_kv and (kv > 0 or n_running == 0), (ts, n_running, kv)
     assert busy.generation_tokens_per_s > 0 and busy.prompt_tokens_per_s > 0
 
@@ -96,15 +106,24 @@ def _max(store: Store, target: str, metric: str, start: float, end: float) -> fl
 
 
 def test_llama_server_deferred_slots_and_kv_use_are_recorded(llama_server, store):
-    cfg = parse_config("defaults: {scrape_interval: 200ms, scrape_timeout: 200ms}\n"
-                       f"targets:\n  - {{name: llama, backend: llamacpp, url: '{llama_server.url}'}}\n")
+    cfg = parse_config(
+        "defaults: {scrape_interval: 200ms, scrape_timeout: 200ms}\n"
+        f"targets:\n  - {{name: llama, backend: llamacpp, url: '{llama_server.url}'}}\n"
+    )
     with running(Daemon(cfg, store)):
         time.sleep(1.5)
         t0 = time.time()
         # 8 at a time against --parallel 2: requests are deferred. The tiny GGUF is fast, so ask for long
         # answers (380 of the 512 tokens a slot holds) to keep the server busy across many scrapes.
-        load = run_load_process(llama_server.url, model=None, n_requests=32, concurrency=8, prompt_tokens_approx=100,
-                        max_tokens=380, timeout_s=300)
+        load = run_load_process(
+            llama_server.url,
+            model=None,
+            n_requests=32,
+            concurrency=8,
+            prompt_tokens_approx=100,
+            max_tokens=380,
+            timeout_s=300,
+        )
         t1 = time.time()
         time.sleep(1.5)
     assert load.ok == 32, load.errors
@@ -140,8 +159,15 @@ def test_quantiles_and_rates_equal_prometheus_on_the_same_samples(vllm_server, p
         time.sleep(0.5)
     time.sleep(2)  # a few idle samples before the load
     t_load = time.time()
-    load = run_load_process(vllm_server.url, model=vllm_server.model_name, n_requests=48, concurrency=12,
-                    prompt_tokens_approx=200, max_tokens=96, timeout_s=300)
+    load = run_load_process(
+        vllm_server.url,
+        model=vllm_server.model_name,
+        n_requests=48,
+        concurrency=12,
+        prompt_tokens_approx=200,
+        max_tokens=96,
+        timeout_s=300,
+    )
     assert load.ok == 48, load.errors
     time.sleep(3)
     at = round(time.time() - 1, 3)
@@ -163,17 +189,20 @@ def test_quantiles_and_rates_equal_prometheus_on_the_same_samples(vllm_server, p
     compared = 0
     for metric in LATENCY_HISTOGRAMS.values():
         for q in (0.5, 0.9, 0.99):
-            theirs = client.custom_query(f"histogram_quantile({q}, increase({metric}_bucket{sel}[{range_s}s]))",
-                                         params={"time": f"{at:.3f}"})
+            theirs = client.custom_query(
+                f"histogram_quantile({q}, increase({metric}_bucket{sel}[{range_s}s]))", params={"time": f"{at:.3f}"}
+            )
             ours = quantile(e, metric, q, window.start_ms, window.end_ms)
             assert theirs, metric
             value = float(theirs[0]["value"][1])
             assert ours is not None and math.isclose(ours, value, rel_tol=1e-6), (metric, q, ours, value)
             compared += 1
     ours_sig = compute_signals(window).engines[0]
-    for field, metric in (("prompt_tokens_per_s", "vllm:prompt_tokens_total"),
-                          ("generation_tokens_per_s", "vllm:generation_tokens_total"),
-                          ("requests_per_s", "vllm:request_success_total")):
+    for field, metric in (
+        ("prompt_tokens_per_s", "vllm:prompt_tokens_total"),
+        ("generation_tokens_per_s", "vllm:generation_tokens_total"),
+        ("requests_per_s", "vllm:request_success_total"),
+    ):
         theirs = client.custom_query(f"sum(rate({metric}{sel}[{range_s}s]))", params={"time": f"{at:.3f}"})
         value = float(theirs[0]["value"][1])
         assert value > 0 and math.isclose(getattr(ours_sig, field), value, rel_tol=1e-6), field

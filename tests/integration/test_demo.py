@@ -15,9 +15,23 @@ from conftest import require
 
 def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     require(realservers.VLLM_PYTHON, realservers.TINY_MODEL)
-    proc = subprocess.run([sys.executable, "-m", "tuner.cli", "demo", "--vllm-python", str(realservers.VLLM_PYTHON.path()),
-                           "--model", str(realservers.TINY_MODEL.path()), "--workdir", str(tmp_path / "demo")],
-                          capture_output=True, text=True, timeout=2700)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuner.cli",
+            "demo",
+            "--vllm-python",
+            str(realservers.VLLM_PYTHON.path()),
+            "--model",
+            str(realservers.TINY_MODEL.path()),
+            "--workdir",
+            str(tmp_path / "demo"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=2700,
+    )
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr[-3000:] + out[-3000:]
     assert "vLLM healthy after" in out and "tiny-llama: exited after SIGTERM" in out  # tuner stopped its vLLM
@@ -42,8 +56,12 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     assert f'tuner_applies_total{{outcome="{verdict.group(1)}",target="tiny-llama"}} 1.0' in out
 
     # The verdict is right: it agrees with the numbers measured in the same run (the journal's before/after).
-    journal = subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(tmp_path / "demo" / "tuner.yaml"),
-                              "journal", "--json"], capture_output=True, text=True, timeout=60)
+    journal = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "--config", str(tmp_path / "demo" / "tuner.yaml"), "journal", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     [a] = [a for a in json.loads(journal.stdout) if a["kind"] == "apply"]
     before, after, outcome = a["baseline"], a["after"], a["outcome"]
     assert outcome == verdict.group(1)
@@ -51,16 +69,23 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     # its capacity is what the old flags could serve.
     assert before["saturated"] and before["queue_time_share"] > 0.05, before
     served_more = after["served_rps"] > before["capacity_rps"] * 1.15  # beyond the noise floor of a restart
-    attainment_held = None in (before["slo_attainment"], after["slo_attainment"]) or \
-        after["slo_attainment"] >= before["slo_attainment"] - 0.02
+    attainment_held = (
+        None in (before["slo_attainment"], after["slo_attainment"])
+        or after["slo_attainment"] >= before["slo_attainment"] - 0.02
+    )
     if served_more and attainment_held:  # a real improvement, measured by the server's own counters
         assert outcome == "kept", (before, after, verdict.group(2))
     if outcome == "kept":  # only for a measured gain
-        assert after["capacity_rps"] > before["capacity_rps"] or after["served_rps"] >= before["capacity_rps"], \
-            (before, after)
+        assert after["capacity_rps"] > before["capacity_rps"] or after["served_rps"] >= before["capacity_rps"], (
+            before,
+            after,
+        )
     if outcome == "rolled_back":  # only for a measured loss
-        assert (before["saturated"] and after["capacity_rps"] < before["capacity_rps"]) or not attainment_held or \
-            after["e2e_p50"] > before["e2e_p50"], (before, after)
+        assert (
+            (before["saturated"] and after["capacity_rps"] < before["capacity_rps"])
+            or not attainment_held
+            or after["e2e_p50"] > before["e2e_p50"]
+        ), (before, after)
     # The journal counts what the apply cost the clients: the outage, the requests in flight when the drain
     # began, and the arrivals the outage met at the baseline's load. In flight is one read of vLLM's running and
     # waiting gauges, which a loaded CPU vLLM can report as 0 between engine steps (clean-clone run 15 read 0
@@ -87,6 +112,7 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     from tuner.store import recommendations as recs
     from tuner.store import tuning as tj
     from tuner.store.db import open_engine
+
     engine = open_engine(f"sqlite:///{tmp_path / 'demo' / 'tuner.db'}")
     run = tj.latest_run(engine, "tiny-llama")
     assert run is not None and run.state == "done", out[-4000:]
@@ -132,9 +158,23 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     # plots span the run (the range is the stored data, not 24 hours), the apply has its own before/after view,
     # and the tuning run its page. The screenshot is kept beside the report for a person to look at.
     from tests.report.test_report import drawn, png_pixels, run_chromium
+
     report = tmp_path / "demo" / "report.html"
-    rep = subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(tmp_path / "demo" / "tuner.yaml"),
-                          "report", "-o", str(report)], capture_output=True, text=True, timeout=300)
+    rep = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuner.cli",
+            "--config",
+            str(tmp_path / "demo" / "tuner.yaml"),
+            "report",
+            "-o",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rep.returncode == 0, rep.stderr
     shot = tmp_path / "demo" / "report.png"
     run_chromium(tmp_path, f"--screenshot={shot}", "--window-size=1000,1600", report.as_uri())
@@ -144,8 +184,7 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     if keep:
         shutil.copyfile(shot, keep)
     charts = drawn(run_chromium(tmp_path, "--dump-dom", report.as_uri()).stdout)
-    spans = [(max(xs) - min(xs)) / w for cls, _, w, lines in charts if cls == "plot" and w
-             for xs in lines if xs]
+    spans = [(max(xs) - min(xs)) / w for cls, _, w, lines in charts if cls == "plot" and w for xs in lines if xs]
     assert spans and max(spans) > 0.6, spans  # the run's data spans most of the plots' width
     kinds = [c[0] for c in charts]
     assert kinds.count("plot apply-view") == 3 and kinds.count("plot scatter") == 1

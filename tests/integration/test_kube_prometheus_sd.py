@@ -28,26 +28,47 @@ from tuner.errors import ScrapeError
 from tuner.kube import expand, list_pods
 from tuner.lab.replay import ReplayExposition, ReplayServer
 
-PODS = {"chat-7d9f8c6b5-x2x4z": "llm", "chat-7d9f8c6b5-q8w2n": "llm", "chat-7d9f8c6b5-zzzzz": "other",
-        "chatter-5d8c7-aaaaa": "llm"}
+PODS = {
+    "chat-7d9f8c6b5-x2x4z": "llm",
+    "chat-7d9f8c6b5-q8w2n": "llm",
+    "chat-7d9f8c6b5-zzzzz": "other",
+    "chatter-5d8c7-aaaaa": "llm",
+}
 
 
 def _prometheus(tmp_path: Path, hosts: dict[str, str]) -> tuple[ServerProcess, str]:
     port = free_port()
     home = tmp_path / "prometheus"
     (home / "data").mkdir(parents=True)
-    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-              "scrape_configs": [{
-                  "job_name": "vllm", "scrape_interval": "1s", "scrape_timeout": "1s",
-                  "static_configs": [{"targets": [host], "labels": {"__meta_kubernetes_namespace": PODS[pod],
-                                                                    "__meta_kubernetes_pod_name": pod}}
-                                     for pod, host in hosts.items()],
-                  "relabel_configs": [
-                      {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-                      {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}]}]}
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
+            {
+                "job_name": "vllm",
+                "scrape_interval": "1s",
+                "scrape_timeout": "1s",
+                "static_configs": [
+                    {
+                        "targets": [host],
+                        "labels": {"__meta_kubernetes_namespace": PODS[pod], "__meta_kubernetes_pod_name": pod},
+                    }
+                    for pod, host in hosts.items()
+                ],
+                "relabel_configs": [
+                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                ],
+            }
+        ],
+    }
     (home / "prometheus.yml").write_text(json.dumps(config))
-    argv = [str(realservers.PROMETHEUS.path()), f"--config.file={home / 'prometheus.yml'}",
-            f"--storage.tsdb.path={home / 'data'}", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+    argv = [
+        str(realservers.PROMETHEUS.path()),
+        f"--config.file={home / 'prometheus.yml'}",
+        f"--storage.tsdb.path={home / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+    ]
     return ServerProcess.start(argv, None, home / "prometheus.log", cwd=home), f"http://127.0.0.1:{port}"
 
 
@@ -72,11 +93,13 @@ def test_pods_named_by_kubernetes_sd_labels_become_targets_read_through_promethe
                 break
             assert time.monotonic() < deadline, body
             time.sleep(0.5)
-        cfg = parse_config(f"store: {{url: 'sqlite:///{tmp_path}/tuner.db'}}\nlisten: 127.0.0.1:0\n"
-                           f"prometheus: {{url: '{url}'}}\ntargets:\n"
-                           "  - {name: chat, backend: vllm, url: 'http://chat.llm.svc:8000', source: prometheus, "
-                           "prometheus_selector: 'job=\"vllm\"', kubernetes: {namespace: llm, name: chat, "
-                           "container: vllm, pods: {}}}\n")
+        cfg = parse_config(
+            f"store: {{url: 'sqlite:///{tmp_path}/tuner.db'}}\nlisten: 127.0.0.1:0\n"
+            f"prometheus: {{url: '{url}'}}\ntargets:\n"
+            "  - {name: chat, backend: vllm, url: 'http://chat.llm.svc:8000', source: prometheus, "
+            "prometheus_selector: 'job=\"vllm\"', kubernetes: {namespace: llm, name: chat, "
+            "container: vllm, pods: {}}}\n"
+        )
         at = time.time() - 2
         found = list_pods(cfg, None, now=at)
         assert sorted(p.name for p in found["chat"]) == ["chat-7d9f8c6b5-q8w2n", "chat-7d9f8c6b5-x2x4z"]

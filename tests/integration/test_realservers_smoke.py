@@ -21,8 +21,15 @@ def _get(url: str) -> requests.Response:
 
 def test_vllm_serves_metrics_and_completions(vllm_server: RealServer):
     assert _get(vllm_server.url + "/health").status_code == 200
-    result = run_load(vllm_server.url, model=vllm_server.model_name, n_requests=4, concurrency=2,
-                      prompt_tokens_approx=32, max_tokens=8, timeout_s=60)
+    result = run_load(
+        vllm_server.url,
+        model=vllm_server.model_name,
+        n_requests=4,
+        concurrency=2,
+        prompt_tokens_approx=32,
+        max_tokens=8,
+        timeout_s=60,
+    )
     assert result.ok == 4, result.errors
     metrics = _get(vllm_server.url + "/metrics")
     assert metrics.status_code == 200
@@ -63,8 +70,9 @@ def test_vllm_closes_kept_alive_connections_after_5s_idle(vllm_server: RealServe
 
 def test_llama_server_serves_metrics_and_slots(llama_server: RealServer):
     assert _get(llama_server.url + "/health").status_code == 200
-    result = run_load(llama_server.url, model=None, n_requests=4, concurrency=2, prompt_tokens_approx=32,
-                      max_tokens=16, timeout_s=60)
+    result = run_load(
+        llama_server.url, model=None, n_requests=4, concurrency=2, prompt_tokens_approx=32, max_tokens=16, timeout_s=60
+    )
     assert result.ok == 4, result.errors
     metrics = _get(llama_server.url + "/metrics")
     assert metrics.status_code == 200
@@ -83,6 +91,7 @@ def test_llama_server_closes_a_fresh_connection_that_sends_nothing_for_5s(llama_
     (4.8 s measured for vLLM's keep-alive race), so the test that loads llama-server beside a loaded vLLM runs its
     clients ahead of the servers where it may (realservers.run_load_process(ahead=True)).
     """
+
     def after(gap: float) -> bytes:
         with socket.create_connection(("127.0.0.1", llama_server.port), timeout=10) as sock:
             deadline = time.monotonic() + gap

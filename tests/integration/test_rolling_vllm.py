@@ -65,32 +65,69 @@ def test_a_rolling_apply_of_two_vllm_replicas_through_haproxy_loses_no_request(t
         f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{tmp_path / 'vllm-cache'}'}}\n"
         f"      drain_timeout: 30s\n      start_timeout: 6m\n      log_dir: {tmp_path / 'logs'}\n"
         "    apply: {observe: 4s, observe_max: 4s, baseline: 10s, on_inconclusive: keep_new, "
-        "max_restarts_per_hour: 50}\n")
+        "max_restarts_per_hour: 50}\n"
+    )
     out = _tuner(cfg, "haproxy-config", "tiny")
     assert out.returncode == 0, out.stderr
     (tmp_path / "haproxy.cfg").write_text(out.stdout)
     assert _tuner(cfg, "db", "upgrade").returncode == 0
     engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
     # both replicas start at once, each on its own core
-    starts = [subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "WARNING",
-                                "managed", "start", name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               stdin=subprocess.DEVNULL) for name in NAMES]
+    starts = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tuner.cli",
+                "--config",
+                str(cfg),
+                "--log-level",
+                "WARNING",
+                "managed",
+                "start",
+                name,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+        for name in NAMES
+    ]
     haproxy = None
     try:
         for p in starts:
             _, err = p.communicate(timeout=900)
             assert p.returncode == 0, err[-3000:]
-        haproxy = subprocess.Popen([str(realservers.HAPROXY.path()), "-db", "-f", str(tmp_path / "haproxy.cfg")],
-                                   stdout=subprocess.DEVNULL, stderr=open(tmp_path / "haproxy.log", "w"))
+        haproxy = subprocess.Popen(
+            [str(realservers.HAPROXY.path()), "-db", "-f", str(tmp_path / "haproxy.cfg")],
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / "haproxy.log", "w"),
+        )
         lb = HAProxy(sock, "tiny")
-        wait_for(lambda: Path(sock).exists() and all(s.status == "UP" for s in lb.stats().values()), 60,
-                 "both vLLM replicas UP in HAProxy")
+        wait_for(
+            lambda: Path(sock).exists() and all(s.status == "UP" for s in lb.stats().values()),
+            60,
+            "both vLLM replicas UP in HAProxy",
+        )
         before = {n: _max_num_seqs(engine, n) for n in NAMES}
         assert before == {n: "2" for n in NAMES}, before
 
-        rid = recs.add_recommendation(engine, target="tiny.r1", now=time.time(), rules=["test"], diff_key="{}",
-                                      diff={"max_num_seqs": 4}, current={}, evidence=[], expected_effect="",
-                                      risk="", confidence=0.9, rank=1, memory_check={"ok": True})
+        rid = recs.add_recommendation(
+            engine,
+            target="tiny.r1",
+            now=time.time(),
+            rules=["test"],
+            diff_key="{}",
+            diff={"max_num_seqs": 4},
+            current={},
+            evidence=[],
+            expected_effect="",
+            risk="",
+            confidence=0.9,
+            rank=1,
+            memory_check={"ok": True},
+        )
         load = Load(front, concurrency=2, prompt_tokens=32, model="tiny", max_tokens=16, think_s=0.5)
         wait_for(lambda: all(s.total >= 3 for s in lb.stats().values()), 120, "the load to reach both replicas")
         applied = _tuner(cfg, "apply-recommendation", str(rid), "--yes", "--json", timeout=1200)
@@ -100,9 +137,16 @@ def test_a_rolling_apply_of_two_vllm_replicas_through_haproxy_loses_no_request(t
 
         steps = [(s["step"], s["detail"].split(":")[0]) for s in a["steps"]]
         order = [(k, who) for k, who in steps if k in ("draining", "stopped", "starting", "in_rotation")][:8]
-        assert order == [("draining", "tiny.r1"), ("stopped", "tiny.r1"), ("starting", "tiny.r1"),
-                         ("in_rotation", "tiny.r1"), ("draining", "tiny.r2"), ("stopped", "tiny.r2"),
-                         ("starting", "tiny.r2"), ("in_rotation", "tiny.r2")], steps
+        assert order == [
+            ("draining", "tiny.r1"),
+            ("stopped", "tiny.r1"),
+            ("starting", "tiny.r1"),
+            ("in_rotation", "tiny.r1"),
+            ("draining", "tiny.r2"),
+            ("stopped", "tiny.r2"),
+            ("starting", "tiny.r2"),
+            ("in_rotation", "tiny.r2"),
+        ], steps
         assert {n: _max_num_seqs(engine, n) for n in NAMES} == {n: "4" for n in NAMES}
         assert all(s.status == "UP" for s in lb.stats().values())
         # the roll ran inside the load, and the clients lost nothing
@@ -112,9 +156,17 @@ def test_a_rolling_apply_of_two_vllm_replicas_through_haproxy_loses_no_request(t
         assert result.ok >= 10, result
         starting = {who: t for (k, who), t in zip(steps, ts) if k == "starting"}
         up = {who: t for (k, who), t in zip(steps, ts) if k == "in_rotation"}
-        print(json.dumps({"ok": result.ok, "failed": result.failed, "outcome": a["outcome"],
-                          "roll_s": round(ts[-1] - ts[0], 1),
-                          "start_to_rotation_s": {n: round(up[n] - starting[n], 1) for n in NAMES}}))
+        print(
+            json.dumps(
+                {
+                    "ok": result.ok,
+                    "failed": result.failed,
+                    "outcome": a["outcome"],
+                    "roll_s": round(ts[-1] - ts[0], 1),
+                    "start_to_rotation_s": {n: round(up[n] - starting[n], 1) for n in NAMES},
+                }
+            )
+        )
     finally:
         if haproxy is not None:
             haproxy.terminate()

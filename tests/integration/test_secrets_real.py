@@ -25,7 +25,8 @@ def test_the_health_gate_sends_the_api_key_a_server_needs_and_nothing_shows_it(t
         f"    managed:\n      model: {realservers.TINY_GGUF.path()}\n"
         f"      executable: {realservers.LLAMA_SERVER.path()}\n"
         f"      flags: {{parallel: 1, ctx_size: 512}}\n      extra_args: {{'-t': 1, '--api-key': '{KEY}'}}\n"
-        "      drain_timeout: 5s\n")
+        "      drain_timeout: 5s\n"
+    )
     engine = open_engine(cfg.store.url)
     upgrade(engine)
     said: list[str] = []

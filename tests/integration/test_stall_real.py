@@ -52,27 +52,44 @@ def test_engine_stalled_fires_on_a_real_stopped_engine_core_and_clears_when_it_g
     cfg = parse_config(
         "defaults: {scrape_interval: 1s, scrape_timeout: 2s, health_interval: 1s}\n"
         f"targets:\n  - {{name: tiny, backend: vllm, url: '{server.url}'}}\n"
-        f"alerting: {{rule_files: ['{_pack(tmp_path)}']}}\n")
+        f"alerting: {{rule_files: ['{_pack(tmp_path)}']}}\n"
+    )
     daemon = Daemon(cfg, store)
     load: list = []
     # 16 clients on --max-num-seqs 8: requests run and wait; long enough to outlast the stall
-    thread = threading.Thread(target=lambda: load.append(run_load_process(
-        server.url, model=server.model_name, n_requests=32, concurrency=16, prompt_tokens_approx=100,
-        max_tokens=300, timeout_s=240)), daemon=True)
+    thread = threading.Thread(
+        target=lambda: load.append(
+            run_load_process(
+                server.url,
+                model=server.model_name,
+                n_requests=32,
+                concurrency=16,
+                prompt_tokens_approx=100,
+                max_tokens=300,
+                timeout_s=240,
+            )
+        ),
+        daemon=True,
+    )
     core = engine_core_pid(server.process.pid)
     with running(daemon):
         thread.start()
 
         def busy():  # the daemon sees requests in flight and tokens flowing
             sig = daemon.signals.get("tiny", WINDOW_S, time.time())
-            return sig is not None and any((e.requests_running or 0) > 0 and (e.generation_tokens_per_s or 0) > 0
-                                           for e in sig.engines)
+            return sig is not None and any(
+                (e.requests_running or 0) > 0 and (e.generation_tokens_per_s or 0) > 0 for e in sig.engines
+            )
+
         wait_for(busy, 120, "requests in flight on the real vLLM")
         stop_process(core)
         stopped = time.monotonic()
         try:
-            fired = wait_for(lambda: _active(daemon, "EngineStalled"), WINDOW_S + FOR_S + 20,
-                             "EngineStalled firing on the stopped engine core")
+            fired = wait_for(
+                lambda: _active(daemon, "EngineStalled"),
+                WINDOW_S + FOR_S + 20,
+                "EngineStalled firing on the stopped engine core",
+            )
             took = time.monotonic() - stopped
             # pending once a whole window saw no progress, firing `for` later: within window + for and a few
             # scrape and evaluation intervals of a loaded 2-core machine
@@ -88,8 +105,10 @@ def test_engine_stalled_fires_on_a_real_stopped_engine_core_and_clears_when_it_g
         resumed = time.monotonic()
         wait_for(lambda: not _active(daemon, "EngineStalled"), WINDOW_S + 20, "EngineStalled resolved after SIGCONT")
         cleared = time.monotonic() - resumed
-        print(f"\nEngineStalled fired {took:.1f} s after SIGSTOP (window {WINDOW_S} s, for {FOR_S} s), value "
-              f"{fired[0].value:g}; resolved {cleared:.1f} s after SIGCONT")
+        print(
+            f"\nEngineStalled fired {took:.1f} s after SIGSTOP (window {WINDOW_S} s, for {FOR_S} s), value "
+            f"{fired[0].value:g}; resolved {cleared:.1f} s after SIGCONT"
+        )
         assert cleared <= WINDOW_S + 15
     thread.join(300)
     assert load and load[0].ok == 32, load  # every request finished once the engine went on
@@ -108,7 +127,8 @@ def test_a_managed_llama_server_whose_slot_loop_stalls_is_restarted_through_the_
         f"    managed:\n      model: {realservers.TINY_GGUF.path()}\n"
         f"      executable: {realservers.LLAMA_SERVER.path()}\n"
         "      flags: {parallel: 2, ctx_size: 512}\n      extra_args: {'-t': 1}\n"
-        "      drain_timeout: 2s\n      restart_when_stalled: 3s\n")
+        "      drain_timeout: 2s\n      restart_when_stalled: 3s\n"
+    )
     from tuner.store.db import upgrade
     from tuner.store.store import Store
 
@@ -119,8 +139,13 @@ def test_a_managed_llama_server_whose_slot_loop_stalls_is_restarted_through_the_
         first = wait_for(lambda: daemon.applier.running(cfg.targets[0]), 60, "the managed llama-server running")
         wait_for(lambda: (h := daemon.store.health("llama")) is not None and h.health == "up", 30, "a scrape")
         with ThreadStop(first.pid):
-            done = wait_for(lambda: [a for a in jr.list_applies(engine, target="llama") if a.kind == "restart"
-                                     and a.state == "done"], 60, "a journaled restart")
+            done = wait_for(
+                lambda: [
+                    a for a in jr.list_applies(engine, target="llama") if a.kind == "restart" and a.state == "done"
+                ],
+                60,
+                "a journaled restart",
+            )
         a = done[0]
         assert a.outcome == "kept" and a.mode == "auto", a.note
         steps = [s["step"] for s in a.steps]
@@ -129,6 +154,9 @@ def test_a_managed_llama_server_whose_slot_loop_stalls_is_restarted_through_the_
         assert "/health answers 200 while /metrics does not" in reason and "restart_when_stalled" in reason
         second = daemon.applier.running(cfg.targets[0])
         assert second is not None and second.pid != first.pid
-        wait_for(lambda: (h := daemon.store.health("llama")) is not None and h.health == "up", 30,
-                 "scrapes of the restarted server")
+        wait_for(
+            lambda: (h := daemon.store.health("llama")) is not None and h.health == "up",
+            30,
+            "scrapes of the restarted server",
+        )
     assert json.dumps(a.old_flags) == json.dumps(a.new_flags)  # the same flags: a restart, not an apply

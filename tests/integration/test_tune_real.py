@@ -45,7 +45,8 @@ def _config(tmp: Path) -> Path:
         "      flags: {max_num_seqs: 1, max_model_len: 1024}\n"
         "      extra_args: {enforce-eager: true}\n"
         f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{tmp / 'vc'}'}}\n"
-        f"      start_timeout: {int(realservers.VLLM_START_TIMEOUT_S)}s\n")
+        f"      start_timeout: {int(realservers.VLLM_START_TIMEOUT_S)}s\n"
+    )
     (tmp / "wl.yaml").write_text("input_len: 64\noutput_len: 64\nrange_ratio: 0.2\nrate_rps: 2\n")
     return cfg
 
@@ -70,8 +71,22 @@ def test_tune_measures_ranks_and_recommends_right_and_survives_kill9(tmp_path):
     tuner = [sys.executable, "-m", "tuner.cli", "-c", str(cfg)]
     subprocess.run(tuner + ["db", "upgrade"], check=True, capture_output=True)
     engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
-    argv = tuner + ["tune", "tiny", "--workload", str(tmp_path / "wl.yaml"), "--flags", "max_num_seqs=1/8",
-                    "--budget", "2", "--no-noise-check", "--run-seconds", "8", "--max-runs", "4", "--json"]
+    argv = tuner + [
+        "tune",
+        "tiny",
+        "--workload",
+        str(tmp_path / "wl.yaml"),
+        "--flags",
+        "max_num_seqs=1/8",
+        "--budget",
+        "2",
+        "--no-noise-check",
+        "--run-seconds",
+        "8",
+        "--max-runs",
+        "4",
+        "--json",
+    ]
     log = open(tmp_path / "tune-1.log", "w")
     first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
 
@@ -80,6 +95,7 @@ def test_tune_measures_ranks_and_recommends_right_and_survives_kill9(tmp_path):
         trials = tj.trials(engine, run.id) if run else []
         started = [t for t in trials if t.seq == 2 and t.status == "running" and t.pid]
         return started[0] if started else None
+
     try:
         trial = _wait(second_trial_running, 900, "the second trial's server to start")
         _wait(lambda: first.poll() is not None or (tmp_path / "logs").exists(), 5, "the trial log")
@@ -101,8 +117,14 @@ def test_tune_measures_ranks_and_recommends_right_and_survives_kill9(tmp_path):
     assert not any(_group_alive(t.pid) for t in trials if t.pid)
     assert result["counts"] == {"measured": 2, "crashed": 0, "pruned": 0}
 
-    check_decisions(engine, result, [trials[0], trials[2]], "max_num_seqs", baseline=1,
-                    slo=Slo(ttft_p99="1s", e2e_p99="4s", objective=OBJECTIVE))
+    check_decisions(
+        engine,
+        result,
+        [trials[0], trials[2]],
+        "max_num_seqs",
+        baseline=1,
+        slo=Slo(ttft_p99="1s", e2e_p99="4s", objective=OBJECTIVE),
+    )
 
 
 def check_decisions(engine, result, measured, flag, *, baseline, slo):  # type: ignore[no-untyped-def]
@@ -136,8 +158,10 @@ def check_decisions(engine, result, measured, flag, *, baseline, slo):  # type: 
         beyond = result["comparison"]["outcome"] == "b_better"
     else:
         beyond = base_missed is not None and caps[best] >= base_missed and caps[best] >= caps[baseline] * 1.15
-    assert result["best"]["interval"] == [caps[best], next(t for t in measured
-                                                            if t.flags[flag] == best).detail["hi_rps"]]
+    assert result["best"]["interval"] == [
+        caps[best],
+        next(t for t in measured if t.flags[flag] == best).detail["hi_rps"],
+    ]
     if best != baseline and beyond:
         assert len(stored) == 1 and stored[0].diff == {flag: best}
         ev = stored[0].evidence[0]
@@ -158,23 +182,46 @@ def test_tune_a_real_llama_server_with_the_same_client(tmp_path):
         "  - name: llama\n    backend: llamacpp\n    url: http://127.0.0.1:1\n"
         f"    slo: {{e2e_p99: 4s, objective: {OBJECTIVE}}}\n"
         f"    managed:\n      model: {realservers.TINY_GGUF.path()}\n      executable: {realservers.LLAMA_SERVER.path()}\n"
-        "      flags: {parallel: 1, ctx_size: 1024}\n      extra_args: {'-t': 1}\n")
+        "      flags: {parallel: 1, ctx_size: 1024}\n      extra_args: {'-t': 1}\n"
+    )
     # The client writes its prompts with the tiny HF model's tokenizer; the GGUF's own vocabulary reads them as
     # more tokens, so the lengths are small enough for a 512-token slot either way.
     (tmp_path / "wl.yaml").write_text("input_len: 16\noutput_len: 64\nrange_ratio: 0.2\nrate_rps: 2\n")
     tuner = [sys.executable, "-m", "tuner.cli", "-c", str(cfg)]
     subprocess.run(tuner + ["db", "upgrade"], check=True, capture_output=True)
-    out = subprocess.run(tuner + ["tune", "llama", "--workload", str(tmp_path / "wl.yaml"), "--flags", "parallel=1/2",
-                                  "--budget", "2", "--no-noise-check", "--run-seconds", "8", "--max-runs", "4",
-                                  "--client-python", str(realservers.VLLM_PYTHON.path()),
-                                  "--tokenizer", str(realservers.TINY_MODEL.path()), "--json"],
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        tuner
+        + [
+            "tune",
+            "llama",
+            "--workload",
+            str(tmp_path / "wl.yaml"),
+            "--flags",
+            "parallel=1/2",
+            "--budget",
+            "2",
+            "--no-noise-check",
+            "--run-seconds",
+            "8",
+            "--max-runs",
+            "4",
+            "--client-python",
+            str(realservers.VLLM_PYTHON.path()),
+            "--tokenizer",
+            str(realservers.TINY_MODEL.path()),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
     engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
     trials = tj.trials(engine, result["run_id"])
-    assert [(t.flags["parallel"], t.status) for t in trials] == [(1, "measured"), (2, "measured")], \
-        [(t.flags, t.status, t.detail.get("error")) for t in trials]
+    assert [(t.flags["parallel"], t.status) for t in trials] == [(1, "measured"), (2, "measured")], [
+        (t.flags, t.status, t.detail.get("error")) for t in trials
+    ]
     check_decisions(engine, result, trials, "parallel", baseline=1, slo=Slo(e2e_p99="4s", objective=OBJECTIVE))
 
 
@@ -188,7 +235,8 @@ def _llama_on_target_config(tmp: Path, port: int, window: str) -> Path:
         f"    apply: {{maintenance_windows: ['{window}']}}\n"
         f"    managed:\n      model: {realservers.TINY_GGUF.path()}\n      executable: {realservers.LLAMA_SERVER.path()}\n"
         "      flags: {parallel: 1, ctx_size: 1024}\n      extra_args: {'-t': 1}\n"
-        f"      log_dir: {tmp / 'logs'}\n      start_timeout: 60s\n      drain_timeout: 5s\n")
+        f"      log_dir: {tmp / 'logs'}\n      start_timeout: 60s\n      drain_timeout: 5s\n"
+    )
     return cfg
 
 
@@ -211,17 +259,35 @@ def test_tune_on_target_only_in_its_window_restores_production_and_survives_kill
     (tmp_path / "wl.yaml").write_text("input_len: 16\noutput_len: 64\nrange_ratio: 0.2\nrate_rps: 2\n")
     tuner = [sys.executable, "-m", "tuner.cli", "-c"]
     subprocess.run(tuner + [str(open_now), "db", "upgrade"], check=True, capture_output=True)
-    started = subprocess.run(tuner + [str(open_now), "managed", "start", "llama"], capture_output=True, text=True,
-                             timeout=120)
+    started = subprocess.run(
+        tuner + [str(open_now), "managed", "start", "llama"], capture_output=True, text=True, timeout=120
+    )
     assert started.returncode == 0, started.stderr[-2000:]
     engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
     prod = jr.get_managed(engine, "llama")
     assert prod is not None and prod.pid and mg.is_alive(prod.pid, prod.proc_start)
     in_force = mg.proc_argv(prod.pid)
-    tune = ["tune", "llama", "--on-target", "--workload", str(tmp_path / "wl.yaml"), "--flags", "parallel=1/2",
-            "--budget", "2", "--no-noise-check", "--run-seconds", "6", "--max-runs", "3",
-            "--client-python", str(realservers.VLLM_PYTHON.path()), "--tokenizer", str(realservers.TINY_MODEL.path()),
-            "--json"]
+    tune = [
+        "tune",
+        "llama",
+        "--on-target",
+        "--workload",
+        str(tmp_path / "wl.yaml"),
+        "--flags",
+        "parallel=1/2",
+        "--budget",
+        "2",
+        "--no-noise-check",
+        "--run-seconds",
+        "6",
+        "--max-runs",
+        "3",
+        "--client-python",
+        str(realservers.VLLM_PYTHON.path()),
+        "--tokenizer",
+        str(realservers.TINY_MODEL.path()),
+        "--json",
+    ]
     try:
         # Outside the window: refused, naming the key; production never touched.
         out = subprocess.run(tuner + [str(closed)] + tune, capture_output=True, text=True, timeout=120)
@@ -236,6 +302,7 @@ def test_tune_on_target_only_in_its_window_restores_production_and_survives_kill
             run = tj.latest_run(engine, "llama")
             live = [t for t in (tj.trials(engine, run.id) if run else []) if t.status == "running" and t.pid]
             return live[0] if live and mg.is_alive(live[0].pid, live[0].proc_start) else None
+
         try:
             trial = _wait(trial_running, 300, "an on-target trial server")
             assert trial.url == f"http://127.0.0.1:{port}"  # production's own port
@@ -258,8 +325,7 @@ def test_tune_on_target_only_in_its_window_restores_production_and_survives_kill
         assert entry.state == "done" and "reconciled" in entry.note
 
         # --resume, still inside the window: the rest of the trials, then production back with the flags in force.
-        out = subprocess.run(tuner + [str(open_now)] + tune + ["--resume"], capture_output=True, text=True,
-                             timeout=900)
+        out = subprocess.run(tuner + [str(open_now)] + tune + ["--resume"], capture_output=True, text=True, timeout=900)
         assert out.returncode == 0, out.stderr[-3000:]
         result = json.loads(out.stdout)
         trials = tj.trials(engine, result["run_id"])
@@ -281,16 +347,31 @@ def test_tune_on_target_only_in_its_window_restores_production_and_survives_kill
 def realservers_target(port: int):  # type: ignore[no-untyped-def]
     """A minimal target for the health gate (a real completion through the server)."""
     from tuner.config import Target
+
     return Target(name="llama", backend="llamacpp", url=f"http://127.0.0.1:{port}")
 
 
 # How each server spells the flags tune searches: written out here, not taken from tuner, so a trial labelled with a
 # flag its server never got is caught by a reading of its own command line.
-_SPELLING = {"vllm": {n: "--" + n.replace("_", "-") for n in ("max_num_seqs", "max_num_batched_tokens",
-                                                              "enable_prefix_caching", "enable_chunked_prefill",
-                                                              "max_model_len")},
-             "llamacpp": {"parallel": "--parallel", "ctx_size": "-c", "batch_size": "-b", "ubatch_size": "-ub",
-                          "flash_attn": "-fa"}}
+_SPELLING = {
+    "vllm": {
+        n: "--" + n.replace("_", "-")
+        for n in (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "enable_prefix_caching",
+            "enable_chunked_prefill",
+            "max_model_len",
+        )
+    },
+    "llamacpp": {
+        "parallel": "--parallel",
+        "ctx_size": "-c",
+        "batch_size": "-b",
+        "ubatch_size": "-ub",
+        "flash_attn": "-fa",
+    },
+}
 
 
 def _carried(backend: str, flags: dict, argv: list[str]) -> list[str]:
@@ -317,7 +398,7 @@ def _descendants(pid: int) -> list[int]:
                 stat = (d / "stat").read_text()
             except OSError:
                 continue
-            kids.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(d.name))
+            kids.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(d.name))
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -331,8 +412,11 @@ def _threads_cpus(pid: int) -> set[str]:
     out = set()
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
-            out |= {line.split(":\t")[1] for line in (task / "status").read_text().splitlines()
-                    if line.startswith("Cpus_allowed_list")}
+            out |= {
+                line.split(":\t")[1]
+                for line in (task / "status").read_text().splitlines()
+                if line.startswith("Cpus_allowed_list")
+            }
         except OSError:
             pass
     return out
@@ -385,13 +469,28 @@ def test_every_trial_server_runs_the_flags_its_trial_is_labelled_with(tmp_path, 
     backend=llamacpp; now it is no candidate, and the run says why."""
     from tests.helpers import store_recorded_history
     from tuner.store.store import Store
+
     if backend == "vllm":
         require(realservers.VLLM_PYTHON, realservers.TINY_MODEL)
         cfg = _config(tmp_path)
         cfg.write_text(cfg.read_text().replace("name: tiny", "name: v"))
         # seeds: the flags in force, the advisor's max_num_seqs 2, then its backend switch (the third trial before)
-        argv = ["tune", "v", "--workload", str(tmp_path / "wl.yaml"), "--flags", "max_num_seqs=1/2/4",
-                "--budget", "3", "--run-seconds", "4", "--max-runs", "2", "--no-noise-check", "--json"]
+        argv = [
+            "tune",
+            "v",
+            "--workload",
+            str(tmp_path / "wl.yaml"),
+            "--flags",
+            "max_num_seqs=1/2/4",
+            "--budget",
+            "3",
+            "--run-seconds",
+            "4",
+            "--max-runs",
+            "2",
+            "--no-noise-check",
+            "--json",
+        ]
         target = "v"
     else:
         require(realservers.LLAMA_SERVER, realservers.TINY_GGUF, realservers.VLLM_PYTHON, realservers.TINY_MODEL)
@@ -403,12 +502,29 @@ def test_every_trial_server_runs_the_flags_its_trial_is_labelled_with(tmp_path, 
             f"    slo: {{e2e_p99: 4s, objective: {OBJECTIVE}}}\n"
             f"    managed:\n      model: {realservers.TINY_GGUF.path()}\n"
             f"      executable: {realservers.LLAMA_SERVER.path()}\n"
-            "      flags: {parallel: 1, ctx_size: 1024, flash_attn: 'off'}\n      extra_args: {'-t': 1}\n")
+            "      flags: {parallel: 1, ctx_size: 1024, flash_attn: 'off'}\n      extra_args: {'-t': 1}\n"
+        )
         (tmp_path / "wl.yaml").write_text("input_len: 16\noutput_len: 32\nrange_ratio: 0.2\nrate_rps: 2\n")
-        argv = ["tune", "l", "--workload", str(tmp_path / "wl.yaml"), "--flags", "parallel=1/2/4,flash_attn",
-                "--budget", "3", "--run-seconds", "4", "--max-runs", "2", "--no-noise-check",
-                "--client-python", str(realservers.VLLM_PYTHON.path()),
-                "--tokenizer", str(realservers.TINY_MODEL.path()), "--json"]
+        argv = [
+            "tune",
+            "l",
+            "--workload",
+            str(tmp_path / "wl.yaml"),
+            "--flags",
+            "parallel=1/2/4,flash_attn",
+            "--budget",
+            "3",
+            "--run-seconds",
+            "4",
+            "--max-runs",
+            "2",
+            "--no-noise-check",
+            "--client-python",
+            str(realservers.VLLM_PYTHON.path()),
+            "--tokenizer",
+            str(realservers.TINY_MODEL.path()),
+            "--json",
+        ]
         target = "l"
     tuner = [sys.executable, "-m", "tuner.cli", "-c", str(cfg)]
     subprocess.run(tuner + ["db", "upgrade"], check=True, capture_output=True)
@@ -432,11 +548,17 @@ def test_every_trial_server_runs_the_flags_its_trial_is_labelled_with(tmp_path, 
         if backend == "vllm":  # its worker computes on the cores placed for it, the client on the others
             placed = t.detail["placement"]
             assert seen[t.id]["worker"] == {",".join(map(str, placed["worker_cpus"]))}, (seen[t.id], placed)
-            client = {c for lst in seen[t.id]["client"] for part in lst.split(",")
-                      for c in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)}
+            client = {
+                c
+                for lst in seen[t.id]["client"]
+                for part in lst.split(",")
+                for c in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)
+            }
             if placed["client_cpus"]:  # a core of its own
-                assert client <= set(placed["client_cpus"]) and not client & set(placed["worker_cpus"]), \
-                    (seen[t.id], placed)
+                assert client <= set(placed["client_cpus"]) and not client & set(placed["worker_cpus"]), (
+                    seen[t.id],
+                    placed,
+                )
             else:  # every other core has a pinned process: the client runs where the kernel puts it
                 assert client == set(os.sched_getaffinity(0)), (seen[t.id], placed)
     if backend == "vllm":  # the advisor's backend switch: said, never run

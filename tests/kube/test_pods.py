@@ -38,10 +38,12 @@ def cluster(request, tmp_path):
 
 def _config(c: Any, *, extra: str = "", port: int | None = None, store: str = "") -> str:
     pods = f"{{selector: 'app=chat', port: {port}}}" if port else "{selector: 'app=chat'}"
-    return (f"kubernetes: {{kubeconfig: '{c.kubeconfig}'}}\nlisten: 127.0.0.1:0\n{store}"
-            f"targets:\n  - name: chat\n    backend: vllm\n    url: http://chat.{c.namespace}.svc:8000\n"
-            f"    scrape_interval: 1s\n"
-            f"    kubernetes: {{namespace: {c.namespace}, name: chat, container: vllm, pods: {pods}}}\n{extra}")
+    return (
+        f"kubernetes: {{kubeconfig: '{c.kubeconfig}'}}\nlisten: 127.0.0.1:0\n{store}"
+        f"targets:\n  - name: chat\n    backend: vllm\n    url: http://chat.{c.namespace}.svc:8000\n"
+        f"    scrape_interval: 1s\n"
+        f"    kubernetes: {{namespace: {c.namespace}, name: chat, container: vllm, pods: {pods}}}\n{extra}"
+    )
 
 
 def test_discovery_follows_pods_as_they_come_and_go(cluster, tmp_path):
@@ -75,8 +77,14 @@ def test_discovery_follows_pods_as_they_come_and_go(cluster, tmp_path):
         # the targets: one per pod, named TEMPLATE.POD, at the pod's IP and container port, grouped as chat
         targets = expand(cfg, watch.found()).targets
         assert [t.name for t in targets] == [f"chat.{p}" for p in second]
-        assert all(t.group == "chat" and t.group_url == cfg.targets[0].url and t.url.endswith(":8000")
-                   and t.labels["namespace"] == c.namespace and t.labels["workload"] == "chat" for t in targets)
+        assert all(
+            t.group == "chat"
+            and t.group_url == cfg.targets[0].url
+            and t.url.endswith(":8000")
+            and t.labels["namespace"] == c.namespace
+            and t.labels["workload"] == "chat"
+            for t in targets
+        )
         assert {t.flags["max_num_seqs"] for t in targets} == {4}
     finally:
         watch.stop()
@@ -89,8 +97,12 @@ def test_a_watch_whose_history_is_gone_lists_again(tmp_path):
         c.deployment("chat", replicas=2, args=ARGS, labels={"app": "chat"})
         cfg = parse_config(_config(c))
         errors: list[str] = []
-        watch = PodWatch(connect(cfg.kubernetes), templates(cfg), watch_s=5,
-                         failed=lambda name, error: errors.append(error) if error else None)
+        watch = PodWatch(
+            connect(cfg.kubernetes),
+            templates(cfg),
+            watch_s=5,
+            failed=lambda name, error: errors.append(error) if error else None,
+        )
         watch.start()
         assert wait_until(lambda: len(watch.found()["chat"]) == 2, 10)
         gone = c.pods("chat")[0]
@@ -112,8 +124,11 @@ def test_a_template_that_cannot_be_listed_says_why_in_one_line(tmp_path):
     try:
         cfg = parse_config(_config(c))
         c.cluster.token = "rotated"
-        with pytest.raises(Exception, match=r"targets\[chat\]: Kubernetes list pods in llm \(app=chat\): 401 "
-                                            r"Unauthorized; the credentials were refused"):
+        with pytest.raises(
+            Exception,
+            match=r"targets\[chat\]: Kubernetes list pods in llm \(app=chat\): 401 "
+            r"Unauthorized; the credentials were refused",
+        ):
             list_pods(cfg, None, now=time.time())
         missing = parse_config(_config(c).replace(str(c.kubeconfig), str(tmp_path / "nope")))
         with pytest.raises(Exception, match="Kubernetes config: .*set kubernetes.kubeconfig"):
@@ -141,6 +156,7 @@ class _PodServers:
 
                 def log_message(self, *args: object) -> None:
                     pass
+
             srv = ThreadingHTTPServer((ip, port), H)
             srv.daemon_threads = True
             threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -172,8 +188,9 @@ def test_the_daemon_scrapes_each_pod_and_keeps_a_gone_pods_history(tmp_path, pod
         daemon = Daemon(cfg, store, config_dir=tmp_path)
         first = c.pods("chat")
         assert sorted(daemon.state.targets) == [f"chat.{p}" for p in first]
-        run = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False,
-                                                                  "max_seconds": 120}, daemon=True)
+        run = threading.Thread(
+            target=daemon.run_forever, kwargs={"install_signal_handlers": False, "max_seconds": 120}, daemon=True
+        )
         run.start()
         try:
             scraped = lambda name: store.scrapes(name)  # noqa: E731
@@ -211,22 +228,33 @@ def test_pods_read_from_prometheus_kubernetes_sd_labels():
         "prometheus_selector: 'job=\"vllm\"', kubernetes: {namespace: llm, name: chat, container: vllm, "
         "canary: chat-canary, pods: {pod_label: kubernetes_pod_name}}}\n"
         "  - {name: kv, backend: vllm, url: 'http://kv.llm.svc:8000', source: prometheus, "
-        "kubernetes: {kind: StatefulSet, namespace: llm, name: kv, container: vllm, pods: {}}}\n")
+        "kubernetes: {kind: StatefulSet, namespace: llm, name: kv, container: vllm, pods: {}}}\n"
+    )
     chat, kv = cfg.targets
-    series = [{"namespace": "llm", "kubernetes_pod_name": "chat-7d9f8c6b5-x2x4z", "instance": "10.0.0.5:8000"},
-              {"namespace": "llm", "kubernetes_pod_name": "chat-canary-5f4d9-abcde", "instance": "10.0.0.6:8000"},
-              {"namespace": "other", "kubernetes_pod_name": "chat-7d9f8c6b5-zzzzz", "instance": "10.0.1.5:8000"},
-              {"namespace": "llm", "kubernetes_pod_name": "chatter-7d9f8c6b5-x2x4z", "instance": "10.0.0.7:8000"},
-              {"namespace": "llm", "kubernetes_pod_name": "chat-7d9f8c6b5-x2x4z", "instance": "10.0.0.5:8000"}]
+    series = [
+        {"namespace": "llm", "kubernetes_pod_name": "chat-7d9f8c6b5-x2x4z", "instance": "10.0.0.5:8000"},
+        {"namespace": "llm", "kubernetes_pod_name": "chat-canary-5f4d9-abcde", "instance": "10.0.0.6:8000"},
+        {"namespace": "other", "kubernetes_pod_name": "chat-7d9f8c6b5-zzzzz", "instance": "10.0.1.5:8000"},
+        {"namespace": "llm", "kubernetes_pod_name": "chatter-7d9f8c6b5-x2x4z", "instance": "10.0.0.7:8000"},
+        {"namespace": "llm", "kubernetes_pod_name": "chat-7d9f8c6b5-x2x4z", "instance": "10.0.0.5:8000"},
+    ]
     pods = pods_from_prometheus(series, chat)
-    assert sorted((p.name, p.owner) for p in pods) == [("chat-7d9f8c6b5-x2x4z", "chat"),
-                                                         ("chat-canary-5f4d9-abcde", "chat-canary")]
+    assert sorted((p.name, p.owner) for p in pods) == [
+        ("chat-7d9f8c6b5-x2x4z", "chat"),
+        ("chat-canary-5f4d9-abcde", "chat-canary"),
+    ]
     ms = members(chat, pods)
     assert [m.name for m in ms] == ["chat.chat-7d9f8c6b5-x2x4z", "chat.chat-canary-5f4d9-abcde"]
     assert ms[0].source == "prometheus" and ms[0].url == "http://10.0.0.5:8000"
     assert ms[0].prometheus_selector == 'job="vllm",namespace="llm",kubernetes_pod_name="chat-7d9f8c6b5-x2x4z"'
-    kv_pods = pods_from_prometheus([{"namespace": "llm", "pod": "kv-0"}, {"namespace": "llm", "pod": "kv-1"},
-                                    {"namespace": "llm", "pod": "kv-abc12-defgh"}], kv)
+    kv_pods = pods_from_prometheus(
+        [
+            {"namespace": "llm", "pod": "kv-0"},
+            {"namespace": "llm", "pod": "kv-1"},
+            {"namespace": "llm", "pod": "kv-abc12-defgh"},
+        ],
+        kv,
+    )
     assert sorted(p.name for p in kv_pods) == ["kv-0", "kv-1"]
 
 

@@ -36,8 +36,9 @@ class _Completions(BaseHTTPRequestHandler):
         if self.path == "/tokenize":
             body = json.dumps({"count": 200}).encode()
         else:
-            body = json.dumps({"choices": [{"text": "x"}],
-                               "usage": {"prompt_tokens": 10, "completion_tokens": 4}}).encode()
+            body = json.dumps(
+                {"choices": [{"text": "x"}], "usage": {"prompt_tokens": 10, "completion_tokens": 4}}
+            ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -69,8 +70,9 @@ def test_every_request_goes_on_a_fresh_connection():
         assert len({port for _, port in _Completions.seen}) == 1
 
         _Completions.seen = []
-        result = run_load(url, model="m", n_requests=12, concurrency=3, prompt_tokens_approx=10, max_tokens=4,
-                          timeout_s=30)
+        result = run_load(
+            url, model="m", n_requests=12, concurrency=3, prompt_tokens_approx=10, max_tokens=4, timeout_s=30
+        )
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -83,8 +85,7 @@ def test_every_request_goes_on_a_fresh_connection():
 def test_retries_only_what_the_server_did_not_take():
     httpd = _server()
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    kw = {"model": "m", "n_requests": 1, "concurrency": 1, "prompt_tokens_approx": 10, "max_tokens": 4,
-          "timeout_s": 30}
+    kw = {"model": "m", "n_requests": 1, "concurrency": 1, "prompt_tokens_approx": 10, "max_tokens": 4, "timeout_s": 30}
     try:
         _Completions.answers = [500, 503]  # draining, then restarting: not taken, sent again
         r = run_load(url, retry_for_s=10, **kw)
@@ -121,9 +122,21 @@ def test_a_steady_load_keeps_the_clients_busy_then_lets_what_is_in_flight_finish
     stop = threading.Event()
     out = []
     try:
-        worker = threading.Thread(target=lambda: out.append(run_load(
-            url, model="m", n_requests=10_000, concurrency=3, prompt_tokens_approx=10, max_tokens=4, timeout_s=30,
-            send_for_s=0.3 if by == "send_for_s" else None, stop=stop)))
+        worker = threading.Thread(
+            target=lambda: out.append(
+                run_load(
+                    url,
+                    model="m",
+                    n_requests=10_000,
+                    concurrency=3,
+                    prompt_tokens_approx=10,
+                    max_tokens=4,
+                    timeout_s=30,
+                    send_for_s=0.3 if by == "send_for_s" else None,
+                    stop=stop,
+                )
+            )
+        )
         worker.start()
         while len([p for p, _ in _Completions.seen if p == "/v1/completions"]) < 3:  # all three clients busy
             time.sleep(0.01)
@@ -150,9 +163,21 @@ def test_think_time_paces_each_client_and_stop_ends_the_pause():
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
     stop, out = threading.Event(), []
     try:
-        worker = threading.Thread(target=lambda: out.append(run_load(
-            url, model="m", n_requests=10_000, concurrency=2, prompt_tokens_approx=10, max_tokens=4, timeout_s=120,
-            think_s=60, stop=stop)))
+        worker = threading.Thread(
+            target=lambda: out.append(
+                run_load(
+                    url,
+                    model="m",
+                    n_requests=10_000,
+                    concurrency=2,
+                    prompt_tokens_approx=10,
+                    max_tokens=4,
+                    timeout_s=120,
+                    think_s=60,
+                    stop=stop,
+                )
+            )
+        )
         worker.start()
         while len([p for p, _ in _Completions.seen if p == "/v1/completions"]) < 2:  # both clients answered once
             time.sleep(0.01)
@@ -166,5 +191,6 @@ def test_think_time_paces_each_client_and_stop_ends_the_pause():
     # without the pause the two clients would have sent request after request until the stop
     assert (r.requested, r.ok, r.failed) == (2, 2, 0), r
     with pytest.raises(ValueError, match="think_s"):
-        run_load(url, model="m", n_requests=1, concurrency=1, prompt_tokens_approx=1, max_tokens=1, timeout_s=5,
-                 think_s=-1)
+        run_load(
+            url, model="m", n_requests=1, concurrency=1, prompt_tokens_approx=1, max_tokens=1, timeout_s=5, think_s=-1
+        )

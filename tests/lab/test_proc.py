@@ -27,8 +27,11 @@ def test_wait_for_names_what_it_waited_for_when_time_runs_out() -> None:
 def test_wait_for_stops_at_once_when_the_process_exited_and_shows_its_log(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", "import sys; print('bind: address in use'); sys.exit(3)"],
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; print('bind: address in use'); sys.exit(3)"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     proc.wait(30)
     t0 = time.monotonic()
     with pytest.raises(AssertionError, match=r"(?s)the server: the process exited with 3 first.*address in use"):
@@ -51,9 +54,17 @@ def test_stop_ends_a_child_by_sigterm_and_one_that_ignores_it_by_sigkill() -> No
 
     polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     assert stop(polite, 10) == -15  # SIGTERM ended it
-    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
-                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
-                                 "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    stubborn = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+            "time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert stubborn.stdout is not None and stubborn.stdout.readline() == "ready\n"  # its handler is in place
     assert stop(stubborn, 0.5) == -9  # SIGTERM ignored: SIGKILL after the grace
     assert stop(stubborn, 0.5) == -9  # a child already stopped: its code, nothing sent

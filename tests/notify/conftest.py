@@ -62,16 +62,33 @@ class Alertmanager:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         home.mkdir(parents=True, exist_ok=True)
-        (home / "am.yml").write_text(json.dumps({
-            "route": {"receiver": "hook", "group_by": ["alertname", "target"], "group_wait": "1s",
-                      "group_interval": "1s", "repeat_interval": "1h"},
-            "receivers": [{"name": "hook", "webhook_configs": [{"url": webhook.url, "send_resolved": True}]}]}))
+        (home / "am.yml").write_text(
+            json.dumps(
+                {
+                    "route": {
+                        "receiver": "hook",
+                        "group_by": ["alertname", "target"],
+                        "group_wait": "1s",
+                        "group_interval": "1s",
+                        "repeat_interval": "1h",
+                    },
+                    "receivers": [{"name": "hook", "webhook_configs": [{"url": webhook.url, "send_resolved": True}]}],
+                }
+            )
+        )
 
     def start(self) -> Alertmanager:
         self.proc = subprocess.Popen(
-            [self.binary, f"--config.file={self.home / 'am.yml'}", f"--storage.path={self.home / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
-            stdout=open(self.home / "am.log", "ab"), stderr=subprocess.STDOUT)
+            [
+                self.binary,
+                f"--config.file={self.home / 'am.yml'}",
+                f"--storage.path={self.home / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--cluster.listen-address=",
+            ],
+            stdout=open(self.home / "am.log", "ab"),
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             try:

@@ -29,16 +29,20 @@ def _setup(tmp_path, store, am_urls):
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     ams = ", ".join(f"'{u}'" for u in am_urls)
-    cfg = parse_config(f"targets:\n  - {{name: chat, backend: vllm, url: 'http://127.0.0.1:1'}}\n"
-                       f"alerting: {{rule_files: ['{rules}'], alertmanagers: [{ams}], resend_delay: 1m}}\n")
+    cfg = parse_config(
+        f"targets:\n  - {{name: chat, backend: vllm, url: 'http://127.0.0.1:1'}}\n"
+        f"alerting: {{rule_files: ['{rules}'], alertmanagers: [{ams}], resend_delay: 1m}}\n"
+    )
     return cfg
 
 
 def _scrape(store, kv: float, ts: float | None = None) -> None:
-    engine = EngineSnapshot(backend="vllm", engine="0", model_name="m",
-                            values={("vllm:kv_cache_usage_perc", ()): kv}, histograms={})
-    store.ingest(TargetSnapshot(target="chat", backend="vllm", ts=ts or time.time(), duration_s=0.01,
-                                engines=(engine,)))
+    engine = EngineSnapshot(
+        backend="vllm", engine="0", model_name="m", values={("vllm:kv_cache_usage_perc", ()): kv}, histograms={}
+    )
+    store.ingest(
+        TargetSnapshot(target="chat", backend="vllm", ts=ts or time.time(), duration_s=0.01, engines=(engine,))
+    )
 
 
 def _cycle(alerting: Alerting) -> None:
@@ -46,16 +50,23 @@ def _cycle(alerting: Alerting) -> None:
     alerting.flush()
 
 
-def test_firing_then_resolved_reach_the_webhook_with_labels_and_annotations(tmp_path, store, alertmanager_factory,
-                                                                             webhook):
+def test_firing_then_resolved_reach_the_webhook_with_labels_and_annotations(
+    tmp_path, store, alertmanager_factory, webhook
+):
     am = alertmanager_factory().start()
     alerting = Alerting(_setup(tmp_path, store, [am.url]), store, clock=time.time)
     _scrape(store, 0.97)
     _cycle(alerting)
     assert webhook.wait_for(lambda w: w.alerts("firing")), webhook.bodies
     firing = webhook.alerts("firing")[0]
-    assert firing["labels"] == {"alertname": "KVCacheHigh", "target": "chat", "engine": "0", "model_name": "m",
-                                "severity": "critical", "team": "serving"}
+    assert firing["labels"] == {
+        "alertname": "KVCacheHigh",
+        "target": "chat",
+        "engine": "0",
+        "model_name": "m",
+        "severity": "critical",
+        "team": "serving",
+    }
     assert firing["annotations"] == {"summary": "KV cache 97% on chat"}
     assert firing["generatorURL"].startswith("http://127.0.0.1:9464/metrics#alert=am-test/KVCacheHigh")
 
@@ -74,8 +85,13 @@ def test_alertmanager_down_then_up_every_alert_delivered_once(tmp_path, store, a
     alerting = Alerting(cfg, store, clock=time.time)
     # Two engines over the threshold: two alerts, queued while Alertmanager is down.
     for engine in ("0", "1"):
-        e = EngineSnapshot(backend="vllm", engine=engine, model_name="m",
-                           values={("vllm:kv_cache_usage_perc", ()): 0.99}, histograms={})
+        e = EngineSnapshot(
+            backend="vllm",
+            engine=engine,
+            model_name="m",
+            values={("vllm:kv_cache_usage_perc", ()): 0.99},
+            histograms={},
+        )
         store.ingest(TargetSnapshot(target="chat", backend="vllm", ts=time.time(), duration_s=0.01, engines=(e,)))
     alerting.evaluate_group(alerting.rules.groups[0])
     first = alerting.flush()
@@ -93,8 +109,7 @@ def test_alertmanager_down_then_up_every_alert_delivered_once(tmp_path, store, a
     assert sorted(per_alert.values()) == [1, 1]
 
 
-def test_resolved_never_overtakes_firing_while_an_alertmanager_is_down(tmp_path, store, alertmanager_factory,
-                                                                         webhook):
+def test_resolved_never_overtakes_firing_while_an_alertmanager_is_down(tmp_path, store, alertmanager_factory, webhook):
     am = alertmanager_factory()
     alerting = Alerting(_setup(tmp_path, store, [am.url]), store, clock=time.time)
     _scrape(store, 0.97)

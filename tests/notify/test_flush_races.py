@@ -67,6 +67,7 @@ def _flush_at_once(notifier: Notifier, threads: int, now_ms: int) -> list:
             results.append(notifier.flush(now_ms))
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
+
     workers = [threading.Thread(target=flush) for _ in range(threads)]
     for w in workers:
         w.start()

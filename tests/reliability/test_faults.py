@@ -35,8 +35,11 @@ ALWAYS = """groups:
 
 def _stored_scrapes(db, target: str) -> int:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
-        return conn.execute("SELECT COUNT(*) FROM scrapes s JOIN targets t ON t.id = s.target_id "
-                            "WHERE t.name = ? AND s.health != 'down'", (target,)).fetchone()[0]
+        return conn.execute(
+            "SELECT COUNT(*) FROM scrapes s JOIN targets t ON t.id = s.target_id "
+            "WHERE t.name = ? AND s.health != 'down'",
+            (target,),
+        ).fetchone()[0]
 
 
 def _integrity(db) -> str:
@@ -65,16 +68,24 @@ def test_bad_targets_and_a_down_alertmanager_never_stop_the_good_targets(tmp_pat
             "http500": {"/metrics": Route(status=500, body=b"engine dead")},
             "garbage": {"/metrics": Route(body=b"\x00\x01<html>not metrics</html>")},
         }
-        urls = {**goods, **{n: stack.enter_context(serve(r)) for n, r in bad.items()},
-                "refuses": f"http://127.0.0.1:{free_port()}"}
-        tuner = TunerProcess(tmp_path, {n: ("vllm", u) for n, u in urls.items()}, rules=ALWAYS,
-                             alertmanagers=[f"http://127.0.0.1:{am_port}"])
+        urls = {
+            **goods,
+            **{n: stack.enter_context(serve(r)) for n, r in bad.items()},
+            "refuses": f"http://127.0.0.1:{free_port()}",
+        }
+        tuner = TunerProcess(
+            tmp_path,
+            {n: ("vllm", u) for n, u in urls.items()},
+            rules=ALWAYS,
+            alertmanagers=[f"http://127.0.0.1:{am_port}"],
+        )
         tuner.start()
         stack.callback(tuner.stop)
 
         def every_fault_recorded() -> bool:
             st = tuner.status()
             return all(st.get(n, {}).get("health") and st[n]["health"]["consecutive_failures"] >= 2 for n in EXPECT)
+
         wait_for(every_fault_recorded, 40, "every bad target to fail twice")
         status = tuner.status()
         for name, fragment in EXPECT.items():
@@ -106,11 +117,19 @@ def test_database_locked_by_another_process(tmp_path):
             wait_for(lambda: _stored_scrapes(tuner.db, "good") >= 3, 20, "first scrapes")
             # Another process takes the write lock for longer than tuner's busy_timeout (5 s).
             locker = subprocess.Popen(
-                [sys.executable, "-c", "import sqlite3, sys, time\n"
-                 "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-                 "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True)\n"
-                 "time.sleep(float(sys.argv[2])); c.execute('COMMIT')", str(tuner.db), "8"],
-                stdout=subprocess.PIPE, text=True)
+                [
+                    sys.executable,
+                    "-c",
+                    "import sqlite3, sys, time\n"
+                    "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+                    "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True)\n"
+                    "time.sleep(float(sys.argv[2])); c.execute('COMMIT')",
+                    str(tuner.db),
+                    "8",
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             assert locker.stdout.readline().strip() == "locked"
             locked_at = _stored_scrapes(tuner.db, "good")
             wait_for(lambda: tuner.metric("tuner_job_error", job="store:good") == 1.0, 10, "the store job error")
@@ -134,6 +153,7 @@ def test_disk_full(tmp_path):
 
         def cap() -> None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
         tuner.start(preexec_fn=cap)
         try:
             wait_for(lambda: tuner.metric("tuner_job_error", job="store:good") == 1.0, 30, "the disk-full error")
@@ -167,8 +187,11 @@ def _clockshift(tmp_path) -> str:
 
     cc = require_tool("gcc")  # scripts/install-llama-server.sh installs it
     lib = tmp_path / "libclockshift.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(lib), str(Path(__file__).with_name("clockshift.c")),
-                    "-ldl"], check=True, capture_output=True)
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-O2", "-o", str(lib), str(Path(__file__).with_name("clockshift.c")), "-ldl"],
+        check=True,
+        capture_output=True,
+    )
     return str(lib)
 
 

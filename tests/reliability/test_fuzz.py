@@ -43,8 +43,14 @@ def _fuzz(surface: str, strategy: st.SearchStrategy, check: Callable[[Any], str]
     """Run ``check`` on ``examples`` generated inputs; return {outcome: count, "inputs": n, "seconds": s}."""
     outcomes: dict[str, float] = {"inputs": 0}
 
-    @settings(max_examples=examples, deadline=None, derandomize=True, database=None, print_blob=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        print_blob=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(strategy)
     def run(value: Any) -> None:
         outcome = check(value)
@@ -61,10 +67,52 @@ def _fuzz(surface: str, strategy: st.SearchStrategy, check: Callable[[Any], str]
 
 # ---- mutations of real text ---------------------------------------------------------------------------------
 
-_TOKENS = ["NaN", "+Inf", "-Inf", "-0", "1e400", "9" * 400, "0x1f", "", " ", "1_000", "\x00", "\u00e9", '"', "\\",
-           "\\n", '\\"', "{", "}", "=", ",", "#", "\r", "\t", "\n", "# TYPE ", "# HELP ", " counter", " histogram",
-           " summary", " gauge", "_total", "_bucket", "_count", "_sum", 'le="+Inf"', 'le="0.5"', 'engine="1"',
-           'model_name="m"', "vllm:", "llamacpp:", "\u2028", "\ufeff", "1700000000000", " 1 2 3"]
+_TOKENS = [
+    "NaN",
+    "+Inf",
+    "-Inf",
+    "-0",
+    "1e400",
+    "9" * 400,
+    "0x1f",
+    "",
+    " ",
+    "1_000",
+    "\x00",
+    "\u00e9",
+    '"',
+    "\\",
+    "\\n",
+    '\\"',
+    "{",
+    "}",
+    "=",
+    ",",
+    "#",
+    "\r",
+    "\t",
+    "\n",
+    "# TYPE ",
+    "# HELP ",
+    " counter",
+    " histogram",
+    " summary",
+    " gauge",
+    "_total",
+    "_bucket",
+    "_count",
+    "_sum",
+    'le="+Inf"',
+    'le="0.5"',
+    'engine="1"',
+    'model_name="m"',
+    "vllm:",
+    "llamacpp:",
+    "\u2028",
+    "\ufeff",
+    "1700000000000",
+    " 1 2 3",
+]
 
 
 @st.composite
@@ -73,7 +121,7 @@ def _mutated(draw: st.DrawFn, texts: list[str], *, window: int = 60) -> str:
     lines = draw(st.sampled_from(texts)).split("\n")
     if draw(st.integers(0, 9)):  # a window keeps each input small; one in ten is the whole recording
         start = draw(st.integers(0, len(lines) - 1))
-        lines = lines[start:start + draw(st.integers(1, window))]
+        lines = lines[start : start + draw(st.integers(1, window))]
     for _ in range(draw(st.integers(0, 5))):
         i = draw(st.integers(0, max(0, len(lines) - 1)))
         line = lines[i] if lines else ""
@@ -87,40 +135,51 @@ def _mutated(draw: st.DrawFn, texts: list[str], *, window: int = 60) -> str:
             lines[i], lines[j] = lines[j], lines[i]
         elif op in ("char", "token", "text"):
             pos = draw(st.integers(0, len(line)))
-            new = (draw(st.characters()) if op == "char" else draw(st.sampled_from(_TOKENS)) if op == "token"
-                   else draw(st.text(max_size=12)))
+            new = (
+                draw(st.characters())
+                if op == "char"
+                else draw(st.sampled_from(_TOKENS))
+                if op == "token"
+                else draw(st.text(max_size=12))
+            )
             width = draw(st.integers(0, 2))
-            lines[i:i + 1] = [line[:pos] + new + line[pos + width:]]
+            lines[i : i + 1] = [line[:pos] + new + line[pos + width :]]
         elif op == "cut":
-            lines[i:i + 1] = [line[:draw(st.integers(0, len(line)))]]
+            lines[i : i + 1] = [line[: draw(st.integers(0, len(line)))]]
         elif op == "value" and " " in line:
-            lines[i:i + 1] = [line.rsplit(" ", 1)[0] + " " + draw(st.sampled_from(_TOKENS))]
+            lines[i : i + 1] = [line.rsplit(" ", 1)[0] + " " + draw(st.sampled_from(_TOKENS))]
     return "\n".join(lines)
 
 
 def _bytes_of(texts: st.SearchStrategy[str]) -> st.SearchStrategy[bytes]:
     """The text's UTF-8, sometimes with one byte replaced (invalid UTF-8 in the middle of a body)."""
+
     @st.composite
     def build(draw: st.DrawFn) -> bytes:
         body = draw(texts).encode("utf-8")
         if body and draw(st.booleans()):
             pos = draw(st.integers(0, len(body) - 1))
-            body = body[:pos] + bytes([draw(st.integers(0x80, 0xff))]) + body[pos + 1:]
+            body = body[:pos] + bytes([draw(st.integers(0x80, 0xFF))]) + body[pos + 1 :]
         return body
+
     return build()
 
 
 # ---- 1. exposition -> snapshot (vLLM and llama-server) ---------------------------------------------------------
 
-_EXPOSITIONS = {"vllm": [p.read_text(encoding="utf-8") for p in sorted(VLLM_DIR.glob("metrics_*.txt"))],
-                "llamacpp": [p.read_text(encoding="utf-8") for p in sorted(LLAMA_DIR.glob("metrics_*.txt"))]}
+_EXPOSITIONS = {
+    "vllm": [p.read_text(encoding="utf-8") for p in sorted(VLLM_DIR.glob("metrics_*.txt"))],
+    "llamacpp": [p.read_text(encoding="utf-8") for p in sorted(LLAMA_DIR.glob("metrics_*.txt"))],
+}
 
 
 def _exposition_case() -> st.SearchStrategy[tuple[str, bytes]]:
     near = st.sampled_from(sorted(_EXPOSITIONS)).flatmap(
-        lambda b: st.tuples(st.just(b), _bytes_of(_mutated(_EXPOSITIONS[b]))))
-    raw = st.tuples(st.sampled_from(sorted(_EXPOSITIONS)),
-                    st.one_of(st.binary(max_size=300), _bytes_of(st.text(max_size=300))))
+        lambda b: st.tuples(st.just(b), _bytes_of(_mutated(_EXPOSITIONS[b])))
+    )
+    raw = st.tuples(
+        st.sampled_from(sorted(_EXPOSITIONS)), st.one_of(st.binary(max_size=300), _bytes_of(st.text(max_size=300)))
+    )
     return st.one_of(near, raw)
 
 
@@ -152,9 +211,18 @@ def test_fuzz_exposition() -> None:
 # ---- 2. llama-server /slots and /health --------------------------------------------------------------------------
 
 _SLOTS = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(LLAMA_DIR.glob("slots_*.json"))]
-_JSON_ODD = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=10**300, max_value=10**310),
-                      st.floats(), st.text(max_size=8), st.just([]), st.just({}), st.just([{"n_decoded": "x"}]),
-                      st.just("[" * 5000)).map(copy.deepcopy)  # fresh objects: mutations must not alias
+_JSON_ODD = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=10**300, max_value=10**310),
+    st.floats(),
+    st.text(max_size=8),
+    st.just([]),
+    st.just({}),
+    st.just([{"n_decoded": "x"}]),
+    st.just("[" * 5000),
+).map(copy.deepcopy)  # fresh objects: mutations must not alias
 
 
 @st.composite
@@ -168,8 +236,15 @@ def _mutated_slots(draw: st.DrawFn) -> bytes:
         if not isinstance(slot, dict):
             continue
         op = draw(st.sampled_from(["set", "delete", "busy", "next_token", "slot", "drop"]))
-        keys = ["n_ctx", "is_processing", "n_prompt_tokens", "n_prompt_tokens_processed", "n_prompt_tokens_cache",
-                "next_token", "id"]
+        keys = [
+            "n_ctx",
+            "is_processing",
+            "n_prompt_tokens",
+            "n_prompt_tokens_processed",
+            "n_prompt_tokens_cache",
+            "next_token",
+            "id",
+        ]
         if op == "set":
             slot[draw(st.sampled_from(keys))] = draw(_JSON_ODD)
         elif op == "delete":
@@ -200,15 +275,22 @@ def _check_slots(body: bytes) -> str:
 
 
 def test_fuzz_slots() -> None:
-    out = _fuzz("slots", st.one_of(_mutated_slots(), st.binary(max_size=200),
-                                   st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass"))),
-                _check_slots)
+    out = _fuzz(
+        "slots",
+        st.one_of(
+            _mutated_slots(),
+            st.binary(max_size=200),
+            st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass")),
+        ),
+        _check_slots,
+    )
     assert out.get("parsed", 0) >= 500 and out.get("ExpositionError", 0) >= 500, out
 
 
 _METRICS_OK = (LLAMA_DIR / "metrics_mid_load.txt").read_bytes()
-_HEALTH_BODIES = st.one_of(st.just(b'{"status":"ok"}'), st.just(b'{"error":{"code":503,"message":"Loading model"}}'),
-                           st.binary(max_size=64))
+_HEALTH_BODIES = st.one_of(
+    st.just(b'{"status":"ok"}'), st.just(b'{"error":{"code":503,"message":"Loading model"}}'), st.binary(max_size=64)
+)
 
 
 def test_fuzz_health_and_slots_over_http() -> None:
@@ -218,10 +300,14 @@ def test_fuzz_health_and_slots_over_http() -> None:
     fails the scrape (it becomes a problem on the snapshot, and KV use is left out).
     """
     routes = {"/health": Route(), "/metrics": Route(body=_METRICS_OK), "/slots": Route()}
-    case = st.tuples(st.sampled_from([200, 200, 200, 404, 500, 503]), _HEALTH_BODIES,
-                     st.sampled_from([200, 200, 200, 501, 503]),
-                     st.one_of(_mutated_slots(), st.binary(max_size=100)))
+    case = st.tuples(
+        st.sampled_from([200, 200, 200, 404, 500, 503]),
+        _HEALTH_BODIES,
+        st.sampled_from([200, 200, 200, 501, 503]),
+        st.one_of(_mutated_slots(), st.binary(max_size=100)),
+    )
     with serve(routes) as url:
+
         def check(c: tuple[int, bytes, int, bytes]) -> str:
             routes["/health"].status, routes["/health"].body, routes["/slots"].status, routes["/slots"].body = c
             try:
@@ -232,6 +318,7 @@ def test_fuzz_health_and_slots_over_http() -> None:
             assert snap.healthy is (c[0] == 200)
             assert (snap.slots is None) == any(p.startswith("/slots") for p in snap.problems)
             return "scraped" if snap.slots is not None else "scraped-without-slots"
+
         out = _fuzz("health+slots over HTTP", case, check, examples=HTTP_EXAMPLES)
     assert {"loading", "scraped", "scraped-without-slots"} <= set(out), out
 
@@ -241,10 +328,37 @@ HTTP_EXAMPLES = 2_000  # three real HTTP requests each: the pure /slots parser a
 
 # ---- 3. rule files --------------------------------------------------------------------------------------------------
 
-_YAML_ODD = ["2001-02-30", "!!int 0xZZ", "!!float abc", "!!timestamp x", "!!binary '%%'", "!!set [1]", "~", "[]",
-             "{}", "*anchor", "&a [1]", "'{{'", '"{{ $value | nope }}"', "1e400", "9" * 400, ".inf", ".nan", "-1",
-             "0", "yes", "'5m'", "99999999999d", "5x", "{a: [b, {c: d}]}", "\"\\x00\"", "@", "`", "|",
-             "? [a]\n  : b"]
+_YAML_ODD = [
+    "2001-02-30",
+    "!!int 0xZZ",
+    "!!float abc",
+    "!!timestamp x",
+    "!!binary '%%'",
+    "!!set [1]",
+    "~",
+    "[]",
+    "{}",
+    "*anchor",
+    "&a [1]",
+    "'{{'",
+    '"{{ $value | nope }}"',
+    "1e400",
+    "9" * 400,
+    ".inf",
+    ".nan",
+    "-1",
+    "0",
+    "yes",
+    "'5m'",
+    "99999999999d",
+    "5x",
+    "{a: [b, {c: d}]}",
+    '"\\x00"',
+    "@",
+    "`",
+    "|",
+    "? [a]\n  : b",
+]
 
 
 def _yaml_value(draw: st.DrawFn, good: list[Any], clean: bool = False) -> str:
@@ -261,13 +375,20 @@ def _yaml_value(draw: st.DrawFn, good: list[Any], clean: bool = False) -> str:
 
 
 _RULE_KEYS = {
-    "alert": ["KVHigh", "Q", "bad name", ""], "signal": ["kv_cache_usage", "requests_waiting", "ttft_p99",
-                                                        "goodput_ratio", "gpu_memory_used_ratio", "nope"],
-    "op": [">", ">=", "<", "==", "!=", "=>"], "threshold": [0.95, 1, "slo", -3, 1e9],
-    "window": ["5m", "30s", "1h30m", 0], "for": ["0s", "5m", 0, "2m"], "keep_firing_for": ["0s", "1m"],
-    "backend": ["vllm", "llamacpp", "any", "tgi"], "labels": [{"severity": "critical"}, {"bad-name": "x"}, {}],
-    "annotations": [{"summary": "{{ $value | humanizePercentage }} on {{ $labels.target }}"},
-                    {"summary": "{{ $value | nope }}"}, {"d": "plain"}],
+    "alert": ["KVHigh", "Q", "bad name", ""],
+    "signal": ["kv_cache_usage", "requests_waiting", "ttft_p99", "goodput_ratio", "gpu_memory_used_ratio", "nope"],
+    "op": [">", ">=", "<", "==", "!=", "=>"],
+    "threshold": [0.95, 1, "slo", -3, 1e9],
+    "window": ["5m", "30s", "1h30m", 0],
+    "for": ["0s", "5m", 0, "2m"],
+    "keep_firing_for": ["0s", "1m"],
+    "backend": ["vllm", "llamacpp", "any", "tgi"],
+    "labels": [{"severity": "critical"}, {"bad-name": "x"}, {}],
+    "annotations": [
+        {"summary": "{{ $value | humanizePercentage }} on {{ $labels.target }}"},
+        {"summary": "{{ $value | nope }}"},
+        {"d": "plain"},
+    ],
     "overrides": [{"chat-a": {"threshold": 0.9, "for": "2m"}}, {"x": {"bogus": 1}}, {"y": {"threshold": "a"}}],
 }
 
@@ -298,8 +419,10 @@ def _rule_doc(draw: st.DrawFn) -> str:
     return "\n".join(out) + "\n"
 
 
-_RULE_TEXTS = [(ROOT / "alerts" / "default.yaml").read_text(encoding="utf-8"),
-               (ROOT / "tests" / "rules" / "scenarios" / "custom.rules.yaml").read_text(encoding="utf-8")]
+_RULE_TEXTS = [
+    (ROOT / "alerts" / "default.yaml").read_text(encoding="utf-8"),
+    (ROOT / "tests" / "rules" / "scenarios" / "custom.rules.yaml").read_text(encoding="utf-8"),
+]
 
 
 def _check_rules(text: str) -> str:
@@ -315,8 +438,12 @@ def _check_rules(text: str) -> str:
 
 
 def test_fuzz_rule_files() -> None:
-    strategy = st.one_of(_rule_doc(), _rule_doc().flatmap(lambda d: _mutated([d])),
-                         _mutated(_RULE_TEXTS, window=25), st.text(max_size=200))
+    strategy = st.one_of(
+        _rule_doc(),
+        _rule_doc().flatmap(lambda d: _mutated([d])),
+        _mutated(_RULE_TEXTS, window=25),
+        st.text(max_size=200),
+    )
     out = _fuzz("rule files", strategy, _check_rules)
     assert out.get("parsed", 0) >= 500 and out.get("RuleFileError", 0) >= 500, out
 
@@ -324,22 +451,37 @@ def test_fuzz_rule_files() -> None:
 # ---- 4. config ----------------------------------------------------------------------------------------------------
 
 _CONFIG_KEYS: dict[str, Any] = {
-    "store": {"url": ["sqlite:///tuner.db", "sqlite:///:memory:", 5],
-              "retention": {"raw": ["2d", "0s"], "rollup": ["30d"], "rollup_step": ["5m", "-1m"]}},
+    "store": {
+        "url": ["sqlite:///tuner.db", "sqlite:///:memory:", 5],
+        "retention": {"raw": ["2d", "0s"], "rollup": ["30d"], "rollup_step": ["5m", "-1m"]},
+    },
     "listen": ["127.0.0.1:9464", "[::1]:0", "localhost", "1.2.3.4:99999"],
-    "defaults": {"scrape_interval": ["5s", "500ms", 0, "1h30m"], "scrape_timeout": ["3s", "1m"],
-                 "max_body_bytes": ["10MiB", "500KB", 1024, "0B", "1.5GiB"], "signal_window": ["5m"]},
-    "gpu": {"source": ["nvml", "dcgm", "none", "rocm"], "url": ["http://127.0.0.1:9400/metrics"],
-            "interval": ["10s"]},
+    "defaults": {
+        "scrape_interval": ["5s", "500ms", 0, "1h30m"],
+        "scrape_timeout": ["3s", "1m"],
+        "max_body_bytes": ["10MiB", "500KB", 1024, "0B", "1.5GiB"],
+        "signal_window": ["5m"],
+    },
+    "gpu": {"source": ["nvml", "dcgm", "none", "rocm"], "url": ["http://127.0.0.1:9400/metrics"], "interval": ["10s"]},
     "prometheus": {"url": ["http://127.0.0.1:9090"]},
-    "alerting": {"rule_files": [["a.yaml"], "a.yaml", []], "evaluation_interval": ["15s"], "resend_delay": ["1m"],
-                 "alertmanagers": [["http://127.0.0.1:9093"], ["ftp://x"]], "external_url": ["http://t"]},
+    "alerting": {
+        "rule_files": [["a.yaml"], "a.yaml", []],
+        "evaluation_interval": ["15s"],
+        "resend_delay": ["1m"],
+        "alertmanagers": [["http://127.0.0.1:9093"], ["ftp://x"]],
+        "external_url": ["http://t"],
+    },
 }
 _TARGET_KEYS: dict[str, list[Any]] = {
-    "name": ["chat", "chat", "small-llama", "has space", "-x"], "backend": ["vllm", "llamacpp", "tgi"],
-    "url": ["http://127.0.0.1:8000", "127.0.0.1:8000", "http://[::1]:8/"], "labels": [{"team": "a"}, {"k": [1]}],
-    "scrape_interval": ["5s", "0s"], "scrape_timeout": ["3s"], "source": ["direct", "prometheus", "file"],
-    "prometheus_selector": ['job="vllm"'], "flags": [{"max-num-seqs": 8}, {"x": [1]}],
+    "name": ["chat", "chat", "small-llama", "has space", "-x"],
+    "backend": ["vllm", "llamacpp", "tgi"],
+    "url": ["http://127.0.0.1:8000", "127.0.0.1:8000", "http://[::1]:8/"],
+    "labels": [{"team": "a"}, {"k": [1]}],
+    "scrape_interval": ["5s", "0s"],
+    "scrape_timeout": ["3s"],
+    "source": ["direct", "prometheus", "file"],
+    "prometheus_selector": ['job="vllm"'],
+    "flags": [{"max-num-seqs": 8}, {"x": [1]}],
     "slo": [{"ttft_p99": "500ms", "objective": 0.99}, {"objective": 2}, {"e2e_p99": "20s", "bogus": 1}],
 }
 
@@ -367,10 +509,18 @@ def _config_doc(draw: st.DrawFn) -> str:
         lines.append("targets:")
         for i in range(draw(st.integers(0, 2))):
             keys = {**_TARGET_KEYS, "name": [f"t{i}", *_TARGET_KEYS["name"]]}
-            body = [f"    {k}: {_yaml_value(draw, keys[k], clean)}" for k in ("name", "backend", "url")
-                    if clean or draw(st.integers(0, 12))]
-            body += _mapping(draw, {k: v for k, v in keys.items() if k not in ("name", "backend", "url", "source")},
-                             4, clean) if clean else _mapping(draw, keys, 4, clean)
+            body = [
+                f"    {k}: {_yaml_value(draw, keys[k], clean)}"
+                for k in ("name", "backend", "url")
+                if clean or draw(st.integers(0, 12))
+            ]
+            body += (
+                _mapping(
+                    draw, {k: v for k, v in keys.items() if k not in ("name", "backend", "url", "source")}, 4, clean
+                )
+                if clean
+                else _mapping(draw, keys, 4, clean)
+            )
             body = body or ["    {}"]
             lines.append("  - " + body[0].lstrip())
             lines += body[1:]
@@ -379,8 +529,9 @@ def _config_doc(draw: st.DrawFn) -> str:
 
 # The documented example config (docs/configuration.md, its first YAML block that starts with `store:`) seeds the
 # mutations.
-_DOC_CONFIG = re.search(r"```yaml\n(store:.*?)```", (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8"),
-                        re.S)
+_DOC_CONFIG = re.search(
+    r"```yaml\n(store:.*?)```", (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8"), re.S
+)
 
 
 def _check_config(text: str) -> str:
@@ -397,8 +548,8 @@ def _check_config(text: str) -> str:
 def test_fuzz_config() -> None:
     texts = [_DOC_CONFIG.group(1)] if _DOC_CONFIG else []
     assert texts, "docs/configuration.md's config example not found"
-    strategy = st.one_of(_config_doc(), _config_doc().flatmap(lambda d: _mutated([d])),
-                         _mutated(texts, window=40), st.text(max_size=200))
+    strategy = st.one_of(
+        _config_doc(), _config_doc().flatmap(lambda d: _mutated([d])), _mutated(texts, window=40), st.text(max_size=200)
+    )
     out = _fuzz("config", strategy, _check_config)
     assert out.get("parsed", 0) >= 500 and out.get("ConfigError", 0) >= 500, out
-

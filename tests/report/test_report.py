@@ -41,45 +41,130 @@ def fill(store) -> None:  # type: ignore[no-untyped-def]
         store.ingest(vllm.snapshot_from_text(text, target="chat", ts=T0 + i * STEP), url="http://127.0.0.1:8000")
     ms = lambda t: int(t * 1000)  # noqa: E731
     labels = {"alertname": "QueueDepthHigh", "target": "chat", "severity": "warning"}
-    record_events(store, [
-        {"ts_ms": ms(T0 + 60), "rule": "QueueDepthHigh", "fingerprint": "f1", "labels": json.dumps(labels),
-         "from_state": "inactive", "to_state": "pending", "value": 16.0},
-        {"ts_ms": ms(T0 + 90), "rule": "QueueDepthHigh", "fingerprint": "f1", "labels": json.dumps(labels),
-         "from_state": "pending", "to_state": "firing", "value": 16.0},
-        {"ts_ms": ms(T0 + 90), "rule": "TargetDown", "fingerprint": "f2",
-         "labels": json.dumps({"alertname": "TargetDown", "target": "other"}),
-         "from_state": "pending", "to_state": "firing", "value": 0.0},  # another target: not in chat's report
-    ])
-    kpis = {"offered_rps": 2.0, "capacity_rps": 2.1, "slo_goodput_rps": 1.9, "slo_attainment": 0.91, "ttft_p99": 0.8,
-            "e2e_p99": 12.0, "capacity_tokens_per_s": 130.0, "saturated": False}
-    for at, outcome, after in ((T0 + 120, "rolled_back", {**kpis, "ttft_p99": 1.6, "slo_attainment": 0.7}),
-                               (T0 + 160, "kept", {**kpis, "ttft_p99": 0.4, "slo_attainment": 0.98})):
-        aid = journal.begin_apply(store.engine, target="chat", recommendation_id=None, kind="apply", mode="manual",
-                                  now=at, diff={"max-num-seqs": 16}, old_flags={"max-num-seqs": 8},
-                                  new_flags={"max-num-seqs": 16}, old_argv=[], new_argv=[], owner_pid=os.getpid(),
-                                  owner_start=0)
+    record_events(
+        store,
+        [
+            {
+                "ts_ms": ms(T0 + 60),
+                "rule": "QueueDepthHigh",
+                "fingerprint": "f1",
+                "labels": json.dumps(labels),
+                "from_state": "inactive",
+                "to_state": "pending",
+                "value": 16.0,
+            },
+            {
+                "ts_ms": ms(T0 + 90),
+                "rule": "QueueDepthHigh",
+                "fingerprint": "f1",
+                "labels": json.dumps(labels),
+                "from_state": "pending",
+                "to_state": "firing",
+                "value": 16.0,
+            },
+            {
+                "ts_ms": ms(T0 + 90),
+                "rule": "TargetDown",
+                "fingerprint": "f2",
+                "labels": json.dumps({"alertname": "TargetDown", "target": "other"}),
+                "from_state": "pending",
+                "to_state": "firing",
+                "value": 0.0,
+            },  # another target: not in chat's report
+        ],
+    )
+    kpis = {
+        "offered_rps": 2.0,
+        "capacity_rps": 2.1,
+        "slo_goodput_rps": 1.9,
+        "slo_attainment": 0.91,
+        "ttft_p99": 0.8,
+        "e2e_p99": 12.0,
+        "capacity_tokens_per_s": 130.0,
+        "saturated": False,
+    }
+    for at, outcome, after in (
+        (T0 + 120, "rolled_back", {**kpis, "ttft_p99": 1.6, "slo_attainment": 0.7}),
+        (T0 + 160, "kept", {**kpis, "ttft_p99": 0.4, "slo_attainment": 0.98}),
+    ):
+        aid = journal.begin_apply(
+            store.engine,
+            target="chat",
+            recommendation_id=None,
+            kind="apply",
+            mode="manual",
+            now=at,
+            diff={"max-num-seqs": 16},
+            old_flags={"max-num-seqs": 8},
+            new_flags={"max-num-seqs": 16},
+            old_argv=[],
+            new_argv=[],
+            owner_pid=os.getpid(),
+            owner_start=0,
+        )
         journal.set_kpis(store.engine, aid, now=at + 1, baseline=kpis)
         journal.step(store.engine, aid, "observing", now=at + 5, state="observing")
         journal.set_kpis(store.engine, aid, now=at + 25, after=after)
-        journal.finish(store.engine, aid, outcome, f"P99 TTFT {kpis['ttft_p99']} -> {after['ttft_p99']}",
-                       now=at + 25)
+        journal.finish(store.engine, aid, outcome, f"P99 TTFT {kpis['ttft_p99']} -> {after['ttft_p99']}", now=at + 25)
     # A tuning run: 2 and 8 sequences are on the capacity/latency front, 16 is dominated by 8 (less capacity,
     # more latency), 64 crashed, 256 was pruned by the memory model.
-    run = tj.begin_run(store.engine, target="chat", now=T0 + 170, request={}, workload={"input_len": 128},
-                       slo={"e2e_p99": 4.0}, baseline_flags={"max_num_seqs": 2})
-    for seqs, status, cap, e2e in ((2, "measured", 2.0, 1.0), (8, "measured", 4.0, 1.5), (16, "measured", 3.0, 2.0),
-                                   (64, "crashed", 0.0, None), (256, "pruned", 0.0, None)):
-        tid = tj.begin_trial(store.engine, run, now=T0 + 171, flags={"max_num_seqs": seqs}, seed="", url="u",
-                             status="running" if status != "pruned" else "pruned")
-        tj.finish_trial(store.engine, tid, now=T0 + 180, status=status, capacity_rps=cap,
-                        detail={"e2e_p99": e2e, "ttft_p99": e2e and e2e / 2, "note": f"trial {seqs}"})
-    tj.finish_run(store.engine, run, now=T0 + 181, state="done",
-                  result={"best": {"flags": {"max_num_seqs": 8}, "capacity_rps": 4.0}, "verdict": "max_num_seqs=8"})
+    run = tj.begin_run(
+        store.engine,
+        target="chat",
+        now=T0 + 170,
+        request={},
+        workload={"input_len": 128},
+        slo={"e2e_p99": 4.0},
+        baseline_flags={"max_num_seqs": 2},
+    )
+    for seqs, status, cap, e2e in (
+        (2, "measured", 2.0, 1.0),
+        (8, "measured", 4.0, 1.5),
+        (16, "measured", 3.0, 2.0),
+        (64, "crashed", 0.0, None),
+        (256, "pruned", 0.0, None),
+    ):
+        tid = tj.begin_trial(
+            store.engine,
+            run,
+            now=T0 + 171,
+            flags={"max_num_seqs": seqs},
+            seed="",
+            url="u",
+            status="running" if status != "pruned" else "pruned",
+        )
+        tj.finish_trial(
+            store.engine,
+            tid,
+            now=T0 + 180,
+            status=status,
+            capacity_rps=cap,
+            detail={"e2e_p99": e2e, "ttft_p99": e2e and e2e / 2, "note": f"trial {seqs}"},
+        )
+    tj.finish_run(
+        store.engine,
+        run,
+        now=T0 + 181,
+        state="done",
+        result={"best": {"flags": {"max_num_seqs": 8}, "capacity_rps": 4.0}, "verdict": "max_num_seqs=8"},
+    )
     # The tuning run held the target in the apply journal (kind tune, beside production): no apply, not in the
     # report's applies (the demo's report once drew a before/after view and a 'rolled_back' mark for it).
-    hold = journal.begin_apply(store.engine, target="chat", recommendation_id=None, kind="tune", mode="shadow",
-                               now=T0 + 170, diff={}, old_flags={"max_num_seqs": 2}, new_flags={"max_num_seqs": 2},
-                               old_argv=[], new_argv=[], owner_pid=os.getpid(), owner_start=0)
+    hold = journal.begin_apply(
+        store.engine,
+        target="chat",
+        recommendation_id=None,
+        kind="tune",
+        mode="shadow",
+        now=T0 + 170,
+        diff={},
+        old_flags={"max_num_seqs": 2},
+        new_flags={"max_num_seqs": 2},
+        old_argv=[],
+        new_argv=[],
+        owner_pid=os.getpid(),
+        owner_start=0,
+    )
     journal.finish(store.engine, hold, "rolled_back", "tuning run (done); production was not touched", now=T0 + 181)
 
 
@@ -89,11 +174,31 @@ def report(tmp_path: Path, capsys) -> tuple[Path, str]:  # type: ignore[no-untyp
     fill(store)
     store.engine.dispose()
     cfg = tmp_path / "tuner.yaml"
-    cfg.write_text("store: {url: 'sqlite:///tuner.db'}\ntargets:\n"
-                   "  - {name: chat, backend: vllm, url: 'http://127.0.0.1:8000', slo: {ttft_p99: 1s}}\n")
+    cfg.write_text(
+        "store: {url: 'sqlite:///tuner.db'}\ntargets:\n"
+        "  - {name: chat, backend: vllm, url: 'http://127.0.0.1:8000', slo: {ttft_p99: 1s}}\n"
+    )
     out = tmp_path / "report.html"
-    assert main(["--config", str(cfg), "report", "--target", "chat", "--since", "200s", "--until", str(T0 + 200),
-                 "--points", "80", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--config",
+                str(cfg),
+                "report",
+                "--target",
+                "chat",
+                "--since",
+                "200s",
+                "--until",
+                str(T0 + 200),
+                "--points",
+                "80",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out, capsys.readouterr().out
 
 
@@ -107,8 +212,16 @@ def chromium() -> str:
 
 
 def run_chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            f"--user-data-dir={tmp_path / 'chromium-profile'}", "--hide-scrollbars", *args]
+    argv = [
+        chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        "--hide-scrollbars",
+        *args,
+    ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 
@@ -117,8 +230,8 @@ def png_pixels(data: bytes) -> tuple[int, int, list[tuple[int, ...]]]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat, width = 8, b"", 0
     while pos < len(data):
-        (length,), kind = struct.unpack(">I", data[pos:pos + 4]), data[pos + 4:pos + 8]
-        chunk = data[pos + 8:pos + 8 + length]
+        (length,), kind = struct.unpack(">I", data[pos : pos + 4]), data[pos + 4 : pos + 8]
+        chunk = data[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             width, height, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", chunk)
             assert depth == 8 and ctype in (2, 6) and interlace == 0, (depth, ctype, interlace)
@@ -128,7 +241,7 @@ def png_pixels(data: bytes) -> tuple[int, int, list[tuple[int, ...]]]:
         pos += 12 + length
     raw, stride, prev, pixels = zlib.decompress(idat), width * bpp, bytearray(width * bpp), []
     for y in range(height):
-        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         for i in range(stride):
             a = line[i - bpp] if i >= bpp else 0
             b, c = prev[i], prev[i - bpp] if i >= bpp else 0
@@ -142,7 +255,7 @@ def png_pixels(data: bytes) -> tuple[int, int, list[tuple[int, ...]]]:
                 p = a + b - c
                 pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
                 line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
-        pixels.extend(tuple(line[i:i + 3]) for i in range(0, stride, bpp))
+        pixels.extend(tuple(line[i : i + 3]) for i in range(0, stride, bpp))
         prev = line
     return width, height, pixels
 
@@ -152,22 +265,36 @@ def png_pixels(data: bytes) -> tuple[int, int, list[tuple[int, ...]]]:
 
 def figures(html: str) -> list[tuple[str, str, dict]]:
     """(css class, title, plotly figure) of every chart, as the page carries them (plotly's JSON)."""
-    return [(m.group(1), unescape(m.group(2)), json.loads(m.group(3))) for m in re.finditer(
-        r'<div class="(plot[^"]*)" data-plot="([^"]*)"><script type="application/json" class="figure">(.*?)</script>',
-        html, flags=re.S)]
+    return [
+        (m.group(1), unescape(m.group(2)), json.loads(m.group(3)))
+        for m in re.finditer(
+            r'<div class="(plot[^"]*)" data-plot="([^"]*)"><script type="application/json" class="figure">(.*?)</script>',
+            html,
+            flags=re.S,
+        )
+    ]
 
 
 def drawn(dom: str) -> list[tuple[str, str, float, list[list[float]]]]:
     """What the browser drew, per chart: (css class, title, plot-area width, the x coordinates of each drawn line,
     relative to the plot area; markers-only traces draw none), from Chromium's DOM after plotly.js ran."""
     out = []
-    for m in re.finditer(r'<div class="(plot[^"]*)" data-plot="([^"]*)">(.*?)(?=<div class="plot[ "]|<h[234]|<table|'
-                         r'<footer|</section)', dom, flags=re.S):
+    for m in re.finditer(
+        r'<div class="(plot[^"]*)" data-plot="([^"]*)">(.*?)(?=<div class="plot[ "]|<h[234]|<table|'
+        r"<footer|</section)",
+        dom,
+        flags=re.S,
+    ):
         chart = m.group(3).split('<g class="infolayer">')[0]  # not the legend's sample lines
         bg = re.search(r'<rect class="bg" x="[\d.]+" y="[\d.]+" width="([\d.]+)"', chart)
-        lines = [[float(x) for d in re.findall(r'<path class="js-line" d="([^"]+)"', trace)
-                  for x in re.findall(r"[ML](-?[\d.]+),", d)]  # a line with gaps is drawn as several paths
-                 for trace in chart.split('<g class="trace scatter')[1:]]
+        lines = [
+            [
+                float(x)
+                for d in re.findall(r'<path class="js-line" d="([^"]+)"', trace)
+                for x in re.findall(r"[ML](-?[\d.]+),", d)
+            ]  # a line with gaps is drawn as several paths
+            for trace in chart.split('<g class="trace scatter')[1:]
+        ]
         out.append((m.group(1), unescape(m.group(2)), float(bg.group(1)) if bg else 0.0, [xs for xs in lines if xs]))
     return out
 
@@ -214,8 +341,10 @@ def test_report_is_one_self_contained_file_with_plots_markers_and_tables(report)
     # it, its start marked; the data (scrapes from T0 to T0 + 195 s) fills the part of the span it covers.
     views = [(title, fig) for cls, title, fig in figs if cls == "plot apply-view"]
     assert sorted(re.sub(r" \(engine 0\)$", "", t) for t, _ in views) == sorted(
-        f"apply #{i}: {t}" for i in (1, 2) for t in ("End-to-end latency", "Requests running / waiting",
-                                                     "Tokens per second"))
+        f"apply #{i}: {t}"
+        for i in (1, 2)
+        for t in ("End-to-end latency", "Requests running / waiting", "Tokens per second")
+    )
     for title, fig in views:
         assert shapes(fig, "apply"), title
         assert max(series_points(fig).values()) >= 10, (title, series_points(fig))
@@ -306,14 +435,17 @@ def test_a_short_run_fills_the_plots_under_the_default_24_hours(tmp_path, capsys
     if shutil.which("chromium") is None:
         return
     dom = run_chromium(tmp_path, "--dump-dom", out.as_uri()).stdout
-    spans = [(title, (max(xs) - min(xs)) / width) for cls, title, width, lines in drawn(dom) if cls == "plot"
-             for xs in lines]
-    assert spans and all(s > 0.7 for t, s in spans if t in ("KV-cache use (peak in window)",
-                                                            "Requests running / waiting")), spans
+    spans = [
+        (title, (max(xs) - min(xs)) / width) for cls, title, width, lines in drawn(dom) if cls == "plot" for xs in lines
+    ]
+    assert spans and all(
+        s > 0.7 for t, s in spans if t in ("KV-cache use (peak in window)", "Requests running / waiting")
+    ), spans
 
 
 def test_pareto_front_of_capacity_against_latency():
     from tuner.report.figures import pareto
+
     # (capacity, P99): (4, 1.5) beats (3, 2.0) on both; (2, 1.0) has the least latency; (4, 1.6) loses to (4, 1.5)
     assert pareto([(2.0, 1.0), (4.0, 1.5), (3.0, 2.0), (4.0, 1.6)]) == [True, True, False, False]
     assert pareto([]) == [] and pareto([(1.0, 1.0), (1.0, 1.0)]) == [True, True]  # ties both stay

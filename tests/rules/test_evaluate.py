@@ -90,6 +90,7 @@ groups:
 
 # ---- the query result of signals that do not come from a target's scrapes ------------------------------------
 
+
 def test_tuner_signals_have_one_value_and_no_target_and_self_signals_take_overrides():
     from tuner.config import parse_config
     from tuner.rules.evaluate import vector
@@ -102,8 +103,10 @@ groups:
       - {alert: Thrash, signal: applies_per_hour, op: ">", threshold: 3, overrides: {b: {threshold: 10}}}
 """)
     out, thrash = rules.rules
-    targets = parse_config("targets:\n  - {name: a, backend: vllm, url: 'http://127.0.0.1:1'}\n"
-                           "  - {name: b, backend: vllm, url: 'http://127.0.0.1:2'}\n").targets
+    targets = parse_config(
+        "targets:\n  - {name: a, backend: vllm, url: 'http://127.0.0.1:1'}\n"
+        "  - {name: b, backend: vllm, url: 'http://127.0.0.1:2'}\n"
+    ).targets
     asked = []
 
     def own(target, signal, window):
@@ -122,14 +125,19 @@ def test_serving_stalled_is_a_failed_scrape_whose_health_answered():
     from tuner.signals.derive import TargetSignals
     from tuner.store.window import TargetHealth
 
-    (rule,) = parse_rules("groups: [{name: g, rules: [{alert: S, signal: serving_stalled, op: '==', threshold: 1, "
-                          "backend: llamacpp}]}]").rules
-    targets = parse_config("targets:\n  - {name: l, backend: llamacpp, url: 'http://127.0.0.1:1'}\n"
-                           "  - {name: v, backend: vllm, url: 'http://127.0.0.1:2'}\n").targets
+    (rule,) = parse_rules(
+        "groups: [{name: g, rules: [{alert: S, signal: serving_stalled, op: '==', threshold: 1, backend: llamacpp}]}]"
+    ).rules
+    targets = parse_config(
+        "targets:\n  - {name: l, backend: llamacpp, url: 'http://127.0.0.1:1'}\n"
+        "  - {name: v, backend: vllm, url: 'http://127.0.0.1:2'}\n"
+    ).targets
 
     def health(state, healthy):
-        return lambda name, w: TargetSignals(name, "llamacpp", 300, 0, TargetHealth(state, "", 0, None, 0, 1, healthy),
-                                             ())
+        return lambda name, w: TargetSignals(
+            name, "llamacpp", 300, 0, TargetHealth(state, "", 0, None, 0, 1, healthy), ()
+        )
+
     assert vector(rule, targets, health("down", True)) == [({"target": "l"}, 1.0)]  # not v: backend llamacpp
     assert vector(rule, targets, health("down", None)) == []
     assert vector(rule, targets, health("up", True)) == []

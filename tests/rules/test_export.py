@@ -14,11 +14,17 @@ from tuner.rules.model import default_rule_files, load_rule_files, parse_rules
 def test_exported_default_pack_passes_promtool_check(tmp_path):
     promtool = require_tool("promtool")
     cfg = tmp_path / "tuner.yaml"
-    cfg.write_text("targets:\n  - {name: chat, backend: vllm, url: 'http://127.0.0.1:8000', "
-                   "slo: {ttft_p99: 500ms, e2e_p99: 20s}}\n")
+    cfg.write_text(
+        "targets:\n  - {name: chat, backend: vllm, url: 'http://127.0.0.1:8000', "
+        "slo: {ttft_p99: 500ms, e2e_p99: 20s}}\n"
+    )
     out = tmp_path / "rules.yml"
-    proc = subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(cfg), "alerts", "export", "-o", str(out)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "--config", str(cfg), "alerts", "export", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     check = subprocess.run([promtool, "check", "rules", str(out)], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -50,13 +56,15 @@ def test_rules_over_groups_export_sums_by_group_and_pass_promtool(tmp_path):
     """`over: groups`: over vLLM's series, summed by the replicas' `group` label; over tuner's series, the group's
     own (target=GROUP, engine="all"), renamed to `group`; overrides and SLOs by group name."""
     import yaml
+
     promtool = require_tool("promtool")
     cfg = parse_config(
         "targets:\n  - name: chat\n    backend: vllm\n    url: 'http://127.0.0.1:8000'\n"
         "    balancer: {socket: /run/haproxy.sock, backend: chat}\n"
         "    replicas: [{name: r1, url: 'http://127.0.0.1:8001'}, {name: r2, url: 'http://127.0.0.1:8002'}]\n"
         "    slo: {e2e_p99: 20s, objective: 0.9}\n"
-        "  - {name: solo, backend: vllm, url: 'http://127.0.0.1:8003'}\n")
+        "  - {name: solo, backend: vllm, url: 'http://127.0.0.1:8003'}\n"
+    )
     rules = parse_rules("""
 groups:
   - name: g
@@ -69,26 +77,40 @@ groups:
     doc = prometheus_rules(rules, cfg.targets)
     exprs = {(r["alert"], r["expr"]) for r in doc["groups"][0]["rules"]}
     assert exprs == {
-        ("GroupE2E", 'histogram_quantile(0.99, sum by (group, model_name, le) (increase('
-                     'vllm:e2e_request_latency_seconds_bucket{group="chat",group!=""}[5m]))) > 20'),
+        (
+            "GroupE2E",
+            "histogram_quantile(0.99, sum by (group, model_name, le) (increase("
+            'vllm:e2e_request_latency_seconds_bucket{group="chat",group!=""}[5m]))) > 20',
+        ),
         ("GroupWaiting", 'sum by (group, model_name) (vllm:num_requests_waiting{group!~"chat",group!=""}) > 10'),
         ("GroupWaiting", 'sum by (group, model_name) (vllm:num_requests_waiting{group="chat",group!=""}) > 4'),
-        ("GroupGoodput", 'label_replace(max by (target, model_name) (tuner_goodput_ratio{target="chat",engine="all",'
-                         'backend="vllm"}), "group", "$1", "target", "(.+)") < 0.9'),
+        (
+            "GroupGoodput",
+            'label_replace(max by (target, model_name) (tuner_goodput_ratio{target="chat",engine="all",'
+            'backend="vllm"}), "group", "$1", "target", "(.+)") < 0.9',
+        ),
     }, exprs
     out = tmp_path / "rules.yml"
     out.write_text(yaml.safe_dump(doc))
     # (--lint=none: an override splits a rule in two of the same name, which promtool's default lint reports
     # without failing; that is the same for rules over targets)
-    check = subprocess.run([promtool, "check", "rules", "--lint=none", str(out)], capture_output=True, text=True,
-                           timeout=60)
+    check = subprocess.run(
+        [promtool, "check", "rules", "--lint=none", str(out)], capture_output=True, text=True, timeout=60
+    )
     assert check.returncode == 0 and "SUCCESS: 4 rules found" in check.stdout, check.stdout + check.stderr
 
 
-
-TEMPLATES = ["{{ $value }}", "{{ $labels.target }} at {{ $value | humanizePercentage }}", '{{ printf "%.2f" $value }}',
-             "a }} b", "{{ $value ", "x {{ $labels.target }} {{", "{{ $value | humanizeDuration }} {{ }",
-             "{{- $value -}}", "{{ $value | title }}"]
+TEMPLATES = [
+    "{{ $value }}",
+    "{{ $labels.target }} at {{ $value | humanizePercentage }}",
+    '{{ printf "%.2f" $value }}',
+    "a }} b",
+    "{{ $value ",
+    "x {{ $labels.target }} {{",
+    "{{ $value | humanizeDuration }} {{ }",
+    "{{- $value -}}",
+    "{{ $value | title }}",
+]
 
 
 def test_annotation_templates_promtool_refuses_tuner_refuses_too(tmp_path):
@@ -102,10 +124,21 @@ def test_annotation_templates_promtool_refuses_tuner_refuses_too(tmp_path):
     verdicts = {}
     for i, text in enumerate(TEMPLATES):
         path = tmp_path / f"r{i}.yml"
-        path.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [
-            {"alert": "A", "expr": "vector(1)", "annotations": {"summary": text}}]}]}))
-        promtool_ok = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True,
-                                     timeout=60).returncode == 0
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "groups": [
+                        {"name": "g", "rules": [{"alert": "A", "expr": "vector(1)", "annotations": {"summary": text}}]}
+                    ]
+                }
+            )
+        )
+        promtool_ok = (
+            subprocess.run(
+                [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+            ).returncode
+            == 0
+        )
         try:
             tuner_check(text)
             tuner_ok = True

@@ -10,7 +10,9 @@ from tests.conftest import require_tool
 from tuner.app.alert_scenarios import _ms, check_files, load_scenario, run
 from tuner.rules.model import default_rule_files, load_rule_files
 
-SCENARIOS = sorted(p for p in (Path(__file__).parent / "scenarios").glob("*.yaml") if not p.name.endswith(".rules.yaml"))
+SCENARIOS = sorted(
+    p for p in (Path(__file__).parent / "scenarios").glob("*.yaml") if not p.name.endswith(".rules.yaml")
+)
 
 
 def test_there_are_scenarios():
@@ -29,8 +31,9 @@ def test_a_wrong_expectation_fails_in_both(tmp_path):
     promtool = require_tool("promtool")
     src = Path(__file__).parent / "scenarios" / "kv_cache_high.yaml"
     text = src.read_text().replace("eval_time: 5m\n", "eval_time: 5m45s\n", 1)
-    text = text.replace("exp_alerts: []\n", "exp_alerts:\n      - exp_labels: {severity: critical, engine: \"0\", "
-                        "model_name: m}\n", 1)
+    text = text.replace(
+        "exp_alerts: []\n", 'exp_alerts:\n      - exp_labels: {severity: critical, engine: "0", model_name: m}\n', 1
+    )
     text = text.replace("../../../alerts/default.yaml", str(Path(__file__).parents[2] / "alerts" / "default.yaml"))
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
@@ -58,10 +61,10 @@ def test_every_rule_of_the_default_pack_fires_in_a_scenario():
     assert not missing, f"rules of the default pack no scenario makes fire: {', '.join(missing)}"
 
 
-@pytest.mark.parametrize("name, alertname, eval_time, earlier", [
-    ("gpu.yaml", "GPUMemoryNearFull", "5m15s", "5m"),
-    ("replica_group.yaml", "GroupWaiting", "1m15s", "1m"),
-])
+@pytest.mark.parametrize(
+    "name, alertname, eval_time, earlier",
+    [("gpu.yaml", "GPUMemoryNearFull", "5m15s", "5m"), ("replica_group.yaml", "GroupWaiting", "1m15s", "1m")],
+)
 def test_gpu_and_group_expectations_a_step_early_fail_in_both(name, alertname, eval_time, earlier, tmp_path):
     """GPU readings and replica groups reach both engines: the same firing alert expected a step before it fires
     is refused by tuner and by promtool."""

@@ -25,8 +25,9 @@ def _hist(per_step_counts: tuple[float, ...], n: int = 13, step_s: int = 5) -> H
     for c in per_step_counts:
         running += c
         cum.append(running)
-    return HistSeries(BOUNDS, tuple(HistPoint(i * step_s * S, tuple(c * i for c in cum), 0.0, cum[-1] * i)
-                                    for i in range(n)))
+    return HistSeries(
+        BOUNDS, tuple(HistPoint(i * step_s * S, tuple(c * i for c in cum), 0.0, cum[-1] * i) for i in range(n))
+    )
 
 
 def _window(engine: EngineWindow, backend: str = "vllm") -> TargetWindow:
@@ -48,11 +49,12 @@ def _vllm_engine(**hists: HistSeries) -> EngineWindow:
         ("vllm:num_requests_waiting", ()): ((0, 12.0), (5 * S, 3.0)),
         ("process_start_time_seconds", ()): ((0, 100.0), (5 * S, 100.0), (10 * S, 200.0)),
     }
-    default = {"vllm:time_to_first_token_seconds": _hist((10, 60, 20, 8, 2)),
-               "vllm:e2e_request_latency_seconds": _hist((0, 10, 40, 45, 5))}
+    default = {
+        "vllm:time_to_first_token_seconds": _hist((10, 60, 20, 8, 2)),
+        "vllm:e2e_request_latency_seconds": _hist((0, 10, 40, 45, 5)),
+    }
     default.update(hists)
-    return EngineWindow(engine="0", model_name="m", series=series,
-                        hists={(k, ()): v for k, v in default.items()})
+    return EngineWindow(engine="0", model_name="m", series=series, hists={(k, ()): v for k, v in default.items()})
 
 
 def test_rates_ratios_and_latest_values():
@@ -95,13 +97,18 @@ def test_no_slo_no_goodput_and_empty_window_is_none():
 
 
 def test_llamacpp_reads_its_own_series():
-    engine = EngineWindow(engine="0", model_name="m", series={
-        ("llamacpp:tokens_predicted_total", ()): _counter(60),  # 12 tokens/s
-        ("llamacpp:requests_deferred", ()): ((0, 0.0), (5 * S, 6.0)),
-        ("llamacpp:requests_processing", ()): ((0, 2.0),),
-        ("tuner:kv_cache_usage", ()): ((0, 0.4),),
-        ("tuner:slots_total", ()): ((0, 2.0),),
-    }, hists={})
+    engine = EngineWindow(
+        engine="0",
+        model_name="m",
+        series={
+            ("llamacpp:tokens_predicted_total", ()): _counter(60),  # 12 tokens/s
+            ("llamacpp:requests_deferred", ()): ((0, 0.0), (5 * S, 6.0)),
+            ("llamacpp:requests_processing", ()): ((0, 2.0),),
+            ("tuner:kv_cache_usage", ()): ((0, 0.4),),
+            ("tuner:slots_total", ()): ((0, 2.0),),
+        },
+        hists={},
+    )
     sig = compute_signals(_window(engine, "llamacpp")).engines[0]
     assert sig.generation_tokens_per_s == pytest.approx(12)
     assert (sig.requests_waiting, sig.requests_running, sig.kv_cache_usage, sig.slots_total) == (6.0, 2.0, 0.4, 2.0)
@@ -114,12 +121,15 @@ def test_as_json_has_no_nan():
     assert all(v is None or not (isinstance(v, float) and math.isnan(v)) for v in flat.values())
 
 
-
 def test_goodput_lower_bound_never_exceeds_upper():
     """Seen on a real vLLM run: every TTFT within budget (1.0) and 31 of 48 E2E within budget gave a
     lower bound of fsum([1.0, 31/48]) - 1 = 0.6458333333333335, an ulp above the upper bound 31/48."""
-    engine = _vllm_engine(**{"vllm:time_to_first_token_seconds": _hist((48, 0, 0, 0, 0)),
-                             "vllm:e2e_request_latency_seconds": _hist((0, 10, 21, 12, 5))})
+    engine = _vllm_engine(
+        **{
+            "vllm:time_to_first_token_seconds": _hist((48, 0, 0, 0, 0)),
+            "vllm:e2e_request_latency_seconds": _hist((0, 10, 21, 12, 5)),
+        }
+    )
     slo = Slo(ttft_p99=timedelta(seconds=5), e2e_p99=timedelta(seconds=1))
     sig = compute_signals(_window(engine), slo=slo).engines[0]
     assert sig.goodput_ratio_upper == 31 / 48
@@ -142,12 +152,17 @@ def test_the_series_the_signal_book_reads_give_the_signals_of_every_series(tmp_p
             full = compute_signals(store.window(target, t0 - span, t0), slo=slo)
             book = compute_signals(store.window(target, t0 - span, t0, metrics=SIGNAL_METRICS), slo=slo)
             assert all(e.samples > 0 for e in book.engines)
-            assert book == replace(full, engines=tuple(replace(e, samples=b.samples)
-                                                      for e, b in zip(full.engines, book.engines)))
+            assert book == replace(
+                full, engines=tuple(replace(e, samples=b.samples) for e, b in zip(full.engines, book.engines))
+            )
             assert len(book.engines) == len(full.engines)
             assert any(v is not None for e in book.engines for v in (e.ttft_p99, e.generation_tokens_per_s))
-            assert (target, span, any(e.restarts for e in book.engines)) in {("v", 60, False), ("v", 300, True),
-                                                                            ("l", 60, False), ("l", 300, False)}
+            assert (target, span, any(e.restarts for e in book.engines)) in {
+                ("v", 60, False),
+                ("v", 300, True),
+                ("l", 60, False),
+                ("l", 300, False),
+            }
 
 
 def test_each_histogram_increase_worked_out_once_gives_the_quantiles_worked_out_alone(tmp_path):
@@ -194,8 +209,12 @@ def test_a_groups_signals_are_what_its_replicas_served_together(tmp_path):
     for i in range(61):
         store.ingest(vllm.snapshot_from_text(r1.render().decode(), target="g.r1", ts=t0 + 5 * i))
         if i == 30:  # r2 restarts: its counters start again, its start time moves
-            r2 = ReplayExposition(re.sub(r"^(process_start_time_seconds) (\S+)$",
-                                         lambda m: f"{m[1]} {float(m[2]) + 900}", text, flags=re.M), growth=0.3)
+            r2 = ReplayExposition(
+                re.sub(
+                    r"^(process_start_time_seconds) (\S+)$", lambda m: f"{m[1]} {float(m[2]) + 900}", text, flags=re.M
+                ),
+                growth=0.3,
+            )
         store.ingest(vllm.snapshot_from_text(r2.render().decode(), target="g.r2", ts=t0 + 5 * i + 2))
     lo, hi = t0 + 10, t0 + 290
     slo = Slo(ttft_p99=timedelta(seconds=1), e2e_p99=timedelta(seconds=20))
@@ -227,9 +246,19 @@ def test_a_groups_signals_are_what_its_replicas_served_together(tmp_path):
         group_signals("g", [windows[0], store.window("g.r2", lo, hi - 5, metrics=SIGNAL_METRICS)])
 
 
-@pytest.mark.parametrize("only", [
-    {"goodput_ratio"}, {"ttft_p99"}, {"e2e_p50", "requests_in_window"}, {"requests_queued"},
-    {"requests_per_s", "prefix_cache_hit_ratio"}, {"kv_cache_usage"}, {"restarts"}, set()])
+@pytest.mark.parametrize(
+    "only",
+    [
+        {"goodput_ratio"},
+        {"ttft_p99"},
+        {"e2e_p50", "requests_in_window"},
+        {"requests_queued"},
+        {"requests_per_s", "prefix_cache_hit_ratio"},
+        {"kv_cache_usage"},
+        {"restarts"},
+        set(),
+    ],
+)
 def test_a_derivation_of_some_fields_gives_those_as_the_whole_one_and_leaves_the_rest_out(tmp_path, only):
     """compute_signals(only=...) for an alert group's own window: each field asked for equals the whole
     derivation's, on recorded vLLM and llama-server scrapes with an SLO and a restart; the costly fields no one
@@ -246,7 +275,9 @@ def test_a_derivation_of_some_fields_gives_those_as_the_whole_one_and_leaves_the
     costly = {f.name for f in dc_fields(EngineSignals)} - always
     # worked out together: a histogram's three quantiles, goodput's two bounds, the queue count and its bound
     together = [{f"{p}_p50", f"{p}_p95", f"{p}_p99"} for p in ("ttft", "itl", "e2e", "queue")] + [
-        {"goodput_ratio", "goodput_ratio_upper"}, {"requests_queued", "queued_over_s"}]
+        {"goodput_ratio", "goodput_ratio_upper"},
+        {"requests_queued", "queued_over_s"},
+    ]
     asked = set(only).union(*(g for g in together if g & set(only)))
     left_out = 0
     for target in ("v", "l"):

@@ -90,6 +90,7 @@ class TestHistogramQuantile:
 
 # ---- the same samples through promtool -----------------------------------------------------------
 
+
 def _scenarios(seed: int, n: int):
     """Random counters (with resets and gaps) and histograms, plus windows and eval times."""
     rng = random.Random(seed)
@@ -119,8 +120,18 @@ def _scenarios(seed: int, n: int):
         eval_s = rng.randint(step_s * 2, step_s * steps)
         range_s = rng.randint(step_s * 2, step_s * steps)
         q = rng.choice([0.5, 0.9, 0.95, 0.99])
-        cases.append(dict(name=f"s{i}", step_s=step_s, counter=values, bounds=bounds, buckets=per_bucket,
-                          eval_s=eval_s, range_s=range_s, q=q))
+        cases.append(
+            dict(
+                name=f"s{i}",
+                step_s=step_s,
+                counter=values,
+                bounds=bounds,
+                buckets=per_bucket,
+                eval_s=eval_s,
+                range_s=range_s,
+                q=q,
+            )
+        )
     return cases
 
 
@@ -160,14 +171,14 @@ def test_increase_and_quantile_equal_promtool(tmp_path):
             le = "+Inf" if math.isinf(b) else repr(b)
             series.append({"series": f'h_bucket{{case="{c["name"]}",le="{le}"}}', "values": _series_text(vals)})
         tests = []
-        for expr, value in ((f'increase(c{{case="{c["name"]}"}}[{c["range_s"]}s])', inc),
-                            (f'histogram_quantile({c["q"]}, increase(h_bucket{{case="{c["name"]}"}}[{c["range_s"]}s]))',
-                             quant)):
-            exp = [] if value is None or math.isnan(value) else [{"labels": f'{{case="{c["name"]}"}}',
-                                                                    "value": value}]
-            tests.append({"expr": expr, "eval_time": f'{c["eval_s"]}s', "exp_samples": exp})
+        for expr, value in (
+            (f'increase(c{{case="{c["name"]}"}}[{c["range_s"]}s])', inc),
+            (f'histogram_quantile({c["q"]}, increase(h_bucket{{case="{c["name"]}"}}[{c["range_s"]}s]))', quant),
+        ):
+            exp = [] if value is None or math.isnan(value) else [{"labels": f'{{case="{c["name"]}"}}', "value": value}]
+            tests.append({"expr": expr, "eval_time": f"{c['eval_s']}s", "exp_samples": exp})
             expected[expr] = value
-        groups.append({"interval": f'{c["step_s"]}s', "input_series": series, "promql_expr_test": tests})
+        groups.append({"interval": f"{c['step_s']}s", "input_series": series, "promql_expr_test": tests})
     path = tmp_path / "promql_test.yml"
     path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1s", "tests": groups}))
     proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
@@ -202,6 +213,7 @@ def test_bucket_increase_in_one_pass_equals_each_bucket_as_its_own_counter():
 
     from tuner.signals.promql import bucket_increase
     from tuner.store.window import HistPoint, HistSeries
+
     rng = random.Random(7)
     bounds = (0.1, 0.5, 1.0, 5.0, math.inf)
     resets = 0
@@ -221,7 +233,7 @@ def test_bucket_increase_in_one_pass_equals_each_bucket_as_its_own_counter():
                 counts = [rng.choice([-1.0, -0.0, math.nan, math.inf]) for _ in bounds]
             else:
                 add = [rng.randint(0, 3) for _ in bounds]
-                counts = [c + sum(add[:i + 1]) for i, c in enumerate(counts)]
+                counts = [c + sum(add[: i + 1]) for i, c in enumerate(counts)]
             points.append(HistPoint(ts, tuple(counts), 0.0, counts[-1]))
             ts += rng.choice([1000, 5000, 5000, 15000])
         hist = HistSeries(bounds, tuple(points))

@@ -21,8 +21,14 @@ def test_a_gauge_is_its_newest_sample_within_the_lookback():
 
 def test_scrape_errors_per_minute_is_the_rate_over_the_window_times_60():
     # one failure a step of 15 s over a whole 5-minute window: 4 a minute
-    pts = _points({"tuner_scrape_failures_total": {"a": [(i * 15_000, float(i)) for i in range(41)],
-                                                   "b": [(i * 15_000, 0.0) for i in range(41)]}})
+    pts = _points(
+        {
+            "tuner_scrape_failures_total": {
+                "a": [(i * 15_000, float(i)) for i in range(41)],
+                "b": [(i * 15_000, 0.0) for i in range(41)],
+            }
+        }
+    )
     assert self_signal("scrape_errors_per_minute", "a", 300, 600_000, pts) == pytest.approx(4.0)
     assert self_signal("scrape_errors_per_minute", "b", 300, 600_000, pts) == 0.0
     assert self_signal("all_scrape_errors_per_minute", "", 300, 600_000, pts) == pytest.approx(4.0)
@@ -36,8 +42,12 @@ def test_outbox_growth_is_now_above_the_windows_low_point():
 
 
 def test_auto_evaluations_missed_counts_intervals_since_the_last_one():
-    pts = _points({"tuner_auto_last_evaluation_timestamp_seconds": {"t": [(90_000, 90.0)]},
-                   "tuner_auto_interval_seconds": {"t": [(90_000, 30.0)]}})
+    pts = _points(
+        {
+            "tuner_auto_last_evaluation_timestamp_seconds": {"t": [(90_000, 90.0)]},
+            "tuner_auto_interval_seconds": {"t": [(90_000, 30.0)]},
+        }
+    )
     assert self_signal("auto_evaluations_missed", "t", 300, 195_000, pts) == 3.5
     with pytest.raises(KeyError, match="not one of tuner's own signals"):
         self_signal("kv_cache_usage", "t", 300, 0, pts)

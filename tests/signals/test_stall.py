@@ -34,8 +34,9 @@ def test_a_stopped_engine_core_has_its_requests_in_flight_stalled(tmp_path):
     (e,) = sig.engines
     assert e.requests_running == 2 and e.requests_waiting == 4 and e.stalled_requests == 6
     assert e.generation_tokens_per_s == 0
-    assert stall_reason(sig) == ("6 requests in flight on engine 0 (tiny-llama) and no token generated, no request "
-                                 "finished in 60s")
+    assert stall_reason(sig) == (
+        "6 requests in flight on engine 0 (tiny-llama) and no token generated, no request finished in 60s"
+    )
     moving = _signals(tmp_path / "b", "vllm", [fixture_text("stall/vllm_metrics_before_stop.txt"), stopped])
     assert moving.engines[0].stalled_requests == 0 and stall_reason(moving) is None
     resumed = _signals(tmp_path / "c", "vllm", [stopped, fixture_text("stall/vllm_metrics_resumed.txt")])
@@ -58,9 +59,16 @@ def test_llama_server_progress_is_its_decode_calls_not_tokens_predicted(tmp_path
     assert mid[-1]["llamacpp:n_decode_total"] > mid[0]["llamacpp:n_decode_total"]
 
     def body(r: dict) -> str:
-        return "".join(f"# TYPE {n} {'counter' if n.endswith('_total') else 'gauge'}\n{n} {r[n]}\n"
-                       for n in ("llamacpp:requests_processing", "llamacpp:requests_deferred",
-                                 "llamacpp:n_decode_total", "llamacpp:tokens_predicted_total"))
+        return "".join(
+            f"# TYPE {n} {'counter' if n.endswith('_total') else 'gauge'}\n{n} {r[n]}\n"
+            for n in (
+                "llamacpp:requests_processing",
+                "llamacpp:requests_deferred",
+                "llamacpp:n_decode_total",
+                "llamacpp:tokens_predicted_total",
+            )
+        )
+
     sig = _signals(tmp_path / "a", "llamacpp", [body(mid[0]), body(mid[-1])], every_s=1.0)
     assert sig.engines[0].requests_running == 1 and sig.engines[0].stalled_requests == 0
     stuck = _signals(tmp_path / "b", "llamacpp", [body(mid[-1])] * 3, every_s=1.0)
@@ -72,6 +80,7 @@ def test_stall_reason_of_a_llama_server_whose_metrics_hang_while_its_health_answ
 
     def sig(health: str, healthy: bool | None) -> TargetSignals:
         return TargetSignals("t", "llamacpp", 60, T0, TargetHealth(health, "timed out", 0, None, 1.0, 3, healthy), ())
+
     assert "/health answers 200 while /metrics does not (timed out)" == stall_reason(sig("down", True))
     assert stall_reason(sig("down", None)) is None  # nothing answered: down, not stalled
     assert stall_reason(sig("up", True)) is None

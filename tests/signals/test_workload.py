@@ -33,12 +33,16 @@ def _hist(bucket: int, per_step: float, mean: float, n=13) -> HistSeries:
 
 
 def _window(finished_per_step=(15,), generated_per_step=(3000,)) -> TargetWindow:
-    series = {("vllm:request_success_total", (("finished_reason", "length"),)): _counter(finished_per_step),
-              ("vllm:generation_tokens_total", ()): _counter(generated_per_step),
-              ("vllm:prefix_cache_queries_total", ()): _counter([400]),
-              ("vllm:prefix_cache_hits_total", ()): _counter([100])}
-    hists = {("vllm:request_prompt_tokens", ()): _hist(5, 15, 100.0),  # (64, 128], 100 tokens each
-             ("vllm:request_generation_tokens", ()): _hist(6, 15, 200.0)}  # (128, 256], 200 each
+    series = {
+        ("vllm:request_success_total", (("finished_reason", "length"),)): _counter(finished_per_step),
+        ("vllm:generation_tokens_total", ()): _counter(generated_per_step),
+        ("vllm:prefix_cache_queries_total", ()): _counter([400]),
+        ("vllm:prefix_cache_hits_total", ()): _counter([100]),
+    }
+    hists = {
+        ("vllm:request_prompt_tokens", ()): _hist(5, 15, 100.0),  # (64, 128], 100 tokens each
+        ("vllm:request_generation_tokens", ()): _hist(6, 15, 200.0),
+    }  # (128, 256], 200 each
     e = EngineWindow(engine="0", model_name="m", series=series, hists=hists)
     return TargetWindow(target="t", backend="vllm", start_ms=0, end_ms=60 * S, engines=(e,), health=None)
 
@@ -73,10 +77,14 @@ def test_the_partial_intervals_at_a_stretch_s_ends_and_drifting_scrapes_are_not_
     as 0.58, with 1 (Poisson) inside the interval."""
     from tuner.signals.load import Interval
     from tuner.signals.workload import _burstiness, _inner_busy
+
     counts = [1, 23, 13, 10, 23, 12, 10, 17, 8, 15, 20, 17, 11]  # finished per scrape interval, as stored
     lengths = [5.0, 5.06, 4.95, 5.0, 4.99, 5.05, 4.95, 5.14, 4.86, 5.0, 5.0, 5.21, 4.8]
-    ivs = [Interval(5.0, 0, 0, False)] + [Interval(t, c, 100.0, True) for t, c in zip(lengths, counts)] + \
+    ivs = (
         [Interval(5.0, 0, 0, False)]
+        + [Interval(t, c, 100.0, True) for t, c in zip(lengths, counts)]
+        + [Interval(5.0, 0, 0, False)]
+    )
     inner = _inner_busy(ivs)
     assert [iv.finished for iv in inner] == counts[1:-1]  # the stretch's first (1) and last (11) left out
     k, (shape, low, high) = _burstiness(ivs)
@@ -87,8 +95,10 @@ def test_the_partial_intervals_at_a_stretch_s_ends_and_drifting_scrapes_are_not_
     assert k == 11 and shape == pytest.approx(1 / disp, abs=0.001) and 0.5 < shape < 0.6
     assert low == pytest.approx(3.247 / (10 * disp), rel=0.03) and high == pytest.approx(20.483 / (10 * disp), rel=0.03)
     assert low <= 1.0 <= high  # the client sent Poisson arrivals
-    assert _inner_busy([Interval(5, 3, 1, True), Interval(5, 4, 1, True)]) == [Interval(5, 3, 1, True),
-                                                                              Interval(5, 4, 1, True)]
+    assert _inner_busy([Interval(5, 3, 1, True), Interval(5, 4, 1, True)]) == [
+        Interval(5, 3, 1, True),
+        Interval(5, 4, 1, True),
+    ]
 
 
 def test_idle_gaps_between_phases_are_not_burstiness():
@@ -104,8 +114,7 @@ def test_a_saturated_window_says_nothing_of_arrivals_so_poisson_is_assumed():
     win = _window(finished_per_step=(0, 30))  # as bursty as above ...
     e = win.engines[0]
     waiting = {("vllm:num_requests_waiting", ()): tuple((i * 5 * S, 6.0) for i in range(13))}  # ... but queued
-    saturated = TargetWindow("t", "vllm", 0, 60 * S, (EngineWindow("0", "m", {**e.series, **waiting}, e.hists),),
-                             None)
+    saturated = TargetWindow("t", "vllm", 0, 60 * S, (EngineWindow("0", "m", {**e.series, **waiting}, e.hists),), None)
     assert from_window(saturated).burstiness == 1.0
 
 
@@ -117,6 +126,7 @@ def test_no_finished_request_means_no_workload():
 def test_a_workload_file_round_trips_and_bad_keys_are_named():
     w = from_window(_window())
     import yaml
+
     assert parse_workload(yaml.safe_dump(dump_workload(w))) == w
     with pytest.raises(ConfigError, match=r"wl.yaml: output_len: Field required"):
         parse_workload("input_len: 10\n", "wl.yaml")
@@ -133,15 +143,18 @@ def test_a_workload_file_round_trips_and_bad_keys_are_named():
     assert Workload(input_len=10, output_len=5).longest == 15
 
 
-@pytest.mark.parametrize(("text", "key", "says"), [
-    ("input_len: true\noutput_len: 5\n", "input_len", "valid integer"),
-    ("input_len: '100'\noutput_len: 5\n", "input_len", "valid integer"),
-    ("input_len: 10.5\noutput_len: 5\n", "input_len", "valid integer"),
-    ("input_len: 10\noutput_len: 5\nrate_rps: .inf\n", "rate_rps", "finite number"),
-    ("input_len: 10\noutput_len: 5\nburstiness: .nan\n", "burstiness", "finite number"),
-    ("input_len: 100\noutput_len: 5\nmax_prompt_tokens: 50\n", "max_prompt_tokens", "below input_len (100)"),
-    ("input_len: 10\noutput_len: 50\nmax_output_tokens: 20\n", "max_output_tokens", "below output_len (50)"),
-])
+@pytest.mark.parametrize(
+    ("text", "key", "says"),
+    [
+        ("input_len: true\noutput_len: 5\n", "input_len", "valid integer"),
+        ("input_len: '100'\noutput_len: 5\n", "input_len", "valid integer"),
+        ("input_len: 10.5\noutput_len: 5\n", "input_len", "valid integer"),
+        ("input_len: 10\noutput_len: 5\nrate_rps: .inf\n", "rate_rps", "finite number"),
+        ("input_len: 10\noutput_len: 5\nburstiness: .nan\n", "burstiness", "finite number"),
+        ("input_len: 100\noutput_len: 5\nmax_prompt_tokens: 50\n", "max_prompt_tokens", "below input_len (100)"),
+        ("input_len: 10\noutput_len: 50\nmax_output_tokens: 20\n", "max_output_tokens", "below output_len (50)"),
+    ],
+)
 def test_a_workload_file_takes_strict_finite_consistent_values(text: str, key: str, says: str) -> None:
     """Issue 39 item 13: `input_len: true` read as 1, `rate_rps: .inf` and a longest prompt below the mean passed."""
     with pytest.raises(ConfigError) as info:
@@ -179,18 +192,25 @@ def _rag_window(*, aborted: float = 0.0, http_4xx: float = 0.0, with_http: bool 
         return HistSeries(VLLM_TOKEN_BOUNDS, tuple(pts))
 
     per_step = 613 / (n - 1)
-    series = {("vllm:request_success_total", (("finished_reason", "length"),)): _counter([per_step], n),
-              ("vllm:request_success_total", (("finished_reason", "abort"),)): _counter([aborted / (n - 1)], n),
-              ("vllm:generation_tokens_total", ()): _counter([per_step * 80], n)}
+    series = {
+        ("vllm:request_success_total", (("finished_reason", "length"),)): _counter([per_step], n),
+        ("vllm:request_success_total", (("finished_reason", "abort"),)): _counter([aborted / (n - 1)], n),
+        ("vllm:generation_tokens_total", ()): _counter([per_step * 80], n),
+    }
     if with_http:
-        series[("http_requests_total", (("handler", "/v1/completions"), ("method", "POST"), ("status", "2xx")))] = \
+        series[("http_requests_total", (("handler", "/v1/completions"), ("method", "POST"), ("status", "2xx")))] = (
             _counter([per_step], n)
-        series[("http_requests_total", (("handler", "/v1/completions"), ("method", "POST"), ("status", "4xx")))] = \
+        )
+        series[("http_requests_total", (("handler", "/v1/completions"), ("method", "POST"), ("status", "4xx")))] = (
             _counter([http_4xx / (n - 1)], n)
-        series[("http_requests_total", (("handler", "/metrics"), ("method", "GET"), ("status", "4xx")))] = \
-            _counter([1.0], n)  # not a completion route: says nothing of the requests
-    hists = {("vllm:request_prompt_tokens", ()): hist({9: 613.0}, 752.0),
-             ("vllm:request_generation_tokens", ()): hist({6: 200.0, 7: 413.0}, 80.0)}
+        )
+        series[("http_requests_total", (("handler", "/metrics"), ("method", "GET"), ("status", "4xx")))] = _counter(
+            [1.0], n
+        )  # not a completion route: says nothing of the requests
+    hists = {
+        ("vllm:request_prompt_tokens", ()): hist({9: 613.0}, 752.0),
+        ("vllm:request_generation_tokens", ()): hist({6: 200.0, 7: 413.0}, 80.0),
+    }
     e = EngineWindow(engine="0", model_name="m", series=series, hists=hists)
     return TargetWindow(target="t", backend="vllm", start_ms=0, end_ms=60 * S, engines=(e,), health=None)
 
@@ -206,13 +226,17 @@ def test_a_window_that_served_every_request_proves_its_max_model_len_holds_them(
     assert w.inferred["max_prompt_tokens"].high == 1000 and w.inferred["max_output_tokens"].high == 200
     # the flags in force pass feasibility now
     from tuner.tune.space import Hardware, feasible
+
     assert feasible("vllm", {"max_model_len": 1024}, model=None, hardware=Hardware(), longest=w.longest).ok
 
 
-@pytest.mark.parametrize("window,why", [
-    (dict(aborted=3), "3 aborted"),
-    (dict(http_4xx=2), "2 http errors"),  # vLLM answers 400 to a prompt longer than max-model-len
-])
+@pytest.mark.parametrize(
+    "window,why",
+    [
+        (dict(aborted=3), "3 aborted"),
+        (dict(http_4xx=2), "2 http errors"),  # vLLM answers 400 to a prompt longer than max-model-len
+    ],
+)
 def test_a_window_that_turned_requests_away_keeps_the_bucket_edges(window, why):
     w = from_window(_rag_window(**window), max_model_len=1024)
     assert w.max_request_tokens == 1200 and w.longest == 1200
@@ -239,9 +263,11 @@ def test_each_inferred_value_carries_its_interval():
     # 613 arrivals in 60 s (10.2/s), every interval the same count: 10 (as regular as the scale allows)
     rate = w.inferred["rate_rps"]
     half = 1.96 * math.sqrt(613 / 10.0) / 60
-    assert rate.low == pytest.approx(613 / 60 - half, abs=1e-3) and rate.high == pytest.approx(613 / 60 + half,
-                                                                                               abs=1e-3)
+    assert rate.low == pytest.approx(613 / 60 - half, abs=1e-3) and rate.high == pytest.approx(
+        613 / 60 + half, abs=1e-3
+    )
     from tuner.signals.workload import describe
+
     lines = describe(w)
     assert any(line.startswith("range_ratio") and "[0 .. 0.416]" in line for line in lines), lines
 

@@ -27,18 +27,36 @@ def _same(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
 
 def _cases() -> list[tuple[float, ...]]:
     rng = random.Random(7)
-    cases: list[tuple[float, ...]] = [(), (0.0,), (0.0, 0.0, 0.0), (5.0,), (0.0, 0.0, 3.0, 11.0, 13.0, 13.0, 13.0),
-                                      (2.0**53 - 1, 2.0**53 - 1), (2.0**53, 2.0**53), (1e300,), (-0.0, 1.0),
-                                      (3.0, 2.0, 1.0), (-4.0, -1.0), (0.5, 1.5), (float("nan"), 1.0),
-                                      (1.0, float("inf")), (float("-inf"), 0.0), (1.0, 1.0000000000000002)]
+    cases: list[tuple[float, ...]] = [
+        (),
+        (0.0,),
+        (0.0, 0.0, 0.0),
+        (5.0,),
+        (0.0, 0.0, 3.0, 11.0, 13.0, 13.0, 13.0),
+        (2.0**53 - 1, 2.0**53 - 1),
+        (2.0**53, 2.0**53),
+        (1e300,),
+        (-0.0, 1.0),
+        (3.0, 2.0, 1.0),
+        (-4.0, -1.0),
+        (0.5, 1.5),
+        (float("nan"), 1.0),
+        (1.0, float("inf")),
+        (float("-inf"), 0.0),
+        (1.0, 1.0000000000000002),
+    ]
     for _ in range(300):  # cumulative whole counts, as servers export them, of every size
         n = rng.randint(1, 40)
         scale = 10 ** rng.randint(0, 15)
         cum = list(accumulate_ints(rng.randint(0, 3) and rng.randint(0, scale) for _ in range(n)))
         cases.append(tuple(float(c) for c in cum))
     for _ in range(100):  # anything else floats can be
-        cases.append(tuple(rng.choice((rng.uniform(-1e6, 1e6), float(rng.randint(-9, 9)), rng.random()))
-                           for _ in range(rng.randint(1, 12))))
+        cases.append(
+            tuple(
+                rng.choice((rng.uniform(-1e6, 1e6), float(rng.randint(-9, 9)), rng.random()))
+                for _ in range(rng.randint(1, 12))
+            )
+        )
     return cases
 
 
@@ -54,8 +72,12 @@ def test_the_compiled_encoder_writes_what_python_writes(counts: tuple[float, ...
     assert encode_counts(counts) == encode_counts_python(counts)
 
 
-_COUNT = st.one_of(st.integers(-2**54, 2**54).map(float), st.floats(), st.integers(0, 10**6).map(float),
-                   st.sampled_from([0.0, -0.0, 2.0**53, 2.0**53 - 1, -(2.0**53 - 1), 0.5]))
+_COUNT = st.one_of(
+    st.integers(-(2**54), 2**54).map(float),
+    st.floats(),
+    st.integers(0, 10**6).map(float),
+    st.sampled_from([0.0, -0.0, 2.0**53, 2.0**53 - 1, -(2.0**53 - 1), 0.5]),
+)
 
 
 @settings(max_examples=3000, derandomize=True, database=None, deadline=None)
@@ -93,8 +115,11 @@ def test_a_store_of_json_rows_and_one_of_compact_rows_give_the_same_windows_and_
     from tuner.store.store import Store
 
     store = migrated_store(tmp_path)
-    end = store_recorded_history(store, 1_700_000_000.0, ("metrics_idle.txt", "metrics_under_load.txt",
-                                                           "metrics_kv_pressure.txt", "metrics_after_load.txt"))
+    end = store_recorded_history(
+        store,
+        1_700_000_000.0,
+        ("metrics_idle.txt", "metrics_under_load.txt", "metrics_kv_pressure.txt", "metrics_after_load.txt"),
+    )
     db = store.engine.url.database
     assert db
     store.engine.dispose()
@@ -102,11 +127,14 @@ def test_a_store_of_json_rows_and_one_of_compact_rows_give_the_same_windows_and_
     with sqlite3.connect(db) as src, sqlite3.connect(old_db) as dst:
         src.backup(dst)
     with sqlite3.connect(old_db) as con:
-        rows = con.execute("SELECT h.series_id, h.ts_ms, h.counts, r.bounds FROM hist_samples h "
-                           "JOIN series r ON r.id = h.series_id").fetchall()
+        rows = con.execute(
+            "SELECT h.series_id, h.ts_ms, h.counts, r.bounds FROM hist_samples h JOIN series r ON r.id = h.series_id"
+        ).fetchall()
         assert rows and not any(c.startswith("[") for _, _, c, _ in rows)
-        con.executemany("UPDATE hist_samples SET counts = ? WHERE series_id = ? AND ts_ms = ?",
-                        [(json.dumps(decode_counts(c, len(json.loads(b)))), sid, ts) for sid, ts, c, b in rows])
+        con.executemany(
+            "UPDATE hist_samples SET counts = ? WHERE series_id = ? AND ts_ms = ?",
+            [(json.dumps(decode_counts(c, len(json.loads(b)))), sid, ts) for sid, ts, c, b in rows],
+        )
     with sqlite3.connect(db) as con:
         new_bytes = con.execute("SELECT SUM(LENGTH(counts)) FROM hist_samples").fetchone()[0]
     with sqlite3.connect(old_db) as con:

@@ -34,17 +34,26 @@ SLO = Slo(ttft_p99="500ms", itl_p99="100ms", e2e_p99="5s")
 
 def _plain(w: TargetWindow) -> list:
     """A window as plain values: every point of every series as tuples."""
-    return [(e.engine, e.model_name, dict(e.config),
-             {k: tuple(p) for k, p in e.series.items()},
-             {k: (h.bounds, tuple(h.points)) for k, h in e.hists.items()}) for e in w.engines] + [w.health]
+    return [
+        (
+            e.engine,
+            e.model_name,
+            dict(e.config),
+            {k: tuple(p) for k, p in e.series.items()},
+            {k: (h.bounds, tuple(h.points)) for k, h in e.hists.items()},
+        )
+        for e in w.engines
+    ] + [w.health]
 
 
 class _History:
     """Recorded scrapes, 5 s apart, of vLLM target "v" and llama-server target "l", with events at given steps."""
 
     def __init__(self) -> None:
-        self.vllm = [ReplayExposition((VLLM_DIR / f).read_text(), growth=0.05)
-                     for f in ("metrics_under_load.txt", "metrics_idle.txt")]
+        self.vllm = [
+            ReplayExposition((VLLM_DIR / f).read_text(), growth=0.05)
+            for f in ("metrics_under_load.txt", "metrics_idle.txt")
+        ]
         self.llama = ReplayExposition((LLAMA_DIR / "metrics_mid_load.txt").read_text(), growth=0.05)
         self.slots = parse_slots((LLAMA_DIR / "slots_mid_load.json").read_bytes())
 
@@ -89,7 +98,8 @@ def _same(mem: Store, sql: Store, target: str, now: float, window_s: float) -> T
     assert compute_signals(got, slo=SLO) == compute_signals(want, slo=SLO), (target, now, window_s)
     cut = got.since(int((now - 60) * 1000))  # the signal book's shorter windows: the longest one cut down
     assert compute_signals(cut, slo=SLO) == compute_signals(
-        sql.window(target, now - 60, now, metrics=SIGNAL_METRICS), slo=SLO), (target, now, "cut")
+        sql.window(target, now - 60, now, metrics=SIGNAL_METRICS), slo=SLO
+    ), (target, now, "cut")
     return got
 
 
@@ -200,7 +210,7 @@ def test_increases_from_the_heads_falls_equal_a_pass_over_every_point_bit_for_bi
                 value = rng.choice([-1.0, -0.0, 0.5])
             else:
                 add = [rng.randint(0, 3) for _ in bounds]
-                counts = [c + sum(add[:i + 1]) for i, c in enumerate(counts)]
+                counts = [c + sum(add[: i + 1]) for i, c in enumerate(counts)]
                 value += rng.randint(0, 50)
             plain.add(ts, value)
             hist.add(ts, counts[-1], 0.0, encode_counts(tuple(counts)), tuple(counts))
@@ -213,8 +223,9 @@ def test_increases_from_the_heads_falls_equal_a_pass_over_every_point_bit_for_bi
                 continue
             falls += bool(pts.falls) + bool(hpts.falls)
             assert repr(increase(pts, lo, hi)) == repr(increase(tuple(pts), lo, hi)), case
-            want = bucket_increase(HistSeries(bounds, tuple(HistPoint(p.ts_ms, p.counts, p.sum, p.count)
-                                                             for p in hpts)), lo, hi)
+            want = bucket_increase(
+                HistSeries(bounds, tuple(HistPoint(p.ts_ms, p.counts, p.sum, p.count) for p in hpts)), lo, hi
+            )
             got = bucket_increase(HistSeries(bounds, hpts), lo, hi)
             assert repr(got) == repr(want), case
     assert falls > 50  # the corpus holds falls in the windows
@@ -243,7 +254,8 @@ def test_each_metric_is_kept_for_the_longest_window_asked_of_it_and_reads_the_sa
             got = mem.window("v", now - window_s, now, metrics=metrics)
             assert _plain(got) == _plain(sql.window("v", now - window_s, now, metrics=metrics)), (step, window_s)
             assert compute_signals(got, slo=SLO, only={"goodput_ratio", "restarts"}) == compute_signals(
-                sql.window("v", now - window_s, now, metrics=metrics), slo=SLO, only={"goodput_ratio", "restarts"})
+                sql.window("v", now - window_s, now, metrics=metrics), slo=SLO, only={"goodput_ratio", "restarts"}
+            )
     head = mem._head
     assert head is not None and head.fills == 1, head.fills  # never refilled: what was asked was held
     held = head._targets["v"]
@@ -263,5 +275,6 @@ def test_each_metric_is_kept_for_the_longest_window_asked_of_it_and_reads_the_sa
     now = T + 5 * 199 + 2.5
     assert not head.covers("v", int((now - 600) * 1000), counters)
     assert _plain(mem.window("v", now - 600, now, metrics=counters)) == _plain(
-        sql.window("v", now - 600, now, metrics=counters))
+        sql.window("v", now - 600, now, metrics=counters)
+    )
     assert head.fills == 2 and head.covers("v", int((now - 600) * 1000), counters)

@@ -25,8 +25,16 @@ from tuner.store.store import Store
 T0 = 1_800_000_000.0
 STEP_S = 60.0  # one scrape a simulated minute
 RETENTION = Retention(raw=timedelta(minutes=30), rollup=timedelta(hours=1), rollup_step=timedelta(minutes=5))
-TABLES = ("series", "samples", "hist_samples", "gauge_rollups", "engine_configs", "scrapes", "alert_events",
-          "alert_outbox")
+TABLES = (
+    "series",
+    "samples",
+    "hist_samples",
+    "gauge_rollups",
+    "engine_configs",
+    "scrapes",
+    "alert_events",
+    "alert_outbox",
+)
 BASE = snapshot_from_text(fixture_text("vllm-0.32-cpu/metrics_after_load.txt"), target="chat", ts=T0)
 
 
@@ -46,8 +54,12 @@ def _size(path: Path) -> int:
 
 def _caches(store: Store) -> dict[str, int]:
     head = store._head  # noqa: SLF001  (what the daemon's process holds)
-    return {"series_ids": len(store._series_by_key), "shapes": len(store._shapes),  # noqa: SLF001
-            "configs": len(store._configs), "head_series": len(head._by_id) if head else 0}  # noqa: SLF001
+    return {
+        "series_ids": len(store._series_by_key),
+        "shapes": len(store._shapes),  # noqa: SLF001
+        "configs": len(store._configs),
+        "head_series": len(head._by_id) if head else 0,
+    }  # noqa: SLF001
 
 
 def _feed(store: Store, start: int, minutes: int, *, churn: bool) -> None:
@@ -58,8 +70,15 @@ def _feed(store: Store, start: int, minutes: int, *, churn: bool) -> None:
         model = f"m{i}" if churn else "steady"
         engines = tuple(replace(e, model_name=model) for e in BASE.engines)
         store.ingest(replace(BASE, ts=now, engines=engines))
-        event = {"ts_ms": int(now * 1000), "rule": "g/KV", "fingerprint": f"{i:016x}", "labels": "{}",
-                 "from_state": "inactive", "to_state": "pending", "value": 1.0}
+        event = {
+            "ts_ms": int(now * 1000),
+            "rule": "g/KV",
+            "fingerprint": f"{i:016x}",
+            "labels": "{}",
+            "from_state": "inactive",
+            "to_state": "pending",
+            "value": 1.0,
+        }
         save_states(store, [], events=[event], now_ms=int(now * 1000))
         enqueue(store, "http://127.0.0.1:9", [{"labels": {"alertname": "KV", "model_name": model}}], int(now * 1000))
         if i % 5 == 0:
@@ -113,6 +132,7 @@ def test_a_store_made_before_incremental_vacuum_is_converted_once_by_db_upgrade_
             from alembic import command
 
             from tuner.store.db import _alembic_config
+
             with engine.begin() as conn:
                 alembic = _alembic_config(engine)
                 alembic.attributes["connection"] = conn
@@ -143,8 +163,18 @@ def test_the_wal_file_shrinks_back_after_a_large_transaction_is_written_back(tmp
     store = Store(engine, retention=RETENTION)
     store.ensure_target("chat", "vllm", "http://127.0.0.1:9")
     label = "x" * 2000
-    events = [{"ts_ms": i, "rule": "g/KV", "fingerprint": f"{i:016x}", "labels": label, "from_state": "inactive",
-               "to_state": "pending", "value": 1.0} for i in range(15000)]
+    events = [
+        {
+            "ts_ms": i,
+            "rule": "g/KV",
+            "fingerprint": f"{i:016x}",
+            "labels": label,
+            "from_state": "inactive",
+            "to_state": "pending",
+            "value": 1.0,
+        }
+        for i in range(15000)
+    ]
     save_states(store, [], events=events, now_ms=1)  # one transaction of ~30 MB
     wal = Path(f"{path}-wal")
     assert wal.stat().st_size > 2 * WAL_SIZE_LIMIT  # the case: a WAL larger than the limit

@@ -30,6 +30,7 @@ def _snapshot(name: str, ts: float, target: str = "gpu-box") -> TargetSnapshot:
 
 # ---- schema ---------------------------------------------------------------------------------------------
 
+
 def test_fresh_database_asks_for_tuner_db_upgrade(tmp_path: Path) -> None:
     engine = open_engine(f"sqlite:///{tmp_path / 'fresh.db'}")
     with pytest.raises(SchemaOutdatedError) as info:
@@ -87,6 +88,7 @@ def test_one_transaction_helper_names_the_database_and_undoes_what_the_store_cac
 
 # ---- ingest and window ------------------------------------------------------------------------------------
 
+
 def test_two_recorded_scrapes_come_back_as_two_points(tmp_path: Path) -> None:
     store = migrated_store(tmp_path)
     first, second = "metrics_under_load.txt", "metrics_after_load.txt"
@@ -102,12 +104,19 @@ def test_two_recorded_scrapes_come_back_as_two_points(tmp_path: Path) -> None:
     assert (engine.engine, engine.model_name) == ("0", model)
     t_ms = [int(T * 1000), int((T + 5) * 1000)]
 
-    for metric in ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                   "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_hits_total"]:
+    for metric in [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:prefix_cache_hits_total",
+    ]:
         assert engine.series[(metric, ())] == tuple(zip(t_ms, [value_of(x, metric) for x in texts])), metric
     length = (("finished_reason", "length"),)
     assert engine.series[("vllm:request_success_total", length)] == tuple(
-        zip(t_ms, [value_of(x, "vllm:request_success_total", finished_reason="length") for x in texts]))
+        zip(t_ms, [value_of(x, "vllm:request_success_total", finished_reason="length") for x in texts])
+    )
 
     ttft = engine.hists[("vllm:time_to_first_token_seconds", ())]
     expected = [bucket_counts(x, "vllm:time_to_first_token_seconds") for x in texts]
@@ -140,6 +149,7 @@ def test_window_of_an_unknown_target_names_the_known_ones(tmp_path: Path) -> Non
 
 # ---- health ---------------------------------------------------------------------------------------------------
 
+
 def test_failures_count_up_and_a_success_resets_them(tmp_path: Path) -> None:
     store = migrated_store(tmp_path)
     store.ingest(_snapshot("metrics_idle.txt", T))
@@ -148,8 +158,14 @@ def test_failures_count_up_and_a_success_resets_them(tmp_path: Path) -> None:
     assert (ok.health, ok.last_error, ok.consecutive_failures, ok.last_success_ms) == ("up", "", 0, T * 1000)
 
     for k in (1, 2):
-        store.record_failure("gpu-box", "vllm", "http://10.0.0.5:8000", T + 5 * k, 3.0,
-                             "http://10.0.0.5:8000/metrics: connection refused")
+        store.record_failure(
+            "gpu-box",
+            "vllm",
+            "http://10.0.0.5:8000",
+            T + 5 * k,
+            3.0,
+            "http://10.0.0.5:8000/metrics: connection refused",
+        )
         down = store.health("gpu-box")
         assert down is not None
         assert (down.health, down.consecutive_failures) == ("down", k)
@@ -160,7 +176,11 @@ def test_failures_count_up_and_a_success_resets_them(tmp_path: Path) -> None:
     back = store.health("gpu-box")
     assert back is not None
     assert (back.health, back.consecutive_failures, back.last_error, back.last_success_ms) == (
-        "up", 0, "", (T + 15) * 1000)
+        "up",
+        0,
+        "",
+        (T + 15) * 1000,
+    )
     with store.engine.connect() as conn:
         rows = conn.execute(text("SELECT health FROM scrapes ORDER BY ts_ms")).scalars().all()
     assert rows == ["up", "down", "down", "up"]
@@ -168,15 +188,19 @@ def test_failures_count_up_and_a_success_resets_them(tmp_path: Path) -> None:
 
 def _written(store: Store) -> tuple[list, list, list, list]:
     with store.engine.connect() as conn:
-        return tuple(conn.execute(text(q)).all() for q in (  # type: ignore[return-value]
-            "SELECT t.name, s.ts_ms, s.health, s.error, s.samples FROM scrapes s JOIN targets t ON t.id = s.target_id "
-            "ORDER BY s.ts_ms, t.name",
-            "SELECT t.name, h.health, h.consecutive_failures, h.last_scrape_ms, h.last_success_ms, h.last_error "
-            "FROM target_health h JOIN targets t ON t.id = h.target_id ORDER BY t.name",
-            "SELECT r.metric, r.labels, p.ts_ms, p.value FROM samples p JOIN series r ON r.id = p.series_id "
-            "ORDER BY r.metric, r.labels, p.ts_ms",
-            "SELECT r.metric, p.ts_ms, p.count, p.sum, p.counts FROM hist_samples p JOIN series r ON r.id = p.series_id "
-            "ORDER BY r.metric, p.ts_ms"))
+        return tuple(
+            conn.execute(text(q)).all()
+            for q in (  # type: ignore[return-value]
+                "SELECT t.name, s.ts_ms, s.health, s.error, s.samples FROM scrapes s JOIN targets t ON t.id = s.target_id "
+                "ORDER BY s.ts_ms, t.name",
+                "SELECT t.name, h.health, h.consecutive_failures, h.last_scrape_ms, h.last_success_ms, h.last_error "
+                "FROM target_health h JOIN targets t ON t.id = h.target_id ORDER BY t.name",
+                "SELECT r.metric, r.labels, p.ts_ms, p.value FROM samples p JOIN series r ON r.id = p.series_id "
+                "ORDER BY r.metric, r.labels, p.ts_ms",
+                "SELECT r.metric, p.ts_ms, p.count, p.sum, p.counts FROM hist_samples p JOIN series r ON r.id = p.series_id "
+                "ORDER BY r.metric, p.ts_ms",
+            )
+        )
 
 
 def test_a_batch_writes_what_the_same_scrapes_one_by_one_write(tmp_path: Path) -> None:
@@ -205,11 +229,19 @@ def test_a_batch_the_database_refuses_writes_nothing(tmp_path: Path) -> None:
     store.write([Scraped(_snapshot("metrics_idle.txt", T, target="a"), "http://a")])
     before = _written(store)
     with store.engine.begin() as conn:  # a schema that cannot take the batch's last row
-        conn.execute(text("CREATE TRIGGER no_b BEFORE INSERT ON scrapes WHEN NEW.error = 'refuse me' "
-                          "BEGIN SELECT RAISE(ABORT, 'disk says no'); END"))
+        conn.execute(
+            text(
+                "CREATE TRIGGER no_b BEFORE INSERT ON scrapes WHEN NEW.error = 'refuse me' "
+                "BEGIN SELECT RAISE(ABORT, 'disk says no'); END"
+            )
+        )
     with pytest.raises(StoreError, match="disk says no"):
-        store.write([Scraped(_snapshot("metrics_under_load.txt", T + 5, target="a"), "http://a"),
-                     Failed("a", "vllm", "http://a", T + 10, 1.0, "refuse me")])
+        store.write(
+            [
+                Scraped(_snapshot("metrics_under_load.txt", T + 5, target="a"), "http://a"),
+                Failed("a", "vllm", "http://a", T + 10, 1.0, "refuse me"),
+            ]
+        )
     assert _written(store) == before and store.scrapes("a") == 1
 
 
@@ -225,6 +257,7 @@ def test_a_scrape_with_problems_is_degraded_and_says_why(tmp_path: Path) -> None
 
 
 # ---- engine config -----------------------------------------------------------------------------------------------
+
 
 def _config_rows(store: Store) -> list[tuple[int, int, dict[str, str]]]:
     with store.engine.connect() as conn:
@@ -287,12 +320,20 @@ def _history(tmp_path: Path) -> Store:
     store = migrated_store(tmp_path)
     for i in range(N):
         engine = EngineSnapshot(
-            backend="vllm", engine="0", model_name="m",
-            values={("vllm:prompt_tokens_total", ()): prompt_tokens(i),
-                    ("vllm:generation_tokens_total", ()): generation_tokens(i),
-                    ("vllm:kv_cache_usage_perc", ()): kv_usage(i)},
-            histograms={("vllm:time_to_first_token_seconds", ()): Histogram(
-                BOUNDS, ttft_counts(i), sum=0.05 * i, count=ttft_counts(i)[-1])})
+            backend="vllm",
+            engine="0",
+            model_name="m",
+            values={
+                ("vllm:prompt_tokens_total", ()): prompt_tokens(i),
+                ("vllm:generation_tokens_total", ()): generation_tokens(i),
+                ("vllm:kv_cache_usage_perc", ()): kv_usage(i),
+            },
+            histograms={
+                ("vllm:time_to_first_token_seconds", ()): Histogram(
+                    BOUNDS, ttft_counts(i), sum=0.05 * i, count=ttft_counts(i)[-1]
+                )
+            },
+        )
         store.ingest(TargetSnapshot("gpu-box", "vllm", T0 + i * STEP_S, 0.01, (engine,)))
     return store
 
@@ -331,9 +372,11 @@ def test_old_raw_points_are_thinned_to_the_last_of_each_step(thinned: Thinned) -
     assert len(KEPT) == 24 + 720
     # generation_tokens also keeps the two scrapes around its reset (see the reset test below)
     kept_gen = sorted({*KEPT, RESET_AT - 1, RESET_AT})
-    for metric, f, kept in [("vllm:prompt_tokens_total", prompt_tokens, KEPT),
-                            ("vllm:generation_tokens_total", generation_tokens, kept_gen),
-                            ("vllm:kv_cache_usage_perc", kv_usage, KEPT)]:
+    for metric, f, kept in [
+        ("vllm:prompt_tokens_total", prompt_tokens, KEPT),
+        ("vllm:generation_tokens_total", generation_tokens, kept_gen),
+        ("vllm:kv_cache_usage_perc", kv_usage, KEPT),
+    ]:
         assert engine.series[(metric, ())] == tuple((_ts_ms(i), f(i)) for i in kept), metric
     hist = engine.hists[("vllm:time_to_first_token_seconds", ())]
     assert hist.bounds == BOUNDS
@@ -360,7 +403,8 @@ def test_increase_between_kept_points_is_unchanged(thinned: Thinned) -> None:
     first, last = hist.points[0], hist.points[-1]
     for b in range(len(BOUNDS)):
         assert increase([(p.ts_ms, p.counts[b]) for p in hist.points], first.ts_ms, last.ts_ms) == (
-            last.counts[b] - first.counts[b])
+            last.counts[b] - first.counts[b]
+        )
 
 
 def test_counter_reset_survives_thinning_exactly(thinned: Thinned) -> None:
@@ -381,18 +425,21 @@ def test_counter_reset_survives_thinning_exactly(thinned: Thinned) -> None:
     assert whole_kept > generation_tokens(N - 1)  # the reset is counted: more than the last value
 
     for (a, _), (b, _) in zip(kept, kept[1:]):  # every pair of kept points, the reset's included
-        assert increase([p for p in kept if a <= p[0] <= b], a, b) == increase(
-            [p for p in raw if a <= p[0] <= b], a, b)
+        assert increase([p for p in kept if a <= p[0] <= b], a, b) == increase([p for p in raw if a <= p[0] <= b], a, b)
 
 
 def test_gauge_rollups_hold_min_max_mean_per_step(thinned: Thinned) -> None:
     with thinned.store.engine.connect() as conn:
-        rows = conn.execute(text(
-            "SELECT g.bucket_ms, g.min, g.max, g.sum, g.count FROM gauge_rollups g "
-            "JOIN series s ON s.id = g.series_id WHERE s.metric = 'vllm:kv_cache_usage_perc' "
-            "ORDER BY g.bucket_ms")).all()
-        kinds = set(conn.execute(text(
-            "SELECT s.kind FROM gauge_rollups g JOIN series s ON s.id = g.series_id")).scalars())
+        rows = conn.execute(
+            text(
+                "SELECT g.bucket_ms, g.min, g.max, g.sum, g.count FROM gauge_rollups g "
+                "JOIN series s ON s.id = g.series_id WHERE s.metric = 'vllm:kv_cache_usage_perc' "
+                "ORDER BY g.bucket_ms"
+            )
+        ).all()
+        kinds = set(
+            conn.execute(text("SELECT s.kind FROM gauge_rollups g JOIN series s ON s.id = g.series_id")).scalars()
+        )
     assert kinds == {"gauge"}  # counters and histograms need no rollup: thinning keeps them exact
     assert len(rows) == CUTOFF_I // PER_BUCKET == 24
     for b, (bucket_ms, lo, hi, total, count) in enumerate(rows):
@@ -449,17 +496,24 @@ def test_a_window_longer_than_the_raw_span_is_read_as_retention_will_keep_it(tmp
     equal the plain read of the same history once apply_retention has thinned all of it (a counter and a
     histogram reset included), hold the points around each reset, read steps not marked yet point by point,
     and end at the window's last point; a window within the raw span reads every point."""
+
     def ttft(i: int) -> tuple[float, float, float]:  # the histogram restarts with the counter
         return ttft_counts(i if i < RESET_AT else i - RESET_AT)
 
     store = migrated_store(tmp_path, "a.db")
     for i in range(N):
         engine = EngineSnapshot(
-            backend="vllm", engine="0", model_name="m",
-            values={("vllm:generation_tokens_total", ()): generation_tokens(i),
-                    ("vllm:kv_cache_usage_perc", ()): kv_usage(i)},
-            histograms={("vllm:time_to_first_token_seconds", ()): Histogram(BOUNDS, ttft(i), sum=0.05 * i,
-                                                                            count=ttft(i)[-1])})
+            backend="vllm",
+            engine="0",
+            model_name="m",
+            values={
+                ("vllm:generation_tokens_total", ()): generation_tokens(i),
+                ("vllm:kv_cache_usage_perc", ()): kv_usage(i),
+            },
+            histograms={
+                ("vllm:time_to_first_token_seconds", ()): Histogram(BOUNDS, ttft(i), sum=0.05 * i, count=ttft(i)[-1])
+            },
+        )
         store.ingest(TargetSnapshot("gpu-box", "vllm", T0 + i * STEP_S, 0.01, (engine,)))
     store.engine.dispose()
     for name in ("b.db", "c.db"):
@@ -478,8 +532,9 @@ def test_a_window_longer_than_the_raw_span_is_read_as_retention_will_keep_it(tmp
     assert gen == hist == sorted({*steps, _ts_ms(RESET_AT - 1), _ts_ms(RESET_AT)})
     assert [t for t, _ in e.series[("vllm:kv_cache_usage_perc", ())]] == steps
     raw_gen = [(_ts_ms(i), generation_tokens(i)) for i in range(N)]
-    assert increase(e.series[("vllm:generation_tokens_total", ())], _ts_ms(PER_BUCKET - 1), _ts_ms(N - 1)) == \
-        increase(raw_gen[PER_BUCKET - 1:], _ts_ms(PER_BUCKET - 1), _ts_ms(N - 1))
+    assert increase(e.series[("vllm:generation_tokens_total", ())], _ts_ms(PER_BUCKET - 1), _ts_ms(N - 1)) == increase(
+        raw_gen[PER_BUCKET - 1 :], _ts_ms(PER_BUCKET - 1), _ts_ms(N - 1)
+    )
 
     short = reading.window("gpu-box", NOW - 3000, NOW)  # within the raw span: every point
     assert len(short.engines[0].series[("vllm:kv_cache_usage_perc", ())]) == 3000 // STEP_S
@@ -502,21 +557,35 @@ def test_the_keep_migration_marks_what_earlier_thinning_kept(tmp_path: Path) -> 
     upgrade(engine, "0005")
     with engine.begin() as conn:
         conn.execute(text("INSERT INTO targets (id, name, backend, url, labels) VALUES (1, 't', 'vllm', '', '{}')"))
-        conn.execute(text("INSERT INTO series (id, target_id, engine, model_name, metric, labels, kind, bounds) "
-                          "VALUES (1, 1, '0', 'm', 'a_total', '[]', 'counter', ''), "
-                          "(2, 1, '0', 'm', 'h', '[]', 'histogram', '[1.0, \"+Inf\"]')"))
+        conn.execute(
+            text(
+                "INSERT INTO series (id, target_id, engine, model_name, metric, labels, kind, bounds) "
+                "VALUES (1, 1, '0', 'm', 'a_total', '[]', 'counter', ''), "
+                "(2, 1, '0', 'm', 'h', '[]', 'histogram', '[1.0, \"+Inf\"]')"
+            )
+        )
         for ts in (1000, 2000, 3000):
             conn.execute(text("INSERT INTO samples (series_id, ts_ms, value) VALUES (1, :t, 1.0)"), {"t": ts})
-            conn.execute(text("INSERT INTO hist_samples (series_id, ts_ms, count, sum, counts) "
-                              "VALUES (2, :t, 1.0, 1.0, '[1.0, 1.0]')"), {"t": ts})
+            conn.execute(
+                text(
+                    "INSERT INTO hist_samples (series_id, ts_ms, count, sum, counts) "
+                    "VALUES (2, :t, 1.0, 1.0, '[1.0, 1.0]')"
+                ),
+                {"t": ts},
+            )
         conn.execute(text("INSERT INTO meta (key, value) VALUES ('thinned_until_ms', '2500')"))
     upgrade(engine)
     with engine.connect() as conn:
         for table in ("samples", "hist_samples"):
             assert conn.execute(text(f"SELECT ts_ms, keep FROM {table} ORDER BY ts_ms")).all() == [
-                (1000, 1), (2000, 1), (3000, 0)]
-            assert "WITHOUT ROWID" in conn.execute(
-                text("SELECT sql FROM sqlite_master WHERE name = :n"), {"n": table}).scalar()
+                (1000, 1),
+                (2000, 1),
+                (3000, 0),
+            ]
+            assert (
+                "WITHOUT ROWID"
+                in conn.execute(text("SELECT sql FROM sqlite_master WHERE name = :n"), {"n": table}).scalar()
+            )
 
 
 def test_each_scrape_stores_its_own_values_whatever_changed_in_its_series(tmp_path: Path) -> None:
@@ -537,26 +606,54 @@ def test_each_scrape_stores_its_own_values_whatever_changed_in_its_series(tmp_pa
     del added[vkey]
     added[("vllm:num_requests_waiting", (("extra", "x"),))] = 7.0
     reordered = dict(reversed(list(e.values.items())))
-    rebucketed = {**e.histograms, hkey: Histogram(bounds=h.bounds[:-2] + (h.bounds[-1],),
-                                                  counts=h.counts[:-2] + (h.counts[-1],), sum=h.sum, count=h.count)}
-    shapes = [e, replace(e, values={k: v + 1 for k, v in e.values.items()}), replace(e, values=added),
-              replace(e, values=reordered), replace(e, values=reordered, histograms=rebucketed),
-              replace(e, values=reordered),
-              replace(e, values={k: v + 2 for k, v in e.values.items()})]
+    rebucketed = {
+        **e.histograms,
+        hkey: Histogram(
+            bounds=h.bounds[:-2] + (h.bounds[-1],), counts=h.counts[:-2] + (h.counts[-1],), sum=h.sum, count=h.count
+        ),
+    }
+    shapes = [
+        e,
+        replace(e, values={k: v + 1 for k, v in e.values.items()}),
+        replace(e, values=added),
+        replace(e, values=reordered),
+        replace(e, values=reordered, histograms=rebucketed),
+        replace(e, values=reordered),
+        replace(e, values={k: v + 2 for k, v in e.values.items()}),
+    ]
     for i, engine in enumerate(shapes):
         ts = T + 5 * i
         store.ingest(replace(base, ts=ts, engines=(engine,)))
         with store.engine.connect() as conn:
-            values = {(r.metric, r.labels): r.value for r in conn.execute(text(
-                "SELECT s.metric, s.labels, p.value FROM samples p JOIN series s ON s.id = p.series_id "
-                "WHERE p.ts_ms = :ts"), {"ts": int(ts * 1000)})}
-            hists = {(r.metric, r.labels, r.bounds): (r.count, r.sum, r.counts) for r in conn.execute(text(
-                "SELECT s.metric, s.labels, s.bounds, p.count, p.sum, p.counts FROM hist_samples p "
-                "JOIN series s ON s.id = p.series_id WHERE p.ts_ms = :ts"), {"ts": int(ts * 1000)})}
+            values = {
+                (r.metric, r.labels): r.value
+                for r in conn.execute(
+                    text(
+                        "SELECT s.metric, s.labels, p.value FROM samples p JOIN series s ON s.id = p.series_id "
+                        "WHERE p.ts_ms = :ts"
+                    ),
+                    {"ts": int(ts * 1000)},
+                )
+            }
+            hists = {
+                (r.metric, r.labels, r.bounds): (r.count, r.sum, r.counts)
+                for r in conn.execute(
+                    text(
+                        "SELECT s.metric, s.labels, s.bounds, p.count, p.sum, p.counts FROM hist_samples p "
+                        "JOIN series s ON s.id = p.series_id WHERE p.ts_ms = :ts"
+                    ),
+                    {"ts": int(ts * 1000)},
+                )
+            }
         assert values == {(m, json.dumps(lbl)): v for (m, lbl), v in engine.values.items()}, i
-        want = {(m, json.dumps(lbl), json.dumps([b if b != float("inf") else "+Inf" for b in x.bounds])):
-                (x.count, x.sum, x.counts)
-                for (m, lbl), x in engine.histograms.items()}
+        want = {
+            (m, json.dumps(lbl), json.dumps([b if b != float("inf") else "+Inf" for b in x.bounds])): (
+                x.count,
+                x.sum,
+                x.counts,
+            )
+            for (m, lbl), x in engine.histograms.items()
+        }
         assert {k: (c, s, decode_counts(counts, len(want[k][2]))) for k, (c, s, counts) in hists.items()} == want, i
 
 
@@ -566,45 +663,76 @@ def test_the_target_order_migration_keeps_every_point_and_downgrades_back(tmp_pa
     engine = open_engine(f"sqlite:///{tmp_path / 'm.db'}")
     upgrade(engine, "0006")
     with engine.begin() as conn:
-        conn.execute(text("INSERT INTO targets (id, name, backend, url, labels) VALUES "
-                          "(1, 'a', 'vllm', '', '{}'), (2, 'b', 'vllm', '', '{}')"))
-        conn.execute(text("INSERT INTO series (id, target_id, engine, model_name, metric, labels, kind, bounds) VALUES "
-                          "(1, 2, '0', 'm', 'vllm:num_requests_running', '[]', 'gauge', ''), "
-                          "(2, 1, '0', 'm', 'vllm:num_requests_running', '[]', 'gauge', ''), "
-                          "(3, 1, '0', 'm', 'vllm:e2e_request_latency_seconds', '[]', 'histogram', "
-                          "'[1.0, \"+Inf\"]')"))
+        conn.execute(
+            text(
+                "INSERT INTO targets (id, name, backend, url, labels) VALUES "
+                "(1, 'a', 'vllm', '', '{}'), (2, 'b', 'vllm', '', '{}')"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO series (id, target_id, engine, model_name, metric, labels, kind, bounds) VALUES "
+                "(1, 2, '0', 'm', 'vllm:num_requests_running', '[]', 'gauge', ''), "
+                "(2, 1, '0', 'm', 'vllm:num_requests_running', '[]', 'gauge', ''), "
+                "(3, 1, '0', 'm', 'vllm:e2e_request_latency_seconds', '[]', 'histogram', "
+                "'[1.0, \"+Inf\"]')"
+            )
+        )
         for i, ts in enumerate((5000, 1000, 3000)):  # inserted out of order
-            conn.execute(text("INSERT INTO samples (series_id, ts_ms, value, keep) VALUES (1, :t, :v, :k), "
-                              "(2, :t, :w, 0)"), {"t": ts, "v": float(i), "w": 10.0 + i, "k": i % 2})
-            conn.execute(text("INSERT INTO hist_samples (series_id, ts_ms, count, sum, counts, keep) "
-                              "VALUES (3, :t, :c, 0.5, :counts, 1)"), {"t": ts, "c": float(i), "counts": f"[{i}.0, {i}.0]"})
+            conn.execute(
+                text("INSERT INTO samples (series_id, ts_ms, value, keep) VALUES (1, :t, :v, :k), (2, :t, :w, 0)"),
+                {"t": ts, "v": float(i), "w": 10.0 + i, "k": i % 2},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO hist_samples (series_id, ts_ms, count, sum, counts, keep) "
+                    "VALUES (3, :t, :c, 0.5, :counts, 1)"
+                ),
+                {"t": ts, "c": float(i), "counts": f"[{i}.0, {i}.0]"},
+            )
     with engine.connect() as conn:
-        before = {t: conn.execute(text(f"SELECT * FROM {t} ORDER BY series_id, ts_ms")).all()
-                  for t in ("samples", "hist_samples")}
+        before = {
+            t: conn.execute(text(f"SELECT * FROM {t} ORDER BY series_id, ts_ms")).all()
+            for t in ("samples", "hist_samples")
+        }
     upgrade(engine)
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT target_id, series_id, ts_ms, value, keep FROM samples "
-                                 "ORDER BY series_id, ts_ms")).all() == [
-            (2, 1, 1000, 1.0, 1), (2, 1, 3000, 2.0, 0), (2, 1, 5000, 0.0, 0),
-            (1, 2, 1000, 11.0, 0), (1, 2, 3000, 12.0, 0), (1, 2, 5000, 10.0, 0)]
-        assert conn.execute(text("SELECT target_id, series_id, ts_ms, count, counts FROM hist_samples "
-                                 "ORDER BY ts_ms")).all() == [
-            (1, 3, 1000, 1.0, "[1.0, 1.0]"), (1, 3, 3000, 2.0, "[2.0, 2.0]"), (1, 3, 5000, 0.0, "[0.0, 0.0]")]
+        assert conn.execute(
+            text("SELECT target_id, series_id, ts_ms, value, keep FROM samples ORDER BY series_id, ts_ms")
+        ).all() == [
+            (2, 1, 1000, 1.0, 1),
+            (2, 1, 3000, 2.0, 0),
+            (2, 1, 5000, 0.0, 0),
+            (1, 2, 1000, 11.0, 0),
+            (1, 2, 3000, 12.0, 0),
+            (1, 2, 5000, 10.0, 0),
+        ]
+        assert conn.execute(
+            text("SELECT target_id, series_id, ts_ms, count, counts FROM hist_samples ORDER BY ts_ms")
+        ).all() == [(1, 3, 1000, 1.0, "[1.0, 1.0]"), (1, 3, 3000, 2.0, "[2.0, 2.0]"), (1, 3, 5000, 0.0, "[0.0, 0.0]")]
         for table in ("samples", "hist_samples"):
-            assert "WITHOUT ROWID" in conn.execute(
-                text("SELECT sql FROM sqlite_master WHERE name = :n"), {"n": table}).scalar()
+            assert (
+                "WITHOUT ROWID"
+                in conn.execute(text("SELECT sql FROM sqlite_master WHERE name = :n"), {"n": table}).scalar()
+            )
     w = Store(engine).window("a", 0.0, 10.0)
     (e,) = w.engines
     assert [(ts, v) for ts, v in e.series[("vllm:num_requests_running", ())]] == [
-        (1000, 11.0), (3000, 12.0), (5000, 10.0)]
+        (1000, 11.0),
+        (3000, 12.0),
+        (5000, 10.0),
+    ]
     assert [p.ts_ms for p in e.hists[("vllm:e2e_request_latency_seconds", ())].points] == [1000, 3000, 5000]
     from alembic import command
 
     from tuner.store.db import _alembic_config
+
     cfg = _alembic_config(engine)
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.downgrade(cfg, "0006")
     with engine.connect() as conn:
-        assert {t: conn.execute(text(f"SELECT * FROM {t} ORDER BY series_id, ts_ms")).all()
-                for t in ("samples", "hist_samples")} == before
+        assert {
+            t: conn.execute(text(f"SELECT * FROM {t} ORDER BY series_id, ts_ms")).all()
+            for t in ("samples", "hist_samples")
+        } == before

@@ -38,6 +38,7 @@ def server(capacity: float, *, sent: int = 200, knee: float = 0.05):
         share = 1.0 if rate <= capacity else max(0.0, 1 - over / knee * 0.2)
         good = int(sent * share)
         return Run(rate, sent, good, good / sent, ttft_p99=0.1 * rate, e2e_p99=rate)
+
     return measure, calls
 
 
@@ -49,7 +50,10 @@ def test_capacity_brackets_the_true_capacity_within_tolerance(true_cap, start):
     assert cap.capacity_rps >= true_cap / 1.1  # and is within the tolerance below it
     assert cap.hi_rps is not None and cap.hi_rps > true_cap and cap.hi_rps / cap.lo_rps <= 1.1
     # bracketing: doubling/halving then bisection, never a linear walk
-    assert len(calls) <= math.ceil(abs(math.log2(true_cap / start))) + 1 + math.ceil(math.log2(math.log(2) / math.log(1.1))) + 1
+    assert (
+        len(calls)
+        <= math.ceil(abs(math.log2(true_cap / start))) + 1 + math.ceil(math.log2(math.log(2) / math.log(1.1))) + 1
+    )
     assert cap.e2e_p99 == pytest.approx(cap.capacity_rps)  # the latencies reported are those of the capacity run
 
 
@@ -76,6 +80,7 @@ def test_a_close_call_runs_again_and_pools_the_requests():
         seen.append(rate)
         good = answers.get(rate, [0]).pop(0) if answers.get(rate) else 0
         return Run(rate, 20, good, good / 20)
+
     cap = find_capacity(measure, 0.95, start_rps=2.0, max_runs=6, tolerance=1.5)
     assert seen[:2] == [2.0, 2.0]
     step = cap.steps[0]
@@ -131,6 +136,7 @@ def test_requests_in_flight_by_littles_law_match_the_clients_own_request_timings
 
     from tuner.config import Slo
     from tuner.tune.bench import read_result
+
     path = Path(__file__).parents[1] / "fixtures" / "bench-client" / "bursty_seqs2_at_capacity.json"
     data = json.loads(path.read_text())
     run = read_result(path, Slo(ttft_p99="2s", e2e_p99="4s", objective=0.95), 22.6274)
@@ -141,8 +147,9 @@ def test_requests_in_flight_by_littles_law_match_the_clients_own_request_timings
     assert run.in_flight > 5 * 2  # max-num-seqs was 2: most of these waited in vLLM's queue
     assert run.as_json()["in_flight"] == run.in_flight
     # the capacity search keeps the in-flight count of the run at the capacity rate
-    cap = find_capacity(lambda rate: run if rate <= 22.6274 else Run(rate, 100, 0, 0.0), 0.95, start_rps=22.6274,
-                        max_runs=2)
+    cap = find_capacity(
+        lambda rate: run if rate <= 22.6274 else Run(rate, 100, 0, 0.0), 0.95, start_rps=22.6274, max_runs=2
+    )
     assert cap.capacity_rps == 22.6274 and cap.as_json()["in_flight"] == run.in_flight
 
 
@@ -157,6 +164,7 @@ def timed_server(capacity: float, mean_e2e_s: float):
 
     def timed(rate: float) -> TimedRun:
         return TimedRun(**asdict(measure(rate)), mean_e2e_s=mean_e2e_s)
+
     return timed, calls
 
 

@@ -9,13 +9,16 @@ import pytest
 from tuner.tune.compare import decide, fisher_fewer_misses, min_requests
 
 
-@pytest.mark.parametrize("objective,floor,want", [
-    (0.99, 30, 200),  # two misses expected at the objective: 2 / 0.01 (one miss in 30 is 96.7%, already a failure)
-    (0.95, 30, 40),   # 2 / 0.05
-    (0.9, 30, 30),    # 2 / 0.1 = 20, the floor holds
-    (0.999, 30, 2000),  # 2 / 0.001 = 2000, the most a run is given
-    (1.0, 30, 2000),  # no miss allowed: as many as a run is ever given
-])
+@pytest.mark.parametrize(
+    "objective,floor,want",
+    [
+        (0.99, 30, 200),  # two misses expected at the objective: 2 / 0.01 (one miss in 30 is 96.7%, already a failure)
+        (0.95, 30, 40),  # 2 / 0.05
+        (0.9, 30, 30),  # 2 / 0.1 = 20, the floor holds
+        (0.999, 30, 2000),  # 2 / 0.001 = 2000, the most a run is given
+        (1.0, 30, 2000),  # no miss allowed: as many as a run is ever given
+    ],
+)
 def test_a_run_is_sized_from_the_objective(objective, floor, want):
     assert min_requests(objective, floor) == want
 

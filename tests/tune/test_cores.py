@@ -42,8 +42,10 @@ def test_a_trial_worker_goes_where_no_other_worker_is_pinned():
 def test_pinned_processes_are_read_from_proc_and_threads_are_pinned():
     allowed = sorted(os.sched_getaffinity(0))
     one = allowed[-1]
-    code = "import threading, time; [threading.Thread(target=time.sleep, args=(60,)).start() for _ in range(3)]; " \
-           "print('ready', flush=True); time.sleep(60)"
+    code = (
+        "import threading, time; [threading.Thread(target=time.sleep, args=(60,)).start() for _ in range(3)]; "
+        "print('ready', flush=True); time.sleep(60)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"

@@ -15,10 +15,12 @@ import pytest
 from tuner.tune.search import Outcome, Point, point_key, search
 from tuner.tune.space import Axis, Verdict, canonical, feasible, vllm_axes
 
-AXES = (Axis("max_num_seqs", (1, 2, 4, 8, 16, 32, 64, 128, 256)),
-        Axis("max_num_batched_tokens", (None, 256, 512, 1024, 2048, 4096, 8192, 16384)),
-        Axis("enable_prefix_caching", (False, True)),
-        Axis("enable_chunked_prefill", (True, False)))
+AXES = (
+    Axis("max_num_seqs", (1, 2, 4, 8, 16, 32, 64, 128, 256)),
+    Axis("max_num_batched_tokens", (None, 256, 512, 1024, 2048, 4096, 8192, 16384)),
+    Axis("enable_prefix_caching", (False, True)),
+    Axis("enable_chunked_prefill", (True, False)),
+)
 FIXED = {"max_model_len": 1024}
 
 
@@ -39,8 +41,10 @@ def is_feasible(flags):
 
 
 def grid():
-    pts = [canonical({**FIXED, **dict(zip([a.name for a in AXES], vals))})
-           for vals in itertools.product(*[a.values for a in AXES])]
+    pts = [
+        canonical({**FIXED, **dict(zip([a.name for a in AXES], vals))})
+        for vals in itertools.product(*[a.values for a in AXES])
+    ]
     return [p for p in pts if is_feasible(p).ok]
 
 
@@ -61,10 +65,19 @@ def test_search_reaches_the_grid_best_with_a_quarter_of_its_trials_and_never_mea
         assert is_feasible(flags).ok, f"an infeasible point was measured: {flags}"
         measured.append(point_key(flags))
         return Outcome("measured", landscape(flags), {})
+
     budget = len(g) // 4
     baseline = {"max_num_seqs": 4, "max_model_len": 1024}
-    points = search(AXES, FIXED, measure=measure, feasible=is_feasible, seeds=[("baseline", baseline)],
-                    budget=budget, max_time_s=1e9, clock=Clock())
+    points = search(
+        AXES,
+        FIXED,
+        measure=measure,
+        feasible=is_feasible,
+        seeds=[("baseline", baseline)],
+        budget=budget,
+        max_time_s=1e9,
+        clock=Clock(),
+    )
     ran = [p for p in points if p.outcome.status == "measured"]
     assert len(ran) <= budget and len(set(measured)) == len(measured)  # no point measured twice
     assert max(p.outcome.capacity_rps for p in ran) >= 0.95 * best
@@ -84,26 +97,47 @@ def test_a_crash_is_data_never_retried_and_the_budget_and_clock_stop_the_search(
         if flags["max_num_seqs"] >= 64:
             return Outcome("crashed", 0.0, {"error": "engine died"})
         return Outcome("measured", landscape(flags), {})
-    points = search(AXES, FIXED, measure=measure, feasible=is_feasible,
-                    seeds=[("baseline", {"max_num_seqs": 128}), ("advisor: x", {"max_num_seqs": 128})],
-                    budget=12, max_time_s=1e9, clock=clock)
+
+    points = search(
+        AXES,
+        FIXED,
+        measure=measure,
+        feasible=is_feasible,
+        seeds=[("baseline", {"max_num_seqs": 128}), ("advisor: x", {"max_num_seqs": 128})],
+        budget=12,
+        max_time_s=1e9,
+        clock=clock,
+    )
     assert points[0].outcome.status == "crashed"
     assert len(seen) == len(set(seen)) == 12  # the repeated seed was not run again; the budget counts runs
-    points = search(AXES, FIXED, measure=measure, feasible=is_feasible, seeds=[], budget=100, max_time_s=450,
-                    clock=clock)
+    points = search(
+        AXES, FIXED, measure=measure, feasible=is_feasible, seeds=[], budget=100, max_time_s=450, clock=clock
+    )
     assert sum(p.outcome.status != "pruned" for p in points) == 5  # started at 0, 100, ..., 400 s: not at 500
 
 
 def test_history_from_an_interrupted_run_counts_and_is_not_measured_again():
-    done = [Point(canonical({**FIXED, "max_num_seqs": s}), Outcome("measured", landscape({"max_num_seqs": s}), {}))
-            for s in (4, 8)]
+    done = [
+        Point(canonical({**FIXED, "max_num_seqs": s}), Outcome("measured", landscape({"max_num_seqs": s}), {}))
+        for s in (4, 8)
+    ]
     seen = []
 
     def measure(flags, label):
         seen.append(point_key(flags))
         return Outcome("measured", landscape(flags), {})
-    points = search(AXES, FIXED, measure=measure, feasible=is_feasible,
-                    seeds=[("baseline", {"max_num_seqs": 4})], budget=5, max_time_s=1e9, clock=Clock(), history=done)
+
+    points = search(
+        AXES,
+        FIXED,
+        measure=measure,
+        feasible=is_feasible,
+        seeds=[("baseline", {"max_num_seqs": 4})],
+        budget=5,
+        max_time_s=1e9,
+        clock=Clock(),
+        history=done,
+    )
     assert len(seen) == 3 and point_key(done[0].flags) not in seen and point_key(done[1].flags) not in seen
     assert all(p.outcome.status == "measured" or not is_feasible(p.flags).ok for p in points)
 
@@ -111,20 +145,42 @@ def test_history_from_an_interrupted_run_counts_and_is_not_measured_again():
 def test_feasible_refuses_what_vllm_refuses_at_start_and_what_the_memory_model_says_cannot_fit(tmp_path):
     from tuner.advise.facts import model_from_config
     from tuner.tune.space import Hardware
-    model = model_from_config({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32,
-                               "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
-                               "vocab_size": 128256, "max_position_embeddings": 131072, "torch_dtype": "bfloat16"},
-                              "llama-8b")
+
+    model = model_from_config(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "intermediate_size": 14336,
+            "vocab_size": 128256,
+            "max_position_embeddings": 131072,
+            "torch_dtype": "bfloat16",
+        },
+        "llama-8b",
+    )
     gpu = Hardware(gpu_memory_bytes=24 * 2**30)
     ok = feasible("vllm", {"max_num_seqs": 64, "max_model_len": 8192}, model=model, hardware=gpu, longest=1000)
     assert ok.ok, ok.reason
-    assert not feasible("vllm", {"max_num_seqs": 64, "max_model_len": 131072}, model=model, hardware=gpu,
-                        longest=1000).ok  # 128k tokens of KV do not fit 24 GiB beside 16 GB of weights
-    v = feasible("vllm", {"max_num_seqs": 512, "max_num_batched_tokens": 256, "max_model_len": 8192}, model=model,
-                 hardware=gpu, longest=100)
+    assert not feasible(
+        "vllm", {"max_num_seqs": 64, "max_model_len": 131072}, model=model, hardware=gpu, longest=1000
+    ).ok  # 128k tokens of KV do not fit 24 GiB beside 16 GB of weights
+    v = feasible(
+        "vllm",
+        {"max_num_seqs": 512, "max_num_batched_tokens": 256, "max_model_len": 8192},
+        model=model,
+        hardware=gpu,
+        longest=100,
+    )
     assert not v.ok and "max-num-seqs" in v.reason
-    v = feasible("vllm", {"enable_chunked_prefill": False, "max_num_batched_tokens": 2048, "max_model_len": 8192},
-                 model=model, hardware=gpu, longest=100)
+    v = feasible(
+        "vllm",
+        {"enable_chunked_prefill": False, "max_num_batched_tokens": 2048, "max_model_len": 8192},
+        model=model,
+        hardware=gpu,
+        longest=100,
+    )
     assert not v.ok and "chunked" in v.reason
     v = feasible("vllm", {"max_model_len": 512}, model=model, hardware=gpu, longest=900)
     assert not v.ok and "longest" in v.reason
@@ -136,14 +192,23 @@ def test_feasible_refuses_what_vllm_refuses_at_start_and_what_the_memory_model_s
 
 
 def test_axes_keep_the_current_values_and_the_workloads_longest_request():
-    axes = {a.name: a for a in vllm_axes({"max_num_seqs": 6, "max_model_len": 1024}, longest=300,
-                                         model_max_len=2048, on_gpu=False)}
+    axes = {
+        a.name: a
+        for a in vllm_axes({"max_num_seqs": 6, "max_model_len": 1024}, longest=300, model_max_len=2048, on_gpu=False)
+    }
     assert 6 in axes["max_num_seqs"].values and "gpu_memory_utilization" not in axes
     assert axes["max_model_len"].values == (512, 1024)  # 128 and 256 cannot hold a 300-token request
-    axes = vllm_axes({"max_num_seqs": 2}, longest=1, model_max_len=None, on_gpu=False,
-                     names=["max_num_seqs=8/1/4", "enable_prefix_caching"])
-    assert [(a.name, a.values) for a in axes] == [("max_num_seqs", (1, 2, 4, 8)),
-                                                  ("enable_prefix_caching", (False, True))]
+    axes = vllm_axes(
+        {"max_num_seqs": 2},
+        longest=1,
+        model_max_len=None,
+        on_gpu=False,
+        names=["max_num_seqs=8/1/4", "enable_prefix_caching"],
+    )
+    assert [(a.name, a.values) for a in axes] == [
+        ("max_num_seqs", (1, 2, 4, 8)),
+        ("enable_prefix_caching", (False, True)),
+    ]
     with pytest.raises(Exception, match="max_num_seqs"):
         vllm_axes({}, longest=1, model_max_len=None, on_gpu=False, names=["max_num_seqs=4/x"])
     with pytest.raises(Exception, match="not a flag tuner tune searches"):
@@ -156,34 +221,85 @@ def test_grid_visits_every_feasible_point_once_and_random_uses_no_seeds_beyond_t
     def measure(flags, label):
         seen.append(point_key(flags))
         return Outcome("measured", landscape(flags), {})
-    points = search(AXES, FIXED, measure=measure, feasible=is_feasible, seeds=[], budget=10**6, max_time_s=1e9,
-                    clock=Clock(), sampler="grid")
+
+    points = search(
+        AXES,
+        FIXED,
+        measure=measure,
+        feasible=is_feasible,
+        seeds=[],
+        budget=10**6,
+        max_time_s=1e9,
+        clock=Clock(),
+        sampler="grid",
+    )
     assert sorted(seen) == sorted(point_key(p) for p in grid())
     assert {p.outcome.status for p in points} == {"measured", "pruned"}
     seen.clear()
-    search(AXES, FIXED, measure=measure, feasible=is_feasible, seeds=[], budget=5, max_time_s=1e9, clock=Clock(),
-           sampler="random")
+    search(
+        AXES,
+        FIXED,
+        measure=measure,
+        feasible=is_feasible,
+        seeds=[],
+        budget=5,
+        max_time_s=1e9,
+        clock=Clock(),
+        sampler="random",
+    )
     assert len(seen) == len(set(seen)) == 5
     with pytest.raises(ValueError, match="sampler"):
-        search(AXES, FIXED, measure=measure, feasible=is_feasible, seeds=[], budget=1, max_time_s=1, clock=Clock(),
-               sampler="bayes")
+        search(
+            AXES,
+            FIXED,
+            measure=measure,
+            feasible=is_feasible,
+            seeds=[],
+            budget=1,
+            max_time_s=1,
+            clock=Clock(),
+            sampler="bayes",
+        )
 
 
 # The grid bench/tune.py measured on real vLLM CPU for the chat workload
 # (bench/results/2026-11-23-0717-tune-chat.md):
 # capacity within the SLO by (max_num_seqs, max_num_batched_tokens).
-CHAT_GRID = {(1, 256): 1.3, (1, 2048): 1.3, (2, 256): 3.67, (2, 2048): 3.67, (4, 256): 2.59, (4, 2048): 5.19,
-             (8, 256): 5.19, (8, 2048): 10.4, (16, 256): 16.0, (16, 2048): 17.4, (32, 256): 8.72, (32, 2048): 6.17}
+CHAT_GRID = {
+    (1, 256): 1.3,
+    (1, 2048): 1.3,
+    (2, 256): 3.67,
+    (2, 2048): 3.67,
+    (4, 256): 2.59,
+    (4, 2048): 5.19,
+    (8, 256): 5.19,
+    (8, 2048): 10.4,
+    (16, 256): 16.0,
+    (16, 2048): 17.4,
+    (32, 256): 8.72,
+    (32, 2048): 6.17,
+}
 CHAT_AXES = (Axis("max_num_seqs", (1, 2, 4, 8, 16, 32)), Axis("max_num_batched_tokens", (256, 2048)))
 
 
 def _on_chat_grid(sampler, gallop, budget=3, start=(2, 2048), in_flight=None):
     def measure(flags, label):
-        return Outcome("measured", CHAT_GRID[(flags["max_num_seqs"], flags["max_num_batched_tokens"])],
-                       {"in_flight": in_flight})
-    points = search(CHAT_AXES, {}, measure=measure, feasible=lambda f: Verdict(True, "", {}),
-                    seeds=[("baseline", {"max_num_seqs": start[0], "max_num_batched_tokens": start[1]})],
-                    budget=budget, max_time_s=1e9, clock=Clock(), sampler=sampler, gallop=gallop)
+        return Outcome(
+            "measured", CHAT_GRID[(flags["max_num_seqs"], flags["max_num_batched_tokens"])], {"in_flight": in_flight}
+        )
+
+    points = search(
+        CHAT_AXES,
+        {},
+        measure=measure,
+        feasible=lambda f: Verdict(True, "", {}),
+        seeds=[("baseline", {"max_num_seqs": start[0], "max_num_batched_tokens": start[1]})],
+        budget=budget,
+        max_time_s=1e9,
+        clock=Clock(),
+        sampler=sampler,
+        gallop=gallop,
+    )
     return max(p.outcome.capacity_rps for p in points), [p.seed for p in points]
 
 
@@ -205,30 +321,55 @@ def test_galloping_along_max_num_seqs_reaches_the_measured_grids_best_with_a_qua
 # The grid bench/tune.py measured on real vLLM CPU for the shared-prefix workload
 # (bench/results/2026-11-23-2328-tune-shared-prefix.md):
 # 640-token prompts sharing a 576-token prefix; capacity by (max_num_seqs, enable_prefix_caching).
-PREFIX_GRID = {(1, False): 8.0, (1, True): 11.3, (2, False): 16.0, (2, True): 19.0, (4, False): 29.3,
-               (4, True): 32.0, (8, False): 45.3, (8, True): 45.3, (16, False): 53.8, (16, True): 58.7,
-               (32, False): 53.8, (32, True): 90.5}
+PREFIX_GRID = {
+    (1, False): 8.0,
+    (1, True): 11.3,
+    (2, False): 16.0,
+    (2, True): 19.0,
+    (4, False): 29.3,
+    (4, True): 32.0,
+    (8, False): 45.3,
+    (8, True): 45.3,
+    (16, False): 53.8,
+    (16, True): 58.7,
+    (32, False): 53.8,
+    (32, True): 90.5,
+}
 PREFIX_AXES = (Axis("max_num_seqs", (1, 2, 4, 8, 16, 32)), Axis("enable_prefix_caching", (False, True)))
 
 
 def _on_prefix_grid(carry, budget):
     def measure(flags, label):
         return Outcome("measured", PREFIX_GRID[(flags["max_num_seqs"], flags["enable_prefix_caching"])], {})
-    points = search(PREFIX_AXES, {}, measure=measure, feasible=lambda f: Verdict(True, "", {}),
-                    seeds=[("baseline", {"max_num_seqs": 2, "enable_prefix_caching": False})], budget=budget,
-                    max_time_s=1e9, clock=Clock(), sampler="tpe", gallop="max_num_seqs", carry=carry)
-    return max(p.outcome.capacity_rps for p in points), [(p.flags["max_num_seqs"], p.flags["enable_prefix_caching"])
-                                                         for p in points]
+
+    points = search(
+        PREFIX_AXES,
+        {},
+        measure=measure,
+        feasible=lambda f: Verdict(True, "", {}),
+        seeds=[("baseline", {"max_num_seqs": 2, "enable_prefix_caching": False})],
+        budget=budget,
+        max_time_s=1e9,
+        clock=Clock(),
+        sampler="tpe",
+        gallop="max_num_seqs",
+        carry=carry,
+    )
+    return max(p.outcome.capacity_rps for p in points), [
+        (p.flags["max_num_seqs"], p.flags["enable_prefix_caching"]) for p in points
+    ]
 
 
 def test_the_gallop_carries_the_flags_the_workload_argues_for_and_lands_on_the_end_of_the_axis():
     from tuner.signals.workload import Workload
     from tuner.tune.space import workload_flags
+
     shared = Workload(input_len=640, output_len=32, prefix_len=576)
     assert workload_flags(PREFIX_AXES, shared) == {"enable_prefix_caching": True}
     assert workload_flags(PREFIX_AXES, Workload(input_len=640, output_len=32)) == {}
     assert workload_flags(PREFIX_AXES, Workload(input_len=640, output_len=32, prefix_hit_ratio=0.4)) == {
-        "enable_prefix_caching": True}  # a stored hit ratio, from a server that had caching on
+        "enable_prefix_caching": True
+    }  # a stored hit ratio, from a server that had caching on
     assert workload_flags(PREFIX_AXES[:1], shared) == {}  # caching is not searched: nothing to carry
     carry = workload_flags(PREFIX_AXES, shared)
     # three trials: 2 -> 4 -> 16 with caching on; without the carry the same steps leave it off (53.8: 59%)
@@ -243,9 +384,20 @@ def test_the_gallop_carries_the_flags_the_workload_argues_for_and_lands_on_the_e
 # The grid bench/tune.py measured for the bursty-chat workload
 # (bench/results/2026-11-24-0610-tune-bursty-chat.md):
 # 128 prompt / 32 output tokens, burstiness 0.25; capacity by (max_num_seqs, max_num_batched_tokens).
-BURSTY_GRID = {(1, 256): 16.0, (1, 2048): 16.0, (2, 256): 16.0, (2, 2048): 22.6, (4, 256): 26.9, (4, 2048): 34.9,
-               (8, 256): 41.5, (8, 2048): 34.9, (16, 256): 49.4, (16, 2048): 69.8, (32, 256): 83.0,
-               (32, 2048): 98.7}
+BURSTY_GRID = {
+    (1, 256): 16.0,
+    (1, 2048): 16.0,
+    (2, 256): 16.0,
+    (2, 2048): 22.6,
+    (4, 256): 26.9,
+    (4, 2048): 34.9,
+    (8, 256): 41.5,
+    (8, 2048): 34.9,
+    (16, 256): 49.4,
+    (16, 2048): 69.8,
+    (32, 256): 83.0,
+    (32, 2048): 98.7,
+}
 # Requests in flight (throughput x mean E2E, from vLLM's benchmark client's own result) in the run at the flags in
 # force's capacity rate, in the same grid runs: shared-prefix (2, no caching) at 16 req/s; bursty-chat (2, 2048)
 # at 22.6 req/s (tests/fixtures/bench-client/bursty_seqs2_at_capacity.json is that run).
@@ -258,9 +410,20 @@ def _on_grid(grid, axes, start, *, in_flight, budget=3, carry=None):
     def measure(flags, label):
         point = tuple(flags[n] for n in names)
         return Outcome("measured", grid[point], {"in_flight": in_flight if point == start else None})
-    points = search(axes, {}, measure=measure, feasible=lambda f: Verdict(True, "", {}),
-                    seeds=[("baseline", dict(zip(names, start)))], budget=budget, max_time_s=1e9, clock=Clock(),
-                    sampler="tpe", gallop=axes[0].name, carry=carry)
+
+    points = search(
+        axes,
+        {},
+        measure=measure,
+        feasible=lambda f: Verdict(True, "", {}),
+        seeds=[("baseline", dict(zip(names, start)))],
+        budget=budget,
+        max_time_s=1e9,
+        clock=Clock(),
+        sampler="tpe",
+        gallop=axes[0].name,
+        carry=carry,
+    )
     return max(p.outcome.capacity_rps for p in points), [tuple(p.flags[n] for n in names) for p in points]
 
 
@@ -300,6 +463,7 @@ def test_the_first_step_is_sized_only_on_an_ordered_numeric_axis():
 
     def base(value, in_flight):
         return Point({"max_num_seqs": value}, Outcome("measured", 1.0, {"in_flight": in_flight}))
+
     seqs = Axis("max_num_seqs", (None, 1, 2, 4, 8, 16, 32))  # None: vLLM's default, kept when the flag is unset
     assert _first_step(seqs, 2, base(2, 11.3)) == 3  # 2 -> 16
     assert _first_step(seqs, 2, base(2, 16.0)) == 3  # 16 holds 16

@@ -35,9 +35,12 @@ THRESHOLDS = {
 _UTIL_CAP = 0.95  # never propose more than this gpu-memory-utilization
 _VLLM_DEFAULT_MAX_NUM_SEQS = 256
 _LLAMA_DEFAULT_BATCH, _LLAMA_DEFAULT_UBATCH = 2048, 512
-_OOM = re.compile(r"out of memory|OutOfMemoryError|No available memory for the cache blocks|"
-                  r"larger than the (?:maximum number of tokens that can be stored in KV cache|available KV cache)|"
-                  r"Insufficient memory|failed to allocate", re.IGNORECASE)
+_OOM = re.compile(
+    r"out of memory|OutOfMemoryError|No available memory for the cache blocks|"
+    r"larger than the (?:maximum number of tokens that can be stored in KV cache|available KV cache)|"
+    r"Insufficient memory|failed to allocate",
+    re.IGNORECASE,
+)
 _KV_TOO_SMALL = re.compile(r"cache blocks|KV cache", re.IGNORECASE)
 
 
@@ -92,8 +95,13 @@ def _crossed(signal: str, value: float | None, op: str, threshold: float | None)
 
 
 def _evidence(inp: Inputs, crossed: list[dict[str, Any]], **read: Any) -> dict[str, Any]:
-    return {"window_s": inp.window_s, "at": inp.now, "engine": inp.signals.engine,
-            "thresholds": crossed, "signals": {k: v for k, v in read.items() if v is not None}}
+    return {
+        "window_s": inp.window_s,
+        "at": inp.now,
+        "engine": inp.signals.engine,
+        "thresholds": crossed,
+        "signals": {k: v for k, v in read.items() if v is not None},
+    }
 
 
 def _pow2_at_least(n: float) -> int:
@@ -106,6 +114,7 @@ def _current(inp: Inputs, name: str, default: Any = None) -> Any:
 
 
 # ---- vLLM ---------------------------------------------------------------------------------------
+
 
 def kv_saturated(inp: Inputs) -> list[Candidate]:
     """KV cache full with preemptions: fewer sequences, more memory, fp8 KV, or a shorter max-model-len.
@@ -120,10 +129,17 @@ def kv_saturated(inp: Inputs) -> list[Candidate]:
     crossed = [_crossed("preemptions", o.preemptions, ">", 0)]
     if o.kv_usage_max is not None and o.kv_usage_max >= THRESHOLDS["kv_saturated"]:
         crossed.insert(0, _crossed("kv_cache_usage_max", o.kv_usage_max, ">=", THRESHOLDS["kv_saturated"]))
-    ev = _evidence(inp, crossed, kv_cache_usage_max=o.kv_usage_max, preemptions=o.preemptions,
-                   preemptions_per_s=inp.signals.preemptions_per_s, requests_running_max=o.running_max,
-                   mean_request_tokens=o.mean_request_tokens, request_p99_tokens=o.request_p99_tokens,
-                   kv_capacity_tokens=inp.kv_capacity_tokens)
+    ev = _evidence(
+        inp,
+        crossed,
+        kv_cache_usage_max=o.kv_usage_max,
+        preemptions=o.preemptions,
+        preemptions_per_s=inp.signals.preemptions_per_s,
+        requests_running_max=o.running_max,
+        mean_request_tokens=o.mean_request_tokens,
+        request_p99_tokens=o.request_p99_tokens,
+        kv_capacity_tokens=inp.kv_capacity_tokens,
+    )
     out: list[Candidate] = []
     seqs = _current(inp, "max_num_seqs")
     length = _current(inp, "max_model_len")
@@ -131,45 +147,92 @@ def kv_saturated(inp: Inputs) -> list[Candidate]:
     if length and p99 and length >= THRESHOLDS["max_model_len_far_below"] * p99:
         new_len = max(128, _pow2_at_least(2 * p99))
         if new_len < length:
-            out.append(Candidate(
-                "vllm.kv_saturated", {"max_model_len": new_len}, {"max_model_len": length},
-                {**ev, "thresholds": crossed + [_crossed("max_model_len / request_p99_tokens", length / p99, ">=",
-                                                         THRESHOLDS["max_model_len_far_below"])]},
-                f"each sequence may reserve at most {new_len} tokens instead of {length} ({length / new_len:g}x "
-                "less); requests longer than that are refused",
-                "medium: requests longer than the new limit get an error", 0.6, rank=4))
+            out.append(
+                Candidate(
+                    "vllm.kv_saturated",
+                    {"max_model_len": new_len},
+                    {"max_model_len": length},
+                    {
+                        **ev,
+                        "thresholds": crossed
+                        + [
+                            _crossed(
+                                "max_model_len / request_p99_tokens",
+                                length / p99,
+                                ">=",
+                                THRESHOLDS["max_model_len_far_below"],
+                            )
+                        ],
+                    },
+                    f"each sequence may reserve at most {new_len} tokens instead of {length} ({length / new_len:g}x "
+                    "less); requests longer than that are refused",
+                    "medium: requests longer than the new limit get an error",
+                    0.6,
+                    rank=4,
+                )
+            )
     g = inp.gpu
     util = _current(inp, "gpu_memory_utilization")
     if g.vendor == "nvidia" and g.other_processes == 0 and util and g.memory_total_bytes and g.memory_free_bytes:
         free_share = g.memory_free_bytes / g.memory_total_bytes
         new_util = round(min(_UTIL_CAP, util + free_share - 0.02), 2)
         if free_share >= THRESHOLDS["gpu_headroom"] and new_util > util:
-            out.append(Candidate(
-                "vllm.kv_saturated", {"gpu_memory_utilization": new_util}, {"gpu_memory_utilization": util},
-                {**ev, "thresholds": crossed + [_crossed("gpu_memory_free_share", free_share, ">=",
-                                                         THRESHOLDS["gpu_headroom"])],
-                 "gpu": {"name": g.name, "free_bytes": g.memory_free_bytes, "other_processes": 0}},
-                f"about {(new_util - util) * g.memory_total_bytes / 2**30:.1f} GiB more KV cache per GPU",
-                "low: the GPU is not shared and the memory is free now", 0.7, rank=2))
+            out.append(
+                Candidate(
+                    "vllm.kv_saturated",
+                    {"gpu_memory_utilization": new_util},
+                    {"gpu_memory_utilization": util},
+                    {
+                        **ev,
+                        "thresholds": crossed
+                        + [_crossed("gpu_memory_free_share", free_share, ">=", THRESHOLDS["gpu_headroom"])],
+                        "gpu": {"name": g.name, "free_bytes": g.memory_free_bytes, "other_processes": 0},
+                    },
+                    f"about {(new_util - util) * g.memory_total_bytes / 2**30:.1f} GiB more KV cache per GPU",
+                    "low: the GPU is not shared and the memory is free now",
+                    0.7,
+                    rank=2,
+                )
+            )
     if g.fp8 and _current(inp, "kv_cache_dtype") == "auto":
-        out.append(Candidate(
-            "vllm.kv_saturated", {"kv_cache_dtype": "fp8"}, {"kv_cache_dtype": "auto"},
-            {**ev, "gpu": {"name": g.name, "fp8": True}},
-            "KV bytes per token halve: about twice the tokens fit in the same memory",
-            "medium: fp8 KV can shift outputs slightly; compare quality", 0.6, rank=3))
+        out.append(
+            Candidate(
+                "vllm.kv_saturated",
+                {"kv_cache_dtype": "fp8"},
+                {"kv_cache_dtype": "auto"},
+                {**ev, "gpu": {"name": g.name, "fp8": True}},
+                "KV bytes per token halve: about twice the tokens fit in the same memory",
+                "medium: fp8 KV can shift outputs slightly; compare quality",
+                0.6,
+                rank=3,
+            )
+        )
     cur = seqs if seqs is not None else o.running_max
     if cur and cur > 1:
         capacity, mean = inp.kv_capacity_tokens, o.mean_request_tokens
         fit = int(capacity // mean) if capacity and mean else None
         new = fit if fit is not None and 1 <= fit < cur else max(1, math.floor(cur * 3 / 4))
         if new < cur:
-            out.append(Candidate(
-                "vllm.kv_saturated", {"max_num_seqs": int(new)}, {"max_num_seqs": seqs},
-                {**ev, "basis": (f"KV capacity {capacity} tokens / mean request {mean:.0f} tokens = {fit}"
-                                 if fit is not None and 1 <= fit < cur else "three quarters of the current cap")},
-                "fewer sequences share the KV cache: preemptions (and their recomputation) stop; "
-                "throughput may drop a little, tail latency improves",
-                "low: only admission changes", 0.8, rank=1))
+            out.append(
+                Candidate(
+                    "vllm.kv_saturated",
+                    {"max_num_seqs": int(new)},
+                    {"max_num_seqs": seqs},
+                    {
+                        **ev,
+                        "basis": (
+                            f"KV capacity {capacity} tokens / mean request {mean:.0f} tokens = {fit}"
+                            if fit is not None and 1 <= fit < cur
+                            else "three quarters of the current cap"
+                        ),
+                    },
+                    "fewer sequences share the KV cache: preemptions (and their recomputation) stop; "
+                    "throughput may drop a little, tail latency improves",
+                    "low: only admission changes",
+                    0.8,
+                    rank=1,
+                )
+            )
     return out
 
 
@@ -205,23 +268,45 @@ def queue_with_kv_room(inp: Inputs) -> list[Candidate]:
     if by_histogram and inferred:  # no gauge saw the plateau: nothing to infer max-num-seqs from
         return []
     new = int(2 * cap if by_histogram else min(2 * cap, cap + math.ceil(o.waiting_max or 0)))
-    waited = _crossed("queue_p99", queue_p99, ">=", THRESHOLDS["queue_p99_s"]) if by_histogram else \
-        _crossed("requests_waiting_max", o.waiting_max, ">=", 1)
-    crossed = [waited] + ([_crossed("preemptions", o.preemptions, "==", 0)] if no_loaded_sample else
-                          [_crossed("kv_cache_usage_max", o.kv_usage_max, "<", THRESHOLDS["kv_room"])])
+    waited = (
+        _crossed("queue_p99", queue_p99, ">=", THRESHOLDS["queue_p99_s"])
+        if by_histogram
+        else _crossed("requests_waiting_max", o.waiting_max, ">=", 1)
+    )
+    crossed = [waited] + (
+        [_crossed("preemptions", o.preemptions, "==", 0)]
+        if no_loaded_sample
+        else [_crossed("kv_cache_usage_max", o.kv_usage_max, "<", THRESHOLDS["kv_room"])]
+    )
     if by_gauges:
         crossed.append(_crossed("requests_running_max", o.running_max, ">=", cap))
-    ev = _evidence(inp, crossed, requests_waiting_max=o.waiting_max, requests_running_max=o.running_max,
-                   kv_cache_usage_max=o.kv_usage_max, queue_p99=inp.signals.queue_p99, preemptions=o.preemptions,
-                   mean_request_tokens=o.mean_request_tokens, kv_capacity_tokens=inp.kv_capacity_tokens)
+    ev = _evidence(
+        inp,
+        crossed,
+        requests_waiting_max=o.waiting_max,
+        requests_running_max=o.running_max,
+        kv_cache_usage_max=o.kv_usage_max,
+        queue_p99=inp.signals.queue_p99,
+        preemptions=o.preemptions,
+        mean_request_tokens=o.mean_request_tokens,
+        kv_capacity_tokens=inp.kv_capacity_tokens,
+    )
     if inferred:
         ev["basis"] = "max-num-seqs not given: inferred from the running plateau while requests waited"
     needed = int(math.ceil(new * o.mean_request_tokens)) if o.mean_request_tokens else None
-    return [Candidate("vllm.queue_with_kv_room", {"max_num_seqs": new}, {"max_num_seqs": seqs}, ev,
-                      f"up to {new} sequences run at once instead of {cap:g}: queue time falls, throughput rises "
-                      "while the KV cache has room",
-                      "low: preemptions return if the KV cache fills; tuner watches for that", 0.5 if inferred else 0.8,
-                      kv_tokens_needed=needed)]
+    return [
+        Candidate(
+            "vllm.queue_with_kv_room",
+            {"max_num_seqs": new},
+            {"max_num_seqs": seqs},
+            ev,
+            f"up to {new} sequences run at once instead of {cap:g}: queue time falls, throughput rises "
+            "while the KV cache has room",
+            "low: preemptions return if the KV cache fills; tuner watches for that",
+            0.5 if inferred else 0.8,
+            kv_tokens_needed=needed,
+        )
+    ]
 
 
 def slow_ttft_long_prompts(inp: Inputs) -> list[Candidate]:
@@ -232,24 +317,42 @@ def slow_ttft_long_prompts(inp: Inputs) -> list[Candidate]:
         return []
     if o.prompt_p99 < THRESHOLDS["long_prompt_tokens"]:
         return []
-    crossed = [_crossed("ttft_p99", s.ttft_p99, ">", budget),
-               _crossed("prompt_p99_tokens", o.prompt_p99, ">=", THRESHOLDS["long_prompt_tokens"])]
-    ev = _evidence(inp, crossed, ttft_p99=s.ttft_p99, ttft_p50=s.ttft_p50, prompt_p99_tokens=o.prompt_p99,
-                   queue_p99=s.queue_p99)
+    crossed = [
+        _crossed("ttft_p99", s.ttft_p99, ">", budget),
+        _crossed("prompt_p99_tokens", o.prompt_p99, ">=", THRESHOLDS["long_prompt_tokens"]),
+    ]
+    ev = _evidence(
+        inp, crossed, ttft_p99=s.ttft_p99, ttft_p50=s.ttft_p50, prompt_p99_tokens=o.prompt_p99, queue_p99=s.queue_p99
+    )
     chunked, batched = _current(inp, "enable_chunked_prefill"), _current(inp, "max_num_batched_tokens")
     if chunked is False:
-        return [Candidate("vllm.slow_ttft_long_prompts", {"enable_chunked_prefill": True, "max_num_batched_tokens": 2048},
-                          {"enable_chunked_prefill": False, "max_num_batched_tokens": batched}, ev,
-                          "long prefills are split into 2048-token chunks batched with decodes: waiting requests "
-                          "start sooner, TTFT tail falls", "low: vLLM's default in V1", 0.7)]
+        return [
+            Candidate(
+                "vllm.slow_ttft_long_prompts",
+                {"enable_chunked_prefill": True, "max_num_batched_tokens": 2048},
+                {"enable_chunked_prefill": False, "max_num_batched_tokens": batched},
+                ev,
+                "long prefills are split into 2048-token chunks batched with decodes: waiting requests "
+                "start sooner, TTFT tail falls",
+                "low: vLLM's default in V1",
+                0.7,
+            )
+        ]
     if batched is not None and batched < o.prompt_p99:
         new = min(16384, _pow2_at_least(o.prompt_p99))
         if new > batched:
-            return [Candidate("vllm.slow_ttft_long_prompts", {"max_num_batched_tokens": new},
-                              {"max_num_batched_tokens": batched}, ev,
-                              f"a P99 prompt is prefilled in {math.ceil(o.prompt_p99 / new)} step(s) instead of "
-                              f"{math.ceil(o.prompt_p99 / batched)}: TTFT falls",
-                              "medium: bigger steps raise activation memory and can lengthen ITL", 0.6)]
+            return [
+                Candidate(
+                    "vllm.slow_ttft_long_prompts",
+                    {"max_num_batched_tokens": new},
+                    {"max_num_batched_tokens": batched},
+                    ev,
+                    f"a P99 prompt is prefilled in {math.ceil(o.prompt_p99 / new)} step(s) instead of "
+                    f"{math.ceil(o.prompt_p99 / batched)}: TTFT falls",
+                    "medium: bigger steps raise activation memory and can lengthen ITL",
+                    0.6,
+                )
+            ]
     return []
 
 
@@ -268,14 +371,29 @@ def itl_prefill_interference(inp: Inputs) -> list[Candidate]:
     new = max(floor, int(batched // 2))
     if new >= batched:
         return []
-    crossed = [_crossed("itl_p99 / itl_p50", ratio, ">=", THRESHOLDS["itl_spike_ratio"]),
-               _crossed("max_num_batched_tokens", batched, ">", 2048)]
-    ev = _evidence(inp, crossed, itl_p50=s.itl_p50, itl_p99=s.itl_p99, prompt_tokens_per_s=s.prompt_tokens_per_s,
-                   prompt_p99_tokens=o.prompt_p99)
-    return [Candidate("vllm.itl_prefill_interference", {"max_num_batched_tokens": new},
-                      {"max_num_batched_tokens": batched}, ev,
-                      f"each step carries at most {new} tokens: a prefill chunk delays running decodes less, "
-                      "ITL spikes shrink", "medium: long prompts take more steps, TTFT may rise", 0.6)]
+    crossed = [
+        _crossed("itl_p99 / itl_p50", ratio, ">=", THRESHOLDS["itl_spike_ratio"]),
+        _crossed("max_num_batched_tokens", batched, ">", 2048),
+    ]
+    ev = _evidence(
+        inp,
+        crossed,
+        itl_p50=s.itl_p50,
+        itl_p99=s.itl_p99,
+        prompt_tokens_per_s=s.prompt_tokens_per_s,
+        prompt_p99_tokens=o.prompt_p99,
+    )
+    return [
+        Candidate(
+            "vllm.itl_prefill_interference",
+            {"max_num_batched_tokens": new},
+            {"max_num_batched_tokens": batched},
+            ev,
+            f"each step carries at most {new} tokens: a prefill chunk delays running decodes less, ITL spikes shrink",
+            "medium: long prompts take more steps, TTFT may rise",
+            0.6,
+        )
+    ]
 
 
 def prefix_caching_off(inp: Inputs) -> list[Candidate]:
@@ -285,14 +403,29 @@ def prefix_caching_off(inp: Inputs) -> list[Candidate]:
         return []
     if share < THRESHOLDS["repeated_prefix_share"]:
         return []
-    crossed = [_crossed("repeated_prefix_share", share, ">=", THRESHOLDS["repeated_prefix_share"]),
-               _crossed("enable_prefix_caching", 0, "==", 0)]
-    ev = _evidence(inp, crossed, repeated_prefix_share=share, prompt_tokens_per_s=inp.signals.prompt_tokens_per_s,
-                   ttft_p99=inp.signals.ttft_p99)
-    return [Candidate("vllm.prefix_caching_off", {"enable_prefix_caching": True}, {"enable_prefix_caching": False},
-                      ev, f"about {share:.0%} of prompt tokens are served from cache instead of recomputed: "
-                      "TTFT and prefill load fall", "low: cached blocks are evicted first when memory is short",
-                      0.7)]
+    crossed = [
+        _crossed("repeated_prefix_share", share, ">=", THRESHOLDS["repeated_prefix_share"]),
+        _crossed("enable_prefix_caching", 0, "==", 0),
+    ]
+    ev = _evidence(
+        inp,
+        crossed,
+        repeated_prefix_share=share,
+        prompt_tokens_per_s=inp.signals.prompt_tokens_per_s,
+        ttft_p99=inp.signals.ttft_p99,
+    )
+    return [
+        Candidate(
+            "vllm.prefix_caching_off",
+            {"enable_prefix_caching": True},
+            {"enable_prefix_caching": False},
+            ev,
+            f"about {share:.0%} of prompt tokens are served from cache instead of recomputed: "
+            "TTFT and prefill load fall",
+            "low: cached blocks are evicted first when memory is short",
+            0.7,
+        )
+    ]
 
 
 def gpu_shared(inp: Inputs) -> list[Candidate]:
@@ -305,13 +438,29 @@ def gpu_shared(inp: Inputs) -> list[Candidate]:
     new = math.floor((left - 0.02) * 100) / 100
     if new >= util:
         return []
-    crossed = [_crossed("gpu_other_processes", g.other_processes, ">=", 1),
-               _crossed("gpu_memory_utilization + other_share", util + 1 - left, ">", 0.98)]
-    ev = _evidence(inp, crossed, gpu_other_processes=g.other_processes, gpu_other_used_bytes=g.other_used_bytes,
-                   gpu_memory_total_bytes=g.memory_total_bytes)
-    return [Candidate("vllm.gpu_shared", {"gpu_memory_utilization": new}, {"gpu_memory_utilization": util}, ev,
-                      f"vLLM claims {new:.0%} of the GPU, leaving the other processes' {1 - left:.0%}: no OOM at the "
-                      "next start or when they grow", "medium: the KV cache shrinks", 0.8)]
+    crossed = [
+        _crossed("gpu_other_processes", g.other_processes, ">=", 1),
+        _crossed("gpu_memory_utilization + other_share", util + 1 - left, ">", 0.98),
+    ]
+    ev = _evidence(
+        inp,
+        crossed,
+        gpu_other_processes=g.other_processes,
+        gpu_other_used_bytes=g.other_used_bytes,
+        gpu_memory_total_bytes=g.memory_total_bytes,
+    )
+    return [
+        Candidate(
+            "vllm.gpu_shared",
+            {"gpu_memory_utilization": new},
+            {"gpu_memory_utilization": util},
+            ev,
+            f"vLLM claims {new:.0%} of the GPU, leaving the other processes' {1 - left:.0%}: no OOM at the "
+            "next start or when they grow",
+            "medium: the KV cache shrinks",
+            0.8,
+        )
+    ]
 
 
 def startup_oom(inp: Inputs) -> list[Candidate]:
@@ -329,29 +478,78 @@ def startup_oom(inp: Inputs) -> list[Candidate]:
     else:
         new_util = _UTIL_CAP if kv_short else round(util - 0.05, 2)
     if new_util != util:
-        out.append(Candidate("vllm.startup_oom", {"gpu_memory_utilization": new_util}, {"gpu_memory_utilization": util},
-                             ev, "the memory vLLM claims matches what the GPU can give it", "low", 0.6, rank=1))
+        out.append(
+            Candidate(
+                "vllm.startup_oom",
+                {"gpu_memory_utilization": new_util},
+                {"gpu_memory_utilization": util},
+                ev,
+                "the memory vLLM claims matches what the GPU can give it",
+                "low",
+                0.6,
+                rank=1,
+            )
+        )
     length = _current(inp, "max_model_len") or (inp.model.max_position_embeddings if inp.model else None)
     if length and length > 2048:
-        out.append(Candidate("vllm.startup_oom", {"max_model_len": int(length // 2)}, {"max_model_len": length}, ev,
-                             "one full-length sequence needs half the KV cache", "medium: longer requests refused",
-                             0.5, rank=2))
+        out.append(
+            Candidate(
+                "vllm.startup_oom",
+                {"max_model_len": int(length // 2)},
+                {"max_model_len": length},
+                ev,
+                "one full-length sequence needs half the KV cache",
+                "medium: longer requests refused",
+                0.5,
+                rank=2,
+            )
+        )
     seqs = _current(inp, "max_num_seqs", _VLLM_DEFAULT_MAX_NUM_SEQS)
     if seqs > 1:
-        out.append(Candidate("vllm.startup_oom", {"max_num_seqs": max(1, int(seqs // 2))}, {"max_num_seqs": seqs}, ev,
-                             "smaller sampler and activation buffers at start", "low: less concurrency", 0.4, rank=3))
+        out.append(
+            Candidate(
+                "vllm.startup_oom",
+                {"max_num_seqs": max(1, int(seqs // 2))},
+                {"max_num_seqs": seqs},
+                ev,
+                "smaller sampler and activation buffers at start",
+                "low: less concurrency",
+                0.4,
+                rank=3,
+            )
+        )
     if inp.model and not inp.model.quantization and g.fp8:
-        out.append(Candidate("vllm.startup_oom", {"quantization": "fp8"}, {"quantization": None}, ev,
-                             "weights take about half the memory", "medium: quality may shift slightly", 0.5, rank=4))
+        out.append(
+            Candidate(
+                "vllm.startup_oom",
+                {"quantization": "fp8"},
+                {"quantization": None},
+                ev,
+                "weights take about half the memory",
+                "medium: quality may shift slightly",
+                0.5,
+                rank=4,
+            )
+        )
     tp = _current(inp, "tensor_parallel_size", 1)
     if g.count >= 2 * tp:
-        out.append(Candidate("vllm.startup_oom", {"tensor_parallel_size": 2 * tp}, {"tensor_parallel_size": tp}, ev,
-                             "weights and KV cache are split over twice the GPUs",
-                             "medium: uses more GPUs, adds communication", 0.5, rank=5))
+        out.append(
+            Candidate(
+                "vllm.startup_oom",
+                {"tensor_parallel_size": 2 * tp},
+                {"tensor_parallel_size": tp},
+                ev,
+                "weights and KV cache are split over twice the GPUs",
+                "medium: uses more GPUs, adds communication",
+                0.5,
+                rank=5,
+            )
+        )
     return out
 
 
 # ---- llama-server -------------------------------------------------------------------------------
+
 
 def llama_deferred(inp: Inputs) -> list[Candidate]:
     """Deferred requests with every slot busy: more --parallel, keeping each slot's context >= the longest request."""
@@ -366,21 +564,47 @@ def llama_deferred(inp: Inputs) -> list[Candidate]:
     needed = int(o.max_request_tokens or ctx // slots)
     target = int(min(2 * slots, slots + math.ceil(o.deferred_max), 256))
     keeps = [p for p in range(target, slots, -1) if ctx // p >= needed]
-    crossed = [_crossed("requests_deferred_max", o.deferred_max, ">=", 1),
-               _crossed("slots_busy_max", o.slots_busy_max or 0, ">=", slots)]
-    ev = _evidence(inp, crossed, requests_deferred_max=o.deferred_max, slots_busy_max=o.slots_busy_max,
-                   slots_total=slots, slot_context_tokens=ctx // slots, longest_request_tokens=needed)
+    crossed = [
+        _crossed("requests_deferred_max", o.deferred_max, ">=", 1),
+        _crossed("slots_busy_max", o.slots_busy_max or 0, ">=", slots),
+    ]
+    ev = _evidence(
+        inp,
+        crossed,
+        requests_deferred_max=o.deferred_max,
+        slots_busy_max=o.slots_busy_max,
+        slots_total=slots,
+        slot_context_tokens=ctx // slots,
+        longest_request_tokens=needed,
+    )
     if keeps:
         new = keeps[0]
-        return [Candidate("llamacpp.deferred", {"parallel": new}, {"parallel": slots, "ctx_size": ctx}, ev,
-                          f"{new} slots decode at once instead of {slots}; each keeps {ctx // new} tokens of context "
-                          f"(longest request seen: {needed})", "low: -c is unchanged", 0.8)]
+        return [
+            Candidate(
+                "llamacpp.deferred",
+                {"parallel": new},
+                {"parallel": slots, "ctx_size": ctx},
+                ev,
+                f"{new} slots decode at once instead of {slots}; each keeps {ctx // new} tokens of context "
+                f"(longest request seen: {needed})",
+                "low: -c is unchanged",
+                0.8,
+            )
+        ]
     new_ctx = int(math.ceil(target * needed / 256) * 256)
-    return [Candidate("llamacpp.deferred", {"parallel": target, "ctx_size": new_ctx},
-                      {"parallel": slots, "ctx_size": ctx}, ev,
-                      f"{target} slots decode at once instead of {slots}; -c grows to {new_ctx} so each slot keeps "
-                      f"{new_ctx // target} tokens (longest request seen: {needed})",
-                      "medium: the KV cache grows with -c", 0.7, kv_tokens_needed=new_ctx)]
+    return [
+        Candidate(
+            "llamacpp.deferred",
+            {"parallel": target, "ctx_size": new_ctx},
+            {"parallel": slots, "ctx_size": ctx},
+            ev,
+            f"{target} slots decode at once instead of {slots}; -c grows to {new_ctx} so each slot keeps "
+            f"{new_ctx // target} tokens (longest request seen: {needed})",
+            "medium: the KV cache grows with -c",
+            0.7,
+            kv_tokens_needed=new_ctx,
+        )
+    ]
 
 
 def llama_offload(inp: Inputs) -> list[Candidate]:
@@ -388,13 +612,29 @@ def llama_offload(inp: Inputs) -> list[Candidate]:
     m, g, ngl = inp.model, inp.gpu, _current(inp, "n_gpu_layers")
     if m is None or ngl is None or g.vendor == "none" or g.memory_free_bytes is None or ngl >= m.num_layers + 1:
         return []
-    crossed = [_crossed("n_gpu_layers", ngl, "<", m.num_layers + 1),
-               _crossed("gpu_memory_free_bytes", g.memory_free_bytes, ">", 0)]
-    ev = _evidence(inp, crossed, n_gpu_layers=ngl, model_layers=m.num_layers, gpu_memory_free_bytes=g.memory_free_bytes,
-                   generation_tokens_per_s=inp.signals.generation_tokens_per_s)
-    return [Candidate("llamacpp.offload", {"n_gpu_layers": m.num_layers + 1}, {"n_gpu_layers": ngl}, ev,
-                      f"all {m.num_layers} layers and the output run on the GPU: generation speeds up several-fold",
-                      "low: checked against free GPU memory", 0.8)]
+    crossed = [
+        _crossed("n_gpu_layers", ngl, "<", m.num_layers + 1),
+        _crossed("gpu_memory_free_bytes", g.memory_free_bytes, ">", 0),
+    ]
+    ev = _evidence(
+        inp,
+        crossed,
+        n_gpu_layers=ngl,
+        model_layers=m.num_layers,
+        gpu_memory_free_bytes=g.memory_free_bytes,
+        generation_tokens_per_s=inp.signals.generation_tokens_per_s,
+    )
+    return [
+        Candidate(
+            "llamacpp.offload",
+            {"n_gpu_layers": m.num_layers + 1},
+            {"n_gpu_layers": ngl},
+            ev,
+            f"all {m.num_layers} layers and the output run on the GPU: generation speeds up several-fold",
+            "low: checked against free GPU memory",
+            0.8,
+        )
+    ]
 
 
 def llama_batch_long_prompts(inp: Inputs) -> list[Candidate]:
@@ -410,16 +650,37 @@ def llama_batch_long_prompts(inp: Inputs) -> list[Candidate]:
     diff: dict[str, Any] = {"ubatch_size": new_ub}
     if b < new_ub:
         diff["batch_size"] = new_ub
-    crossed = [_crossed("longest_request_tokens / ubatch_size", o.max_request_tokens / ub, ">=",
-                        THRESHOLDS["ubatch_long_prompt_factor"])]
-    ev = _evidence(inp, crossed, longest_request_tokens=o.max_request_tokens, ubatch_size=ub, batch_size=b,
-                   prompt_tokens_per_s=inp.signals.prompt_tokens_per_s)
-    return [Candidate("llamacpp.batch_long_prompts", diff, {"ubatch_size": ub, "batch_size": b}, ev,
-                      f"long prompts are prefilled {new_ub} tokens per pass instead of {ub}: faster prompt processing",
-                      "low: a larger compute buffer", 0.6)]
+    crossed = [
+        _crossed(
+            "longest_request_tokens / ubatch_size",
+            o.max_request_tokens / ub,
+            ">=",
+            THRESHOLDS["ubatch_long_prompt_factor"],
+        )
+    ]
+    ev = _evidence(
+        inp,
+        crossed,
+        longest_request_tokens=o.max_request_tokens,
+        ubatch_size=ub,
+        batch_size=b,
+        prompt_tokens_per_s=inp.signals.prompt_tokens_per_s,
+    )
+    return [
+        Candidate(
+            "llamacpp.batch_long_prompts",
+            diff,
+            {"ubatch_size": ub, "batch_size": b},
+            ev,
+            f"long prompts are prefilled {new_ub} tokens per pass instead of {ub}: faster prompt processing",
+            "low: a larger compute buffer",
+            0.6,
+        )
+    ]
 
 
 # ---- both ---------------------------------------------------------------------------------------
+
 
 def backend_choice(inp: Inputs) -> list[Candidate]:
     """The seed's decision: no GPU or AMD -> llama-server; NVIDIA + LLM -> vLLM; embeddings -> llama-server."""
@@ -434,12 +695,28 @@ def backend_choice(inp: Inputs) -> list[Candidate]:
         return []
     if want == inp.backend:
         return []
-    ev = _evidence(inp, [{"signal": "gpu_vendor", "value": g.vendor, "op": "is", "threshold": why}],
-                   gpu_vendor=g.vendor, gpu_name=g.name or None, embedding_model=embedding)
-    effect = {"llamacpp": "llama-server runs on CPU / AMD and serves embeddings with less overhead",
-              "vllm": "vLLM's paged KV cache and continuous batching serve many concurrent requests faster"}[want]
-    return [Candidate("backend_choice", {"backend": want}, {"backend": inp.backend}, ev, f"{why}: {effect}",
-                      "high: a different server, model format and flags; plan the move", 0.5)]
+    ev = _evidence(
+        inp,
+        [{"signal": "gpu_vendor", "value": g.vendor, "op": "is", "threshold": why}],
+        gpu_vendor=g.vendor,
+        gpu_name=g.name or None,
+        embedding_model=embedding,
+    )
+    effect = {
+        "llamacpp": "llama-server runs on CPU / AMD and serves embeddings with less overhead",
+        "vllm": "vLLM's paged KV cache and continuous batching serve many concurrent requests faster",
+    }[want]
+    return [
+        Candidate(
+            "backend_choice",
+            {"backend": want},
+            {"backend": inp.backend},
+            ev,
+            f"{why}: {effect}",
+            "high: a different server, model format and flags; plan the move",
+            0.5,
+        )
+    ]
 
 
 RULES: dict[str, tuple[str, Callable[[Inputs], list[Candidate]]]] = {

@@ -31,16 +31,43 @@ from tuner.signals.derive import quantile
 from tuner.signals.promql import bucket_increase
 from tuner.store.window import EngineWindow, GpuLatest
 
-__all__ = ["ModelFacts", "GpuFacts", "ServerFacts", "Observed", "load_model", "model_from_config",
-           "gpu_facts", "observe", "flags_from_live_config", "FP8_GPUS", "DTYPE_BYTES"]
+__all__ = [
+    "ModelFacts",
+    "GpuFacts",
+    "ServerFacts",
+    "Observed",
+    "load_model",
+    "model_from_config",
+    "gpu_facts",
+    "observe",
+    "flags_from_live_config",
+    "FP8_GPUS",
+    "DTYPE_BYTES",
+]
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "int8": 1}
 # GPUs with native FP8 (compute capability >= 8.9): Ada, Hopper, Blackwell. Matched as substrings of the NVML name.
 FP8_GPUS = ("H100", "H200", "H20", "H800", "L40", "L4", "RTX 40", "RTX 6000 Ada", "B100", "B200", "GB200", "RTX 50")
 # GGUF file types (llama_ftype) → bits per weight, roughly (block scales included); for display only.
-_GGUF_FTYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
-                11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
-                17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
+_GGUF_FTYPES = {
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K",
+    11: "Q3_K_S",
+    12: "Q3_K_M",
+    13: "Q3_K_L",
+    14: "Q4_K_S",
+    15: "Q4_K_M",
+    16: "Q5_K_S",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    32: "BF16",
+}
 
 
 @dataclass(frozen=True)
@@ -186,7 +213,9 @@ def observe(e: EngineWindow, backend: str, start_ms: int, end_ms: int) -> Observ
             preemptions=_increase(e, VLLM_NUM_PREEMPTIONS_TOTAL, start_ms, end_ms),
             prompt_p99=quantile(e, VLLM_REQUEST_PROMPT_TOKENS, 0.99, start_ms, end_ms),
             generation_p99=quantile(e, VLLM_REQUEST_GENERATION_TOKENS, 0.99, start_ms, end_ms),
-            mean_request_tokens=mean, requests=prompt[0] if prompt else None)
+            mean_request_tokens=mean,
+            requests=prompt[0] if prompt else None,
+        )
     return Observed(
         running_max=_max_of(e, LLAMACPP_REQUESTS_PROCESSING),
         waiting_max=_max_of(e, LLAMACPP_REQUESTS_DEFERRED),
@@ -195,7 +224,8 @@ def observe(e: EngineWindow, backend: str, start_ms: int, end_ms: int) -> Observ
         slot_context_tokens=_max_of(e, "tuner:slot_context_tokens"),
         slots_total=_max_of(e, "tuner:slots_total"),
         slots_busy_max=_max_of(e, "tuner:slots_busy"),
-        max_request_tokens=_max_of(e, LLAMACPP_N_TOKENS_MAX))
+        max_request_tokens=_max_of(e, LLAMACPP_N_TOKENS_MAX),
+    )
 
 
 def _bucket_total(e: EngineWindow, metric: str, lo: int, hi: int) -> float | None:
@@ -235,7 +265,9 @@ def _num(text: object) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def gpu_facts(latest: list[GpuLatest], server_pids: frozenset[int] = frozenset(), vendor: str | None = None) -> GpuFacts:
+def gpu_facts(
+    latest: list[GpuLatest], server_pids: frozenset[int] = frozenset(), vendor: str | None = None
+) -> GpuFacts:
     """GpuFacts from the store's latest NVML reading; no reading means no GPU (vendor "none") unless told."""
     if not latest:
         return GpuFacts(vendor=vendor or "none")
@@ -244,13 +276,20 @@ def gpu_facts(latest: list[GpuLatest], server_pids: frozenset[int] = frozenset()
     # Without the server's pids every process counts as "other" only when there are two or more.
     if not server_pids and len(g.processes) <= 1:
         others = []
-    return GpuFacts(vendor=vendor or "nvidia", count=len(latest), name=g.name,
-                    memory_total_bytes=g.memory_total_bytes, memory_used_bytes=g.memory_used_bytes,
-                    other_processes=len(others), other_used_bytes=sum(p[2] or 0 for p in others),
-                    fp8=any(tag in g.name for tag in FP8_GPUS))
+    return GpuFacts(
+        vendor=vendor or "nvidia",
+        count=len(latest),
+        name=g.name,
+        memory_total_bytes=g.memory_total_bytes,
+        memory_used_bytes=g.memory_used_bytes,
+        other_processes=len(others),
+        other_used_bytes=sum(p[2] or 0 for p in others),
+        fp8=any(tag in g.name for tag in FP8_GPUS),
+    )
 
 
 # ---- model files ---------------------------------------------------------------------------------
+
 
 def model_from_config(cfg: Mapping[str, Any], source: str, checkpoint_bytes: int | None = None) -> ModelFacts:
     """ModelFacts from a Hugging Face config.json mapping; ModelFactsError names the missing key."""
@@ -261,8 +300,9 @@ def model_from_config(cfg: Mapping[str, Any], source: str, checkpoint_bytes: int
         for k in keys:
             if isinstance(text.get(k), int) and not isinstance(text.get(k), bool):
                 return int(text[k])
-        raise ModelFactsError(source, f"config.json has no integer {' / '.join(keys)}; "
-                                      "is this a decoder model's config?")
+        raise ModelFactsError(
+            source, f"config.json has no integer {' / '.join(keys)}; is this a decoder model's config?"
+        )
 
     layers = need("num_hidden_layers", "n_layer", "num_layers")
     hidden = need("hidden_size", "n_embd", "d_model")
@@ -276,17 +316,25 @@ def model_from_config(cfg: Mapping[str, Any], source: str, checkpoint_bytes: int
     archs = cfg.get("architectures") or [cfg.get("model_type", "unknown")]
     arch = str(archs[0])
     return ModelFacts(
-        source=source, architecture=arch, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-        num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=inter,
-        vocab_size=need("vocab_size"), tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
+        source=source,
+        architecture=arch,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=inter,
+        vocab_size=need("vocab_size"),
+        tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
         num_experts=int(text.get("num_local_experts") or text.get("num_experts") or 1),
         max_position_embeddings=text.get("max_position_embeddings"),
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or text.get("torch_dtype") or "bfloat16"),
-        quantization=method, quant_bits=int(bits) if bits else None,
+        quantization=method,
+        quant_bits=int(bits) if bits else None,
         quant_group_size=quant.get("group_size") or quant.get("q_group_size"),
         checkpoint_bytes=checkpoint_bytes,
-        is_embedding=any(a.endswith(("Model", "ForSequenceClassification")) and "CausalLM" not in a
-                         for a in archs))
+        is_embedding=any(a.endswith(("Model", "ForSequenceClassification")) and "CausalLM" not in a for a in archs),
+    )
 
 
 def load_model(path: str | Path) -> ModelFacts:
@@ -352,13 +400,19 @@ def _from_gguf(path: Path) -> ModelFacts:
     hidden = need("embedding_length")
     ftype = value("general.file_type")
     return ModelFacts(
-        source=str(path), architecture=str(arch), num_layers=need("block_count"), hidden_size=hidden,
-        num_attention_heads=heads, num_kv_heads=int(value(f"{arch}.attention.head_count_kv") or heads),
+        source=str(path),
+        architecture=str(arch),
+        num_layers=need("block_count"),
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=int(value(f"{arch}.attention.head_count_kv") or heads),
         head_dim=int(value(f"{arch}.attention.key_length") or hidden // heads),
         intermediate_size=int(value(f"{arch}.feed_forward_length") or 4 * hidden),
         vocab_size=int(value("tokenizer.ggml.tokens") or value(f"{arch}.vocab_size") or 0),
         tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
         max_position_embeddings=value(f"{arch}.context_length"),
-        dtype="float16", quantization=_GGUF_FTYPES.get(int(ftype), f"ftype {ftype}") if ftype is not None else None,
+        dtype="float16",
+        quantization=_GGUF_FTYPES.get(int(ftype), f"ftype {ftype}") if ftype is not None else None,
         checkpoint_bytes=path.stat().st_size,
-        is_embedding=bool(value(f"{arch}.pooling_type")))
+        is_embedding=bool(value(f"{arch}.pooling_type")),
+    )

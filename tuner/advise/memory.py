@@ -31,14 +31,32 @@ from typing import Any
 
 from tuner.advise.facts import DTYPE_BYTES, ModelFacts
 
-__all__ = ["MemoryPlan", "plan", "weights_bytes", "kv_bytes_per_token", "OVERHEAD_FIXED_BYTES", "GIB",
-           "MemoryBreakdown", "breakdown", "overhead_bytes"]
+__all__ = [
+    "MemoryPlan",
+    "plan",
+    "weights_bytes",
+    "kv_bytes_per_token",
+    "OVERHEAD_FIXED_BYTES",
+    "GIB",
+    "MemoryBreakdown",
+    "breakdown",
+    "overhead_bytes",
+]
 
 GIB = 2**30
 OVERHEAD_FIXED_BYTES = 1 * GIB
 _ACT_BYTES = 2
-_KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1, "float16": 2, "bfloat16": 2, "half": 2,
-                   "float32": 4, "float": 4}
+_KV_DTYPE_BYTES = {
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "int8": 1,
+    "float16": 2,
+    "bfloat16": 2,
+    "half": 2,
+    "float32": 4,
+    "float": 4,
+}
 
 
 @dataclass(frozen=True)
@@ -92,8 +110,9 @@ def kv_dtype_bytes(model: ModelFacts, kv_cache_dtype: str) -> int:
     try:
         return _KV_DTYPE_BYTES[kv_cache_dtype]
     except KeyError:
-        raise ValueError(f"kv cache dtype {kv_cache_dtype!r}: expected auto, fp8, fp8_e4m3, fp8_e5m2, "
-                         "float16 or bfloat16") from None
+        raise ValueError(
+            f"kv cache dtype {kv_cache_dtype!r}: expected auto, fp8, fp8_e4m3, fp8_e5m2, float16 or bfloat16"
+        ) from None
 
 
 def kv_bytes_per_token(model: ModelFacts, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> int:
@@ -113,10 +132,20 @@ def overhead_bytes(model: ModelFacts, tensor_parallel_size: int = 1, max_num_bat
     return _overhead(model, tensor_parallel_size, max_num_batched_tokens)
 
 
-def plan(model: ModelFacts, *, gpu_memory_bytes: int, gpu_memory_utilization: float = 0.9,
-         max_model_len: int | None = None, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1,
-         quantization: str | None = None, block_size: int = 16, max_num_batched_tokens: int | None = None,
-         kv_cache_memory_bytes: int | None = None, overhead_bytes: int | None = None) -> MemoryPlan:
+def plan(
+    model: ModelFacts,
+    *,
+    gpu_memory_bytes: int,
+    gpu_memory_utilization: float = 0.9,
+    max_model_len: int | None = None,
+    kv_cache_dtype: str = "auto",
+    tensor_parallel_size: int = 1,
+    quantization: str | None = None,
+    block_size: int = 16,
+    max_num_batched_tokens: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    overhead_bytes: int | None = None,
+) -> MemoryPlan:
     """The memory plan of ``model`` on GPUs of ``gpu_memory_bytes`` each; ValueError names a bad argument."""
     if gpu_memory_bytes <= 0:
         raise ValueError(f"gpu memory must be positive, got {gpu_memory_bytes} bytes")
@@ -143,8 +172,13 @@ def plan(model: ModelFacts, *, gpu_memory_bytes: int, gpu_memory_utilization: fl
     blocks = max(0, budget // (block_size * kv_tok_gpu))
     tokens = blocks * block_size
     if per_gpu + overhead > gpu_memory_bytes * gpu_memory_utilization and kv_cache_memory_bytes is None:
-        fits, reason = False, (f"weights {per_gpu / GIB:.2f} GiB + overhead {overhead / GIB:.2f} GiB per GPU exceed "
-                               f"{gpu_memory_utilization:g} x {gpu_memory_bytes / GIB:.2f} GiB")
+        fits, reason = (
+            False,
+            (
+                f"weights {per_gpu / GIB:.2f} GiB + overhead {overhead / GIB:.2f} GiB per GPU exceed "
+                f"{gpu_memory_utilization:g} x {gpu_memory_bytes / GIB:.2f} GiB"
+            ),
+        )
     elif tokens < length:
         fits, reason = False, (f"KV cache holds {tokens} tokens, fewer than one max-model-len sequence ({length})")
     elif kv_cache_memory_bytes is not None and per_gpu + kv_cache_memory_bytes > gpu_memory_bytes:
@@ -152,12 +186,26 @@ def plan(model: ModelFacts, *, gpu_memory_bytes: int, gpu_memory_utilization: fl
     else:
         fits, reason = True, (f"KV cache holds {tokens} tokens = {tokens / length:.2f} sequences of {length}")
     return MemoryPlan(
-        weights_bytes=weights, weights_bytes_per_gpu=per_gpu, kv_bytes_per_token=kv_tok,
-        kv_bytes_per_token_per_gpu=kv_tok_gpu, overhead_bytes=overhead, gpu_memory_bytes=gpu_memory_bytes,
-        gpu_memory_utilization=gpu_memory_utilization, kv_budget_bytes=budget, block_size=block_size,
-        kv_blocks=blocks, kv_capacity_tokens=tokens, max_model_len=length, max_concurrency=tokens / length,
-        kv_bytes_per_sequence=kv_tok * length, tensor_parallel_size=tp, kv_cache_dtype=kv_cache_dtype,
-        quantization=quantization or model.quantization, fits=fits, reason=reason)
+        weights_bytes=weights,
+        weights_bytes_per_gpu=per_gpu,
+        kv_bytes_per_token=kv_tok,
+        kv_bytes_per_token_per_gpu=kv_tok_gpu,
+        overhead_bytes=overhead,
+        gpu_memory_bytes=gpu_memory_bytes,
+        gpu_memory_utilization=gpu_memory_utilization,
+        kv_budget_bytes=budget,
+        block_size=block_size,
+        kv_blocks=blocks,
+        kv_capacity_tokens=tokens,
+        max_model_len=length,
+        max_concurrency=tokens / length,
+        kv_bytes_per_sequence=kv_tok * length,
+        tensor_parallel_size=tp,
+        kv_cache_dtype=kv_cache_dtype,
+        quantization=quantization or model.quantization,
+        fits=fits,
+        reason=reason,
+    )
 
 
 @dataclass(frozen=True)
@@ -183,9 +231,15 @@ def _int(text: Any) -> int | None:
     return int(value) if math.isfinite(value) and value >= 0 else None
 
 
-def breakdown(config: Mapping[str, str], kv_usage: float | None, model: ModelFacts | None, *,
-              tensor_parallel_size: int = 1, quantization: str | None = None,
-              max_num_batched_tokens: int | None = None) -> MemoryBreakdown:
+def breakdown(
+    config: Mapping[str, str],
+    kv_usage: float | None,
+    model: ModelFacts | None,
+    *,
+    tensor_parallel_size: int = 1,
+    quantization: str | None = None,
+    max_num_batched_tokens: int | None = None,
+) -> MemoryBreakdown:
     """A running vLLM's memory from its ``vllm:cache_config_info`` labels (``config``), its KV use (fraction 0-1)
     and, when tuner knows it, the model it serves."""
     tp = max(1, tensor_parallel_size)

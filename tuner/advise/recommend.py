@@ -22,15 +22,25 @@ from tuner.advise.memory import GIB, kv_bytes_per_token, plan
 from tuner.errors import FlagError
 from tuner.flags import supported, validate
 
-__all__ = ["MemoryCheck", "Recommendation", "Suppressed", "Previous", "Outcome", "memory_check", "evaluate",
-           "diff_key"]
+__all__ = ["MemoryCheck", "Recommendation", "Suppressed", "Previous", "Outcome", "memory_check", "evaluate", "diff_key"]
 
 # Changes that can only lower memory use (flag, direction): "down" means a smaller value, "on" a True.
-_LOWERS = {("max_num_seqs", "down"), ("max_model_len", "down"), ("max_num_batched_tokens", "down"),
-           ("kv_cache_dtype", "fp8"), ("quantization", "fp8"),
-           ("tensor_parallel_size", "up"), ("enable_prefix_caching", "on"), ("enable_chunked_prefill", "on"),
-           ("parallel", "up"), ("parallel", "down"), ("ctx_size", "down"), ("n_gpu_layers", "down"),
-           ("ubatch_size", "down"), ("batch_size", "down")}
+_LOWERS = {
+    ("max_num_seqs", "down"),
+    ("max_model_len", "down"),
+    ("max_num_batched_tokens", "down"),
+    ("kv_cache_dtype", "fp8"),
+    ("quantization", "fp8"),
+    ("tensor_parallel_size", "up"),
+    ("enable_prefix_caching", "on"),
+    ("enable_chunked_prefill", "on"),
+    ("parallel", "up"),
+    ("parallel", "down"),
+    ("ctx_size", "down"),
+    ("n_gpu_layers", "down"),
+    ("ubatch_size", "down"),
+    ("batch_size", "down"),
+}
 
 
 @dataclass(frozen=True)
@@ -109,10 +119,14 @@ def memory_check(inp: Inputs, cand: Candidate) -> MemoryCheck:
 
 
 def _vllm_args(flags: Mapping[str, Any]) -> dict[str, Any]:
-    return {"gpu_memory_utilization": float(flags.get("gpu_memory_utilization") or 0.9),
-            "max_model_len": flags.get("max_model_len"), "kv_cache_dtype": flags.get("kv_cache_dtype") or "auto",
-            "tensor_parallel_size": int(flags.get("tensor_parallel_size") or 1),
-            "quantization": flags.get("quantization"), "max_num_batched_tokens": flags.get("max_num_batched_tokens")}
+    return {
+        "gpu_memory_utilization": float(flags.get("gpu_memory_utilization") or 0.9),
+        "max_model_len": flags.get("max_model_len"),
+        "kv_cache_dtype": flags.get("kv_cache_dtype") or "auto",
+        "tensor_parallel_size": int(flags.get("tensor_parallel_size") or 1),
+        "quantization": flags.get("quantization"),
+        "max_num_batched_tokens": flags.get("max_num_batched_tokens"),
+    }
 
 
 def _check_vllm(inp: Inputs, cand: Candidate) -> MemoryCheck:
@@ -136,8 +150,9 @@ def _check_vllm(inp: Inputs, cand: Candidate) -> MemoryCheck:
             capacity = int(live * after.kv_capacity_tokens / before.kv_capacity_tokens)
             a["kv_capacity_tokens_live_scaled"] = capacity
         if cand.kv_tokens_needed and capacity < cand.kv_tokens_needed:
-            return MemoryCheck(False, f"KV cache would hold {capacity} tokens, the change needs "
-                                      f"{cand.kv_tokens_needed}", b, a)
+            return MemoryCheck(
+                False, f"KV cache would hold {capacity} tokens, the change needs {cand.kv_tokens_needed}", b, a
+            )
         return MemoryCheck(True, after.reason, b, a)
     # No model/GPU facts: only what the live KV figure or the direction of the change proves.
     before_j = {"kv_capacity_tokens": live} if live else {}
@@ -146,22 +161,40 @@ def _check_vllm(inp: Inputs, cand: Candidate) -> MemoryCheck:
             continue
         if name == "max_num_seqs" and live and cand.kv_tokens_needed is not None:
             if cand.kv_tokens_needed > live:
-                return MemoryCheck(False, f"the server's KV cache holds {live} tokens, {new} sequences of the mean "
-                                          f"observed length need {cand.kv_tokens_needed}", before_j, before_j)
+                return MemoryCheck(
+                    False,
+                    f"the server's KV cache holds {live} tokens, {new} sequences of the mean "
+                    f"observed length need {cand.kv_tokens_needed}",
+                    before_j,
+                    before_j,
+                )
             continue
         if name == "max_model_len" and live and new <= live:
             continue
-        return MemoryCheck(False, f"{name} {inp.flags.get(name)} -> {new} may need more memory and tuner has no "
-                                  "model/GPU facts to check it (pass --model and run with GPU telemetry)", before_j, {})
-    why = "the change only lowers memory use" if not cand.kv_tokens_needed else (
-        f"the server's KV cache holds {live} tokens, the change needs {cand.kv_tokens_needed}")
+        return MemoryCheck(
+            False,
+            f"{name} {inp.flags.get(name)} -> {new} may need more memory and tuner has no "
+            "model/GPU facts to check it (pass --model and run with GPU telemetry)",
+            before_j,
+            {},
+        )
+    why = (
+        "the change only lowers memory use"
+        if not cand.kv_tokens_needed
+        else (f"the server's KV cache holds {live} tokens, the change needs {cand.kv_tokens_needed}")
+    )
     return MemoryCheck(True, why, before_j, before_j)
 
 
 def _brief(p: Any) -> dict[str, Any]:
-    return {"weights_bytes": p.weights_bytes, "kv_bytes_per_token": p.kv_bytes_per_token,
-            "kv_capacity_tokens": p.kv_capacity_tokens, "max_concurrency": round(p.max_concurrency, 3),
-            "kv_budget_bytes": p.kv_budget_bytes, "fits": p.fits}
+    return {
+        "weights_bytes": p.weights_bytes,
+        "kv_bytes_per_token": p.kv_bytes_per_token,
+        "kv_capacity_tokens": p.kv_capacity_tokens,
+        "max_concurrency": round(p.max_concurrency, 3),
+        "kv_budget_bytes": p.kv_budget_bytes,
+        "fits": p.fits,
+    }
 
 
 def _check_llama(inp: Inputs, cand: Candidate) -> MemoryCheck:
@@ -206,12 +239,19 @@ def _check_llama(inp: Inputs, cand: Candidate) -> MemoryCheck:
     free = inp.gpu.memory_free_bytes if on_gpu else inp.host_memory_available_bytes
     where = "GPU" if on_gpu else "host"
     if free is None:
-        return MemoryCheck(False, f"needs {extra / 2**20:.1f} MiB more {where} memory and free memory is unknown",
-                           {}, {"extra_bytes": extra})
+        return MemoryCheck(
+            False,
+            f"needs {extra / 2**20:.1f} MiB more {where} memory and free memory is unknown",
+            {},
+            {"extra_bytes": extra},
+        )
     ok = extra <= 0.9 * free  # keep a tenth free for everything else
-    return MemoryCheck(ok, ("fits: " if ok else "does not fit: ") + "; ".join(notes) +
-                       f"; {where} memory free {free / GIB:.2f} GiB", {f"{where}_free_bytes": free},
-                       {"extra_bytes": extra})
+    return MemoryCheck(
+        ok,
+        ("fits: " if ok else "does not fit: ") + "; ".join(notes) + f"; {where} memory free {free / GIB:.2f} GiB",
+        {f"{where}_free_bytes": free},
+        {"extra_bytes": extra},
+    )
 
 
 def _safety(inp: Inputs, cand: Candidate) -> tuple[str | None, dict[str, str], MemoryCheck | None]:
@@ -246,18 +286,35 @@ def evaluate(inp: Inputs, previous: Sequence[Previous] = ()) -> Outcome:
         have = merged.get(key)
         if have is None:
             merged[key] = Recommendation(
-                target=inp.target, key=key, rules=(cand.rule,), diff=dict(cand.diff), current=dict(cand.current),
-                evidence=({"rule": cand.rule, **cand.evidence},), expected_effect=cand.expected_effect,
-                risk=cand.risk, confidence=cand.confidence, rank=cand.rank, memory=check, support=support)
+                target=inp.target,
+                key=key,
+                rules=(cand.rule,),
+                diff=dict(cand.diff),
+                current=dict(cand.current),
+                evidence=({"rule": cand.rule, **cand.evidence},),
+                expected_effect=cand.expected_effect,
+                risk=cand.risk,
+                confidence=cand.confidence,
+                rank=cand.rank,
+                memory=check,
+                support=support,
+            )
         else:
             merged[key] = Recommendation(
-                target=have.target, key=key, rules=tuple(dict.fromkeys(have.rules + (cand.rule,))), diff=have.diff,
-                current=have.current, evidence=have.evidence + ({"rule": cand.rule, **cand.evidence},),
-                expected_effect=have.expected_effect, risk=have.risk,
-                confidence=max(have.confidence, cand.confidence), rank=min(have.rank, cand.rank),
-                memory=have.memory, support=have.support)
+                target=have.target,
+                key=key,
+                rules=tuple(dict.fromkeys(have.rules + (cand.rule,))),
+                diff=have.diff,
+                current=have.current,
+                evidence=have.evidence + ({"rule": cand.rule, **cand.evidence},),
+                expected_effect=have.expected_effect,
+                risk=have.risk,
+                confidence=max(have.confidence, cand.confidence),
+                rank=min(have.rank, cand.rank),
+                memory=have.memory,
+                support=have.support,
+            )
     refreshed = {p.key: p.id for p in previous if p.key in merged}
     has_data = inp.signals.samples > 0
     expired = tuple(p.id for p in previous if p.key not in merged and has_data)
-    return Outcome(emitted=tuple(merged.values()), suppressed=tuple(suppressed), refreshed=refreshed,
-                   expired=expired)
+    return Outcome(emitted=tuple(merged.values()), suppressed=tuple(suppressed), refreshed=refreshed, expired=expired)

@@ -97,7 +97,7 @@ def expand_values(text: str) -> list[float | None]:
 def parse_series(text: str) -> tuple[str, dict[str, str]]:
     m = _SERIES.match(text)
     if not m:
-        raise ValueError(f"cannot read series {text!r}; expected name{{label=\"value\",...}}")
+        raise ValueError(f'cannot read series {text!r}; expected name{{label="value",...}}')
     labels = dict(_LABEL.findall(m.group(2) or ""))
     return m.group(1), labels
 
@@ -117,9 +117,13 @@ class Scenario:
 
 # tuner's exported engine gauges that an exported rule reads (``max by (target, engine, model_name) (tuner_X)``),
 # by series: the EngineSignals field each one stands for in a scenario
-_TUNER_GAUGES = {m.group(1): spec.name for spec in SIGNALS.values() for expr in spec.promql.values()
-                 if (m := re.fullmatch(rf"max by \({ENGINE_BY}\) \((tuner_\w+)\{{sel\}}\)", expr))
-                 and spec.name in EngineSignals.__dataclass_fields__}
+_TUNER_GAUGES = {
+    m.group(1): spec.name
+    for spec in SIGNALS.values()
+    for expr in spec.promql.values()
+    if (m := re.fullmatch(rf"max by \({ENGINE_BY}\) \((tuner_\w+)\{{sel\}}\)", expr))
+    and spec.name in EngineSignals.__dataclass_fields__
+}
 _GPU_SERIES = ("tuner_gpu_memory_used_bytes", "tuner_gpu_memory_total_bytes", "tuner_gpu_processes")
 
 
@@ -128,8 +132,10 @@ def _target(raw: dict[str, Any]) -> Target:
     scenario has no server to reach)."""
     doc = {"url": "http://127.0.0.1:1", "name": "t", "backend": "vllm", **raw}
     if doc.get("replicas"):
-        doc["replicas"] = [{"url": f"http://127.0.0.1:{2 + i}", **({"name": r} if isinstance(r, str) else r)}
-                           for i, r in enumerate(doc["replicas"])]
+        doc["replicas"] = [
+            {"url": f"http://127.0.0.1:{2 + i}", **({"name": r} if isinstance(r, str) else r)}
+            for i, r in enumerate(doc["replicas"])
+        ]
         doc.setdefault("balancer", {"socket": "/nonexistent/haproxy.sock", "backend": doc["name"]})
     return Target.model_validate(doc)
 
@@ -154,8 +160,9 @@ def load_scenario(path: str | Path) -> Scenario:
         tests = list(doc.get("alert_rule_test") or [])
     except (KeyError, TypeError, ValueError) as exc:
         raise RuleFileError(str(p), None, f"invalid scenario: {exc}") from None
-    return Scenario(str(p), load_rule_files(files, interval), files, target, interval, series, tests, doc,
-                    target.members())
+    return Scenario(
+        str(p), load_rule_files(files, interval), files, target, interval, series, tests, doc, target.members()
+    )
 
 
 def _window(sc: Scenario, target: Target, start_ms: int, end_ms: int) -> TargetWindow:
@@ -181,12 +188,19 @@ def _window(sc: Scenario, target: Target, start_ms: int, end_ms: int) -> TargetW
     for (eng, metric, extra), by_bound in buckets.items():
         bounds = tuple(sorted(by_bound))
         times = sorted(set.intersection(*(set(v) for v in by_bound.values())))
-        hists[eng][(metric, extra)] = HistSeries(bounds, tuple(
-            HistPoint(t, tuple(by_bound[b][t] for b in bounds), 0.0, by_bound[bounds[-1]][t]) for t in times))
+        hists[eng][(metric, extra)] = HistSeries(
+            bounds,
+            tuple(HistPoint(t, tuple(by_bound[b][t] for b in bounds), 0.0, by_bound[bounds[-1]][t]) for t in times),
+        )
     engines = sorted(set(plain) | set(hists))
-    return TargetWindow(target=target.name, backend=target.backend, start_ms=start_ms, end_ms=end_ms,
-                        health=_health(sc, target.name, end_ms), engines=tuple(EngineWindow(e[0], e[1], plain.get(e, {}),
-                                                                               hists.get(e, {})) for e in engines))
+    return TargetWindow(
+        target=target.name,
+        backend=target.backend,
+        start_ms=start_ms,
+        end_ms=end_ms,
+        health=_health(sc, target.name, end_ms),
+        engines=tuple(EngineWindow(e[0], e[1], plain.get(e, {}), hists.get(e, {})) for e in engines),
+    )
 
 
 def _own_series(sc: Scenario, metric: str, now_ms: int) -> dict[str, list[Point]]:
@@ -210,14 +224,22 @@ def _latest(pts: list[Point], now_ms: int) -> float | None:
 def _health(sc: Scenario, target: str, now_ms: int) -> TargetHealth | None:
     """The target's health from tuner_target_up / tuner_target_server_healthy (their newest sample within the
     lookback); None without either."""
+
     def latest(metric: str) -> float | None:
         return _latest(_own_series(sc, metric, now_ms).get(target, []), now_ms)
+
     up, healthy = latest("tuner_target_up"), latest("tuner_target_server_healthy")
     if up is None and healthy is None:
         return None
-    return TargetHealth(health="down" if up == 0 else "up", last_error="", last_scrape_ms=now_ms,
-                        last_success_ms=None, last_duration_s=0.0, consecutive_failures=0,
-                        server_healthy=None if healthy is None else bool(healthy))
+    return TargetHealth(
+        health="down" if up == 0 else "up",
+        last_error="",
+        last_scrape_ms=now_ms,
+        last_success_ms=None,
+        last_duration_s=0.0,
+        consecutive_failures=0,
+        server_healthy=None if healthy is None else bool(healthy),
+    )
 
 
 def _exported_gauges(sc: Scenario, sig: TargetSignals, now_ms: int) -> TargetSignals:
@@ -252,10 +274,20 @@ def _gpus(sc: Scenario, now_ms: int) -> list[GpuLatest]:
     for (gpu, uuid), got in sorted(read.items()):
         used, total = got.get("tuner_gpu_memory_used_bytes"), got.get("tuner_gpu_memory_total_bytes")
         procs = int(got.get("tuner_gpu_processes", 0))
-        out.append(GpuLatest(ts_ms=now_ms, index=int(gpu), uuid=uuid, name="", utilization=None,
-                             memory_used_bytes=None if used is None else int(used),
-                             memory_total_bytes=None if total is None else int(total), temperature_c=None,
-                             power_w=None, processes=tuple((0, "", None) for _ in range(procs))))
+        out.append(
+            GpuLatest(
+                ts_ms=now_ms,
+                index=int(gpu),
+                uuid=uuid,
+                name="",
+                utilization=None,
+                memory_used_bytes=None if used is None else int(used),
+                memory_total_bytes=None if total is None else int(total),
+                temperature_c=None,
+                power_w=None,
+                processes=tuple((0, "", None) for _ in range(procs)),
+            )
+        )
     return out
 
 
@@ -279,6 +311,7 @@ def _inputs(sc: Scenario, ts: int) -> Inputs:
     def own(target: str, signal: str, window: timedelta) -> float | None:
         def points(metric: str) -> SeriesByTarget:
             return _own_series(sc, metric, ts)
+
         return self_signal(signal, target, window.total_seconds(), ts, points)
 
     return Inputs(sc.targets, signals, _gpus(sc, ts), target_signal=own, max_num_seqs=configured_max_num_seqs)
@@ -305,8 +338,9 @@ def run(sc: Scenario) -> tuple[list[str], dict[int, dict[str, list[dict]]]]:
             for alerts in state.values():
                 for a in alerts.values():
                     if a.state == AlertState.FIRING:
-                        snap[a.labels["alertname"]].append({"labels": a.labels, "annotations": a.annotations,
-                                                            "rule": a.rule})
+                        snap[a.labels["alertname"]].append(
+                            {"labels": a.labels, "annotations": a.annotations, "rule": a.rule}
+                        )
             firing[ts] = dict(snap)
     failures = errors
     for t in sc.tests:
@@ -316,17 +350,24 @@ def run(sc: Scenario) -> tuple[list[str], dict[int, dict[str, list[dict]]]]:
         exp = t.get("exp_alerts") or []
         exp_labels = sorted(({str(k): str(v) for k, v in e.get("exp_labels", {}).items()} for e in exp), key=_key)
         if sorted(map(_key, got_labels)) != sorted(map(_key, exp_labels)):
-            failures.append(f"{sc.path}: at {t['eval_time']} {t['alertname']}: tuner has {got_labels or 'nothing'} "
-                            f"firing, expected {exp_labels or 'nothing'}")
+            failures.append(
+                f"{sc.path}: at {t['eval_time']} {t['alertname']}: tuner has {got_labels or 'nothing'} "
+                f"firing, expected {exp_labels or 'nothing'}"
+            )
             continue
         for e in exp:
             if "exp_annotations" not in e:
                 continue
-            match = [a for a in got if _strip(a["labels"], sc.target.name) == {str(k): str(v) for k, v in
-                                                                                e["exp_labels"].items()}]
+            match = [
+                a
+                for a in got
+                if _strip(a["labels"], sc.target.name) == {str(k): str(v) for k, v in e["exp_labels"].items()}
+            ]
             if match and match[0]["annotations"] != e["exp_annotations"]:
-                failures.append(f"{sc.path}: at {t['eval_time']} {t['alertname']}: annotations "
-                                f"{match[0]['annotations']} != {e['exp_annotations']}")
+                failures.append(
+                    f"{sc.path}: at {t['eval_time']} {t['alertname']}: annotations "
+                    f"{match[0]['annotations']} != {e['exp_annotations']}"
+                )
     return failures, firing
 
 
@@ -351,23 +392,32 @@ def to_promtool(sc: Scenario, firing: dict[int, dict[str, list[dict]]], rules_fi
     rules_text = dump(prometheus_rules(sc.rules, sc.targets))
     series = []
     for name, labels, values in [*sc.series, *_queue_ratio_series(sc)]:
-        series.append({"series": _exported_series(sc, name, labels),
-                       "values": " ".join("_" if v is None else repr(v) for v in values)})
+        series.append(
+            {
+                "series": _exported_series(sc, name, labels),
+                "values": " ".join("_" if v is None else repr(v) for v in values),
+            }
+        )
     rules = {r.alert: r for r in sc.rules.rules}
     tests = []
     for t in sc.tests:
         ts = _ms(t["eval_time"])
         rule = rules.get(t["alertname"])
-        got = {_key(_strip(a["labels"], sc.target.name)): a["annotations"]
-               for a in firing.get(ts, {}).get(t["alertname"], [])}
+        got = {
+            _key(_strip(a["labels"], sc.target.name)): a["annotations"]
+            for a in firing.get(ts, {}).get(t["alertname"], [])
+        }
         exp = []
         for e in t.get("exp_alerts") or []:
             lbl = {str(k): str(v) for k, v in e.get("exp_labels", {}).items()}
             ann = e.get("exp_annotations", got.get(_key(lbl), {}))
             exp.append({"exp_labels": _exported_labels(sc, rule, lbl), "exp_annotations": ann})
         tests.append({"eval_time": t["eval_time"], "alertname": t["alertname"], "exp_alerts": exp})
-    doc = {"rule_files": [rules_file], "evaluation_interval": fmt_duration(sc.interval),
-           "tests": [{"interval": fmt_duration(sc.interval), "input_series": series, "alert_rule_test": tests}]}
+    doc = {
+        "rule_files": [rules_file],
+        "evaluation_interval": fmt_duration(sc.interval),
+        "tests": [{"interval": fmt_duration(sc.interval), "input_series": series, "alert_rule_test": tests}],
+    }
     return rules_text, dump(doc)
 
 
@@ -398,8 +448,9 @@ def _queue_ratio_series(sc: Scenario) -> list[tuple[str, dict[str, str], list[fl
         target = by_name.get(labels.get("target", sc.target.name))
         limit = configured_max_num_seqs(target) if target is not None else None
         if name == VLLM_NUM_REQUESTS_WAITING and limit:
-            out.append(("tuner_queue_to_max_num_seqs_ratio", labels, [None if v is None else v / limit
-                                                                      for v in values]))
+            out.append(
+                ("tuner_queue_to_max_num_seqs_ratio", labels, [None if v is None else v / limit for v in values])
+            )
     return out
 
 
@@ -432,8 +483,9 @@ def check_files(paths: list[str], *, promtool: str | None, workdir: Path) -> dic
             rules_text, test_text = to_promtool(sc, firing, "rules.yml")
             (d / "rules.yml").write_text(rules_text)
             (d / "test.yml").write_text(test_text)
-            proc = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=d, capture_output=True, text=True,
-                                  timeout=120)
+            proc = subprocess.run(
+                [promtool, "test", "rules", "test.yml"], cwd=d, capture_output=True, text=True, timeout=120
+            )
             if proc.returncode != 0:
                 failures.append(f"{path}: promtool disagrees (files in {d}):\n{(proc.stdout + proc.stderr).strip()}")
         results[path] = failures

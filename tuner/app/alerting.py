@@ -31,10 +31,16 @@ log = logging.getLogger("tuner.alerting")
 
 
 class Alerting:
-    def __init__(self, cfg: Config, store: Store, *, clock: Callable[[], float],
-                 target_signal: Callable[[str, str, timedelta], float | None] | None = None,
-                 max_num_seqs: Callable[[Target], float | None] | None = None,
-                 signals: Callable[..., TargetSignals | None] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        store: Store,
+        *,
+        clock: Callable[[], float],
+        target_signal: Callable[[str, str, timedelta], float | None] | None = None,
+        max_num_seqs: Callable[[Target], float | None] | None = None,
+        signals: Callable[..., TargetSignals | None] | None = None,
+    ) -> None:
         self.cfg, self.store, self.clock = cfg, store, clock
         # (target, window seconds, now, windows=the group's other windows) -> signals: the daemon's SignalBook (once
         # per tick, one read of the store per target for all the group's windows), else derived here
@@ -49,8 +55,9 @@ class Alerting:
             self.state.setdefault(key, {})[fp] = from_row(row)
         # What the store holds, as of the last write that went through: an evaluation writes only the differences.
         # evaluate() never modifies the alerts it is given (it works on copies), so these stay as written.
-        self._stored: dict[tuple[str, str], Alert] = {(a.rule, a.fingerprint): a for alerts in self.state.values()
-                                                      for a in alerts.values()}
+        self._stored: dict[tuple[str, str], Alert] = {
+            (a.rule, a.fingerprint): a for alerts in self.state.values() for a in alerts.values()
+        }
         self.notifier = Notifier(store)
         self.base_url = (cfg.alerting.external_url or cfg.listen_url).rstrip("/")
         self.last_error = ""
@@ -93,18 +100,21 @@ class Alerting:
             if (name, window) not in cache:
                 try:
                     if name in replica_sets:  # a rule over groups: the replicas' windows together
-                        cache[(name, window)] = group_signals_at(self.store, self.cfg, name,
-                                                                 window_s=window.total_seconds(), at=now)
+                        cache[(name, window)] = group_signals_at(
+                            self.store, self.cfg, name, window_s=window.total_seconds(), at=now
+                        )
                     else:
-                        cache[(name, window)] = self.signals_for(name, window.total_seconds(), now, windows=windows,
-                                                                 fields=fields)
+                        cache[(name, window)] = self.signals_for(
+                            name, window.total_seconds(), now, windows=windows, fields=fields
+                        )
                 except TunerError:
                     cache[(name, window)] = None  # never scraped yet: no data, no alert
             return cache[(name, window)]
 
         gpus = self.store.gpu_latest(max_age_s=max(60.0, 3 * self.cfg.gpu.interval.total_seconds()), now=now)
-        inputs = Inputs(self.cfg.targets, signals, gpus, target_signal=self.target_signal,
-                        max_num_seqs=self.max_num_seqs)
+        inputs = Inputs(
+            self.cfg.targets, signals, gpus, target_signal=self.target_signal, max_num_seqs=self.max_num_seqs
+        )
         with self.lock:
             out = eval_group(group, self.state, now_ms, inputs, resend_delay=self.cfg.alerting.resend_delay)
             self.state.update(out.state)

@@ -34,8 +34,15 @@ def rules(session: Session | None, files: list[str] | None) -> tuple[list[str], 
     return chosen, load_rule_files(chosen)
 
 
-def export(session: Session | None, files: list[str] | None, *, fmt: str = "prometheus", name: str = "tuner",
-           namespace: str | None = None, labels: dict[str, str] | None = None) -> tuple[RuleSet, str]:
+def export(
+    session: Session | None,
+    files: list[str] | None,
+    *,
+    fmt: str = "prometheus",
+    name: str = "tuner",
+    namespace: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> tuple[RuleSet, str]:
     """The rules as a Prometheus rule file, or (``fmt`` prometheus-operator) as a PrometheusRule object named
     ``name`` (in ``namespace``, with ``labels`` for the operator's ruleSelector); with a config, per-target SLO
     thresholds are filled in."""

@@ -18,18 +18,38 @@ from tuner.flags import redact_argv
 from tuner.store import journal as jr
 from tuner.store.journal import ApplyOutcome, ApplyState
 
-__all__ = ["haproxy_config_for", "PendingApply", "plan", "apply", "applied_by_hand", "rollback", "reconcile", "journal", "shown",
-           "held", "start", "managed_targets", "waiting_on"]
+__all__ = [
+    "haproxy_config_for",
+    "PendingApply",
+    "plan",
+    "apply",
+    "applied_by_hand",
+    "rollback",
+    "reconcile",
+    "journal",
+    "shown",
+    "held",
+    "start",
+    "managed_targets",
+    "waiting_on",
+]
 
 # What each journal step of a running apply waits for, in words (the CLI's progress line).
-_WAITS = {"planned": "reading the baseline window", "baseline": "about to drain",
-          "draining": "draining the old server (in-flight requests finish first)",
-          "stopped": "starting the new server", "starting": "starting the new server",
-          "health_check": "waiting for the new server's health gate (/health, then one real request)",
-          "healthy": "observing the new flags", "observing": "observing the new flags",
-          "restoring": "restoring the previous flags", "hook": "running the apply hook",
-          "reconcile": "finishing what a stopped tuner left half done",
-          "patch": "patching the workload's container args", "rollout": "Kubernetes rolls the pods (tuner follows)"}
+_WAITS = {
+    "planned": "reading the baseline window",
+    "baseline": "about to drain",
+    "draining": "draining the old server (in-flight requests finish first)",
+    "stopped": "starting the new server",
+    "starting": "starting the new server",
+    "health_check": "waiting for the new server's health gate (/health, then one real request)",
+    "healthy": "observing the new flags",
+    "observing": "observing the new flags",
+    "restoring": "restoring the previous flags",
+    "hook": "running the apply hook",
+    "reconcile": "finishing what a stopped tuner left half done",
+    "patch": "patching the workload's container args",
+    "rollout": "Kubernetes rolls the pods (tuner follows)",
+}
 
 
 @dataclass
@@ -86,18 +106,21 @@ def start(applier: Applier, *, rec_id: int | None = None, target: str | None = N
     return applier.open_rollback(str(target), mode=mode)
 
 
-def apply(session: Session, rec_id: int, *, mode: str = "manual", force: bool = False,
-          say: Callable[[str], None] = print) -> jr.StoredApply:
+def apply(
+    session: Session, rec_id: int, *, mode: str = "manual", force: bool = False, say: Callable[[str], None] = print
+) -> jr.StoredApply:
     return plan(session, rec_id, say).go(mode=mode, force=force)
 
 
-def applied_by_hand(session: Session, rec_id: int, *, cancel: bool = False,
-                    say: Callable[[str], None] = print) -> jr.StoredApply:
+def applied_by_hand(
+    session: Session, rec_id: int, *, cancel: bool = False, say: Callable[[str], None] = print
+) -> jr.StoredApply:
     return session.applier(say).manual_done(rec_id, cancel=cancel)
 
 
-def rollback(session: Session, target: str, *, mode: str = "manual", force: bool = False,
-             say: Callable[[str], None] = print) -> jr.StoredApply:
+def rollback(
+    session: Session, target: str, *, mode: str = "manual", force: bool = False, say: Callable[[str], None] = print
+) -> jr.StoredApply:
     ap = session.applier(say)
     ap.reconcile()
     return ap.rollback(target, mode=mode, force=force)
@@ -116,11 +139,17 @@ def shown(cfg: Config, a: jr.StoredApply) -> jr.StoredApply:
     """An apply as it may be shown: the values of secret flags in its argv, and every credential the config holds
     anywhere in its steps and note, as *** (rows written before redaction existed too). The store keeps the argv
     as run: a restore needs it."""
+
     def argv(args: list[str]) -> list[str]:
         return [cfg.redact(x) for x in redact_argv(args)]
 
-    return replace(a, old_argv=argv(a.old_argv), new_argv=argv(a.new_argv), note=cfg.redact(a.note),
-                   steps=[{**s, "detail": cfg.redact(s["detail"])} for s in a.steps])
+    return replace(
+        a,
+        old_argv=argv(a.old_argv),
+        new_argv=argv(a.new_argv),
+        note=cfg.redact(a.note),
+        steps=[{**s, "detail": cfg.redact(s["detail"])} for s in a.steps],
+    )
 
 
 def held(session: Session, a: jr.StoredApply) -> bool:
@@ -148,15 +177,22 @@ def haproxy_config_for(cfg: Config, group: str) -> str:
         b = single.balancer
         assert b is not None and b.server is not None
         if b.frontend is None:
-            raise ConfigError("config", f"targets[{group}].balancer.frontend",
-                              "give the HOST:PORT where HAProxy listens for this server's clients")
-        return haproxy_config(frontend=b.frontend, socket_path=b.socket, backend=b.backend,
-                              servers=[(b.server, *single.host_port)])
+            raise ConfigError(
+                "config",
+                f"targets[{group}].balancer.frontend",
+                "give the HOST:PORT where HAProxy listens for this server's clients",
+            )
+        return haproxy_config(
+            frontend=b.frontend, socket_path=b.socket, backend=b.backend, servers=[(b.server, *single.host_port)]
+        )
     members = [t for t in cfg.targets if t.group == group]
     if not members:
         groups = sorted({t.group or t.name for t in cfg.targets if t.balancer is not None})
-        raise ConfigError("config", f"targets[{group}].replicas", "no replica group or blue/green target of that "
-                                                                   f"name; there are: {', '.join(groups) or 'none'}")
+        raise ConfigError(
+            "config",
+            f"targets[{group}].replicas",
+            f"no replica group or blue/green target of that name; there are: {', '.join(groups) or 'none'}",
+        )
     b, front = members[0].balancer, members[0].group_url
     assert b is not None and front is not None
     servers = [(m.replica or m.name, *m.host_port) for m in members]

@@ -34,20 +34,37 @@ def _load_now(store: Store, target: Target, now: float) -> float | None:
     return None if p is None else p.offered
 
 
-def auto_step(cfg: Config, store: Store, applier: Applier, target: Target, *, now: float,
-              decided: Callable[[Decision], None] = lambda d: None) -> AutoStep:
+def auto_step(
+    cfg: Config,
+    store: Store,
+    applier: Applier,
+    target: Target,
+    *,
+    now: float,
+    decided: Callable[[Decision], None] = lambda d: None,
+) -> AutoStep:
     """``decided`` hears the guardrails' decision before an apply starts (an apply takes minutes)."""
     applier.reconcile()
     flags = applier.flags_in_force(target)  # read once: the advisor and the guardrails see the same flags
     # (a managed target's model is read by recommend itself)
     recommend(cfg, store, RecommendRequest(target.name, target.apply.baseline.total_seconds(), in_force=flags), now)
     # a GPU shared with another managed target that is mid-apply is not restarted under it
-    busy = {g for t in cfg.targets if t.name != target.name and t.managed
-            and jr.open_applies_for(store.engine, t.name) for g in t.managed.gpus}
-    d = decide(now=now, policy=target.apply, history=jr.list_applies(store.engine, target=target.name, limit=50),
-               proposals=recs.proposed_for(store.engine, target.name),
-               gpus=target.managed.gpus if target.managed else (), busy_gpus=busy, flags_now=flags,
-               load_now=_load_now(store, target, now))
+    busy = {
+        g
+        for t in cfg.targets
+        if t.name != target.name and t.managed and jr.open_applies_for(store.engine, t.name)
+        for g in t.managed.gpus
+    }
+    d = decide(
+        now=now,
+        policy=target.apply,
+        history=jr.list_applies(store.engine, target=target.name, limit=50),
+        proposals=recs.proposed_for(store.engine, target.name),
+        gpus=target.managed.gpus if target.managed else (),
+        busy_gpus=busy,
+        flags_now=flags,
+        load_now=_load_now(store, target, now),
+    )
     decided(d)
     if not d.go or d.recommendation is None:
         return AutoStep(d, None)

@@ -68,13 +68,16 @@ def _ingest(store: Store, name: str, backend: str, directory: Path, max_bytes: i
         store.ingest(snap)
         count += 1
     if count < 2:
-        raise ExpositionError(f"{directory}: {count} readable exposition(s) named <unix_ms>.txt; the verdict needs "
-                              "at least two to read counters as differences")
+        raise ExpositionError(
+            f"{directory}: {count} readable exposition(s) named <unix_ms>.txt; the verdict needs "
+            "at least two to read counters as differences"
+        )
     return series[0][0], series[-1][0]
 
 
-def judge_dirs(before: Path, after: Path, *, backend: str, slo: Slo | None, min_requests: int,
-               max_bytes: int = MAX_FILE_BYTES) -> Verdict:
+def judge_dirs(
+    before: Path, after: Path, *, backend: str, slo: Slo | None, min_requests: int, max_bytes: int = MAX_FILE_BYTES
+) -> Verdict:
     with tempfile.TemporaryDirectory(prefix="tuner-judge-") as tmp:
         engine = open_engine(f"sqlite:///{Path(tmp) / 'judge.db'}")
         try:
@@ -120,6 +123,9 @@ def judge_target(session: Session, target: str, before: str, after: str, *, now:
     replica group's name judges what all its replicas served together, as a rolling apply is judged."""
     members = replica_groups(session.cfg.targets).get(target)
     t = members[0] if members else session.cfg.target(target)
-    return session.applier(lambda _m: None).judge_windows(t, parse_range(before, now=now, what="--before"),
-                                                         parse_range(after, now=now, what="--after"),
-                                                         group=members is not None)
+    return session.applier(lambda _m: None).judge_windows(
+        t,
+        parse_range(before, now=now, what="--before"),
+        parse_range(after, now=now, what="--after"),
+        group=members is not None,
+    )

@@ -44,8 +44,12 @@ class EngineMemory:
     gpu_processes: tuple[GpuProcessMemory, ...] = field(default=())
 
     def as_json(self) -> dict[str, Any]:
-        return {"engine": self.engine, "model_name": self.model_name, **self.breakdown.as_json(),
-                "gpu_processes": [p.__dict__ for p in self.gpu_processes]}
+        return {
+            "engine": self.engine,
+            "model_name": self.model_name,
+            **self.breakdown.as_json(),
+            "gpu_processes": [p.__dict__ for p in self.gpu_processes],
+        }
 
 
 @lru_cache(maxsize=64)
@@ -83,22 +87,38 @@ def _flag(flags: Mapping[str, Any], name: str) -> Any:
     return flags.get(name, flags.get(name.replace("_", "-")))
 
 
-def memory_of(target: Target, window: TargetWindow, gpus: Iterable[GpuLatest], *, pids: frozenset[int],
-              flags: Mapping[str, Any]) -> list[EngineMemory]:
+def memory_of(
+    target: Target, window: TargetWindow, gpus: Iterable[GpuLatest], *, pids: frozenset[int], flags: Mapping[str, Any]
+) -> list[EngineMemory]:
     """Each vLLM engine's memory from the newest of ``window`` (its cache_config_info and KV use); ``flags`` the
     flags in force (tensor-parallel size, quantization, batched tokens), ``pids`` the server's processes."""
     if target.backend != "vllm":
         return []
     model = _model_of(target)
-    procs = tuple(GpuProcessMemory(g.index, pid, name, used, g.memory_total_bytes)
-                  for g in gpus for pid, name, used in g.processes if pid in pids)
+    procs = tuple(
+        GpuProcessMemory(g.index, pid, name, used, g.memory_total_bytes)
+        for g in gpus
+        for pid, name, used in g.processes
+        if pid in pids
+    )
     out = []
     for e in window.engines:
         usage = [pts for (name, _), pts in e.series.items() if name == VLLM_KV_CACHE_USAGE_PERC and pts]
         kv = usage[0][-1][1] if usage else None
         tp, batched = _flag(flags, "tensor_parallel_size"), _flag(flags, "max_num_batched_tokens")
-        out.append(EngineMemory(e.engine, e.model_name, breakdown(
-            e.config, kv, model, tensor_parallel_size=int(tp) if tp else 1,
-            quantization=_flag(flags, "quantization"), max_num_batched_tokens=int(batched) if batched else None),
-            procs))
+        out.append(
+            EngineMemory(
+                e.engine,
+                e.model_name,
+                breakdown(
+                    e.config,
+                    kv,
+                    model,
+                    tensor_parallel_size=int(tp) if tp else 1,
+                    quantization=_flag(flags, "quantization"),
+                    max_num_batched_tokens=int(batched) if batched else None,
+                ),
+                procs,
+            )
+        )
     return out

@@ -28,8 +28,16 @@ from tuner.store import recommendations as recs
 from tuner.store.store import Store
 from tuner.store.window import EngineWindow
 
-__all__ = ["RecommendRequest", "gather_inputs", "engine_inputs", "persist", "recommend", "stored", "one",
-           "host_available_bytes"]
+__all__ = [
+    "RecommendRequest",
+    "gather_inputs",
+    "engine_inputs",
+    "persist",
+    "recommend",
+    "stored",
+    "one",
+    "host_available_bytes",
+]
 
 _HTTP_TIMEOUT_S = 3.0
 
@@ -53,6 +61,7 @@ class RecommendRequest:
 
 # ---- gathering live facts ------------------------------------------------------------------------
 
+
 def _get_json(url: str) -> Any | None:
     try:
         return http.get_json(url, timeout_s=_HTTP_TIMEOUT_S)
@@ -72,8 +81,11 @@ def _live_server(backend: str, url: str) -> tuple[ServerFacts, dict[str, str]]:
         return ServerFacts(version=parse_version(str(version.get("version") or ""))), live
     props = _get_json(f"{url}/props") or {}
     settings = props.get("default_generation_settings") or {}
-    for key, value in (("total_slots", props.get("total_slots")), ("n_ctx", settings.get("n_ctx")),
-                       ("model_path", props.get("model_path"))):
+    for key, value in (
+        ("total_slots", props.get("total_slots")),
+        ("n_ctx", settings.get("n_ctx")),
+        ("model_path", props.get("model_path")),
+    ):
         if value is not None:
             live[key] = str(value)
     return ServerFacts(version=parse_version(str(props.get("build_info") or ""))), live
@@ -114,15 +126,35 @@ def gather_inputs(req: RecommendRequest, cfg: Config, store: Store, now: float) 
     if req.model and model is None:
         raise ModelFactsError(req.model, "no such file or directory")
     startup = _read(req.startup_log, "--startup-log", limit=20000) if req.startup_log else None
-    return engine_inputs(cfg, store, target, req.window_s, now, given=given, model=model, server=(server, live),
-                         gpu_vendor=req.gpu_vendor, startup=startup,
-                         repeated_prefix_share=req.repeated_prefix_share)
+    return engine_inputs(
+        cfg,
+        store,
+        target,
+        req.window_s,
+        now,
+        given=given,
+        model=model,
+        server=(server, live),
+        gpu_vendor=req.gpu_vendor,
+        startup=startup,
+        repeated_prefix_share=req.repeated_prefix_share,
+    )
 
 
-def engine_inputs(cfg: Config, store: Store, target: Target, window_s: float, now: float, *,
-                  given: Mapping[str, Any], model: ModelFacts | None,
-                  server: tuple[ServerFacts, dict[str, str]] | None = None, gpu_vendor: str | None = None,
-                  startup: str | None = None, repeated_prefix_share: float | None = None) -> list[Inputs]:
+def engine_inputs(
+    cfg: Config,
+    store: Store,
+    target: Target,
+    window_s: float,
+    now: float,
+    *,
+    given: Mapping[str, Any],
+    model: ModelFacts | None,
+    server: tuple[ServerFacts, dict[str, str]] | None = None,
+    gpu_vendor: str | None = None,
+    startup: str | None = None,
+    repeated_prefix_share: float | None = None,
+) -> list[Inputs]:
     """One Inputs per engine of the target from facts the caller has read (``given``: the flags in force and
     any on top; ``model``: the memory model's facts) and the signals of the stored window; ``server``: the live
     server's version and config, asked here when not given. `tuner tune` seeds its search from these."""
@@ -132,22 +164,41 @@ def engine_inputs(cfg: Config, store: Store, target: Target, window_s: float, no
         window = store.window(target.name, now - window_s, now)
         pairs = list(zip(window.engines, compute_signals(window, slo=target.slo).engines))
     facts, live = server if server is not None else _live_server(target.backend, target.url)
-    gpu = gpu_facts(store.gpu_latest(max_age_s=max(60.0, 3 * cfg.gpu.interval.total_seconds()), now=now),
-                    vendor=gpu_vendor)
+    gpu = gpu_facts(
+        store.gpu_latest(max_age_s=max(60.0, 3 * cfg.gpu.interval.total_seconds()), now=now), vendor=gpu_vendor
+    )
     if not pairs and startup:  # a server that never started has no samples; its log is the evidence
-        pairs = [(EngineWindow(engine="0", model_name="", series={}, hists={}),
-                  EngineSignals(engine="0", model_name="", samples=0))]
+        pairs = [
+            (
+                EngineWindow(engine="0", model_name="", series={}, hists={}),
+                EngineSignals(engine="0", model_name="", samples=0),
+            )
+        ]
     out = []
     for e_win, e_sig in pairs:
         flags = flags_from_live_config(target.backend, {**e_win.config, **live})
         if live.get("max_model_len"):
             flags["max_model_len"] = int(live["max_model_len"])
         flags.update(given)
-        out.append(Inputs(target=target.name, backend=target.backend, now=now, window_s=window_s, signals=e_sig,
-                          observed=observe(e_win, target.backend, start_ms, end_ms), flags=flags,
-                          model=model, gpu=gpu, server=facts, live=dict(e_win.config), slo=target.slo,
-                          startup_error=startup, repeated_prefix_share=repeated_prefix_share,
-                          host_memory_available_bytes=host_available_bytes()))
+        out.append(
+            Inputs(
+                target=target.name,
+                backend=target.backend,
+                now=now,
+                window_s=window_s,
+                signals=e_sig,
+                observed=observe(e_win, target.backend, start_ms, end_ms),
+                flags=flags,
+                model=model,
+                gpu=gpu,
+                server=facts,
+                live=dict(e_win.config),
+                slo=target.slo,
+                startup_error=startup,
+                repeated_prefix_share=repeated_prefix_share,
+                host_memory_available_bytes=host_available_bytes(),
+            )
+        )
     return out
 
 
@@ -160,14 +211,32 @@ def persist(engine: Any, target: str, outcome: Outcome, now: float) -> list[int]
             rid = outcome.refreshed[r.key]
             # a measurement `tuner tune` added stays with it: the rules renew their own evidence only
             measured = [e for e in recs.get_recommendation(engine, rid).evidence if e.get("rule") == "tune"]
-            recs.renew_recommendation(engine, rid, now=now, rules=[*r.rules, *(["tune"] if measured else [])],
-                                      evidence=evidence + measured, confidence=r.confidence,
-                                      memory_check=r.memory.as_json(), current=dict(r.current))
+            recs.renew_recommendation(
+                engine,
+                rid,
+                now=now,
+                rules=[*r.rules, *(["tune"] if measured else [])],
+                evidence=evidence + measured,
+                confidence=r.confidence,
+                memory_check=r.memory.as_json(),
+                current=dict(r.current),
+            )
         else:
-            rid = recs.add_recommendation(engine, target=target, now=now, rules=r.rules, diff_key=r.key,
-                                          diff=dict(r.diff), current=dict(r.current), evidence=evidence,
-                                          expected_effect=r.expected_effect, risk=r.risk, confidence=r.confidence,
-                                          rank=r.rank, memory_check=r.memory.as_json())
+            rid = recs.add_recommendation(
+                engine,
+                target=target,
+                now=now,
+                rules=r.rules,
+                diff_key=r.key,
+                diff=dict(r.diff),
+                current=dict(r.current),
+                evidence=evidence,
+                expected_effect=r.expected_effect,
+                risk=r.risk,
+                confidence=r.confidence,
+                rank=r.rank,
+                memory_check=r.memory.as_json(),
+            )
         ids.append(rid)
     for rid in outcome.expired:
         recs.set_status(engine, rid, "expired", now=now, note="the symptom is gone (signals recovered)")
@@ -178,8 +247,15 @@ def recommend(cfg: Config, store: Store, req: RecommendRequest, now: float) -> d
     """Evaluate one target and persist the outcome; the result as `tuner recommend --json` prints it."""
     inputs = gather_inputs(req, cfg, store, now)
     previous = [Previous(r.id, r.diff_key) for r in recs.proposed_for(store.engine, req.target)]
-    result: dict[str, Any] = {"target": req.target, "at": now, "window_s": req.window_s,
-                              "recommendations": [], "suppressed": [], "expired": [], "evaluated": bool(inputs)}
+    result: dict[str, Any] = {
+        "target": req.target,
+        "at": now,
+        "window_s": req.window_s,
+        "recommendations": [],
+        "suppressed": [],
+        "expired": [],
+        "evaluated": bool(inputs),
+    }
     outcomes = [(inp, evaluate(inp, previous)) for inp in inputs]
     # A stored proposal expires only when every engine that has data no longer proposes it: one engine's
     # recovery must not expire what another engine's symptom still calls for.
@@ -197,8 +273,9 @@ def recommend(cfg: Config, store: Store, req: RecommendRequest, now: float) -> d
 def stored(store: Store, *, target: str | None = None, status: str | None = None) -> list[recs.StoredRecommendation]:
     """Stored recommendations, newest first; ConfigError naming --status when it is not a status."""
     if status is not None and status not in recs.STATUSES:
-        raise ConfigError("tuner recommendations list", "--status",
-                          f"{status!r}: expected one of {', '.join(recs.STATUSES)}")
+        raise ConfigError(
+            "tuner recommendations list", "--status", f"{status!r}: expected one of {', '.join(recs.STATUSES)}"
+        )
     return recs.list_recommendations(store.engine, target=target, status=status)
 
 

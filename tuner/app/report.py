@@ -38,8 +38,9 @@ def _fit(span: tuple[float, float] | None, start: float, end: float) -> tuple[fl
     return lo, hi
 
 
-def write_report(session: Session, out: Path, *, target: str | None, start: float, end: float, points: int,
-                 window_s: float | None) -> ReportWritten:
+def write_report(
+    session: Session, out: Path, *, target: str | None, start: float, end: float, points: int, window_s: float | None
+) -> ReportWritten:
     store = session.store
     known = store.target_names()
     if target and target not in known:
@@ -51,9 +52,25 @@ def write_report(session: Session, out: Path, *, target: str | None, start: floa
     reports = []
     for name in [target] if target else known:
         lo, hi = _fit(store.data_span(name, start, end), start, end)
-        reports.append(collect(store, name, start=lo, end=hi, points=points, window_s=window_s, slo=slos.get(name),
-                               baseline_s=baselines.get(name, 300.0)))
+        reports.append(
+            collect(
+                store,
+                name,
+                start=lo,
+                end=hi,
+                points=points,
+                window_s=window_s,
+                slo=slos.get(name),
+                baseline_s=baselines.get(name, 300.0),
+            )
+        )
     html = render_html(reports, title=f"tuner report — {target or 'all targets'}", generated_at=time.time())
     out.write_text(html, encoding="utf-8")
-    return ReportWritten(out, len(reports), html.count('<div class="plot" '), sum(len(r.alerts) for r in reports),
-                         sum(len(r.applies) for r in reports), len(html.encode()))
+    return ReportWritten(
+        out,
+        len(reports),
+        html.count('<div class="plot" '),
+        sum(len(r.alerts) for r in reports),
+        sum(len(r.applies) for r in reports),
+        len(html.encode()),
+    )

@@ -25,8 +25,7 @@ def hardware(store: Store, t: Target, now: float) -> tuple[Hardware, dict[str, A
     gpu = gpu_facts(store.gpu_latest(max_age_s=120.0, now=now))
     if gpu.vendor != "none" and gpu.memory_total_bytes:
         free = gpu.memory_total_bytes - (gpu.memory_used_bytes or 0)
-        return Hardware(gpu_memory_bytes=gpu.memory_total_bytes), {"kind": "gpu", "gpu": gpu.name,
-                                                                   "free_bytes": free}
+        return Hardware(gpu_memory_bytes=gpu.memory_total_bytes), {"kind": "gpu", "gpu": gpu.name, "free_bytes": free}
     assert t.managed is not None
     if t.backend != "vllm":  # llama-server on the host: a trial server may take what production leaves, less a fifth
         have = host_available_bytes()
@@ -35,31 +34,41 @@ def hardware(store: Store, t: Target, now: float) -> tuple[Hardware, dict[str, A
     try:
         kv = int(float(space) * GIB)
     except ValueError:
-        raise ConfigError("config", f"targets[{t.name}].managed.env.VLLM_CPU_KVCACHE_SPACE",
-                          f"{space!r}: expected GiB as a number") from None
+        raise ConfigError(
+            "config", f"targets[{t.name}].managed.env.VLLM_CPU_KVCACHE_SPACE", f"{space!r}: expected GiB as a number"
+        ) from None
     return Hardware(cpu_kv_cache_bytes=kv), {"kind": "cpu", "kv_cache_bytes": kv}
 
 
 def shadow_fits(t: Target, hw: Hardware, where: dict[str, Any], model: Any, *, servers: int = 1) -> tuple[bool, str]:
     """Whether ``servers`` more servers fit beside production (shadow mode: tune's comparison in turns asks for two)."""
     if where["kind"] == "gpu":
-        return False, ("a second vLLM does not fit beside production on this GPU (each takes its "
-                       "--gpu-memory-utilization share); run with --on-target inside a maintenance window")
+        return False, (
+            "a second vLLM does not fit beside production on this GPU (each takes its "
+            "--gpu-memory-utilization share); run with --on-target inside a maintenance window"
+        )
     if t.backend != "vllm":  # each candidate's memory is checked on its own (tuner/tune/space.py)
         have = where.get("host_available")
         if servers > 1:  # each candidate's own memory is known only to feasible(); llama-server restarts in < 1 s
             return False, "one llama-server at a time (each candidate's memory is checked on its own)"
-        return (have is not None, f"the host has {have / GIB:.2f} GiB available; each candidate must fit 80% of it"
-                if have is not None else "cannot read the host's available memory (/proc/meminfo)")
-    need = servers * ((weights_bytes(model) if model is not None else 0) + (hw.cpu_kv_cache_bytes or 0) +
-                      _CPU_SERVER_OVERHEAD)
+        return (
+            have is not None,
+            f"the host has {have / GIB:.2f} GiB available; each candidate must fit 80% of it"
+            if have is not None
+            else "cannot read the host's available memory (/proc/meminfo)",
+        )
+    need = servers * (
+        (weights_bytes(model) if model is not None else 0) + (hw.cpu_kv_cache_bytes or 0) + _CPU_SERVER_OVERHEAD
+    )
     have = host_available_bytes()
     if have is None:
         return False, "cannot read the host's available memory (/proc/meminfo)"
     ok = need <= 0.8 * have
-    return ok, (f"{'a trial server needs' if servers == 1 else f'{servers} trial servers need'} ~{need / GIB:.2f} GiB "
-                f"(weights + KV space + {_CPU_SERVER_OVERHEAD / GIB:.1f} "
-                f"GiB of runtime); the host has {have / GIB:.2f} GiB available")
+    return ok, (
+        f"{'a trial server needs' if servers == 1 else f'{servers} trial servers need'} ~{need / GIB:.2f} GiB "
+        f"(weights + KV space + {_CPU_SERVER_OVERHEAD / GIB:.1f} "
+        f"GiB of runtime); the host has {have / GIB:.2f} GiB available"
+    )
 
 
 def second_server(store: Store, t: Target, flags: dict[str, Any], now: float) -> tuple[bool, str]:
@@ -70,8 +79,10 @@ def second_server(store: Store, t: Target, flags: dict[str, Any], now: float) ->
     if where["kind"] == "gpu":  # vLLM starts only if its share of the whole GPU is free when it starts
         share = float(canonical(flags).get("gpu_memory_utilization") or 0.9)
         need, free = share * (hw.gpu_memory_bytes or 0), where["free_bytes"]
-        return need <= free, (f"--gpu-memory-utilization {share:g} needs {need / GIB:.1f} GiB of {where['gpu']}; "
-                              f"{free / GIB:.1f} GiB are free")
+        return need <= free, (
+            f"--gpu-memory-utilization {share:g} needs {need / GIB:.1f} GiB of {where['gpu']}; "
+            f"{free / GIB:.1f} GiB are free"
+        )
     if t.backend != "vllm":
         if hw.host_memory_bytes is None:
             return False, "cannot read the host's available memory (/proc/meminfo)"

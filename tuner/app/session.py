@@ -44,8 +44,11 @@ class Session:
         Kubernetes pods in place of their templates (``with_pods``)."""
         path, _ = config_path(given)
         if not Path(path).exists():
-            raise ConfigError(path, "", "no such file; pass --config PATH or set TUNER_CONFIG "
-                                        "(see docs/configuration.md for an example)")
+            raise ConfigError(
+                path,
+                "",
+                "no such file; pass --config PATH or set TUNER_CONFIG (see docs/configuration.md for an example)",
+            )
         s = cls(load_config(path), Path(path).resolve().parent)
         return s.with_pods() if pods else s
 
@@ -54,8 +57,9 @@ class Session:
         command sees the targets the daemon scrapes (``chat.POD``). KubernetesError when they cannot be listed."""
         if not templates(self.cfg):
             return self
-        return Session(expand(self.cfg, list_pods(self.cfg, self.config_dir, now=time.time())), self.config_dir,
-                       self._store)
+        return Session(
+            expand(self.cfg, list_pods(self.cfg, self.config_dir, now=time.time())), self.config_dir, self._store
+        )
 
     @classmethod
     def optional(cls, given: str | None) -> Session | None:
@@ -75,8 +79,14 @@ class Session:
 
     def applier(self, say: Callable[[str], None] = print, clock: Callable[[], float] = time.time) -> Applier:
         """The apply flow for this config and store; blue/green asks it whether a second server fits."""
-        return Applier(self.cfg, self.store, self.config_dir, say=say, clock=clock,
-                       room=lambda t, flags: second_server(self.store, t, flags, clock()))
+        return Applier(
+            self.cfg,
+            self.store,
+            self.config_dir,
+            say=say,
+            clock=clock,
+            room=lambda t, flags: second_server(self.store, t, flags, clock()),
+        )
 
 
 def open_store(cfg: Config, *, check: bool = True) -> Store:

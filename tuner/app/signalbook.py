@@ -26,8 +26,7 @@ __all__ = ["SignalBook"]
 
 
 class SignalBook:
-    def __init__(self, cfg: Config, store: Store, *,
-                 derive: Callable[..., TargetSignals] = compute_signals) -> None:
+    def __init__(self, cfg: Config, store: Store, *, derive: Callable[..., TargetSignals] = compute_signals) -> None:
         self.cfg, self.store, self._derive = cfg, store, derive
         store.keep_head(SIGNAL_METRICS)  # the rules' windows from memory, not re-read from SQLite each evaluation
         self._lock = threading.Lock()
@@ -36,8 +35,15 @@ class SignalBook:
         self.derived = 0  # how many times signals were really derived (tests and bench read it)
         self.reads = 0  # how many windows were read from the store for them
 
-    def get(self, name: str, window_s: float, now: float, *, windows: Collection[float] = (),
-            fields: Mapping[float, Collection[str]] | None = None) -> TargetSignals | None:
+    def get(
+        self,
+        name: str,
+        window_s: float,
+        now: float,
+        *,
+        windows: Collection[float] = (),
+        fields: Mapping[float, Collection[str]] | None = None,
+    ) -> TargetSignals | None:
         """The target's signals over the ``window_s`` before ``now``, derived once per tick; None when the target
         has never been scraped (no data, no signal). A store error propagates and nothing is kept.
 
@@ -89,8 +95,9 @@ class SignalBook:
                     got = (w, self.store.window(name, now - w, now, metrics=metrics))
                     reads.append((metrics, *got))
                 cut = got[1] if w == got[0] else got[1].since(int(round((now - w) * 1000)))
-                derived[w] = self._derive(cut, slo=target.slo) if only is None else \
-                    self._derive(cut, slo=target.slo, only=only)
+                derived[w] = (
+                    self._derive(cut, slo=target.slo) if only is None else self._derive(cut, slo=target.slo, only=only)
+                )
         except UnknownTargetError:
             derived = dict.fromkeys(spans)  # never scraped yet
         with self._lock:

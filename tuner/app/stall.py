@@ -22,8 +22,9 @@ class StallWatch:
     since: dict[str, float] = field(default_factory=dict)  # target -> when its engine was first seen stalled
 
 
-def stall_step(applier: Applier, target: Target, signals: TargetSignals | None, *, now: float,
-               watch: StallWatch) -> jr.StoredApply | None:
+def stall_step(
+    applier: Applier, target: Target, signals: TargetSignals | None, *, now: float, watch: StallWatch
+) -> jr.StoredApply | None:
     """Restart the target's server if its engine has been stalled for restart_when_stalled: the restart done, or
     None. ApplyError when the guardrails refuse it (the restart budget, an apply open on the target or its group);
     a refused or failed restart is tried again only after another restart_when_stalled of stall."""
@@ -38,5 +39,8 @@ def stall_step(applier: Applier, target: Target, signals: TargetSignals | None, 
     if now - since < after.total_seconds():
         return None
     watch.since[target.name] = now
-    return applier.restart(target.name, reason=f"stalled for {now - since:.0f}s (managed.restart_when_stalled "
-                                               f"{after.total_seconds():g}s): {why}", mode="auto")
+    return applier.restart(
+        target.name,
+        reason=f"stalled for {now - since:.0f}s (managed.restart_when_stalled {after.total_seconds():g}s): {why}",
+        mode="auto",
+    )

@@ -28,12 +28,24 @@ class TargetStatus:
 
     def as_json(self) -> dict[str, Any]:
         a = self.last_apply
-        return {**(self.signals.as_json() if self.signals else {"target": self.target.name,
-                                                                 "backend": self.target.backend, "engines": []}),
-                "last_apply": None if a is None else {"id": a.id, "kind": a.kind, "state": a.state,
-                                                       "outcome": a.outcome, "diff": a.diff,
-                                                       "updated_ms": a.updated_ms},
-                "memory": [m.as_json() for m in self.memory]}
+        return {
+            **(
+                self.signals.as_json()
+                if self.signals
+                else {"target": self.target.name, "backend": self.target.backend, "engines": []}
+            ),
+            "last_apply": None
+            if a is None
+            else {
+                "id": a.id,
+                "kind": a.kind,
+                "state": a.state,
+                "outcome": a.outcome,
+                "diff": a.diff,
+                "updated_ms": a.updated_ms,
+            },
+            "memory": [m.as_json() for m in self.memory],
+        }
 
 
 @dataclass(frozen=True)
@@ -73,8 +85,14 @@ def group_signals_at(store: Store, cfg: Config, group: str, *, window_s: float, 
 
 def _last_apply(store: Store, target: str) -> jr.StoredApply | None:
     """The newest apply or rollback of ``target``: a finished tuning run beside production changed nothing."""
-    return next((a for a in jr.list_applies(store.engine, target=target, limit=10)
-                 if not (a.mode == "shadow" and a.state == ApplyState.DONE)), None)
+    return next(
+        (
+            a
+            for a in jr.list_applies(store.engine, target=target, limit=10)
+            if not (a.mode == "shadow" and a.state == ApplyState.DONE)
+        ),
+        None,
+    )
 
 
 def status(session: Session, *, window_s: float, now: float) -> Status:
@@ -99,9 +117,10 @@ def status(session: Session, *, window_s: float, now: float) -> Status:
             reading = read_nvml(now)  # cheap, and says why (no driver, no device) when there is no GPU
             note = note if reading.available else reading.reason
     by_name = {r.target.name: r for r in rows}
-    groups = [GroupStatus(g, [by_name[m.name] for m in members],
-                          group_signals_at(store, cfg, g, window_s=window_s, at=now))
-              for g, members in replica_groups(cfg.targets).items()]
+    groups = [
+        GroupStatus(g, [by_name[m.name] for m in members], group_signals_at(store, cfg, g, window_s=window_s, at=now))
+        for g, members in replica_groups(cfg.targets).items()
+    ]
     return Status(window_s, rows, list(gpus), note, groups)
 
 
@@ -111,8 +130,9 @@ def signals(session: Session, target: str, *, window_s: float, at: float) -> Tar
         sig = group_signals_at(session.store, session.cfg, target, window_s=window_s, at=at)
         if sig is None:
             names = ", ".join(m.name for m in replica_groups(session.cfg.targets)[target])
-            raise TunerError(f"group {target}: none of its replicas ({names}) has been scraped yet (is `tuner run` "
-                             "running?)")
+            raise TunerError(
+                f"group {target}: none of its replicas ({names}) has been scraped yet (is `tuner run` running?)"
+            )
         return sig
     t = session.cfg.target(target)
     return compute_signals(session.store.window(t.name, at - window_s, at, metrics=SIGNAL_METRICS), slo=t.slo)

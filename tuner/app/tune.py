@@ -79,6 +79,7 @@ from tuner.tune.space import (
 
 __all__ = ["TuneRequest", "tune", "workload_of", "reap_orphans"]
 
+
 @dataclass(frozen=True)
 class TuneRequest:
     target: str
@@ -150,9 +151,17 @@ class _Model:
         return model
 
 
-def workload_of(cfg: Config, store: Store, target: str, *, window_s: float, path: str | None, now: float,
-                in_force: Mapping[str, Any] | None = None,
-                model: Callable[[], ModelFacts | None] | None = None) -> Workload:
+def workload_of(
+    cfg: Config,
+    store: Store,
+    target: str,
+    *,
+    window_s: float,
+    path: str | None,
+    now: float,
+    in_force: Mapping[str, Any] | None = None,
+    model: Callable[[], ModelFacts | None] | None = None,
+) -> Workload:
     """The workload to replay: the file when given, else the target's stored window (ConfigError naming what to
     pass when there is none). ``in_force`` and ``model``: the flags in force and the model's facts where the caller
     has read them (else read here, when the window's limit needs them)."""
@@ -164,20 +173,34 @@ def workload_of(cfg: Config, store: Store, target: str, *, window_s: float, path
         return parse_workload(text, path)
     t = cfg.target(target)
     if t.backend != "vllm":
-        raise ConfigError("tuner tune", "--workload", f"{target} is {t.backend}: its metrics carry no request "
-                                                      "lengths; pass a workload file")
-    limit, source = _limit_in_force(t, flags_in_force(store.engine, t) if in_force is None else in_force,
-                                    model or (_Model(t.managed.model) if t.managed is not None else lambda: None))
-    w = (from_window(store.window(target, now - window_s, now), max_model_len=limit, limit_source=source)
-         if target in store.target_names() else None)
+        raise ConfigError(
+            "tuner tune",
+            "--workload",
+            f"{target} is {t.backend}: its metrics carry no request lengths; pass a workload file",
+        )
+    limit, source = _limit_in_force(
+        t,
+        flags_in_force(store.engine, t) if in_force is None else in_force,
+        model or (_Model(t.managed.model) if t.managed is not None else lambda: None),
+    )
+    w = (
+        from_window(store.window(target, now - window_s, now), max_model_len=limit, limit_source=source)
+        if target in store.target_names()
+        else None
+    )
     if w is None:
-        raise ConfigError("tuner tune", "--workload", f"{target} finished no request in the last {window_s:g}s of "
-                                                      "stored data; pass --workload FILE or a longer --window")
+        raise ConfigError(
+            "tuner tune",
+            "--workload",
+            f"{target} finished no request in the last {window_s:g}s of "
+            "stored data; pass --workload FILE or a longer --window",
+        )
     return w
 
 
-def _limit_in_force(t: Target, flags: Mapping[str, Any],
-                    model: Callable[[], ModelFacts | None]) -> tuple[int | None, str]:
+def _limit_in_force(
+    t: Target, flags: Mapping[str, Any], model: Callable[[], ModelFacts | None]
+) -> tuple[int | None, str]:
     """The max-model-len the target serves with, and where that was read; (None, "") when unknown."""
     if flags.get("max_model_len"):
         return int(flags["max_model_len"]), "the flags in force"
@@ -202,14 +225,28 @@ def reap_orphans(store: Store, say: Callable[[str], None], now: float) -> int:
             note += f"; its server (pid {t.pid}) {how}"
             say(f"stopped the trial server left by an interrupted tune (pid {t.pid}): {how}")
             n += 1
-        tj.finish_trial(store.engine, t.id, now=now, status=TrialStatus.INTERRUPTED, capacity_rps=None,
-                        detail={**t.detail, "note": note})
+        tj.finish_trial(
+            store.engine,
+            t.id,
+            now=now,
+            status=TrialStatus.INTERRUPTED,
+            capacity_rps=None,
+            detail={**t.detail, "note": note},
+        )
     return n
 
 
-def _advisor_seeds(cfg: Config, store: Store, t: Target, current: dict[str, Any], window_s: float,
-                   now: float, *, in_force: Mapping[str, Any],
-                   model: ModelFacts | None) -> tuple[list[tuple[str, dict[str, Any]]], list[dict[str, Any]]]:
+def _advisor_seeds(
+    cfg: Config,
+    store: Store,
+    t: Target,
+    current: dict[str, Any],
+    window_s: float,
+    now: float,
+    *,
+    in_force: Mapping[str, Any],
+    model: ModelFacts | None,
+) -> tuple[list[tuple[str, dict[str, Any]]], list[dict[str, Any]]]:
     """The advisor's one-step proposals, as starting points (none when it has nothing, or no data), and those that
     are no candidate of this target, each with why (a backend switch: tuner/tune/space.py ``not_applied``). The
     advisor sees the flags in force and the model's facts set-up read, and the stored window's signals."""
@@ -232,6 +269,7 @@ def _advisor_seeds(cfg: Config, store: Store, t: Target, current: dict[str, Any]
 def _grid(axes: tuple[Any, ...], fixed: dict[str, Any], limit: int = 50_000) -> Iterator[dict[str, Any]]:
     """Every point of the search space (the first ``limit``)."""
     import itertools
+
     for i, values in enumerate(itertools.product(*[a.values for a in axes])):
         if i >= limit:
             return
@@ -244,8 +282,10 @@ def _prune_groups(pruned: list[tuple[dict[str, Any], Verdict]], current: dict[st
     groups: dict[str, dict[str, Any]] = {}
     for flags, v in pruned:
         kind = v.kind or "other"
-        g = groups.setdefault(kind, {"kind": kind, "count": 0, "reason": v.reason, "flags_in_force": False,
-                                     "fix": PRUNE_KINDS.get(kind, "")})
+        g = groups.setdefault(
+            kind,
+            {"kind": kind, "count": 0, "reason": v.reason, "flags_in_force": False, "fix": PRUNE_KINDS.get(kind, "")},
+        )
         g["count"] += 1
         if point_key(flags) == point_key(current):
             g["flags_in_force"], g["reason"] = True, v.reason
@@ -260,10 +300,15 @@ def _nothing_to_measure(groups: list[dict[str, Any]], total: int, workload: Work
     fix = g["fix"]
     if g["kind"] == "len_below_longest":
         basis = (workload.inferred or {}).get("max_request_tokens")
-        fix += f" (the workload's longest request is {workload.longest} tokens" + (
-            f": {basis.note}" if basis is not None and basis.note else "") + ")"
-    return NothingToMeasureError(f"all {total} candidates were pruned; binding constraint: {g['reason']} "
-                                 f"({g['count']} of {total}{whose}); fix: {fix}")
+        fix += (
+            f" (the workload's longest request is {workload.longest} tokens"
+            + (f": {basis.note}" if basis is not None and basis.note else "")
+            + ")"
+        )
+    return NothingToMeasureError(
+        f"all {total} candidates were pruned; binding constraint: {g['reason']} "
+        f"({g['count']} of {total}{whose}); fix: {fix}"
+    )
 
 
 @dataclass
@@ -287,16 +332,21 @@ def _placement(ctx: _Ctx) -> Placement | None:
     (``--cpu-bind vllm``, a GPU, llama-server, or the target's env binds it itself)."""
     t = ctx.target
     assert t.managed is not None
-    if (ctx.req.cpu_bind != "spread" or t.backend != "vllm" or not ctx.cpu_host
-            or "VLLM_CPU_OMP_THREADS_BIND" in t.managed.env):
+    if (
+        ctx.req.cpu_bind != "spread"
+        or t.backend != "vllm"
+        or not ctx.cpu_host
+        or "VLLM_CPU_OMP_THREADS_BIND" in t.managed.env
+    ):
         return None
     allowed = sorted(os.sched_getaffinity(0))
     own = [ctx.bench.pid] if ctx.bench is not None and ctx.bench.pid else []
     return place(allowed, read_pinned(allowed, exclude=own))
 
 
-def _launch(ctx: _Ctx, flags: dict[str, Any], label: str, what: str, *,
-            placed: Placement | None = None) -> _Server | Outcome:
+def _launch(
+    ctx: _Ctx, flags: dict[str, Any], label: str, what: str, *, placed: Placement | None = None
+) -> _Server | Outcome:
     """Start a fresh trial server with ``flags`` and wait for its health gate; journaled before it starts. An
     Outcome when it did not run (its argv would not carry a flag: pruned) or did not start (crashed). ``placed``:
     the cores of a server it is compared with (both sides of a comparison compute on the same cores)."""
@@ -308,8 +358,11 @@ def _launch(ctx: _Ctx, flags: dict[str, Any], label: str, what: str, *,
     missing = missing_from_argv(t.backend, flags, argv)
     if missing:  # a trial is what it says or it does not run (feasible() refuses these first; this is the last word)
         ctx.say(f"  not started: its server would not run {', '.join(missing)}")
-        return Outcome(TrialStatus.PRUNED, 0.0, {"reason": f"the server's argv would not carry {', '.join(missing)}",
-                                       "kind": "not_applied"})
+        return Outcome(
+            TrialStatus.PRUNED,
+            0.0,
+            {"reason": f"the server's argv would not carry {', '.join(missing)}", "kind": "not_applied"},
+        )
     tid = tj.begin_trial(ctx.store.engine, ctx.run_id, now=ctx.clock(), flags=flags, seed=label, url=shadow.url)
     ctx.say(what)
     placed = placed or _placement(ctx)
@@ -329,14 +382,21 @@ def _launch(ctx: _Ctx, flags: dict[str, Any], label: str, what: str, *,
     except ServerStartError as exc:
         error = mg.error_line(log)
         detail: dict[str, Any] = {"error": str(exc), "server_error": error, "log": str(log)}
-        tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status=TrialStatus.CRASHED, capacity_rps=0.0,
-                        detail=detail)
+        tj.finish_trial(
+            ctx.store.engine, tid, now=ctx.clock(), status=TrialStatus.CRASHED, capacity_rps=0.0, detail=detail
+        )
         ctx.say(f"  crashed: {error or exc} (recorded; this region is avoided)")
         return Outcome(TrialStatus.CRASHED, 0.0, detail)
     except BaseException as exc:
         mg.stop_server(server, grace_s=5.0)
-        tj.finish_trial(ctx.store.engine, tid, now=ctx.clock(), status=TrialStatus.INTERRUPTED, capacity_rps=None,
-                        detail={"error": f"{type(exc).__name__}: {exc}"})
+        tj.finish_trial(
+            ctx.store.engine,
+            tid,
+            now=ctx.clock(),
+            status=TrialStatus.INTERRUPTED,
+            capacity_rps=None,
+            detail={"error": f"{type(exc).__name__}: {exc}"},
+        )
         raise
     ctx.say(f"  healthy after {ctx.clock() - started:.0f}s")
     return _Server(tid, server, shadow.url, log, started, placed)
@@ -346,8 +406,12 @@ def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcom
     """Start one trial server with ``flags``, bracket its capacity, stop it; journaled throughout."""
     t, req = ctx.target, ctx.req
     assert t.managed is not None and ctx.workload is not None
-    got = _launch(ctx, flags, label, f"trial {ctx.trial_no + 1}/{req.budget}{' (' + label + ')' if label else ''}: "
-                                     f"{_flag_text(flags)}")
+    got = _launch(
+        ctx,
+        flags,
+        label,
+        f"trial {ctx.trial_no + 1}/{req.budget}{' (' + label + ')' if label else ''}: {_flag_text(flags)}",
+    )
     if isinstance(got, Outcome):
         ctx.trial_no += got.status != TrialStatus.PRUNED
         return got
@@ -356,14 +420,26 @@ def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcom
         cap = _capacity(ctx, got.url, slots=flags.get("max_num_seqs" if t.backend == "vllm" else "parallel"))
     except BaseException as exc:
         mg.stop_server(got.server, grace_s=5.0)
-        tj.finish_trial(ctx.store.engine, got.tid, now=ctx.clock(), status=TrialStatus.INTERRUPTED, capacity_rps=None,
-                        detail={"error": f"{type(exc).__name__}: {exc}"})
+        tj.finish_trial(
+            ctx.store.engine,
+            got.tid,
+            now=ctx.clock(),
+            status=TrialStatus.INTERRUPTED,
+            capacity_rps=None,
+            detail={"error": f"{type(exc).__name__}: {exc}"},
+        )
         raise
     ctx.waiting[:] = [f"trial {ctx.trial_no}: stopping the trial server"]
     mg.stop_server(got.server, grace_s=5.0)
     detail = {**cap, "log": str(got.log), "start_s": round(ctx.clock() - got.started, 1), "placement": got.placement}
-    tj.finish_trial(ctx.store.engine, got.tid, now=ctx.clock(), status=TrialStatus.MEASURED,
-                    capacity_rps=cap["capacity_rps"], detail=detail)
+    tj.finish_trial(
+        ctx.store.engine,
+        got.tid,
+        now=ctx.clock(),
+        status=TrialStatus.MEASURED,
+        capacity_rps=cap["capacity_rps"],
+        detail=detail,
+    )
     ctx.best_rps = max(ctx.best_rps, cap["capacity_rps"])
     in_flight = cap.get("in_flight")
     there = f"; {in_flight:.1f} requests in flight at that rate" if isinstance(in_flight, (int, float)) else ""
@@ -388,17 +464,27 @@ def _capacity(ctx: _Ctx, url: str, *, slots: int | None = None) -> dict[str, Any
         prompts = _run_size(ctx, rate)
         ctx.waiting[:] = [f"trial {ctx.trial_no}: {prompts} requests at {rate:.3g} req/s"]
         run = client.run(w, url=url, model=model, tokenizer=tokenizer, rate=rate, prompts=prompts, slo=t.slo)
-        ctx.say(f"    {rate:7.3g} req/s: {run.good}/{run.sent} within the SLO ({run.attainment:.1%}), "
-                f"P99 TTFT {run.ttft_p99 or 0:.2f}s, E2E {run.e2e_p99 or 0:.2f}s")
+        ctx.say(
+            f"    {rate:7.3g} req/s: {run.good}/{run.sent} within the SLO ({run.attainment:.1%}), "
+            f"P99 TTFT {run.ttft_p99 or 0:.2f}s, E2E {run.e2e_p99 or 0:.2f}s"
+        )
         return run
+
     start = ctx.best_rps or w.rate_rps or 1.0
     # A fresh server's first run is slower than the ones after it (measured here: 46/48 then 48/48 and 48/48 at the
     # same rate, twice, even after 16 concurrent warm-up requests): one run at the start rate warms it and is
     # discarded, as the bracket's runs' own two warm-up requests are.
     ctx.waiting[:] = [f"trial {ctx.trial_no}: warming the server up ({req.min_prompts} requests, not counted)"]
     warm = client.run(w, url=url, model=model, tokenizer=tokenizer, rate=start, prompts=req.min_prompts, slo=t.slo)
-    cap = find_capacity(measure, t.slo.objective, start_rps=start, tolerance=req.tolerance, max_runs=req.max_runs,
-                        floor_rps=rate_floor(_run_size(ctx, 0.0), req.run_s, w.rate_rps), slots=slots)
+    cap = find_capacity(
+        measure,
+        t.slo.objective,
+        start_rps=start,
+        tolerance=req.tolerance,
+        max_runs=req.max_runs,
+        floor_rps=rate_floor(_run_size(ctx, 0.0), req.run_s, w.rate_rps),
+        slots=slots,
+    )
     return {**cap.as_json(), "warmup": warm.as_json()}
 
 
@@ -429,24 +515,35 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
         if not both:
             for other in list(servers):
                 _down(other)
-        got = _launch(ctx, flags[side], f"compare: {'flags in force' if side == 'A' else 'winner'}",
-                      f"compare {side} ({'the flags in force' if side == 'A' else 'the winner'}): "
-                      f"{_flag_text(flags[side])}", placed=cores[0] if cores else None)
+        got = _launch(
+            ctx,
+            flags[side],
+            f"compare: {'flags in force' if side == 'A' else 'winner'}",
+            f"compare {side} ({'the flags in force' if side == 'A' else 'the winner'}): {_flag_text(flags[side])}",
+            placed=cores[0] if cores else None,
+        )
         if isinstance(got, Outcome):
             return None
         servers[side] = got
         if not cores and got.placed is not None:
             cores.append(got.placed)
         ctx.waiting[:] = [f"compare {side}: warming the server up"]
-        ctx.bench.run(w, url=got.url, model=t.served_name, tokenizer=ctx.tokenizer, rate=rate,
-                      prompts=req.min_prompts, slo=t.slo)
+        ctx.bench.run(
+            w, url=got.url, model=t.served_name, tokenizer=ctx.tokenizer, rate=rate, prompts=req.min_prompts, slo=t.slo
+        )
         return got
 
     def _down(side: str) -> None:
         s = servers.pop(side)
         mg.stop_server(s.server, grace_s=5.0)
-        tj.finish_trial(ctx.store.engine, s.tid, now=ctx.clock(), status=TrialStatus.COMPARED, capacity_rps=None,
-                        detail={"rate_rps": rate, "runs": runs[side], "log": str(s.log), "placement": s.placement})
+        tj.finish_trial(
+            ctx.store.engine,
+            s.tid,
+            now=ctx.clock(),
+            status=TrialStatus.COMPARED,
+            capacity_rps=None,
+            detail={"rate_rps": rate, "runs": runs[side], "log": str(s.log), "placement": s.placement},
+        )
 
     ctx.say(f"compare: the winner against the flags in force at {rate:.3g} req/s, in turns, {prompts} requests a run")
     try:
@@ -454,25 +551,44 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
             for side in ("A", "B") if pair % 2 == 0 else ("B", "A"):
                 s = up(side)
                 if s is None:
-                    return {"outcome": "undecided", "confidence": 0.0, "rate_rps": rate, "runs": runs,
-                            "reason": f"the {side} server did not start"}
+                    return {
+                        "outcome": "undecided",
+                        "confidence": 0.0,
+                        "rate_rps": rate,
+                        "runs": runs,
+                        "reason": f"the {side} server did not start",
+                    }
                 ctx.waiting[:] = [f"compare {side}: {prompts} requests at {rate:.3g} req/s"]
-                run = ctx.bench.run(w, url=s.url, model=t.served_name, tokenizer=ctx.tokenizer, rate=rate,
-                                    prompts=prompts, slo=t.slo)
+                run = ctx.bench.run(
+                    w, url=s.url, model=t.served_name, tokenizer=ctx.tokenizer, rate=rate, prompts=prompts, slo=t.slo
+                )
                 runs[side].append(run.as_json())
                 ctx.say(f"    {side} {rate:7.3g} req/s: {run.good}/{run.sent} within the SLO ({run.attainment:.1%})")
             count = {k: (sum(r["good"] for r in v), sum(r["sent"] for r in v)) for k, v in runs.items()}
-            decision = decide(t.slo.objective, *count["A"], *count["B"], rate=rate, pairs=pair + 1,
-                              final=pair == req.compare_pairs - 1)
+            decision = decide(
+                t.slo.objective,
+                *count["A"],
+                *count["B"],
+                rate=rate,
+                pairs=pair + 1,
+                final=pair == req.compare_pairs - 1,
+            )
             if decision.outcome != "undecided":
                 break
     finally:
         for side in list(servers):
             _down(side)
     ctx.say(f"  {decision.outcome}: {decision.reason}")
-    return {"outcome": decision.outcome, "confidence": round(decision.confidence, 4), "rate_rps": rate,
-            "reason": decision.reason, "pairs": len(runs["A"]), "requests_per_run": prompts,
-            "both_up": both, "runs": runs}
+    return {
+        "outcome": decision.outcome,
+        "confidence": round(decision.confidence, 4),
+        "rate_rps": rate,
+        "reason": decision.reason,
+        "pairs": len(runs["A"]),
+        "requests_per_run": prompts,
+        "both_up": both,
+        "runs": runs,
+    }
 
 
 def _ranked(points: list[Point]) -> list[Point]:
@@ -489,17 +605,25 @@ def _window_time(t: Target, now: float) -> float:
     key = f"targets[{t.name}].apply.maintenance_windows"
     windows = [parse_window(w) for w in t.apply.maintenance_windows]
     if not windows:
-        raise ConfigError("config", key, "--on-target stops production for the trials: set the windows it may do "
-                                         "that in, e.g. ['daily 02:00-04:00'] (UTC)")
+        raise ConfigError(
+            "config",
+            key,
+            "--on-target stops production for the trials: set the windows it may do "
+            "that in, e.g. ['daily 02:00-04:00'] (UTC)",
+        )
     left = window_left(windows, now)
     assert t.managed is not None
     margin = t.managed.start_timeout.total_seconds() + t.managed.drain_timeout.total_seconds()
     if left <= margin:
         when = "no window is open now" if left == 0 else f"the open window closes in {left:.0f}s"
         listed = ", ".join(t.apply.maintenance_windows)
-        raise ConfigError("config", key, f"--on-target runs only inside a maintenance window ({listed} UTC); {when}, "
-                                         f"and production needs {margin:.0f}s (drain + start) to be back before it "
-                                         "closes")
+        raise ConfigError(
+            "config",
+            key,
+            f"--on-target runs only inside a maintenance window ({listed} UTC); {when}, "
+            f"and production needs {margin:.0f}s (drain + start) to be back before it "
+            "closes",
+        )
     return left - margin
 
 
@@ -513,9 +637,12 @@ def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
     t, engine, ap, aid = ctx.target, ctx.store.engine, ctx.applier, ctx.hold
     argv = mg.build_argv(t, current)
     r = ap.running(t)
-    ap.step(aid, "draining", f"tuning run {ctx.run_id} on the target: " + (f"pid {r.pid}" if r else
-                                                                          "no server running"),
-             state=ApplyState.DRAINING)
+    ap.step(
+        aid,
+        "draining",
+        f"tuning run {ctx.run_id} on the target: " + (f"pid {r.pid}" if r else "no server running"),
+        state=ApplyState.DRAINING,
+    )
     if r is not None:
         ctx.waiting[:] = [f"draining {t.name} for the trials"]
         ap.step(aid, "stopped", ap.drain(t, r))
@@ -535,16 +662,28 @@ def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
         except ServerStartError as exc:
             first = str(exc).splitlines()[0]
             ap.step(aid, "restore_failed", first)
-            jr.finish(engine, aid, ApplyOutcome.FAILED, f"tuned on the target; starting it again with the flags in "
-                                                        f"force FAILED: {first}", now=ctx.clock())
+            jr.finish(
+                engine,
+                aid,
+                ApplyOutcome.FAILED,
+                f"tuned on the target; starting it again with the flags in force FAILED: {first}",
+                now=ctx.clock(),
+            )
             if failed is None:
-                raise ApplyError(f"{t.name}: trials done, but it did not start again with the flags in force: "
-                                 f"{first}; `tuner managed start {t.name}` once the cause is fixed") from None
+                raise ApplyError(
+                    f"{t.name}: trials done, but it did not start again with the flags in force: "
+                    f"{first}; `tuner managed start {t.name}` once the cause is fixed"
+                ) from None
         else:
             ap.step(aid, "restored", "the flags in force, healthy")
             how = "stopped early: " + type(failed).__name__ if failed is not None else "trials done"
-            jr.finish(engine, aid, ApplyOutcome.ROLLED_BACK, f"tuning run {ctx.run_id} on the target ({how}); the "
-                                                             "flags in force restored and healthy", now=ctx.clock())
+            jr.finish(
+                engine,
+                aid,
+                ApplyOutcome.ROLLED_BACK,
+                f"tuning run {ctx.run_id} on the target ({how}); the flags in force restored and healthy",
+                now=ctx.clock(),
+            )
 
 
 @contextmanager
@@ -553,8 +692,15 @@ def _held(ap: Applier, t: Target, in_force: dict[str, Any], *, on_target: bool) 
     naming what holds it otherwise: nothing is journaled then). Yields ``[entry id, run id]``; the entry is closed
     at the end unless the on-target restore closed it."""
     argv = mg.build_argv(t, in_force)
-    aid = ap.hold(t, kind="tune", mode="manual" if on_target else "shadow", old_flags=in_force, new_flags=in_force,
-                  old_argv=argv, new_argv=argv)
+    aid = ap.hold(
+        t,
+        kind="tune",
+        mode="manual" if on_target else "shadow",
+        old_flags=in_force,
+        new_flags=in_force,
+        old_argv=argv,
+        new_argv=argv,
+    )
     if not on_target:
         ap.step(aid, "tuning", "trials on spare ports beside production (shadow mode)", state=ApplyState.TUNING)
     ids: list[Any] = [aid, None]
@@ -568,26 +714,49 @@ def _held(ap: Applier, t: Target, in_force: dict[str, Any], *, on_target: bool) 
         try:
             if jr.get_apply(ap.engine, aid).state != ApplyState.DONE:
                 run = f"tuning run {ids[1]}" if ids[1] is not None else "the tuning run"
-                jr.finish(ap.engine, aid, ApplyOutcome.ROLLED_BACK, f"{run} ({how}); " + (
-                    "production was not drained" if on_target else "its trials ran beside production, which was "
-                                                                   "not touched"), now=ap.clock())
+                jr.finish(
+                    ap.engine,
+                    aid,
+                    ApplyOutcome.ROLLED_BACK,
+                    f"{run} ({how}); "
+                    + (
+                        "production was not drained"
+                        if on_target
+                        else "its trials ran beside production, which was not touched"
+                    ),
+                    now=ap.clock(),
+                )
         finally:
             ap.release(aid)
 
 
-def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: Callable[[str], None] = print,
-         clock: Callable[[], float] = time.time, waiting: list[str] | None = None) -> dict[str, Any]:
+def tune(
+    cfg: Config,
+    store: Store,
+    req: TuneRequest,
+    *,
+    config_dir: Path,
+    say: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.time,
+    waiting: list[str] | None = None,
+) -> dict[str, Any]:
     """Run a tuning session; the result as `tuner tune --json` prints it (docs/tune.md)."""
     now = clock()
     reap_orphans(store, say, now)
     t = cfg.target(req.target)
     where = f"targets[{t.name}]"
     if t.managed is None:
-        raise ConfigError("config", f"{where}.managed", "tuner tune starts trial servers from the target's managed "
-                                                        "section (model, executable): add one")
+        raise ConfigError(
+            "config",
+            f"{where}.managed",
+            "tuner tune starts trial servers from the target's managed section (model, executable): add one",
+        )
     if t.slo is None:
-        raise ConfigError("config", f"{where}.slo", "tuner tune measures capacity within the SLO: set ttft_p99 "
-                                                    "and/or e2e_p99 (and objective)")
+        raise ConfigError(
+            "config",
+            f"{where}.slo",
+            "tuner tune measures capacity within the SLO: set ttft_p99 and/or e2e_p99 (and objective)",
+        )
     if req.sampler not in ("tpe", "random", "grid"):
         raise ConfigError("tuner tune", "--sampler", f"{req.sampler!r}: expected tpe, random or grid")
     if req.budget < 1:
@@ -609,14 +778,22 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     llama = t.backend != "vllm"
     client_python = req.client_python or (None if llama else t.managed.executable or "python3")
     if client_python is None:
-        raise ConfigError("tuner tune", "--client-python", "llama-server is loaded with vLLM's benchmark client too "
-                                                           "(the same client for both servers): give a Python that "
-                                                           "has vllm installed")
+        raise ConfigError(
+            "tuner tune",
+            "--client-python",
+            "llama-server is loaded with vLLM's benchmark client too "
+            "(the same client for both servers): give a Python that "
+            "has vllm installed",
+        )
     tokenizer = req.tokenizer or (None if llama else t.managed.model)
     if tokenizer is None:
-        raise ConfigError("tuner tune", "--tokenizer", "the benchmark client writes its prompts with a Hugging Face "
-                                                       "tokenizer: give a model directory or hub name whose "
-                                                       "tokenizer matches the GGUF's")
+        raise ConfigError(
+            "tuner tune",
+            "--tokenizer",
+            "the benchmark client writes its prompts with a Hugging Face "
+            "tokenizer: give a model directory or hub name whose "
+            "tokenizer matches the GGUF's",
+        )
     previous = tj.latest_run(store.engine, t.name) if req.resume else None
     if req.resume and previous is None:
         raise ConfigError("tuner tune", "--resume", f"no earlier tuning run of {t.name} to resume")
@@ -624,9 +801,13 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     # is) and the model's facts, for the workload's limit, the memory model and the advisor's seeds.
     in_force = flags_in_force(store.engine, t)
     facts = _Model(t.managed.model)
-    workload = (Workload.model_validate(previous.workload) if previous is not None else
-                workload_of(cfg, store, t.name, window_s=req.window_s, path=req.workload_file, now=now,
-                            in_force=in_force, model=facts))
+    workload = (
+        Workload.model_validate(previous.workload)
+        if previous is not None
+        else workload_of(
+            cfg, store, t.name, window_s=req.window_s, path=req.workload_file, now=now, in_force=in_force, model=facts
+        )
+    )
     model = facts()
     hw, hw_json = hardware(store, t, now)
     if req.on_target:
@@ -636,24 +817,39 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
     if not fits:
         raise ConfigError("tuner tune", "--on-target", f"no room for a trial server beside {t.name}: {why}")
     current = canonical(in_force)
-    axes = axes_for(t.backend, current, longest=workload.longest,
-                    model_max_len=model.max_position_embeddings if model else None, on_gpu=hw_json["kind"] == "gpu",
-                    names=req.flags or None)
+    axes = axes_for(
+        t.backend,
+        current,
+        longest=workload.longest,
+        model_max_len=model.max_position_embeddings if model else None,
+        on_gpu=hw_json["kind"] == "gpu",
+        names=req.flags or None,
+    )
     fixed = {k: v for k, v in current.items() if k not in {a.name for a in axes}}
 
     def check(flags: dict[str, Any]) -> Verdict:
         return feasible(t.backend, flags, model=model, hardware=hw, longest=workload.longest)
 
-    slo_json = {k: (v.total_seconds() if hasattr(v, "total_seconds") else v)
-                for k, v in t.slo.model_dump().items() if v is not None}
-    request_json = {"budget": req.budget, "max_time_s": max_time_s, "flags": [a.name for a in axes],
-                    "sampler": req.sampler, "where": "on_target" if req.on_target else "shadow", "hardware": hw_json,
-                    "shadow_fit": why}
+    slo_json = {
+        k: (v.total_seconds() if hasattr(v, "total_seconds") else v)
+        for k, v in t.slo.model_dump().items()
+        if v is not None
+    }
+    request_json = {
+        "budget": req.budget,
+        "max_time_s": max_time_s,
+        "flags": [a.name for a in axes],
+        "sampler": req.sampler,
+        "where": "on_target" if req.on_target else "shadow",
+        "hardware": hw_json,
+        "shadow_fit": why,
+    }
     seeds = [("baseline", current)]
     not_candidates: list[dict[str, Any]] = []
     if req.sampler == "tpe":
-        advised, not_candidates = _advisor_seeds(cfg, store, t, current, req.window_s, now, in_force=in_force,
-                                                 model=model)
+        advised, not_candidates = _advisor_seeds(
+            cfg, store, t, current, req.window_s, now, in_force=in_force, model=model
+        )
         seeds += advised
         for nc in not_candidates:
             say(f"the advisor's {_flag_text(nc['diff'])} ({', '.join(nc['rules'])}): {nc['why']}")
@@ -679,27 +875,54 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
             tj.set_owner(store.engine, run_id, ap.owner, now=clock())  # its trials are this tuner's now
             say(f"resuming tuning run {run_id} of {t.name}: {len(history)} trials done")
         else:
-            run_id = tj.begin_run(store.engine, target=t.name, now=now, request=request_json,
-                                  workload=dump_workload(workload), slo=slo_json, baseline_flags=current,
-                                  owner=ap.owner)
+            run_id = tj.begin_run(
+                store.engine,
+                target=t.name,
+                now=now,
+                request=request_json,
+                workload=dump_workload(workload),
+                slo=slo_json,
+                baseline_flags=current,
+                owner=ap.owner,
+            )
         held[1] = run_id
-        ctx = _Ctx(cfg, store, t, req, config_dir, say, clock, run_id=run_id, workload=workload,
-                   waiting=waiting if waiting is not None else [], log_dir=(config_dir / t.managed.log_dir).resolve(),
-                   on_target=req.on_target, applier=ap, hold=held[0], cpu_host=hw_json["kind"] != "gpu")
+        ctx = _Ctx(
+            cfg,
+            store,
+            t,
+            req,
+            config_dir,
+            say,
+            clock,
+            run_id=run_id,
+            workload=workload,
+            waiting=waiting if waiting is not None else [],
+            log_dir=(config_dir / t.managed.log_dir).resolve(),
+            on_target=req.on_target,
+            applier=ap,
+            hold=held[0],
+            cpu_host=hw_json["kind"] != "gpu",
+        )
         ctx.trial_no = sum(1 for p in history if p.outcome.status != TrialStatus.PRUNED)
         ctx.best_rps = max((p.outcome.capacity_rps for p in history), default=0.0)
-        say(f"tuning {t.name}: workload {workload.input_len} in / {workload.output_len} out tokens "
+        say(
+            f"tuning {t.name}: workload {workload.input_len} in / {workload.output_len} out tokens "
             f"(range {workload.range_ratio:g}, prefix {workload.prefix_len}), burstiness {workload.burstiness:g}, "
-            f"from {workload.source}; SLO {slo_json}; {why}")
+            f"from {workload.source}; SLO {slo_json}; {why}"
+        )
         basis = (workload.inferred or {}).get("max_request_tokens")
         say(f"the longest request: {workload.longest} tokens" + (f" ({basis.note})" if basis is not None else ""))
-        say(f"searching {', '.join(a.name for a in axes)} around {_flag_text(current)}; budget {req.budget} trials, "
-            f"{max_time_s:g}s")
+        say(
+            f"searching {', '.join(a.name for a in axes)} around {_flag_text(current)}; budget {req.budget} trials, "
+            f"{max_time_s:g}s"
+        )
         noise_budget = 1 if req.noise_check and req.budget >= 3 else 0  # the comparison in turns
         carry = workload_flags(axes, workload)
         if carry and req.sampler == "tpe":
-            say(f"the workload argues for {_flag_text(carry)}: the search's steps along "
-                f"{'max-num-seqs' if t.backend == 'vllm' else '--parallel'} set it")
+            say(
+                f"the workload argues for {_flag_text(carry)}: the search's steps along "
+                f"{'max-num-seqs' if t.backend == 'vllm' else '--parallel'} set it"
+            )
         try:
             with BenchClient(client_python, ctx.log_dir / f"tune-{run_id}") as client, _target_taken(ctx, in_force):
                 ctx.bench, ctx.tokenizer = client, tokenizer
@@ -711,37 +934,78 @@ def tune(cfg: Config, store: Store, req: TuneRequest, *, config_dir: Path, say: 
                         return Outcome(TrialStatus.CRASHED, 0.0, {"error": str(exc)})
 
                 def pruned(flags: dict[str, Any], v: Verdict) -> None:
-                    tj.begin_trial(store.engine, run_id, now=clock(), flags=flags, seed="", url="",
-                                   status=TrialStatus.PRUNED, capacity_rps=0.0,
-                                   detail={"reason": v.reason, "kind": v.kind, "memory": dict(v.memory)})
+                    tj.begin_trial(
+                        store.engine,
+                        run_id,
+                        now=clock(),
+                        flags=flags,
+                        seed="",
+                        url="",
+                        status=TrialStatus.PRUNED,
+                        capacity_rps=0.0,
+                        detail={"reason": v.reason, "kind": v.kind, "memory": dict(v.memory)},
+                    )
 
                 points = list(history) + search(
-                    axes, fixed, measure=measure, feasible=check, seeds=seeds, budget=req.budget - noise_budget,
-                    max_time_s=max_time_s - (clock() - now), clock=clock, history=history, on_pruned=pruned,
-                    seed=req.seed, sampler=req.sampler, gallop="max_num_seqs" if t.backend == "vllm" else "parallel",
-                    carry=carry)
+                    axes,
+                    fixed,
+                    measure=measure,
+                    feasible=check,
+                    seeds=seeds,
+                    budget=req.budget - noise_budget,
+                    max_time_s=max_time_s - (clock() - now),
+                    clock=clock,
+                    history=history,
+                    on_pruned=pruned,
+                    seed=req.seed,
+                    sampler=req.sampler,
+                    gallop="max_num_seqs" if t.backend == "vllm" else "parallel",
+                    carry=carry,
+                )
                 measured = [p for p in points if p.outcome.status == TrialStatus.MEASURED]
                 comparison = None
                 best = _ranked(measured)[0] if measured else None
                 base = next((p for p in measured if point_key(p.flags) == point_key(current)), None)
-                if (best is not None and base is not None and noise_budget and best is not base
-                        and best.outcome.capacity_rps > base.outcome.capacity_rps):
+                if (
+                    best is not None
+                    and base is not None
+                    and noise_budget
+                    and best is not base
+                    and best.outcome.capacity_rps > base.outcome.capacity_rps
+                ):
                     rate = _compare_rate(base.outcome.detail, best.outcome.capacity_rps)
                     both = not req.on_target and shadow_fits(t, hw, hw_json, model, servers=2)[0]
                     comparison = _compare(ctx, current, dict(best.flags), rate, both=both)
         except BaseException as exc:
-            tj.finish_run(store.engine, run_id, now=clock(), state=RunState.FAILED, result={},
-                          note=f"stopped: {type(exc).__name__}: {exc}")
+            tj.finish_run(
+                store.engine,
+                run_id,
+                now=clock(),
+                state=RunState.FAILED,
+                result={},
+                note=f"stopped: {type(exc).__name__}: {exc}",
+            )
             raise
         result = _result(ctx, points, current, workload, slo_json, comparison, axes=[a.name for a in axes])
         result["not_candidates"] = not_candidates
         counts = result["counts"]
         if not counts[TrialStatus.MEASURED] and not counts[TrialStatus.CRASHED] and counts[TrialStatus.PRUNED]:
-            refused = [(dict(p.flags), Verdict(False, p.outcome.detail.get("reason", ""), {},
-                                               p.outcome.detail.get("kind", ""))) for p in points]
+            refused = [
+                (
+                    dict(p.flags),
+                    Verdict(False, p.outcome.detail.get("reason", ""), {}, p.outcome.detail.get("kind", "")),
+                )
+                for p in points
+            ]
             groups = _prune_groups(refused, current)
-            tj.finish_run(store.engine, run_id, now=clock(), state=RunState.FAILED, result=result,
-                          note="every candidate visited was pruned")
+            tj.finish_run(
+                store.engine,
+                run_id,
+                now=clock(),
+                state=RunState.FAILED,
+                result=result,
+                note="every candidate visited was pruned",
+            )
             raise _nothing_to_measure(groups, len(refused), workload)
         rec_id = _recommend(ctx, result, current)
         result["recommendation_id"] = rec_id
@@ -758,10 +1022,16 @@ def _interval(d: Any) -> list[float | None]:
 def _trial_json(p: Point, best: Point | None = None) -> dict[str, Any]:
     d = p.outcome.detail
     measured = p.outcome.status == TrialStatus.MEASURED
-    out = {"flags": dict(p.flags), "capacity_rps": p.outcome.capacity_rps if measured else None,
-           "ttft_p99": d.get("ttft_p99"), "e2e_p99": d.get("e2e_p99"), "status": p.outcome.status,
-           "seed": p.seed, "note": d.get("note") or d.get("reason") or d.get("server_error") or d.get("error") or "",
-           "memory": d.get("memory") or {}}
+    out = {
+        "flags": dict(p.flags),
+        "capacity_rps": p.outcome.capacity_rps if measured else None,
+        "ttft_p99": d.get("ttft_p99"),
+        "e2e_p99": d.get("e2e_p99"),
+        "status": p.outcome.status,
+        "seed": p.seed,
+        "note": d.get("note") or d.get("reason") or d.get("server_error") or d.get("error") or "",
+        "memory": d.get("memory") or {},
+    }
     if measured:
         out["interval"] = _interval(d)
         if best is not None:
@@ -777,27 +1047,57 @@ def _vs_best(p: Point, best: Point) -> str:
     return "below" if hi is not None and best_lo is not None and hi <= best_lo else "not separable"
 
 
-def _result(ctx: _Ctx, points: list[Point], current: dict[str, Any], workload: Workload, slo: dict[str, Any],
-            comparison: dict[str, Any] | None, *, axes: list[str]) -> dict[str, Any]:
+def _result(
+    ctx: _Ctx,
+    points: list[Point],
+    current: dict[str, Any],
+    workload: Workload,
+    slo: dict[str, Any],
+    comparison: dict[str, Any] | None,
+    *,
+    axes: list[str],
+) -> dict[str, Any]:
     measured = [p for p in points if p.outcome.status == TrialStatus.MEASURED]
     base = next((p for p in measured if point_key(p.flags) == point_key(current)), None)
     best = _ranked(measured)[0] if measured else None
     return {
-        "target": ctx.target.name, "run_id": ctx.run_id, "workload": dump_workload(workload), "slo": slo,
+        "target": ctx.target.name,
+        "run_id": ctx.run_id,
+        "workload": dump_workload(workload),
+        "slo": slo,
         "searched": axes,
         "trials": [_trial_json(p, best) for p in _ranked(points) if p.outcome.status != TrialStatus.PRUNED],
-        TrialStatus.PRUNED: _prune_groups([(dict(p.flags), Verdict(False, p.outcome.detail.get("reason", ""), {},
-                                                         p.outcome.detail.get("kind", "")))
-                                 for p in points if p.outcome.status == TrialStatus.PRUNED], current),
-        "best": {"flags": dict(best.flags), "capacity_rps": best.outcome.capacity_rps,
-                 "interval": _interval(best.outcome.detail), "ttft_p99": best.outcome.detail.get("ttft_p99"),
-                 "e2e_p99": best.outcome.detail.get("e2e_p99")} if best else None,
-        "baseline": {"flags": dict(current), "capacity_rps": base.outcome.capacity_rps if base else None,
-                     "interval": _interval(base.outcome.detail) if base else None},
+        TrialStatus.PRUNED: _prune_groups(
+            [
+                (
+                    dict(p.flags),
+                    Verdict(False, p.outcome.detail.get("reason", ""), {}, p.outcome.detail.get("kind", "")),
+                )
+                for p in points
+                if p.outcome.status == TrialStatus.PRUNED
+            ],
+            current,
+        ),
+        "best": {
+            "flags": dict(best.flags),
+            "capacity_rps": best.outcome.capacity_rps,
+            "interval": _interval(best.outcome.detail),
+            "ttft_p99": best.outcome.detail.get("ttft_p99"),
+            "e2e_p99": best.outcome.detail.get("e2e_p99"),
+        }
+        if best
+        else None,
+        "baseline": {
+            "flags": dict(current),
+            "capacity_rps": base.outcome.capacity_rps if base else None,
+            "interval": _interval(base.outcome.detail) if base else None,
+        },
         "comparison": comparison,
-        "counts": {TrialStatus.MEASURED: len(measured),
-                   TrialStatus.CRASHED: sum(p.outcome.status == TrialStatus.CRASHED for p in points),
-                   TrialStatus.PRUNED: sum(p.outcome.status == TrialStatus.PRUNED for p in points)},
+        "counts": {
+            TrialStatus.MEASURED: len(measured),
+            TrialStatus.CRASHED: sum(p.outcome.status == TrialStatus.CRASHED for p in points),
+            TrialStatus.PRUNED: sum(p.outcome.status == TrialStatus.PRUNED for p in points),
+        },
     }
 
 
@@ -809,9 +1109,11 @@ def _baseline_best(result: dict[str, Any]) -> str:
         return "the flags in force are the only config measured"
     nxt = others[0]
     lo, hi = best["interval"]
-    said = (f"the flags in force measured {best['capacity_rps']:.3g} req/s within the SLO ({lo:.3g}-"
-            f"{'ceiling' if hi is None else format(hi, '.3g')}), the next best, {_flag_text(nxt['flags'])}, "
-            f"{nxt['capacity_rps']:.3g}")
+    said = (
+        f"the flags in force measured {best['capacity_rps']:.3g} req/s within the SLO ({lo:.3g}-"
+        f"{'ceiling' if hi is None else format(hi, '.3g')}), the next best, {_flag_text(nxt['flags'])}, "
+        f"{nxt['capacity_rps']:.3g}"
+    )
     if nxt.get("vs_best") == "below":
         return f"the flags in force are the best found: {said}, below them beyond both intervals"
     return f"no difference measurable at this budget: {said}, not separable from them (their intervals overlap)"
@@ -824,8 +1126,9 @@ def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> in
     ``--tolerance``. Otherwise the verdict says why not, and nothing is stored."""
     best, base = result["best"], result["baseline"]
     if not best or base["capacity_rps"] is None:
-        result["verdict"] = "no recommendation: " + ("nothing was measured" if not best else
-                                                     "the flags in force were not measured")
+        result["verdict"] = "no recommendation: " + (
+            "nothing was measured" if not best else "the flags in force were not measured"
+        )
         return None
     diff = _diff(current, best["flags"])
     gain = best["capacity_rps"] / base["capacity_rps"] - 1 if base["capacity_rps"] else float("inf")
@@ -836,44 +1139,87 @@ def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> in
     cmp = result.get("comparison")
     if cmp is not None:
         if cmp["outcome"] != "b_better":
-            result["verdict"] = (f"keep the flags in force: {_flag_text(diff)} measured {measured} one after the "
-                                 f"other, but compared in turns {cmp['reason']}")
+            result["verdict"] = (
+                f"keep the flags in force: {_flag_text(diff)} measured {measured} one after the "
+                f"other, but compared in turns {cmp['reason']}"
+            )
             return None
         how, confidence = f"confirmed in turns: {cmp['reason']}", min(0.99, float(cmp["confidence"]))
     else:
         base_hi, best_lo = (base["interval"] or [None, None])[1], best["interval"][0]
         if base_hi is None or best_lo is None or best_lo < base_hi or gain < ctx.req.tolerance:
-            result["verdict"] = (f"keep the flags in force: {_flag_text(diff)} measured {measured} ({gain:+.0%}), "
-                                 "not beyond the two measurements' intervals"
-                                 + (f" (the flags in force met up to {base['interval'][0]:.3g} and missed "
-                                    f"{base_hi:.3g})" if base_hi is not None else ""))
+            result["verdict"] = (
+                f"keep the flags in force: {_flag_text(diff)} measured {measured} ({gain:+.0%}), "
+                "not beyond the two measurements' intervals"
+                + (
+                    f" (the flags in force met up to {base['interval'][0]:.3g} and missed {base_hi:.3g})"
+                    if base_hi is not None
+                    else ""
+                )
+            )
             return None
-        how, confidence = ("measured one after the other, on servers minutes apart, not compared in turns (a budget "
-                           "of 3 or more compares them)"), 0.6
+        how, confidence = (
+            (
+                "measured one after the other, on servers minutes apart, not compared in turns (a budget "
+                "of 3 or more compares them)"
+            ),
+            0.6,
+        )
     result["verdict"] = f"{_flag_text(diff)}: capacity {measured} ({gain:+.0%}); {how}"
     winner = next(tr for tr in result["trials"] if tr["flags"] == best["flags"])
-    evidence = [{"rule": "tune", "run_id": ctx.run_id, "capacity_rps": best["capacity_rps"],
-                 "baseline_capacity_rps": base["capacity_rps"], "gain": round(gain, 4),
-                 "interval": best["interval"], "baseline_interval": base["interval"],
-                 "comparison": {k: v for k, v in (cmp or {}).items() if k != "runs"} or None,
-                 "ttft_p99": best["ttft_p99"], "e2e_p99": best["e2e_p99"],
-                 "trials": result["counts"], "workload": result["workload"], "slo": result["slo"]}]
-    same = next((r for r in recs.proposed_for(ctx.store.engine, ctx.target.name) if r.diff_key == diff_key(diff)),
-                None)
+    evidence = [
+        {
+            "rule": "tune",
+            "run_id": ctx.run_id,
+            "capacity_rps": best["capacity_rps"],
+            "baseline_capacity_rps": base["capacity_rps"],
+            "gain": round(gain, 4),
+            "interval": best["interval"],
+            "baseline_interval": base["interval"],
+            "comparison": {k: v for k, v in (cmp or {}).items() if k != "runs"} or None,
+            "ttft_p99": best["ttft_p99"],
+            "e2e_p99": best["e2e_p99"],
+            "trials": result["counts"],
+            "workload": result["workload"],
+            "slo": result["slo"],
+        }
+    ]
+    same = next((r for r in recs.proposed_for(ctx.store.engine, ctx.target.name) if r.diff_key == diff_key(diff)), None)
     if same is not None:  # the advisor proposed this very change: it now carries the measurement too
         recs.renew_recommendation(
-            ctx.store.engine, same.id, now=ctx.clock(), rules=list(dict.fromkeys([*same.rules, "tune"])),
+            ctx.store.engine,
+            same.id,
+            now=ctx.clock(),
+            rules=list(dict.fromkeys([*same.rules, "tune"])),
             evidence=[e for e in same.evidence if e.get("rule") != "tune"] + evidence,
-            confidence=max(same.confidence, confidence), memory_check=same.memory_check,
-            current={**same.current, **{k: current.get(k) for k in diff}})
+            confidence=max(same.confidence, confidence),
+            memory_check=same.memory_check,
+            current={**same.current, **{k: current.get(k) for k in diff}},
+        )
         return same.id
     return recs.add_recommendation(
-        ctx.store.engine, target=ctx.target.name, now=ctx.clock(), rules=["tune"], diff_key=diff_key(diff),
-        diff=diff, current={k: current.get(k) for k in diff}, evidence=evidence,
+        ctx.store.engine,
+        target=ctx.target.name,
+        now=ctx.clock(),
+        rules=["tune"],
+        diff_key=diff_key(diff),
+        diff=diff,
+        current={k: current.get(k) for k in diff},
+        evidence=evidence,
         expected_effect=f"capacity within the SLO {base['capacity_rps']:.3g} -> {best['capacity_rps']:.3g} req/s "
-                        "(measured on a trial server with the workload replayed)",
-        risk=("measured on the target itself in its maintenance window" if ctx.on_target else
-              "measured on a shadow server beside production") + "; the live verdict judges it again after the apply",
-        confidence=confidence, rank=1,
-        memory_check={"ok": True, "reason": "passed the memory model before its trial started",
-                      "before": {}, "after": winner.get("memory") or {}})
+        "(measured on a trial server with the workload replayed)",
+        risk=(
+            "measured on the target itself in its maintenance window"
+            if ctx.on_target
+            else "measured on a shadow server beside production"
+        )
+        + "; the live verdict judges it again after the apply",
+        confidence=confidence,
+        rank=1,
+        memory_check={
+            "ok": True,
+            "reason": "passed the memory model before its trial started",
+            "before": {},
+            "after": winner.get("memory") or {},
+        },
+    )

@@ -39,8 +39,15 @@ class ServerStat:
 class HAProxy:
     """One backend of one HAProxy, through its admin socket. ``clock``/``sleep`` are injectable for tests."""
 
-    def __init__(self, socket_path: str, backend: str, *, timeout_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        socket_path: str,
+        backend: str,
+        *,
+        timeout_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         if not NAME.match(backend):
             raise ValueError(f"HAProxy backend name {backend!r}: use letters, digits, '.', '_' or '-'")
         self.socket_path, self.backend, self.timeout_s = socket_path, backend, timeout_s
@@ -62,8 +69,10 @@ class HAProxy:
                         break
                     chunks.append(data)
         except OSError as exc:
-            raise ApplyError(f"HAProxy admin socket {self.socket_path}: {exc.strerror or exc} (is `stats socket "
-                             f"{self.socket_path} mode 600 level admin` in its global section?)") from None
+            raise ApplyError(
+                f"HAProxy admin socket {self.socket_path}: {exc.strerror or exc} (is `stats socket "
+                f"{self.socket_path} mode 600 level admin` in its global section?)"
+            ) from None
         return b"".join(chunks).decode(errors="replace")
 
     def stats(self) -> dict[str, ServerStat]:
@@ -73,9 +82,14 @@ class HAProxy:
         for row in csv.DictReader(io.StringIO(text.lstrip("# "))):
             if row.get("pxname") != self.backend or row.get("svname") in ("FRONTEND", "BACKEND", None):
                 continue
-            out[row["svname"]] = ServerStat(self.backend, row["svname"], row.get("status") or "",
-                                            int(row.get("scur") or 0), int(row.get("qcur") or 0),
-                                            int(row.get("stot") or 0))
+            out[row["svname"]] = ServerStat(
+                self.backend,
+                row["svname"],
+                row.get("status") or "",
+                int(row.get("scur") or 0),
+                int(row.get("qcur") or 0),
+                int(row.get("stot") or 0),
+            )
         if not out:
             raise ApplyError(f"HAProxy has no backend {self.backend!r} with servers (show stat)")
         return out
@@ -83,8 +97,9 @@ class HAProxy:
     def stat(self, server: str) -> ServerStat:
         stats = self.stats()
         if server not in stats:
-            raise ApplyError(f"HAProxy backend {self.backend!r} has no server {server!r}; it has "
-                             f"{', '.join(sorted(stats))}")
+            raise ApplyError(
+                f"HAProxy backend {self.backend!r} has no server {server!r}; it has {', '.join(sorted(stats))}"
+            )
         return stats[server]
 
     def set_state(self, server: str, state: str) -> None:
@@ -115,8 +130,10 @@ class HAProxy:
             if st.status == "UP":
                 return st
             if self.clock() >= deadline:
-                raise ApplyError(f"HAProxy still reports {self.backend}/{server} {st.status!r} {timeout_s:g}s after "
-                                 "it was set ready (its health check does not pass)")
+                raise ApplyError(
+                    f"HAProxy still reports {self.backend}/{server} {st.status!r} {timeout_s:g}s after "
+                    "it was set ready (its health check does not pass)"
+                )
             self.sleep(0.2)
 
     def add(self, server: str, host: str, port: int, *, check_interval_ms: int = 500) -> None:
@@ -125,11 +142,14 @@ class HAProxy:
         traffic reaches it once its check says UP (wait with ``ready``)."""
         if not NAME.match(server) or not re.match(r"^[A-Za-z0-9.:\[\]-]+\Z", host) or not 0 < port < 65536:
             raise ValueError(f"add server {server!r} at {host!r}:{port!r}")
-        answer = self.command(f"add server {self.backend}/{server} {host}:{port} check inter {check_interval_ms}ms "
-                              "fall 2 rise 2").strip()
+        answer = self.command(
+            f"add server {self.backend}/{server} {host}:{port} check inter {check_interval_ms}ms fall 2 rise 2"
+        ).strip()
         if "registered" not in answer.lower():
-            raise ApplyError(f"HAProxy refused to add {self.backend}/{server} at {host}:{port}: {answer} (dynamic "
-                             "servers need HAProxy >= 2.5 and a balance algorithm that allows them, e.g. leastconn)")
+            raise ApplyError(
+                f"HAProxy refused to add {self.backend}/{server} at {host}:{port}: {answer} (dynamic "
+                "servers need HAProxy >= 2.5 and a balance algorithm that allows them, e.g. leastconn)"
+            )
         for cmd in (f"enable health {self.backend}/{server}", f"enable server {self.backend}/{server}"):
             answer = self.command(cmd).strip()
             if answer:
@@ -147,8 +167,9 @@ class HAProxy:
         return [name for name, st in self.stats().items() if name != server and st.status == "UP"]
 
 
-def haproxy_config(*, frontend: str, socket_path: str, backend: str, servers: list[tuple[str, str, int]],
-                   check_interval_ms: int = 500) -> str:
+def haproxy_config(
+    *, frontend: str, socket_path: str, backend: str, servers: list[tuple[str, str, int]], check_interval_ms: int = 500
+) -> str:
     """The HAProxy config tuner expects in front of a replica group (docs/replica-groups.md): the admin socket at
     level admin, HTTP mode, a health check on /health so that a restarting replica is taken out by HAProxy too,
     and retries with redispatch so a connection refused by a replica that just stopped goes to another one.

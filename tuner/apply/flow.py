@@ -128,8 +128,12 @@ def stale(rec: recs.StoredRecommendation, in_force: dict[str, Any]) -> str | Non
         return "already in force: " + ", ".join(f"{k}={v}" for k, v in rec.diff.items())
     moved = [k for k in rec.diff if k in rec.current and rec.current[k] != in_force.get(k)]
     if moved:
-        return ("proposed against " + ", ".join(f"{k}={rec.current[k]}" for k in moved) + "; in force now: "
-                + ", ".join(f"{k}={in_force.get(k)}" for k in moved))
+        return (
+            "proposed against "
+            + ", ".join(f"{k}={rec.current[k]}" for k in moved)
+            + "; in force now: "
+            + ", ".join(f"{k}={in_force.get(k)}" for k in moved)
+        )
     return None
 
 
@@ -148,7 +152,9 @@ def flags_in_force(engine: Any, t: Target, *, journaled: bool = True) -> dict[st
     if not journaled:
         return _canonical(t.backend, dict(t.flags))
     for a in jr.list_applies(engine, target=t.name):
-        if jr.new_flags_stand(a) or (a.state == ApplyState.DONE and (a.kind, a.outcome) == ("rollback", ApplyOutcome.ROLLED_BACK)):
+        if jr.new_flags_stand(a) or (
+            a.state == ApplyState.DONE and (a.kind, a.outcome) == ("rollback", ApplyOutcome.ROLLED_BACK)
+        ):
             return dict(a.new_flags)
     return _canonical(t.backend, dict(t.flags))
 
@@ -192,19 +198,42 @@ class Applier:
         assert st.pid is not None and st.proc_start is not None
         return mg.Running(st.pid, st.proc_start, st.argv, mg.log_path(t, self.config_dir))
 
-    def save_managed(self, t: Target, r: mg.Running | None, flags: dict[str, Any], state: str, note: str = "",
-              restarts: list[int] | None = None) -> None:
+    def save_managed(
+        self,
+        t: Target,
+        r: mg.Running | None,
+        flags: dict[str, Any],
+        state: str,
+        note: str = "",
+        restarts: list[int] | None = None,
+    ) -> None:
         old = jr.get_managed(self.engine, t.name)
         now_ms = int(self.clock() * 1000)
-        jr.save_managed(self.engine, jr.ManagedState(
-            target=t.name, pid=r.pid if r else None, proc_start=r.start if r else None,
-            argv=r.argv if r else (old.argv if old else []), flags=flags, config_flags=self.config_flags(t),
-            started_ms=now_ms if r else (old.started_ms if old else now_ms),
-            restarts=restarts if restarts is not None else (old.restarts if old else []), state=state,
-            updated_ms=now_ms, note=note))
+        jr.save_managed(
+            self.engine,
+            jr.ManagedState(
+                target=t.name,
+                pid=r.pid if r else None,
+                proc_start=r.start if r else None,
+                argv=r.argv if r else (old.argv if old else []),
+                flags=flags,
+                config_flags=self.config_flags(t),
+                started_ms=now_ms if r else (old.started_ms if old else now_ms),
+                restarts=restarts if restarts is not None else (old.restarts if old else []),
+                state=state,
+                updated_ms=now_ms,
+                note=note,
+            ),
+        )
 
-    def launch(self, t: Target, flags: dict[str, Any], *, restarts: list[int] | None = None,
-               spawned: Callable[[mg.Running], None] | None = None) -> mg.Running:
+    def launch(
+        self,
+        t: Target,
+        flags: dict[str, Any],
+        *,
+        restarts: list[int] | None = None,
+        spawned: Callable[[mg.Running], None] | None = None,
+    ) -> mg.Running:
         """Start the managed server with ``flags``, record it, wait for the health gate. ServerStartError if not.
 
         ``spawned`` is told as soon as the process exists (the journal's health_check step starts there).
@@ -272,15 +301,24 @@ class Applier:
         if st is not None and st.state in (ServerState.RUNNING, ServerState.CRASHED):
             why = mg.error_line(mg.log_path(t, self.config_dir))
             if len(restarts) >= t.managed.max_restarts:
-                self.save_managed(t, None, st.flags, ServerState.GIVEN_UP, note=f"{len(restarts)} restarts in "
-                           f"{t.managed.restart_window.total_seconds():.0f}s; last error: {why}", restarts=restarts)
+                self.save_managed(
+                    t,
+                    None,
+                    st.flags,
+                    ServerState.GIVEN_UP,
+                    note=f"{len(restarts)} restarts in "
+                    f"{t.managed.restart_window.total_seconds():.0f}s; last error: {why}",
+                    restarts=restarts,
+                )
                 return f"{t.name}: gave up after {len(restarts)} restarts (last error: {why})"
             restarts.append(int(now * 1000))
             self.say(f"{t.name}: server died ({why}); restart {len(restarts)} of {t.managed.max_restarts}")
         try:
             self.launch(t, self.flags_in_force(t), restarts=restarts)
         except ServerStartError as exc:
-            self.save_managed(t, None, self.flags_in_force(t), ServerState.CRASHED, note=str(exc).splitlines()[0], restarts=restarts)
+            self.save_managed(
+                t, None, self.flags_in_force(t), ServerState.CRASHED, note=str(exc).splitlines()[0], restarts=restarts
+            )
             return f"{t.name}: start failed: {str(exc).splitlines()[0]}"
         return f"{t.name}: started"
 
@@ -289,8 +327,10 @@ class Applier:
     def plan(self, rec: recs.StoredRecommendation) -> Plan:
         t = self.cfg.target(rec.target)
         if "backend" in rec.diff:
-            raise ApplyError(f"recommendation #{rec.id} changes the backend to {rec.diff['backend']}: that is a "
-                             "migration to another server, not a flag change; tuner does not apply it")
+            raise ApplyError(
+                f"recommendation #{rec.id} changes the backend to {rec.diff['backend']}: that is a "
+                "migration to another server, not a flag change; tuner does not apply it"
+            )
         diff = {name: validate(t.backend, name, value) for name, value in rec.diff.items()}
         return self._plan(t, diff)
 
@@ -311,11 +351,17 @@ class Applier:
     def check_restart_budget(self, t: Target) -> None:
         """ApplyError when the target's server was started max_restarts_per_hour times in the last hour."""
         since = (self.clock() - 3600) * 1000
-        starts = sum(1 for a in jr.list_applies(self.engine, target=t.name, limit=200) for s in a.steps
-                     if s["step"] in ("starting", "restoring") and s["ts_ms"] >= since)
+        starts = sum(
+            1
+            for a in jr.list_applies(self.engine, target=t.name, limit=200)
+            for s in a.steps
+            if s["step"] in ("starting", "restoring") and s["ts_ms"] >= since
+        )
         if starts >= t.apply.max_restarts_per_hour:
-            raise ApplyError(f"{t.name}: {starts} server starts by applies in the last hour (apply.max_restarts_per_"
-                             f"hour {t.apply.max_restarts_per_hour}); wait, or pass --force")
+            raise ApplyError(
+                f"{t.name}: {starts} server starts by applies in the last hour (apply.max_restarts_per_"
+                f"hour {t.apply.max_restarts_per_hour}); wait, or pass --force"
+            )
 
     def fresh(self, rec_id: int) -> recs.StoredRecommendation:
         """The proposal, if it may be applied and still fits the flags in force; else it is expired (with why)
@@ -325,8 +371,10 @@ class Applier:
         why = stale(rec, self.flags_in_force(t))
         if why is not None:
             recs.set_status(self.engine, rec.id, "expired", now=self.clock(), note=why)
-            raise ApplyError(f"recommendation #{rec.id} for {t.name}: {why}; it is expired (`tuner recommend "
-                             f"{t.name}` proposes against the flags in force)")
+            raise ApplyError(
+                f"recommendation #{rec.id} for {t.name}: {why}; it is expired (`tuner recommend "
+                f"{t.name}` proposes against the flags in force)"
+            )
         return rec
 
     def expire_stale(self, t: Target, apply_id: int) -> list[int]:
@@ -371,15 +419,18 @@ class Applier:
         p = self.plan(rec)
         t = p.target
         if not isinstance(p.route, Canaried):
-            raise ApplyError(f"{t.name} is not a replica of a group behind a balancer: a canary needs peers serving "
-                             "the same traffic to compare with (replicas: and balancer: in its config, or "
-                             "kubernetes.canary and kubernetes.pods)")
+            raise ApplyError(
+                f"{t.name} is not a replica of a group behind a balancer: a canary needs peers serving "
+                "the same traffic to compare with (replicas: and balancer: in its config, or "
+                "kubernetes.canary and kubernetes.pods)"
+            )
         route: Canaried = p.route
         if not force:
             self.check_restart_budget(t)
         aid = self._begin(p, rec.id, "canary", mode)
-        return self._opened(aid, p, f"canary of recommendation #{rec.id}",
-                            lambda: self._canary(aid, p, rec, route)).run()
+        return self._opened(
+            aid, p, f"canary of recommendation #{rec.id}", lambda: self._canary(aid, p, rec, route)
+        ).run()
 
     def _canary(self, aid: int, p: Plan, rec: recs.StoredRecommendation, route: Canaried) -> jr.StoredApply:
         t = p.target
@@ -388,18 +439,30 @@ class Applier:
         except (ServerStartError, ApplyError) as exc:
             return self._switch_failed(aid, p, rec.id, exc)
         died, v, t0, now = self._observe(
-            aid, t, f"canary {canary} against control {control}, same window, ",
-            lambda t0, now: judge(self._served(t, control_in, t0, now), self._served(t, canary_in, t0, now),
-                                  min_requests=t.apply.min_requests))
+            aid,
+            t,
+            f"canary {canary} against control {control}, same window, ",
+            lambda t0, now: judge(
+                self._served(t, control_in, t0, now),
+                self._served(t, canary_in, t0, now),
+                min_requests=t.apply.min_requests,
+            ),
+        )
         # the journal's "before" is the control, its "after" the canary: the same window, side by side
-        jr.set_kpis(self.engine, aid, now=now,
-                    baseline={"replica": control, **self._kpis_of(t, control_in, t0, now)},
-                    after={"replica": canary, **self._kpis_of(t, canary_in, t0, now)})
+        jr.set_kpis(
+            self.engine,
+            aid,
+            now=now,
+            baseline={"replica": control, **self._kpis_of(t, control_in, t0, now)},
+            after={"replica": canary, **self._kpis_of(t, canary_in, t0, now)},
+        )
         if died or v is None:
             outcome, reason = ApplyOutcome.ROLLED_BACK, f"the canary died while observed: {died}"
         else:
-            outcome, reason = v.outcome, (f"canary against control over the same window: {v.reason} (confidence "
-                                          f"{v.confidence:.2f}; {v.test})")
+            outcome, reason = (
+                v.outcome,
+                (f"canary against control over the same window: {v.reason} (confidence {v.confidence:.2f}; {v.test})"),
+            )
         if v is not None and v.slo is not None:
             self.step(aid, "slo", v.slo.line())
         self.step(aid, "verdict", f"{outcome}: {reason}")
@@ -417,18 +480,23 @@ class Applier:
         if outcome == ApplyOutcome.INCONCLUSIVE:
             reason += "; the previous flags are restored (apply.on_inconclusive: rollback)"
         restored = self._restore(aid, p)
-        jr.finish(self.engine, aid, outcome, f"{reason}; {restored}; the control was never changed",
-                  now=self.clock())
+        jr.finish(self.engine, aid, outcome, f"{reason}; {restored}; the control was never changed", now=self.clock())
         recs.set_status(self.engine, rec.id, RecStatus.ROLLED_BACK, now=self.clock(), note=reason)
         return jr.get_apply(self.engine, aid)
 
-    def _switch_failed(self, aid: int, p: Plan, rec_id: int | None, exc: ServerStartError | ApplyError,
-                       *, mark: bool = True) -> jr.StoredApply:
+    def _switch_failed(
+        self, aid: int, p: Plan, rec_id: int | None, exc: ServerStartError | ApplyError, *, mark: bool = True
+    ) -> jr.StoredApply:
         line = p.route.why_failed(self, p.target, exc)
         self.step(aid, "start_failed", line)
         restored = self._restore(aid, p)
-        jr.finish(self.engine, aid, ApplyOutcome.FAILED, f"the server did not take the new flags: {line}; {restored}",
-                  now=self.clock())
+        jr.finish(
+            self.engine,
+            aid,
+            ApplyOutcome.FAILED,
+            f"the server did not take the new flags: {line}; {restored}",
+            now=self.clock(),
+        )
         if rec_id is not None and mark:
             recs.set_status(self.engine, rec_id, RecStatus.FAILED, now=self.clock(), note=line)
         return jr.get_apply(self.engine, aid)
@@ -452,8 +520,12 @@ class Applier:
                 raise ApplyError(f"{target}: flag {k} was not set before apply #{last.id}; set it in the config")
         p = self._plan(t, diff)
         aid = self._begin(p, last.recommendation_id, "rollback", mode)
-        return self._opened(aid, p, f"rollback of {t.name}",
-                            lambda: self._carry_out(aid, p, last.recommendation_id, rollback_of=last.id))
+        return self._opened(
+            aid,
+            p,
+            f"rollback of {t.name}",
+            lambda: self._carry_out(aid, p, last.recommendation_id, rollback_of=last.id),
+        )
 
     def restart(self, target: str, *, reason: str, mode: str = "auto", force: bool = False) -> jr.StoredApply:
         """Restart a managed server with the flags it runs with, journaled as a ``restart``: for a server whose process
@@ -477,8 +549,14 @@ class Applier:
         except (ServerStartError, ApplyError) as exc:
             line = route.why_failed(self, t, exc)
             self.step(aid, "start_failed", line)
-            jr.finish(self.engine, aid, ApplyOutcome.FAILED, f"restarted ({reason}), but it did not come back: {line}; the "
-                      "supervisor starts it again (managed.max_restarts)", now=self.clock())
+            jr.finish(
+                self.engine,
+                aid,
+                ApplyOutcome.FAILED,
+                f"restarted ({reason}), but it did not come back: {line}; the "
+                "supervisor starts it again (managed.max_restarts)",
+                now=self.clock(),
+            )
             return jr.get_apply(self.engine, aid)
         jr.finish(self.engine, aid, ApplyOutcome.KEPT, f"restarted with the same flags: {reason}", now=self.clock())
         return jr.get_apply(self.engine, aid)
@@ -491,18 +569,50 @@ class Applier:
     def _begin(self, p: Plan, rec_id: int | None, kind: str, mode: str) -> int:
         """Open the journal entry (TargetBusyError when the target or its group is held: the journal's unique index
         decides) and take it for this thread."""
-        return self.hold(p.target, kind=kind, mode=mode, rec_id=rec_id, diff=p.diff, old_flags=p.old_flags,
-                         new_flags=p.new_flags, old_argv=p.old_argv, new_argv=p.new_argv)
+        return self.hold(
+            p.target,
+            kind=kind,
+            mode=mode,
+            rec_id=rec_id,
+            diff=p.diff,
+            old_flags=p.old_flags,
+            new_flags=p.new_flags,
+            old_argv=p.old_argv,
+            new_argv=p.new_argv,
+        )
 
-    def hold(self, t: Target, *, kind: str, mode: str, rec_id: int | None = None, diff: dict[str, Any] | None = None,
-             old_flags: dict[str, Any], new_flags: dict[str, Any], old_argv: list[str], new_argv: list[str]) -> int:
+    def hold(
+        self,
+        t: Target,
+        *,
+        kind: str,
+        mode: str,
+        rec_id: int | None = None,
+        diff: dict[str, Any] | None = None,
+        old_flags: dict[str, Any],
+        new_flags: dict[str, Any],
+        old_argv: list[str],
+        new_argv: list[str],
+    ) -> int:
         """Open a journal entry holding ``t`` and its replica group, owned by this tuner and taken by this thread
         (``release`` when done without ``run``): an apply's, or a tuning run's (kind ``tune``)."""
         try:
-            aid = jr.begin_apply(self.engine, target=t.name, recommendation_id=rec_id, kind=kind, mode=mode,
-                                 now=self.clock(), diff=diff or {}, old_flags=old_flags, new_flags=new_flags,
-                                 old_argv=old_argv, new_argv=new_argv, owner_pid=self.owner[0],
-                                 owner_start=self.owner[1], group=t.group)
+            aid = jr.begin_apply(
+                self.engine,
+                target=t.name,
+                recommendation_id=rec_id,
+                kind=kind,
+                mode=mode,
+                now=self.clock(),
+                diff=diff or {},
+                old_flags=old_flags,
+                new_flags=new_flags,
+                old_argv=old_argv,
+                new_argv=new_argv,
+                owner_pid=self.owner[0],
+                owner_start=self.owner[1],
+                group=t.group,
+            )
         except StoreError as exc:
             raise ApplyError(str(exc)) from None
         _take(self.engine, aid)
@@ -545,15 +655,22 @@ class Applier:
     def _kpis_of(self, t: Target, names: list[str], start: float, end: float) -> dict[str, Any]:
         """The journal's KPIs of a canary's or a control's targets over one window."""
         prof = self._served(t, names, start, end)
-        return {"window": [start, end], **({"replicas": names} if names != [t.name] else {}),
-                **(prof.summary() if prof else {})}
+        return {
+            "window": [start, end],
+            **({"replicas": names} if names != [t.name] else {}),
+            **(prof.summary() if prof else {}),
+        }
 
-    def judge_windows(self, t: Target, before: tuple[float, float], after: tuple[float, float], *,
-                      group: bool = False) -> Verdict:
+    def judge_windows(
+        self, t: Target, before: tuple[float, float], after: tuple[float, float], *, group: bool = False
+    ) -> Verdict:
         """The verdict on two windows of a target's stored data (what `tuner judge TARGET` prints); with
         ``group``, of its whole replica group's (a rolling apply changes every replica: the group is judged)."""
-        return judge(self._profile(t, *before, group=group), self._profile(t, *after, group=group),
-                     min_requests=t.apply.min_requests)
+        return judge(
+            self._profile(t, *before, group=group),
+            self._profile(t, *after, group=group),
+            min_requests=t.apply.min_requests,
+        )
 
     def _carry_out(self, aid: int, p: Plan, rec_id: int | None, *, rollback_of: int | None = None) -> jr.StoredApply:
         t = p.target
@@ -571,18 +688,25 @@ class Applier:
             note = f"restored the flags from before apply #{rollback_of}"
             jr.finish(self.engine, aid, ApplyOutcome.ROLLED_BACK, note, now=self.clock())
             if rec_id is not None:
-                recs.set_status(self.engine, rec_id, RecStatus.ROLLED_BACK, now=self.clock(), note=f"tuner rollback {t.name}")
+                recs.set_status(
+                    self.engine, rec_id, RecStatus.ROLLED_BACK, now=self.clock(), note=f"tuner rollback {t.name}"
+                )
             return jr.get_apply(self.engine, aid)
         return self._observe_and_judge(aid, p, rec_id, base)
 
-    def _observe(self, aid: int, t: Target, what: str, verdict: Callable[[float, float], Verdict]
-                 ) -> tuple[str | None, Verdict | None, float, float]:
+    def _observe(
+        self, aid: int, t: Target, what: str, verdict: Callable[[float, float], Verdict]
+    ) -> tuple[str | None, Verdict | None, float, float]:
         """Watch ``t`` for apply.observe, and on (up to observe_max, else 3x) while ``verdict(t0, now)`` is
         inconclusive: (the server's error line if it died meanwhile, the last verdict, t0, now)."""
         observe_s = t.apply.observe.total_seconds()
         limit_s = t.apply.observe_max.total_seconds() if t.apply.observe_max else 3 * observe_s
-        self.step(aid, "observing", f"{what}{observe_s:g}s (up to {limit_s:g}s while inconclusive)",
-                   state=ApplyState.OBSERVING)
+        self.step(
+            aid,
+            "observing",
+            f"{what}{observe_s:g}s (up to {limit_s:g}s while inconclusive)",
+            state=ApplyState.OBSERVING,
+        )
         t0 = self.clock()
         v: Verdict | None = None
         while True:
@@ -595,15 +719,18 @@ class Applier:
                 return None, v, t0, now
             self.step(aid, "observing", f"inconclusive after {now - t0:.0f}s ({v.reason}); observing on")
 
-    def _observe_and_judge(self, aid: int, p: Plan, rec_id: int | None, base: dict[str, Any],
-                           prefix: str = "") -> jr.StoredApply:
+    def _observe_and_judge(
+        self, aid: int, p: Plan, rec_id: int | None, base: dict[str, Any], prefix: str = ""
+    ) -> jr.StoredApply:
         t = p.target
 
         def verdict(t0: float, now: float) -> Verdict:
             before = tuple(base.get("window") or (t0 - t.apply.baseline.total_seconds(), t0))
             return self.judge_windows(t, (float(before[0]), float(before[1])), (t0, now), group=p.whole_group)
-        died, v, t0, now = self._observe(aid, t, f"the replicas of {t.group} together, " if p.whole_group else "",
-                                         verdict)
+
+        died, v, t0, now = self._observe(
+            aid, t, f"the replicas of {t.group} together, " if p.whole_group else "", verdict
+        )
         after = self._kpis(t, t0, now, group=p.whole_group)
         if p.route.outage:
             after.update(self._cost(jr.get_apply(self.engine, aid), base))
@@ -624,15 +751,25 @@ class Applier:
             self.expire_stale(t, aid)
             return jr.get_apply(self.engine, aid)
         if outcome == ApplyOutcome.INCONCLUSIVE:
-            reason += ("; the previous flags are restored (apply.on_inconclusive: rollback)" if p.route.restarts else
-                       "; apply.on_inconclusive: rollback")
+            reason += (
+                "; the previous flags are restored (apply.on_inconclusive: rollback)"
+                if p.route.restarts
+                else "; apply.on_inconclusive: rollback"
+            )
         if not p.route.restarts:
-            note = (f"{prefix}{reason}; tuner does not restart this server: restart it by hand with "
-                    f"{' '.join(flags_argv(t.backend, p.old_flags))}")
+            note = (
+                f"{prefix}{reason}; tuner does not restart this server: restart it by hand with "
+                f"{' '.join(flags_argv(t.backend, p.old_flags))}"
+            )
             self.step(aid, "restore_by_hand", " ".join(flags_argv(t.backend, p.old_flags)))
             # no data judges nothing: an inconclusive verdict stays inconclusive, never a failure
-            jr.finish(self.engine, aid, ApplyOutcome.INCONCLUSIVE if outcome == ApplyOutcome.INCONCLUSIVE else ApplyOutcome.FAILED, note,
-                      now=self.clock())
+            jr.finish(
+                self.engine,
+                aid,
+                ApplyOutcome.INCONCLUSIVE if outcome == ApplyOutcome.INCONCLUSIVE else ApplyOutcome.FAILED,
+                note,
+                now=self.clock(),
+            )
         else:
             restored = self._restore(aid, p)
             jr.finish(self.engine, aid, outcome, f"{prefix}{reason}; {restored}", now=self.clock())
@@ -646,8 +783,9 @@ class Applier:
         A loaded vLLM CPU answers /metrics in 4-10 s (its HTTP server shares cores with the engine), so this one
         read waits longer than a scrape does; the server keeps serving meanwhile."""
         try:
-            snap = scrape_target(t, self.cfg, now=self.clock(),
-                                 timeout_s=max(_IN_FLIGHT_TIMEOUT_S, self.cfg.timeout(t).total_seconds()))
+            snap = scrape_target(
+                t, self.cfg, now=self.clock(), timeout_s=max(_IN_FLIGHT_TIMEOUT_S, self.cfg.timeout(t).total_seconds())
+            )
         except TunerError:
             return None
         return round(sum((e.requests_running or 0.0) + (e.requests_waiting or 0.0) for e in snap.engines))
@@ -683,8 +821,9 @@ class Applier:
 
     def expected_outage(self, t: Target) -> tuple[float, int] | None:
         """(median outage in seconds, how many earlier applies it is from) for this target, if any."""
-        seen = sorted(o for a in jr.list_applies(self.engine, target=t.name, limit=50)
-                      if (o := self._outage(a)) is not None)
+        seen = sorted(
+            o for a in jr.list_applies(self.engine, target=t.name, limit=50) if (o := self._outage(a)) is not None
+        )
         return (seen[len(seen) // 2], len(seen)) if seen else None
 
     def _watch(self, t: Target, seconds: float) -> str | None:
@@ -716,10 +855,12 @@ class Applier:
 
     def _await_manual(self, aid: int, p: Plan, rec_id: int) -> jr.StoredApply:
         t = p.target
-        text = (f"tuner does not manage {t.name} and it has no apply hook: restart it by hand with "
-                f"{' '.join(flags_argv(t.backend, p.diff))} (all tunable flags: {' '.join(p.new_argv)}); then run "
-                f"`tuner apply-recommendation {rec_id} --applied` and tuner health-checks and observes it "
-                f"(or --cancel)")
+        text = (
+            f"tuner does not manage {t.name} and it has no apply hook: restart it by hand with "
+            f"{' '.join(flags_argv(t.backend, p.diff))} (all tunable flags: {' '.join(p.new_argv)}); then run "
+            f"`tuner apply-recommendation {rec_id} --applied` and tuner health-checks and observes it "
+            f"(or --cancel)"
+        )
         self.step(aid, "awaiting_manual", text, state=ApplyState.AWAITING_MANUAL)
         now = self.clock()
         base = self._kpis(t, now - t.apply.baseline.total_seconds(), now)
@@ -727,8 +868,14 @@ class Applier:
         return jr.get_apply(self.engine, aid)
 
     def manual_done(self, rec_id: int, *, cancel: bool = False) -> jr.StoredApply:
-        a = next((a for a in jr.open_applies(self.engine)
-                  if a.recommendation_id == rec_id and a.state == ApplyState.AWAITING_MANUAL), None)
+        a = next(
+            (
+                a
+                for a in jr.open_applies(self.engine)
+                if a.recommendation_id == rec_id and a.state == ApplyState.AWAITING_MANUAL
+            ),
+            None,
+        )
         if a is None:
             raise ApplyError(f"recommendation #{rec_id} has no apply waiting for a restart by hand")
         t = self.cfg.target(a.target)
@@ -739,14 +886,24 @@ class Applier:
         if not _take(self.engine, a.id):
             raise ApplyError(f"apply #{a.id} is being finished already (a second --applied)")
         try:
-            if not jr.claim(self.engine, a, self.owner, "applied_by_hand", "", now=self.clock(), state=ApplyState.HEALTH_CHECK):
-                raise ApplyError(f"apply #{a.id} was taken over meanwhile (a second --applied or --cancel); see "
-                                 f"`tuner journal {a.target}`")
+            if not jr.claim(
+                self.engine, a, self.owner, "applied_by_hand", "", now=self.clock(), state=ApplyState.HEALTH_CHECK
+            ):
+                raise ApplyError(
+                    f"apply #{a.id} was taken over meanwhile (a second --applied or --cancel); see "
+                    f"`tuner journal {a.target}`"
+                )
             try:
                 self.step(a.id, "healthy", mg.health_gate(t))
             except ServerStartError as exc:
-                jr.finish(self.engine, a.id, ApplyOutcome.FAILED, f"the server does not pass the health gate: {exc}; restart it "
-                          f"by hand with {' '.join(flags_argv(t.backend, a.old_flags))}", now=self.clock())
+                jr.finish(
+                    self.engine,
+                    a.id,
+                    ApplyOutcome.FAILED,
+                    f"the server does not pass the health gate: {exc}; restart it "
+                    f"by hand with {' '.join(flags_argv(t.backend, a.old_flags))}",
+                    now=self.clock(),
+                )
                 recs.set_status(self.engine, rec_id, RecStatus.FAILED, now=self.clock(), note=str(exc))
                 return jr.get_apply(self.engine, a.id)
             return self._observe_and_judge(a.id, p, rec_id, a.baseline)
@@ -771,8 +928,14 @@ class Applier:
             if not _take(self.engine, a.id):
                 continue  # a thread of this process is doing it
             try:
-                if jr.claim(self.engine, a, self.owner, "reconcile",
-                            f"tuner pid {a.owner_pid} stopped at step {a.state}", now=self.clock()):
+                if jr.claim(
+                    self.engine,
+                    a,
+                    self.owner,
+                    "reconcile",
+                    f"tuner pid {a.owner_pid} stopped at step {a.state}",
+                    now=self.clock(),
+                ):
                     done.append(self._reconcile_one(a))
                 # else: another tuner claimed it first
             finally:
@@ -782,8 +945,14 @@ class Applier:
     def _reconcile_one(self, a: jr.StoredApply) -> str:
         now = self.clock()
         if a.kind == "tune" and a.mode == "shadow":  # its trials ran beside production: nothing to put back
-            jr.finish(self.engine, a.id, ApplyOutcome.ROLLED_BACK, "reconciled: the tuner of this tuning run stopped; its trials "
-                      "ran beside production, which was not touched", now=now)
+            jr.finish(
+                self.engine,
+                a.id,
+                ApplyOutcome.ROLLED_BACK,
+                "reconciled: the tuner of this tuning run stopped; its trials "
+                "ran beside production, which was not touched",
+                now=now,
+            )
             return self._line(jr.get_apply(self.engine, a.id))
         try:
             t = self.cfg.target(a.target)
@@ -804,11 +973,18 @@ class Applier:
                     pid = mg.find_by_argv(candidate)
                     if pid is not None:
                         r = mg.Running(pid, mg.proc_start_time(pid) or 0, candidate, mg.log_path(t, self.config_dir))
-                        self.save_managed(t, r, a.new_flags if candidate == a.new_argv else a.old_flags, ServerState.RUNNING)
+                        self.save_managed(
+                            t, r, a.new_flags if candidate == a.new_argv else a.old_flags, ServerState.RUNNING
+                        )
                         break
             argv = mg.proc_argv(r.pid) if r else None
-            found = "no server running" if r is None else (
-                "the new flags" if argv == a.new_argv else "the old flags" if argv == a.old_argv else "other flags")
+            found = (
+                "no server running"
+                if r is None
+                else (
+                    "the new flags" if argv == a.new_argv else "the old flags" if argv == a.old_argv else "other flags"
+                )
+            )
             if r is not None:
                 try:  # a server still starting (tuner died during the health check) gets its full start time
                     mg.wait_healthy(r, t.url, t.managed.start_timeout.total_seconds())
@@ -818,24 +994,37 @@ class Applier:
                     healthy = False
             del st
         where = f"tuner died at step {a.state}; server found with {found}" + (
-            " and healthy" if healthy else "" if found == "no server running" else " but not healthy")
+            " and healthy" if healthy else "" if found == "no server running" else " but not healthy"
+        )
         self.step(a.id, "reconcile_found", where)
         if a.kind == "restart" and healthy:  # old and new flags are the same: it is running again, done
             jr.finish(self.engine, a.id, ApplyOutcome.KEPT, f"reconciled: {where}", now=self.clock())
             return self._line(jr.get_apply(self.engine, a.id))
         if found == "the new flags" and healthy and a.kind == "apply":
             self.say(f"apply #{a.id}: {where}: observing again")
-            return self._line(self._observe_and_judge(a.id, p, a.recommendation_id, a.baseline,
-                                                      prefix="reconciled: " + where + "; "))
+            return self._line(
+                self._observe_and_judge(a.id, p, a.recommendation_id, a.baseline, prefix="reconciled: " + where + "; ")
+            )
         if found == "the old flags" and healthy:
-            jr.finish(self.engine, a.id, ApplyOutcome.ROLLED_BACK, f"reconciled: {where}; nothing was changed", now=self.clock())
+            jr.finish(
+                self.engine,
+                a.id,
+                ApplyOutcome.ROLLED_BACK,
+                f"reconciled: {where}; nothing was changed",
+                now=self.clock(),
+            )
             return self._line(jr.get_apply(self.engine, a.id))
         restored = self._restore(a.id, p)
         outcome = ApplyOutcome.FAILED if restored.failed else ApplyOutcome.ROLLED_BACK
         jr.finish(self.engine, a.id, outcome, f"reconciled: {where}; {restored}", now=self.clock())
         if a.recommendation_id is not None and a.kind == "apply":
-            recs.set_status(self.engine, a.recommendation_id, RecStatus.ROLLED_BACK, now=self.clock(),
-                            note=f"reconciled after tuner died: {where}")
+            recs.set_status(
+                self.engine,
+                a.recommendation_id,
+                RecStatus.ROLLED_BACK,
+                now=self.clock(),
+                note=f"reconciled after tuner died: {where}",
+            )
         return self._line(jr.get_apply(self.engine, a.id))
 
     @staticmethod

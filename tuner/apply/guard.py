@@ -24,8 +24,20 @@ from tuner.config import Window, in_window, parse_window
 from tuner.store.journal import ApplyOutcome, ApplyState, StoredApply, new_flags_stand
 from tuner.store.recommendations import StoredRecommendation
 
-__all__ = ["Window", "parse_window", "in_window", "Decision", "decide", "halted", "rollback_streak", "rolled_back_under",
-           "HALT_PERIOD_S", "applies_last_hour", "flag_flips", "FLIP_PERIOD_S"]
+__all__ = [
+    "Window",
+    "parse_window",
+    "in_window",
+    "Decision",
+    "decide",
+    "halted",
+    "rollback_streak",
+    "rolled_back_under",
+    "HALT_PERIOD_S",
+    "applies_last_hour",
+    "flag_flips",
+    "FLIP_PERIOD_S",
+]
 
 HALT_PERIOD_S = 24 * 3600
 FLIP_PERIOD_S = 24 * 3600
@@ -106,14 +118,19 @@ def _judged_load(a: StoredApply) -> float | None:
     return None
 
 
-def rolled_back_under(history: Sequence[StoredApply], flags: Mapping[str, Any], load_now: float | None
-                      ) -> StoredApply | None:
+def rolled_back_under(
+    history: Sequence[StoredApply], flags: Mapping[str, Any], load_now: float | None
+) -> StoredApply | None:
     """The newest apply that rolled back to leave ``flags`` under a load like ``load_now`` (within LOAD_MATCH; an
     unknown load on either side counts as the same), else None."""
     want = _norm(flags)
     for a in history:  # newest first
-        if a.state != ApplyState.DONE or a.kind not in ("apply", "canary") or a.outcome != ApplyOutcome.ROLLED_BACK or \
-                _norm(a.new_flags) != want:
+        if (
+            a.state != ApplyState.DONE
+            or a.kind not in ("apply", "canary")
+            or a.outcome != ApplyOutcome.ROLLED_BACK
+            or _norm(a.new_flags) != want
+        ):
             continue
         judged = _judged_load(a)
         if judged is None or load_now is None or 1 / LOAD_MATCH <= load_now / judged <= LOAD_MATCH:
@@ -125,9 +142,17 @@ def _starts(history: Iterable[StoredApply], since_ms: float) -> int:
     return sum(1 for a in history for s in a.steps if s["step"] in ("starting", "restoring") and s["ts_ms"] >= since_ms)
 
 
-def decide(*, now: float, policy: object, history: Sequence[StoredApply], proposals: Sequence[StoredRecommendation],
-           gpus: Iterable[int] = (), busy_gpus: Iterable[int] = (), flags_now: Mapping[str, Any] | None = None,
-           load_now: float | None = None) -> Decision:
+def decide(
+    *,
+    now: float,
+    policy: object,
+    history: Sequence[StoredApply],
+    proposals: Sequence[StoredRecommendation],
+    gpus: Iterable[int] = (),
+    busy_gpus: Iterable[int] = (),
+    flags_now: Mapping[str, Any] | None = None,
+    load_now: float | None = None,
+) -> Decision:
     """history: this target's applies, newest first. busy_gpus: GPUs of other targets with an open apply.
     flags_now, load_now: the flags in force and the offered load now (for the rolled-back memory)."""
     open_now = [a for a in history if a.state != ApplyState.DONE]
@@ -139,8 +164,12 @@ def decide(*, now: float, policy: object, history: Sequence[StoredApply], propos
     streak = rollback_streak(history, now)
     limit = policy.max_consecutive_rollbacks  # type: ignore[attr-defined]
     if halted(history, now, limit):
-        return Decision(False, f"auto mode halted: the last {streak} auto applies rolled back or failed (limit "
-                               f"{limit}); apply one by hand, or it resumes 24 h after the last", halted=True)
+        return Decision(
+            False,
+            f"auto mode halted: the last {streak} auto applies rolled back or failed (limit "
+            f"{limit}); apply one by hand, or it resumes 24 h after the last",
+            halted=True,
+        )
     windows = [parse_window(w) for w in policy.maintenance_windows]  # type: ignore[attr-defined]
     if windows and not any(in_window(w, now) for w in windows):
         return Decision(False, "outside the maintenance windows")
@@ -151,8 +180,10 @@ def decide(*, now: float, policy: object, history: Sequence[StoredApply], propos
         return Decision(False, f"cooldown: {left:.0f}s left after apply #{done[0].id}")
     starts = _starts(history, (now - 3600) * 1000)
     if starts >= policy.max_restarts_per_hour:  # type: ignore[attr-defined]
-        return Decision(False, f"{starts} server starts in the last hour (max_restarts_per_hour "
-                               f"{policy.max_restarts_per_hour})")  # type: ignore[attr-defined]
+        return Decision(
+            False,
+            f"{starts} server starts in the last hour (max_restarts_per_hour {policy.max_restarts_per_hour})",  # type: ignore[attr-defined]
+        )
     bar = policy.min_confidence  # type: ignore[attr-defined]
     # a backend change is a migration to another server, never applied (Applier.plan refuses it): were it taken
     # here, every auto tick would pick it and fail again instead of the flag changes behind it
@@ -166,10 +197,12 @@ def decide(*, now: float, policy: object, history: Sequence[StoredApply], propos
             if undone is not None:
                 good.remove(r)
                 judged = _judged_load(undone)
-                remembered.append(f"#{r.id} leads to the flags apply #{undone.id} rolled back under "
-                                  f"{'an unknown load' if judged is None else format(judged, '.3g')} (now "
-                                  f"{'unknown' if load_now is None else format(load_now, '.3g')}; proposed again "
-                                  f"once the load moves beyond {LOAD_MATCH:g}x)")
+                remembered.append(
+                    f"#{r.id} leads to the flags apply #{undone.id} rolled back under "
+                    f"{'an unknown load' if judged is None else format(judged, '.3g')} (now "
+                    f"{'unknown' if load_now is None else format(load_now, '.3g')}; proposed again "
+                    f"once the load moves beyond {LOAD_MATCH:g}x)"
+                )
     if not good:
         return Decision(False, "; ".join(remembered))
     best = min(good, key=lambda r: (r.rank, -r.confidence, r.id))

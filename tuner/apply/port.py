@@ -56,8 +56,14 @@ class Steps(Protocol):
         """The managed server of ``t`` tuner started, if it is alive."""
         ...
 
-    def launch(self, t: Target, flags: dict[str, Any], *, restarts: list[int] | None = None,
-               spawned: Callable[[mg.Running], None] | None = None) -> mg.Running:
+    def launch(
+        self,
+        t: Target,
+        flags: dict[str, Any],
+        *,
+        restarts: list[int] | None = None,
+        spawned: Callable[[mg.Running], None] | None = None,
+    ) -> mg.Running:
         """Start ``t``'s managed server with ``flags`` through the health gate; ServerStartError if it fails."""
         ...
 

@@ -39,8 +39,21 @@ from tuner.flags import render
 from tuner.store import journal as jr
 from tuner.store.journal import ApplyState, ServerState
 
-__all__ = ["Route", "Canaried", "Managed", "Hook", "Systemd", "ByHand", "Rolling", "BlueGreen", "Kube", "ROUTES",
-           "route_for", "flags_argv", "hook_argv"]
+__all__ = [
+    "Route",
+    "Canaried",
+    "Managed",
+    "Hook",
+    "Systemd",
+    "ByHand",
+    "Rolling",
+    "BlueGreen",
+    "Kube",
+    "ROUTES",
+    "route_for",
+    "flags_argv",
+    "hook_argv",
+]
 
 _HOOK_HEALTH_TIMEOUT_S = 600.0
 
@@ -65,9 +78,12 @@ def hook_argv(target: Target, flags: dict[str, Any], diff: dict[str, Any], rec_i
             try:
                 out.append(element.format(**values))
             except (KeyError, IndexError, ValueError) as exc:
-                raise ConfigError("config", f"targets[{target.name}].apply.hook.command",
-                                  f"{element!r}: unknown placeholder {exc} (use {{target}}, {{url}}, "
-                                  "{recommendation}, or a whole {flags} / {diff} element)") from None
+                raise ConfigError(
+                    "config",
+                    f"targets[{target.name}].apply.hook.command",
+                    f"{element!r}: unknown placeholder {exc} (use {{target}}, {{url}}, "
+                    "{recommendation}, or a whole {flags} / {diff} element)",
+                ) from None
     return out
 
 
@@ -92,8 +108,11 @@ class Managed:
         if r is not None:
             ap.step(aid, "stopped", ap.drain(t, r))
         ap.step(aid, "starting", json.dumps(mg.build_argv(t, flags)), state=ApplyState.STARTING)
-        r = ap.launch(t, flags, spawned=lambda r: ap.step(aid, "health_check", f"pid {r.pid} started",
-                                                            state=ApplyState.HEALTH_CHECK))
+        r = ap.launch(
+            t,
+            flags,
+            spawned=lambda r: ap.step(aid, "health_check", f"pid {r.pid} started", state=ApplyState.HEALTH_CHECK),
+        )
         ap.step(aid, "healthy", f"/health 200 and one real request; pid {r.pid}")
 
     def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
@@ -121,8 +140,7 @@ class _Gated:
     name, restarts, outage, whole_group = "hook", True, True, False
     replicas = _config_replicas
 
-    def commands(self, ap: Steps, aid: int, t: Target, flags: dict[str, Any],
-                 diff: dict[str, Any]) -> list[list[str]]:
+    def commands(self, ap: Steps, aid: int, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[list[str]]:
         raise NotImplementedError
 
     def switch(self, ap: Steps, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
@@ -156,13 +174,18 @@ class _Gated:
         for argv in self.commands(ap, aid, t, flags, diff):
             ap.step(aid, "hook", json.dumps(argv))
             try:
-                proc = subprocess.run(argv, capture_output=True, text=True, timeout=hook.timeout.total_seconds(),
-                                      stdin=subprocess.DEVNULL)
+                proc = subprocess.run(
+                    argv, capture_output=True, text=True, timeout=hook.timeout.total_seconds(), stdin=subprocess.DEVNULL
+                )
             except FileNotFoundError:
-                raise ApplyError(f"hook {argv[0]!r} not found; apply by hand: restart {t.name} with "
-                                 f"{' '.join(flags_argv(t.backend, flags))}") from None
+                raise ApplyError(
+                    f"hook {argv[0]!r} not found; apply by hand: restart {t.name} with "
+                    f"{' '.join(flags_argv(t.backend, flags))}"
+                ) from None
             except subprocess.TimeoutExpired:
-                raise ApplyError(f"hook {json.dumps(argv)} did not finish in {hook.timeout.total_seconds():.0f}s") from None
+                raise ApplyError(
+                    f"hook {json.dumps(argv)} did not finish in {hook.timeout.total_seconds():.0f}s"
+                ) from None
             if proc.returncode != 0:
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
                 raise ApplyError(f"hook {json.dumps(argv)} exited {proc.returncode}: {tail[0]}")
@@ -184,8 +207,7 @@ class Hook(_Gated):
     def describe(self, p: Plan) -> list[str]:
         return ["hook argv: " + json.dumps(p.new_argv)]
 
-    def commands(self, ap: Steps, aid: int, t: Target, flags: dict[str, Any],
-                 diff: dict[str, Any]) -> list[list[str]]:
+    def commands(self, ap: Steps, aid: int, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[list[str]]:
         return [hook_argv(t, flags, diff, None)]
 
 
@@ -196,14 +218,17 @@ class Systemd(_Gated):
     def describe(self, p: Plan) -> list[str]:
         t = p.target
         flags = " ".join(flags_argv(t.backend, p.new_flags))
-        return [f"systemd: drop-in {self.dropin_path(t)} with TUNER_FLAGS={flags}, then systemctl daemon-reload "
-                f"and systemctl restart {self._unit(t)}"]
+        return [
+            f"systemd: drop-in {self.dropin_path(t)} with TUNER_FLAGS={flags}, then systemctl daemon-reload "
+            f"and systemctl restart {self._unit(t)}"
+        ]
 
-    def commands(self, ap: Steps, aid: int, t: Target, flags: dict[str, Any],
-                 diff: dict[str, Any]) -> list[list[str]]:
+    def commands(self, ap: Steps, aid: int, t: Target, flags: dict[str, Any], diff: dict[str, Any]) -> list[list[str]]:
         path = self.dropin_path(t)
-        text = ("# written by tuner: the flags it applied; the unit's ExecStart must use $TUNER_FLAGS\n"
-                f"[Service]\nEnvironment=\"TUNER_FLAGS={' '.join(flags_argv(t.backend, flags))}\"\n")
+        text = (
+            "# written by tuner: the flags it applied; the unit's ExecStart must use $TUNER_FLAGS\n"
+            f'[Service]\nEnvironment="TUNER_FLAGS={" ".join(flags_argv(t.backend, flags))}"\n'
+        )
         ap.step(aid, "dropin", f"{path}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -211,9 +236,11 @@ class Systemd(_Gated):
             tmp.write_text(text)
             os.replace(tmp, path)
         except OSError as exc:
-            raise ApplyError(f"cannot write the systemd drop-in {path}: {exc.strerror}; write it by hand:\n"
-                             f"{text}then run: systemctl daemon-reload && systemctl restart "
-                             f"{self._unit(t)}") from None
+            raise ApplyError(
+                f"cannot write the systemd drop-in {path}: {exc.strerror}; write it by hand:\n"
+                f"{text}then run: systemctl daemon-reload && systemctl restart "
+                f"{self._unit(t)}"
+            ) from None
         return [["systemctl", "daemon-reload"], ["systemctl", "restart", self._unit(t)]]
 
     @staticmethod
@@ -238,8 +265,10 @@ class ByHand:
         return ["flags after: " + " ".join(p.new_argv)]
 
     def switch(self, ap: Steps, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
-        raise ApplyError(f"tuner does not restart {p.target.name}: restart it by hand with "
-                         f"{' '.join(flags_argv(p.target.backend, flags))}")
+        raise ApplyError(
+            f"tuner does not restart {p.target.name}: restart it by hand with "
+            f"{' '.join(flags_argv(p.target.backend, flags))}"
+        )
 
     def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
         return False
@@ -279,9 +308,11 @@ class Rolling(_Balanced):
     def describe(self, p: Plan) -> list[str]:
         b = p.target.balancer
         assert b is not None
-        return [f"rolling over the replicas of {p.target.group} one at a time, behind HAProxy backend {b.backend} "
-                f"(drain until idle, restart, health gate, ready until UP); the others serve meanwhile",
-                "new argv (per replica, its own port): " + json.dumps(p.new_argv)]
+        return [
+            f"rolling over the replicas of {p.target.group} one at a time, behind HAProxy backend {b.backend} "
+            f"(drain until idle, restart, health gate, ready until UP); the others serve meanwhile",
+            "new argv (per replica, its own port): " + json.dumps(p.new_argv),
+        ]
 
     @staticmethod
     def _runs(ap: Steps, m: Target, flags: dict[str, Any]) -> bool:
@@ -294,19 +325,34 @@ class Rolling(_Balanced):
         b, server = m.balancer, m.replica
         up = lb.others_up(server)
         if not up:
-            raise ApplyError(f"no other replica of {m.group} is UP in HAProxy backend {b.backend}: taking {server} "
-                             "out would leave no server for the clients")
-        ap.step(aid, "draining", f"{m.name}: HAProxy {b.backend}/{server} drain; {', '.join(up)} serve",
-                 state=ApplyState.DRAINING)
+            raise ApplyError(
+                f"no other replica of {m.group} is UP in HAProxy backend {b.backend}: taking {server} "
+                "out would leave no server for the clients"
+            )
+        ap.step(
+            aid,
+            "draining",
+            f"{m.name}: HAProxy {b.backend}/{server} drain; {', '.join(up)} serve",
+            state=ApplyState.DRAINING,
+        )
         drained, st = lb.drain(server, b.drain_timeout.total_seconds())
-        ap.step(aid, "drained" if drained else "drain_timeout", f"{m.name}: {st.current} sessions, {st.queued} "
-                 f"queued in HAProxy" + ("" if drained else f" after {b.drain_timeout.total_seconds():g}s"))
+        ap.step(
+            aid,
+            "drained" if drained else "drain_timeout",
+            f"{m.name}: {st.current} sessions, {st.queued} "
+            f"queued in HAProxy" + ("" if drained else f" after {b.drain_timeout.total_seconds():g}s"),
+        )
         r = ap.running(m)
         if r is not None:
             ap.step(aid, "stopped", f"{m.name}: {ap.drain(m, r)}")
         ap.step(aid, "starting", f"{m.name}: {json.dumps(mg.build_argv(m, flags))}", state=ApplyState.STARTING)
-        r = ap.launch(m, flags, spawned=lambda r: ap.step(aid, "health_check", f"{m.name}: pid {r.pid} started",
-                                                            state=ApplyState.HEALTH_CHECK))
+        r = ap.launch(
+            m,
+            flags,
+            spawned=lambda r: ap.step(
+                aid, "health_check", f"{m.name}: pid {r.pid} started", state=ApplyState.HEALTH_CHECK
+            ),
+        )
         st = lb.ready(server, b.up_timeout.total_seconds())
         ap.step(aid, "in_rotation", f"{m.name}: HAProxy {b.backend}/{server} {st.status}; pid {r.pid}")
 
@@ -330,8 +376,7 @@ class Rolling(_Balanced):
         members = ap.cfg.group(p.target)
         for m in members:
             self._one(ap, aid, m, flags, lb)
-        ap.step(aid, "healthy", f"all {len(members)} replicas of {p.target.group} run the flags and are UP in "
-                                 "HAProxy")
+        ap.step(aid, "healthy", f"all {len(members)} replicas of {p.target.group} run the flags and are UP in HAProxy")
 
     def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
         """Every replica not running the old flags goes back to them, one at a time; one that does is put back in
@@ -379,10 +424,12 @@ class BlueGreen(_Balanced):
     def describe(self, p: Plan) -> list[str]:
         b = p.target.balancer
         assert b is not None
-        return [f"blue/green behind HAProxy backend {b.backend}: the new flags start on a spare port and join it; "
-                f"{b.server} is drained until idle, restarted with them on its own port and put back; the spare is "
-                "drained and removed (clients always have a server UP)",
-                "new argv: " + json.dumps(p.new_argv)]
+        return [
+            f"blue/green behind HAProxy backend {b.backend}: the new flags start on a spare port and join it; "
+            f"{b.server} is drained until idle, restarted with them on its own port and put back; the spare is "
+            "drained and removed (clients always have a server UP)",
+            "new argv: " + json.dumps(p.new_argv),
+        ]
 
     @staticmethod
     def spare(t: Target, port: int | None = None) -> Target:
@@ -390,10 +437,14 @@ class BlueGreen(_Balanced):
         same served model name (clients ask for it by that name)."""
         assert t.managed is not None and t.balancer is not None and t.balancer.server is not None
         host, own = t.host_port
-        return t.model_copy(update={
-            "name": f"{t.name}~spare", "url": f"http://{host}:{port if port is not None else own}",
-            "replica": f"{t.balancer.server[:56]}-spare",
-            "managed": t.managed.model_copy(update={"served_model_name": t.served_name})})
+        return t.model_copy(
+            update={
+                "name": f"{t.name}~spare",
+                "url": f"http://{host}:{port if port is not None else own}",
+                "replica": f"{t.balancer.server[:56]}-spare",
+                "managed": t.managed.model_copy(update={"served_model_name": t.served_name}),
+            }
+        )
 
     def _spare_now(self, ap: Steps, t: Target) -> Target | None:
         """The spare as it runs (its port from the argv it was started with), if a spare was recorded."""
@@ -406,8 +457,10 @@ class BlueGreen(_Balanced):
         t = p.target
         fits, why = ap.room(t, flags) if ap.room is not None else (False, "no memory reading was given to tuner")
         if not fits:
-            raise ApplyError(f"blue/green needs room for a second server beside {t.name}: {why}; free memory, or "
-                             f"apply with an outage by removing targets[{t.name}].balancer")
+            raise ApplyError(
+                f"blue/green needs room for a second server beside {t.name}: {why}; free memory, or "
+                f"apply with an outage by removing targets[{t.name}].balancer"
+            )
         ap.step(aid, "room", f"a second server fits: {why}")
         self._converge(ap, aid, t, flags, spare_ok=True)
         ap.step(aid, "healthy", f"{t.name} runs the flags and is UP in HAProxy; the spare is gone")
@@ -436,15 +489,27 @@ class BlueGreen(_Balanced):
                 self._remove_spare(ap, aid, t, lb)
                 spare = self._start_spare(ap, aid, t, flags, lb) if spare_ok else None
             if spare is not None:
-                ap.step(aid, "draining", f"{t.name}: HAProxy {b.backend}/{b.server} drain; {spare.replica} "
-                                          "serves", state=ApplyState.DRAINING)
+                ap.step(
+                    aid,
+                    "draining",
+                    f"{t.name}: HAProxy {b.backend}/{b.server} drain; {spare.replica} serves",
+                    state=ApplyState.DRAINING,
+                )
                 drained, st = lb.drain(b.server, b.drain_timeout.total_seconds())
-                ap.step(aid, "drained" if drained else "drain_timeout", f"{t.name}: {st.current} sessions, "
-                                                                          f"{st.queued} queued in HAProxy")
+                ap.step(
+                    aid,
+                    "drained" if drained else "drain_timeout",
+                    f"{t.name}: {st.current} sessions, {st.queued} queued in HAProxy",
+                )
             ap.step(aid, "stopped", f"{t.name}: {ap.drain(t, blue)}")
         ap.step(aid, "starting", f"{t.name}: {json.dumps(mg.build_argv(t, flags))}", state=ApplyState.STARTING)
-        r = ap.launch(t, flags, spawned=lambda r: ap.step(aid, "health_check", f"{t.name}: pid {r.pid} started",
-                                                            state=ApplyState.HEALTH_CHECK))
+        r = ap.launch(
+            t,
+            flags,
+            spawned=lambda r: ap.step(
+                aid, "health_check", f"{t.name}: pid {r.pid} started", state=ApplyState.HEALTH_CHECK
+            ),
+        )
         st = lb.ready(b.server, up_s)
         ap.step(aid, "in_rotation", f"{t.name}: HAProxy {b.backend}/{b.server} {st.status}; pid {r.pid}")
         self._remove_spare(ap, aid, t, lb)
@@ -453,10 +518,19 @@ class BlueGreen(_Balanced):
         assert t.balancer is not None
         spare = self.spare(t, free_port())
         assert spare.replica is not None
-        ap.step(aid, "starting", f"{spare.name} on {spare.url}: {json.dumps(mg.build_argv(spare, flags))}",
-                 state=ApplyState.STARTING)
-        r = ap.launch(spare, flags, spawned=lambda r: ap.step(aid, "health_check", f"{spare.name}: pid {r.pid} "
-                                                                "started", state=ApplyState.HEALTH_CHECK))
+        ap.step(
+            aid,
+            "starting",
+            f"{spare.name} on {spare.url}: {json.dumps(mg.build_argv(spare, flags))}",
+            state=ApplyState.STARTING,
+        )
+        r = ap.launch(
+            spare,
+            flags,
+            spawned=lambda r: ap.step(
+                aid, "health_check", f"{spare.name}: pid {r.pid} started", state=ApplyState.HEALTH_CHECK
+            ),
+        )
         host, port = spare.host_port
         lb.add(spare.replica, host, port)
         st = lb.ready(spare.replica, t.balancer.up_timeout.total_seconds())
@@ -469,8 +543,11 @@ class BlueGreen(_Balanced):
         assert spare.replica is not None
         if spare.replica in lb.stats():
             drained, st = lb.drain(spare.replica, t.balancer.drain_timeout.total_seconds())
-            ap.step(aid, "drained" if drained else "drain_timeout", f"{spare.name}: {st.current} sessions, "
-                                                                      f"{st.queued} queued in HAProxy")
+            ap.step(
+                aid,
+                "drained" if drained else "drain_timeout",
+                f"{spare.name}: {st.current} sessions, {st.queued} queued in HAProxy",
+            )
         r = ap.running(spare)
         if r is not None:
             ap.step(aid, "stopped", f"{spare.name}: {ap.drain(spare, r)}")
@@ -497,8 +574,15 @@ class BlueGreen(_Balanced):
             self._remove_spare(ap, aid, t, lb)
 
 
-ROUTES: dict[str, Route] = {"managed": Managed(), "hook": Hook(), "systemd": Systemd(), "manual": ByHand(),
-                            "rolling": Rolling(), "blue_green": BlueGreen(), "kubernetes": Kube()}
+ROUTES: dict[str, Route] = {
+    "managed": Managed(),
+    "hook": Hook(),
+    "systemd": Systemd(),
+    "manual": ByHand(),
+    "rolling": Rolling(),
+    "blue_green": BlueGreen(),
+    "kubernetes": Kube(),
+}
 
 
 def route_for(t: Target) -> Route:

@@ -58,9 +58,28 @@ from typing import Any
 from tuner.signals.load import Interval, LoadProfile
 from tuner.store.journal import ApplyOutcome
 
-__all__ = ["Verdict", "Clause", "SloCheck", "SloSide", "judge", "slo_check", "slo_line", "wilson", "load_clause",
-           "queue_clause", "effect_clause", "slo_clause", "MIN_SCRAPES", "CONFIDENT", "MIN_EFFECT", "LATENCY_EFFECT",
-           "LATENCY_SLO_SHARE", "LOAD_MATCH", "LOAD_HELD", "BOOTSTRAP"]
+__all__ = [
+    "Verdict",
+    "Clause",
+    "SloCheck",
+    "SloSide",
+    "judge",
+    "slo_check",
+    "slo_line",
+    "wilson",
+    "load_clause",
+    "queue_clause",
+    "effect_clause",
+    "slo_clause",
+    "MIN_SCRAPES",
+    "CONFIDENT",
+    "MIN_EFFECT",
+    "LATENCY_EFFECT",
+    "LATENCY_SLO_SHARE",
+    "LOAD_MATCH",
+    "LOAD_HELD",
+    "BOOTSTRAP",
+]
 
 CONFIDENT = 0.95
 # Noise floors, measured: the same vLLM config restarted under the same load on a 2-core host served 11% less and
@@ -112,12 +131,20 @@ class SloSide:
         return self.attainment if self.attainment_hi is None else self.attainment_hi
 
     def as_json(self) -> dict[str, Any]:
-        return {"attainment": round(self.attainment, 4), "attainment_at_most": round(self.most, 4), "n": self.n,
-                "interval": [round(self.lo, 4), round(self.hi, 4)], "status": self.status}
+        return {
+            "attainment": round(self.attainment, 4),
+            "attainment_at_most": round(self.most, 4),
+            "n": self.n,
+            "interval": [round(self.lo, 4), round(self.hi, 4)],
+            "status": self.status,
+        }
 
     def text(self) -> str:
-        share = f"{self.attainment:.1%}" if self.most - self.attainment < 0.0005 else \
-            f"{self.attainment:.1%}-{self.most:.1%} (bucket resolution)"
+        share = (
+            f"{self.attainment:.1%}"
+            if self.most - self.attainment < 0.0005
+            else f"{self.attainment:.1%}-{self.most:.1%} (bucket resolution)"
+        )
         return f"{share} [{self.lo:.1%}, {self.hi:.1%}] of {self.n:.0f}"
 
 
@@ -143,15 +170,24 @@ class SloCheck:
     def line(self) -> str:
         budgets = ", ".join(f"{k.upper()} P99 {v:g}s" for k, v in self.budgets.items())
 
-        return (f"SLO {self.objective:.4g} of requests within {budgets or 'its budgets'}: before "
-                f"{self.before.text()} ({self.before.status}), after {self.after.text()} ({self.after.status}) (95% "
-                "Wilson intervals)")
+        return (
+            f"SLO {self.objective:.4g} of requests within {budgets or 'its budgets'}: before "
+            f"{self.before.text()} ({self.before.status}), after {self.after.text()} ({self.after.status}) (95% "
+            "Wilson intervals)"
+        )
 
     def as_json(self) -> dict[str, Any]:
-        return {"objective": self.objective, "budgets": self.budgets, "before": self.before.as_json(),
-                "after": self.after.as_json(), "p_worse": round(self.p_worse, 4),
-                "p_better": round(self.p_better, 4), "broke": self.broke,
-                "cured": self.cured, "line": self.line()}
+        return {
+            "objective": self.objective,
+            "budgets": self.budgets,
+            "before": self.before.as_json(),
+            "after": self.after.as_json(),
+            "p_worse": round(self.p_worse, 4),
+            "p_better": round(self.p_better, 4),
+            "broke": self.broke,
+            "cured": self.cured,
+            "line": self.line(),
+        }
 
 
 @dataclass(frozen=True)
@@ -166,9 +202,16 @@ class Verdict:
     slo: SloCheck | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {"outcome": self.outcome, "reason": self.reason, "confidence": round(self.confidence, 4),
-                "test": self.test, "slo": self.slo.as_json() if self.slo else None, "before": self.before,
-                "after": self.after, "clauses": [c.as_json() for c in self.clauses]}
+        return {
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "confidence": round(self.confidence, 4),
+            "test": self.test,
+            "slo": self.slo.as_json() if self.slo else None,
+            "before": self.before,
+            "after": self.after,
+            "clauses": [c.as_json() for c in self.clauses],
+        }
 
 
 @dataclass(frozen=True)
@@ -212,18 +255,27 @@ class _Effect:
     def text(self, unit: str = "") -> str:
         def f(v: float | None) -> str:
             return "n/a" if v is None else f"{v:.3f}{unit}"
+
         return f"{self.name} {f(self.before)} -> {f(self.after)} ({self.rel:+.0%}, P(up) {self.p_up:.2f})"
 
 
 # ---- the statistics -------------------------------------------------------------------------------------------
+
 
 def _ratio(intervals: Sequence[Interval], attr: str) -> float:
     secs = math.fsum(iv.seconds for iv in intervals)
     return math.fsum(getattr(iv, attr) for iv in intervals) / secs if secs else 0.0
 
 
-def bootstrap_p_up(before: Sequence[Interval], after: Sequence[Interval], attr: str, *, before_scale: float = 1.0,
-                   after_scale: float = 1.0, replicates: int = BOOTSTRAP) -> float:
+def bootstrap_p_up(
+    before: Sequence[Interval],
+    after: Sequence[Interval],
+    attr: str,
+    *,
+    before_scale: float = 1.0,
+    after_scale: float = 1.0,
+    replicates: int = BOOTSTRAP,
+) -> float:
     """P(after's rate > before's) by resampling each side's busy scrape intervals with replacement (each side's
     rate times its scale, e.g. its SLO attainment for goodput)."""
     if not before or not after:
@@ -268,32 +320,58 @@ def _rel(before: float | None, after: float | None) -> float:
 
 
 def _capacity(b: LoadProfile, a: LoadProfile) -> _Effect:
-    attr, name, bv, av = "finished" if b.counts_requests else "generated", f"capacity ({b.unit})", b.capacity, a.capacity
+    attr, name, bv, av = (
+        "finished" if b.counts_requests else "generated",
+        f"capacity ({b.unit})",
+        b.capacity,
+        a.capacity,
+    )
     p = bootstrap_p_up([iv for iv in b.intervals if iv.busy], [iv for iv in a.intervals if iv.busy], attr)
     return _Effect(name, bv, av, p, _rel(bv, av), True)
 
 
 def _goodput(b: LoadProfile, a: LoadProfile) -> _Effect | None:
-    if b.slo_goodput_rps is None or a.slo_goodput_rps is None or b.slo_attainment is None or \
-            a.slo_attainment is None:
+    if b.slo_goodput_rps is None or a.slo_goodput_rps is None or b.slo_attainment is None or a.slo_attainment is None:
         return None
-    p = bootstrap_p_up([iv for iv in b.intervals if iv.busy], [iv for iv in a.intervals if iv.busy], "finished",
-                       before_scale=b.slo_attainment, after_scale=a.slo_attainment)
-    return _Effect("SLO goodput (req/s)", b.slo_goodput_rps, a.slo_goodput_rps, p,
-                   _rel(b.slo_goodput_rps, a.slo_goodput_rps), True)
+    p = bootstrap_p_up(
+        [iv for iv in b.intervals if iv.busy],
+        [iv for iv in a.intervals if iv.busy],
+        "finished",
+        before_scale=b.slo_attainment,
+        after_scale=a.slo_attainment,
+    )
+    return _Effect(
+        "SLO goodput (req/s)", b.slo_goodput_rps, a.slo_goodput_rps, p, _rel(b.slo_goodput_rps, a.slo_goodput_rps), True
+    )
 
 
 def _token_goodput(b: LoadProfile, a: LoadProfile) -> _Effect | None:
     """Generated tokens/s of requests within the SLO, where the SLO is per token (an ITL budget): the capacity
     branch's KPI beside request goodput, as ``_goodput`` (each side's tokens over its busy intervals, times its
     attainment)."""
-    if "itl" not in (b.slo_budgets or a.slo_budgets) or b.slo_token_goodput_tps is None or \
-            a.slo_token_goodput_tps is None or b.slo_attainment is None or a.slo_attainment is None:
+    if (
+        "itl" not in (b.slo_budgets or a.slo_budgets)
+        or b.slo_token_goodput_tps is None
+        or a.slo_token_goodput_tps is None
+        or b.slo_attainment is None
+        or a.slo_attainment is None
+    ):
         return None
-    p = bootstrap_p_up([iv for iv in b.intervals if iv.busy], [iv for iv in a.intervals if iv.busy], "generated",
-                       before_scale=b.slo_attainment, after_scale=a.slo_attainment)
-    return _Effect("SLO token goodput (tokens/s)", b.slo_token_goodput_tps, a.slo_token_goodput_tps, p,
-                   _rel(b.slo_token_goodput_tps, a.slo_token_goodput_tps), True)
+    p = bootstrap_p_up(
+        [iv for iv in b.intervals if iv.busy],
+        [iv for iv in a.intervals if iv.busy],
+        "generated",
+        before_scale=b.slo_attainment,
+        after_scale=a.slo_attainment,
+    )
+    return _Effect(
+        "SLO token goodput (tokens/s)",
+        b.slo_token_goodput_tps,
+        a.slo_token_goodput_tps,
+        p,
+        _rel(b.slo_token_goodput_tps, a.slo_token_goodput_tps),
+        True,
+    )
 
 
 def _latencies(b: LoadProfile, a: LoadProfile) -> list[_Effect]:
@@ -305,14 +383,32 @@ def _latencies(b: LoadProfile, a: LoadProfile) -> list[_Effect]:
         # the effect size is the median's shift (robust); the P99s are shown beside it
         vb, va = getattr(b, f"{key}_p50"), getattr(a, f"{key}_p50")
         budget = b.slo_budgets.get(key) or a.slo_budgets.get(key)
-        out.append(_Effect(label, vb, va, rank_p_up(hb[0], hb[1], ha[1]), _rel(vb, va), False,
-                           abs_min=LATENCY_SLO_SHARE * budget if budget else 0.0))
+        out.append(
+            _Effect(
+                label,
+                vb,
+                va,
+                rank_p_up(hb[0], hb[1], ha[1]),
+                _rel(vb, va),
+                False,
+                abs_min=LATENCY_SLO_SHARE * budget if budget else 0.0,
+            )
+        )
     if b.seconds_per_token is not None and a.seconds_per_token is not None:
         # llama-server: mean decode seconds per token, resampled as generated tokens per busy second
-        p_faster = bootstrap_p_up([iv for iv in b.intervals if iv.busy], [iv for iv in a.intervals if iv.busy],
-                                  "generated")
-        out.append(_Effect("seconds per generated token", b.seconds_per_token, a.seconds_per_token, 1 - p_faster,
-                           _rel(b.seconds_per_token, a.seconds_per_token), False))
+        p_faster = bootstrap_p_up(
+            [iv for iv in b.intervals if iv.busy], [iv for iv in a.intervals if iv.busy], "generated"
+        )
+        out.append(
+            _Effect(
+                "seconds per generated token",
+                b.seconds_per_token,
+                a.seconds_per_token,
+                1 - p_faster,
+                _rel(b.seconds_per_token, a.seconds_per_token),
+                False,
+            )
+        )
     return out
 
 
@@ -330,6 +426,7 @@ def _attainment(b: LoadProfile, a: LoadProfile) -> _Effect | None:
 
 
 # ---- the SLO line ---------------------------------------------------------------------------------------------
+
 
 def wilson(p: float, n: float, z: float = Z95) -> tuple[float, float]:
     """The Wilson score interval of a share ``p`` of ``n`` trials."""
@@ -363,19 +460,22 @@ def _p_up(pb: float, nb: float, pa: float, na: float) -> float:
 def _check(objective: float, budgets: dict[str, float], b: SloSide, a: SloSide) -> SloCheck:
     # fell: after's most against before's least; rose: after's least against before's most (the buckets' doubt
     # counts against the change either way)
-    return SloCheck(objective, budgets, b, a, 1 - _p_up(b.attainment, b.n, a.most, a.n),
-                    _p_up(b.most, b.n, a.attainment, a.n))
+    return SloCheck(
+        objective, budgets, b, a, 1 - _p_up(b.attainment, b.n, a.most, a.n), _p_up(b.most, b.n, a.attainment, a.n)
+    )
 
 
 def slo_check(b: LoadProfile, a: LoadProfile) -> SloCheck | None:
     """Each window's SLO attainment against the objective; None without an SLO or an attainment on both sides."""
     objective = b.slo_objective if b.slo_objective is not None else a.slo_objective
-    if objective is None or b.slo_attainment is None or a.slo_attainment is None or not b.finished or \
-            not a.finished:
+    if objective is None or b.slo_attainment is None or a.slo_attainment is None or not b.finished or not a.finished:
         return None
-    return _check(objective, dict(b.slo_budgets or a.slo_budgets),
-                  _slo_side(b.slo_attainment, b.finished, objective, b.slo_attainment_hi),
-                  _slo_side(a.slo_attainment, a.finished, objective, a.slo_attainment_hi))
+    return _check(
+        objective,
+        dict(b.slo_budgets or a.slo_budgets),
+        _slo_side(b.slo_attainment, b.finished, objective, b.slo_attainment_hi),
+        _slo_side(a.slo_attainment, a.finished, objective, a.slo_attainment_hi),
+    )
 
 
 def slo_line(before: dict[str, Any], after: dict[str, Any]) -> str | None:
@@ -396,12 +496,15 @@ def slo_line(before: dict[str, Any], after: dict[str, Any]) -> str | None:
     if sb is None or sa is None:
         have = sb or sa
         which = "before" if sb else "after" if sa else None
-        return (f"SLO {objective:.4g} of requests within their budgets: attainment measured "
-                f"{'on neither side' if which is None else 'only ' + which + f' ({have.attainment:.1%})'}")  # type: ignore[union-attr]
+        return (
+            f"SLO {objective:.4g} of requests within their budgets: attainment measured "
+            f"{'on neither side' if which is None else 'only ' + which + f' ({have.attainment:.1%})'}"  # type: ignore[union-attr]
+        )
     return _check(float(objective), dict(budgets), sb, sa).line()
 
 
 # ---- the clauses: one function each, the word read off the numbers the clause cites ---------------------------
+
 
 def load_clause(b: LoadProfile, a: LoadProfile) -> Clause:
     """The offered load before and after (llama-server: generated tokens/s stand in for it)."""
@@ -415,8 +518,14 @@ def load_clause(b: LoadProfile, a: LoadProfile) -> Clause:
     ratio = av / bv
     word = "rose" if ratio > 1 + LOAD_HELD else "fell" if ratio < 1 - LOAD_HELD else "held"
     same = 1 / LOAD_MATCH <= ratio <= LOAD_MATCH
-    return Clause("load", word, f"the {what} {word}: {bv:.3f} -> {av:.3f} {b.unit} ({ratio - 1:+.0%}, "
-                  f"{'within' if same else 'beyond'} the {LOAD_MATCH:g}x that counts as the same load)", bv, av)
+    return Clause(
+        "load",
+        word,
+        f"the {what} {word}: {bv:.3f} -> {av:.3f} {b.unit} ({ratio - 1:+.0%}, "
+        f"{'within' if same else 'beyond'} the {LOAD_MATCH:g}x that counts as the same load)",
+        bv,
+        av,
+    )
 
 
 def queue_clause(b: LoadProfile, a: LoadProfile) -> Clause:
@@ -426,8 +535,10 @@ def queue_clause(b: LoadProfile, a: LoadProfile) -> Clause:
         bv, av = b.waiting_share, a.waiting_share
         shares = f"samples with requests waiting {_pct(bv)} -> {_pct(av)}"
     else:
-        shares = f"time queued {_pct(bv)} -> {_pct(av)} of request time, queued share {_pct(b.queued_share)} -> " \
-                 f"{_pct(a.queued_share)}"
+        shares = (
+            f"time queued {_pct(bv)} -> {_pct(av)} of request time, queued share {_pct(b.queued_share)} -> "
+            f"{_pct(a.queued_share)}"
+        )
     if not b.saturated and a.saturated:
         return Clause("queue", "appeared", f"a queue appeared ({shares})", bv, av)
     if b.saturated and not a.saturated:
@@ -441,8 +552,13 @@ def effect_clause(e: _Effect, kind: str) -> Clause:
     """A KPI before and after with its test: rose or fell only beyond the noise, else held."""
     word = "rose" if e.rose else "fell" if e.fell else "held"
     verb = word if word != "held" else "did not change beyond the noise"
-    return Clause(kind, word, f"{e.name} {verb}: {_num(e.before)} -> {_num(e.after)} ({e.rel:+.0%}, P(up) "
-                  f"{e.p_up:.2f})", e.before, e.after)
+    return Clause(
+        kind,
+        word,
+        f"{e.name} {verb}: {_num(e.before)} -> {_num(e.after)} ({e.rel:+.0%}, P(up) {e.p_up:.2f})",
+        e.before,
+        e.after,
+    )
 
 
 def slo_clause(c: SloCheck) -> Clause:
@@ -456,25 +572,43 @@ def slo_clause(c: SloCheck) -> Clause:
         word, text = b.status, f"the SLO {'held' if b.status == 'met' else 'was ' + b.status + ' on both sides'}"
     else:
         word, text = "unsure", "the SLO's status changed within the noise"
-    return Clause("slo", word, f"{text}: attainment {b.text()} -> {a.text()} against its objective "
-                  f"{c.objective:.4g} (P(fell) {c.p_worse:.2f}, P(rose) {c.p_better:.2f})", b.attainment, a.attainment)
+    return Clause(
+        "slo",
+        word,
+        f"{text}: attainment {b.text()} -> {a.text()} against its objective "
+        f"{c.objective:.4g} (P(fell) {c.p_worse:.2f}, P(rose) {c.p_better:.2f})",
+        b.attainment,
+        a.attainment,
+    )
 
 
 def _served_clause(b: LoadProfile, a: LoadProfile) -> Clause:
     """After a queue went: what the server serves now against the capacity it sustained with the queue."""
     bv, av = b.capacity or 0.0, a.served or 0.0
     word = "held" if av >= bv * (1 - MIN_EFFECT) else "fell"
-    return Clause("served", word, f"it serves {av:.3f} {b.unit}, {'at least' if word == 'held' else 'less than'} "
-                  f"{1 - MIN_EFFECT:.0%} of the {bv:.3f} it sustained with a queue", bv, av)
+    return Clause(
+        "served",
+        word,
+        f"it serves {av:.3f} {b.unit}, {'at least' if word == 'held' else 'less than'} "
+        f"{1 - MIN_EFFECT:.0%} of the {bv:.3f} it sustained with a queue",
+        bv,
+        av,
+    )
 
 
 def _sustained_clause(b: LoadProfile, a: LoadProfile) -> Clause:
     """After a queue appeared: what the server sustains now against the load the old flags served."""
     bv, av = b.offered or 0.0, a.capacity or 0.0
     word = "below" if av < bv * (1 - MIN_EFFECT) else "near"
-    return Clause("sustained", word, f"the server now sustains {av:.3f} {b.unit}, "
-                  f"{'less than' if word == 'below' else 'within ' + format(MIN_EFFECT, '.0%') + ' of or above'} "
-                  f"the {bv:.3f} the old flags served without a queue", bv, av)
+    return Clause(
+        "sustained",
+        word,
+        f"the server now sustains {av:.3f} {b.unit}, "
+        f"{'less than' if word == 'below' else 'within ' + format(MIN_EFFECT, '.0%') + ' of or above'} "
+        f"the {bv:.3f} the old flags served without a queue",
+        bv,
+        av,
+    )
 
 
 def _traffic_clause(side: str, what: str) -> Clause:
@@ -482,6 +616,7 @@ def _traffic_clause(side: str, what: str) -> Clause:
 
 
 # ---- the verdict ----------------------------------------------------------------------------------------------
+
 
 def _traffic(p: LoadProfile) -> tuple[float, str]:
     if p.finished is not None:
@@ -505,18 +640,39 @@ def judge(before: LoadProfile | None, after: LoadProfile | None, *, min_requests
 
     if before is None or after is None:
         side = "before" if before is None else "after"
-        return v(ApplyOutcome.INCONCLUSIVE, [_traffic_clause(side, f"too little traffic to judge: fewer than two "
-                                                                   f"scrapes {side} the change")], 0.0, "none")
+        return v(
+            ApplyOutcome.INCONCLUSIVE,
+            [_traffic_clause(side, f"too little traffic to judge: fewer than two scrapes {side} the change")],
+            0.0,
+            "none",
+        )
     for side, p in (("before", before), ("after", after)):
         n, unit = _traffic(p)
         if n < min_requests:
-            return v(ApplyOutcome.INCONCLUSIVE, [_traffic_clause(
-                side, f"too little traffic to judge: {n:.0f} {unit} {side} the change (min_requests {min_requests})")],
-                0.0, "none")
+            return v(
+                ApplyOutcome.INCONCLUSIVE,
+                [
+                    _traffic_clause(
+                        side,
+                        f"too little traffic to judge: {n:.0f} {unit} {side} the change (min_requests {min_requests})",
+                    )
+                ],
+                0.0,
+                "none",
+            )
         if p.samples < MIN_SCRAPES:
-            return v(ApplyOutcome.INCONCLUSIVE, [_traffic_clause(
-                side, f"too few scrapes to judge: {p.samples} {side} the change (at least {MIN_SCRAPES}; scrapes were "
-                "late or failed)")], 0.0, "none")
+            return v(
+                ApplyOutcome.INCONCLUSIVE,
+                [
+                    _traffic_clause(
+                        side,
+                        f"too few scrapes to judge: {p.samples} {side} the change (at least {MIN_SCRAPES}; scrapes were "
+                        "late or failed)",
+                    )
+                ],
+                0.0,
+                "none",
+            )
 
     cap = _capacity(before, after)
     load, queue = load_clause(before, after), queue_clause(before, after)
@@ -528,8 +684,9 @@ def judge(before: LoadProfile | None, after: LoadProfile | None, *, min_requests
     if slo is not None:
         said = slo_clause(slo)
         if slo.broke and not_risen:
-            return v(ApplyOutcome.ROLLED_BACK, [said, load, queue, effect_clause(cap, "capacity")], slo.p_worse,
-                     _SLO_TEST)
+            return v(
+                ApplyOutcome.ROLLED_BACK, [said, load, queue, effect_clause(cap, "capacity")], slo.p_worse, _SLO_TEST
+            )
         if slo.cured and not_fallen:
             return v(ApplyOutcome.KEPT, [said, load, queue, effect_clause(cap, "capacity")], slo.p_better, _SLO_TEST)
         slo_said = [said]  # no flip to decide on: the SLO's status is said after what decided
@@ -537,8 +694,13 @@ def judge(before: LoadProfile | None, after: LoadProfile | None, *, min_requests
     # Both windows breaching the SLO while requests queue on both sides: attainment (and so goodput) measures how
     # long the queue has been growing, not the flags (the same flags restarted under the same open-loop load read
     # 11% -> 0% on the server's side while the clients saw 15.6% -> 14.7%): capacity alone judges then.
-    queue_sets_slo = (slo is not None and before.saturated and after.saturated and slo.before.status == "breached"
-                      and slo.after.status == "breached")
+    queue_sets_slo = (
+        slo is not None
+        and before.saturated
+        and after.saturated
+        and slo.before.status == "breached"
+        and slo.after.status == "breached"
+    )
     out = _second_signal(before, after, cap, load, queue, not_risen, goodput=not queue_sets_slo)
     outcome, clauses, confidence, test = out
     if outcome == ApplyOutcome.ROLLED_BACK and slo is not None and slo.cured:
@@ -547,14 +709,25 @@ def judge(before: LoadProfile | None, after: LoadProfile | None, *, min_requests
     return v(outcome, [*clauses, *slo_said], confidence, test)
 
 
-def _second_signal(before: LoadProfile, after: LoadProfile, cap: _Effect, load: Clause, queue: Clause,
-                   not_risen: bool, *, goodput: bool = True) -> tuple[ApplyOutcome, list[Clause], float, str]:
+def _second_signal(
+    before: LoadProfile,
+    after: LoadProfile,
+    cap: _Effect,
+    load: Clause,
+    queue: Clause,
+    not_risen: bool,
+    *,
+    goodput: bool = True,
+) -> tuple[ApplyOutcome, list[Clause], float, str]:
     """Capacity and latency: the judgement without an SLO, the second signal with one. ``goodput``: whether SLO
     goodput is a KPI beside capacity (not where the queue, not the flags, sets the attainment)."""
     if before.saturated:
         good, token_good = (_goodput(before, after), _token_goodput(before, after)) if goodput else (None, None)
-        effects = [(cap, "capacity")] + ([(good, "goodput")] if good else []) + \
-            ([(token_good, "goodput")] if token_good else [])
+        effects = (
+            [(cap, "capacity")]
+            + ([(good, "goodput")] if good else [])
+            + ([(token_good, "goodput")] if token_good else [])
+        )
         down = [e for e, _ in effects if e.worse]
         up = [e for e, _ in effects if e.better]
         said = [effect_clause(e, kind) for e, kind in effects]
@@ -564,8 +737,12 @@ def _second_signal(before: LoadProfile, after: LoadProfile, cap: _Effect, load: 
                 return ApplyOutcome.KEPT, [*said, queue, load], max(e.confidence for e in up), _CAP_TEST
             if down and not up:
                 return ApplyOutcome.ROLLED_BACK, [*said, queue, load], max(e.confidence for e in down), _CAP_TEST
-            return (ApplyOutcome.INCONCLUSIVE, [*said, queue, load],
-                    max((e.confidence for e, _ in effects), default=0.5), _CAP_TEST)
+            return (
+                ApplyOutcome.INCONCLUSIVE,
+                [*said, queue, load],
+                max((e.confidence for e, _ in effects), default=0.5),
+                _CAP_TEST,
+            )
         served = _served_clause(before, after)
         if cap.better or (not cap.worse and served.word == "held"):
             return ApplyOutcome.KEPT, [queue, served, *said, load], cap.confidence, _CAP_TEST
@@ -574,22 +751,38 @@ def _second_signal(before: LoadProfile, after: LoadProfile, cap: _Effect, load: 
     if after.saturated:
         sustained = _sustained_clause(before, after)
         if sustained.word == "below" and not_risen:
-            return (ApplyOutcome.ROLLED_BACK, [queue, sustained, load, effect_clause(cap, "capacity")], cap.confidence,
-                    "capacity after vs offered load before")
+            return (
+                ApplyOutcome.ROLLED_BACK,
+                [queue, sustained, load, effect_clause(cap, "capacity")],
+                cap.confidence,
+                "capacity after vs offered load before",
+            )
         if not not_risen:
-            return (ApplyOutcome.INCONCLUSIVE, [queue, load, sustained, effect_clause(cap, "capacity")], cap.confidence,
-                    "offered load")
+            return (
+                ApplyOutcome.INCONCLUSIVE,
+                [queue, load, sustained, effect_clause(cap, "capacity")],
+                cap.confidence,
+                "offered load",
+            )
         lat = [e for e in _latencies(before, after)]
         worse_lat = [e for e in lat if e.worse]
         if worse_lat:
-            return (ApplyOutcome.ROLLED_BACK,
-                    [queue, *(effect_clause(e, "latency") for e in worse_lat), load, sustained],
-                    max(e.confidence for e in worse_lat), _LAT_TEST)
-        return (ApplyOutcome.INCONCLUSIVE, [queue, sustained, load, *(effect_clause(e, "latency") for e in lat)],
-                max((e.confidence for e in lat), default=cap.confidence), _LAT_TEST)
+            return (
+                ApplyOutcome.ROLLED_BACK,
+                [queue, *(effect_clause(e, "latency") for e in worse_lat), load, sustained],
+                max(e.confidence for e in worse_lat),
+                _LAT_TEST,
+            )
+        return (
+            ApplyOutcome.INCONCLUSIVE,
+            [queue, sustained, load, *(effect_clause(e, "latency") for e in lat)],
+            max((e.confidence for e in lat), default=cap.confidence),
+            _LAT_TEST,
+        )
 
-    kinds = [(e, "attainment") for e in [_attainment(before, after)] if e is not None] + \
-        [(e, "latency") for e in _latencies(before, after)]
+    kinds = [(e, "attainment") for e in [_attainment(before, after)] if e is not None] + [
+        (e, "latency") for e in _latencies(before, after)
+    ]
     if not kinds:
         return ApplyOutcome.INCONCLUSIVE, [queue, load], 0.5, _LAT_TEST
     worse_k = [(e, k) for e, k in kinds if e.worse]
@@ -599,11 +792,19 @@ def _second_signal(before: LoadProfile, after: LoadProfile, cap: _Effect, load: 
     best = max(e.confidence for e, _ in kinds)
     said = [effect_clause(e, k) for e, k in kinds]
     if worse_k and (matched or (ratio is not None and ratio < 1)):
-        return (ApplyOutcome.ROLLED_BACK, [*(effect_clause(e, k) for e, k in worse_k), queue, load],
-                max(e.confidence for e, _ in worse_k), _LAT_TEST)
+        return (
+            ApplyOutcome.ROLLED_BACK,
+            [*(effect_clause(e, k) for e, k in worse_k), queue, load],
+            max(e.confidence for e, _ in worse_k),
+            _LAT_TEST,
+        )
     if better_k and not worse_k and (matched or (ratio is not None and ratio > 1)):
-        return (ApplyOutcome.KEPT, [*(effect_clause(e, k) for e, k in better_k), queue, load],
-                max(e.confidence for e, _ in better_k), _LAT_TEST)
+        return (
+            ApplyOutcome.KEPT,
+            [*(effect_clause(e, k) for e, k in better_k), queue, load],
+            max(e.confidence for e, _ in better_k),
+            _LAT_TEST,
+        )
     return ApplyOutcome.INCONCLUSIVE, [queue, load, *said], best, _LAT_TEST
 
 

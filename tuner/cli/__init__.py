@@ -16,8 +16,9 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tuner", description="Watch vLLM and llama-server, derive serving signals, "
-                                "and tune their flags safely.")
+    p = argparse.ArgumentParser(
+        prog="tuner", description="Watch vLLM and llama-server, derive serving signals, and tune their flags safely."
+    )
     p.add_argument("--config", "-c", help=f"config file (default: $TUNER_CONFIG or ./{DEFAULT_CONFIG})")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -33,8 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     if args.log_level != "DEBUG":
         logging.getLogger("alembic").setLevel(logging.WARNING)  # its per-command INFO lines are noise here
     try:

@@ -27,8 +27,17 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows = [["STATE", "ALERT", "LABELS", "VALUE", "ACTIVE SINCE", "FIRING SINCE", "SUMMARY"]]
     for a in alerts:
         labels = ",".join(f"{k}={v}" for k, v in sorted(a.labels.items()) if k != "alertname")
-        rows.append([a.state, a.labels.get("alertname", a.rule), labels, f"{a.value:.4g}", when(a.active_at_ms),
-                     when(a.fired_at_ms), a.annotations.get("summary", "")[:70]])
+        rows.append(
+            [
+                a.state,
+                a.labels.get("alertname", a.rule),
+                labels,
+                f"{a.value:.4g}",
+                when(a.active_at_ms),
+                when(a.fired_at_ms),
+                a.annotations.get("summary", "")[:70],
+            ]
+        )
     print(table(rows) if len(rows) > 1 else "no active alerts")
     return 0
 
@@ -36,8 +45,21 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_history(args: argparse.Namespace) -> int:
     events = alerts_app.history(session(args), limit=args.limit)
     if args.json:
-        print(json.dumps([{"ts_ms": e.ts_ms, "rule": e.rule, "labels": json.loads(e.labels), "from": e.from_state,
-                           "to": e.to_state, "value": e.value} for e in events]))
+        print(
+            json.dumps(
+                [
+                    {
+                        "ts_ms": e.ts_ms,
+                        "rule": e.rule,
+                        "labels": json.loads(e.labels),
+                        "from": e.from_state,
+                        "to": e.to_state,
+                        "value": e.value,
+                    }
+                    for e in events
+                ]
+            )
+        )
         return 0
     rows = [["TIME (UTC)", "RULE", "FROM", "TO", "VALUE", "LABELS"]]
     for e in events:
@@ -60,8 +82,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         if not sep:
             raise ConfigError("tuner alerts export", "--label", f"expected KEY=VALUE, got {item!r}")
         labels[key] = value
-    rules, text = alerts_app.export(optional_session(args), args.files, fmt=args.format, name=args.name,
-                                    namespace=args.namespace, labels=labels)
+    rules, text = alerts_app.export(
+        optional_session(args), args.files, fmt=args.format, name=args.name, namespace=args.namespace, labels=labels
+    )
     if args.output in (None, "-"):
         sys.stdout.write(text)
     else:
@@ -71,14 +94,22 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    paths = [str(p) for a in args.scenarios for p in (sorted(Path(a).glob("*.yaml")) if Path(a).is_dir() else [Path(a)])
-             if not str(p).endswith(".rules.yaml")]
+    paths = [
+        str(p)
+        for a in args.scenarios
+        for p in (sorted(Path(a).glob("*.yaml")) if Path(a).is_dir() else [Path(a)])
+        if not str(p).endswith(".rules.yaml")
+    ]
     if not paths:
         raise ConfigError("tuner alerts test", "SCENARIO", "no scenario files found")
     promtool = None if args.no_promtool else (args.promtool or shutil.which("promtool"))
     if not args.no_promtool and not promtool:
-        raise ConfigError("tuner alerts test", "--promtool", "promtool not found; install it "
-                          "(scripts/install-prometheus.sh) or pass --no-promtool to run tuner's side only")
+        raise ConfigError(
+            "tuner alerts test",
+            "--promtool",
+            "promtool not found; install it "
+            "(scripts/install-prometheus.sh) or pass --no-promtool to run tuner's side only",
+        )
     workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="tuner-alerts-test-"))
     results = alerts_app.run_scenarios(paths, promtool=promtool, workdir=workdir)
     failed = 0
@@ -103,7 +134,9 @@ def cmd_signals(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: Any) -> None:
-    a = sub.add_parser("alerts", help="alert rules: current alerts, history, check, export for Prometheus, scenario tests")
+    a = sub.add_parser(
+        "alerts", help="alert rules: current alerts, history, check, export for Prometheus, scenario tests"
+    )
     asub = a.add_subparsers(dest="alerts_command", required=True, metavar="ALERTS_COMMAND")
 
     p = asub.add_parser("list", help="current pending and firing alerts")
@@ -114,18 +147,28 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--limit", type=COUNT, default=50)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_history)
-    for name, fn, helptext in (("check", cmd_check, "validate rule files (the config's, or --files)"),
-                               ("export", cmd_export, "write the rules as a Prometheus rule file")):
+    for name, fn, helptext in (
+        ("check", cmd_check, "validate rule files (the config's, or --files)"),
+        ("export", cmd_export, "write the rules as a Prometheus rule file"),
+    ):
         p = asub.add_parser(name, help=helptext)
         p.add_argument("--files", nargs="+", help="rule files (default: alerting.rule_files, else the default pack)")
         if name == "export":
-            p.add_argument("--format", choices=["prometheus", "prometheus-operator"], default="prometheus",
-                           help="a Prometheus rule file, or a PrometheusRule object for the Prometheus Operator")
+            p.add_argument(
+                "--format",
+                choices=["prometheus", "prometheus-operator"],
+                default="prometheus",
+                help="a Prometheus rule file, or a PrometheusRule object for the Prometheus Operator",
+            )
             p.add_argument("--name", default="tuner", help="prometheus-operator: the PrometheusRule's name")
             p.add_argument("--namespace", help="prometheus-operator: its namespace (default: kubectl's)")
-            p.add_argument("--label", action="append", metavar="KEY=VALUE",
-                           help="prometheus-operator: a label of the object, as the Prometheus resource's "
-                                "ruleSelector matches it (e.g. release=prometheus); repeatable")
+            p.add_argument(
+                "--label",
+                action="append",
+                metavar="KEY=VALUE",
+                help="prometheus-operator: a label of the object, as the Prometheus resource's "
+                "ruleSelector matches it (e.g. release=prometheus); repeatable",
+            )
             p.add_argument("-o", "--output", help="file to write (default: stdout)")
         p.set_defaults(func=fn)
     p = asub.add_parser("test", help="run alert scenarios in tuner and in promtool; both must pass")

@@ -65,14 +65,18 @@ def _cost_line(a: jr.StoredApply) -> str | None:
     if held is not None or mean is not None:
         said = [f"{held} read from its gauges when the drain began"] if held is not None else []
         if mean is not None:  # the gauges are sampled and a loaded vLLM CPU can report 0 while busy
-            said.append(f"{mean:.1f} on average over the baseline (Little's law: the E2E histogram's seconds / "
-                        "the window)")
-        parts.append("request(s) in flight: " + ", ".join(said) + " (the 'stopped' step says how the old server "
-                     "exited)")
+            said.append(
+                f"{mean:.1f} on average over the baseline (Little's law: the E2E histogram's seconds / the window)"
+            )
+        parts.append(
+            "request(s) in flight: " + ", ".join(said) + " (the 'stopped' step says how the old server exited)"
+        )
     arrivals, offered = a.after.get("arrivals_during_outage"), a.baseline.get("offered_rps")
     if arrivals is not None and offered:
-        parts.append(f"about {arrivals:g} request(s) arrived meanwhile at {offered:.3g} req/s: refused, or sent "
-                     "again by clients that retry (only the clients or a load balancer in front can tell which)")
+        parts.append(
+            f"about {arrivals:g} request(s) arrived meanwhile at {offered:.3g} req/s: refused, or sent "
+            "again by clients that retry (only the clients or a load balancer in front can tell which)"
+        )
     return "; ".join(parts)
 
 
@@ -103,9 +107,20 @@ def cmd_apply(args: argparse.Namespace) -> int:
         plan = pending.plan
         if args.dry_run:
             if args.json:
-                print(json.dumps({"dry_run": True, "target": plan.target.name, "how": plan.how, "diff": plan.diff,
-                                  "old_flags": plan.old_flags, "new_flags": plan.new_flags,
-                                  "old_argv": redact_argv(plan.old_argv), "new_argv": redact_argv(plan.new_argv)}))
+                print(
+                    json.dumps(
+                        {
+                            "dry_run": True,
+                            "target": plan.target.name,
+                            "how": plan.how,
+                            "diff": plan.diff,
+                            "old_flags": plan.old_flags,
+                            "new_flags": plan.new_flags,
+                            "old_argv": redact_argv(plan.old_argv),
+                            "new_argv": redact_argv(plan.new_argv),
+                        }
+                    )
+                )
             else:
                 print("dry run: nothing is changed")
                 print(pending.describe())
@@ -113,13 +128,19 @@ def cmd_apply(args: argparse.Namespace) -> int:
         if not args.json:
             print(pending.describe())
         outage = pending.expected_outage()
-        cost = (f"; {plan.target.name} will serve nothing for about {outage[0]:.0f}s (median of {outage[1]} earlier "
-                "applies: drain, restart, health gate)" if outage else
-                f"; {plan.target.name} serves nothing while it drains and restarts" if plan.route.outage else
-                f"; {plan.target.name} first as a canary against its peers, then the rest of {plan.target.group} if "
-                "it is kept" if args.canary else
-                f"; rolling over {plan.target.group}'s replicas, the others serving" if plan.whole_group
-                else "")
+        cost = (
+            f"; {plan.target.name} will serve nothing for about {outage[0]:.0f}s (median of {outage[1]} earlier "
+            "applies: drain, restart, health gate)"
+            if outage
+            else f"; {plan.target.name} serves nothing while it drains and restarts"
+            if plan.route.outage
+            else f"; {plan.target.name} first as a canary against its peers, then the rest of {plan.target.group} if "
+            "it is kept"
+            if args.canary
+            else f"; rolling over {plan.target.group}'s replicas, the others serving"
+            if plan.whole_group
+            else ""
+        )
         if args.yes and not args.json:  # without --yes the question below says it
             print(f"apply recommendation #{args.id} to {plan.target.name}{cost}", flush=True)
         confirm(args, f"apply recommendation #{args.id} to {plan.target.name}{cost}")
@@ -146,8 +167,11 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_judge(args: argparse.Namespace) -> int:
     """With directories no config is needed; with TARGET, its store's ranges."""
     if args.before is None or args.after is None:
-        raise ConfigError("command line", "--before/--after", "both are needed: two directories of expositions, or "
-                          "with TARGET two time ranges START..END")
+        raise ConfigError(
+            "command line",
+            "--before/--after",
+            "both are needed: two directories of expositions, or with TARGET two time ranges START..END",
+        )
     if args.target:
         v = judge_target(session(args), args.target, args.before, args.after, now=time.time())
     else:
@@ -156,8 +180,14 @@ def cmd_judge(args: argparse.Namespace) -> int:
         slo = None
         if args.slo_ttft_p99 or args.slo_e2e_p99:
             slo = Slo(ttft_p99=args.slo_ttft_p99, e2e_p99=args.slo_e2e_p99, objective=args.objective)
-        v = judge_dirs(Path(args.before), Path(args.after), backend=args.backend, slo=slo,
-                       min_requests=args.min_requests, max_bytes=args.max_bytes)
+        v = judge_dirs(
+            Path(args.before),
+            Path(args.after),
+            backend=args.backend,
+            slo=slo,
+            min_requests=args.min_requests,
+            max_bytes=args.max_bytes,
+        )
     if args.json:
         print(json.dumps(v.as_json()))
         return 0
@@ -207,8 +237,10 @@ def cmd_managed(args: argparse.Namespace) -> int:
             st = jr.get_managed(ap.engine, t.name)
             r = ap.running(t)
             state = "running" if r else (st.state if st else "never started")
-            print(f"{t.name:16} {state:10} pid {r.pid if r else '-':<8} flags {json.dumps(ap.flags_in_force(t))}"
-                  + (f"  note: {s.cfg.redact(st.note)}" if st and st.note else ""))
+            print(
+                f"{t.name:16} {state:10} pid {r.pid if r else '-':<8} flags {json.dumps(ap.flags_in_force(t))}"
+                + (f"  note: {s.cfg.redact(st.note)}" if st and st.note else "")
+            )
             rc = rc or (0 if r else 1)
     return rc
 
@@ -217,8 +249,11 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     s = session(args)
 
     def what() -> str | None:  # a reconcile finishes or rolls back applies: say which step it waits on
-        return next((w for t in s.cfg.targets if (w := apply_app.waiting_on(s, t.name, time.time()))),
-                    "reconciling (checking open applies and managed servers)")
+        return next(
+            (w for t in s.cfg.targets if (w := apply_app.waiting_on(s, t.name, time.time()))),
+            "reconciling (checking open applies and managed servers)",
+        )
+
     with Heartbeat(what) as hb:
         lines = apply_app.reconcile(s, say=hb.say)
     print(s.cfg.redact("\n".join(lines)) if lines else "nothing to reconcile")
@@ -231,18 +266,27 @@ def cmd_haproxy_config(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: Any) -> None:
-    a = sub.add_parser("apply-recommendation", help="apply a stored recommendation: drain, restart with the new flags, "
-                       "health gate, observe, keep or roll back (journaled)")
+    a = sub.add_parser(
+        "apply-recommendation",
+        help="apply a stored recommendation: drain, restart with the new flags, "
+        "health gate, observe, keep or roll back (journaled)",
+    )
     a.add_argument("id", type=RECORD_ID)
     a.add_argument("--dry-run", action="store_true", help="print the flag diff and the full argv; change nothing")
     a.add_argument("--yes", action="store_true", help="do not ask for confirmation (needed without a terminal)")
-    a.add_argument("--applied", action="store_true",
-                   help="you restarted an unmanaged server by hand as tuner asked: health-check and observe it")
+    a.add_argument(
+        "--applied",
+        action="store_true",
+        help="you restarted an unmanaged server by hand as tuner asked: health-check and observe it",
+    )
     a.add_argument("--cancel", action="store_true", help="drop an apply that waits for a restart by hand")
     a.add_argument("--force", action="store_true", help="apply even past apply.max_restarts_per_hour")
-    a.add_argument("--canary", action="store_true",
-                   help="replica groups: change this replica only, judge it against an unchanged peer over the same "
-                        "window (same live traffic), then roll out to the group or put it back")
+    a.add_argument(
+        "--canary",
+        action="store_true",
+        help="replica groups: change this replica only, judge it against an unchanged peer over the same "
+        "window (same live traffic), then roll out to the group or put it back",
+    )
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_apply)
 
@@ -259,25 +303,48 @@ def add_parsers(sub: Any) -> None:
     j.add_argument("--json", action="store_true")
     j.set_defaults(func=cmd_journal)
 
-    v = sub.add_parser("judge", help="the apply verdict (kept | rolled_back | inconclusive) on recorded data: two "
-                       "directories of expositions named <unix_ms>.txt, or two time ranges of TARGET's store",
-                       description="With directories no config is needed: `tuner judge --before DIR --after DIR "
-                       "--backend vllm --json`. With TARGET: `tuner judge TARGET --before 20m..10m --after 10m..now` "
-                       "(unix seconds, durations ago, or now).")
-    v.add_argument("target", nargs="?", help="a configured target, or a replica group (its replicas together, as "
-                   "a rolling apply is judged): --before/--after are then START..END ranges")
+    v = sub.add_parser(
+        "judge",
+        help="the apply verdict (kept | rolled_back | inconclusive) on recorded data: two "
+        "directories of expositions named <unix_ms>.txt, or two time ranges of TARGET's store",
+        description="With directories no config is needed: `tuner judge --before DIR --after DIR "
+        "--backend vllm --json`. With TARGET: `tuner judge TARGET --before 20m..10m --after 10m..now` "
+        "(unix seconds, durations ago, or now).",
+    )
+    v.add_argument(
+        "target",
+        nargs="?",
+        help="a configured target, or a replica group (its replicas together, as "
+        "a rolling apply is judged): --before/--after are then START..END ranges",
+    )
     v.add_argument("--before", help="directory (or with TARGET a range START..END) before the change")
     v.add_argument("--after", help="directory (or with TARGET a range START..END) after the change")
     v.add_argument("--backend", choices=["vllm", "llamacpp"], help="the server that wrote the expositions")
-    v.add_argument("--slo-ttft-p99", type=duration, help="TTFT budget, e.g. 500ms (directories only; a target has its slo)")
+    v.add_argument(
+        "--slo-ttft-p99", type=duration, help="TTFT budget, e.g. 500ms (directories only; a target has its slo)"
+    )
     v.add_argument("--slo-e2e-p99", type=duration, help="end-to-end budget, e.g. 10s")
-    v.add_argument("--objective", type=float_in(0, 1, low_open=True), default=0.99, help="share of requests that must meet the budgets")
-    v.add_argument("--min-requests", type=int_in(0, 2**31), default=20,
-                   help="fewer finished on either side (llama-server: tokens): inconclusive")
-    v.add_argument("--json", action="store_true", help="one JSON object: outcome, reason, confidence, test, "
-                   "before, after")
-    v.add_argument("--max-bytes", type=int_in(1, 2**40), default=MAX_FILE_BYTES,
-                   help="largest exposition read, after decompression (default 10 MiB, as a scrape's body)")
+    v.add_argument(
+        "--objective",
+        type=float_in(0, 1, low_open=True),
+        default=0.99,
+        help="share of requests that must meet the budgets",
+    )
+    v.add_argument(
+        "--min-requests",
+        type=int_in(0, 2**31),
+        default=20,
+        help="fewer finished on either side (llama-server: tokens): inconclusive",
+    )
+    v.add_argument(
+        "--json", action="store_true", help="one JSON object: outcome, reason, confidence, test, before, after"
+    )
+    v.add_argument(
+        "--max-bytes",
+        type=int_in(1, 2**40),
+        default=MAX_FILE_BYTES,
+        help="largest exposition read, after decompression (default 10 MiB, as a scrape's body)",
+    )
     v.set_defaults(func=cmd_judge)
 
     m = sub.add_parser("managed", help="servers tuner starts itself (targets with managed:): status, start, stop")
@@ -285,10 +352,15 @@ def add_parsers(sub: Any) -> None:
     m.add_argument("target", nargs="?")
     m.set_defaults(func=cmd_managed)
 
-    h = sub.add_parser("haproxy-config", help="print the HAProxy config tuner expects in front of a replica group "
-                       "or a blue/green target (admin socket, /health checks, retries with redispatch)")
-    h.add_argument("group", help="the group's name (a target with replicas:), or a target with balancer.server "
-                                 "(blue/green on one host)")
+    h = sub.add_parser(
+        "haproxy-config",
+        help="print the HAProxy config tuner expects in front of a replica group "
+        "or a blue/green target (admin socket, /health checks, retries with redispatch)",
+    )
+    h.add_argument(
+        "group",
+        help="the group's name (a target with replicas:), or a target with balancer.server (blue/green on one host)",
+    )
     h.set_defaults(func=cmd_haproxy_config)
 
     c = sub.add_parser("reconcile", help="finish or roll back applies left half done by a tuner that died")

@@ -13,8 +13,20 @@ from tuner.app.session import Session
 from tuner.config import parse_duration
 from tuner.errors import ApplyError
 
-__all__ = ["session", "optional_session", "duration", "unix_time", "int_in", "float_in", "RECORD_ID", "COUNT", "table",
-           "when", "fmt", "confirm"]
+__all__ = [
+    "session",
+    "optional_session",
+    "duration",
+    "unix_time",
+    "int_in",
+    "float_in",
+    "RECORD_ID",
+    "COUNT",
+    "table",
+    "when",
+    "fmt",
+    "confirm",
+]
 
 
 def session(args: argparse.Namespace, *, pods: bool = True) -> Session:
@@ -44,13 +56,13 @@ def unix_time(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected unix seconds, got {text!r}") from None
     if not 0 <= value <= _LAST_TIME:  # also NaN
-        raise argparse.ArgumentTypeError(f"expected unix seconds from 0 to {_LAST_TIME:.0f} (year 9999), "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected unix seconds from 0 to {_LAST_TIME:.0f} (year 9999), got {text!r}")
     return value
 
 
 def int_in(lo: int, hi: int) -> Callable[[str], int]:
     """An argparse type: a whole number in [lo, hi] (ids and counts: SQLite's integers stop at 2**63 - 1)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -59,21 +71,26 @@ def int_in(lo: int, hi: int) -> Callable[[str], int]:
         if not lo <= value <= hi:
             raise argparse.ArgumentTypeError(f"expected a whole number from {lo} to {hi}, got {text!r}")
         return value
+
     parse.__name__ = "whole number"  # argparse names the type in its own messages
     return parse
 
 
 def float_in(lo: float, hi: float, *, low_open: bool = False) -> Callable[[str], float]:
     """An argparse type: a finite number in [lo, hi] (or (lo, hi] with ``low_open``)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
         if not (lo < value if low_open else lo <= value) or not value <= hi:  # also NaN
-            raise argparse.ArgumentTypeError(f"expected a number {'above' if low_open else 'from'} {lo:g} "
-                                             f"{'and at most' if low_open else 'to'} {hi:g}, got {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"expected a number {'above' if low_open else 'from'} {lo:g} "
+                f"{'and at most' if low_open else 'to'} {hi:g}, got {text!r}"
+            )
         return value
+
     parse.__name__ = "number"
     return parse
 

@@ -24,8 +24,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_push(args: argparse.Namespace) -> int:
     token = os.environ.get(TOKEN_ENV)
     if not token:
-        raise ConfigError(f"${TOKEN_ENV}", "", "not set; export a Grafana service-account token in "
-                          f"{TOKEN_ENV} (it is never taken on the command line)")
+        raise ConfigError(
+            f"${TOKEN_ENV}",
+            "",
+            f"not set; export a Grafana service-account token in {TOKEN_ENV} (it is never taken on the command line)",
+        )
     result = dashboards_app.push(args.grafana_url, token, folder=args.folder, from_dir=args.from_dir)
     verb = "created" if result.folder_created else "found"
     print(f"folder {args.folder!r} ({result.folder_uid}) {verb}")
@@ -40,8 +43,11 @@ def add_parsers(sub: Any) -> None:
     g = dsub.add_parser("generate", help="write every dashboard as JSON (vLLM, GPU, llama-server, tuner)")
     g.add_argument("-o", "--output", default="dashboards", help="directory (default ./dashboards)")
     g.set_defaults(func=cmd_generate)
-    p = dsub.add_parser("push", help=f"upload the dashboards to Grafana (token from ${TOKEN_ENV}); creates the "
-                        "folder if missing, overwrites dashboards with the same uid")
+    p = dsub.add_parser(
+        "push",
+        help=f"upload the dashboards to Grafana (token from ${TOKEN_ENV}); creates the "
+        "folder if missing, overwrites dashboards with the same uid",
+    )
     p.add_argument("--grafana-url", required=True, help="e.g. http://127.0.0.1:3000")
     p.add_argument("--folder", default="tuner", help="folder title (default tuner)")
     p.add_argument("--from", dest="from_dir", help="push the JSON files of this directory instead of building them")

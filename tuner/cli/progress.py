@@ -18,9 +18,16 @@ __all__ = ["Heartbeat"]
 class Heartbeat:
     """``with Heartbeat(what) as hb:`` run the long call, passing ``hb.say`` as its progress callback."""
 
-    def __init__(self, what: Callable[[], str | None] | None = None, *, every: float = 5.0,
-                 out: TextIO | None = None, tty: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic, poll: float = 0.5) -> None:
+    def __init__(
+        self,
+        what: Callable[[], str | None] | None = None,
+        *,
+        every: float = 5.0,
+        out: TextIO | None = None,
+        tty: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        poll: float = 0.5,
+    ) -> None:
         self.what = what
         self.every, self.poll, self.clock = every, poll, clock
         self.out = out if out is not None else sys.stdout

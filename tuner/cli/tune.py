@@ -23,13 +23,19 @@ __all__ = ["add_parsers"]
 def cmd_workload(args: argparse.Namespace) -> int:
     s = session(args)
     w = workload_of(s.cfg, s.store, args.target, window_s=args.window.total_seconds(), path=None, now=time.time())
-    text = ("# tuner workload: what " + args.target + " served (docs/tune.md, 'Workload files')\n" +
-            yaml.safe_dump(dump_workload(w), sort_keys=False))
+    text = (
+        "# tuner workload: what "
+        + args.target
+        + " served (docs/tune.md, 'Workload files')\n"
+        + yaml.safe_dump(dump_workload(w), sort_keys=False)
+    )
     if args.output and args.output != "-":
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
-        print(f"wrote {args.output}: {w.input_len} in / {w.output_len} out tokens, "
-              f"{w.rate_rps or 0:.3g} req/s offered, burstiness {w.burstiness:g}, from {w.requests} requests")
+        print(
+            f"wrote {args.output}: {w.input_len} in / {w.output_len} out tokens, "
+            f"{w.rate_rps or 0:.3g} req/s offered, burstiness {w.burstiness:g}, from {w.requests} requests"
+        )
         print("what the window proves about each value [low .. high]:")
         for line in describe(w):
             print("  " + line)
@@ -44,13 +50,25 @@ def _num(v: Any, unit: str = "", digits: int = 3) -> str:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     s = session(args)
-    req = TuneRequest(args.target, workload_file=args.workload, window_s=args.window.total_seconds(),
-                      budget=args.budget, max_time_s=args.max_time.total_seconds(),
-                      flags=tuple(f.strip() for f in (args.flags or "").split(",") if f.strip()), resume=args.resume,
-                      on_target=args.on_target, run_s=args.run_seconds, max_runs=args.max_runs,
-                      noise_check=not args.no_noise_check, seed=args.seed, sampler=args.sampler,
-                      client_python=args.client_python, tokenizer=args.tokenizer, cpu_bind=args.cpu_bind,
-                      compare_pairs=args.compare_pairs)
+    req = TuneRequest(
+        args.target,
+        workload_file=args.workload,
+        window_s=args.window.total_seconds(),
+        budget=args.budget,
+        max_time_s=args.max_time.total_seconds(),
+        flags=tuple(f.strip() for f in (args.flags or "").split(",") if f.strip()),
+        resume=args.resume,
+        on_target=args.on_target,
+        run_s=args.run_seconds,
+        max_runs=args.max_runs,
+        noise_check=not args.no_noise_check,
+        seed=args.seed,
+        sampler=args.sampler,
+        client_python=args.client_python,
+        tokenizer=args.tokenizer,
+        cpu_bind=args.cpu_bind,
+        compare_pairs=args.compare_pairs,
+    )
     waiting: list[str] = []
     hb = Heartbeat(lambda: waiting[0] if waiting else None, out=sys.stderr if args.json else None)
     with hb:
@@ -63,26 +81,44 @@ def cmd_tune(args: argparse.Namespace) -> int:
         flags = " ".join(f"{k}={v}" for k, v in tr["flags"].items())
         lo, hi = tr.get("interval") or (None, None)
         interval = "-" if lo is None else f"{lo:.3g}-{_num(hi) if hi is not None else 'ceiling'}"
-        rows.append([str(i), flags, _num(tr["capacity_rps"], " req/s"), interval, tr.get("vs_best", "-"),
-                     _num(tr["ttft_p99"], "s"), _num(tr["e2e_p99"], "s"),
-                     tr["status"] + (f" ({tr['seed']})" if tr["seed"] else ""), tr["note"][:60]])
+        rows.append(
+            [
+                str(i),
+                flags,
+                _num(tr["capacity_rps"], " req/s"),
+                interval,
+                tr.get("vs_best", "-"),
+                _num(tr["ttft_p99"], "s"),
+                _num(tr["e2e_p99"], "s"),
+                tr["status"] + (f" ({tr['seed']})" if tr["seed"] else ""),
+                tr["note"][:60],
+            ]
+        )
     print(table(rows))
     for g in result.get(TrialStatus.PRUNED) or []:
-        print(f"pruned {g['count']} x {g['kind']}{' (the flags in force among them)' if g['flags_in_force'] else ''}"
-              f": e.g. {g['reason']}")
+        print(
+            f"pruned {g['count']} x {g['kind']}{' (the flags in force among them)' if g['flags_in_force'] else ''}"
+            f": e.g. {g['reason']}"
+        )
     for nc in result.get("not_candidates") or []:
         print(f"not a candidate: {' '.join(f'{k}={v}' for k, v in nc['diff'].items())}: {nc['why']}")
     base, best = result["baseline"], result["best"]
-    print(f"baseline: {_num(base['capacity_rps'], ' req/s')} within the SLO; best: "
-          f"{_num(best['capacity_rps'] if best else None, ' req/s')}")
+    print(
+        f"baseline: {_num(base['capacity_rps'], ' req/s')} within the SLO; best: "
+        f"{_num(best['capacity_rps'] if best else None, ' req/s')}"
+    )
     if result.get("comparison"):
         c = result["comparison"]
-        print(f"compared in turns ({c.get('pairs', 0)} pairs of {c.get('requests_per_run', '?')} requests): "
-              f"{c['outcome']}: {c['reason']}")
+        print(
+            f"compared in turns ({c.get('pairs', 0)} pairs of {c.get('requests_per_run', '?')} requests): "
+            f"{c['outcome']}: {c['reason']}"
+        )
     print(f"verdict: {result.get('verdict', '-')}")
     if result.get("recommendation_id"):
-        print(f"stored as recommendation #{result['recommendation_id']}: "
-              f"tuner apply-recommendation {result['recommendation_id']}")
+        print(
+            f"stored as recommendation #{result['recommendation_id']}: "
+            f"tuner apply-recommendation {result['recommendation_id']}"
+        )
     return 0
 
 
@@ -93,41 +129,90 @@ def add_parsers(sub: Any) -> None:
     w.add_argument("-o", "--output", help="write here (default: print)")
     w.set_defaults(func=cmd_workload)
 
-    t = sub.add_parser("tune", help="measure candidate flags on trial servers and find the most traffic within "
-                                    "the SLO (docs/tune.md)")
+    t = sub.add_parser(
+        "tune", help="measure candidate flags on trial servers and find the most traffic within the SLO (docs/tune.md)"
+    )
     t.add_argument("target")
     t.add_argument("--workload", metavar="FILE", help="workload file (default: what the target served in --window)")
-    t.add_argument("--window", type=duration, default=parse_duration("1h"), help="stored window the workload is "
-                   "read from (default 1h)")
-    t.add_argument("--budget", type=int_in(1, 10_000), default=8, help="trials that start a server, the noise re-run included "
-                   "(default 8)")
-    t.add_argument("--max-time", type=duration, default=parse_duration("1h"), help="stop starting trials after "
-                   "this long (default 1h)")
-    t.add_argument("--flags", help="comma-separated flags to search, each NAME or NAME=V1/V2/... (default: every "
-                   "searchable one on this host, over tuner's own value ladders)")
-    t.add_argument("--run-seconds", type=float_in(0, 86400, low_open=True), default=15.0, help="seconds of load per rate tried (default 15)")
-    t.add_argument("--max-runs", type=int_in(1, 1000), default=6, help="rate runs per trial's capacity search (default 6)")
-    t.add_argument("--no-noise-check", action="store_true", help="do not compare the winner with the flags in force "
-                   "in turns (then a winner must beat them beyond both capacities' intervals)")
-    t.add_argument("--compare-pairs", type=int_in(1, 100), default=4, help="turns of the winner against the flags in "
-                   "force (A B, B A, ...) before 'no difference measurable' (default 4)")
-    t.add_argument("--cpu-bind", choices=["spread", "vllm"], default="spread",
-                   help="spread: a vLLM CPU trial's worker on cores no other process is pinned to, the benchmark "
-                        "client on the others (default); vllm: vLLM's own binding (every worker on the same core)")
-    t.add_argument("--client-python", help="a Python with vllm installed, for vLLM's benchmark client (default: "
-                   "the vLLM target's managed.executable; needed for llama-server)")
-    t.add_argument("--tokenizer", help="Hugging Face tokenizer (directory or hub name) the client writes prompts with "
-                   "(default: the vLLM target's model; needed for llama-server)")
+    t.add_argument(
+        "--window",
+        type=duration,
+        default=parse_duration("1h"),
+        help="stored window the workload is read from (default 1h)",
+    )
+    t.add_argument(
+        "--budget",
+        type=int_in(1, 10_000),
+        default=8,
+        help="trials that start a server, the noise re-run included (default 8)",
+    )
+    t.add_argument(
+        "--max-time",
+        type=duration,
+        default=parse_duration("1h"),
+        help="stop starting trials after this long (default 1h)",
+    )
+    t.add_argument(
+        "--flags",
+        help="comma-separated flags to search, each NAME or NAME=V1/V2/... (default: every "
+        "searchable one on this host, over tuner's own value ladders)",
+    )
+    t.add_argument(
+        "--run-seconds",
+        type=float_in(0, 86400, low_open=True),
+        default=15.0,
+        help="seconds of load per rate tried (default 15)",
+    )
+    t.add_argument(
+        "--max-runs", type=int_in(1, 1000), default=6, help="rate runs per trial's capacity search (default 6)"
+    )
+    t.add_argument(
+        "--no-noise-check",
+        action="store_true",
+        help="do not compare the winner with the flags in force "
+        "in turns (then a winner must beat them beyond both capacities' intervals)",
+    )
+    t.add_argument(
+        "--compare-pairs",
+        type=int_in(1, 100),
+        default=4,
+        help="turns of the winner against the flags in "
+        "force (A B, B A, ...) before 'no difference measurable' (default 4)",
+    )
+    t.add_argument(
+        "--cpu-bind",
+        choices=["spread", "vllm"],
+        default="spread",
+        help="spread: a vLLM CPU trial's worker on cores no other process is pinned to, the benchmark "
+        "client on the others (default); vllm: vLLM's own binding (every worker on the same core)",
+    )
+    t.add_argument(
+        "--client-python",
+        help="a Python with vllm installed, for vLLM's benchmark client (default: "
+        "the vLLM target's managed.executable; needed for llama-server)",
+    )
+    t.add_argument(
+        "--tokenizer",
+        help="Hugging Face tokenizer (directory or hub name) the client writes prompts with "
+        "(default: the vLLM target's model; needed for llama-server)",
+    )
     t.add_argument("--resume", action="store_true", help="continue the target's last tuning run")
-    t.add_argument("--on-target", action="store_true",
-                   help="run the trials on the target itself, only inside one of its apply.maintenance_windows: "
-                        "production is drained for them and started again with the flags in force after (by the "
-                        "next tuner's reconcile if this one dies); for hosts where a second server does not fit")
-    t.add_argument("--sampler", choices=["tpe", "random", "grid"], default="tpe",
-                   help="tpe: optuna's TPE seeded with the flags in force and the advisor's proposals, after an "
-                        "exponential search along max-num-seqs (--parallel) whose first step is long when the best "
-                        "so far queued requests (default); random: optuna's random sampler; grid: every feasible "
-                        "point (budget permitting)")
+    t.add_argument(
+        "--on-target",
+        action="store_true",
+        help="run the trials on the target itself, only inside one of its apply.maintenance_windows: "
+        "production is drained for them and started again with the flags in force after (by the "
+        "next tuner's reconcile if this one dies); for hosts where a second server does not fit",
+    )
+    t.add_argument(
+        "--sampler",
+        choices=["tpe", "random", "grid"],
+        default="tpe",
+        help="tpe: optuna's TPE seeded with the flags in force and the advisor's proposals, after an "
+        "exponential search along max-num-seqs (--parallel) whose first step is long when the best "
+        "so far queued requests (default); random: optuna's random sampler; grid: every feasible "
+        "point (budget permitting)",
+    )
     t.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, help="the sampler's seed (default 0)")
     t.add_argument("--json", action="store_true", help="the result as JSON on stdout (progress on stderr)")
     t.set_defaults(func=cmd_tune)

@@ -46,23 +46,32 @@ def _le(value: str) -> float | None:
     return None if bound != bound else bound  # NaN bounds nothing
 
 
-def assemble_engines(samples: Iterable[CatalogueSample], backend: Literal["vllm", "llamacpp"],
-                     default_model: str, problems: list[str]) -> tuple[EngineSnapshot, ...]:
+def assemble_engines(
+    samples: Iterable[CatalogueSample], backend: Literal["vllm", "llamacpp"], default_model: str, problems: list[str]
+) -> tuple[EngineSnapshot, ...]:
     """Group samples into engines; histogram parts into Histograms. Inconsistencies go to ``problems``.
     ExpositionError when the body names more than MAX_ENGINES engines."""
     samples = list(samples)
     # An engine is named by a sample carrying both labels; a sample with one of them only joins those.
-    engines: set[tuple[str, str]] = {
-        (s.labels["engine"], s.labels["model_name"])
-        for s in samples if "engine" in s.labels and "model_name" in s.labels
-    } or {
-        (s.labels.get("engine", "0"), s.labels.get("model_name", default_model))
-        for s in samples if "engine" in s.labels or "model_name" in s.labels
-    } or {("0", default_model)}
+    engines: set[tuple[str, str]] = (
+        {
+            (s.labels["engine"], s.labels["model_name"])
+            for s in samples
+            if "engine" in s.labels and "model_name" in s.labels
+        }
+        or {
+            (s.labels.get("engine", "0"), s.labels.get("model_name", default_model))
+            for s in samples
+            if "engine" in s.labels or "model_name" in s.labels
+        }
+        or {("0", default_model)}
+    )
     if len(engines) > MAX_ENGINES:
-        raise ExpositionError(f"{len(engines)} engines (distinct engine and model_name labels) in one exposition, "
-                              f"over tuner's cap of {MAX_ENGINES} per target: a server whose labels change at "
-                              "every scrape? (scrape refused)")
+        raise ExpositionError(
+            f"{len(engines)} engines (distinct engine and model_name labels) in one exposition, "
+            f"over tuner's cap of {MAX_ENGINES} per target: a server whose labels change at "
+            "every scrape? (scrape refused)"
+        )
 
     # Each sample's engines found by its labels, not by a walk over every engine: linear in the samples (each
     # sample against every engine cost 87 s of one core for 32k engines in a 1.9 MB body, bench/many_engines.py).
@@ -85,7 +94,8 @@ def assemble_engines(samples: Iterable[CatalogueSample], backend: Literal["vllm"
 
     values: dict[tuple[str, str], dict[SeriesKey, float]] = defaultdict(dict)
     parts: dict[tuple[str, str], dict[SeriesKey, dict[str, object]]] = defaultdict(
-        lambda: defaultdict(lambda: {"buckets": {}}))
+        lambda: defaultdict(lambda: {"buckets": {}})
+    )
     config: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
 
     for s in samples:
@@ -101,8 +111,9 @@ def assemble_engines(samples: Iterable[CatalogueSample], backend: Literal["vllm"
                     continue
                 le = _le(s.labels["le"])
                 if le is None:
-                    problems.append(f"line {s.line_no}: {s.spec.name}_bucket has le={s.labels['le']!r}, "
-                                    "not a number; dropped")
+                    problems.append(
+                        f"line {s.line_no}: {s.spec.name}_bucket has le={s.labels['le']!r}, not a number; dropped"
+                    )
                     continue
                 parts[owner][key]["buckets"][le] = s.value  # type: ignore[index]
             else:
@@ -115,9 +126,16 @@ def assemble_engines(samples: Iterable[CatalogueSample], backend: Literal["vllm"
             hist = _histogram(key[0], p, problems)
             if hist is not None:
                 hists[key] = hist
-        out.append(EngineSnapshot(backend=backend, engine=owner[0], model_name=owner[1],
-                                  values=dict(values[owner]), histograms=hists,
-                                  config=dict(config[owner])))
+        out.append(
+            EngineSnapshot(
+                backend=backend,
+                engine=owner[0],
+                model_name=owner[1],
+                values=dict(values[owner]),
+                histograms=hists,
+                config=dict(config[owner]),
+            )
+        )
     return tuple(out)
 
 
@@ -134,5 +152,9 @@ def _histogram(name: str, p: dict[str, object], problems: list[str]) -> Histogra
     if any(b < a for a, b in zip(counts, counts[1:])):
         problems.append(f"{name}: bucket counts decrease with le; kept as served")
     count = float(p.get("count", counts[-1]))  # type: ignore[arg-type]
-    return Histogram(bounds=bounds, counts=counts, sum=float(p.get("sum", 0.0)),  # type: ignore[arg-type]
-                     count=count)
+    return Histogram(
+        bounds=bounds,
+        counts=counts,
+        sum=float(p.get("sum", 0.0)),  # type: ignore[arg-type]
+        count=count,
+    )

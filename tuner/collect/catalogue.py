@@ -15,8 +15,19 @@ from typing import Literal
 
 from tuner import names as n
 
-__all__ = ["MetricSpec", "Kind", "Part", "VLLM", "LLAMACPP", "DCGM", "SLOTS", "lookup", "spec",
-           "ALL_SPECS", "ENGINE_LABELS"]
+__all__ = [
+    "MetricSpec",
+    "Kind",
+    "Part",
+    "VLLM",
+    "LLAMACPP",
+    "DCGM",
+    "SLOTS",
+    "lookup",
+    "spec",
+    "ALL_SPECS",
+    "ENGINE_LABELS",
+]
 
 Kind = Literal["counter", "gauge", "histogram", "info"]
 Part = Literal["value", "bucket", "count", "sum"]
@@ -38,8 +49,9 @@ class MetricSpec:
     required: bool = False  # a real server of this backend always serves it (checked by tests)
 
 
-def _v(name: str, kind: Kind, unit: str, field: str | None = None, aliases: tuple[str, ...] = (),
-       required: bool = True) -> MetricSpec:
+def _v(
+    name: str, kind: Kind, unit: str, field: str | None = None, aliases: tuple[str, ...] = (), required: bool = True
+) -> MetricSpec:
     return MetricSpec(name, kind, unit, "vllm", field, aliases, required)
 
 
@@ -48,25 +60,32 @@ VLLM: tuple[MetricSpec, ...] = (
     _v(n.VLLM_NUM_REQUESTS_RUNNING, "gauge", "requests", "requests_running"),
     _v(n.VLLM_NUM_REQUESTS_WAITING, "gauge", "requests", "requests_waiting"),
     _v(n.VLLM_NUM_REQUESTS_WAITING_BY_REASON, "gauge", "requests"),
-    _v(n.VLLM_KV_CACHE_USAGE_PERC, "gauge", "ratio", "kv_cache_usage",
-       aliases=("vllm:gpu_cache_usage_perc",)),
+    _v(n.VLLM_KV_CACHE_USAGE_PERC, "gauge", "ratio", "kv_cache_usage", aliases=("vllm:gpu_cache_usage_perc",)),
     _v(n.VLLM_ENGINE_SLEEP_STATE, "gauge", "state"),
     # counters
     _v(n.VLLM_NUM_PREEMPTIONS_TOTAL, "counter", "preemptions", "preemptions_total"),
     _v(n.VLLM_PROMPT_TOKENS_TOTAL, "counter", "tokens", "prompt_tokens_total"),
     _v(n.VLLM_GENERATION_TOKENS_TOTAL, "counter", "tokens", "generation_tokens_total"),
-    _v(n.VLLM_PROMPT_TOKENS_CACHED_TOTAL, "counter", "tokens", "prompt_tokens_cached_total",
-       required=False),
-    _v(n.VLLM_PREFIX_CACHE_QUERIES_TOTAL, "counter", "tokens", "prefix_cache_queries_total",
-       aliases=("vllm:gpu_prefix_cache_queries_total",)),
-    _v(n.VLLM_PREFIX_CACHE_HITS_TOTAL, "counter", "tokens", "prefix_cache_hits_total",
-       aliases=("vllm:gpu_prefix_cache_hits_total",)),
+    _v(n.VLLM_PROMPT_TOKENS_CACHED_TOTAL, "counter", "tokens", "prompt_tokens_cached_total", required=False),
+    _v(
+        n.VLLM_PREFIX_CACHE_QUERIES_TOTAL,
+        "counter",
+        "tokens",
+        "prefix_cache_queries_total",
+        aliases=("vllm:gpu_prefix_cache_queries_total",),
+    ),
+    _v(
+        n.VLLM_PREFIX_CACHE_HITS_TOTAL,
+        "counter",
+        "tokens",
+        "prefix_cache_hits_total",
+        aliases=("vllm:gpu_prefix_cache_hits_total",),
+    ),
     _v(n.VLLM_REQUEST_SUCCESS_TOTAL, "counter", "requests", "requests_finished_total"),
     _v(n.VLLM_ADMISSION_REJECTIONS_TOTAL, "counter", "requests", required=False),
     # latency histograms (seconds)
     _v(n.VLLM_TIME_TO_FIRST_TOKEN_SECONDS, "histogram", "seconds"),
-    _v(n.VLLM_INTER_TOKEN_LATENCY_SECONDS, "histogram", "seconds",
-       aliases=("vllm:time_per_output_token_seconds",)),
+    _v(n.VLLM_INTER_TOKEN_LATENCY_SECONDS, "histogram", "seconds", aliases=("vllm:time_per_output_token_seconds",)),
     _v(n.VLLM_REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS, "histogram", "seconds", required=False),
     _v(n.VLLM_E2E_REQUEST_LATENCY_SECONDS, "histogram", "seconds"),
     _v(n.VLLM_REQUEST_QUEUE_TIME_SECONDS, "histogram", "seconds"),
@@ -96,8 +115,7 @@ def _l(name: str, kind: Kind, unit: str, field: str | None = None, required: boo
 
 LLAMACPP: tuple[MetricSpec, ...] = (
     _l(n.LLAMACPP_PROMPT_TOKENS_TOTAL, "counter", "tokens", "prompt_tokens_total"),
-    _l(n.LLAMACPP_PROMPT_TOKENS_CACHED_TOTAL, "counter", "tokens", "prompt_tokens_cached_total",
-       required=False),
+    _l(n.LLAMACPP_PROMPT_TOKENS_CACHED_TOTAL, "counter", "tokens", "prompt_tokens_cached_total", required=False),
     _l(n.LLAMACPP_PROMPT_SECONDS_TOTAL, "counter", "seconds", "prompt_seconds_total"),
     _l(n.LLAMACPP_TOKENS_PREDICTED_TOTAL, "counter", "tokens", "tokens_predicted_total"),
     _l(n.LLAMACPP_TOKENS_PREDICTED_SECONDS_TOTAL, "counter", "seconds", "tokens_predicted_seconds_total"),
@@ -162,7 +180,7 @@ def lookup(sample_name: str) -> tuple[MetricSpec, Part] | None:
     if hit is None:
         for prefix, canonical in _PREFIXES.items():
             if sample_name.startswith(prefix):
-                return _WIRE.get(canonical + sample_name[len(prefix):])
+                return _WIRE.get(canonical + sample_name[len(prefix) :])
     return hit
 
 

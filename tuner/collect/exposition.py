@@ -23,8 +23,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from tuner.collect.catalogue import MetricSpec, Part, lookup
 from tuner.errors import ExpositionError
 
-__all__ = ["CatalogueSample", "ParsedExposition", "parse_exposition", "decode_body", "fast_samples",
-           "reference_samples", "RawSample"]
+__all__ = [
+    "CatalogueSample",
+    "ParsedExposition",
+    "parse_exposition",
+    "decode_body",
+    "fast_samples",
+    "reference_samples",
+    "RawSample",
+]
 
 # (family name, family type, sample name, labels, value, line number): a sample as the reference parser
 # hands it over, after its family grouping and counter renaming. ``labels`` is shared: do not mutate it.
@@ -52,8 +59,9 @@ def decode_body(body: bytes) -> str:
         return body.decode("utf-8")
     except UnicodeDecodeError as exc:
         line_no = body.count(b"\n", 0, exc.start) + 1
-        raise ExpositionError(f"not UTF-8 (byte {exc.start})", line_no,
-                              body.split(b"\n")[line_no - 1].decode("utf-8", "replace")) from None
+        raise ExpositionError(
+            f"not UTF-8 (byte {exc.start})", line_no, body.split(b"\n")[line_no - 1].decode("utf-8", "replace")
+        ) from None
 
 
 def _as_float(value: float | int) -> float:
@@ -71,8 +79,11 @@ def _spelled(value: float) -> str:
 
 def _sample_lines(text: str) -> list[tuple[int, str]]:
     """(line number, text) of each sample line: the parser yields exactly one sample per such line."""
-    return [(i, line) for i, line in enumerate(text.split("\n"), start=1)
-            if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        (i, line)
+        for i, line in enumerate(text.split("\n"), start=1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 def _locate_error(text: str) -> ExpositionError:
@@ -107,8 +118,12 @@ _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 _VALUE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?Inf|NaN")
 _COMMENT = re.compile(rf"# (?:HELP ({_NAME})(?: .*)?|TYPE ({_NAME}) (counter|gauge|histogram|summary|untyped))")
 _INFINITIES = (math.inf, -math.inf)
-_SUFFIXES = {"counter": ("",), "gauge": ("",), "summary": ("_count", "_sum", ""),
-             "histogram": ("_count", "_sum", "_bucket")}
+_SUFFIXES = {
+    "counter": ("",),
+    "gauge": ("",),
+    "summary": ("_count", "_sum", ""),
+    "histogram": ("_count", "_sum", "_bucket"),
+}
 _HEADS: dict[str, tuple[str, dict[str, str]] | None] = {}  # series text -> (name, labels); None = not strict
 _HEADS_MAX = 200_000  # bounds the cache when series churn (cleared, not evicted: cheap and rare)
 _LOOKUPS: dict[str, tuple[MetricSpec, Part] | None] = {}  # sample name -> catalogue answer (the catalogue is fixed)
@@ -218,7 +233,8 @@ def parse_exposition(text: str) -> ParsedExposition:
     fast = fast_samples(text)
     try:
         for family_name, family_type, name, labels, value, line_no in (
-                fast if fast is not None else reference_samples(text)):
+            fast if fast is not None else reference_samples(text)
+        ):
             index += 1
             items = getattr(labels, "sorted_items", None)
             key = (name, items if items is not None else tuple(sorted(labels.items())))
@@ -240,8 +256,7 @@ def parse_exposition(text: str) -> ParsedExposition:
                 continue
             if family_type == "unknown" and spec.kind != "info" and spec.name not in untyped:
                 untyped.add(spec.name)
-                out.problems.append(f"line {line_no}: {name} has no TYPE; read as {spec.kind} "
-                                    "(catalogue)")
+                out.problems.append(f"line {line_no}: {name} has no TYPE; read as {spec.kind} (catalogue)")
             out.samples.append(CatalogueSample(spec, part, dict(labels), value, line_no))
     except ExpositionError:
         raise

@@ -83,8 +83,7 @@ def read_nvml(now: float) -> GpuReading:
         count = nv.nvmlDeviceGetCount()
     except errors as exc:
         _forget_nvml()
-        return GpuReading(source="nvml", ts=now, available=False,
-                          reason=f"NVML could not count GPUs: {exc}")
+        return GpuReading(source="nvml", ts=now, available=False, reason=f"NVML could not count GPUs: {exc}")
     gpus, refused = [], []
     for index in range(count):
         try:
@@ -188,18 +187,22 @@ def parse_dcgm(text: str, now: float) -> GpuReading:
                 value = float(s.value)
                 # with Kubernetes pod labels a GPU can repeat per pod, always with the same value
                 values.setdefault(int(gpu), {})[s.name] = (
-                    value if math.isfinite(value) and value < _DCGM_BLANK_MIN else None)
+                    value if math.isfinite(value) and value < _DCGM_BLANK_MIN else None
+                )
                 ident.setdefault(int(gpu), {}).update(
-                    {k: v for k, v in s.labels.items() if k in ("UUID", "modelName", "device") and v})
+                    {k: v for k, v in s.labels.items() if k in ("UUID", "modelName", "device") and v}
+                )
     except ExpositionError:
         raise
     except (ValueError, IndexError, TypeError) as exc:
         raise ExpositionError(f"not a valid Prometheus text exposition ({exc})") from None
     if not values:
-        raise ExpositionError("no DCGM_FI_DEV_* GPU samples in the body: is gpu.url the /metrics of "
-                              "a dcgm-exporter (default port 9400)?")
-    return GpuReading(source="dcgm", ts=now, available=True,
-                      gpus=tuple(_dcgm_gpu(i, values[i], ident[i]) for i in sorted(values)))
+        raise ExpositionError(
+            "no DCGM_FI_DEV_* GPU samples in the body: is gpu.url the /metrics of a dcgm-exporter (default port 9400)?"
+        )
+    return GpuReading(
+        source="dcgm", ts=now, available=True, gpus=tuple(_dcgm_gpu(i, values[i], ident[i]) for i in sorted(values))
+    )
 
 
 def _dcgm_gpu(index: int, v: dict[str, float | None], labels: dict[str, str]) -> GpuSnapshot:
@@ -223,8 +226,10 @@ def scrape_dcgm(url: str, *, timeout_s: float, max_body_bytes: int, now: float) 
     """GET a dcgm-exporter's /metrics (bounded in time and size) and parse it."""
     resp = http.get(url, timeout_s=timeout_s, max_bytes=max_body_bytes)
     if resp.status != 200:
-        raise ScrapeError(f"{url} answered HTTP {resp.status}; check that gpu.url is dcgm-exporter's "
-                          "/metrics (default port 9400) and that the exporter is healthy")
+        raise ScrapeError(
+            f"{url} answered HTTP {resp.status}; check that gpu.url is dcgm-exporter's "
+            "/metrics (default port 9400) and that the exporter is healthy"
+        )
     return parse_dcgm(decode_body(resp.body), now)
 
 
@@ -234,8 +239,13 @@ def scrape_dcgm(url: str, *, timeout_s: float, max_body_bytes: int, now: float) 
 class GpuCollector:
     """Reads GPU telemetry from the configured ``gpu.source``; the daemon calls ``read(now)``."""
 
-    def __init__(self, source: Literal["none", "nvml", "dcgm"], url: str | None = None,
-                 timeout_s: float = 3.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        source: Literal["none", "nvml", "dcgm"],
+        url: str | None = None,
+        timeout_s: float = 3.0,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
         if source not in ("none", "nvml", "dcgm"):
             raise ValueError(f"gpu.source must be none, nvml or dcgm, got {source!r}")
         if source == "dcgm" and not url:
@@ -250,5 +260,4 @@ class GpuCollector:
         if self.source == "dcgm":
             assert self.url is not None
             return scrape_dcgm(self.url, timeout_s=self.timeout_s, max_body_bytes=self.max_body_bytes, now=now)
-        return GpuReading(source="none", ts=now, available=False,
-                          reason="GPU telemetry disabled (gpu.source: none)")
+        return GpuReading(source="none", ts=now, available=False, reason="GPU telemetry disabled (gpu.source: none)")

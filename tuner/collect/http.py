@@ -39,19 +39,26 @@ class Response:
     content_type: str
 
 
-def get(url: str, *, timeout_s: float, max_bytes: int,
-        accept: str = "text/plain;version=0.0.4;q=1,*/*;q=0.1") -> Response:
+def get(
+    url: str, *, timeout_s: float, max_bytes: int, accept: str = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+) -> Response:
     """GET ``url``; raise ScrapeError on refusal, timeout, or a body over ``max_bytes``."""
     return _request("GET", url, None, {"Accept": accept}, timeout_s=timeout_s, max_bytes=max_bytes)
 
 
-def post_json(url: str, payload: Any, *, timeout_s: float, max_bytes: int = 2**20,
-              headers: Mapping[str, str] | None = None) -> Response:
+def post_json(
+    url: str, payload: Any, *, timeout_s: float, max_bytes: int = 2**20, headers: Mapping[str, str] | None = None
+) -> Response:
     """POST ``payload`` as JSON (with ``headers`` besides: a server's Authorization); any status comes back as a
     Response; ScrapeError as ``get``."""
-    return _request("POST", url, json.dumps(payload).encode(),
-                    {"Accept": "application/json", "Content-Type": "application/json", **(headers or {})},
-                    timeout_s=timeout_s, max_bytes=max_bytes)
+    return _request(
+        "POST",
+        url,
+        json.dumps(payload).encode(),
+        {"Accept": "application/json", "Content-Type": "application/json", **(headers or {})},
+        timeout_s=timeout_s,
+        max_bytes=max_bytes,
+    )
 
 
 class Peer:
@@ -66,19 +73,36 @@ class Peer:
         self.conn: _Connection | None = None
         self.kept = kept
 
-    def get(self, path: str, *, timeout_s: float, max_bytes: int,
-            accept: str = "text/plain;version=0.0.4;q=1,*/*;q=0.1") -> Response:
+    def get(
+        self, path: str, *, timeout_s: float, max_bytes: int, accept: str = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+    ) -> Response:
         if self.conn is not None and self.conn.dropped():  # idle since an earlier scrape, and closed meanwhile
             self.close()
         reused = self.conn is not None
         try:
-            return _request("GET", self.base_url + path, None, {"Accept": accept}, timeout_s=timeout_s,
-                            max_bytes=max_bytes, peer=self)
+            return _request(
+                "GET",
+                self.base_url + path,
+                None,
+                {"Accept": accept},
+                timeout_s=timeout_s,
+                max_bytes=max_bytes,
+                peer=self,
+            )
         except _Stale:
             if not reused:
-                raise ScrapeError(f"{self.base_url}{path}: the server closed the connection without answering") from None
-            return _request("GET", self.base_url + path, None, {"Accept": accept}, timeout_s=timeout_s,
-                            max_bytes=max_bytes, peer=self)
+                raise ScrapeError(
+                    f"{self.base_url}{path}: the server closed the connection without answering"
+                ) from None
+            return _request(
+                "GET",
+                self.base_url + path,
+                None,
+                {"Accept": accept},
+                timeout_s=timeout_s,
+                max_bytes=max_bytes,
+                peer=self,
+            )
 
     def close(self) -> None:
         if self.conn is not None:
@@ -203,7 +227,7 @@ def _head(conn: _Connection, deadline: float, answer: _Answer) -> tuple[str, int
                 raise _Closed
             answer.started = True
         lines = conn.buf[:end].decode("latin-1").split("\n")
-        conn.buf = conn.buf[end + sep:]
+        conn.buf = conn.buf[end + sep :]
         first = lines[0].rstrip("\r")
         version, _, rest = first.partition(" ")
         code = rest[:3]
@@ -226,8 +250,17 @@ class _Closed(Exception):
     """The stream ended before a byte of answer."""
 
 
-def _body(conn: _Connection, method: str, status: int, headers: dict[str, str], *, deadline: float,
-          max_bytes: int, url: str, answer: _Answer) -> tuple[bytes, bool]:
+def _body(
+    conn: _Connection,
+    method: str,
+    status: int,
+    headers: dict[str, str],
+    *,
+    deadline: float,
+    max_bytes: int,
+    url: str,
+    answer: _Answer,
+) -> tuple[bytes, bool]:
     """The answer's body and whether the stream ends with it (close-delimited)."""
     if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
         return b"", False
@@ -240,13 +273,14 @@ def _body(conn: _Connection, method: str, status: int, headers: dict[str, str], 
             raise ScrapeError(f"{url}: a Content-Length that is not a number: {headers['content-length']!r}")
         n = int(declared)
         if n > max_bytes:
-            raise ScrapeError(f"{url}: body of {n} bytes exceeds max_body_bytes={max_bytes}; "
-                              "raise defaults.max_body_bytes if this target is really that large")
+            raise ScrapeError(
+                f"{url}: body of {n} bytes exceeds max_body_bytes={max_bytes}; "
+                "raise defaults.max_body_bytes if this target is really that large"
+            )
         while len(conn.buf) < n:
             answer.size = len(conn.buf)
             if not conn.fill(deadline):
-                raise ScrapeError(f"{url}: the server closed the connection after {len(conn.buf)} of its "
-                                  f"{n} bytes")
+                raise ScrapeError(f"{url}: the server closed the connection after {len(conn.buf)} of its {n} bytes")
         body, conn.buf = bytes(conn.buf[:n]), conn.buf[n:]
         return body, False
     while True:  # no length: the body runs to the end of the stream
@@ -259,8 +293,10 @@ def _body(conn: _Connection, method: str, status: int, headers: dict[str, str], 
 
 
 def _too_big(url: str, max_bytes: int) -> ScrapeError:
-    return ScrapeError(f"{url}: body exceeds max_body_bytes={max_bytes}; raise defaults.max_body_bytes if this "
-                       "target is really that large")
+    return ScrapeError(
+        f"{url}: body exceeds max_body_bytes={max_bytes}; raise defaults.max_body_bytes if this "
+        "target is really that large"
+    )
 
 
 def _chunked(conn: _Connection, *, deadline: float, max_bytes: int, url: str, answer: _Answer) -> bytes:
@@ -272,7 +308,7 @@ def _chunked(conn: _Connection, *, deadline: float, max_bytes: int, url: str, an
             if not conn.fill(deadline):
                 raise ScrapeError(f"{url}: the server closed the connection in the middle of a chunked body")
         size_text = conn.buf[:eol].split(b";")[0].strip()
-        conn.buf = conn.buf[eol + 1:]
+        conn.buf = conn.buf[eol + 1 :]
         try:
             size = int(size_text, 16)
         except ValueError:
@@ -286,7 +322,7 @@ def _chunked(conn: _Connection, *, deadline: float, max_bytes: int, url: str, an
                         raise ScrapeError(f"{url}: trailers longer than {_MAX_HEAD} bytes")
                     if not conn.fill(deadline):
                         return b"".join(parts)  # a server that hangs up after the last chunk: the body is whole
-                line, conn.buf = conn.buf[:eol], conn.buf[eol + 1:]
+                line, conn.buf = conn.buf[:eol], conn.buf[eol + 1 :]
                 if not line.strip():
                     return b"".join(parts)
         answer.size += size
@@ -327,12 +363,19 @@ def _split(url: str) -> tuple[str, str, int | None, str, str]:
     return parts.scheme, parts.hostname, port, parts.netloc.rpartition("@")[2], path
 
 
-def _request(method: str, url: str, body: bytes | None, headers: dict[str, str], *, timeout_s: float,
-             max_bytes: int, peer: Peer | None = None) -> Response:
+def _request(
+    method: str,
+    url: str,
+    body: bytes | None,
+    headers: dict[str, str],
+    *,
+    timeout_s: float,
+    max_bytes: int,
+    peer: Peer | None = None,
+) -> Response:
     scheme, hostname, port, host, path = _split(url)
     deadline = time.monotonic() + timeout_s
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}",
-             "Accept-Encoding: identity", f"User-Agent: {_USER_AGENT}"]
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Accept-Encoding: identity", f"User-Agent: {_USER_AGENT}"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     if body is not None:
         lines.append(f"Content-Length: {len(body)}")
@@ -355,8 +398,7 @@ def _request(method: str, url: str, body: bytes | None, headers: dict[str, str],
         except TimeoutError:
             raise _Timeout from None
         version, status, got = _head(conn, deadline, answer)
-        data, closes = _body(conn, method, status, got, deadline=deadline, max_bytes=max_bytes, url=url,
-                             answer=answer)
+        data, closes = _body(conn, method, status, got, deadline=deadline, max_bytes=max_bytes, url=url, answer=answer)
         kept = peer is not None and not closes and _keeps_alive(version, got)
         return Response(status, data, got.get("content-type", ""))
     except _Closed:
@@ -367,8 +409,9 @@ def _request(method: str, url: str, body: bytes | None, headers: dict[str, str],
         raise _Stale(url) from None
     except _Timeout:
         read = f" ({answer.size} bytes read)" if answer.started else ""
-        raise ScrapeError(f"{url}: no complete answer within {timeout_s:g}s{read}; the server is slow or hung"
-                          ) from None
+        raise ScrapeError(
+            f"{url}: no complete answer within {timeout_s:g}s{read}; the server is slow or hung"
+        ) from None
     except ScrapeError as exc:
         if str(exc).startswith(url):
             raise

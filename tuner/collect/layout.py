@@ -131,8 +131,14 @@ class Layouts:
         self.hits += 1
         return tuple(engines), list(layout.problems)
 
-    def learn(self, key: tuple[str, str, str], text: str, samples: Sequence[CatalogueSample],
-              backend: Literal["vllm", "llamacpp"], problems: Sequence[str]) -> None:
+    def learn(
+        self,
+        key: tuple[str, str, str],
+        text: str,
+        samples: Sequence[CatalogueSample],
+        backend: Literal["vllm", "llamacpp"],
+        problems: Sequence[str],
+    ) -> None:
         """Remember the shape of ``text``, fully parsed into ``samples`` (those assembly kept) with ``problems``.
         A body with a value-dependent problem (a non-finite sample dropped) is not learned: the next one is
         parsed in full as well."""
@@ -158,10 +164,18 @@ class Layouts:
         scratch: list[str] = []
         plans = []
         for e in assemble_engines(stand_ins, backend, key[2], scratch):
-            hists = tuple((hkey, h.bounds, _where(tuple(int(x) - 1 for x in h.counts)), int(h.sum) - 1,
-                           int(h.count) - 1) for hkey, h in e.histograms.items())
-            plans.append(_EnginePlan(replace(e, values={}, histograms={}), tuple(e.values),
-                                     _picker([int(v) - 1 for v in e.values.values()]), hists))
+            hists = tuple(
+                (hkey, h.bounds, _where(tuple(int(x) - 1 for x in h.counts)), int(h.sum) - 1, int(h.count) - 1)
+                for hkey, h in e.histograms.items()
+            )
+            plans.append(
+                _EnginePlan(
+                    replace(e, values={}, histograms={}),
+                    tuple(e.values),
+                    _picker([int(v) - 1 for v in e.values.values()]),
+                    hists,
+                )
+            )
         try:
             shape, count, _ = self._scan(text)
         except UnicodeEncodeError:
@@ -174,8 +188,9 @@ class Layouts:
 _SERVERS = {"vllm": (VLLM_PREFIX, "a vLLM server"), "llamacpp": (LLAMACPP_PREFIX, "a llama-server")}
 
 
-def engines_from_text(text: str, backend: Literal["vllm", "llamacpp"], *, target: str, default_model: str,
-                      layouts: Layouts | None = None) -> tuple[tuple[EngineSnapshot, ...], list[str]]:
+def engines_from_text(
+    text: str, backend: Literal["vllm", "llamacpp"], *, target: str, default_model: str, layouts: Layouts | None = None
+) -> tuple[tuple[EngineSnapshot, ...], list[str]]:
     """One exposition's engines and problems: read by ``layouts`` when the body has the target's last shape,
     else parsed in full (and its shape learned). ExpositionError if the body is invalid; ScrapeError if it has
     none of the backend's series."""
@@ -187,8 +202,9 @@ def engines_from_text(text: str, backend: Literal["vllm", "llamacpp"], *, target
     samples = [s for s in parsed.samples if s.spec.backend == backend]
     prefix, server = _SERVERS[backend]
     if not any(s.spec.name.startswith(prefix) for s in samples):
-        raise ScrapeError(f"{target}: /metrics has no {prefix}* series; is this {server} "
-                          "(or is the target's backend wrong)?")
+        raise ScrapeError(
+            f"{target}: /metrics has no {prefix}* series; is this {server} (or is the target's backend wrong)?"
+        )
     problems = list(dict.fromkeys(parsed.problems))
     engines = assemble_engines(samples, backend, default_model, problems)
     if layouts is not None:

@@ -45,8 +45,7 @@ def parse_slots(data: Any) -> SlotsState:
         if slot.get("is_processing") is True:
             busy += 1
             in_use += _slot_tokens(slot, i, ctx)
-    return SlotsState(slots_total=len(data), slots_busy=busy, slot_context_tokens=n_ctx or 0,
-                      kv_tokens_in_use=in_use)
+    return SlotsState(slots_total=len(data), slots_busy=busy, slot_context_tokens=n_ctx or 0, kv_tokens_in_use=in_use)
 
 
 def _slot_tokens(slot: dict[str, Any], i: int, n_ctx: int) -> int:
@@ -60,11 +59,13 @@ def _slot_tokens(slot: dict[str, Any], i: int, n_ctx: int) -> int:
     next_token = slot.get("next_token") or []
     if not isinstance(next_token, list):
         raise ExpositionError(f"/slots[{i}].next_token: expected a list, got {type(next_token).__name__}")
-    decoded = sum(_int(nt.get("n_decoded"), f"/slots[{i}].next_token.n_decoded")
-                  for nt in next_token if isinstance(nt, dict))
+    decoded = sum(
+        _int(nt.get("n_decoded"), f"/slots[{i}].next_token.n_decoded") for nt in next_token if isinstance(nt, dict)
+    )
     if "n_prompt_tokens_processed" in slot or "n_prompt_tokens_cache" in slot:
-        prompt = (_int(slot.get("n_prompt_tokens_processed"), f"/slots[{i}].n_prompt_tokens_processed")
-                  + _int(slot.get("n_prompt_tokens_cache"), f"/slots[{i}].n_prompt_tokens_cache"))
+        prompt = _int(slot.get("n_prompt_tokens_processed"), f"/slots[{i}].n_prompt_tokens_processed") + _int(
+            slot.get("n_prompt_tokens_cache"), f"/slots[{i}].n_prompt_tokens_cache"
+        )
     else:
         prompt = n_prompt
     return min(n_ctx, max(n_prompt, prompt + decoded))
@@ -85,33 +86,68 @@ def _short(value: Any) -> str:
 
 def _with_slots(engine: EngineSnapshot, slots: SlotsState) -> EngineSnapshot:
     values = dict(engine.values)
-    for metric, value in (("tuner:slots_total", slots.slots_total), ("tuner:slots_busy", slots.slots_busy),
-                          ("tuner:slot_context_tokens", slots.slot_context_tokens),
-                          ("tuner:kv_tokens_in_use", slots.kv_tokens_in_use),
-                          ("tuner:kv_cache_usage", slots.kv_cache_usage)):
+    for metric, value in (
+        ("tuner:slots_total", slots.slots_total),
+        ("tuner:slots_busy", slots.slots_busy),
+        ("tuner:slot_context_tokens", slots.slot_context_tokens),
+        ("tuner:kv_tokens_in_use", slots.kv_tokens_in_use),
+        ("tuner:kv_cache_usage", slots.kv_cache_usage),
+    ):
         values[(spec(metric).name, ())] = float(value)
-    return EngineSnapshot(backend=engine.backend, engine=engine.engine, model_name=engine.model_name,
-                          values=values, histograms=engine.histograms, config=engine.config)
+    return EngineSnapshot(
+        backend=engine.backend,
+        engine=engine.engine,
+        model_name=engine.model_name,
+        values=values,
+        histograms=engine.histograms,
+        config=engine.config,
+    )
 
 
-def snapshot_from_text(text: str, *, target: str, ts: float, slots: SlotsState | None = None,
-                       duration_s: float = 0.0, body_bytes: int = 0, model_name: str = "",
-                       healthy: bool | None = None, problems: tuple[str, ...] = (),
-                       layouts: Layouts | None = None) -> TargetSnapshot:
+def snapshot_from_text(
+    text: str,
+    *,
+    target: str,
+    ts: float,
+    slots: SlotsState | None = None,
+    duration_s: float = 0.0,
+    body_bytes: int = 0,
+    model_name: str = "",
+    healthy: bool | None = None,
+    problems: tuple[str, ...] = (),
+    layouts: Layouts | None = None,
+) -> TargetSnapshot:
     """With ``layouts``, a body shaped like this target's last one is read without parsing (same result)."""
-    engines, body_problems = engines_from_text(text, "llamacpp", target=target,
-                                               default_model=model_name or target, layouts=layouts)
+    engines, body_problems = engines_from_text(
+        text, "llamacpp", target=target, default_model=model_name or target, layouts=layouts
+    )
     found = list(dict.fromkeys([*problems, *body_problems]))
     if slots is not None:
         engines = tuple(_with_slots(e, slots) for e in engines)
-    return TargetSnapshot(target=target, backend="llamacpp", ts=ts, duration_s=duration_s,
-                          engines=engines, problems=tuple(found), body_bytes=body_bytes or len(text),
-                          slots=slots, healthy=healthy)
+    return TargetSnapshot(
+        target=target,
+        backend="llamacpp",
+        ts=ts,
+        duration_s=duration_s,
+        engines=engines,
+        problems=tuple(found),
+        body_bytes=body_bytes or len(text),
+        slots=slots,
+        healthy=healthy,
+    )
 
 
-def scrape(base_url: str, *, target: str, timeout_s: float, max_bytes: int, model_name: str = "",
-           now: float | None = None, layouts: Layouts | None = None,
-           peers: http.Peers | None = None) -> TargetSnapshot:
+def scrape(
+    base_url: str,
+    *,
+    target: str,
+    timeout_s: float,
+    max_bytes: int,
+    model_name: str = "",
+    now: float | None = None,
+    layouts: Layouts | None = None,
+    peers: http.Peers | None = None,
+) -> TargetSnapshot:
     """GET /health, /metrics and /slots within one ``timeout_s`` budget."""
     ts = time.time() if now is None else now
     start = time.monotonic()
@@ -136,22 +172,32 @@ def scrape(base_url: str, *, target: str, timeout_s: float, max_bytes: int, mode
         if resp.status == 501:
             raise MetricsDisabledError(f"{base_url}/metrics")
         if resp.status != 200:
-            raise ScrapeError(f"{base_url}/metrics answered HTTP {resp.status}: "
-                              f"{resp.body[:200].decode('utf-8', 'replace').strip()!r}")
+            raise ScrapeError(
+                f"{base_url}/metrics answered HTTP {resp.status}: "
+                f"{resp.body[:200].decode('utf-8', 'replace').strip()!r}"
+            )
         text = decode_body(resp.body)
         problems: list[str] = []
         slots = None
         try:
-            sresp = peer.get("/slots", timeout_s=remaining(), max_bytes=max_bytes,
-                             accept="application/json")
+            sresp = peer.get("/slots", timeout_s=remaining(), max_bytes=max_bytes, accept="application/json")
             if sresp.status == 200:
                 slots = parse_slots(sresp.body)
             else:
-                problems.append(f"/slots answered HTTP {sresp.status} (started with --no-slots?); "
-                                "KV use cannot be derived")
+                problems.append(
+                    f"/slots answered HTTP {sresp.status} (started with --no-slots?); KV use cannot be derived"
+                )
         except (ScrapeError, ExpositionError) as exc:
             problems.append(f"/slots: {exc}")
-    return snapshot_from_text(text, target=target, ts=ts, slots=slots,
-                              duration_s=time.monotonic() - start, body_bytes=len(resp.body),
-                              model_name=model_name, healthy=health.status == 200,
-                              problems=tuple(problems), layouts=layouts)
+    return snapshot_from_text(
+        text,
+        target=target,
+        ts=ts,
+        slots=slots,
+        duration_s=time.monotonic() - start,
+        body_bytes=len(resp.body),
+        model_name=model_name,
+        healthy=health.status == 200,
+        problems=tuple(problems),
+        layouts=layouts,
+    )

@@ -108,8 +108,9 @@ class _Split:
         return [i for i in found + self.scan if i in self.alone or all(m(labels) for m in self.matchers[i])]
 
 
-def scrape_fleet(prom_url: str, targets: Sequence[Target], *, timeout_s: float,
-                 now: float | None = None) -> dict[str, TargetSnapshot | ScrapeError]:
+def scrape_fleet(
+    prom_url: str, targets: Sequence[Target], *, timeout_s: float, now: float | None = None
+) -> dict[str, TargetSnapshot | ScrapeError]:
     """Every target's latest values as Prometheus has them at ``now``, each a snapshot or the ScrapeError that
     says why not. One query of ``up`` and one per backend, whatever the number of targets (a single target is
     queried with its selector, a fleet without: the series are split here)."""
@@ -140,8 +141,10 @@ def scrape_fleet(prom_url: str, targets: Sequence[Target], *, timeout_s: float,
         if down.get(i) and all(v == 0 for v in down[i]):
             out[t.name] = ScrapeError(f"Prometheus at {prom_url} reports {where} down (up == 0)")
         elif not values.get(i):
-            out[t.name] = ScrapeError(f"Prometheus at {prom_url} has no {t.backend} series matching {where}; "
-                                      "is it scraping the server? (set the target's prometheus_selector)")
+            out[t.name] = ScrapeError(
+                f"Prometheus at {prom_url} has no {t.backend} series matching {where}; "
+                "is it scraping the server? (set the target's prometheus_selector)"
+            )
         else:
             kept, problems = _problems_for(values[i])
             try:
@@ -149,12 +152,21 @@ def scrape_fleet(prom_url: str, targets: Sequence[Target], *, timeout_s: float,
             except ExpositionError as exc:  # too many engines: this target's scrape fails, not the fleet's
                 out[t.name] = ScrapeError(f"{t.name} via Prometheus at {prom_url}: {exc}")
                 continue
-            out[t.name] = TargetSnapshot(target=t.name, backend=_backend(t), ts=at, duration_s=took,
-                                         engines=engines, problems=tuple(problems), healthy=None)
+            out[t.name] = TargetSnapshot(
+                target=t.name,
+                backend=_backend(t),
+                ts=at,
+                duration_s=took,
+                engines=engines,
+                problems=tuple(problems),
+                healthy=None,
+            )
     return out
 
 
-def scrape_via_prometheus(prom_url: str, target: Target, *, timeout_s: float, now: float | None = None) -> TargetSnapshot:
+def scrape_via_prometheus(
+    prom_url: str, target: Target, *, timeout_s: float, now: float | None = None
+) -> TargetSnapshot:
     """The target's latest values as Prometheus has them at ``now``; ScrapeError when it has none."""
     got = scrape_fleet(prom_url, [target], timeout_s=timeout_s, now=now)[target.name]
     if isinstance(got, ScrapeError):
@@ -162,8 +174,9 @@ def scrape_via_prometheus(prom_url: str, target: Target, *, timeout_s: float, no
     return got
 
 
-def raw_snapshots(prom_url: str, target: Target, *, start: float, end: float,
-                  timeout_s: float = 30.0) -> list[TargetSnapshot]:
+def raw_snapshots(
+    prom_url: str, target: Target, *, start: float, end: float, timeout_s: float = 30.0
+) -> list[TargetSnapshot]:
     """Every sample Prometheus stored for the target in [start, end], one snapshot per scrape timestamp."""
     client = _client(prom_url, timeout_s)
     sel = selector_for(target)
@@ -178,6 +191,14 @@ def raw_snapshots(prom_url: str, target: Target, *, start: float, end: float,
     for ts in sorted(by_ts):
         values, problems = _problems_for(by_ts[ts])
         engines = assemble_engines(_to_samples(values), _backend(target), target.name, problems)
-        out.append(TargetSnapshot(target=target.name, backend=_backend(target), ts=ts, duration_s=0.0,
-                                  engines=engines, problems=tuple(problems)))
+        out.append(
+            TargetSnapshot(
+                target=target.name,
+                backend=_backend(target),
+                ts=ts,
+                duration_s=0.0,
+                engines=engines,
+                problems=tuple(problems),
+            )
+        )
     return out

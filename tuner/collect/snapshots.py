@@ -12,17 +12,30 @@ from typing import Any, Literal
 
 from tuner.collect.catalogue import LLAMACPP, SLOTS, VLLM
 
-__all__ = ["Labels", "SeriesKey", "Histogram", "EngineSnapshot", "SlotsState", "TargetSnapshot",
-           "GpuProcess", "GpuSnapshot", "GpuReading"]
+__all__ = [
+    "Labels",
+    "SeriesKey",
+    "Histogram",
+    "EngineSnapshot",
+    "SlotsState",
+    "TargetSnapshot",
+    "GpuProcess",
+    "GpuSnapshot",
+    "GpuReading",
+]
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs, hashable
 SeriesKey = tuple[str, Labels]  # (canonical metric name, labels other than engine/model_name)
 
 # Snapshot field → canonical metric, per backend (both backends have e.g. prompt_tokens_total).
-_FIELDS = {"vllm": {s.field: s.name for s in VLLM if s.field},
-           "llamacpp": {s.field: s.name for s in LLAMACPP + SLOTS if s.field}}
-_IN_FLIGHT = {"vllm": ("requests_running", "requests_waiting"),
-              "llamacpp": ("requests_processing", "requests_deferred")}
+_FIELDS = {
+    "vllm": {s.field: s.name for s in VLLM if s.field},
+    "llamacpp": {s.field: s.name for s in LLAMACPP + SLOTS if s.field},
+}
+_IN_FLIGHT = {
+    "vllm": ("requests_running", "requests_waiting"),
+    "llamacpp": ("requests_processing", "requests_deferred"),
+}
 
 
 @dataclass(frozen=True)
@@ -77,8 +90,7 @@ class EngineSnapshot:
 
     def as_json(self) -> dict[str, Any]:
         """The ``tuner snapshot --json`` object: every catalogue field this backend served."""
-        out: dict[str, Any] = {"backend": self.backend, "engine": self.engine,
-                               "model_name": self.model_name}
+        out: dict[str, Any] = {"backend": self.backend, "engine": self.engine, "model_name": self.model_name}
         for fname, metric in _FIELDS[self.backend].items():
             value = self.total(metric)
             if value is not None:

@@ -49,17 +49,26 @@ MAX_CONNECTIONS = 32
 # A connection that sends nothing for this long is dropped (per read: a request arrives in one go).
 REQUEST_TIMEOUT_S = 10.0
 _BUSY_BODY = b'{"error": "too many connections; try again"}\n'
-_BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
+_BUSY = (
+    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+)
 
 
 class ApiServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64  # the kernel's backlog of connections not yet accepted
 
-    def __init__(self, addr: tuple[str, int], registry: CollectorRegistry, daemon: Any | None,
-                 token: str | None, *, max_connections: int = MAX_CONNECTIONS,
-                 timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        addr: tuple[str, int],
+        registry: CollectorRegistry,
+        daemon: Any | None,
+        token: str | None,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> None:
         if ":" in addr[0]:  # an IPv6 address (config's listen: "[::1]:9464")
             self.address_family = socket.AF_INET6
         super().__init__(addr, _Handler)
@@ -114,8 +123,9 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, fmt: str, *args: Any) -> None:
         log.debug("%s " + fmt, self.client_address[0], *args)
 
-    def _send(self, status: int, body: bytes, ctype: str = "application/json", headers: dict[str, str] | None = None
-              ) -> None:
+    def _send(
+        self, status: int, body: bytes, ctype: str = "application/json", headers: dict[str, str] | None = None
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -156,8 +166,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _authorized(self) -> bool:
         token = self.server.token
         if not token:
-            self._json(403, {"error": "state-changing endpoints are disabled: set api.token_file in the config "
-                                      "or TUNER_API_TOKEN, then send Authorization: Bearer <token>"})
+            self._json(
+                403,
+                {
+                    "error": "state-changing endpoints are disabled: set api.token_file in the config "
+                    "or TUNER_API_TOKEN, then send Authorization: Bearer <token>"
+                },
+            )
             return False
         given = self.headers.get("Authorization", "")
         if not given.startswith("Bearer "):
@@ -207,8 +222,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.actions.append(thread)
         thread.start()
         log.warning("api: %s started by %s (apply #%d)", opened.what, self.client_address[0], opened.id)
-        self._json(202, {"started": opened.what, "apply_id": opened.id,
-                         "follow": f"/api/v1/journal?target={opened.target}"})
+        self._json(
+            202, {"started": opened.what, "apply_id": opened.id, "follow": f"/api/v1/journal?target={opened.target}"}
+        )
 
 
 def _run(what: str, action: Callable[[], Any]) -> None:
@@ -221,18 +237,27 @@ def _run(what: str, action: Callable[[], Any]) -> None:
         log.exception("api: %s failed", what)
 
 
-def serve(registry: CollectorRegistry, host: str, port: int, *, daemon: Any | None = None,
-          token: str | None = None, max_connections: int = MAX_CONNECTIONS,
-          timeout_s: float = REQUEST_TIMEOUT_S) -> tuple[ApiServer, threading.Thread]:
+def serve(
+    registry: CollectorRegistry,
+    host: str,
+    port: int,
+    *,
+    daemon: Any | None = None,
+    token: str | None = None,
+    max_connections: int = MAX_CONNECTIONS,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+) -> tuple[ApiServer, threading.Thread]:
     """Start the listener in a thread; returns (server, thread). ``daemon`` enables the /api/v1 endpoints.
     ConfigError naming ``listen`` when the address cannot be bound (in use, not this host's)."""
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        httpd = ApiServer((host, port), registry, daemon, token, max_connections=max_connections,
-                          timeout_s=timeout_s)
+        httpd = ApiServer((host, port), registry, daemon, token, max_connections=max_connections, timeout_s=timeout_s)
     except OSError as exc:
-        hint = ("another process listens there (another tuner?): stop it or choose another port"
-                if exc.errno == errno.EADDRINUSE else "check the address")
+        hint = (
+            "another process listens there (another tuner?): stop it or choose another port"
+            if exc.errno == errno.EADDRINUSE
+            else "check the address"
+        )
         raise ConfigError("config", "listen", f"cannot listen on {where}: {exc.strerror or exc}; {hint}") from None
     thread = threading.Thread(target=httpd.serve_forever, name="tuner-http", daemon=True)
     thread.start()

@@ -73,23 +73,32 @@ _SIGNALS_COST_S = 0.015  # one target's window + derive over a full 5-minute win
 
 
 class Daemon:
-    def __init__(self, cfg: Config, store: Store, *, clock: Callable[[], float] = time.time,
-                 config_dir: Path | None = None) -> None:
+    def __init__(
+        self, cfg: Config, store: Store, *, clock: Callable[[], float] = time.time, config_dir: Path | None = None
+    ) -> None:
         self.state = DaemonState()
         # Kubernetes: each template's pods in its place, followed as they come and go (_retarget)
         self.discovery: Discovery | None = None
         self._retarget_lock = threading.Lock()
         self._following = False  # pods changes are followed once the daemon is built (start)
         if templates(cfg):
-            self.discovery = Discovery(cfg, config_dir, changed=self._pods_changed,
-                                       failed=lambda name, error: self._discover_error(name, error), clock=clock)
+            self.discovery = Discovery(
+                cfg,
+                config_dir,
+                changed=self._pods_changed,
+                failed=lambda name, error: self._discover_error(name, error),
+                clock=clock,
+            )
             cfg = self.discovery.first()
         self.cfg = cfg
         self.store = store
         self.clock = clock
-        self.gpu = GpuCollector(cfg.gpu.source, cfg.gpu.url,
-                                timeout_s=cfg.defaults.scrape_timeout.total_seconds(),
-                                max_body_bytes=cfg.defaults.max_body_bytes)
+        self.gpu = GpuCollector(
+            cfg.gpu.source,
+            cfg.gpu.url,
+            timeout_s=cfg.defaults.scrape_timeout.total_seconds(),
+            max_body_bytes=cfg.defaults.max_body_bytes,
+        )
         self._stop = threading.Event()
         self.layouts = Layouts()  # each target's last exposition shape: a scrape of the same shape skips parsing
         self.peers = Peers()  # each target's connection, kept alive from one scrape to the next
@@ -111,9 +120,14 @@ class Daemon:
         self.state.targets = {t.name: t for t in cfg.targets}
         self.signals = SignalBook(cfg, store)
         # Invalid rule files stop the daemon here: it never runs with a half-loaded rule set.
-        self.alerting = self.state.alerting = Alerting(cfg, store, clock=clock,
-                                                       target_signal=self._target_signal,
-                                                       max_num_seqs=self._max_num_seqs, signals=self.signals.get)
+        self.alerting = self.state.alerting = Alerting(
+            cfg,
+            store,
+            clock=clock,
+            target_signal=self._target_signal,
+            max_num_seqs=self._max_num_seqs,
+            signals=self.signals.get,
+        )
         self.session = Session(cfg, (config_dir or Path.cwd()).resolve(), store)
         self.applier = self.session.applier(say=log.info, clock=clock)
         self.stall_watch = StallWatch()  # managed targets with restart_when_stalled: since when each has been stalled
@@ -131,8 +145,9 @@ class Daemon:
         start = time.monotonic()
         asked = self._health_due(target, now)
         try:
-            got: TargetSnapshot | Exception = scrape_target(target, self.cfg, now=now, layouts=self.layouts,
-                                                                     peers=self.peers, health=asked)
+            got: TargetSnapshot | Exception = scrape_target(
+                target, self.cfg, now=now, layouts=self.layouts, peers=self.peers, health=asked
+            )
         except Exception as exc:  # recorded as the target's failure (a bug too: it must not kill the job)
             got = exc
         if isinstance(got, Exception) or (asked and got.healthy is not True):  # ask again at the next scrape
@@ -179,8 +194,12 @@ class Daemon:
         with self.state.lock:
             self.state.targets = dict(new)
             for name in gone:
-                for kept in (self.state.signals, self.state.scrapes_total, self.state.scrape_failures_total,
-                             self.state.last_duration_s):
+                for kept in (
+                    self.state.signals,
+                    self.state.scrapes_total,
+                    self.state.scrape_failures_total,
+                    self.state.last_duration_s,
+                ):
                     kept.pop(name, None)  # tuner's /metrics shows the targets it has; the store their history
         for name, t in new.items():
             if t.source != "prometheus":
@@ -192,8 +211,12 @@ class Daemon:
             if self._direct.pop(name, None) is not None and self.scrape_loop is not None:
                 self.scrape_loop.remove(name)
         if gone or new.keys() - old.keys():
-            log.info("targets: %d (+%s, -%s)", len(new), ",".join(sorted(new.keys() - old.keys())) or "0",
-                     ",".join(sorted(gone)) or "0")
+            log.info(
+                "targets: %d (+%s, -%s)",
+                len(new),
+                ",".join(sorted(new.keys() - old.keys())) or "0",
+                ",".join(sorted(gone)) or "0",
+            )
 
     def _health_due(self, target: Target, now: float) -> bool:
         """Whether this scrape asks vLLM's /health: at most every ``health_interval`` while it answers 200, at
@@ -210,7 +233,8 @@ class Daemon:
         timeout = max(self.cfg.timeout(t).total_seconds() for t in targets)
         try:
             got: dict[str, TargetSnapshot | Exception] = dict(
-                scrape_fleet(self.cfg.prometheus.url, targets, timeout_s=timeout, now=now))
+                scrape_fleet(self.cfg.prometheus.url, targets, timeout_s=timeout, now=now)
+            )
         except Exception as exc:  # Prometheus unreachable (or a bug): every target failed alike
             got = {t.name: exc for t in targets}
         took = time.monotonic() - start
@@ -227,8 +251,18 @@ class Daemon:
             self._count(target.name, ok=True, duration=got.duration_s)
             return self._keep(Scraped(got, target.url, target.labels))
         self._count(target.name, ok=False, duration=took)
-        self._keep(Failed(target.name, target.backend, target.url, now, took, error, target.labels,
-                          healthy=got.healthy if isinstance(got, ScrapeError) else None))
+        self._keep(
+            Failed(
+                target.name,
+                target.backend,
+                target.url,
+                now,
+                took,
+                error,
+                target.labels,
+                healthy=got.healthy if isinstance(got, ScrapeError) else None,
+            )
+        )
         return False
 
     def _keep(self, item: Scraped | Failed) -> bool:
@@ -324,10 +358,16 @@ class Daemon:
     def _memory(self, t: Target, now: float, gpus: list[GpuLatest]) -> list[EngineMemory]:
         """Where the target's memory goes (app/memory.py), from its newest scrapes: the KV use and the engine config
         its last few scrapes stored."""
-        recent = self.store.window(t.name, now - 3 * self.cfg.interval(t).total_seconds(), now,
-                                   metrics=frozenset([VLLM_KV_CACHE_USAGE_PERC]))
-        return memory_of(t, recent, gpus, pids=server_pids(self.store.engine, t),
-                         flags=self.applier.flags_in_force(t, journaled=t.name in self._applied))
+        recent = self.store.window(
+            t.name, now - 3 * self.cfg.interval(t).total_seconds(), now, metrics=frozenset([VLLM_KV_CACHE_USAGE_PERC])
+        )
+        return memory_of(
+            t,
+            recent,
+            gpus,
+            pids=server_pids(self.store.engine, t),
+            flags=self.applier.flags_in_force(t, journaled=t.name in self._applied),
+        )
 
     def evaluate_once(self, group_name: str) -> None:
         group = next((g for g in self.alerting.rules.groups if g.name == group_name), None)
@@ -398,8 +438,12 @@ class Daemon:
         if self.rule_loop is not None:
             self._start_rules()
         rules = self.alerting.rules
-        log.info("rules reloaded: %d groups, %d rules from %s", len(rules.groups), len(rules.rules),
-                 ", ".join(map(str, self.alerting.files)))
+        log.info(
+            "rules reloaded: %d groups, %d rules from %s",
+            len(rules.groups),
+            len(rules.rules),
+            ", ".join(map(str, self.alerting.files)),
+        )
         return True
 
     def _start_rules(self) -> None:
@@ -419,9 +463,15 @@ class Daemon:
             return
         # the first evaluation a round after now (at the start: after the first round, every target scraped once)
         rounds = max(1, math.ceil((time.monotonic() - self._origin) / self._step))
-        self.rule_loop = ScrapeLoop(list(groups), lambda name: groups[name].interval.total_seconds(),
-                                    self.evaluate_once, workers=len(groups) + 1, spread=False, what="evaluation",
-                                    start=self._origin + rounds * self._step + _EVAL_AFTER_S)
+        self.rule_loop = ScrapeLoop(
+            list(groups),
+            lambda name: groups[name].interval.total_seconds(),
+            self.evaluate_once,
+            workers=len(groups) + 1,
+            spread=False,
+            what="evaluation",
+            start=self._origin + rounds * self._step + _EVAL_AFTER_S,
+        )
         self.rule_loop.start()
 
     # ---- apply side: managed servers, auto mode, crash recovery ----------------------------------
@@ -469,13 +519,19 @@ class Daemon:
 
     def auto_once(self, target: Target) -> None:
         """Auto mode: refresh the target's recommendations, then apply the best one if the guardrails allow."""
+
         def decided(d: Decision) -> None:
             with self.state.lock:
                 self.state.auto_decision[target.name] = d.reason
                 self.state.auto_halted[target.name] = d.halted
                 self.state.auto_alive[target.name] = self.clock()  # an evaluation: the loop is alive
-            log.log(logging.WARNING if d.go else logging.INFO, "auto %s: %s%s", target.name,
-                    "applying " if d.go else "not now: ", d.reason)
+            log.log(
+                logging.WARNING if d.go else logging.INFO,
+                "auto %s: %s%s",
+                target.name,
+                "applying " if d.go else "not now: ",
+                d.reason,
+            )
 
         try:
             a = auto_step(self.cfg, self.store, self.applier, target, now=self.clock(), decided=decided).applied
@@ -505,8 +561,13 @@ class Daemon:
             up = {t.name: self.applier.running(t) is not None for t in self.cfg.targets if t.managed}
             limits = {t.name: v for t in self.cfg.targets if (v := self._max_num_seqs(t)) is not None}
             journal = {name: jr.list_applies(self.store.engine, target=name, limit=200) for name in self._applied}
-            busy_auto = {t.name for t in self.cfg.targets if t.apply.mode == "auto" and t.name in self._applied
-                         and any(a.state != ApplyState.DONE for a in journal.get(t.name, ()))}
+            busy_auto = {
+                t.name
+                for t in self.cfg.targets
+                if t.apply.mode == "auto"
+                and t.name in self._applied
+                and any(a.state != ApplyState.DONE for a in journal.get(t.name, ()))
+            }
             queued = outbox_size(self.store)
             for group, members in replica_groups(self.cfg.targets).items():  # a group's: its replicas' together
                 if all(m.name in limits for m in members):
@@ -569,8 +630,9 @@ class Daemon:
         return self_signal(signal_name, name, window.total_seconds(), int(self.clock() * 1000), self.own.points)
 
     def _halted(self, t: Target, now: float) -> bool:
-        return halted(jr.list_applies(self.store.engine, target=t.name, limit=50), now,
-                      t.apply.max_consecutive_rollbacks)
+        return halted(
+            jr.list_applies(self.store.engine, target=t.name, limit=50), now, t.apply.max_consecutive_rollbacks
+        )
 
     def retention_once(self) -> None:
         # A notification older than this says nothing Alertmanager still needs: its firing alerts' endsAt has
@@ -585,8 +647,11 @@ class Daemon:
         with self.state.lock:
             self.state.job_errors.pop("retention", None)
         if done.get("dropped_outbox"):
-            log.warning("retention: dropped %d notification(s) older than %s that no Alertmanager accepted",
-                        done["dropped_outbox"], outbox_age)
+            log.warning(
+                "retention: dropped %d notification(s) older than %s that no Alertmanager accepted",
+                done["dropped_outbox"],
+                outbox_age,
+            )
 
     # ---- lifecycle --------------------------------------------------------------------------------
 
@@ -600,18 +665,24 @@ class Daemon:
         apply_jobs = sum((t.managed is not None) + (t.apply.mode == "auto") for t in self.cfg.targets)
         # + signals, rules groups, gpu, fleet reads, notify, reconcile, apply-status, retention
         workers = max(4, len(self.alerting.rules.groups) + 8) + apply_jobs
-        sched = BackgroundScheduler(executors={"default": ThreadPoolExecutor(workers)},
-                                    job_defaults={"max_instances": 1, "coalesce": True},
-                                    timezone=timezone.utc)
+        sched = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(workers)},
+            job_defaults={"max_instances": 1, "coalesce": True},
+            timezone=timezone.utc,
+        )
         now = datetime.now(timezone.utc)
         self._origin = time.monotonic()  # the scrapes' schedule and the rules' (_start_rules) from here
         direct = self._direct = {t.name: t for t in self.cfg.targets if t.source != "prometheus"}
         self._step = next((self.cfg.interval(t).total_seconds() for t in direct.values()), 1.0)
         self._settle_s = max((self.cfg.timeout(t).total_seconds() for t in direct.values()), default=0.0)
         # First scrapes spread over the interval, so many targets do not fire at once.
-        self.scrape_loop = ScrapeLoop(list(direct), lambda name: self.cfg.interval(direct[name]).total_seconds(),
-                                      self._scrape_direct, workers=max(4, min(32, len(direct) + 2)),
-                                      start=self._origin)
+        self.scrape_loop = ScrapeLoop(
+            list(direct),
+            lambda name: self.cfg.interval(direct[name]).total_seconds(),
+            self._scrape_direct,
+            workers=max(4, min(32, len(direct) + 2)),
+            start=self._origin,
+        )
         fleets: dict[timedelta, list[Target]] = defaultdict(list)  # read from Prometheus: one job per interval
         for t in self.cfg.targets:
             if t.source == "prometheus":
@@ -620,37 +691,61 @@ class Daemon:
             fleets.setdefault(self.cfg.interval(t), [])  # its pods join the job of their interval as they come
         for every, targets in fleets.items():
             # with pods coming and going, each run reads the targets of its interval then
-            job, args = ((self.scrape_fleet_once, [targets]) if self.discovery is None
-                         else (self._scrape_fleet_every, [every]))
-            sched.add_job(job, IntervalTrigger(seconds=every.total_seconds()), args=args,
-                          id=f"scrape-prometheus:{every.total_seconds():g}s", next_run_time=now,
-                          misfire_grace_time=int(every.total_seconds()) or 1)
+            job, args = (
+                (self.scrape_fleet_once, [targets]) if self.discovery is None else (self._scrape_fleet_every, [every])
+            )
+            sched.add_job(
+                job,
+                IntervalTrigger(seconds=every.total_seconds()),
+                args=args,
+                id=f"scrape-prometheus:{every.total_seconds():g}s",
+                next_run_time=now,
+                misfire_grace_time=int(every.total_seconds()) or 1,
+            )
         if self.discovery is not None and self.discovery.prom_side:
             every_s = min(self.cfg.interval(t).total_seconds() for t in self.discovery.prom_side)
-            sched.add_job(self.discovery.poll_prometheus, IntervalTrigger(seconds=max(every_s, 5.0)), id="pods",
-                          next_run_time=now + timedelta(seconds=max(every_s, 5.0)))
+            sched.add_job(
+                self.discovery.poll_prometheus,
+                IntervalTrigger(seconds=max(every_s, 5.0)),
+                id="pods",
+                next_run_time=now + timedelta(seconds=max(every_s, 5.0)),
+            )
         if self.cfg.gpu.source != "none":
-            sched.add_job(self.gpu_once, IntervalTrigger(seconds=self.cfg.gpu.interval.total_seconds()),
-                          id="gpu", next_run_time=now)
+            sched.add_job(
+                self.gpu_once,
+                IntervalTrigger(seconds=self.cfg.gpu.interval.total_seconds()),
+                id="gpu",
+                next_run_time=now,
+            )
         step = min((self.cfg.interval(t) for t in self.cfg.targets), default=timedelta(seconds=5))
         # Re-reading a target's window and deriving its signals costs ~10-20 ms (bench/results/): with many
         # targets refresh less often, so this job stays near a fifth of one core and never starves the scrapes
         # (100 targets: every 7.5 s; 1,000: every 75 s). Alert rules read the store directly, not this cache.
         signals_every = max(1.0, step.total_seconds(), len(self.cfg.targets) * _SIGNALS_COST_S / 0.2)
-        sched.add_job(self.signals_once, IntervalTrigger(seconds=signals_every),
-                      id="signals", next_run_time=now + step)
+        sched.add_job(self.signals_once, IntervalTrigger(seconds=signals_every), id="signals", next_run_time=now + step)
         sched.add_job(self.reconcile_once, id="reconcile", next_run_time=now)  # once, before any apply job
         for t in self.cfg.targets:
             if t.managed is not None:
-                sched.add_job(self.manage_once, IntervalTrigger(seconds=5), args=[t], id=f"manage:{t.name}",
-                              next_run_time=now + timedelta(seconds=1))
+                sched.add_job(
+                    self.manage_once,
+                    IntervalTrigger(seconds=5),
+                    args=[t],
+                    id=f"manage:{t.name}",
+                    next_run_time=now + timedelta(seconds=1),
+                )
             if t.apply.mode == "auto":
                 auto_s = self._auto_every(t)
-                sched.add_job(self.auto_once, IntervalTrigger(seconds=auto_s), args=[t], id=f"auto:{t.name}",
-                              next_run_time=now + timedelta(seconds=auto_s))
+                sched.add_job(
+                    self.auto_once,
+                    IntervalTrigger(seconds=auto_s),
+                    args=[t],
+                    id=f"auto:{t.name}",
+                    next_run_time=now + timedelta(seconds=auto_s),
+                )
         sched.add_job(self.apply_status_once, IntervalTrigger(seconds=5), id="apply-status", next_run_time=now)
-        sched.add_job(self.retention_once, IntervalTrigger(minutes=10), id="retention",
-                      next_run_time=now + timedelta(seconds=30))
+        sched.add_job(
+            self.retention_once, IntervalTrigger(minutes=10), id="retention", next_run_time=now + timedelta(seconds=30)
+        )
         if self.cfg.alerting.alertmanagers:
             sched.add_job(self.notify_once, IntervalTrigger(seconds=1), id="notify", next_run_time=now)
         self._writer = threading.Thread(target=self._write_forever, name="store-writer", daemon=True)
@@ -752,14 +847,22 @@ def serve_daemon(session: Session, *, max_seconds: float | None, log: logging.Lo
     with daemon_lock(session.store.engine):  # one daemon per store: a second one exits here, naming the first
         started = time.monotonic()
         if incremental_vacuum(session.store.engine):  # once, for a store made before; no scrape is written meanwhile
-            log.warning("store %s converted to incremental vacuum in %.1f s (retention now gives freed space back)",
-                        redact_url(cfg.store.url), time.monotonic() - started)
+            log.warning(
+                "store %s converted to incremental vacuum in %.1f s (retention now gives freed space back)",
+                redact_url(cfg.store.url),
+                time.monotonic() - started,
+            )
         daemon = Daemon(cfg, session.store, config_dir=session.config_dir)
         host, port = cfg.listen_host_port
-        server, _thread = serve_metrics(daemon.state, host, port, daemon=daemon,
-                                        token=cfg.api.token(session.config_dir))
-        log.info("tuner %d target(s); own metrics on %s/metrics; store %s", len(cfg.targets), cfg.listen_url,
-                 redact_url(cfg.store.url))
+        server, _thread = serve_metrics(
+            daemon.state, host, port, daemon=daemon, token=cfg.api.token(session.config_dir)
+        )
+        log.info(
+            "tuner %d target(s); own metrics on %s/metrics; store %s",
+            len(cfg.targets),
+            cfg.listen_url,
+            redact_url(cfg.store.url),
+        )
         collect_less()  # the daemon is built: its objects out of the collector's sight (daemon/malloc.py)
         try:
             daemon.run_forever(max_seconds=max_seconds)

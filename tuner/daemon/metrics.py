@@ -33,36 +33,50 @@ SIGNAL_GAUGES = {
     "generation_tokens_per_s": ("tuner_generation_tokens_per_second", "Generated tokens per second over the window"),
     "requests_per_s": ("tuner_requests_per_second", "Finished requests per second over the window"),
     "preemptions_per_s": ("tuner_preemptions_per_second", "Preemptions per second over the window"),
-    "prefix_cache_hit_ratio": ("tuner_prefix_cache_hit_ratio", "Share of queried prompt tokens found in the prefix cache"),
+    "prefix_cache_hit_ratio": (
+        "tuner_prefix_cache_hit_ratio",
+        "Share of queried prompt tokens found in the prefix cache",
+    ),
     "goodput_ratio": ("tuner_goodput_ratio", "Share of requests within every SLO budget (lower bound)"),
-    "token_goodput_per_s": ("tuner_goodput_tokens_per_second",
-                            "Generated tokens per second x the share of requests within every SLO budget"),
-    "stalled_requests": ("tuner_stalled_requests",
-                         "Requests in flight when no token was generated and no request finished in the window"),
+    "token_goodput_per_s": (
+        "tuner_goodput_tokens_per_second",
+        "Generated tokens per second x the share of requests within every SLO budget",
+    ),
+    "stalled_requests": (
+        "tuner_stalled_requests",
+        "Requests in flight when no token was generated and no request finished in the window",
+    ),
     "slots_total": ("tuner_slots", "llama-server slots"),
     "slots_busy": ("tuner_slots_busy", "llama-server slots processing a request"),
 }
 _HEALTH = ("up", "degraded", "down")
 
 
-def _own_loop_families(targets: list[str], thrash: dict[str, int], flips: dict[str, int], alive: dict[str, float],
-                       every: dict[str, float]) -> Iterator[Metric]:
+def _own_loop_families(
+    targets: list[str], thrash: dict[str, int], flips: dict[str, int], alive: dict[str, float], every: dict[str, float]
+) -> Iterator[Metric]:
     """tuner's own loop: what the rules over it read (apply thrash, flag flips, auto mode's last evaluation)."""
-    last_hour = GaugeMetricFamily("tuner_applies_last_hour", "Applies, rollbacks and restarts begun in the last hour",
-                                  labels=["target"])
-    flipped = GaugeMetricFamily("tuner_apply_flag_flips",
-                                "Times in 24 hours a flag in force went back to its value before its last change",
-                                labels=["target"])
+    last_hour = GaugeMetricFamily(
+        "tuner_applies_last_hour", "Applies, rollbacks and restarts begun in the last hour", labels=["target"]
+    )
+    flipped = GaugeMetricFamily(
+        "tuner_apply_flag_flips",
+        "Times in 24 hours a flag in force went back to its value before its last change",
+        labels=["target"],
+    )
     for t in targets:
         last_hour.add_metric([t], float(thrash.get(t, 0)))
         flipped.add_metric([t], float(flips.get(t, 0)))
     yield last_hour
     yield flipped
-    last = GaugeMetricFamily("tuner_auto_last_evaluation_timestamp_seconds",
-                             "When auto mode last evaluated the target, or was busy applying (unix seconds)",
-                             labels=["target"])
-    interval = GaugeMetricFamily("tuner_auto_interval_seconds", "Seconds between auto mode's evaluations",
-                                 labels=["target"])
+    last = GaugeMetricFamily(
+        "tuner_auto_last_evaluation_timestamp_seconds",
+        "When auto mode last evaluated the target, or was busy applying (unix seconds)",
+        labels=["target"],
+    )
+    interval = GaugeMetricFamily(
+        "tuner_auto_interval_seconds", "Seconds between auto mode's evaluations", labels=["target"]
+    )
     for t, ts in sorted(alive.items()):
         last.add_metric([t], ts)
         if t in every:
@@ -73,11 +87,15 @@ def _own_loop_families(targets: list[str], thrash: dict[str, int], flips: dict[s
 
 _MEMORY = {  # MemoryBreakdown field -> (metric, help)
     "weights_bytes": ("tuner_memory_weights_bytes", "Weights at run time, per GPU (the memory model; managed targets)"),
-    "kv_cache_allocated_bytes": ("tuner_memory_kv_cache_allocated_bytes",
-                                 f"KV cache the server allocated, per GPU ({VLLM_CACHE_CONFIG_INFO})"),
+    "kv_cache_allocated_bytes": (
+        "tuner_memory_kv_cache_allocated_bytes",
+        f"KV cache the server allocated, per GPU ({VLLM_CACHE_CONFIG_INFO})",
+    ),
     "kv_cache_used_bytes": ("tuner_memory_kv_cache_used_bytes", "KV cache in use: allocated x KV-cache use"),
-    "overhead_bytes": ("tuner_memory_overhead_bytes",
-                       "Runtime overhead per GPU: context, allocator, graphs, one step's activations (the memory model)"),
+    "overhead_bytes": (
+        "tuner_memory_overhead_bytes",
+        "Runtime overhead per GPU: context, allocator, graphs, one step's activations (the memory model)",
+    ),
 }
 
 
@@ -85,10 +103,14 @@ def _memory_families(memory: dict[str, list[Any]]) -> Iterator[Metric]:
     """Where each vLLM server's memory goes (app/memory.py), and NVML's used memory of each of its processes."""
     labels = ["target", "engine", "model_name"]
     fams = {f: GaugeMetricFamily(m, h, labels=labels) for f, (m, h) in _MEMORY.items()}
-    used = GaugeMetricFamily("tuner_memory_gpu_process_used_bytes", "GPU memory a process of the server uses (NVML)",
-                             labels=["target", "gpu", "pid", "name"])
-    total = GaugeMetricFamily("tuner_memory_gpu_total_bytes", "Total memory of a GPU the server's processes use",
-                              labels=["target", "gpu"])
+    used = GaugeMetricFamily(
+        "tuner_memory_gpu_process_used_bytes",
+        "GPU memory a process of the server uses (NVML)",
+        labels=["target", "gpu", "pid", "name"],
+    )
+    total = GaugeMetricFamily(
+        "tuner_memory_gpu_total_bytes", "Total memory of a GPU the server's processes use", labels=["target", "gpu"]
+    )
     for name, engines in sorted(memory.items()):
         gpus: dict[int, int | None] = {}
         procs = {}  # (gpu, pid) -> process: the server's, whichever of its engines it is listed with
@@ -110,28 +132,34 @@ def _memory_families(memory: dict[str, list[Any]]) -> Iterator[Metric]:
     yield total
 
 
-def _apply_families(targets: list[str], rec_counts: dict[tuple[str, str], int],
-                    apply_counts: dict[tuple[str, str], int], managed_up: dict[str, bool],
-                    auto_halted: dict[str, bool]) -> Iterator[Metric]:
-    recs = GaugeMetricFamily("tuner_recommendations", "Stored recommendations by status",
-                             labels=["target", "status"])
+def _apply_families(
+    targets: list[str],
+    rec_counts: dict[tuple[str, str], int],
+    apply_counts: dict[tuple[str, str], int],
+    managed_up: dict[str, bool],
+    auto_halted: dict[str, bool],
+) -> Iterator[Metric]:
+    recs = GaugeMetricFamily("tuner_recommendations", "Stored recommendations by status", labels=["target", "status"])
     for t in targets:
         for status in STATUSES:
             recs.add_metric([t, status], float(rec_counts.get((t, status), 0)))
     yield recs
-    applies = CounterMetricFamily("tuner_applies", "Finished applies by outcome (kept, rolled_back, inconclusive, failed)",
-                                  labels=["target", "outcome"])
+    applies = CounterMetricFamily(
+        "tuner_applies",
+        "Finished applies by outcome (kept, rolled_back, inconclusive, failed)",
+        labels=["target", "outcome"],
+    )
     for t in targets:
         for outcome in OUTCOMES:
             applies.add_metric([t, outcome], float(apply_counts.get((t, outcome), 0)))
     yield applies
-    up = GaugeMetricFamily("tuner_managed_server_up", "1 if the server tuner manages is running",
-                           labels=["target"])
+    up = GaugeMetricFamily("tuner_managed_server_up", "1 if the server tuner manages is running", labels=["target"])
     for t, v in sorted(managed_up.items()):
         up.add_metric([t], float(v))
     yield up
-    halted = GaugeMetricFamily("tuner_auto_apply_halted", "1 when auto mode stopped after rollbacks in a row",
-                               labels=["target"])
+    halted = GaugeMetricFamily(
+        "tuner_auto_apply_halted", "1 when auto mode stopped after rollbacks in a row", labels=["target"]
+    )
     for t, v in sorted(auto_halted.items()):
         halted.add_metric([t], float(v))
     yield halted
@@ -160,13 +188,15 @@ class TunerCollector(Collector):
             alive, every = dict(self.state.auto_alive), dict(self.state.auto_every)
             memory = dict(self.state.memory)
         up = GaugeMetricFamily("tuner_target_up", "1 if the last scrape of the target stored data", labels=["target"])
-        health = GaugeMetricFamily("tuner_target_health", "1 for the target's current health state",
-                                   labels=["target", "health"])
+        health = GaugeMetricFamily(
+            "tuner_target_health", "1 for the target's current health state", labels=["target", "health"]
+        )
         dur = GaugeMetricFamily("tuner_scrape_duration_seconds", "Duration of the last scrape", labels=["target"])
         fails = GaugeMetricFamily("tuner_scrape_consecutive_failures", "Failed scrapes in a row", labels=["target"])
         total = CounterMetricFamily("tuner_scrapes", "Scrapes attempted since tuner started", labels=["target"])
-        failed = CounterMetricFamily("tuner_scrape_failures", "Scrapes that failed since tuner started",
-                                     labels=["target"])
+        failed = CounterMetricFamily(
+            "tuner_scrape_failures", "Scrapes that failed since tuner started", labels=["target"]
+        )
         for name in sorted(set(signals) | set(scrapes)):
             h = signals[name].health if name in signals else None
             if h is not None:
@@ -179,15 +209,17 @@ class TunerCollector(Collector):
             total.add_metric([name], scrapes.get(name, 0))
             failed.add_metric([name], failures.get(name, 0))
         yield from (up, health, dur, fails, total, failed)
-        errs = GaugeMetricFamily("tuner_job_error", "1 while a job's last run failed (rules reload, notify, store)",
-                                 labels=["job"])
+        errs = GaugeMetricFamily(
+            "tuner_job_error", "1 while a job's last run failed (rules reload, notify, store)", labels=["job"]
+        )
         for job, error in sorted(job_errors.items()):
             if error:
                 errs.add_metric([job], 1.0)
         yield errs
 
-        srv = GaugeMetricFamily("tuner_target_server_healthy", "1 if the server's /health answered 200",
-                                labels=["target"])
+        srv = GaugeMetricFamily(
+            "tuner_target_server_healthy", "1 if the server's /health answered 200", labels=["target"]
+        )
         for name, sig in sorted(signals.items()):
             if sig.health is not None and sig.health.server_healthy is not None:
                 srv.add_metric([name], float(sig.health.server_healthy))
@@ -195,10 +227,17 @@ class TunerCollector(Collector):
 
         labels = ["target", "engine", "model_name", "backend"]
         gauges = {f: GaugeMetricFamily(m, h, labels=labels) for f, (m, h) in SIGNAL_GAUGES.items()}
-        queue = GaugeMetricFamily("tuner_queue_to_max_num_seqs_ratio",
-                                  "Requests waiting / the max-num-seqs the target runs with", labels=labels)
-        lat = {p: GaugeMetricFamily(f"tuner_{p}_seconds", f"{p.upper()} quantile over the window, from {h}",
-                                    labels=[*labels, "quantile"]) for p, h in LATENCY_HISTOGRAMS.items()}
+        queue = GaugeMetricFamily(
+            "tuner_queue_to_max_num_seqs_ratio",
+            "Requests waiting / the max-num-seqs the target runs with",
+            labels=labels,
+        )
+        lat = {
+            p: GaugeMetricFamily(
+                f"tuner_{p}_seconds", f"{p.upper()} quantile over the window, from {h}", labels=[*labels, "quantile"]
+            )
+            for p, h in LATENCY_HISTOGRAMS.items()
+        }
         for name, sig in sorted(signals.items()):
             limit = max_num_seqs.get(name)  # the flags in force, refreshed by the daemon's apply-status job
             for e in sig.engines:
@@ -223,26 +262,38 @@ class TunerCollector(Collector):
         yield from _memory_families(memory)
 
         if alerting is not None:
-            alerts = GaugeMetricFamily("tuner_alerts", "Active alerts (1 per alert), like Prometheus's ALERTS",
-                                       labels=["alertname", "alertstate", "target", "severity"])
+            alerts = GaugeMetricFamily(
+                "tuner_alerts",
+                "Active alerts (1 per alert), like Prometheus's ALERTS",
+                labels=["alertname", "alertstate", "target", "severity"],
+            )
             for a in alerting.active():
-                alerts.add_metric([a.labels.get("alertname", ""), a.state, a.labels.get("target", ""),
-                                   a.labels.get("severity", "")], 1.0)
+                alerts.add_metric(
+                    [a.labels.get("alertname", ""), a.state, a.labels.get("target", ""), a.labels.get("severity", "")],
+                    1.0,
+                )
             yield alerts
             out = GaugeMetricFamily("tuner_alert_notifications_queued", "Notifications waiting in the outbox")
             out.add_metric([], float(outbox_size(alerting.store)))
             yield out
 
         if gpu is not None:
-            avail = GaugeMetricFamily("tuner_gpu_telemetry_available", "1 if GPU telemetry could be read",
-                                      labels=["source"])
+            avail = GaugeMetricFamily(
+                "tuner_gpu_telemetry_available", "1 if GPU telemetry could be read", labels=["source"]
+            )
             avail.add_metric([gpu.source], 1.0 if gpu.available else 0.0)
             yield avail
             glabels = ["gpu", "uuid", "name"]
             fams = {
-                "utilization": GaugeMetricFamily("tuner_gpu_utilization_ratio", "GPU busy fraction 0-1", labels=glabels),
-                "memory_used_bytes": GaugeMetricFamily("tuner_gpu_memory_used_bytes", "GPU memory used", labels=glabels),
-                "memory_total_bytes": GaugeMetricFamily("tuner_gpu_memory_total_bytes", "GPU memory total", labels=glabels),
+                "utilization": GaugeMetricFamily(
+                    "tuner_gpu_utilization_ratio", "GPU busy fraction 0-1", labels=glabels
+                ),
+                "memory_used_bytes": GaugeMetricFamily(
+                    "tuner_gpu_memory_used_bytes", "GPU memory used", labels=glabels
+                ),
+                "memory_total_bytes": GaugeMetricFamily(
+                    "tuner_gpu_memory_total_bytes", "GPU memory total", labels=glabels
+                ),
                 "temperature_c": GaugeMetricFamily("tuner_gpu_temperature_celsius", "GPU temperature", labels=glabels),
                 "power_w": GaugeMetricFamily("tuner_gpu_power_watts", "GPU power draw", labels=glabels),
             }
@@ -258,8 +309,9 @@ class TunerCollector(Collector):
             yield procs
 
 
-def serve_metrics(state: DaemonState, host: str, port: int, *, daemon: object | None = None,
-                  token: str | None = None) -> tuple[object, object]:
+def serve_metrics(
+    state: DaemonState, host: str, port: int, *, daemon: object | None = None, token: str | None = None
+) -> tuple[object, object]:
     """Start tuner's listener (/metrics; with ``daemon`` also /api/v1, see http_api.py) in a thread.
 
     Returns (server, thread) for shutdown.

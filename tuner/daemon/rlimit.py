@@ -26,6 +26,8 @@ def raise_open_files(targets: int) -> tuple[int, str]:
             pass
     needed = targets + NEEDED_BESIDE_TARGETS
     if soft != resource.RLIM_INFINITY and soft < needed:
-        return soft, (f"{targets} targets need about {needed} open files and this process may open {soft} "
-                      f"(ulimit -n; hard limit {hard}): scrapes past it fail with 'Too many open files'")
+        return soft, (
+            f"{targets} targets need about {needed} open files and this process may open {soft} "
+            f"(ulimit -n; hard limit {hard}): scrapes past it fail with 'Too many open files'"
+        )
     return soft, ""

@@ -37,10 +37,19 @@ T = TypeVar("T", bound=Hashable)
 class ScrapeLoop(Generic[T]):
     """Run ``run(item)`` for each of ``items`` every ``every(item)`` seconds, first runs spread over one interval."""
 
-    def __init__(self, items: Sequence[T], every: Callable[[T], float], run: Callable[[T], object], *,
-                 workers: int, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], object] | None = None, start: float | None = None, spread: bool = True,
-                 what: str = "scrape") -> None:
+    def __init__(
+        self,
+        items: Sequence[T],
+        every: Callable[[T], float],
+        run: Callable[[T], object],
+        *,
+        workers: int,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], object] | None = None,
+        start: float | None = None,
+        spread: bool = True,
+        what: str = "scrape",
+    ) -> None:
         """``start``: the schedule's origin on ``clock`` (the first item's first run; default: when the loop's
         thread starts), so that another schedule can be laid in phase with this one; ``spread``: the first runs
         spread over one interval (False: every item's at the origin); ``what``: the runs' name in the log.
@@ -153,8 +162,9 @@ class ScrapeLoop(Generic[T]):
             late = int((now - due) // every)  # whole intervals missed: run once, then back in phase
             if late:
                 self.skipped += late
-                log.warning("%s of %s ran %.1f s late; %d due run(s) folded into this one", self._what, item,
-                            now - due, late)
+                log.warning(
+                    "%s of %s ran %.1f s late; %d due run(s) folded into this one", self._what, item, now - due, late
+                )
             with self._lock:
                 if not heap or heap[0] != head:  # an add() put another item first meanwhile: look again
                     continue
@@ -164,8 +174,12 @@ class ScrapeLoop(Generic[T]):
                     self._running[item] = due
             if busy:
                 self.refused += 1
-                log.warning("%s of %s skipped: its previous %s is still running (slower than its interval)",
-                            self._what, item, self._what)
+                log.warning(
+                    "%s of %s skipped: its previous %s is still running (slower than its interval)",
+                    self._what,
+                    item,
+                    self._what,
+                )
                 continue
             self._hand_out(item)
 

@@ -26,8 +26,9 @@ def _folder_uid(title: str) -> str:
     return ("tuner-" + re.sub(r"[^a-z0-9-]+", "-", title.lower()).strip("-"))[:40]
 
 
-def push_dashboards(url: str, token: str, dashboards: Mapping[str, Mapping[str, Any]], *, folder: str = "tuner",
-                    timeout_s: float = 10.0) -> PushResult:
+def push_dashboards(
+    url: str, token: str, dashboards: Mapping[str, Mapping[str, Any]], *, folder: str = "tuner", timeout_s: float = 10.0
+) -> PushResult:
     """Create ``folder`` if missing, then upload every dashboard with overwrite; errors name the URL."""
     import niquests
     from grafana_client import GrafanaApi
@@ -40,14 +41,21 @@ def push_dashboards(url: str, token: str, dashboards: Mapping[str, Mapping[str, 
         folder_uid = existing.get(folder) or api.folder.create_folder(folder, uid=_folder_uid(folder))["uid"]
         pushed = []
         for uid, model in dashboards.items():
-            answer = api.dashboard.update_dashboard({
-                "dashboard": {**model, "id": None}, "folderUid": folder_uid, "overwrite": True,
-                "message": "tuner dashboards push"})
+            answer = api.dashboard.update_dashboard(
+                {
+                    "dashboard": {**model, "id": None},
+                    "folderUid": folder_uid,
+                    "overwrite": True,
+                    "message": "tuner dashboards push",
+                }
+            )
             pushed.append((uid, str(answer.get("url", ""))))
     except GrafanaException as exc:
-        raise GrafanaError(url, f"HTTP {exc.status_code or '-'}: {exc.message}"
-                           + ("; check the token in $GRAFANA_TOKEN" if exc.status_code in (401, 403) else "")
-                           ) from None
+        raise GrafanaError(
+            url,
+            f"HTTP {exc.status_code or '-'}: {exc.message}"
+            + ("; check the token in $GRAFANA_TOKEN" if exc.status_code in (401, 403) else ""),
+        ) from None
     except niquests.exceptions.RequestException as exc:
         raise GrafanaError(url, f"cannot connect ({type(exc).__name__}); is Grafana running there?") from None
     return PushResult(folder_uid, created, tuple(pushed))

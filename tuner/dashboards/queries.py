@@ -14,8 +14,14 @@ from typing import Any
 __all__ = ["Query", "queries", "metric_names", "substitute", "DEFAULT_VARIABLES"]
 
 # Grafana's variables → what stands in for them outside Grafana (all targets, all models).
-DEFAULT_VARIABLES = {"target": ".*", "model": ".*", "gpu": ".*", "__rate_interval": "30s", "__interval": "15s",
-                     "datasource": ""}
+DEFAULT_VARIABLES = {
+    "target": ".*",
+    "model": ".*",
+    "gpu": ".*",
+    "__rate_interval": "30s",
+    "__interval": "15s",
+    "datasource": "",
+}
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ def queries(model: Mapping[str, Any]) -> Iterator[Query]:
 
 def substitute(expr: str, values: Mapping[str, str] = DEFAULT_VARIABLES) -> str:
     """Replace Grafana's ``$name`` / ``${name}`` variables; an unknown variable raises KeyError naming it."""
+
     def repl(m: re.Match[str]) -> str:
         name = m.group(1) or m.group(2)
         if name not in values:
@@ -65,9 +72,34 @@ def substitute(expr: str, values: Mapping[str, str] = DEFAULT_VARIABLES) -> str:
 
 # PromQL words that look like identifiers but are no metric name.
 _KEYWORDS = {
-    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset",
-    "atan2", "inf", "nan", "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values",
-    "bottomk", "topk", "quantile", "limitk", "limit_ratio",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "atan2",
+    "inf",
+    "nan",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+    "limitk",
+    "limit_ratio",
 }
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 _BRACES = re.compile(r"\{[^{}]*\}")

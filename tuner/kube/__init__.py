@@ -19,8 +19,20 @@ from tuner.kube.pods import Pod, PodWatch, expand, from_prometheus, is_template,
 if TYPE_CHECKING:
     from tuner.kube.api import KubeApi
 
-__all__ = ["Pod", "PodWatch", "connect", "expand", "from_prometheus", "is_template", "list_pods", "members",
-           "parse_flags", "rewrite_args", "templates", "tunable_in"]
+__all__ = [
+    "Pod",
+    "PodWatch",
+    "connect",
+    "expand",
+    "from_prometheus",
+    "is_template",
+    "list_pods",
+    "members",
+    "parse_flags",
+    "rewrite_args",
+    "templates",
+    "tunable_in",
+]
 
 
 def connect(access: KubeAccess, config_dir: Path | None = None) -> KubeApi:
@@ -28,8 +40,9 @@ def connect(access: KubeAccess, config_dir: Path | None = None) -> KubeApi:
     try:
         from tuner.kube.api import KubeApi
     except ImportError as exc:
-        raise KubernetesError("client", f"the kubernetes Python client is not installed ({exc.name}): "
-                                        "pip install 'tuner[kubernetes]'") from None
+        raise KubernetesError(
+            "client", f"the kubernetes Python client is not installed ({exc.name}): pip install 'tuner[kubernetes]'"
+        ) from None
     return KubeApi.connect(access, config_dir)
 
 
@@ -40,8 +53,11 @@ def list_pods(cfg: Config, config_dir: Path | None, *, now: float) -> dict[str, 
     api_side = [t for t in templates(cfg) if t.source != "prometheus"]
     errors: list[str] = []
     if api_side:
-        watch = PodWatch(connect(cfg.kubernetes, config_dir), api_side,
-                         failed=lambda name, error: errors.append(f"targets[{name}]: {error}") if error else None)
+        watch = PodWatch(
+            connect(cfg.kubernetes, config_dir),
+            api_side,
+            failed=lambda name, error: errors.append(f"targets[{name}]: {error}") if error else None,
+        )
         found.update(watch.list_now())
         if errors:
             raise KubernetesError("pods", errors[0])

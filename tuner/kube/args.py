@@ -78,10 +78,10 @@ def rewrite_args(backend: str, args: Sequence[str], rendered: Mapping[str, list[
     out: list[str] = []
     pos = 0
     for o in found:
-        out += args[pos:o.start]
+        out += args[pos : o.start]
         new = rendered.get(o.spec.name)
         if new is None:
-            out += args[o.start:o.end]
+            out += args[o.start : o.end]
         elif o.equals and len(new) == 2:
             out.append(f"{new[0]}={new[1]}")
         else:

@@ -21,9 +21,15 @@ class Discovery:
     """``changed()`` is called whenever the pods that count changed (read ``current()`` then); ``failed(template,
     error)`` on every failure, and with ``""`` once its pods are read again."""
 
-    def __init__(self, declared: Config, config_dir: Path | None, *, changed: Callable[[], None] = lambda: None,
-                 failed: Callable[[str, str], None] = lambda name, error: None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        declared: Config,
+        config_dir: Path | None,
+        *,
+        changed: Callable[[], None] = lambda: None,
+        failed: Callable[[str, str], None] = lambda name, error: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.declared, self.changed, self.failed, self.clock = declared, changed, failed, clock
         tpls = templates(declared)
         self.api_side = [t for t in tpls if t.source != "prometheus"]
@@ -33,8 +39,9 @@ class Discovery:
         self._lock = threading.Lock()
         if self.api_side:
             try:
-                self.watch = PodWatch(connect(declared.kubernetes, config_dir), self.api_side, changed=changed,
-                                      failed=failed)
+                self.watch = PodWatch(
+                    connect(declared.kubernetes, config_dir), self.api_side, changed=changed, failed=failed
+                )
             except KubernetesError as exc:  # no client or no config: said for each template, the rest runs on
                 for t in self.api_side:
                     failed(t.name, str(exc))
@@ -57,8 +64,12 @@ class Discovery:
         moved = False
         for t in self.prom_side:
             try:
-                pods = from_prometheus(self.declared.prometheus.url, t,  # type: ignore[union-attr]
-                                       timeout_s=self.declared.timeout(t).total_seconds(), now=self.clock())
+                pods = from_prometheus(
+                    self.declared.prometheus.url,  # type: ignore[union-attr]
+                    t,
+                    timeout_s=self.declared.timeout(t).total_seconds(),
+                    now=self.clock(),
+                )
             except KubernetesError as exc:
                 self.failed(t.name, str(exc))
                 continue

@@ -26,8 +26,19 @@ from tuner.kube.args import parse_flags
 if TYPE_CHECKING:  # the client is an optional extra: imported where a connection is made (tuner.kube.connect)
     from tuner.kube.api import KubeApi
 
-__all__ = ["Pod", "PodWatch", "expand", "from_prometheus", "is_template", "members", "owner_pattern",
-           "pods_from_prometheus", "prometheus_up_query", "selector_of", "templates"]
+__all__ = [
+    "Pod",
+    "PodWatch",
+    "expand",
+    "from_prometheus",
+    "is_template",
+    "members",
+    "owner_pattern",
+    "pods_from_prometheus",
+    "prometheus_up_query",
+    "selector_of",
+    "templates",
+]
 
 log = logging.getLogger("tuner.kube")
 _RETRY_S = 5.0  # after a failed list or watch, before the next try
@@ -53,13 +64,23 @@ class Pod:
         meta, spec, status = pod.metadata, pod.spec, pod.status
         c = next((c for c in (spec.containers if spec else None) or [] if c.name == container), None)
         kind, owner = _owner(meta)
-        ready = any(cond.type == "Ready" and cond.status == "True" for cond in (status.conditions or [])) \
-            if status else False
+        ready = (
+            any(cond.type == "Ready" and cond.status == "True" for cond in (status.conditions or []))
+            if status
+            else False
+        )
         phase = status.phase if status else None
-        return cls(namespace=meta.namespace, name=meta.name, ip=status.pod_ip if status else None,
-                   owner_kind=kind, owner=owner, ready=ready, args=tuple(c.args or []) if c else (),
-                   ports=tuple((p.name or "", p.container_port) for p in (c.ports or [])) if c else (),
-                   gone=phase in ("Succeeded", "Failed"))
+        return cls(
+            namespace=meta.namespace,
+            name=meta.name,
+            ip=status.pod_ip if status else None,
+            owner_kind=kind,
+            owner=owner,
+            ready=ready,
+            args=tuple(c.args or []) if c else (),
+            ports=tuple((p.name or "", p.container_port) for p in (c.ports or [])) if c else (),
+            gone=phase in ("Succeeded", "Failed"),
+        )
 
 
 def _owner(meta: Any) -> tuple[str | None, str | None]:
@@ -69,7 +90,7 @@ def _owner(meta: Any) -> tuple[str | None, str | None]:
             continue
         if ref.kind == "ReplicaSet":
             h = (meta.labels or {}).get("pod-template-hash")
-            return "Deployment", ref.name[:-len(h) - 1] if h and ref.name.endswith("-" + h) else ref.name
+            return "Deployment", ref.name[: -len(h) - 1] if h and ref.name.endswith("-" + h) else ref.name
         return ref.kind, ref.name
     return None, None
 
@@ -118,14 +139,26 @@ def _port(template: Target, pod: Pod) -> int | None:
 def _member(template: Target, pod: Pod) -> Target | None:
     k = template.kubernetes
     assert k is not None and k.pods is not None
-    labels = {**template.labels, "group": template.name, "replica": pod.name, "namespace": pod.namespace,
-              "pod": pod.name, "workload": pod.owner or ""}
-    update: dict[str, Any] = {"name": f"{template.name}.{pod.name}", "group": template.name, "replica": pod.name,
-                              "group_url": template.url, "labels": labels}
+    labels = {
+        **template.labels,
+        "group": template.name,
+        "replica": pod.name,
+        "namespace": pod.namespace,
+        "pod": pod.name,
+        "workload": pod.owner or "",
+    }
+    update: dict[str, Any] = {
+        "name": f"{template.name}.{pod.name}",
+        "group": template.name,
+        "replica": pod.name,
+        "group_url": template.url,
+        "labels": labels,
+    }
     if template.source == "prometheus":
         own = template.prometheus_selector.strip().strip("{}") + "," if template.prometheus_selector else ""
-        update["prometheus_selector"] = (f'{own}{k.pods.namespace_label}="{pod.namespace}",'
-                                         f'{k.pods.pod_label}="{pod.name}"')
+        update["prometheus_selector"] = (
+            f'{own}{k.pods.namespace_label}="{pod.namespace}",{k.pods.pod_label}="{pod.name}"'
+        )
         update["url"] = f"{k.pods.scheme}://{pod.ip}" if pod.ip else template.url
     else:
         port = _port(template, pod)
@@ -183,8 +216,10 @@ def pods_from_prometheus(series: Sequence[dict[str, str]], template: Target) -> 
         if ns != k.namespace or not name:
             continue
         # the longest owner name first: a canary "chat-canary" also reads as a pod name of "chat"
-        hit = next(((kind, owner) for kind, owner, pat in sorted(owners, key=lambda o: -len(o[1]))
-                    if pat.fullmatch(name)), None)
+        hit = next(
+            ((kind, owner) for kind, owner, pat in sorted(owners, key=lambda o: -len(o[1])) if pat.fullmatch(name)),
+            None,
+        )
         if hit is not None:
             seen[name] = Pod(ns, name, labels.get("instance"), hit[0], hit[1], ready=True)
     return list(seen.values())
@@ -208,11 +243,14 @@ def from_prometheus(prom_url: str, template: Target, *, timeout_s: float, now: f
 
     query = prometheus_up_query(template)
     try:
-        got = PrometheusConnect(url=prom_url, disable_ssl=True, timeout=max(1, math.ceil(timeout_s))) \
-            .custom_query(query=query, params={"time": f"{now:.3f}"})
+        got = PrometheusConnect(url=prom_url, disable_ssl=True, timeout=max(1, math.ceil(timeout_s))).custom_query(
+            query=query, params={"time": f"{now:.3f}"}
+        )
     except (RequestException, PrometheusApiClientException) as exc:
-        raise KubernetesError(f"pods of {template.name} from Prometheus", f"{prom_url} answered {query!r} with "
-                                                                           f"{type(exc).__name__}: {exc}") from None
+        raise KubernetesError(
+            f"pods of {template.name} from Prometheus",
+            f"{prom_url} answered {query!r} with {type(exc).__name__}: {exc}",
+        ) from None
     return pods_from_prometheus([r["metric"] for r in got], template)
 
 
@@ -225,8 +263,15 @@ class PodWatch:
     that count (ready once, not gone); ``failed(template, error)`` after every failure (and ``""`` when it works
     again). A pod counts from its first Ready on (a vLLM still loading its model is not down) until it is gone."""
 
-    def __init__(self, api: KubeApi, targets: Sequence[Target], *, changed: Callable[[], None] = lambda: None,
-                 failed: Callable[[str, str], None] = lambda name, error: None, watch_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        targets: Sequence[Target],
+        *,
+        changed: Callable[[], None] = lambda: None,
+        failed: Callable[[str, str], None] = lambda name, error: None,
+        watch_s: float = 300.0,
+    ) -> None:
         self.api, self.targets = api, list(targets)
         self.changed, self.failed, self.watch_s = changed, failed, watch_s
         self._pods: dict[str, dict[str, Pod]] = {t.name: {} for t in self.targets}

@@ -39,8 +39,13 @@ def _say(msg: str) -> None:
 
 
 def _tuner(config: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(config), "--log-level", "WARNING",
-                           *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "--config", str(config), "--log-level", "WARNING", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _show(config: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -59,16 +64,22 @@ def _load_process(url: str, n: int, conc: int, max_tokens: int = 256, *, steady:
     verdict saw the load fall, not the server's capacity. Nor are they put ahead of vLLM: then its HTTP server,
     which answers /metrics, starved, and a 60 s baseline held fewer than two scrapes.
     """
-    script = ("import json, signal, sys, threading; from tuner.lab.load import run_load\n"
-              "url, model, n, conc, max_tokens, steady = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])\n"
-              "stop = threading.Event(); signal.signal(signal.SIGUSR1, lambda *_: stop.set())\n"
-              "r = run_load(url, model=model, n_requests=10_000 if steady else n, concurrency=conc,\n"
-              "             prompt_tokens_approx=200, max_tokens=max_tokens, retry_for_s=120.0 if steady else 0.0,\n"
-              "             send_for_s=600.0 if steady else None, stop=stop, timeout_s=900.0 if steady else 300.0)\n"
-              "lat = r.latencies_s; q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else 0\n"
-              "print(json.dumps([r.ok, r.failed, r.retried, q(0.5), q(0.99), list(r.errors[:2])]))\n")
-    return subprocess.Popen([sys.executable, "-c", script, url, MODEL_NAME, str(n), str(conc), str(max_tokens),
-                             str(int(steady))], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    script = (
+        "import json, signal, sys, threading; from tuner.lab.load import run_load\n"
+        "url, model, n, conc, max_tokens, steady = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])\n"
+        "stop = threading.Event(); signal.signal(signal.SIGUSR1, lambda *_: stop.set())\n"
+        "r = run_load(url, model=model, n_requests=10_000 if steady else n, concurrency=conc,\n"
+        "             prompt_tokens_approx=200, max_tokens=max_tokens, retry_for_s=120.0 if steady else 0.0,\n"
+        "             send_for_s=600.0 if steady else None, stop=stop, timeout_s=900.0 if steady else 300.0)\n"
+        "lat = r.latencies_s; q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else 0\n"
+        "print(json.dumps([r.ok, r.failed, r.retried, q(0.5), q(0.99), list(r.errors[:2])]))\n"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", script, url, MODEL_NAME, str(n), str(conc), str(max_tokens), str(int(steady))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _finish_load(proc: subprocess.Popen[str]) -> None:
@@ -78,8 +89,11 @@ def _finish_load(proc: subprocess.Popen[str]) -> None:
     except (ValueError, IndexError):
         print(f"-- load generator failed: {err.strip()[-500:]}")
         return
-    print(f"-- load done: {ok} ok, {failed} failed, {retried} attempts sent again while the server restarted, "
-          f"client P50 {p50:.2f}s P99 {p99:.2f}s" + (f" (e.g. {errors[0]})" if errors else ""), flush=True)
+    print(
+        f"-- load done: {ok} ok, {failed} failed, {retried} attempts sent again while the server restarted, "
+        f"client P50 {p50:.2f}s P99 {p99:.2f}s" + (f" (e.g. {errors[0]})" if errors else ""),
+        flush=True,
+    )
 
 
 def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float = 1.0) -> int:
@@ -103,16 +117,21 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         "      extra_args: {enforce-eager: true}\n"
         f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{workdir / 'vllm-cache'}'}}\n"
         "      drain_timeout: 30s\n"
-
-        f"    apply: {{baseline: {BASELINE_S}s, observe: 30s, observe_max: 90s, min_requests: 5}}\n")
+        f"    apply: {{baseline: {BASELINE_S}s, observe: 30s, observe_max: 90s, min_requests: 5}}\n"
+    )
     _say(f"config {config}")
     print(config.read_text(), end="")
     _say("tuner db upgrade")
     _show(config, "db", "upgrade")
 
-    _say(f"tuner run: starts the managed vLLM, scrapes it every 5s (own metrics on http://127.0.0.1:{own_port}/metrics)")
-    daemon = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(config), "--log-level", "WARNING",
-                               "run"], stdout=open(workdir / "tuner.log", "w"), stderr=subprocess.STDOUT)
+    _say(
+        f"tuner run: starts the managed vLLM, scrapes it every 5s (own metrics on http://127.0.0.1:{own_port}/metrics)"
+    )
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", "--config", str(config), "--log-level", "WARNING", "run"],
+        stdout=open(workdir / "tuner.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         t0 = time.monotonic()
         while _tuner(config, "managed", "status").returncode != 0 or not _healthy(url):
@@ -127,8 +146,10 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
 
         # Long answers (256 tokens) keep each phase going across many 5 s scrapes. The heavy phase queues for
         # ~25 s: on 2 cores a loaded vLLM can miss a scrape's deadline, and several scrapes must see the queue.
-        for phase, n, conc in (("light load: 12 requests, 2 at a time", 12, 2),
-                               ("heavy load: 128 requests, 16 at a time (max-num-seqs is 4)", 128, 16)):
+        for phase, n, conc in (
+            ("light load: 12 requests, 2 at a time", 12, 2),
+            ("heavy load: 128 requests, 16 at a time (max-num-seqs is 4)", 128, 16),
+        ):
             _say(phase)
             load = _load_process(url, max(1, int(n * load_scale)), conc)
             time.sleep(5)
@@ -157,11 +178,32 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         # says none is measurable at this budget.
         _say("tuner workload tiny-llama --window 5m -o workload.yaml   (what it served, as a replayable workload)")
         _show(config, "workload", MODEL_NAME, "--window", "5m", "-o", str(workdir / "workload.yaml"))
-        _say("tuner tune tiny-llama --workload workload.yaml --budget 3 --flags max_num_seqs=4/8/16   (trial "
-             "servers on spare ports; production keeps serving)")
-        _show(config, "tune", MODEL_NAME, "--workload", str(workdir / "workload.yaml"), "--window", "5m",
-              "--budget", "3", "--flags", "max_num_seqs=4/8/16", "--compare-pairs", "3", "--run-seconds", "8",
-              "--max-runs", "3", "--max-time", "6m", timeout=1800)
+        _say(
+            "tuner tune tiny-llama --workload workload.yaml --budget 3 --flags max_num_seqs=4/8/16   (trial "
+            "servers on spare ports; production keeps serving)"
+        )
+        _show(
+            config,
+            "tune",
+            MODEL_NAME,
+            "--workload",
+            str(workdir / "workload.yaml"),
+            "--window",
+            "5m",
+            "--budget",
+            "3",
+            "--flags",
+            "max_num_seqs=4/8/16",
+            "--compare-pairs",
+            "3",
+            "--run-seconds",
+            "8",
+            "--max-runs",
+            "3",
+            "--max-time",
+            "6m",
+            timeout=1800,
+        )
         rec, story = _after_tune(config, rec)
         print(f"-- {story}", flush=True)
         if rec is None:
@@ -169,19 +211,26 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         else:
             _say(f"tuner apply-recommendation {rec['id']} --dry-run")
             _show(config, "apply-recommendation", str(rec["id"]), "--dry-run")
-            _say(f"tuner apply-recommendation {rec['id']} --yes   (under a steady load of 16 clients: baseline "
-                 f"{BASELINE_S}s, drain, restart, health gate, observe 30s (up to 90s while inconclusive), verdict)")
+            _say(
+                f"tuner apply-recommendation {rec['id']} --yes   (under a steady load of 16 clients: baseline "
+                f"{BASELINE_S}s, drain, restart, health gate, observe 30s (up to 90s while inconclusive), verdict)"
+            )
             # 16 clients keep 16 requests in flight through the baseline, the restart (retrying while the server is
             # down) and the observation: more than the old and the new --max-num-seqs, so both windows are
             # saturated and the verdict compares what matters, the server's capacity, like with like.
             # 512-token answers: more of each second goes to the engine's own core, less to HTTP and clients.
             load = _load_process(url, 0, 16, max_tokens=512, steady=True)
-            print(f"-- 16 clients until the apply is done; the baseline window ({BASELINE_S}s) fills before it "
-                  "starts", flush=True)
+            print(
+                f"-- 16 clients until the apply is done; the baseline window ({BASELINE_S}s) fills before it starts",
+                flush=True,
+            )
             time.sleep(BASELINE_S + 2)
             scrapes = _wait_for_scrapes(config, BASELINE_S, MIN_BASELINE_SCRAPES, limit_s=180)
-            print(f"-- the last {BASELINE_S}s hold {scrapes} stored scrapes (a loaded CPU vLLM answers /metrics "
-                  "late: the apply waits for a baseline it can judge)", flush=True)
+            print(
+                f"-- the last {BASELINE_S}s hold {scrapes} stored scrapes (a loaded CPU vLLM answers /metrics "
+                "late: the apply waits for a baseline it can judge)",
+                flush=True,
+            )
             _show(config, "apply-recommendation", str(rec["id"]), "--yes", timeout=900)
             load.send_signal(signal.SIGUSR1)  # stop sending; what is in flight finishes
             _finish_load(load)
@@ -191,10 +240,24 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         time.sleep(5.5)  # tuner refreshes the apply side of its /metrics every 5 s
         _say("tuner's own /metrics (excerpt)")
         body = http.get(f"http://127.0.0.1:{own_port}/metrics", timeout_s=5, max_bytes=2**20).body.decode()
-        print("\n".join(line for line in body.splitlines()
-                        if line.startswith(("tuner_target_up", "tuner_kv_cache", "tuner_ttft_seconds",
-                                            "tuner_requests_waiting", "tuner_goodput", "tuner_gpu_telemetry",
-                                            "tuner_applies_total", "tuner_managed_server_up"))))
+        print(
+            "\n".join(
+                line
+                for line in body.splitlines()
+                if line.startswith(
+                    (
+                        "tuner_target_up",
+                        "tuner_kv_cache",
+                        "tuner_ttft_seconds",
+                        "tuner_requests_waiting",
+                        "tuner_goodput",
+                        "tuner_gpu_telemetry",
+                        "tuner_applies_total",
+                        "tuner_managed_server_up",
+                    )
+                )
+            )
+        )
         return 0
     finally:
         stop(daemon, 15)
@@ -207,6 +270,7 @@ def _after_tune(config: Path, advised: dict | None) -> tuple[dict | None, str]:
     difference in turns); otherwise the advisor's proposal, said to be unmeasured (or measured no better)."""
     from tuner.store import recommendations as recs
     from tuner.store import tuning as tj
+
     cfg = load_config(config)
     engine = open_engine(cfg.store.url)
     try:
@@ -215,15 +279,19 @@ def _after_tune(config: Path, advised: dict | None) -> tuple[dict | None, str]:
         rid = result.get("recommendation_id")
         if rid:
             r = recs.get_recommendation(engine, rid)
-            return {"id": r.id, "diff": dict(r.diff)}, f"tune measured a winner: {result.get('verdict')}; it is " \
-                                                       "what the demo applies"
+            return {
+                "id": r.id,
+                "diff": dict(r.diff),
+            }, f"tune measured a winner: {result.get('verdict')}; it is what the demo applies"
     finally:
         engine.dispose()
     said = result.get("verdict") or "tune measured nothing"
     if advised is None:
         return None, f"tune: {said}"
-    return advised, (f"tune: {said}. The demo applies the advisor's proposal {advised['diff']} anyway, to show the "
-                     "apply; the live verdict judges it on production's own traffic")
+    return advised, (
+        f"tune: {said}. The demo applies the advisor's proposal {advised['diff']} anyway, to show the "
+        "apply; the live verdict judges it on production's own traffic"
+    )
 
 
 def _wait_for_scrapes(config: Path, window_s: float, want: int, *, limit_s: float) -> int:
@@ -235,8 +303,13 @@ def _wait_for_scrapes(config: Path, window_s: float, want: int, *, limit_s: floa
     while True:
         now = time.time()
         w = store.window(MODEL_NAME, now - window_s, now)
-        stamps = {ts for e in w.engines for (name, _), pts in e.series.items()
-                  if name == VLLM_REQUEST_SUCCESS_TOTAL for ts, _ in pts}
+        stamps = {
+            ts
+            for e in w.engines
+            for (name, _), pts in e.series.items()
+            if name == VLLM_REQUEST_SUCCESS_TOTAL
+            for ts, _ in pts
+        }
         if len(stamps) >= want or time.monotonic() >= deadline:
             return len(stamps)
         time.sleep(2.5)

@@ -30,7 +30,15 @@ from urllib.parse import urlsplit
 
 import requests
 
-__all__ = ["LoadResult", "make_prompt", "raise_priority", "run_load", "MAX_REQUESTS", "MAX_CONCURRENCY", "MAX_TIMEOUT_S"]
+__all__ = [
+    "LoadResult",
+    "make_prompt",
+    "raise_priority",
+    "run_load",
+    "MAX_REQUESTS",
+    "MAX_CONCURRENCY",
+    "MAX_TIMEOUT_S",
+]
 
 MAX_REQUESTS = 10_000
 MAX_CONCURRENCY = 64
@@ -134,8 +142,13 @@ def _closed_unanswered(exc: BaseException) -> bool:
 
     # urllib3-future (installed beside requests by some of our dependencies) has its own HTTP backend and raises
     # a bare ProtocolError with http.client's words instead of RemoteDisconnected
-    return _in_chain(exc, lambda e: isinstance(e, http.client.RemoteDisconnected) or (
-        isinstance(e, urllib3.exceptions.ProtocolError) and "closed connection without response" in str(e)))
+    return _in_chain(
+        exc,
+        lambda e: (
+            isinstance(e, http.client.RemoteDisconnected)
+            or (isinstance(e, urllib3.exceptions.ProtocolError) and "closed connection without response" in str(e))
+        ),
+    )
 
 
 def make_prompt(index: int, n_words: int, *, distinct: bool) -> str:
@@ -230,10 +243,14 @@ def run_load(
     def body_for(i: int) -> dict[str, object]:
         prompt = make_prompt(i, n_words, distinct=distinct_prompts)
         if path == "/completion":
-            return {"prompt": prompt, "n_predict": max_tokens, "ignore_eos": True, "temperature": 0.0,
-                    "cache_prompt": True}
-        body: dict[str, object] = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-                                   "temperature": 0.0}
+            return {
+                "prompt": prompt,
+                "n_predict": max_tokens,
+                "ignore_eos": True,
+                "temperature": 0.0,
+                "cache_prompt": True,
+            }
+        body: dict[str, object] = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0}
         if model:
             body["model"] = model
         return body

@@ -20,8 +20,15 @@ __all__ = ["free_port", "TunerProcess", "AlertSink", "wait_for", "stop"]
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], timeout_s: float, what: str = "condition", *,
-             proc: subprocess.Popen | None = None, log: Path | None = None, every_s: float = 0.1) -> T:
+def wait_for(
+    predicate: Callable[[], T],
+    timeout_s: float,
+    what: str = "condition",
+    *,
+    proc: subprocess.Popen | None = None,
+    log: Path | None = None,
+    every_s: float = 0.1,
+) -> T:
     """Poll ``predicate`` every ``every_s`` until it returns something true, and return that. AssertionError naming
     ``what`` after ``timeout_s``, or at once when ``proc`` (the process that should bring it about) has exited,
     with the end of its ``log``. The tests' and the benches' one wait helper."""
@@ -29,8 +36,10 @@ def wait_for(predicate: Callable[[], T], timeout_s: float, what: str = "conditio
     while not (value := predicate()):
         if proc is not None and proc.poll() is not None:
             tail = log.read_text(errors="replace")[-2000:] if log is not None and log.exists() else ""
-            raise AssertionError(f"{what}: the process exited with {proc.returncode} first"
-                                 + (f"; the end of {log}:\n{tail}" if tail else ""))
+            raise AssertionError(
+                f"{what}: the process exited with {proc.returncode} first"
+                + (f"; the end of {log}:\n{tail}" if tail else "")
+            )
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
         time.sleep(every_s)
@@ -53,18 +62,34 @@ def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> int | None:
 class TunerProcess:
     """Writes a config, migrates the store, runs `tuner run` as a child process with its log in the work dir."""
 
-    def __init__(self, work: Path, targets: dict[str, tuple[str, str]], *, interval: str = "500ms",
-                 timeout: str = "1s", max_body: str = "10MiB", rules: str | None = None,
-                 alertmanagers: Sequence[str] = (), evaluation_interval: str = "1s") -> None:
+    def __init__(
+        self,
+        work: Path,
+        targets: dict[str, tuple[str, str]],
+        *,
+        interval: str = "500ms",
+        timeout: str = "1s",
+        max_body: str = "10MiB",
+        rules: str | None = None,
+        alertmanagers: Sequence[str] = (),
+        evaluation_interval: str = "1s",
+    ) -> None:
         self.work = work
         self.port = free_port()
         self.db = work / "tuner.db"
-        lines = [f"store: {{url: 'sqlite:///{self.db}'}}", f"listen: 127.0.0.1:{self.port}",
-                 f"defaults: {{scrape_interval: {interval}, scrape_timeout: {timeout}, max_body_bytes: {max_body}}}",
-                 "gpu: {source: none}", "targets:"]
+        lines = [
+            f"store: {{url: 'sqlite:///{self.db}'}}",
+            f"listen: 127.0.0.1:{self.port}",
+            f"defaults: {{scrape_interval: {interval}, scrape_timeout: {timeout}, max_body_bytes: {max_body}}}",
+            "gpu: {source: none}",
+            "targets:",
+        ]
         lines += [f"  - {{name: {n}, backend: {b}, url: '{u}'}}" for n, (b, u) in targets.items()]
-        alerting: dict[str, Any] = {"evaluation_interval": evaluation_interval, "resend_delay": "1m",
-                                    "alertmanagers": list(alertmanagers)}
+        alerting: dict[str, Any] = {
+            "evaluation_interval": evaluation_interval,
+            "resend_delay": "1m",
+            "alertmanagers": list(alertmanagers),
+        }
         if rules is not None:
             (work / "rules.yaml").write_text(rules)
             alerting["rule_files"] = ["rules.yaml"]
@@ -76,12 +101,21 @@ class TunerProcess:
         self.cli("db", "upgrade")
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "tuner.cli", "--config", str(self.config), *args],
-                              capture_output=True, text=True, timeout=60, check=check)
+        return subprocess.run(
+            [sys.executable, "-m", "tuner.cli", "--config", str(self.config), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=check,
+        )
 
     def start(self, **popen: Any) -> TunerProcess:
-        self.proc = proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--config", str(self.config), "run"],
-                                            stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"), **popen)
+        self.proc = proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner.cli", "--config", str(self.config), "run"],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.log, "ab"),
+            **popen,
+        )
         try:
             wait_for(lambda: self.metrics_text() is not None or proc.poll() is not None, 60, "tuner's /metrics")
             assert proc.poll() is None, self.log_tail()

@@ -32,7 +32,7 @@ def children(pid: int) -> list[tuple[int, str]]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
         if int(rest[1]) == pid:
             out.append((int(entry.name), comm))
     return out

@@ -53,9 +53,8 @@ class Notifier:
         self._sending = False  # a flush is under way
         self._again: int | None = None  # the latest time a flush was asked for meanwhile: the sender passes again
 
-
     def _backoff_ms(self, attempts: int) -> int:
-        return int(min(self.max_backoff_s, 2.0 ** attempts) * 1000)
+        return int(min(self.max_backoff_s, 2.0**attempts) * 1000)
 
     def flush(self, now_ms: int, *, limit: int = 200) -> FlushResult:
         """Send what is due at ``now_ms``. While another thread is sending, hand the work to it (it passes again

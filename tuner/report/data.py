@@ -36,10 +36,18 @@ PLOTS = (
     Plot("ttft", "Time to first token", "s", (("ttft_p50", "P50"), ("ttft_p99", "P99"))),
     Plot("e2e", "End-to-end latency", "s", (("e2e_p50", "P50"), ("e2e_p99", "P99"))),
     Plot("kv", "KV-cache use (peak in window)", "ratio", (("kv_cache_usage_max", "KV use"),)),
-    Plot("queue", "Requests running / waiting", "count",
-         (("requests_running_max", "running (peak)"), ("requests_waiting_max", "waiting (peak)"))),
-    Plot("throughput", "Tokens per second", "per_s",
-         (("prompt_tokens_per_s", "prompt"), ("generation_tokens_per_s", "generated"))),
+    Plot(
+        "queue",
+        "Requests running / waiting",
+        "count",
+        (("requests_running_max", "running (peak)"), ("requests_waiting_max", "waiting (peak)")),
+    ),
+    Plot(
+        "throughput",
+        "Tokens per second",
+        "per_s",
+        (("prompt_tokens_per_s", "prompt"), ("generation_tokens_per_s", "generated")),
+    ),
 )
 
 
@@ -70,7 +78,7 @@ class TargetReport:
 
 def _cut(points: Sequence[Any], lo: int, hi: int, ts: Any) -> Sequence[Any]:
     keys = [ts(p) for p in points]
-    return points[bisect.bisect_left(keys, lo):bisect.bisect_right(keys, hi)]
+    return points[bisect.bisect_left(keys, lo) : bisect.bisect_right(keys, hi)]
 
 
 def _slice(win: TargetWindow, lo: int, hi: int) -> TargetWindow:
@@ -106,8 +114,16 @@ class ApplyView:
     series: Series = field(default_factory=dict)
 
 
-def _series(store: Store, target: str, start: float, end: float, points: int, window_s: float,
-            slo: Slo | None, keys: tuple[str, ...] | None = None) -> tuple[str, Series]:
+def _series(
+    store: Store,
+    target: str,
+    start: float,
+    end: float,
+    points: int,
+    window_s: float,
+    slo: Slo | None,
+    keys: tuple[str, ...] | None = None,
+) -> tuple[str, Series]:
     """(backend, signals at ``points`` times from ``start`` to ``end``, each over the ``window_s`` before it)."""
     step = (end - start) / max(1, points - 1)
     whole = store.window(target, start - window_s, end)
@@ -125,8 +141,17 @@ def _series(store: Store, target: str, start: float, end: float, points: int, wi
     return whole.backend, out
 
 
-def collect(store: Store, target: str, *, start: float, end: float, points: int = 120, window_s: float | None = None,
-            slo: Slo | None = None, baseline_s: float = 300.0) -> TargetReport:
+def collect(
+    store: Store,
+    target: str,
+    *,
+    start: float,
+    end: float,
+    points: int = 120,
+    window_s: float | None = None,
+    slo: Slo | None = None,
+    baseline_s: float = 300.0,
+) -> TargetReport:
     """Signals of ``target`` at ``points`` times from ``start`` to ``end``, its alert events and applies, each
     apply with its own view from ``baseline_s`` before it to 30 s after it."""
     step = (end - start) / max(1, points - 1)
@@ -136,8 +161,9 @@ def collect(store: Store, target: str, *, start: float, end: float, points: int 
     for ev in reversed(history(store, since_ms=rep.start_ms, limit=10_000)):
         labels = json.loads(ev.labels)
         if labels.get("target") == target and ev.ts_ms <= rep.end_ms:
-            rep.alerts.append(AlertEvent(ev.ts_ms, labels.get("alertname", ev.rule), ev.from_state, ev.to_state,
-                                         ev.value, labels))
+            rep.alerts.append(
+                AlertEvent(ev.ts_ms, labels.get("alertname", ev.rule), ev.from_state, ev.to_state, ev.value, labels)
+            )
     rep.applies = _applies(store, target, rep.start_ms)
     for ap in rep.applies[:10]:  # the newest ten
         lo, hi = ap.created_ms / 1000 - baseline_s, ap.updated_ms / 1000 + _APPLY_VIEW_AFTER_S

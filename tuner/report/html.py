@@ -27,12 +27,15 @@ from tuner.store.tuning import TrialStatus
 __all__ = ["render_html", "figure_html", "pareto", "plotly_js"]
 
 # The verdict's KPIs (tuner/apply/verdict.py), each with the direction that is better.
-KPI_LABELS = {"offered_rps": ("Offered load, req/s (the load, not a KPI)", "per_s"),
-              "capacity_rps": ("Capacity, req/s (higher is better)", "per_s"),
-              "slo_goodput_rps": ("SLO goodput, req/s (higher is better)", "per_s"),
-              "slo_attainment": ("SLO attainment (higher is better)", "ratio"),
-              "ttft_p99": ("TTFT P99 (lower is better)", "s"), "e2e_p99": ("E2E P99 (lower is better)", "s"),
-              "capacity_tokens_per_s": ("Capacity, tokens/s (higher is better)", "per_s")}
+KPI_LABELS = {
+    "offered_rps": ("Offered load, req/s (the load, not a KPI)", "per_s"),
+    "capacity_rps": ("Capacity, req/s (higher is better)", "per_s"),
+    "slo_goodput_rps": ("SLO goodput, req/s (higher is better)", "per_s"),
+    "slo_attainment": ("SLO attainment (higher is better)", "ratio"),
+    "ttft_p99": ("TTFT P99 (lower is better)", "s"),
+    "e2e_p99": ("E2E P99 (lower is better)", "s"),
+    "capacity_tokens_per_s": ("Capacity, tokens/s (higher is better)", "per_s"),
+}
 
 
 def _fmt(v: float | None, unit: str, scale: float = 1.0) -> str:
@@ -54,8 +57,11 @@ def _time(ts_ms: int, span_s: float) -> str:
 
 
 def _markers(rep: TargetReport) -> list[tuple[int, str, str]]:
-    marks = [(a.ts_ms, "alert", f"{a.alertname} {a.from_state} -> {a.to_state}")
-             for a in rep.alerts if a.to_state == AlertState.FIRING]
+    marks = [
+        (a.ts_ms, "alert", f"{a.alertname} {a.from_state} -> {a.to_state}")
+        for a in rep.alerts
+        if a.to_state == AlertState.FIRING
+    ]
     for ap in rep.applies:
         marks.append((ap.created_ms, "apply", f"apply #{ap.id} {_diff(ap.diff)}"))
         if ap.outcome in (ApplyOutcome.ROLLED_BACK, ApplyOutcome.INCONCLUSIVE, ApplyOutcome.FAILED):
@@ -78,19 +84,25 @@ def _applies_html(rep: TargetReport) -> str:
         return '<p class="none">No applies in this period.</p>'
     parts = []
     for ap in rep.applies:
-        head = (f'<h4>Apply #{ap.id} ({escape(getattr(ap, "kind", "apply"))}): {escape(_diff(ap.diff))} — '
-                f'<span class="outcome {escape(ap.outcome or "running")}">{escape(ap.outcome or ap.state)}</span></h4>'
-                f'<p>started {_time(ap.created_ms, 86400 * 3)} UTC, last step {_time(ap.updated_ms, 86400 * 3)} UTC'
-                + (f", recommendation #{ap.recommendation_id}" if ap.recommendation_id is not None else "")
-                + (f". {escape(ap.note)}" if ap.note else "") + "</p>")
+        head = (
+            f"<h4>Apply #{ap.id} ({escape(getattr(ap, 'kind', 'apply'))}): {escape(_diff(ap.diff))} — "
+            f'<span class="outcome {escape(ap.outcome or "running")}">{escape(ap.outcome or ap.state)}</span></h4>'
+            f"<p>started {_time(ap.created_ms, 86400 * 3)} UTC, last step {_time(ap.updated_ms, 86400 * 3)} UTC"
+            + (f", recommendation #{ap.recommendation_id}" if ap.recommendation_id is not None else "")
+            + (f". {escape(ap.note)}" if ap.note else "")
+            + "</p>"
+        )
         rows = "".join(
             f'<tr class="kpi" data-apply="{ap.id}" data-kpi="{k}"><td>{label}</td>'
-            f'<td>{_fmt(ap.baseline.get(k), unit)}</td><td>{_fmt(ap.after.get(k), unit)}</td>'
-            f'<td>{_change(ap.baseline.get(k), ap.after.get(k))}</td></tr>'
-            for k, (label, unit) in KPI_LABELS.items())
-        parts.append(f'<div class="apply" data-apply="{ap.id}">{head}<table class="beforeafter">'
-                     f"<tr><th>KPI</th><th>before</th><th>after</th><th>change</th></tr>{rows}</table>"
-                     f"{_apply_view_html(rep, ap)}</div>")
+            f"<td>{_fmt(ap.baseline.get(k), unit)}</td><td>{_fmt(ap.after.get(k), unit)}</td>"
+            f"<td>{_change(ap.baseline.get(k), ap.after.get(k))}</td></tr>"
+            for k, (label, unit) in KPI_LABELS.items()
+        )
+        parts.append(
+            f'<div class="apply" data-apply="{ap.id}">{head}<table class="beforeafter">'
+            f"<tr><th>KPI</th><th>before</th><th>after</th><th>change</th></tr>{rows}</table>"
+            f"{_apply_view_html(rep, ap)}</div>"
+        )
     return "".join(parts)
 
 
@@ -101,26 +113,37 @@ def _apply_view_html(rep: TargetReport, ap: Any) -> str:
         return ""
     marks = [(ap.created_ms, "apply", f"apply #{ap.id} started")]
     if ap.outcome:
-        marks.append((ap.updated_ms, "rollback" if ap.outcome != ApplyOutcome.KEPT else "apply",
-                      f"apply #{ap.id} {ap.outcome}"))
+        marks.append(
+            (ap.updated_ms, "rollback" if ap.outcome != ApplyOutcome.KEPT else "apply", f"apply #{ap.id} {ap.outcome}")
+        )
     out = []
     for (engine, _model), plots in sorted(view.series.items()):
         for plot in PLOTS:
             if plot.key in plots:
                 title = f"apply #{ap.id}: {plot.title} (engine {engine})"
-                out.append(figure_html(time_series(title, plot.unit, plots[plot.key], view.start_ms, view.end_ms,
-                                                   marks), title, "plot apply-view"))
+                out.append(
+                    figure_html(
+                        time_series(title, plot.unit, plots[plot.key], view.start_ms, view.end_ms, marks),
+                        title,
+                        "plot apply-view",
+                    )
+                )
     return "".join(out)
 
 
 def _alerts_html(rep: TargetReport) -> str:
     if not rep.alerts:
         return '<p class="none">No alert state changes in this period.</p>'
-    rows = "".join(f'<tr class="alert-event"><td>{_time(a.ts_ms, 86400 * 3)}</td><td>{escape(a.alertname)}</td>'
-                   f"<td>{escape(a.from_state)} → {escape(a.to_state)}</td><td>{a.value:g}</td>"
-                   f'<td>{escape(a.labels.get("severity", ""))}</td></tr>' for a in rep.alerts)
-    return ('<table class="alerts"><tr><th>time (UTC)</th><th>alert</th><th>change</th><th>value</th>'
-            f"<th>severity</th></tr>{rows}</table>")
+    rows = "".join(
+        f'<tr class="alert-event"><td>{_time(a.ts_ms, 86400 * 3)}</td><td>{escape(a.alertname)}</td>'
+        f"<td>{escape(a.from_state)} → {escape(a.to_state)}</td><td>{a.value:g}</td>"
+        f"<td>{escape(a.labels.get('severity', ''))}</td></tr>"
+        for a in rep.alerts
+    )
+    return (
+        '<table class="alerts"><tr><th>time (UTC)</th><th>alert</th><th>change</th><th>value</th>'
+        f"<th>severity</th></tr>{rows}</table>"
+    )
 
 
 def _tuning_html(rep: TargetReport) -> str:
@@ -132,33 +155,45 @@ def _tuning_html(rep: TargetReport) -> str:
         measured = [t for t in trs if t.status == TrialStatus.MEASURED and t.capacity_rps is not None]
         lat = [float(t.detail.get("e2e_p99") or 0.0) for t in measured]
         front = pareto([(t.capacity_rps, lat[i]) for i, t in enumerate(measured)])
-        head = (f'<h4>Tuning run #{run.id} ({escape(run.state)}): {len(measured)} trials measured'
-                f'{", best " + _diff(res["best"]["flags"]) if res.get("best") else ""}</h4>'
-                f'<p>workload {escape(str(run.workload))}; SLO {escape(str(run.slo))}'
-                + (f'; {escape(res["verdict"])}' if res.get("verdict") else "") + "</p>")
+        head = (
+            f"<h4>Tuning run #{run.id} ({escape(run.state)}): {len(measured)} trials measured"
+            f"{', best ' + _diff(res['best']['flags']) if res.get('best') else ''}</h4>"
+            f"<p>workload {escape(str(run.workload))}; SLO {escape(str(run.slo))}"
+            + (f"; {escape(res['verdict'])}" if res.get("verdict") else "")
+            + "</p>"
+        )
         title = f"Tuning run #{run.id}: capacity within the SLO against P99 E2E"
-        plot = figure_html(trials_scatter(title, [(lat[i], t.capacity_rps, front[i], _diff(t.flags))
-                                                  for i, t in enumerate(measured)]), title, "plot scatter")
+        plot = figure_html(
+            trials_scatter(title, [(lat[i], t.capacity_rps, front[i], _diff(t.flags)) for i, t in enumerate(measured)]),
+            title,
+            "plot scatter",
+        )
         ranked = sorted(trs, key=lambda t: (t.status != TrialStatus.MEASURED, -(t.capacity_rps or 0.0)))
         on = {t.id for i, t in enumerate(measured) if front[i]}
         rows = "".join(
             f'<tr class="trial-row" data-status="{escape(t.status)}"><td>{t.seq}</td><td>{escape(_diff(t.flags))}</td>'
-            f'<td>{_fmt(t.capacity_rps if t.status == TrialStatus.MEASURED else None, "per_s")}</td>'
-            f'<td>{_fmt(t.detail.get("ttft_p99"), "s")}</td><td>{_fmt(t.detail.get("e2e_p99"), "s")}</td>'
-            f'<td>{escape(t.status)}{" (" + escape(t.seed) + ")" if t.seed else ""}</td>'
-            f'<td>{"yes" if t.id in on else ""}</td>'
-            f'<td>{escape(str(t.detail.get("note") or t.detail.get("reason") or t.detail.get("server_error") or ""))}'
-            "</td></tr>" for t in ranked)
-        parts.append(f'<div class="tune" data-run="{run.id}">{head}{plot}<table class="trials"><tr><th>#</th>'
-                     "<th>flags</th><th>capacity within the SLO</th><th>P99 TTFT</th><th>P99 E2E</th><th>status</th>"
-                     f"<th>Pareto front</th><th>note</th></tr>{rows}</table></div>")
+            f"<td>{_fmt(t.capacity_rps if t.status == TrialStatus.MEASURED else None, 'per_s')}</td>"
+            f"<td>{_fmt(t.detail.get('ttft_p99'), 's')}</td><td>{_fmt(t.detail.get('e2e_p99'), 's')}</td>"
+            f"<td>{escape(t.status)}{' (' + escape(t.seed) + ')' if t.seed else ''}</td>"
+            f"<td>{'yes' if t.id in on else ''}</td>"
+            f"<td>{escape(str(t.detail.get('note') or t.detail.get('reason') or t.detail.get('server_error') or ''))}"
+            "</td></tr>"
+            for t in ranked
+        )
+        parts.append(
+            f'<div class="tune" data-run="{run.id}">{head}{plot}<table class="trials"><tr><th>#</th>'
+            "<th>flags</th><th>capacity within the SLO</th><th>P99 TTFT</th><th>P99 E2E</th><th>status</th>"
+            f"<th>Pareto front</th><th>note</th></tr>{rows}</table></div>"
+        )
     return "".join(parts)
 
 
 def _target_html(rep: TargetReport) -> str:
     marks = _markers(rep)
-    parts = [f'<section class="target" data-target="{escape(rep.target)}"><h2>{escape(rep.target)} '
-             f'<small>({escape(rep.backend)}; signals over {rep.window_s:g} s windows)</small></h2>']
+    parts = [
+        f'<section class="target" data-target="{escape(rep.target)}"><h2>{escape(rep.target)} '
+        f"<small>({escape(rep.backend)}; signals over {rep.window_s:g} s windows)</small></h2>"
+    ]
     if not rep.series:
         parts.append('<p class="none">No samples stored for this target in this period.</p>')
     for (engine, model), plots in sorted(rep.series.items()):
@@ -166,10 +201,15 @@ def _target_html(rep: TargetReport) -> str:
         for plot in PLOTS:
             lines = plots.get(plot.key, {})
             if any(v is not None for pts in lines.values() for _, v in pts) or plot.key in ("kv", "queue"):
-                parts.append(figure_html(time_series(plot.title, plot.unit, lines, rep.start_ms, rep.end_ms, marks),
-                                         plot.title, "plot"))
-    parts.append(f"<h3>Alerts</h3>{_alerts_html(rep)}<h3>Applies</h3>{_applies_html(rep)}"
-                 f"<h3>Tuning</h3>{_tuning_html(rep)}</section>")
+                parts.append(
+                    figure_html(
+                        time_series(plot.title, plot.unit, lines, rep.start_ms, rep.end_ms, marks), plot.title, "plot"
+                    )
+                )
+    parts.append(
+        f"<h3>Alerts</h3>{_alerts_html(rep)}<h3>Applies</h3>{_applies_html(rep)}"
+        f"<h3>Tuning</h3>{_tuning_html(rep)}</section>"
+    )
     return "".join(parts)
 
 
@@ -193,8 +233,10 @@ def figure_html(fig: go.Figure, title: str, css_class: str) -> str:
     """One chart: its figure as JSON (``</`` escaped so that no string in it can close the script) and the div
     the page's script draws it into."""
     spec = fig.to_json(validate=False).replace("</", "<\\/")
-    return (f'<div class="{css_class}" data-plot="{escape(title)}"><script type="application/json" class="figure">'
-            f'{spec}</script><div class="chart" style="width:900px;height:260px"></div></div>')
+    return (
+        f'<div class="{css_class}" data-plot="{escape(title)}"><script type="application/json" class="figure">'
+        f'{spec}</script><div class="chart" style="width:900px;height:260px"></div></div>'
+    )
 
 
 # Draws every chart: drag to zoom, double-click to reset, hover for values.
@@ -212,14 +254,16 @@ def render_html(reports: list[TargetReport], *, title: str, generated_at: float)
     body = "".join(_target_html(r) for r in reports) or '<p class="none">No targets in the store.</p>'
     start = min((r.start_ms for r in reports), default=int(generated_at * 1000))
     end = max((r.end_ms for r in reports), default=int(generated_at * 1000))
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{escape(title)}</title><style>{_CSS}</style>"
-            f'<script type="text/javascript" class="plotly-js">{plotly_js()}</script></head><body>'
-            f"<h1>{escape(title)}</h1><p>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(start / 1000))} to "
-            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(end / 1000))} UTC. "
-            f'Dashed lines:<span class="key">{key}</span></p>{body}'
-            f"<footer><p>generated by tuner at {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(generated_at))} "
-            f"UTC</p></footer><script>{_DRAW}</script></body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title><style>{_CSS}</style>"
+        f'<script type="text/javascript" class="plotly-js">{plotly_js()}</script></head><body>'
+        f"<h1>{escape(title)}</h1><p>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(start / 1000))} to "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(end / 1000))} UTC. "
+        f'Dashed lines:<span class="key">{key}</span></p>{body}'
+        f"<footer><p>generated by tuner at {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(generated_at))} "
+        f"UTC</p></footer><script>{_DRAW}</script></body></html>\n"
+    )
 
 
 def plot_titles() -> list[str]:

@@ -25,8 +25,17 @@ from tuner.rules.templates import render
 from tuner.signals.derive import TargetSignals, queue_ratio
 from tuner.store.window import GpuLatest
 
-__all__ = ["Sample", "fingerprint", "vector", "reads_by_window", "configured_max_num_seqs", "evaluate", "to_send", "payload",
-           "RESOLVED_RETENTION"]
+__all__ = [
+    "Sample",
+    "fingerprint",
+    "vector",
+    "reads_by_window",
+    "configured_max_num_seqs",
+    "evaluate",
+    "to_send",
+    "payload",
+    "RESOLVED_RETENTION",
+]
 
 RESOLVED_RETENTION = timedelta(minutes=15)
 Sample = tuple[dict[str, str], float]  # (labels, value) of one query result
@@ -68,10 +77,15 @@ def _engine_value(rule: Rule, target: Target, e, limit: float | None) -> float |
     return getattr(e, rule.signal)
 
 
-def vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timedelta], TargetSignals | None],
-           gpus: Iterable[GpuLatest] = (), *,
-           target_signal: Callable[[str, str, timedelta], float | None] | None = None,
-           max_num_seqs: Callable[[Target], float | None] = configured_max_num_seqs) -> list[Sample]:
+def vector(
+    rule: Rule,
+    targets: Iterable[Target],
+    signals: Callable[[str, timedelta], TargetSignals | None],
+    gpus: Iterable[GpuLatest] = (),
+    *,
+    target_signal: Callable[[str, str, timedelta], float | None] | None = None,
+    max_num_seqs: Callable[[Target], float | None] = configured_max_num_seqs,
+) -> list[Sample]:
     """The rule's query result: every (labels, value) whose value satisfies the condition.
 
     ``target_signal(target, signal, window)`` gives the signals that do not come from scrapes (SELF_SIGNALS:
@@ -87,8 +101,11 @@ def vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timede
     if rule.scope == "gpu":
         for g in gpus:
             if rule.signal == "gpu_memory_used_ratio":
-                v = g.memory_used_bytes / g.memory_total_bytes if g.memory_used_bytes is not None and \
-                    g.memory_total_bytes else None
+                v = (
+                    g.memory_used_bytes / g.memory_total_bytes
+                    if g.memory_used_bytes is not None and g.memory_total_bytes
+                    else None
+                )
             else:
                 v = float(len(g.processes))
             if v is not None and op(v, rule.threshold):
@@ -124,8 +141,12 @@ def vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timede
     return out
 
 
-def _group_vector(rule: Rule, targets: Iterable[Target], signals: Callable[[str, timedelta], TargetSignals | None],
-                  max_num_seqs: Callable[[Target], float | None]) -> list[Sample]:
+def _group_vector(
+    rule: Rule,
+    targets: Iterable[Target],
+    signals: Callable[[str, timedelta], TargetSignals | None],
+    max_num_seqs: Callable[[Target], float | None],
+) -> list[Sample]:
     """A rule with ``over: groups``: one value per replica group and engine ("all"), from ``signals(GROUP, w)``
     (what its replicas served together); the group's threshold is its override or its SLO (the replicas share
     one), queue_to_max_num_seqs divides by the replicas' max-num-seqs summed."""
@@ -159,15 +180,19 @@ def _target_value(rule: Rule, sig: TargetSignals) -> float | None:
     if rule.signal == "server_healthy":
         return None if h is None or h.server_healthy is None else float(h.server_healthy)
     if rule.signal == "serving_stalled":  # /health answered 200 and the scrape failed: as PromQL, healthy x (1 - up)
-        return None if h is None or h.server_healthy is None else \
-            float(h.server_healthy) * (1.0 if h.health == "down" else 0.0)
+        return (
+            None
+            if h is None or h.server_healthy is None
+            else float(h.server_healthy) * (1.0 if h.health == "down" else 0.0)
+        )
     if rule.signal == "restarts":
         return float(max((e.restarts for e in sig.engines), default=0)) if sig.engines else None
     raise KeyError(rule.signal)
 
 
-def evaluate(rule: Rule, result: Iterable[Sample], prev: Mapping[str, Alert], now_ms: int, *,
-             key: str | None = None) -> tuple[dict[str, Alert], list[dict]]:
+def evaluate(
+    rule: Rule, result: Iterable[Sample], prev: Mapping[str, Alert], now_ms: int, *, key: str | None = None
+) -> tuple[dict[str, Alert], list[dict]]:
     """One evaluation: (the rule's alerts after it, state-change events). ``prev`` is not modified.
 
     ``key`` names the rule's state (group/alert); the alert name alone by default.
@@ -178,9 +203,17 @@ def evaluate(rule: Rule, result: Iterable[Sample], prev: Mapping[str, Alert], no
 
     def changed(a: Alert, old: str) -> None:
         if a.state != old:
-            events.append({"ts_ms": now_ms, "rule": key, "fingerprint": a.fingerprint,
-                           "labels": json.dumps(a.labels, sort_keys=True), "from_state": old,
-                           "to_state": a.state, "value": a.value})
+            events.append(
+                {
+                    "ts_ms": now_ms,
+                    "rule": key,
+                    "fingerprint": a.fingerprint,
+                    "labels": json.dumps(a.labels, sort_keys=True),
+                    "from_state": old,
+                    "to_state": a.state,
+                    "value": a.value,
+                }
+            )
 
     seen: set[str] = set()
     for sample_labels, value in result:
@@ -192,8 +225,15 @@ def evaluate(rule: Rule, result: Iterable[Sample], prev: Mapping[str, Alert], no
         if a is not None and a.state != AlertState.INACTIVE:
             a.value, a.annotations = value, annotations
             continue
-        active[fp] = Alert(rule=key, fingerprint=fp, labels=labels, annotations=annotations,
-                                 state=AlertState.PENDING, value=value, active_at_ms=now_ms)
+        active[fp] = Alert(
+            rule=key,
+            fingerprint=fp,
+            labels=labels,
+            annotations=annotations,
+            state=AlertState.PENDING,
+            value=value,
+            active_at_ms=now_ms,
+        )
         changed(active[fp], AlertState.INACTIVE)
 
     keep_ms = int(rule.keep_firing_for.total_seconds() * 1000)
@@ -205,8 +245,9 @@ def evaluate(rule: Rule, result: Iterable[Sample], prev: Mapping[str, Alert], no
                 if a.keep_firing_since_ms is None:
                     a.keep_firing_since_ms = now_ms
                 keep = now_ms - a.keep_firing_since_ms < keep_ms
-            if a.state == AlertState.PENDING or (a.resolved_at_ms is not None and
-                                        now_ms - a.resolved_at_ms > RESOLVED_RETENTION.total_seconds() * 1000):
+            if a.state == AlertState.PENDING or (
+                a.resolved_at_ms is not None and now_ms - a.resolved_at_ms > RESOLVED_RETENTION.total_seconds() * 1000
+            ):
                 del active[fp]
             if a.state != AlertState.INACTIVE and not keep:
                 old, a.state, a.resolved_at_ms = a.state, AlertState.INACTIVE, now_ms
@@ -222,8 +263,7 @@ def evaluate(rule: Rule, result: Iterable[Sample], prev: Mapping[str, Alert], no
     return active, events
 
 
-def to_send(alerts: Iterable[Alert], now_ms: int, *, resend_delay: timedelta, interval: timedelta
-            ) -> list[Alert]:
+def to_send(alerts: Iterable[Alert], now_ms: int, *, resend_delay: timedelta, interval: timedelta) -> list[Alert]:
     """Alerts due for (re)sending; marks them sent and sets ValidUntil, as Prometheus does."""
     delta_ms = int(max(resend_delay, interval).total_seconds() * 1000)
     resend_ms = int(resend_delay.total_seconds() * 1000)
@@ -231,8 +271,9 @@ def to_send(alerts: Iterable[Alert], now_ms: int, *, resend_delay: timedelta, in
     for a in alerts:
         if a.state == AlertState.PENDING:
             continue
-        resolved_since_sent = a.resolved_at_ms is not None and (a.last_sent_at_ms is None or
-                                                               a.resolved_at_ms > a.last_sent_at_ms)
+        resolved_since_sent = a.resolved_at_ms is not None and (
+            a.last_sent_at_ms is None or a.resolved_at_ms > a.last_sent_at_ms
+        )
         if resolved_since_sent or a.last_sent_at_ms is None or a.last_sent_at_ms + resend_ms < now_ms:
             a.last_sent_at_ms = now_ms
             a.valid_until_ms = now_ms + 4 * delta_ms
@@ -247,8 +288,12 @@ def _iso(ms: int) -> str:
 def payload(a: Alert, generator_url: str) -> dict:
     """An Alertmanager API v2 alert (postableAlert)."""
     ends = a.resolved_at_ms if a.resolved_at_ms is not None else a.valid_until_ms
-    body = {"labels": a.labels, "annotations": a.annotations, "generatorURL": generator_url,
-            "startsAt": _iso(a.fired_at_ms if a.fired_at_ms is not None else a.active_at_ms)}
+    body = {
+        "labels": a.labels,
+        "annotations": a.annotations,
+        "generatorURL": generator_url,
+        "startsAt": _iso(a.fired_at_ms if a.fired_at_ms is not None else a.active_at_ms),
+    }
     if ends is not None:
         body["endsAt"] = _iso(ends)
     return body

@@ -101,22 +101,34 @@ def _variants(rule: Rule, targets: list[Target]) -> list[dict[str, Any]]:
 def prometheus_rules(rules: RuleSet, targets: Iterable[Target] = ()) -> dict[str, Any]:
     """The rule file as a dict (dump with ``dump``)."""
     targets = list(targets)
-    return {"groups": [{"name": g.name, "interval": fmt_duration(g.interval),
-                        "rules": [v for r in g.rules for v in _variants(r, targets)]} for g in rules.groups]}
+    return {
+        "groups": [
+            {
+                "name": g.name,
+                "interval": fmt_duration(g.interval),
+                "rules": [v for r in g.rules for v in _variants(r, targets)],
+            }
+            for g in rules.groups
+        ]
+    }
 
 
 def dump(doc: dict[str, Any]) -> str:
     return yaml.safe_dump(doc, sort_keys=False, width=200, allow_unicode=True)
 
 
-def prometheus_rule_object(doc: dict[str, Any], *, name: str, namespace: str | None = None,
-                           labels: dict[str, str] | None = None) -> dict[str, Any]:
+def prometheus_rule_object(
+    doc: dict[str, Any], *, name: str, namespace: str | None = None, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The rule file ``doc`` as a prometheus-operator PrometheusRule object (monitoring.coreos.com/v1): its groups
     are the spec; ``labels`` are what the Prometheus resource's ruleSelector matches (e.g. release: prometheus)."""
     meta: dict[str, Any] = {"name": name}
     if namespace:
         meta["namespace"] = namespace
-    meta["labels"] = {"app.kubernetes.io/name": "tuner", "app.kubernetes.io/component": "alert-rules",
-                      **(labels or {})}
-    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": meta,
-            "spec": {"groups": doc["groups"]}}
+    meta["labels"] = {"app.kubernetes.io/name": "tuner", "app.kubernetes.io/component": "alert-rules", **(labels or {})}
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": meta,
+        "spec": {"groups": doc["groups"]},
+    }

@@ -54,15 +54,22 @@ class GroupEval:
     failed: dict[str, str] = field(default_factory=dict)
 
 
-def eval_group(group: RuleGroup, state: State, now_ms: int, inputs: Inputs, *,
-               resend_delay: timedelta = timedelta(minutes=1)) -> GroupEval:
+def eval_group(
+    group: RuleGroup, state: State, now_ms: int, inputs: Inputs, *, resend_delay: timedelta = timedelta(minutes=1)
+) -> GroupEval:
     """Evaluate every rule of ``group`` at ``now_ms`` from the alerts in ``state`` (not modified)."""
     out = GroupEval(state={})
     for rule in group.rules:
         key = group.key(rule)
         try:
-            result = vector(rule, inputs.targets, inputs.signals, inputs.gpus, target_signal=inputs.target_signal,
-                            max_num_seqs=inputs.max_num_seqs)
+            result = vector(
+                rule,
+                inputs.targets,
+                inputs.signals,
+                inputs.gpus,
+                target_signal=inputs.target_signal,
+                max_num_seqs=inputs.max_num_seqs,
+            )
             alerts, events = evaluate(rule, result, state.get(key, {}), now_ms, key=key)
         except Exception as exc:  # noqa: BLE001  isolated: its alerts stay as they were, the group goes on
             out.failed[key] = f"rule {key} ({rule.source}) failed to evaluate: {type(exc).__name__}: {exc}"
@@ -70,6 +77,7 @@ def eval_group(group: RuleGroup, state: State, now_ms: int, inputs: Inputs, *,
         out.state[key] = alerts
         out.events.extend(events)
         # to_send marks the alerts it returns as sent: these are evaluate's copies, never the caller's
-        out.due.extend((key, a) for a in to_send(alerts.values(), now_ms, resend_delay=resend_delay,
-                                                 interval=group.interval))
+        out.due.extend(
+            (key, a) for a in to_send(alerts.values(), now_ms, resend_delay=resend_delay, interval=group.interval)
+        )
     return out

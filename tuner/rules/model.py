@@ -1,23 +1,23 @@
 """Alert rule files: the model, and a loader whose every error names the file, the line and the reason.
 
-    groups:
-      - name: vllm
-        interval: 15s               # evaluation interval of the group
-        rules:
-          - alert: KVCacheHigh
-            signal: kv_cache_usage   # see tuner/rules/signals.py (`tuner alerts signals` lists them)
-            op: ">"
-            threshold: 0.95          # or `slo`: each target's SLO (ttft_p99, itl_p99, e2e_p99, goodput_ratio)
-            window: 5m               # the window the signal is computed over
-            for: 5m
-            keep_firing_for: 0s
-            backend: vllm            # vllm | llamacpp | any (target, GPU and tuner signals)
-            labels: {severity: critical}
-            annotations: {summary: "KV cache {{ $value | humanizePercentage }} on {{ $labels.target }}"}
-            overrides:               # per target: threshold and/or for
-              chat-a: {threshold: 0.9}
-            over: targets            # targets (each one) | groups: each replica group once, over what its
-                                     # replicas served together (engine signals only; overrides by group name)
+groups:
+  - name: vllm
+    interval: 15s               # evaluation interval of the group
+    rules:
+      - alert: KVCacheHigh
+        signal: kv_cache_usage   # see tuner/rules/signals.py (`tuner alerts signals` lists them)
+        op: ">"
+        threshold: 0.95          # or `slo`: each target's SLO (ttft_p99, itl_p99, e2e_p99, goodput_ratio)
+        window: 5m               # the window the signal is computed over
+        for: 5m
+        keep_firing_for: 0s
+        backend: vllm            # vllm | llamacpp | any (target, GPU and tuner signals)
+        labels: {severity: critical}
+        annotations: {summary: "KV cache {{ $value | humanizePercentage }} on {{ $labels.target }}"}
+        overrides:               # per target: threshold and/or for
+          chat-a: {threshold: 0.9}
+        over: targets            # targets (each one) | groups: each replica group once, over what its
+                                 # replicas served together (engine signals only; overrides by group name)
 """
 
 from __future__ import annotations
@@ -44,11 +44,29 @@ __all__ = ["Rule", "RuleGroup", "RuleSet", "default_rule_files", "load_rule_file
 # Signals whose threshold can be each target's SLO (`threshold: slo`), and the SLO field it reads.
 SLO_FIELDS = {"ttft_p99": "ttft_p99", "itl_p99": "itl_p99", "e2e_p99": "e2e_p99", "goodput_ratio": "objective"}
 
-OPS = {">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
-       "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
+OPS = {
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
-_RULE_KEYS = {"alert", "signal", "op", "threshold", "window", "for", "keep_firing_for", "backend", "labels",
-              "annotations", "overrides", "over"}
+_RULE_KEYS = {
+    "alert",
+    "signal",
+    "op",
+    "threshold",
+    "window",
+    "for",
+    "keep_firing_for",
+    "backend",
+    "labels",
+    "annotations",
+    "overrides",
+    "over",
+}
 
 
 @dataclass(frozen=True)
@@ -136,8 +154,9 @@ def _err(path: str, line: int | None, reason: str) -> RuleFileError:
     return RuleFileError(path, line, reason)
 
 
-def _duration(value: Any, path: str, line: int, key: str, *, allow_zero: bool = False,
-              interval: bool = False) -> timedelta:
+def _duration(
+    value: Any, path: str, line: int, key: str, *, allow_zero: bool = False, interval: bool = False
+) -> timedelta:
     if allow_zero and value in (0, "0", "0s"):
         return timedelta(0)
     try:
@@ -196,31 +215,45 @@ def _rule(raw: Any, path: str, group_line: int) -> Rule:
     backend = str(raw.get("backend", "vllm" if spec.scope == "engine" else "any"))
     # a target signal read for any backend may be restricted to one backend's targets
     if backend not in spec.promql and not (spec.scope != "engine" and (backend == "any" or "any" in spec.promql)):
-        raise _err(path, line, f"{alert}: signal {signal} has no value for backend {backend!r} "
-                               f"(it has: {', '.join(spec.promql)})")
+        raise _err(
+            path,
+            line,
+            f"{alert}: signal {signal} has no value for backend {backend!r} (it has: {', '.join(spec.promql)})",
+        )
     over = str(raw.get("over", "targets"))
     if over not in ("targets", "groups"):
         raise _err(path, line, f"{alert}: over: {over!r} is not 'targets' or 'groups'")
     if over == "groups" and spec.scope != "engine":
-        raise _err(path, line, f"{alert}: over: groups works for engine signals only ({signal} is a {spec.scope} "
-                               "signal: it is evaluated for each target)")
+        raise _err(
+            path,
+            line,
+            f"{alert}: over: groups works for engine signals only ({signal} is a {spec.scope} "
+            "signal: it is evaluated for each target)",
+        )
     overrides = {}
     raw_over = raw.get("overrides") or {}
     if not isinstance(raw_over, dict):
         raise _err(path, line, f"{alert}: overrides must map target names to {{threshold, for}}")
     if spec.scope == "tuner" and any(k != "__line__" for k in raw_over):
-        raise _err(path, line, f"{alert}: {signal} has one value for the whole tuner: overrides by target do not "
-                               "apply; set its threshold and for")
+        raise _err(
+            path,
+            line,
+            f"{alert}: {signal} has one value for the whole tuner: overrides by target do not "
+            "apply; set its threshold and for",
+        )
     for target, o in raw_over.items():
         if target == "__line__":
             continue
         if not isinstance(o, dict) or set(o) - {"threshold", "for", "__line__"}:
             raise _err(path, raw_over.get("__line__", line), f"{alert}: overrides.{target} may set threshold and for")
         t = o.get("threshold")
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
-                              or (isinstance(t, int) and abs(t) >= 2**1023) or not math.isfinite(t)):
-            raise _err(path, o["__line__"], f"{alert}: overrides.{target}.threshold must be a finite number, "
-                                            f"got {t!r}")
+        if t is not None and (
+            isinstance(t, bool)
+            or not isinstance(t, (int, float))
+            or (isinstance(t, int) and abs(t) >= 2**1023)
+            or not math.isfinite(t)
+        ):
+            raise _err(path, o["__line__"], f"{alert}: overrides.{target}.threshold must be a finite number, got {t!r}")
         f = _duration(o["for"], path, o["__line__"], f"overrides.{target}.for", allow_zero=True) if "for" in o else None
         overrides[str(target)] = Override(None if t is None else float(t), f)
     annotations = _str_map(raw.get("annotations"), path, line, "annotations")
@@ -229,14 +262,21 @@ def _rule(raw: Any, path: str, group_line: int) -> Rule:
             check(text)
         except ValueError as exc:
             raise _err(path, line, f"{alert}: annotations.{key}: {exc}") from None
-    return Rule(alert=alert, signal=signal, op=op, threshold=float(threshold),
-                window=_duration(raw.get("window", "5m"), path, line, "window"),
-                for_=_duration(raw.get("for", 0), path, line, "for", allow_zero=True),
-                keep_firing_for=_duration(raw.get("keep_firing_for", 0), path, line, "keep_firing_for", allow_zero=True),
-                backend=backend,  # type: ignore[arg-type]
-                labels=_str_map(raw.get("labels"), path, line, "labels"),
-                annotations=annotations,
-                overrides=overrides, source=f"{path}:{line}", over=over)  # type: ignore[arg-type]
+    return Rule(
+        alert=alert,
+        signal=signal,
+        op=op,
+        threshold=float(threshold),
+        window=_duration(raw.get("window", "5m"), path, line, "window"),
+        for_=_duration(raw.get("for", 0), path, line, "for", allow_zero=True),
+        keep_firing_for=_duration(raw.get("keep_firing_for", 0), path, line, "keep_firing_for", allow_zero=True),
+        backend=backend,  # type: ignore[arg-type]
+        labels=_str_map(raw.get("labels"), path, line, "labels"),
+        annotations=annotations,
+        overrides=overrides,
+        source=f"{path}:{line}",
+        over=over,  # type: ignore[arg-type]
+    )
 
 
 def parse_rules(text: str, path: str = "<rules>", default_interval: timedelta = timedelta(seconds=15)) -> RuleSet:
@@ -249,8 +289,11 @@ def parse_rules(text: str, path: str = "<rules>", default_interval: timedelta = 
     groups, names = [], set()
     for i, g in enumerate(doc["groups"]):
         if not isinstance(g, dict) or "name" not in g or not isinstance(g.get("rules"), list):
-            raise _err(path, g["__line__"] if isinstance(g, dict) else doc["__line__"],  # a list item has no line
-                       f"groups[{i}]: each group needs a name and a rules list")
+            raise _err(
+                path,
+                g["__line__"] if isinstance(g, dict) else doc["__line__"],  # a list item has no line
+                f"groups[{i}]: each group needs a name and a rules list",
+            )
         if isinstance(g["name"], (dict, list)) or g["name"] is None:
             raise _err(path, g["__line__"], f"group name must be a string, got {g['name']!r}")
         if str(g["name"]) in names:
@@ -259,13 +302,19 @@ def parse_rules(text: str, path: str = "<rules>", default_interval: timedelta = 
         extra = set(g) - {"name", "interval", "rules", "__line__"}
         if extra:
             raise _err(path, g["__line__"], f"unknown group key {sorted(extra)[0]!r} (name, interval, rules)")
-        interval = (_duration(g["interval"], path, g["__line__"], "interval", interval=True) if "interval" in g
-                    else default_interval)
+        interval = (
+            _duration(g["interval"], path, g["__line__"], "interval", interval=True)
+            if "interval" in g
+            else default_interval
+        )
         rules = tuple(_rule(r, path, g["__line__"]) for r in g["rules"])
         dup = [r for i, r in enumerate(rules) if r.alert in {x.alert for x in rules[:i]}]
         if dup:
-            raise _err(path, int(dup[0].source.rsplit(":", 1)[1]),
-                       f"alert {dup[0].alert!r} appears twice in group {g['name']!r}")
+            raise _err(
+                path,
+                int(dup[0].source.rsplit(":", 1)[1]),
+                f"alert {dup[0].alert!r} appears twice in group {g['name']!r}",
+            )
         groups.append(RuleGroup(str(g["name"]), interval, rules))
     return RuleSet(tuple(groups), (path,))
 

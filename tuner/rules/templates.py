@@ -95,8 +95,11 @@ def _humanize_duration(v: float) -> str:
     return f"{_g4(v)}{prefix}s"
 
 
-_PIPES = {"humanize": _humanize, "humanizePercentage": lambda v: _g4(v * 100) + "%",
-          "humanizeDuration": _humanize_duration}
+_PIPES = {
+    "humanize": _humanize,
+    "humanizePercentage": lambda v: _g4(v * 100) + "%",
+    "humanizeDuration": _humanize_duration,
+}
 
 
 def _action(expr: str, labels: dict[str, str], value: float) -> str:
@@ -108,8 +111,10 @@ def _action(expr: str, labels: dict[str, str], value: float) -> str:
         return _PIPES[m.group(1)](value)
     if m := _PRINTF.match(expr):
         return m.group(1) % value if not m.group(1).endswith(("s", "v")) else go_float(value)
-    raise ValueError(f"unsupported template action {{{{ {expr} }}}} (supported: $labels.NAME, $value, "
-                     "$value | humanize / humanizePercentage / humanizeDuration, printf \"%.2f\" $value)")
+    raise ValueError(
+        f"unsupported template action {{{{ {expr} }}}} (supported: $labels.NAME, $value, "
+        '$value | humanize / humanizePercentage / humanizeDuration, printf "%.2f" $value)'
+    )
 
 
 def check(text: str) -> None:
@@ -119,7 +124,7 @@ def check(text: str) -> None:
         _action(m.group(1), {}, 0.0)
     rest = _ACTION.sub("", text)
     if (at := rest.find("{{")) >= 0:
-        raise ValueError(f"unclosed action {rest[at:at + 30]!r}: close it with }}}} (or drop the {{{{)")
+        raise ValueError(f"unclosed action {rest[at : at + 30]!r}: close it with }}}} (or drop the {{{{)")
 
 
 def render(text: str, labels: dict[str, str], value: float) -> str:

@@ -37,8 +37,20 @@ from tuner.names import (
 from tuner.signals.promql import bucket_increase, fraction_le, histogram_quantiles, increase, rate
 from tuner.store.window import EngineWindow, HistPoint, HistSeries, Point, Points, TargetHealth, TargetWindow
 
-__all__ = ["EngineSignals", "TargetSignals", "compute_signals", "ALWAYS_DERIVED", "group_signals", "queue_ratio",
-           "QUANTILES", "LATENCY_HISTOGRAMS", "SIGNAL_METRICS", "PROGRESS_COUNTERS", "metrics_for", "stall_reason"]
+__all__ = [
+    "EngineSignals",
+    "TargetSignals",
+    "compute_signals",
+    "ALWAYS_DERIVED",
+    "group_signals",
+    "queue_ratio",
+    "QUANTILES",
+    "LATENCY_HISTOGRAMS",
+    "SIGNAL_METRICS",
+    "PROGRESS_COUNTERS",
+    "metrics_for",
+    "stall_reason",
+]
 
 QUANTILES = (0.5, 0.95, 0.99)
 # signal prefix → histogram (seconds)
@@ -49,33 +61,53 @@ LATENCY_HISTOGRAMS = {
     "queue": VLLM_REQUEST_QUEUE_TIME_SECONDS,
 }
 _RATES = {  # signal → counter, per backend
-    "vllm": {"prompt_tokens_per_s": VLLM_PROMPT_TOKENS_TOTAL,
-             "generation_tokens_per_s": VLLM_GENERATION_TOKENS_TOTAL,
-             "requests_per_s": VLLM_REQUEST_SUCCESS_TOTAL,
-             "preemptions_per_s": VLLM_NUM_PREEMPTIONS_TOTAL},
-    "llamacpp": {"prompt_tokens_per_s": LLAMACPP_PROMPT_TOKENS_TOTAL,
-                 "generation_tokens_per_s": LLAMACPP_TOKENS_PREDICTED_TOTAL},
+    "vllm": {
+        "prompt_tokens_per_s": VLLM_PROMPT_TOKENS_TOTAL,
+        "generation_tokens_per_s": VLLM_GENERATION_TOKENS_TOTAL,
+        "requests_per_s": VLLM_REQUEST_SUCCESS_TOTAL,
+        "preemptions_per_s": VLLM_NUM_PREEMPTIONS_TOTAL,
+    },
+    "llamacpp": {
+        "prompt_tokens_per_s": LLAMACPP_PROMPT_TOKENS_TOTAL,
+        "generation_tokens_per_s": LLAMACPP_TOKENS_PREDICTED_TOTAL,
+    },
 }
 _GAUGES = {  # signal → gauge, per backend
-    "vllm": {"kv_cache_usage": VLLM_KV_CACHE_USAGE_PERC, "requests_running": VLLM_NUM_REQUESTS_RUNNING,
-             "requests_waiting": VLLM_NUM_REQUESTS_WAITING},
-    "llamacpp": {"kv_cache_usage": "tuner:kv_cache_usage", "requests_running": LLAMACPP_REQUESTS_PROCESSING,
-                 "requests_waiting": LLAMACPP_REQUESTS_DEFERRED, "slots_total": "tuner:slots_total",
-                 "slots_busy": "tuner:slots_busy"},
+    "vllm": {
+        "kv_cache_usage": VLLM_KV_CACHE_USAGE_PERC,
+        "requests_running": VLLM_NUM_REQUESTS_RUNNING,
+        "requests_waiting": VLLM_NUM_REQUESTS_WAITING,
+    },
+    "llamacpp": {
+        "kv_cache_usage": "tuner:kv_cache_usage",
+        "requests_running": LLAMACPP_REQUESTS_PROCESSING,
+        "requests_waiting": LLAMACPP_REQUESTS_DEFERRED,
+        "slots_total": "tuner:slots_total",
+        "slots_busy": "tuner:slots_busy",
+    },
 }
 # What moves while an engine serves, per backend: in flight and none of these moved means it is stalled
 # (stalled_requests). vLLM counts tokens as the engine emits them. llama-server's tokens_predicted_total moves only
 # when a request finishes (a 400-token generation showed 0 until its end), but n_decode_total counts every
 # llama_decode call as it happens (tests/fixtures/stall/README.md).
-PROGRESS_COUNTERS = {"vllm": (VLLM_GENERATION_TOKENS_TOTAL, VLLM_REQUEST_SUCCESS_TOTAL),
-                     "llamacpp": (LLAMACPP_N_DECODE_TOTAL,)}
+PROGRESS_COUNTERS = {
+    "vllm": (VLLM_GENERATION_TOKENS_TOTAL, VLLM_REQUEST_SUCCESS_TOTAL),
+    "llamacpp": (LLAMACPP_N_DECODE_TOTAL,),
+}
 
 # Every series compute_signals reads: the signal book asks the store for these only (a vLLM window has twice as
 # many histogram rows in series no signal uses). tests/signals/test_derive.py holds the two windows' signals equal.
-SIGNAL_METRICS = frozenset([*LATENCY_HISTOGRAMS.values(), *(m for b in _RATES.values() for m in b.values()),
-                            *(m for b in _GAUGES.values() for m in b.values()),
-                            VLLM_PREFIX_CACHE_HITS_TOTAL, VLLM_PREFIX_CACHE_QUERIES_TOTAL,
-                            *(m for b in PROGRESS_COUNTERS.values() for m in b), "process_start_time_seconds"])
+SIGNAL_METRICS = frozenset(
+    [
+        *LATENCY_HISTOGRAMS.values(),
+        *(m for b in _RATES.values() for m in b.values()),
+        *(m for b in _GAUGES.values() for m in b.values()),
+        VLLM_PREFIX_CACHE_HITS_TOTAL,
+        VLLM_PREFIX_CACHE_QUERIES_TOTAL,
+        *(m for b in PROGRESS_COUNTERS.values() for m in b),
+        "process_start_time_seconds",
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -137,9 +169,14 @@ class TargetSignals:
     engines: tuple[EngineSignals, ...]
 
     def as_json(self) -> dict[str, Any]:
-        return {"target": self.target, "backend": self.backend, "window_s": self.window_s, "at": self.at,
-                "health": asdict(self.health) if self.health else None,
-                "engines": [e.as_json() for e in self.engines]}
+        return {
+            "target": self.target,
+            "backend": self.backend,
+            "window_s": self.window_s,
+            "at": self.at,
+            "health": asdict(self.health) if self.health else None,
+            "engines": [e.as_json() for e in self.engines],
+        }
 
 
 def _finite(v: Any) -> Any:
@@ -167,8 +204,11 @@ def _latest(e: EngineWindow, metric: str) -> float | None:
 
 
 def _max(e: EngineWindow, metric: str) -> float | None:
-    found = [max(pts.values) if isinstance(pts, Points) else max(v for _, v in pts)
-             for pts in _summed(e.series, metric) if pts]
+    found = [
+        max(pts.values) if isinstance(pts, Points) else max(v for _, v in pts)
+        for pts in _summed(e.series, metric)
+        if pts
+    ]
     return max(found) if found else None
 
 
@@ -187,14 +227,16 @@ class _Increases:
         return held[1]
 
 
-def quantile(e: EngineWindow, metric: str, q: float, lo: int, hi: int,
-             increases: _Increases | None = None) -> float | None:
+def quantile(
+    e: EngineWindow, metric: str, q: float, lo: int, hi: int, increases: _Increases | None = None
+) -> float | None:
     """``histogram_quantile(q, increase(metric_bucket[w]))`` for one engine; None without observations."""
     return quantiles(e, metric, (q,), lo, hi, increases)[0]
 
 
-def quantiles(e: EngineWindow, metric: str, qs: Sequence[float], lo: int, hi: int,
-              increases: _Increases | None = None) -> list[float | None]:
+def quantiles(
+    e: EngineWindow, metric: str, qs: Sequence[float], lo: int, hi: int, increases: _Increases | None = None
+) -> list[float | None]:
     """``quantile`` at each of ``qs``."""
     hist = e.hists.get((metric, ()))
     inc = (increases or _Increases(lo, hi))(hist) if hist is not None else None
@@ -203,8 +245,9 @@ def quantiles(e: EngineWindow, metric: str, qs: Sequence[float], lo: int, hi: in
     return [None if math.isnan(v) else v for v in histogram_quantiles(qs, hist.bounds, inc)]
 
 
-def _goodput(e: EngineWindow, slo: Slo | None, lo: int, hi: int,
-             increases: _Increases) -> tuple[float | None, float | None]:
+def _goodput(
+    e: EngineWindow, slo: Slo | None, lo: int, hi: int, increases: _Increases
+) -> tuple[float | None, float | None]:
     """Share of requests within every SLO budget, bounded by bucket resolution.
 
     Each budget gives (at least, at most) from its histogram. Requests are not linked across
@@ -238,9 +281,22 @@ def _restarts(e: EngineWindow) -> int:
 
 
 # What every derivation works out, whatever ``only`` says (compute_signals): they cost next to nothing.
-ALWAYS_DERIVED = frozenset(["engine", "model_name", "samples", "restarts", "kv_cache_usage", "kv_cache_usage_max",
-                            "requests_running", "requests_running_max", "requests_waiting", "requests_waiting_max",
-                            "slots_total", "slots_busy"])
+ALWAYS_DERIVED = frozenset(
+    [
+        "engine",
+        "model_name",
+        "samples",
+        "restarts",
+        "kv_cache_usage",
+        "kv_cache_usage_max",
+        "requests_running",
+        "requests_running_max",
+        "requests_waiting",
+        "requests_waiting_max",
+        "slots_total",
+        "slots_busy",
+    ]
+)
 
 
 # What the fields beyond ALWAYS_DERIVED read (metrics_for): a field not named here reads only what those do.
@@ -254,8 +310,12 @@ _FIELD_METRICS: dict[str, frozenset[str]] = {
     "queued_over_s": frozenset([LATENCY_HISTOGRAMS["queue"]]),
     "goodput_ratio": frozenset(LATENCY_HISTOGRAMS[k] for k in ("ttft", "itl", "e2e")),
     "goodput_ratio_upper": frozenset(LATENCY_HISTOGRAMS[k] for k in ("ttft", "itl", "e2e")),
-    "token_goodput_per_s": frozenset([*(LATENCY_HISTOGRAMS[k] for k in ("ttft", "itl", "e2e")),
-                                      *(b["generation_tokens_per_s"] for b in _RATES.values())]),
+    "token_goodput_per_s": frozenset(
+        [
+            *(LATENCY_HISTOGRAMS[k] for k in ("ttft", "itl", "e2e")),
+            *(b["generation_tokens_per_s"] for b in _RATES.values()),
+        ]
+    ),
     "stalled_requests": frozenset(m for b in PROGRESS_COUNTERS.values() for m in b),
 }
 
@@ -273,8 +333,9 @@ def _wants(only: Collection[str] | None, *fields: str) -> bool:
     return only is None or any(f in only for f in fields)
 
 
-def _engine_signals(e: EngineWindow, backend: str, slo: Slo | None, lo: int, hi: int,
-                    only: Collection[str] | None = None) -> EngineSignals:
+def _engine_signals(
+    e: EngineWindow, backend: str, slo: Slo | None, lo: int, hi: int, only: Collection[str] | None = None
+) -> EngineSignals:
     values: dict[str, Any] = {}
     for name, metric in _GAUGES.get(backend, {}).items():
         values[name] = _latest(e, metric)
@@ -317,14 +378,15 @@ def _engine_signals(e: EngineWindow, backend: str, slo: Slo | None, lo: int, hi:
             good = values["goodput_ratio"]
             values["token_goodput_per_s"] = tokens * good if tokens is not None and good is not None else None
     if _wants(only, "stalled_requests"):
-        values["stalled_requests"] = _stalled(e, backend, values.get("requests_running"),
-                                              values.get("requests_waiting"), lo, hi)
-    return EngineSignals(engine=e.engine, model_name=e.model_name, samples=_samples(e), restarts=_restarts(e),
-                         **values)
+        values["stalled_requests"] = _stalled(
+            e, backend, values.get("requests_running"), values.get("requests_waiting"), lo, hi
+        )
+    return EngineSignals(engine=e.engine, model_name=e.model_name, samples=_samples(e), restarts=_restarts(e), **values)
 
 
-def _stalled(e: EngineWindow, backend: str, running: float | None, waiting: float | None, lo: int,
-             hi: int) -> float | None:
+def _stalled(
+    e: EngineWindow, backend: str, running: float | None, waiting: float | None, lo: int, hi: int
+) -> float | None:
     """Requests in flight when none of the backend's progress counters moved over the window, else 0; None when
     the window cannot tell (no gauge, or fewer than two points of a counter). As PromQL (rules/signals.py):
     ``(running + waiting) * on (...) (sum(increase(progress[w])) == bool 0)``."""
@@ -351,8 +413,10 @@ def stall_reason(sig: TargetSignals) -> str | None:
     answers /metrics from the loop that runs its slots)."""
     for e in sig.engines:
         if e.stalled_requests:
-            return (f"{e.stalled_requests:g} requests in flight on engine {e.engine} ({e.model_name}) and no token "
-                    f"generated, no request finished in {sig.window_s:g}s")
+            return (
+                f"{e.stalled_requests:g} requests in flight on engine {e.engine} ({e.model_name}) and no token "
+                f"generated, no request finished in {sig.window_s:g}s"
+            )
     h = sig.health
     if h is not None and h.health == "down" and h.server_healthy:
         return f"/health answers 200 while /metrics does not ({h.last_error[:160]})"
@@ -366,8 +430,9 @@ def queue_ratio(e: EngineSignals, max_num_seqs: float | None) -> float | None:
     return e.requests_waiting / float(max_num_seqs)
 
 
-def compute_signals(window: TargetWindow, *, slo: Slo | None = None,
-                    only: Collection[str] | None = None) -> TargetSignals:
+def compute_signals(
+    window: TargetWindow, *, slo: Slo | None = None, only: Collection[str] | None = None
+) -> TargetSignals:
     """Signals for every engine of a target over ``window`` (evaluated at its end).
 
     ``only``: the EngineSignals fields the caller reads (an alert group's rules over a window of their own); the
@@ -375,14 +440,24 @@ def compute_signals(window: TargetWindow, *, slo: Slo | None = None,
     rest are the same figures as a full derivation's (tests/signals/test_derive.py). Gauges, restarts and the
     sample count are always there (they cost next to nothing)."""
     lo, hi = window.start_ms, window.end_ms
-    return TargetSignals(target=window.target, backend=window.backend, window_s=(hi - lo) / 1000,
-                         at=hi / 1000, health=window.health,
-                         engines=tuple(_engine_signals(e, window.backend, slo, lo, hi, only)
-                                       for e in window.engines))
+    return TargetSignals(
+        target=window.target,
+        backend=window.backend,
+        window_s=(hi - lo) / 1000,
+        at=hi / 1000,
+        health=window.health,
+        engines=tuple(_engine_signals(e, window.backend, slo, lo, hi, only) for e in window.engines),
+    )
 
 
-_COUNTERS = frozenset([*(m for b in _RATES.values() for m in b.values()), VLLM_PREFIX_CACHE_HITS_TOTAL,
-                       VLLM_PREFIX_CACHE_QUERIES_TOTAL, *(m for b in PROGRESS_COUNTERS.values() for m in b)])
+_COUNTERS = frozenset(
+    [
+        *(m for b in _RATES.values() for m in b.values()),
+        VLLM_PREFIX_CACHE_HITS_TOTAL,
+        VLLM_PREFIX_CACHE_QUERIES_TOTAL,
+        *(m for b in PROGRESS_COUNTERS.values() for m in b),
+    ]
+)
 _HOTTEST = frozenset([VLLM_KV_CACHE_USAGE_PERC, "tuner:kv_cache_usage"])  # a group's KV use: its fullest replica
 
 
@@ -430,11 +505,19 @@ def _group_window(name: str, windows: Sequence[TargetWindow]) -> TargetWindow:
     hist_series = {}
     for key, (bounds, per_replica, sums, counts) in hists.items():
         summed = tuple(math.fsum(col) for col in zip(*per_replica))
-        hist_series[key] = HistSeries(bounds, (HistPoint(lo, (0.0,) * len(bounds), 0.0, 0.0),
-                                               HistPoint(hi, summed, math.fsum(sums), math.fsum(counts))))
+        hist_series[key] = HistSeries(
+            bounds,
+            (HistPoint(lo, (0.0,) * len(bounds), 0.0, 0.0), HistPoint(hi, summed, math.fsum(sums), math.fsum(counts))),
+        )
     engine = EngineWindow(engine="all", model_name=", ".join(sorted(models)), series=series, hists=hist_series)
-    return TargetWindow(target=name, backend=windows[0].backend, start_ms=lo, end_ms=hi,
-                        engines=(engine,) if series or hist_series else (), health=None)
+    return TargetWindow(
+        target=name,
+        backend=windows[0].backend,
+        start_ms=lo,
+        end_ms=hi,
+        engines=(engine,) if series or hist_series else (),
+        health=None,
+    )
 
 
 def group_signals(name: str, windows: Sequence[TargetWindow], *, slo: Slo | None = None) -> TargetSignals:

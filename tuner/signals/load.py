@@ -38,12 +38,20 @@ from tuner.config import Slo
 from tuner.signals.promql import fraction_le, histogram_quantile
 from tuner.store.window import EngineWindow, HistSeries, TargetWindow
 
-__all__ = ["LoadProfile", "Interval", "profile", "group_profile", "SATURATED_QUEUED_SHARE", "SATURATED_WAITING_SHARE",
-           "SATURATED_QUEUE_TIME_SHARE"]
+__all__ = [
+    "LoadProfile",
+    "Interval",
+    "profile",
+    "group_profile",
+    "SATURATED_QUEUED_SHARE",
+    "SATURATED_WAITING_SHARE",
+    "SATURATED_QUEUE_TIME_SHARE",
+]
 
 SATURATED_QUEUE_TIME_SHARE = 0.10
 SATURATED_QUEUED_SHARE = 0.10
 SATURATED_WAITING_SHARE = 0.25
+
 
 @dataclass(frozen=True)
 class Interval:
@@ -114,10 +122,34 @@ class LoadProfile:
 
     def summary(self) -> dict[str, Any]:
         """The numbers a person and the journal read (JSON-ready)."""
-        keys = ("start", "end", "samples", "saturated", "offered_rps", "served_rps", "capacity_rps",
-                "slo_goodput_rps", "slo_token_goodput_tps", "slo_attainment", "ttft_p99", "e2e_p99", "tokens_per_s", "capacity_tokens_per_s",
-                "queued_share", "queue_time_share", "waiting_share", "mean_in_flight", "ttft_p50", "e2e_p50",
-                "finished", "aborted", "generated_tokens", "seconds_per_token", "slo_objective", "slo_attainment_hi")
+        keys = (
+            "start",
+            "end",
+            "samples",
+            "saturated",
+            "offered_rps",
+            "served_rps",
+            "capacity_rps",
+            "slo_goodput_rps",
+            "slo_token_goodput_tps",
+            "slo_attainment",
+            "ttft_p99",
+            "e2e_p99",
+            "tokens_per_s",
+            "capacity_tokens_per_s",
+            "queued_share",
+            "queue_time_share",
+            "waiting_share",
+            "mean_in_flight",
+            "ttft_p50",
+            "e2e_p50",
+            "finished",
+            "aborted",
+            "generated_tokens",
+            "seconds_per_token",
+            "slo_objective",
+            "slo_attainment_hi",
+        )
         out = {k: _finite(getattr(self, k)) for k in keys}
         if self.slo_budgets:
             out["slo_budgets"] = dict(self.slo_budgets)
@@ -127,8 +159,11 @@ class LoadProfile:
 def _budgets(slo: Slo | None) -> dict[str, float]:
     if slo is None:
         return {}
-    return {key: budget.total_seconds() for key in ("ttft", "itl", "e2e")
-            if (budget := getattr(slo, f"{key}_p99", None)) is not None}
+    return {
+        key: budget.total_seconds()
+        for key in ("ttft", "itl", "e2e")
+        if (budget := getattr(slo, f"{key}_p99", None)) is not None
+    }
 
 
 def _finite(v: Any) -> Any:
@@ -243,8 +278,10 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
     finished_d = increases("finished")
     running, waiting = series("running"), series("waiting")
     in_flight = [r + w for r, w in zip(running, waiting)]
-    intervals = tuple(Interval((b - a) / 1000, f, g, bool(f or g or in_flight[i] or in_flight[i + 1]))
-                      for i, (a, b, f, g) in enumerate(zip(stamps, stamps[1:], finished_d, gen_d)))
+    intervals = tuple(
+        Interval((b - a) / 1000, f, g, bool(f or g or in_flight[i] or in_flight[i + 1]))
+        for i, (a, b, f, g) in enumerate(zip(stamps, stamps[1:], finished_d, gen_d))
+    )
     busy = [iv for iv in intervals if iv.busy]
     busy_s = math.fsum(iv.seconds for iv in busy)
     gen_total = math.fsum(gen_d)
@@ -253,15 +290,33 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
     if not backend(window.backend).counts_requests:
         gen_seconds = math.fsum(increases("gen_seconds"))
         return LoadProfile(
-            backend=window.backend, start=t0 / 1000, end=t1 / 1000, samples=len(stamps), finished=None, aborted=None,
-            generated_tokens=gen_total, served_rps=None, offered_rps=None, capacity_rps=None,
+            backend=window.backend,
+            start=t0 / 1000,
+            end=t1 / 1000,
+            samples=len(stamps),
+            finished=None,
+            aborted=None,
+            generated_tokens=gen_total,
+            served_rps=None,
+            offered_rps=None,
+            capacity_rps=None,
             tokens_per_s=gen_total / secs if secs else None,
             capacity_tokens_per_s=math.fsum(iv.generated for iv in busy) / busy_s if busy_s else None,
-            queued_share=None, mean_in_flight=None, queue_time_share=None, waiting_share=waiting_share,
-            saturated=waiting_share >= SATURATED_WAITING_SHARE, slo_attainment=None, slo_goodput_rps=None,
+            queued_share=None,
+            mean_in_flight=None,
+            queue_time_share=None,
+            waiting_share=waiting_share,
+            saturated=waiting_share >= SATURATED_WAITING_SHARE,
+            slo_attainment=None,
+            slo_goodput_rps=None,
             slo_token_goodput_tps=None,
-            ttft_p99=None, e2e_p99=None, ttft_p50=None, e2e_p50=None,
-            seconds_per_token=gen_seconds / gen_total if gen_total else None, intervals=intervals)
+            ttft_p99=None,
+            e2e_p99=None,
+            ttft_p50=None,
+            e2e_p50=None,
+            seconds_per_token=gen_seconds / gen_total if gen_total else None,
+            intervals=intervals,
+        )
 
     finished = math.fsum(finished_d)
     aborted = 0.0
@@ -293,26 +348,39 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
             attainment_hi = min(hi for _, hi in shares) * done  # at most: every bucket a budget falls in met it
     served = finished / secs if secs else None
     return LoadProfile(
-        backend=window.backend, start=t0 / 1000, end=t1 / 1000, samples=len(stamps), finished=finished,
-        aborted=aborted, generated_tokens=gen_total, served_rps=served,
+        backend=window.backend,
+        start=t0 / 1000,
+        end=t1 / 1000,
+        samples=len(stamps),
+        finished=finished,
+        aborted=aborted,
+        generated_tokens=gen_total,
+        served_rps=served,
         offered_rps=(finished + in_flight[-1] - in_flight[0]) / secs if secs else None,
         capacity_rps=math.fsum(iv.finished for iv in busy) / busy_s if busy_s else None,
         tokens_per_s=gen_total / secs if secs else None,
         capacity_tokens_per_s=math.fsum(iv.generated for iv in busy) / busy_s if busy_s else None,
-        queued_share=queued_share, mean_in_flight=e2e_s / secs if e2e_s is not None and secs else None,
-        queue_time_share=queue_time_share, waiting_share=waiting_share,
-        saturated=(queue_time_share or 0.0) >= SATURATED_QUEUE_TIME_SHARE or (queued_share or 0.0) >=
-        SATURATED_QUEUED_SHARE or waiting_share >= SATURATED_WAITING_SHARE,
-        slo_attainment=attainment, slo_attainment_hi=attainment_hi,
-        slo_goodput_rps=served * attainment if served is not None and attainment is not None
-        else None,
+        queued_share=queued_share,
+        mean_in_flight=e2e_s / secs if e2e_s is not None and secs else None,
+        queue_time_share=queue_time_share,
+        waiting_share=waiting_share,
+        saturated=(queue_time_share or 0.0) >= SATURATED_QUEUE_TIME_SHARE
+        or (queued_share or 0.0) >= SATURATED_QUEUED_SHARE
+        or waiting_share >= SATURATED_WAITING_SHARE,
+        slo_attainment=attainment,
+        slo_attainment_hi=attainment_hi,
+        slo_goodput_rps=served * attainment if served is not None and attainment is not None else None,
         slo_token_goodput_tps=gen_total / secs * attainment if secs and attainment is not None else None,
         ttft_p99=_quantile(*hists["ttft"], 0.99) if "ttft" in hists else None,
         e2e_p99=_quantile(*hists["e2e"], 0.99) if "e2e" in hists else None,
         ttft_p50=_quantile(*hists["ttft"], 0.5) if "ttft" in hists else None,
         e2e_p50=_quantile(*hists["e2e"], 0.5) if "e2e" in hists else None,
-        seconds_per_token=None, intervals=intervals, hists=hists, slo_budgets=_budgets(slo),
-        slo_objective=slo.objective if slo is not None and _budgets(slo) else None)
+        seconds_per_token=None,
+        intervals=intervals,
+        hists=hists,
+        slo_budgets=_budgets(slo),
+        slo_objective=slo.objective if slo is not None and _budgets(slo) else None,
+    )
 
 
 def group_profile(name: str, windows: Sequence[TargetWindow], *, slo: Slo | None = None) -> LoadProfile | None:
@@ -324,5 +392,14 @@ def group_profile(name: str, windows: Sequence[TargetWindow], *, slo: Slo | None
     if not windows or len({(w.start_ms, w.end_ms, w.backend) for w in windows}) != 1:
         return None
     engines = tuple(replace(e, engine=f"{w.target}/{e.engine}") for w in windows for e in w.engines)
-    return profile(TargetWindow(target=name, backend=windows[0].backend, start_ms=windows[0].start_ms,
-                                end_ms=windows[0].end_ms, engines=engines, health=None), slo=slo)
+    return profile(
+        TargetWindow(
+            target=name,
+            backend=windows[0].backend,
+            start_ms=windows[0].start_ms,
+            end_ms=windows[0].end_ms,
+            engines=engines,
+            health=None,
+        ),
+        slo=slo,
+    )

@@ -36,8 +36,9 @@ def increase(points: Sequence[Point], start_ms: int, end_ms: int, *, is_counter:
     return _extrapolated(result, first_t, first_v, last_t, len(points), start_ms, end_ms, is_counter)
 
 
-def _extrapolated(result: float, first_t: int, first_v: float, last_t: int, n: int, start_ms: int, end_ms: int,
-                  is_counter: bool) -> float | None:
+def _extrapolated(
+    result: float, first_t: int, first_v: float, last_t: int, n: int, start_ms: int, end_ms: int, is_counter: bool
+) -> float | None:
     """The increase ``result`` seen between the first and the last of ``n`` points, extrapolated to the range."""
     duration_to_start = (first_t - start_ms) / 1000
     duration_to_end = (end_ms - last_t) / 1000
@@ -100,8 +101,7 @@ def bucket_increase(hist: HistSeries, start_ms: int, end_ms: int) -> tuple[float
     out = []
     for r, f in zip(result, first):
         if r > 0 and f >= 0 and (to_zero := sampled * (f / r)) < to_start:
-            out.append(r * ((sampled + (to_zero if to_zero < threshold else average_step / 2) + end_part)
-                            / sampled))
+            out.append(r * ((sampled + (to_zero if to_zero < threshold else average_step / 2) + end_part) / sampled))
         else:
             out.append(r * factor)
     return tuple(out)

@@ -46,8 +46,9 @@ def _cut(pts: Sequence[Point], lo: int, hi: int) -> list[Point]:
     return [(ts, v) for ts, v in pts if lo <= ts <= hi]
 
 
-def self_signal(signal: str, target: str, window_s: float, now_ms: int,
-                points: Callable[[str], SeriesByTarget]) -> float | None:
+def self_signal(
+    signal: str, target: str, window_s: float, now_ms: int, points: Callable[[str], SeriesByTarget]
+) -> float | None:
     """The value of one of tuner's own signals for ``target`` ("" for a tuner signal) at ``now_ms``; None when the
     series it reads have no sample to give it (as the PromQL twin returns no sample)."""
     lo = now_ms - int(window_s * 1000)
@@ -64,8 +65,11 @@ def self_signal(signal: str, target: str, window_s: float, now_ms: int,
         r = rate(_cut(points("tuner_scrape_failures_total").get(target) or (), lo, now_ms), lo, now_ms)
         return None if r is None else r * 60
     if signal == "all_scrape_errors_per_minute":
-        rates = [r for pts in points("tuner_scrape_failures_total").values()
-                 if (r := rate(_cut(pts, lo, now_ms), lo, now_ms)) is not None]
+        rates = [
+            r
+            for pts in points("tuner_scrape_failures_total").values()
+            if (r := rate(_cut(pts, lo, now_ms), lo, now_ms)) is not None
+        ]
         return sum(rates) * 60 if rates else None
     if signal == "notifications_queued_growth":
         series = list(points("tuner_alert_notifications_queued").values())

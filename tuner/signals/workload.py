@@ -99,8 +99,10 @@ class Workload(BaseModel):
         # the longest request is at least as long as the mean one
         for top, mean in (("max_prompt_tokens", "input_len"), ("max_output_tokens", "output_len")):
             if getattr(self, top) is not None and getattr(self, top) < getattr(self, mean):
-                raise ValueError(f"{top}: {getattr(self, top)} is below {mean} ({getattr(self, mean)}); the longest "
-                                 f"request cannot be shorter than the mean one")
+                raise ValueError(
+                    f"{top}: {getattr(self, top)} is below {mean} ({getattr(self, mean)}); the longest "
+                    f"request cannot be shorter than the mean one"
+                )
         return self
 
     @property
@@ -161,8 +163,11 @@ def _bucket_of(q: float, bounds: tuple[float, ...], cum: list[float]) -> tuple[f
 
 def _counter_increase(e: EngineWindow, metric: str, keep: Any = None) -> float:
     """The increase of ``metric`` over the window, summed over its label sets (those ``keep(labels)`` accepts)."""
-    return math.fsum(math.fsum(deltas([v for _, v in pts])) for (name, labels), pts in e.series.items()
-                     if name == metric and len(pts) >= 2 and (keep is None or keep(dict(labels or ()))))
+    return math.fsum(
+        math.fsum(deltas([v for _, v in pts]))
+        for (name, labels), pts in e.series.items()
+        if name == metric and len(pts) >= 2 and (keep is None or keep(dict(labels or ())))
+    )
 
 
 def _has(engines: list[EngineWindow], metric: str) -> bool:
@@ -176,14 +181,22 @@ def _turned_away(engines: list[EngineWindow]) -> tuple[dict[str, float], list[st
     limit); http_errors: 4xx/5xx answers on the OpenAI routes (/v1/...), which is how vLLM refuses a prompt longer
     than its max-model-len (a 400 that never reaches the engine, so no vllm: counter sees it)."""
     out = {
-        "aborted": math.fsum(_counter_increase(e, VLLM_REQUEST_SUCCESS_TOTAL,
-                                               lambda lb: lb.get("finished_reason") in ("abort", "error"))
-                             for e in engines),
+        "aborted": math.fsum(
+            _counter_increase(e, VLLM_REQUEST_SUCCESS_TOTAL, lambda lb: lb.get("finished_reason") in ("abort", "error"))
+            for e in engines
+        ),
         "rejected": math.fsum(_counter_increase(e, VLLM_ADMISSION_REJECTIONS_TOTAL) for e in engines),
-        "http_errors": max((_counter_increase(e, "http_requests_total",
-                                              lambda lb: lb.get("status", "")[:1] in ("4", "5")
-                                              and lb.get("handler", "").startswith("/v1/")) for e in engines),
-                           default=0.0),  # one per endpoint: every engine of it carries the same series
+        "http_errors": max(
+            (
+                _counter_increase(
+                    e,
+                    "http_requests_total",
+                    lambda lb: lb.get("status", "")[:1] in ("4", "5") and lb.get("handler", "").startswith("/v1/"),
+                )
+                for e in engines
+            ),
+            default=0.0,
+        ),  # one per endpoint: every engine of it carries the same series
     }
     unread = [] if _has(engines, "http_requests_total") else ["http_requests_total (rejections at the API)"]
     return out, unread
@@ -257,8 +270,9 @@ def from_window(window: TargetWindow, *, max_model_len: int | None = None, limit
     input_len = max(1, round(p_sum / p_count))
     output_len = max(1, round(g_sum / g_count))
     inferred: dict[str, Inferred] = {
-        "input_len": Inferred(low=input_len, high=input_len, note=f"exact: the mean of {n} prompts (the "
-                                                                  "histogram's sum / count)"),
+        "input_len": Inferred(
+            low=input_len, high=input_len, note=f"exact: the mean of {n} prompts (the histogram's sum / count)"
+        ),
         "output_len": Inferred(low=output_len, high=output_len, note=f"exact: the mean of {int(g_count)} outputs"),
     }
     p10, p90 = histogram_quantile(0.1, p_bounds, p_cum), histogram_quantile(0.9, p_bounds, p_cum)
@@ -267,60 +281,99 @@ def from_window(window: TargetWindow, *, max_model_len: int | None = None, limit
     (a1, b1), (a2, b2) = _bucket_of(0.1, p_bounds, p_cum), _bucket_of(0.9, p_bounds, p_cum)
     lo_r = min(0.9, max(0.0, (a2 - b1) / (1.6 * input_len)))
     hi_r = min(0.9, (b2 - a1) / (1.6 * input_len)) if math.isfinite(b2) else 0.9
-    where = (f"P10 and P90 both in the ({a1:g}, {b1:g}] token bucket" if (a1, b1) == (a2, b2) else
-             f"P10 in ({a1:g}, {b1:g}], P90 in ({a2:g}, {b2:g}] tokens")
-    inferred["range_ratio"] = Inferred(low=_r(lo_r), high=_r(max(hi_r, lo_r)), note=(
-        f"{where}: the buckets allow {lo_r:.3g}-{max(hi_r, lo_r):.3g}; the value assumes prompts spread evenly "
-        "inside each bucket"))
+    where = (
+        f"P10 and P90 both in the ({a1:g}, {b1:g}] token bucket"
+        if (a1, b1) == (a2, b2)
+        else f"P10 in ({a1:g}, {b1:g}], P90 in ({a2:g}, {b2:g}] tokens"
+    )
+    inferred["range_ratio"] = Inferred(
+        low=_r(lo_r),
+        high=_r(max(hi_r, lo_r)),
+        note=(
+            f"{where}: the buckets allow {lo_r:.3g}-{max(hi_r, lo_r):.3g}; the value assumes prompts spread evenly "
+            "inside each bucket"
+        ),
+    )
 
     load = profile(window)
     rate = load.offered_rps if load is not None and load.offered_rps else None
     burstiness = 1.0
     if load is None or load.saturated:
-        inferred["burstiness"] = Inferred(note="assumed 1 (Poisson): the window was saturated, and a queued "
-                                               "server's finishes follow its batches, not the arrivals"
-                                          if load is not None else "assumed 1 (Poisson): too few scrapes")
+        inferred["burstiness"] = Inferred(
+            note="assumed 1 (Poisson): the window was saturated, and a queued "
+            "server's finishes follow its batches, not the arrivals"
+            if load is not None
+            else "assumed 1 (Poisson): too few scrapes"
+        )
     else:
         k, est = _burstiness(load.intervals)
         if est is not None:
             burstiness, lo_b, hi_b = est
-            inferred["burstiness"] = Inferred(low=_r(lo_b), high=_r(hi_b), note=(
-                f"mean / variance of the requests finished in {k} busy scrape intervals: 95% interval "
-                f"{lo_b:.3g}-{hi_b:.3g} (chi-square, {k - 1} degrees of freedom); finishes, not arrivals (a "
-                "server's batches make them read burstier), and bursts shorter than a scrape interval do not show"))
+            inferred["burstiness"] = Inferred(
+                low=_r(lo_b),
+                high=_r(hi_b),
+                note=(
+                    f"mean / variance of the requests finished in {k} busy scrape intervals: 95% interval "
+                    f"{lo_b:.3g}-{hi_b:.3g} (chi-square, {k - 1} degrees of freedom); finishes, not arrivals (a "
+                    "server's batches make them read burstier), and bursts shorter than a scrape interval do not show"
+                ),
+            )
         else:
             inferred["burstiness"] = Inferred(note=f"assumed 1 (Poisson): {k} busy scrape intervals, fewer than 4")
     if rate and load is not None:
         secs = load.end - load.start
         count = rate * secs
         half = 1.96 * math.sqrt(max(count, 1.0) / burstiness) / secs if secs > 0 else math.inf
-        inferred["rate_rps"] = Inferred(low=_r(max(0.0, rate - half), 4), high=_r(rate + half, 4), note=(
-            f"{count:.0f} arrivals in {secs:.0f}s: 95% interval of a count with this burstiness"))
+        inferred["rate_rps"] = Inferred(
+            low=_r(max(0.0, rate - half), 4),
+            high=_r(rate + half, 4),
+            note=(f"{count:.0f} arrivals in {secs:.0f}s: 95% interval of a count with this burstiness"),
+        )
 
     hits = math.fsum(_counter_increase(e, VLLM_PREFIX_CACHE_HITS_TOTAL) for e in engines)
     queries = math.fsum(_counter_increase(e, VLLM_PREFIX_CACHE_QUERIES_TOTAL) for e in engines)
     hit_ratio = round(hits / queries, 4) if queries > 0 else None
     prefix_len = min(input_len - 1, round((hit_ratio or 0.0) * input_len))
     if hit_ratio is not None:
-        inferred["prefix_len"] = Inferred(low=0, high=prefix_len, note=(
-            f"prefix-cache hits / queries = {hit_ratio:g} of the prompt tokens (exact), replayed as one prefix "
-            "every prompt shares: at most this much of the prompts is shared"))
+        inferred["prefix_len"] = Inferred(
+            low=0,
+            high=prefix_len,
+            note=(
+                f"prefix-cache hits / queries = {hit_ratio:g} of the prompt tokens (exact), replayed as one prefix "
+                "every prompt shares: at most this much of the prompts is shared"
+            ),
+        )
 
-    longest = _longest(_top_bucket(p_bounds, p_cum), _top_bucket(g_bounds, g_cum), engines, n,
-                       max_model_len, limit_source)
+    longest = _longest(
+        _top_bucket(p_bounds, p_cum), _top_bucket(g_bounds, g_cum), engines, n, max_model_len, limit_source
+    )
     inferred.update(longest[3])
     return Workload(
-        input_len=input_len, output_len=output_len, range_ratio=range_ratio, prefix_len=prefix_len,
-        rate_rps=round(rate, 4) if rate else None, burstiness=burstiness, prefix_hit_ratio=hit_ratio,
-        max_prompt_tokens=_at_least(longest[0], input_len), max_output_tokens=_at_least(longest[1], output_len),
+        input_len=input_len,
+        output_len=output_len,
+        range_ratio=range_ratio,
+        prefix_len=prefix_len,
+        rate_rps=round(rate, 4) if rate else None,
+        burstiness=burstiness,
+        prefix_hit_ratio=hit_ratio,
+        max_prompt_tokens=_at_least(longest[0], input_len),
+        max_output_tokens=_at_least(longest[1], output_len),
         max_request_tokens=longest[2],
-        requests=n, source="store", window_s=round((window.end_ms - window.start_ms) / 1000, 3),
-        inferred=inferred)
+        requests=n,
+        source="store",
+        window_s=round((window.end_ms - window.start_ms) / 1000, 3),
+        inferred=inferred,
+    )
 
 
-def _longest(prompt: tuple[int, int | None] | None, output: tuple[int, int | None] | None,
-             engines: list[EngineWindow], n: int, max_model_len: int | None, limit_source: str
-             ) -> tuple[int | None, int | None, int | None, dict[str, Inferred]]:
+def _longest(
+    prompt: tuple[int, int | None] | None,
+    output: tuple[int, int | None] | None,
+    engines: list[EngineWindow],
+    n: int,
+    max_model_len: int | None,
+    limit_source: str,
+) -> tuple[int | None, int | None, int | None, dict[str, Inferred]]:
     """The longest prompt, output and request, with what the window proves of each (see the module docstring)."""
     notes: dict[str, Inferred] = {}
     top: list[int | None] = []
@@ -330,9 +383,15 @@ def _longest(prompt: tuple[int, int | None] | None, output: tuple[int, int | Non
             continue
         lower, upper = bucket
         top.append(upper if upper is not None else lower or None)
-        notes[name] = Inferred(low=lower + 1, high=upper, note=(
-            f"the highest bucket used is ({lower}, {upper}]: the longest lies in it" if upper is not None else
-            f"the longest lies above {lower} (the +Inf bucket): the histogram bounds it no further"))
+        notes[name] = Inferred(
+            low=lower + 1,
+            high=upper,
+            note=(
+                f"the highest bucket used is ({lower}, {upper}]: the longest lies in it"
+                if upper is not None
+                else f"the longest lies above {lower} (the +Inf bucket): the histogram bounds it no further"
+            ),
+        )
     if top[0] is None or top[1] is None:
         return top[0], top[1], None, notes
     total = top[0] + top[1]
@@ -340,24 +399,35 @@ def _longest(prompt: tuple[int, int | None] | None, output: tuple[int, int | Non
     away, unread = _turned_away(engines)
     refused = {k: v for k, v in away.items() if v > 0}
     if max_model_len is None:
-        why = "the max-model-len in force is unknown (set max_model_len in the target's flags), so the buckets' " \
-              "edges stand"
+        why = (
+            "the max-model-len in force is unknown (set max_model_len in the target's flags), so the buckets' "
+            "edges stand"
+        )
     elif refused:
-        why = (f"not capped at max-model-len {max_model_len}: the window did not serve every request ("
-               + ", ".join(f"{v:.0f} {k.replace('_', ' ')}" for k, v in refused.items())
-               + "): longer requests may have been refused, so the buckets' edges stand")
+        why = (
+            f"not capped at max-model-len {max_model_len}: the window did not serve every request ("
+            + ", ".join(f"{v:.0f} {k.replace('_', ' ')}" for k, v in refused.items())
+            + "): longer requests may have been refused, so the buckets' edges stand"
+        )
     else:
         capped = min(total, max_model_len)
         for name in ("max_prompt_tokens", "max_output_tokens"):
             hi = notes[name].high
-            notes[name] = notes[name].model_copy(update={"high": min(hi, max_model_len - 1) if hi else
-                                                         max_model_len - 1})
+            notes[name] = notes[name].model_copy(
+                update={"high": min(hi, max_model_len - 1) if hi else max_model_len - 1}
+            )
         seen = "" if not unread else f" (not in the store: {', '.join(unread)})"
-        notes["max_request_tokens"] = Inferred(low=min(low, capped), high=capped, note=(
-            f"capped at max-model-len {max_model_len}{' (' + limit_source + ')' if limit_source else ''}: the server "
-            f"finished all {n} requests of the window, none aborted or refused{seen}, so that limit held every one "
-            f"(the buckets' edges alone say {top[0]} + {top[1]} = {total})" if capped < total else
-            f"the buckets' edges, {top[0]} + {top[1]}; within max-model-len {max_model_len}, which served all {n}"))
+        notes["max_request_tokens"] = Inferred(
+            low=min(low, capped),
+            high=capped,
+            note=(
+                f"capped at max-model-len {max_model_len}{' (' + limit_source + ')' if limit_source else ''}: the server "
+                f"finished all {n} requests of the window, none aborted or refused{seen}, so that limit held every one "
+                f"(the buckets' edges alone say {top[0]} + {top[1]} = {total})"
+                if capped < total
+                else f"the buckets' edges, {top[0]} + {top[1]}; within max-model-len {max_model_len}, which served all {n}"
+            ),
+        )
         return top[0], top[1], capped, notes
     notes["max_request_tokens"] = Inferred(low=low, high=total, note=f"the buckets' edges, {top[0]} + {top[1]}; {why}")
     return top[0], top[1], total, notes
@@ -370,8 +440,11 @@ def parse_workload(text: str, path: str = "<workload>") -> Workload:
     except YamlTextError as exc:
         raise ConfigError(path, f"line {exc.line}" if exc.line else "", f"not valid YAML: {exc.problem}") from None
     if not isinstance(data, dict):
-        raise ConfigError(path, "", "expected a mapping of workload keys (input_len, output_len, ...; "
-                                    "see docs/tune.md, 'Workload files')")
+        raise ConfigError(
+            path,
+            "",
+            "expected a mapping of workload keys (input_len, output_len, ...; see docs/tune.md, 'Workload files')",
+        )
     try:
         return Workload.model_validate(data)
     except ValidationError as exc:
@@ -389,8 +462,10 @@ def dump_workload(w: Workload) -> dict[str, Any]:
     """The file form: every field, None left out (``inferred`` last: what the values rest on)."""
     out = {k: v for k, v in w.model_dump(exclude={"inferred"}).items() if v is not None}
     if w.inferred:
-        out["inferred"] = {k: {kk: vv for kk, vv in v.model_dump().items() if vv is not None and vv != ""}
-                           for k, v in w.inferred.items()}
+        out["inferred"] = {
+            k: {kk: vv for kk, vv in v.model_dump().items() if vv is not None and vv != ""}
+            for k, v in w.inferred.items()
+        }
     return out
 
 

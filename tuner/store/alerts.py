@@ -20,9 +20,21 @@ from tuner.errors import StoreError
 from tuner.store.models import Base
 from tuner.store.store import Store, driver_connection
 
-__all__ = ["AlertStateRow", "AlertEventRow", "OutboxRow", "OutboxItem", "load_states",
-           "save_states", "record_events", "history", "enqueue", "queued", "mark_sent", "mark_failed",
-           "outbox_size"]
+__all__ = [
+    "AlertStateRow",
+    "AlertEventRow",
+    "OutboxRow",
+    "OutboxItem",
+    "load_states",
+    "save_states",
+    "record_events",
+    "history",
+    "enqueue",
+    "queued",
+    "mark_sent",
+    "mark_failed",
+    "outbox_size",
+]
 
 
 class AlertStateRow(Base):
@@ -79,8 +91,18 @@ class OutboxItem:
     next_attempt_ms: int
 
 
-_FIELDS = ("labels", "annotations", "state", "value", "active_at_ms", "fired_at_ms", "resolved_at_ms",
-           "last_sent_at_ms", "valid_until_ms", "keep_firing_since_ms")
+_FIELDS = (
+    "labels",
+    "annotations",
+    "state",
+    "value",
+    "active_at_ms",
+    "fired_at_ms",
+    "resolved_at_ms",
+    "last_sent_at_ms",
+    "valid_until_ms",
+    "keep_firing_since_ms",
+)
 
 
 def _row(a: Mapping[str, Any]) -> dict:
@@ -94,11 +116,23 @@ def load_states(store: Store) -> dict[tuple[str, str], dict[str, Any]]:
     """Every stored alert as a plain row ((rule, fingerprint) -> its fields); the rules own the type."""
     with store.engine.connect() as conn:
         rows = conn.execute(select(AlertStateRow)).all()
-    return {(r.rule, r.fingerprint): {
-        "rule": r.rule, "fingerprint": r.fingerprint, "labels": json.loads(r.labels),
-        "annotations": json.loads(r.annotations), "state": r.state, "value": r.value, "active_at_ms": r.active_at_ms,
-        "fired_at_ms": r.fired_at_ms, "resolved_at_ms": r.resolved_at_ms, "last_sent_at_ms": r.last_sent_at_ms,
-        "valid_until_ms": r.valid_until_ms, "keep_firing_since_ms": r.keep_firing_since_ms} for r in rows}
+    return {
+        (r.rule, r.fingerprint): {
+            "rule": r.rule,
+            "fingerprint": r.fingerprint,
+            "labels": json.loads(r.labels),
+            "annotations": json.loads(r.annotations),
+            "state": r.state,
+            "value": r.value,
+            "active_at_ms": r.active_at_ms,
+            "fired_at_ms": r.fired_at_ms,
+            "resolved_at_ms": r.resolved_at_ms,
+            "last_sent_at_ms": r.last_sent_at_ms,
+            "valid_until_ms": r.valid_until_ms,
+            "keep_firing_since_ms": r.keep_firing_since_ms,
+        }
+        for r in rows
+    }
 
 
 _UPSERT_STATE = f"""
@@ -112,8 +146,15 @@ def _state_params(a: Mapping[str, Any]) -> tuple:
     return (a["rule"], a["fingerprint"], *(row[f] for f in _FIELDS))
 
 
-def save_states(store: Store, changed: Iterable[Mapping[str, Any]], gone: Iterable[tuple[str, str]] = (), *,
-                events: Iterable[dict] = (), outbox: Iterable[tuple[str, list[dict]]] = (), now_ms: int = 0) -> None:
+def save_states(
+    store: Store,
+    changed: Iterable[Mapping[str, Any]],
+    gone: Iterable[tuple[str, str]] = (),
+    *,
+    events: Iterable[dict] = (),
+    outbox: Iterable[tuple[str, list[dict]]] = (),
+    now_ms: int = 0,
+) -> None:
     """Write the alerts that changed (a new one, or any field of a stored one), delete the ``gone`` ones (rule,
     fingerprint), append events and enqueue notifications: one transaction. The caller knows what it stored last:
     an evaluation that changed nothing writes nothing (1,000 pending alerts rewritten every 15 s were ~6% of a
@@ -128,8 +169,17 @@ def save_states(store: Store, changed: Iterable[Mapping[str, Any]], gone: Iterab
         ev = list(events)
         if ev:
             conn.execute(insert(AlertEventRow), ev)
-        out = [{"alertmanager": am, "created_ms": now_ms, "payload": json.dumps(payload), "attempts": 0,
-                "next_attempt_ms": now_ms, "last_error": ""} for am, payload in outbox]
+        out = [
+            {
+                "alertmanager": am,
+                "created_ms": now_ms,
+                "payload": json.dumps(payload),
+                "attempts": 0,
+                "next_attempt_ms": now_ms,
+                "last_error": "",
+            }
+            for am, payload in outbox
+        ]
         if out:
             conn.execute(insert(OutboxRow), out)
 
@@ -144,15 +194,28 @@ def record_events(store: Store, events: Iterable[dict]) -> None:
 def history(store: Store, *, since_ms: int = 0, limit: int = 200) -> list[Any]:
     """Rows with AlertEventRow's columns, newest first."""
     with store.engine.connect() as conn:
-        return list(conn.execute(select(AlertEventRow).where(AlertEventRow.ts_ms >= since_ms)
-                                 .order_by(AlertEventRow.ts_ms.desc(), AlertEventRow.id.desc()).limit(limit)).all())
+        return list(
+            conn.execute(
+                select(AlertEventRow)
+                .where(AlertEventRow.ts_ms >= since_ms)
+                .order_by(AlertEventRow.ts_ms.desc(), AlertEventRow.id.desc())
+                .limit(limit)
+            ).all()
+        )
 
 
 def enqueue(store: Store, alertmanager: str, payload: list[dict], now_ms: int) -> None:
     with store.lock, store.begin() as conn:
-        conn.execute(insert(OutboxRow).values(alertmanager=alertmanager, created_ms=now_ms,
-                                              payload=json.dumps(payload), attempts=0, next_attempt_ms=now_ms,
-                                              last_error=""))
+        conn.execute(
+            insert(OutboxRow).values(
+                alertmanager=alertmanager,
+                created_ms=now_ms,
+                payload=json.dumps(payload),
+                attempts=0,
+                next_attempt_ms=now_ms,
+                last_error="",
+            )
+        )
 
 
 def queued(store: Store, limit: int = 200) -> list[OutboxItem]:
@@ -169,8 +232,11 @@ def mark_sent(store: Store, item_id: int) -> None:
 
 def mark_failed(store: Store, item_id: int, error: str, next_attempt_ms: int) -> None:
     with store.lock, store.begin() as conn:
-        conn.execute(update(OutboxRow).where(OutboxRow.id == item_id)
-                     .values(attempts=OutboxRow.attempts + 1, last_error=error[:500], next_attempt_ms=next_attempt_ms))
+        conn.execute(
+            update(OutboxRow)
+            .where(OutboxRow.id == item_id)
+            .values(attempts=OutboxRow.attempts + 1, last_error=error[:500], next_attempt_ms=next_attempt_ms)
+        )
 
 
 def outbox_size(store: Store) -> int:

@@ -22,8 +22,19 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 
 from tuner.errors import SchemaOutdatedError, StoreBusyError, StoreError
 
-__all__ = ["Tx", "redact_url", "open_engine", "incremental_vacuum", "give_back_space", "upgrade", "current_revision",
-           "head_revision", "check_schema", "migrations_dir", "daemon_lock"]
+__all__ = [
+    "Tx",
+    "redact_url",
+    "open_engine",
+    "incremental_vacuum",
+    "give_back_space",
+    "upgrade",
+    "current_revision",
+    "head_revision",
+    "check_schema",
+    "migrations_dir",
+    "daemon_lock",
+]
 
 
 def migrations_dir() -> Path:
@@ -31,8 +42,10 @@ def migrations_dir() -> Path:
     override = os.environ.get("TUNER_MIGRATIONS")
     path = Path(override) if override else Path(__file__).resolve().parents[2] / "migrations"
     if not (path / "env.py").exists():
-        raise StoreError(f"migrations not found at {path}; install tuner from its checkout "
-                         "(pip install -e .) or set TUNER_MIGRATIONS")
+        raise StoreError(
+            f"migrations not found at {path}; install tuner from its checkout "
+            "(pip install -e .) or set TUNER_MIGRATIONS"
+        )
     return path
 
 
@@ -66,7 +79,7 @@ def redact_url(url: str) -> str:
 def open_engine(url: str) -> Engine:
     shown = redact_url(url)
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        parent = Path(url[len("sqlite:///"):]).parent
+        parent = Path(url[len("sqlite:///") :]).parent
         if not parent.exists():
             raise StoreError(f"store.url {shown}: directory {parent} does not exist; create it or change store.url")
     try:

@@ -125,7 +125,7 @@ class _Hist:
         i = bisect_left(self.ts, before)
         if i:
             start = self.ends[i - 1]
-            del self.ts[:i], self.sums[:i], self.totals[:i], self.ends[:i], self.blob[:start - self.base]
+            del self.ts[:i], self.sums[:i], self.totals[:i], self.ends[:i], self.blob[: start - self.base]
             self.base = start
             self.falls = [f for f in self.falls if f[0] >= before]
 
@@ -134,8 +134,9 @@ class _Hist:
         i, j = bisect_left(self.ts, lo), bisect_right(self.ts, hi)
         if i >= j:
             return None
-        whole = HistPoints(self.ts, self.sums, self.totals, self.blob, self.ends, self.base,
-                           self.falls, self.decode)  # over the live arrays: cut copies
+        whole = HistPoints(
+            self.ts, self.sums, self.totals, self.blob, self.ends, self.base, self.falls, self.decode
+        )  # over the live arrays: cut copies
         return whole._cut(i, j)
 
 
@@ -157,8 +158,9 @@ class _TargetHead:
         if lo < self.held_from:
             return False
         trimmed = self.trimmed
-        return not trimmed or all(trimmed.get(m, self.held_from) <= lo
-                                  for m in (trimmed if metrics is None else metrics))
+        return not trimmed or all(
+            trimmed.get(m, self.held_from) <= lo for m in (trimmed if metrics is None else metrics)
+        )
 
     def trim(self, newest: int) -> None:
         """Cut each metric's series to its span and a margin before ``newest``, in steps (not at every scrape)."""
@@ -197,9 +199,16 @@ class Head:
             held = self._targets.get(target)
             return held is not None and held.covers(lo, metrics)
 
-    def fill(self, target: str, lo: int, span_ms: int, infos: Iterable[SeriesInfo],
-             plain: Iterable[tuple[int, int, float]], hists: Iterable[tuple[int, int, float, float, str]],
-             metrics: Collection[str] | None = None) -> None:
+    def fill(
+        self,
+        target: str,
+        lo: int,
+        span_ms: int,
+        infos: Iterable[SeriesInfo],
+        plain: Iterable[tuple[int, int, float]],
+        hists: Iterable[tuple[int, int, float, float, str]],
+        metrics: Collection[str] | None = None,
+    ) -> None:
         """Hold ``target`` from ``lo`` on: its series (``infos``, of the head's metrics) and every stored point of
         them from ``lo`` on (rows as SQLite gives them, ascending per series), keeping ``metrics`` (None: all) for
         ``span_ms`` at least. The caller holds the store's write lock, so no scrape lands in between."""
@@ -237,8 +246,12 @@ class Head:
                     held.series[info.id] = s
                     self._by_id[info.id] = (target, s)
 
-    def append(self, plain: Sequence[tuple[int, int, float, int]],
-               hists: Sequence[tuple[int, int, float, float, str, int]], raw_counts: Sequence[Sequence[float]]) -> None:
+    def append(
+        self,
+        plain: Sequence[tuple[int, int, float, int]],
+        hists: Sequence[tuple[int, int, float, float, str, int]],
+        raw_counts: Sequence[Sequence[float]],
+    ) -> None:
         """A committed write's rows (Store.write's lists, each row's target id last; ``raw_counts``: each histogram
         row's counts as scraped)."""
         by_id = self._by_id
@@ -266,8 +279,9 @@ class Head:
                 if held is not None and newest >= held.trim_at:
                     held.trim(newest)
 
-    def window(self, target: str, lo: int, hi: int, metrics: Collection[str] | None
-               ) -> list[tuple[SeriesInfo, Points | HistPoints]] | None:
+    def window(
+        self, target: str, lo: int, hi: int, metrics: Collection[str] | None
+    ) -> list[tuple[SeriesInfo, Points | HistPoints]] | None:
         """Every held series of ``target`` (of ``metrics``) with points in [lo, hi], cut to them; None when the head
         does not hold the target from ``lo`` on."""
         out: list[tuple[SeriesInfo, Points | HistPoints]] = []
@@ -276,7 +290,7 @@ class Head:
             if held is None or not held.covers(lo, metrics):
                 return None
             spans = held.spans
-            for metric in (self.metrics if metrics is None else metrics):
+            for metric in self.metrics if metrics is None else metrics:
                 if spans.get(metric, 0) < hi - lo:
                     spans[metric] = hi - lo  # kept as long from now on (trim_at may come early: trim() looks again)
             for s in held.series.values():

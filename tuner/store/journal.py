@@ -33,12 +33,35 @@ from tuner.names import StrEnum
 from tuner.store.db import Tx
 from tuner.store.models import Base
 
-__all__ = ["ApplyState", "ApplyOutcome", "ServerState",
-           "ApplyRow", "ApplyStepRow", "ManagedServerRow", "StoredApply", "ManagedState", "STATES", "OUTCOMES", "new_flags_stand",
-           "KPI_KEYS", "begin_apply", "hold_key", "holder", "claim", "step", "finish", "set_kpis", "get_apply",
-           "list_applies", "open_applies", "open_applies_for", "outcome_counts", "get_managed", "save_managed",
-           "forget_managed"]
-
+__all__ = [
+    "ApplyState",
+    "ApplyOutcome",
+    "ServerState",
+    "ApplyRow",
+    "ApplyStepRow",
+    "ManagedServerRow",
+    "StoredApply",
+    "ManagedState",
+    "STATES",
+    "OUTCOMES",
+    "new_flags_stand",
+    "KPI_KEYS",
+    "begin_apply",
+    "hold_key",
+    "holder",
+    "claim",
+    "step",
+    "finish",
+    "set_kpis",
+    "get_apply",
+    "list_applies",
+    "open_applies",
+    "open_applies_for",
+    "outcome_counts",
+    "get_managed",
+    "save_managed",
+    "forget_managed",
+]
 
 
 class ApplyState(StrEnum):
@@ -74,8 +97,17 @@ class ServerState(StrEnum):
 
 STATES = tuple(ApplyState)
 OUTCOMES = tuple(ApplyOutcome)
-KPI_KEYS = ("saturated", "offered_rps", "capacity_rps", "slo_goodput_rps", "slo_token_goodput_tps", "slo_attainment",
-            "ttft_p99", "e2e_p99", "capacity_tokens_per_s")
+KPI_KEYS = (
+    "saturated",
+    "offered_rps",
+    "capacity_rps",
+    "slo_goodput_rps",
+    "slo_token_goodput_tps",
+    "slo_attainment",
+    "ttft_p99",
+    "e2e_p99",
+    "capacity_tokens_per_s",
+)
 
 
 # The one rule every apply, rollback, canary and tune obeys: one open entry per key (a target, or its whole group).
@@ -84,9 +116,10 @@ _OPEN = text("state != 'done'")
 
 class ApplyRow(Base):
     __tablename__ = "applies"
-    __table_args__ = (Index("ix_applies_target_state", "target", "state"),
-                      Index("ux_applies_open_holds", "holds", unique=True, sqlite_where=_OPEN,
-                            postgresql_where=_OPEN))
+    __table_args__ = (
+        Index("ix_applies_target_state", "target", "state"),
+        Index("ux_applies_open_holds", "holds", unique=True, sqlite_where=_OPEN, postgresql_where=_OPEN),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     target: Mapped[str] = mapped_column(String(63))
     holds: Mapped[str] = mapped_column(String(72), server_default="")  # hold_key(): group:NAME or target:NAME
@@ -183,11 +216,28 @@ def _ms(ts: float) -> int:
 
 def _stored(r: Any, steps: list[dict[str, Any]]) -> StoredApply:
     return StoredApply(
-        id=r.id, target=r.target, recommendation_id=r.recommendation_id, kind=r.kind, mode=r.mode,
-        created_ms=r.created_ms, updated_ms=r.updated_ms, state=r.state, outcome=r.outcome, diff=json.loads(r.diff),
-        old_flags=json.loads(r.old_flags), new_flags=json.loads(r.new_flags), old_argv=json.loads(r.old_argv),
-        new_argv=json.loads(r.new_argv), baseline=json.loads(r.baseline), after=json.loads(r.after), note=r.note,
-        owner_pid=r.owner_pid, owner_start=r.owner_start, holds=r.holds, steps=steps)
+        id=r.id,
+        target=r.target,
+        recommendation_id=r.recommendation_id,
+        kind=r.kind,
+        mode=r.mode,
+        created_ms=r.created_ms,
+        updated_ms=r.updated_ms,
+        state=r.state,
+        outcome=r.outcome,
+        diff=json.loads(r.diff),
+        old_flags=json.loads(r.old_flags),
+        new_flags=json.loads(r.new_flags),
+        old_argv=json.loads(r.old_argv),
+        new_argv=json.loads(r.new_argv),
+        baseline=json.loads(r.baseline),
+        after=json.loads(r.after),
+        note=r.note,
+        owner_pid=r.owner_pid,
+        owner_start=r.owner_start,
+        holds=r.holds,
+        steps=steps,
+    )
 
 
 def hold_key(target: str, group: str | None = None) -> str:
@@ -208,13 +258,33 @@ def _busy(engine: Engine, target: str, key: str) -> TargetBusyError | None:
     held = holder(engine, key)
     if held is None:
         return None
-    return TargetBusyError(target, held.id, held_target=held.target, kind=held.kind, mode=held.mode,
-                           group=key[len("group:"):] if key.startswith("group:") else None)
+    return TargetBusyError(
+        target,
+        held.id,
+        held_target=held.target,
+        kind=held.kind,
+        mode=held.mode,
+        group=key[len("group:") :] if key.startswith("group:") else None,
+    )
 
 
-def begin_apply(engine: Engine, *, target: str, recommendation_id: int | None, kind: str, mode: str, now: float,
-                diff: dict[str, Any], old_flags: dict[str, Any], new_flags: dict[str, Any], old_argv: list[str],
-                new_argv: list[str], owner_pid: int, owner_start: int, group: str | None = None) -> int:
+def begin_apply(
+    engine: Engine,
+    *,
+    target: str,
+    recommendation_id: int | None,
+    kind: str,
+    mode: str,
+    now: float,
+    diff: dict[str, Any],
+    old_flags: dict[str, Any],
+    new_flags: dict[str, Any],
+    old_argv: list[str],
+    new_argv: list[str],
+    owner_pid: int,
+    owner_start: int,
+    group: str | None = None,
+) -> int:
     """Open an apply in state ``planned``; TargetBusyError (naming the apply that holds it) when the target, or the
     replica group ``group`` it belongs to, already has an open one. The unique index decides: of two processes
     opening at the same instant, the second's insert fails, whatever either read before."""
@@ -222,15 +292,36 @@ def begin_apply(engine: Engine, *, target: str, recommendation_id: int | None, k
     for _ in range(3):  # again only when the holder closed between the refused insert and the look at it
         try:
             with Tx(engine) as conn:
-                apply_id = int(conn.execute(insert(ApplyRow).values(
-                    target=target, holds=key, recommendation_id=recommendation_id, kind=kind, mode=mode,
-                    created_ms=_ms(now), updated_ms=_ms(now), state=ApplyState.PLANNED, outcome=None,
-                    diff=json.dumps(diff),
-                    old_flags=json.dumps(old_flags), new_flags=json.dumps(new_flags), old_argv=json.dumps(old_argv),
-                    new_argv=json.dumps(new_argv), baseline="{}", after="{}", note="", owner_pid=owner_pid,
-                    owner_start=owner_start)).inserted_primary_key[0])
-                conn.execute(insert(ApplyStepRow).values(apply_id=apply_id, ts_ms=_ms(now), step="planned",
-                                                         detail=json.dumps(diff)))
+                apply_id = int(
+                    conn.execute(
+                        insert(ApplyRow).values(
+                            target=target,
+                            holds=key,
+                            recommendation_id=recommendation_id,
+                            kind=kind,
+                            mode=mode,
+                            created_ms=_ms(now),
+                            updated_ms=_ms(now),
+                            state=ApplyState.PLANNED,
+                            outcome=None,
+                            diff=json.dumps(diff),
+                            old_flags=json.dumps(old_flags),
+                            new_flags=json.dumps(new_flags),
+                            old_argv=json.dumps(old_argv),
+                            new_argv=json.dumps(new_argv),
+                            baseline="{}",
+                            after="{}",
+                            note="",
+                            owner_pid=owner_pid,
+                            owner_start=owner_start,
+                        )
+                    ).inserted_primary_key[0]
+                )
+                conn.execute(
+                    insert(ApplyStepRow).values(
+                        apply_id=apply_id, ts_ms=_ms(now), step="planned", detail=json.dumps(diff)
+                    )
+                )
             return apply_id
         except IntegrityError:
             busy = _busy(engine, target, key)
@@ -239,8 +330,16 @@ def begin_apply(engine: Engine, *, target: str, recommendation_id: int | None, k
     raise StoreError(f"{engine.url}: could not open an apply of {target}: its hold ({key}) kept changing hands")
 
 
-def claim(engine: Engine, a: StoredApply, owner: tuple[int, int], step_name: str, detail: str, *, now: float,
-          state: ApplyState | None = None) -> bool:
+def claim(
+    engine: Engine,
+    a: StoredApply,
+    owner: tuple[int, int],
+    step_name: str,
+    detail: str,
+    *,
+    now: float,
+    state: ApplyState | None = None,
+) -> bool:
     """Take over open apply ``a`` as ``owner`` (and move it to ``state``) if it is still as it was read: same state,
     same owner (compare-and-set); journals step ``step_name`` when it did. False: another tuner took it first, or it
     moved on meanwhile."""
@@ -248,16 +347,31 @@ def claim(engine: Engine, a: StoredApply, owner: tuple[int, int], step_name: str
     if state is not None:
         values["state"] = state
     with Tx(engine) as conn:
-        done = conn.execute(update(ApplyRow).where(
-            ApplyRow.id == a.id, ApplyRow.state == a.state, ApplyRow.owner_pid == a.owner_pid,
-            ApplyRow.owner_start == a.owner_start).values(**values)).rowcount
+        done = conn.execute(
+            update(ApplyRow)
+            .where(
+                ApplyRow.id == a.id,
+                ApplyRow.state == a.state,
+                ApplyRow.owner_pid == a.owner_pid,
+                ApplyRow.owner_start == a.owner_start,
+            )
+            .values(**values)
+        ).rowcount
         if done == 1:
             conn.execute(insert(ApplyStepRow).values(apply_id=a.id, ts_ms=_ms(now), step=step_name, detail=detail))
     return done == 1
 
 
-def step(engine: Engine, apply_id: int, name: str, detail: str = "", *, now: float, state: ApplyState | None = None,
-         owner: tuple[int, int] | None = None) -> None:
+def step(
+    engine: Engine,
+    apply_id: int,
+    name: str,
+    detail: str = "",
+    *,
+    now: float,
+    state: ApplyState | None = None,
+    owner: tuple[int, int] | None = None,
+) -> None:
     """Journal one step (and move the apply to ``state`` when given). Written before the action it names."""
     values: dict[str, Any] = {"updated_ms": _ms(now)}
     if state is not None:
@@ -271,8 +385,14 @@ def step(engine: Engine, apply_id: int, name: str, detail: str = "", *, now: flo
         conn.execute(insert(ApplyStepRow).values(apply_id=apply_id, ts_ms=_ms(now), step=name, detail=detail))
 
 
-def set_kpis(engine: Engine, apply_id: int, *, now: float, baseline: dict[str, Any] | None = None,
-             after: dict[str, Any] | None = None) -> None:
+def set_kpis(
+    engine: Engine,
+    apply_id: int,
+    *,
+    now: float,
+    baseline: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+) -> None:
     values: dict[str, Any] = {"updated_ms": _ms(now)}
     if baseline is not None:
         values["baseline"] = json.dumps(baseline)
@@ -287,10 +407,14 @@ def finish(engine: Engine, apply_id: int, outcome: ApplyOutcome, note: str, *, n
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome {outcome!r}: expected one of {', '.join(OUTCOMES)}")
     with Tx(engine) as conn:
-        conn.execute(update(ApplyRow).where(ApplyRow.id == apply_id).values(
-            state=ApplyState.DONE, outcome=outcome, note=note, updated_ms=_ms(now)))
-        conn.execute(insert(ApplyStepRow).values(apply_id=apply_id, ts_ms=_ms(now), step=f"done: {outcome}",
-                                                 detail=note))
+        conn.execute(
+            update(ApplyRow)
+            .where(ApplyRow.id == apply_id)
+            .values(state=ApplyState.DONE, outcome=outcome, note=note, updated_ms=_ms(now))
+        )
+        conn.execute(
+            insert(ApplyStepRow).values(apply_id=apply_id, ts_ms=_ms(now), step=f"done: {outcome}", detail=note)
+        )
 
 
 def _steps(conn: Any, ids: list[int]) -> dict[int, list[dict[str, Any]]]:
@@ -312,8 +436,9 @@ def new_flags_stand(a: StoredApply) -> bool:
     return a.outcome == ApplyOutcome.KEPT or (a.outcome == ApplyOutcome.INCONCLUSIVE and not restored)
 
 
-def list_applies(engine: Engine, *, target: str | None = None, since_ms: int | None = None,
-                 limit: int | None = None) -> list[StoredApply]:
+def list_applies(
+    engine: Engine, *, target: str | None = None, since_ms: int | None = None, limit: int | None = None
+) -> list[StoredApply]:
     """Newest first, each with its steps."""
     q = select(ApplyRow).order_by(ApplyRow.id.desc())
     if target is not None:
@@ -365,9 +490,11 @@ def outcome_counts(engine: Engine) -> dict[tuple[str, str], int]:
     nothing: not counted)."""
     from sqlalchemy import func
 
-    q = select(ApplyRow.target, ApplyRow.outcome, func.count()).where(ApplyRow.state == ApplyState.DONE,
-                                                                      ApplyRow.mode != "shadow") \
+    q = (
+        select(ApplyRow.target, ApplyRow.outcome, func.count())
+        .where(ApplyRow.state == ApplyState.DONE, ApplyRow.mode != "shadow")
         .group_by(ApplyRow.target, ApplyRow.outcome)
+    )
     with engine.connect() as conn:
         return {(t, o or ""): int(n) for t, o, n in conn.execute(q)}  # done: never without an outcome
 
@@ -377,18 +504,38 @@ def get_managed(engine: Engine, target: str) -> ManagedState | None:
         r = conn.execute(select(ManagedServerRow).where(ManagedServerRow.target == target)).first()
     if r is None:
         return None
-    return ManagedState(target=r.target, pid=r.pid, proc_start=r.proc_start, argv=json.loads(r.argv),
-                        flags=json.loads(r.flags), config_flags=json.loads(r.config_flags), started_ms=r.started_ms,
-                        restarts=json.loads(r.restarts), state=r.state, updated_ms=r.updated_ms, note=r.note)
+    return ManagedState(
+        target=r.target,
+        pid=r.pid,
+        proc_start=r.proc_start,
+        argv=json.loads(r.argv),
+        flags=json.loads(r.flags),
+        config_flags=json.loads(r.config_flags),
+        started_ms=r.started_ms,
+        restarts=json.loads(r.restarts),
+        state=r.state,
+        updated_ms=r.updated_ms,
+        note=r.note,
+    )
 
 
 def save_managed(engine: Engine, s: ManagedState) -> None:
-    values = {"pid": s.pid, "proc_start": s.proc_start, "argv": json.dumps(s.argv), "flags": json.dumps(s.flags),
-              "config_flags": json.dumps(s.config_flags), "started_ms": s.started_ms,
-              "restarts": json.dumps(s.restarts), "state": s.state, "updated_ms": s.updated_ms, "note": s.note}
+    values = {
+        "pid": s.pid,
+        "proc_start": s.proc_start,
+        "argv": json.dumps(s.argv),
+        "flags": json.dumps(s.flags),
+        "config_flags": json.dumps(s.config_flags),
+        "started_ms": s.started_ms,
+        "restarts": json.dumps(s.restarts),
+        "state": s.state,
+        "updated_ms": s.updated_ms,
+        "note": s.note,
+    }
     with Tx(engine) as conn:
-        done = conn.execute(update(ManagedServerRow).where(ManagedServerRow.target == s.target)
-                            .values(**values)).rowcount
+        done = conn.execute(
+            update(ManagedServerRow).where(ManagedServerRow.target == s.target).values(**values)
+        ).rowcount
         if not done:
             conn.execute(insert(ManagedServerRow).values(target=s.target, **values))
 

@@ -10,8 +10,20 @@ from __future__ import annotations
 from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "TargetRow", "SeriesRow", "SampleRow", "HistSampleRow", "ScrapeRow", "TargetHealthRow",
-           "EngineConfigRow", "GpuSampleRow", "GpuProcessRow", "GaugeRollupRow", "MetaRow"]
+__all__ = [
+    "Base",
+    "TargetRow",
+    "SeriesRow",
+    "SampleRow",
+    "HistSampleRow",
+    "ScrapeRow",
+    "TargetHealthRow",
+    "EngineConfigRow",
+    "GpuSampleRow",
+    "GpuProcessRow",
+    "GaugeRollupRow",
+    "MetaRow",
+]
 
 
 class Base(DeclarativeBase):

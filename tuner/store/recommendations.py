@@ -19,10 +19,18 @@ from tuner.names import StrEnum
 from tuner.store.db import Tx
 from tuner.store.models import Base
 
-__all__ = ["RecStatus",
-           "RecommendationRow", "StoredRecommendation", "STATUSES", "add_recommendation", "renew_recommendation",
-           "set_status", "list_recommendations", "get_recommendation", "proposed_for"]
-
+__all__ = [
+    "RecStatus",
+    "RecommendationRow",
+    "StoredRecommendation",
+    "STATUSES",
+    "add_recommendation",
+    "renew_recommendation",
+    "set_status",
+    "list_recommendations",
+    "get_recommendation",
+    "proposed_for",
+]
 
 
 class RecStatus(StrEnum):
@@ -85,38 +93,90 @@ class StoredRecommendation:
 
 def _stored(r: Any) -> StoredRecommendation:
     return StoredRecommendation(
-        id=r.id, target=r.target, created_ms=r.created_ms, updated_ms=r.updated_ms, status=r.status,
-        rules=json.loads(r.rules), diff_key=r.diff_key, diff=json.loads(r.diff), current=json.loads(r.current),
-        evidence=json.loads(r.evidence), expected_effect=r.expected_effect, risk=r.risk, confidence=r.confidence,
-        rank=r.rank, memory_check=json.loads(r.memory_check), note=r.note)
+        id=r.id,
+        target=r.target,
+        created_ms=r.created_ms,
+        updated_ms=r.updated_ms,
+        status=r.status,
+        rules=json.loads(r.rules),
+        diff_key=r.diff_key,
+        diff=json.loads(r.diff),
+        current=json.loads(r.current),
+        evidence=json.loads(r.evidence),
+        expected_effect=r.expected_effect,
+        risk=r.risk,
+        confidence=r.confidence,
+        rank=r.rank,
+        memory_check=json.loads(r.memory_check),
+        note=r.note,
+    )
 
 
 def _ms(ts: float) -> int:
     return int(round(ts * 1000))
 
 
-def add_recommendation(engine: Engine, *, target: str, now: float, rules: Iterable[str], diff_key: str,
-                       diff: dict[str, Any], current: dict[str, Any], evidence: list[dict[str, Any]],
-                       expected_effect: str, risk: str, confidence: float, rank: int,
-                       memory_check: dict[str, Any]) -> int:
+def add_recommendation(
+    engine: Engine,
+    *,
+    target: str,
+    now: float,
+    rules: Iterable[str],
+    diff_key: str,
+    diff: dict[str, Any],
+    current: dict[str, Any],
+    evidence: list[dict[str, Any]],
+    expected_effect: str,
+    risk: str,
+    confidence: float,
+    rank: int,
+    memory_check: dict[str, Any],
+) -> int:
     """Store a new proposal; returns its id."""
     with Tx(engine) as conn:
-        return int(conn.execute(insert(RecommendationRow).values(
-            target=target, created_ms=_ms(now), updated_ms=_ms(now), status="proposed",
-            rules=json.dumps(list(rules)), diff_key=diff_key, diff=json.dumps(diff), current=json.dumps(current),
-            evidence=json.dumps(evidence, default=str), expected_effect=expected_effect, risk=risk,
-            confidence=confidence, rank=rank, memory_check=json.dumps(memory_check, default=str), note=""))
-            .inserted_primary_key[0])
+        return int(
+            conn.execute(
+                insert(RecommendationRow).values(
+                    target=target,
+                    created_ms=_ms(now),
+                    updated_ms=_ms(now),
+                    status="proposed",
+                    rules=json.dumps(list(rules)),
+                    diff_key=diff_key,
+                    diff=json.dumps(diff),
+                    current=json.dumps(current),
+                    evidence=json.dumps(evidence, default=str),
+                    expected_effect=expected_effect,
+                    risk=risk,
+                    confidence=confidence,
+                    rank=rank,
+                    memory_check=json.dumps(memory_check, default=str),
+                    note="",
+                )
+            ).inserted_primary_key[0]
+        )
 
 
-def renew_recommendation(engine: Engine, rec_id: int, *, now: float, rules: Iterable[str],
-                         evidence: list[dict[str, Any]], confidence: float, memory_check: dict[str, Any],
-                         current: dict[str, Any] | None = None) -> None:
+def renew_recommendation(
+    engine: Engine,
+    rec_id: int,
+    *,
+    now: float,
+    rules: Iterable[str],
+    evidence: list[dict[str, Any]],
+    confidence: float,
+    memory_check: dict[str, Any],
+    current: dict[str, Any] | None = None,
+) -> None:
     """A proposal seen again: fresh evidence and memory check (and ``current``, the flags it was seen against
     this time, when given), same id."""
-    values: dict[str, Any] = {"updated_ms": _ms(now), "rules": json.dumps(list(rules)),
-                              "evidence": json.dumps(evidence, default=str), "confidence": confidence,
-                              "memory_check": json.dumps(memory_check, default=str)}
+    values: dict[str, Any] = {
+        "updated_ms": _ms(now),
+        "rules": json.dumps(list(rules)),
+        "evidence": json.dumps(evidence, default=str),
+        "confidence": confidence,
+        "memory_check": json.dumps(memory_check, default=str),
+    }
     if current is not None:
         values["current"] = json.dumps(current)
     with Tx(engine) as conn:
@@ -127,14 +187,18 @@ def set_status(engine: Engine, rec_id: int, status: str, *, now: float, note: st
     if status not in STATUSES:
         raise ValueError(f"status {status!r}: expected one of {', '.join(STATUSES)}")
     with Tx(engine) as conn:
-        done = conn.execute(update(RecommendationRow).where(RecommendationRow.id == rec_id)
-                            .values(status=status, updated_ms=_ms(now), note=note)).rowcount
+        done = conn.execute(
+            update(RecommendationRow)
+            .where(RecommendationRow.id == rec_id)
+            .values(status=status, updated_ms=_ms(now), note=note)
+        ).rowcount
     if not done:
         raise RecommendationNotFoundError(rec_id)
 
 
-def list_recommendations(engine: Engine, *, target: str | None = None,
-                         status: str | None = None) -> list[StoredRecommendation]:
+def list_recommendations(
+    engine: Engine, *, target: str | None = None, status: str | None = None
+) -> list[StoredRecommendation]:
     """Newest first."""
     q = select(RecommendationRow).order_by(RecommendationRow.id.desc())
     if target is not None:

@@ -36,6 +36,7 @@ from tuner.store.window import (
 
 __all__ = ["Store", "Scraped", "Failed"]
 
+
 class _SeriesMeta(NamedTuple):
     id: int
     engine: str
@@ -78,10 +79,13 @@ class Failed:
 # models.py.
 # A row as the head takes it (series id, ts, values...), its target last.
 _INSERT_SAMPLES = "INSERT OR IGNORE INTO samples (series_id, ts_ms, value, target_id) VALUES (?, ?, ?, ?)"
-_INSERT_HISTS = ("INSERT OR IGNORE INTO hist_samples (series_id, ts_ms, count, sum, counts, target_id) "
-                 "VALUES (?, ?, ?, ?, ?, ?)")
-_INSERT_SCRAPE = ("INSERT INTO scrapes (target_id, ts_ms, duration_s, health, error, body_bytes, samples) "
-                  "VALUES (?, ?, ?, ?, ?, ?, ?)")
+_INSERT_HISTS = (
+    "INSERT OR IGNORE INTO hist_samples (series_id, ts_ms, count, sum, counts, target_id) VALUES (?, ?, ?, ?, ?, ?)"
+)
+_INSERT_SCRAPE = (
+    "INSERT INTO scrapes (target_id, ts_ms, duration_s, health, error, body_bytes, samples) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
 # One statement instead of SELECT + INSERT/UPDATE: a failure counts up, anything else resets the count.
 _UPSERT_HEALTH = """
     INSERT INTO target_health (target_id, health, last_error, last_scrape_ms, last_success_ms, last_duration_s,
@@ -97,19 +101,27 @@ _UPSERT_HEALTH = """
                               ELSE COALESCE(excluded.server_healthy, target_health.server_healthy) END,
         consecutive_failures = CASE WHEN excluded.health = 'down'
                                     THEN target_health.consecutive_failures + 1 ELSE 0 END"""
-_INSERT_SERIES = ("INSERT OR IGNORE INTO series (target_id, engine, model_name, metric, labels, kind, bounds) "
-                  "VALUES (?, ?, ?, ?, ?, ?, ?)")
+_INSERT_SERIES = (
+    "INSERT OR IGNORE INTO series (target_id, engine, model_name, metric, labels, kind, bounds) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
 _SELECT_TARGET = "SELECT id, backend FROM targets WHERE name = ?"
 _SELECT_TARGET_SERIES = "SELECT id, engine, model_name, metric, labels, kind, bounds FROM series WHERE target_id = ?"
 # One target's range of the key (target, time, series), its points in series order.
-_SELECT_POINTS = ("SELECT series_id, %s FROM %s WHERE target_id = ? AND ts_ms >= ? AND ts_ms <= ? "
-                  "AND series_id IN (%s) ORDER BY series_id, ts_ms")
+_SELECT_POINTS = (
+    "SELECT series_id, %s FROM %s WHERE target_id = ? AND ts_ms >= ? AND ts_ms <= ? "
+    "AND series_id IN (%s) ORDER BY series_id, ts_ms"
+)
 # A long window at the rollup step: the points retention marked to keep (tuner/store/retention.py), every point
 # after the last marked step, and each series' last point within the window.
-_SELECT_MARKED = ("SELECT series_id, %s FROM %s WHERE target_id = ? AND ts_ms >= ? AND ts_ms <= ? "
-                  "AND series_id IN (%s) AND (keep = 1 OR ts_ms >= ?) ORDER BY series_id, ts_ms")
-_SELECT_LAST = "SELECT series_id, MAX(ts_ms), %s FROM %s WHERE target_id = ? AND ts_ms >= ? AND ts_ms <= ? " \
-               "AND series_id IN (%s) GROUP BY series_id"
+_SELECT_MARKED = (
+    "SELECT series_id, %s FROM %s WHERE target_id = ? AND ts_ms >= ? AND ts_ms <= ? "
+    "AND series_id IN (%s) AND (keep = 1 OR ts_ms >= ?) ORDER BY series_id, ts_ms"
+)
+_SELECT_LAST = (
+    "SELECT series_id, MAX(ts_ms), %s FROM %s WHERE target_id = ? AND ts_ms >= ? AND ts_ms <= ? "
+    "AND series_id IN (%s) GROUP BY series_id"
+)
 MARKED_UNTIL = "marked_until_ms"  # meta key: retention has marked every step before it
 _SELECT_MARKED_UNTIL = f"SELECT value FROM meta WHERE key = '{MARKED_UNTIL}'"
 _SELECT_CONFIGS = "SELECT engine, model_name, config FROM engine_configs WHERE target_id = ? ORDER BY last_seen_ms"
@@ -147,15 +159,24 @@ def _labels_parse(text: str) -> tuple[tuple[str, str], ...]:
 
 
 _FIRST = itemgetter(0)
-_SELECT_HEALTH = ("SELECT health, last_error, last_scrape_ms, last_success_ms, last_duration_s, consecutive_failures, "
-                  "server_healthy FROM target_health WHERE target_id = ?")
+_SELECT_HEALTH = (
+    "SELECT health, last_error, last_scrape_ms, last_success_ms, last_duration_s, consecutive_failures, "
+    "server_healthy FROM target_health WHERE target_id = ?"
+)
 
 
 _FOREVER_MS = 2**62
 
 
-def _assemble(target: str, backend: str, lo: int, hi: int, health: TargetHealth | None,
-              configs: Mapping[tuple[str, str], dict], series: Iterable[tuple]) -> TargetWindow:
+def _assemble(
+    target: str,
+    backend: str,
+    lo: int,
+    hi: int,
+    health: TargetHealth | None,
+    configs: Mapping[tuple[str, str], dict],
+    series: Iterable[tuple],
+) -> TargetWindow:
     """A window from its series, in series-id order: (engine, model, metric, labels, bounds or None for a counter
     or gauge, points)."""
     engines: dict[tuple[str, str], dict[str, dict]] = defaultdict(lambda: {"series": {}, "hists": {}})
@@ -169,10 +190,16 @@ def _assemble(target: str, backend: str, lo: int, hi: int, health: TargetHealth 
         if key not in slot or slot[key].points[-1].ts_ms < pts[-1].ts_ms:
             slot[key] = HistSeries(bounds, pts)
     return TargetWindow(
-        target=target, backend=backend, start_ms=lo, end_ms=hi, health=health,
-        engines=tuple(EngineWindow(engine=k[0], model_name=k[1], series=v["series"], hists=v["hists"],
-                                   config=configs.get(k, {}))
-                      for k, v in sorted(engines.items())))
+        target=target,
+        backend=backend,
+        start_ms=lo,
+        end_ms=hi,
+        health=health,
+        engines=tuple(
+            EngineWindow(engine=k[0], model_name=k[1], series=v["series"], hists=v["hists"], config=configs.get(k, {}))
+            for k, v in sorted(engines.items())
+        ),
+    )
 
 
 def _configs_and_health(raw: sqlite3.Connection, tid: int) -> tuple[dict[tuple[str, str], dict], TargetHealth | None]:
@@ -185,14 +212,21 @@ def _health_of(row: Sequence[Any] | None) -> TargetHealth | None:
     if row is None:
         return None
     health, last_error, last_scrape_ms, last_success_ms, last_duration_s, failures, healthy = row
-    return TargetHealth(health=health, last_error=last_error, last_scrape_ms=last_scrape_ms,
-                        last_success_ms=last_success_ms, last_duration_s=last_duration_s,
-                        consecutive_failures=failures, server_healthy=None if healthy is None else bool(healthy))
+    return TargetHealth(
+        health=health,
+        last_error=last_error,
+        last_scrape_ms=last_scrape_ms,
+        last_success_ms=last_success_ms,
+        last_duration_s=last_duration_s,
+        consecutive_failures=failures,
+        server_healthy=None if healthy is None else bool(healthy),
+    )
 
 
 @dataclass(frozen=True)
 class _Shape:
     """One engine's series keys at its last scrape and their series ids, in the same order."""
+
     values: tuple
     hists: tuple
     bounds: tuple
@@ -244,13 +278,17 @@ class Store:
         query = select(TargetRow.id, TargetRow.backend, TargetRow.url).where(TargetRow.name == name)
         row = conn.execute(query).first()
         if row is None:  # an upsert: another process may register the same name at the same instant
-            conn.execute(sqlite_insert(TargetRow).values(name=name, backend=backend, url=url, labels=json.dumps(labels))
-                         .on_conflict_do_nothing(index_elements=["name"]))
+            conn.execute(
+                sqlite_insert(TargetRow)
+                .values(name=name, backend=backend, url=url, labels=json.dumps(labels))
+                .on_conflict_do_nothing(index_elements=["name"])
+            )
             row = conn.execute(query).one()
         tid = row.id
         if (row.backend, row.url) != (backend, url):
-            conn.execute(update(TargetRow).where(TargetRow.id == tid)
-                         .values(backend=backend, url=url, labels=json.dumps(labels)))
+            conn.execute(
+                update(TargetRow).where(TargetRow.id == tid).values(backend=backend, url=url, labels=json.dumps(labels))
+            )
         self._targets[name] = tid
         return tid
 
@@ -263,7 +301,6 @@ class Store:
     def begin(self) -> Tx:
         """A write transaction whose rollback drops the ids this Store cached (take ``lock`` around it)."""
         return Tx(self.engine, on_rollback=self._forget_ids)
-
 
     def _forget_ids(self) -> None:
         """A rolled-back transaction may have created ids we cached: drop the caches (the head's too)."""
@@ -279,8 +316,16 @@ class Store:
         """Store one successful scrape; returns the number of samples written."""
         return self.write([Scraped(snap, url, labels or {})])[0]
 
-    def record_failure(self, target: str, backend: str, url: str, ts: float, duration_s: float,
-                       error: str, labels: dict[str, str] | None = None) -> None:
+    def record_failure(
+        self,
+        target: str,
+        backend: str,
+        url: str,
+        ts: float,
+        duration_s: float,
+        error: str,
+        labels: dict[str, str] | None = None,
+    ) -> None:
         """A scrape that produced nothing: recorded with its error, so health and history show it."""
         self.write([Failed(target, backend, url, ts, duration_s, error, labels or {})])
 
@@ -325,11 +370,14 @@ class Store:
             else:  # not asked: the last answer stands
                 server_healthy = None if prev is None else prev.server_healthy
             now = TargetHealth(
-                health=health, last_error=error, last_scrape_ms=ts,
+                health=health,
+                last_error=error,
+                last_scrape_ms=ts,
                 last_success_ms=success if success is not None or prev is None else prev.last_success_ms,
                 last_duration_s=duration,
                 consecutive_failures=(prev.consecutive_failures + 1 if prev is not None else 1) if failed else 0,
-                server_healthy=server_healthy)
+                server_healthy=server_healthy,
+            )
             if isinstance(item, Scraped) and any(e.config for e in item.snap.engines):
                 configs = dict(configs)  # a window already handed out keeps its own
                 for e in item.snap.engines:
@@ -337,8 +385,17 @@ class Store:
                         configs[(e.engine, e.model_name)] = dict(sorted(e.config.items()))
             self._meta[item.target] = (backend, configs, now)
 
-    def _write_rows(self, items: Sequence[Scraped | Failed], plain: list, hist: list, raw_counts: list | None,
-                    scrapes: list, healths: list, written: list, touches: list) -> None:
+    def _write_rows(
+        self,
+        items: Sequence[Scraped | Failed],
+        plain: list,
+        hist: list,
+        raw_counts: list | None,
+        scrapes: list,
+        healths: list,
+        written: list,
+        touches: list,
+    ) -> None:
         with self.begin() as conn:
             try:
                 for item in items:
@@ -346,8 +403,18 @@ class Store:
                         tid = self._target_id(conn, item.target, item.backend, item.url, item.labels)
                         ts = _ms(item.ts)
                         scrapes.append((tid, ts, item.duration_s, "down", item.error, 0, 0))
-                        healths.append((tid, "down", item.error, ts, None, item.duration_s, 1,
-                                        None if item.healthy is None else int(item.healthy)))
+                        healths.append(
+                            (
+                                tid,
+                                "down",
+                                item.error,
+                                ts,
+                                None,
+                                item.duration_s,
+                                1,
+                                None if item.healthy is None else int(item.healthy),
+                            )
+                        )
                         written.append(0)
                         continue
                     snap = item.snap
@@ -357,8 +424,18 @@ class Store:
                     health = "degraded" if snap.problems else "up"
                     error = "; ".join(snap.problems)
                     scrapes.append((tid, ts, snap.duration_s, health, error, snap.body_bytes, n))
-                    healths.append((tid, health, error, ts, ts, snap.duration_s, 0,
-                                    None if snap.healthy is None else int(snap.healthy)))
+                    healths.append(
+                        (
+                            tid,
+                            health,
+                            error,
+                            ts,
+                            ts,
+                            snap.duration_s,
+                            0,
+                            None if snap.healthy is None else int(snap.healthy),
+                        )
+                    )
                     written.append(n)
                 raw = driver_connection(conn)  # the driver's executemany: SQLAlchemy's own work costs more
                 if plain:
@@ -373,8 +450,9 @@ class Store:
             except sqlite3.DatabaseError as exc:  # locked, full, read-only: the whole batch rolls back
                 raise StoreError(f"{self.engine.url}: {exc}") from None
 
-    def _rows(self, conn, tid: int, snap: TargetSnapshot, plain: list, hist: list, raw_counts: list | None,
-              touches: list) -> int:
+    def _rows(
+        self, conn, tid: int, snap: TargetSnapshot, plain: list, hist: list, raw_counts: list | None, touches: list
+    ) -> int:
         """Append one scrape's sample rows; returns how many."""
         ts = _ms(snap.ts)
         n = 0
@@ -394,17 +472,20 @@ class Store:
                 self._config_seen(conn, tid, e.engine, e.model_name, e.config, ts, touches)
         return n
 
-    def _shape(self, conn, tid: int, snap: TargetSnapshot, e: EngineSnapshot, values: tuple, hists: tuple,
-               bounds: tuple) -> _Shape:
+    def _shape(
+        self, conn, tid: int, snap: TargetSnapshot, e: EngineSnapshot, values: tuple, hists: tuple, bounds: tuple
+    ) -> _Shape:
         """The series ids of one engine's keys (made to exist where new), remembered for its next scrape."""
         known = self._series_by_key
-        keys = [(tid, e.engine, e.model_name, metric, lbl, None) for metric, lbl in values] + \
-            [(tid, e.engine, e.model_name, metric, lbl, b) for (metric, lbl), b in zip(hists, bounds)]
+        keys = [(tid, e.engine, e.model_name, metric, lbl, None) for metric, lbl in values] + [
+            (tid, e.engine, e.model_name, metric, lbl, b) for (metric, lbl), b in zip(hists, bounds)
+        ]
         if any(k not in known for k in keys):
             known = self._new_series(conn, tid, snap)
         ids = [known[k] for k in keys]
-        shape = self._shapes[(tid, e.engine, e.model_name)] = _Shape(values, hists, bounds, ids[:len(values)],
-                                                                      ids[len(values):])
+        shape = self._shapes[(tid, e.engine, e.model_name)] = _Shape(
+            values, hists, bounds, ids[: len(values)], ids[len(values) :]
+        )
         return shape
 
     def _new_series(self, conn, tid: int, snap: TargetSnapshot) -> dict[tuple, int]:
@@ -417,8 +498,7 @@ class Store:
                 rows.append((tid, e.engine, e.model_name, metric, json.dumps(lbl), kind, ""))
                 keys.append((tid, e.engine, e.model_name, metric, lbl, None))
             for (metric, lbl), h in e.histograms.items():
-                rows.append((tid, e.engine, e.model_name, metric, json.dumps(lbl), "histogram",
-                             _bounds_json(h.bounds)))
+                rows.append((tid, e.engine, e.model_name, metric, json.dumps(lbl), "histogram", _bounds_json(h.bounds)))
                 keys.append((tid, e.engine, e.model_name, metric, lbl, h.bounds))
         raw = driver_connection(conn)
         raw.executemany(_INSERT_SERIES, rows)
@@ -427,32 +507,60 @@ class Store:
         for row, key in zip(rows, keys):
             sid = self._series_by_key[key] = ids[(row[1], row[2], row[3], row[4], row[6])]
             if self._head is not None and row[3] in self._head.metrics:
-                infos.append(SeriesInfo(sid, row[1], row[2], row[3], _labels_parse(row[4]),
-                                        _bounds_parse(row[6]) if row[5] == "histogram" else None))
+                infos.append(
+                    SeriesInfo(
+                        sid,
+                        row[1],
+                        row[2],
+                        row[3],
+                        _labels_parse(row[4]),
+                        _bounds_parse(row[6]) if row[5] == "histogram" else None,
+                    )
+                )
         if infos:
             self._new_infos.append((snap.target, infos))
         return self._series_by_key
 
-    def _config_seen(self, conn, tid: int, engine: str, model: str, config: Mapping[str, str], ts: int,
-                     touches: list[tuple[int, int]]) -> None:
+    def _config_seen(
+        self,
+        conn,
+        tid: int,
+        engine: str,
+        model: str,
+        config: Mapping[str, str],
+        ts: int,
+        touches: list[tuple[int, int]],
+    ) -> None:
         """The engine's config as of ``ts``: the same as last seen is a touch of its row (``touches``, written with
         the batch), a new one a new row."""
         key = (tid, engine, model)
         cached = self._configs.get(key)
         if cached is None:
-            row = conn.execute(select(EngineConfigRow.id, EngineConfigRow.config)
-                               .where(EngineConfigRow.target_id == tid, EngineConfigRow.engine == engine,
-                                      EngineConfigRow.model_name == model)
-                               .order_by(EngineConfigRow.last_seen_ms.desc()).limit(1)).first()
+            row = conn.execute(
+                select(EngineConfigRow.id, EngineConfigRow.config)
+                .where(
+                    EngineConfigRow.target_id == tid,
+                    EngineConfigRow.engine == engine,
+                    EngineConfigRow.model_name == model,
+                )
+                .order_by(EngineConfigRow.last_seen_ms.desc())
+                .limit(1)
+            ).first()
             cached = (row.id, json.loads(row.config)) if row else None
         if cached is not None and cached[1] == config:
             touches.append((ts, cached[0]))
             self._configs[key] = cached
             return
-        rid = conn.execute(insert(EngineConfigRow).values(target_id=tid, engine=engine, model_name=model,
-                                                          first_seen_ms=ts, last_seen_ms=ts,
-                                                          config=json.dumps(dict(config), sort_keys=True))
-                           ).inserted_primary_key[0]
+        rid = conn.execute(
+            insert(EngineConfigRow).values(
+                target_id=tid,
+                engine=engine,
+                model_name=model,
+                first_seen_ms=ts,
+                last_seen_ms=ts,
+                config=json.dumps(dict(config), sort_keys=True),
+            )
+        ).inserted_primary_key[0]
         self._configs[key] = (rid, dict(config))
 
     def ingest_gpu(self, reading: GpuReading) -> int:
@@ -460,12 +568,26 @@ class Store:
             return 0
         ts = _ms(reading.ts)
         with self._lock, self.begin() as conn:
-            rows = [dict(ts_ms=ts, source=reading.source, gpu_index=g.index, uuid=g.uuid, name=g.name,
-                         utilization=g.utilization, memory_used_bytes=g.memory_used_bytes,
-                         memory_total_bytes=g.memory_total_bytes, temperature_c=g.temperature_c,
-                         power_w=g.power_w) for g in reading.gpus]
-            procs = [dict(ts_ms=ts, uuid=g.uuid, pid=p.pid, name=p.name, used_memory_bytes=p.used_memory_bytes)
-                     for g in reading.gpus for p in g.processes]
+            rows = [
+                dict(
+                    ts_ms=ts,
+                    source=reading.source,
+                    gpu_index=g.index,
+                    uuid=g.uuid,
+                    name=g.name,
+                    utilization=g.utilization,
+                    memory_used_bytes=g.memory_used_bytes,
+                    memory_total_bytes=g.memory_total_bytes,
+                    temperature_c=g.temperature_c,
+                    power_w=g.power_w,
+                )
+                for g in reading.gpus
+            ]
+            procs = [
+                dict(ts_ms=ts, uuid=g.uuid, pid=p.pid, name=p.name, used_memory_bytes=p.used_memory_bytes)
+                for g in reading.gpus
+                for p in g.processes
+            ]
             if rows:
                 conn.execute(insert(GpuSampleRow), rows)
             if procs:
@@ -477,10 +599,16 @@ class Store:
     def data_span(self, target: str, start: float, end: float) -> tuple[float, float] | None:
         """(first, last) unix seconds of the target's scrapes that stored samples within [start, end]; None if none."""
         with self.engine.connect() as conn:
-            row = conn.execute(select(func.min(ScrapeRow.ts_ms), func.max(ScrapeRow.ts_ms))
-                               .join(TargetRow, TargetRow.id == ScrapeRow.target_id)
-                               .where(TargetRow.name == target, ScrapeRow.samples > 0,
-                                      ScrapeRow.ts_ms >= _ms(start), ScrapeRow.ts_ms <= _ms(end))).first()
+            row = conn.execute(
+                select(func.min(ScrapeRow.ts_ms), func.max(ScrapeRow.ts_ms))
+                .join(TargetRow, TargetRow.id == ScrapeRow.target_id)
+                .where(
+                    TargetRow.name == target,
+                    ScrapeRow.samples > 0,
+                    ScrapeRow.ts_ms >= _ms(start),
+                    ScrapeRow.ts_ms <= _ms(end),
+                )
+            ).first()
         if row is None or row[0] is None:
             return None
         return row[0] / 1000, row[1] / 1000
@@ -500,8 +628,7 @@ class Store:
         window is that window cut down (TargetWindow.since); a longer one reads at the rollup step."""
         return self.retention is None or span_s <= self.retention.raw.total_seconds()
 
-    def window(self, target: str, start: float, end: float, *,
-               metrics: Collection[str] | None = None) -> TargetWindow:
+    def window(self, target: str, start: float, end: float, *, metrics: Collection[str] | None = None) -> TargetWindow:
         """Every stored point of ``target`` with start <= ts <= end (Prometheus's range selection); of the series
         named in ``metrics`` only, when given.
 
@@ -530,8 +657,11 @@ class Store:
                 if trow is None:
                     raise UnknownTargetError(target, self.target_names())
                 tid, backend = trow
-                by_id = {row[0]: _SeriesMeta(*row) for row in raw.execute(_SELECT_TARGET_SERIES, (tid,))
-                         if metrics is None or row[3] in metrics}
+                by_id = {
+                    row[0]: _SeriesMeta(*row)
+                    for row in raw.execute(_SELECT_TARGET_SERIES, (tid,))
+                    if metrics is None or row[3] in metrics
+                }
 
                 marked = 0
                 if step is not None:
@@ -547,8 +677,12 @@ class Store:
                         return rows
                     # The last point of the window, where its step goes on after it (a marked step's last point).
                     cols_last = cols.split(", ", 1)[1]
-                    last = {r[0]: r for r in raw.execute(_SELECT_LAST % (cols_last, table, marks),
-                                                         (tid, max(lo, hi - step), hi, *ids))}
+                    last = {
+                        r[0]: r
+                        for r in raw.execute(
+                            _SELECT_LAST % (cols_last, table, marks), (tid, max(lo, hi - step), hi, *ids)
+                        )
+                    }
                     newest = {r[0]: r[1] for r in rows}
                     extra = [r for sid, r in last.items() if r[1] > newest.get(sid, -1)]
                     return sorted(rows + extra, key=lambda r: (r[0], r[1])) if extra else rows
@@ -561,19 +695,39 @@ class Store:
                 ids = [sid for sid, m in by_id.items() if m.kind == "histogram"]
                 for sid, rows in groupby(points("hist_samples", "ts_ms, count, sum, counts", ids), key=_FIRST):
                     n = len(_bounds_parse(by_id[sid].bounds))
-                    hists[sid] = [HistPoint(ts, decode_counts(counts, n), total, count)
-                                  for _, ts, count, total, counts in rows]
+                    hists[sid] = [
+                        HistPoint(ts, decode_counts(counts, n), total, count) for _, ts, count, total, counts in rows
+                    ]
                 configs, health = _configs_and_health(raw, tid)  # as of the same read
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"{self.engine.url}: {exc}") from None
-        return _assemble(target, backend, lo, hi, health, configs,
-                         [((s := by_id[sid]).engine, s.model_name, s.metric, _labels_parse(s.labels), None,
-                           tuple(pts)) for sid, pts in plain.items()]
-                         + [((s := by_id[sid]).engine, s.model_name, s.metric, _labels_parse(s.labels),
-                             _bounds_parse(s.bounds), tuple(hpts)) for sid, hpts in hists.items()])
+        return _assemble(
+            target,
+            backend,
+            lo,
+            hi,
+            health,
+            configs,
+            [
+                ((s := by_id[sid]).engine, s.model_name, s.metric, _labels_parse(s.labels), None, tuple(pts))
+                for sid, pts in plain.items()
+            ]
+            + [
+                (
+                    (s := by_id[sid]).engine,
+                    s.model_name,
+                    s.metric,
+                    _labels_parse(s.labels),
+                    _bounds_parse(s.bounds),
+                    tuple(hpts),
+                )
+                for sid, hpts in hists.items()
+            ],
+        )
 
-    def _head_window(self, target: str, lo: int, hi: int,
-                     got: list[tuple[SeriesInfo, Points | HistPoints]]) -> TargetWindow:
+    def _head_window(
+        self, target: str, lo: int, hi: int, got: list[tuple[SeriesInfo, Points | HistPoints]]
+    ) -> TargetWindow:
         """The window from the head's points, with the target's backend, health and configs (read from SQLite
         the first time, then kept by the writes: _keep_meta)."""
         kept = self._meta.get(target)
@@ -591,8 +745,15 @@ class Store:
                 kept = self._meta[target] = (backend, configs, health)
         backend, configs, health = kept
         got.sort(key=lambda g: g[0].id)  # the order a read from SQLite gives (series id)
-        return _assemble(target, backend, lo, hi, health, configs,
-                         [(i.engine, i.model_name, i.metric, i.labels, i.bounds, pts) for i, pts in got])
+        return _assemble(
+            target,
+            backend,
+            lo,
+            hi,
+            health,
+            configs,
+            [(i.engine, i.model_name, i.metric, i.labels, i.bounds, pts) for i, pts in got],
+        )
 
     def _fill_head(self, head: Head, target: str, lo: int, hi: int, metrics: Collection[str] | None = None) -> None:
         """Give the head ``target``'s points from ``lo`` on, when that is at most MAX_SPAN_MS before its last
@@ -610,18 +771,28 @@ class Store:
                 health = _health_of(raw.execute(_SELECT_HEALTH, (tid,)).fetchone())
                 if health is not None and health.last_scrape_ms - lo > MAX_SPAN_MS:
                     return
-                infos = [SeriesInfo(sid, engine, model, metric, _labels_parse(labels),
-                                    _bounds_parse(bounds) if kind == "histogram" else None)
-                         for sid, engine, model, metric, labels, kind, bounds
-                         in raw.execute(_SELECT_TARGET_SERIES, (tid,)) if metric in head.metrics]
+                infos = [
+                    SeriesInfo(
+                        sid,
+                        engine,
+                        model,
+                        metric,
+                        _labels_parse(labels),
+                        _bounds_parse(bounds) if kind == "histogram" else None,
+                    )
+                    for sid, engine, model, metric, labels, kind, bounds in raw.execute(_SELECT_TARGET_SERIES, (tid,))
+                    if metric in head.metrics
+                ]
                 infos.sort(key=lambda i: i.id)
                 ids = [i.id for i in infos if i.bounds is None]
-                plain = raw.execute(_SELECT_POINTS % ("ts_ms, value", "samples", ",".join("?" * len(ids))),
-                                    (tid, lo, _FOREVER_MS, *ids)).fetchall()
+                plain = raw.execute(
+                    _SELECT_POINTS % ("ts_ms, value", "samples", ",".join("?" * len(ids))), (tid, lo, _FOREVER_MS, *ids)
+                ).fetchall()
                 ids = [i.id for i in infos if i.bounds is not None]
-                hists = raw.execute(_SELECT_POINTS % ("ts_ms, count, sum, counts", "hist_samples",
-                                                      ",".join("?" * len(ids))), (tid, lo, _FOREVER_MS, *ids)
-                                    ).fetchall()
+                hists = raw.execute(
+                    _SELECT_POINTS % ("ts_ms, count, sum, counts", "hist_samples", ",".join("?" * len(ids))),
+                    (tid, lo, _FOREVER_MS, *ids),
+                ).fetchall()
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"{self.engine.url}: {exc}") from None
             head.fill(target, lo, hi - lo, infos, plain, hists, metrics)
@@ -631,15 +802,25 @@ class Store:
             last = conn.execute(select(GpuSampleRow.ts_ms).order_by(GpuSampleRow.ts_ms.desc()).limit(1)).scalar()
             if last is None or last < _ms(now - max_age_s):
                 return []
-            rows = conn.execute(select(GpuSampleRow).where(GpuSampleRow.ts_ms == last)
-                                .order_by(GpuSampleRow.gpu_index)).all()
+            rows = conn.execute(
+                select(GpuSampleRow).where(GpuSampleRow.ts_ms == last).order_by(GpuSampleRow.gpu_index)
+            ).all()
             procs = conn.execute(select(GpuProcessRow).where(GpuProcessRow.ts_ms == last)).all()
-        return [GpuLatest(ts_ms=r.ts_ms, index=r.gpu_index, uuid=r.uuid, name=r.name, utilization=r.utilization,
-                          memory_used_bytes=r.memory_used_bytes, memory_total_bytes=r.memory_total_bytes,
-                          temperature_c=r.temperature_c, power_w=r.power_w,
-                          processes=tuple((p.pid, p.name, p.used_memory_bytes) for p in procs
-                                          if p.uuid == r.uuid))
-                for r in rows]
+        return [
+            GpuLatest(
+                ts_ms=r.ts_ms,
+                index=r.gpu_index,
+                uuid=r.uuid,
+                name=r.name,
+                utilization=r.utilization,
+                memory_used_bytes=r.memory_used_bytes,
+                memory_total_bytes=r.memory_total_bytes,
+                temperature_c=r.temperature_c,
+                power_w=r.power_w,
+                processes=tuple((p.pid, p.name, p.used_memory_bytes) for p in procs if p.uuid == r.uuid),
+            )
+            for r in rows
+        ]
 
     def forget_deleted(self, series_ids: Collection[int], config_ids: Collection[int]) -> None:
         """Retention deleted these series and engine-config rows: drop every id cached for them (a scrape of the same
@@ -649,8 +830,11 @@ class Store:
             gone = set(series_ids)
             for key in [k for k, sid in self._series_by_key.items() if sid in gone]:
                 del self._series_by_key[key]
-            for key in [k for k, sh in self._shapes.items()
-                        if not (gone.isdisjoint(sh.value_ids) and gone.isdisjoint(sh.hist_ids))]:
+            for key in [
+                k
+                for k, sh in self._shapes.items()
+                if not (gone.isdisjoint(sh.value_ids) and gone.isdisjoint(sh.hist_ids))
+            ]:
                 del self._shapes[key]
             if self._head is not None:
                 self._head.forget(gone)

@@ -21,10 +21,26 @@ from tuner.names import StrEnum
 from tuner.store.db import Tx
 from tuner.store.models import Base
 
-__all__ = ["TuneRunRow", "TuneTrialRow", "StoredRun", "StoredTrial", "begin_run", "finish_run", "begin_trial",
-           "trial_started", "finish_trial", "get_run", "latest_run", "runs_since", "trials", "orphans", "set_owner",
-           "TRIAL_STATUSES", "TrialStatus", "RunState"]
-
+__all__ = [
+    "TuneRunRow",
+    "TuneTrialRow",
+    "StoredRun",
+    "StoredTrial",
+    "begin_run",
+    "finish_run",
+    "begin_trial",
+    "trial_started",
+    "finish_trial",
+    "get_run",
+    "latest_run",
+    "runs_since",
+    "trials",
+    "orphans",
+    "set_owner",
+    "TRIAL_STATUSES",
+    "TrialStatus",
+    "RunState",
+]
 
 
 class TrialStatus(StrEnum):
@@ -123,41 +139,93 @@ def _ms(ts: float) -> int:
     return int(round(ts * 1000))
 
 
-def begin_run(engine: Engine, *, target: str, now: float, request: dict[str, Any], workload: dict[str, Any],
-              slo: dict[str, Any], baseline_flags: dict[str, Any], owner: tuple[int, int] | None = None) -> int:
+def begin_run(
+    engine: Engine,
+    *,
+    target: str,
+    now: float,
+    request: dict[str, Any],
+    workload: dict[str, Any],
+    slo: dict[str, Any],
+    baseline_flags: dict[str, Any],
+    owner: tuple[int, int] | None = None,
+) -> int:
     """A run in state ``running``, owned by ``owner`` (the tuner doing it: pid, kernel start time)."""
     with Tx(engine) as conn:
-        return int(conn.execute(insert(TuneRunRow).values(
-            target=target, created_ms=_ms(now), updated_ms=_ms(now), state=RunState.RUNNING,
-            request=json.dumps(request),
-            workload=json.dumps(workload), slo=json.dumps(slo), baseline_flags=json.dumps(baseline_flags),
-            result="{}", note="", owner_pid=owner[0] if owner else None,
-            owner_start=owner[1] if owner else None)).inserted_primary_key[0])
+        return int(
+            conn.execute(
+                insert(TuneRunRow).values(
+                    target=target,
+                    created_ms=_ms(now),
+                    updated_ms=_ms(now),
+                    state=RunState.RUNNING,
+                    request=json.dumps(request),
+                    workload=json.dumps(workload),
+                    slo=json.dumps(slo),
+                    baseline_flags=json.dumps(baseline_flags),
+                    result="{}",
+                    note="",
+                    owner_pid=owner[0] if owner else None,
+                    owner_start=owner[1] if owner else None,
+                )
+            ).inserted_primary_key[0]
+        )
 
 
 def set_owner(engine: Engine, run_id: int, owner: tuple[int, int], *, now: float) -> None:
     """``--resume``: the tuner resuming the run owns it (and its trials) from now."""
     with Tx(engine) as conn:
-        conn.execute(update(TuneRunRow).where(TuneRunRow.id == run_id).values(
-            owner_pid=owner[0], owner_start=owner[1], state=RunState.RUNNING, updated_ms=_ms(now)))
+        conn.execute(
+            update(TuneRunRow)
+            .where(TuneRunRow.id == run_id)
+            .values(owner_pid=owner[0], owner_start=owner[1], state=RunState.RUNNING, updated_ms=_ms(now))
+        )
 
 
-def finish_run(engine: Engine, run_id: int, *, now: float, state: RunState, result: dict[str, Any], note: str = "") -> None:
+def finish_run(
+    engine: Engine, run_id: int, *, now: float, state: RunState, result: dict[str, Any], note: str = ""
+) -> None:
     with Tx(engine) as conn:
-        conn.execute(update(TuneRunRow).where(TuneRunRow.id == run_id).values(
-            state=state, updated_ms=_ms(now), result=json.dumps(result), note=note))
+        conn.execute(
+            update(TuneRunRow)
+            .where(TuneRunRow.id == run_id)
+            .values(state=state, updated_ms=_ms(now), result=json.dumps(result), note=note)
+        )
 
 
-def begin_trial(engine: Engine, run_id: int, *, now: float, flags: dict[str, Any], seed: str, url: str,
-                status: TrialStatus = TrialStatus.RUNNING, capacity_rps: float | None = None,
-                detail: dict[str, Any] | None = None) -> int:
+def begin_trial(
+    engine: Engine,
+    run_id: int,
+    *,
+    now: float,
+    flags: dict[str, Any],
+    seed: str,
+    url: str,
+    status: TrialStatus = TrialStatus.RUNNING,
+    capacity_rps: float | None = None,
+    detail: dict[str, Any] | None = None,
+) -> int:
     """Journal a trial before its server starts (``running``), or a pruned one with its reason."""
     with Tx(engine) as conn:
         seq = len(conn.execute(select(TuneTrialRow.id).where(TuneTrialRow.run_id == run_id)).all()) + 1
-        return int(conn.execute(insert(TuneTrialRow).values(
-            run_id=run_id, seq=seq, flags=json.dumps(flags), seed=seed, status=status, capacity_rps=capacity_rps,
-            detail=json.dumps(detail or {}), pid=None, proc_start=None, url=url, started_ms=_ms(now),
-            finished_ms=None if status == TrialStatus.RUNNING else _ms(now))).inserted_primary_key[0])
+        return int(
+            conn.execute(
+                insert(TuneTrialRow).values(
+                    run_id=run_id,
+                    seq=seq,
+                    flags=json.dumps(flags),
+                    seed=seed,
+                    status=status,
+                    capacity_rps=capacity_rps,
+                    detail=json.dumps(detail or {}),
+                    pid=None,
+                    proc_start=None,
+                    url=url,
+                    started_ms=_ms(now),
+                    finished_ms=None if status == TrialStatus.RUNNING else _ms(now),
+                )
+            ).inserted_primary_key[0]
+        )
 
 
 def trial_started(engine: Engine, trial_id: int, *, pid: int, proc_start: int) -> None:
@@ -165,28 +233,60 @@ def trial_started(engine: Engine, trial_id: int, *, pid: int, proc_start: int) -
         conn.execute(update(TuneTrialRow).where(TuneTrialRow.id == trial_id).values(pid=pid, proc_start=proc_start))
 
 
-def finish_trial(engine: Engine, trial_id: int, *, now: float, status: TrialStatus, capacity_rps: float | None,
-                 detail: dict[str, Any]) -> None:
+def finish_trial(
+    engine: Engine,
+    trial_id: int,
+    *,
+    now: float,
+    status: TrialStatus,
+    capacity_rps: float | None,
+    detail: dict[str, Any],
+) -> None:
     if status not in TRIAL_STATUSES:
         raise ValueError(f"trial status {status!r}: expected one of {', '.join(TRIAL_STATUSES)}")
     with Tx(engine) as conn:
-        conn.execute(update(TuneTrialRow).where(TuneTrialRow.id == trial_id).values(
-            status=status, capacity_rps=capacity_rps, detail=json.dumps(detail), finished_ms=_ms(now)))
+        conn.execute(
+            update(TuneTrialRow)
+            .where(TuneTrialRow.id == trial_id)
+            .values(status=status, capacity_rps=capacity_rps, detail=json.dumps(detail), finished_ms=_ms(now))
+        )
         run_id = conn.execute(select(TuneTrialRow.run_id).where(TuneTrialRow.id == trial_id)).scalar_one()
         conn.execute(update(TuneRunRow).where(TuneRunRow.id == run_id).values(updated_ms=_ms(now)))
 
 
 def _run(r: Any) -> StoredRun:
-    return StoredRun(id=r.id, target=r.target, created_ms=r.created_ms, updated_ms=r.updated_ms, state=r.state,
-                     request=json.loads(r.request), workload=json.loads(r.workload), slo=json.loads(r.slo),
-                     baseline_flags=json.loads(r.baseline_flags), result=json.loads(r.result), note=r.note,
-                     owner=(r.owner_pid, r.owner_start or 0) if r.owner_pid is not None else None)
+    return StoredRun(
+        id=r.id,
+        target=r.target,
+        created_ms=r.created_ms,
+        updated_ms=r.updated_ms,
+        state=r.state,
+        request=json.loads(r.request),
+        workload=json.loads(r.workload),
+        slo=json.loads(r.slo),
+        baseline_flags=json.loads(r.baseline_flags),
+        result=json.loads(r.result),
+        note=r.note,
+        owner=(r.owner_pid, r.owner_start or 0) if r.owner_pid is not None else None,
+    )
 
 
 def _trial(r: Any) -> StoredTrial:
-    return StoredTrial(id=r.id, run_id=r.run_id, seq=r.seq, flags=json.loads(r.flags), seed=r.seed, status=r.status,
-                       capacity_rps=r.capacity_rps, detail=json.loads(r.detail), pid=r.pid, proc_start=r.proc_start,
-                       url=r.url, started_ms=r.started_ms, finished_ms=r.finished_ms)
+    return StoredTrial(
+        id=r.id,
+        run_id=r.run_id,
+        seq=r.seq,
+        flags=json.loads(r.flags),
+        seed=r.seed,
+        status=r.status,
+        capacity_rps=r.capacity_rps,
+        detail=json.loads(r.detail),
+        pid=r.pid,
+        proc_start=r.proc_start,
+        url=r.url,
+        started_ms=r.started_ms,
+        finished_ms=r.finished_ms,
+    )
 
 
 def get_run(engine: Engine, run_id: int) -> StoredRun | None:
@@ -207,8 +307,11 @@ def latest_run(engine: Engine, target: str, *, state: str | None = None) -> Stor
 def runs_since(engine: Engine, target: str, since_ms: int) -> list[StoredRun]:
     """The target's tuning runs updated since ``since_ms``, newest first."""
     with Tx(engine) as conn:
-        rows = conn.execute(select(TuneRunRow).where(TuneRunRow.target == target, TuneRunRow.updated_ms >= since_ms)
-                            .order_by(TuneRunRow.id.desc()))
+        rows = conn.execute(
+            select(TuneRunRow)
+            .where(TuneRunRow.target == target, TuneRunRow.updated_ms >= since_ms)
+            .order_by(TuneRunRow.id.desc())
+        )
         return [_run(r) for r in rows]
 
 
@@ -221,9 +324,11 @@ def trials(engine: Engine, run_id: int) -> list[StoredTrial]:
 def orphans(engine: Engine, *, alive: Callable[[int, int], bool]) -> list[StoredTrial]:
     """Trials journaled running whose run's tuner is gone (``alive(pid, start)`` says no, or it was never recorded):
     their server may still be up. A trial of a run whose tuner is alive is that tuner's, at work."""
-    q = (select(TuneTrialRow, TuneRunRow.owner_pid, TuneRunRow.owner_start)
-         .join(TuneRunRow, TuneRunRow.id == TuneTrialRow.run_id, isouter=True)
-         .where(TuneTrialRow.status == TrialStatus.RUNNING))
+    q = (
+        select(TuneTrialRow, TuneRunRow.owner_pid, TuneRunRow.owner_start)
+        .join(TuneRunRow, TuneRunRow.id == TuneTrialRow.run_id, isouter=True)
+        .where(TuneTrialRow.status == TrialStatus.RUNNING)
+    )
     with Tx(engine) as conn:
         rows = conn.execute(q).all()
     return [_trial(r) for r in rows if r.owner_pid is None or not alive(r.owner_pid, r.owner_start or 0)]

@@ -10,8 +10,17 @@ from typing import TypeVar, overload
 
 from tuner.collect.snapshots import SeriesKey
 
-__all__ = ["Point", "Points", "HistPoint", "HistPoints", "HistSeries", "EngineWindow", "TargetWindow",
-           "TargetHealth", "GpuLatest"]
+__all__ = [
+    "Point",
+    "Points",
+    "HistPoint",
+    "HistPoints",
+    "HistSeries",
+    "EngineWindow",
+    "TargetWindow",
+    "TargetHealth",
+    "GpuLatest",
+]
 
 Point = tuple[int, float]  # (ts_ms, value)
 
@@ -91,8 +100,8 @@ class Points(_Rows[Point]):
         return f"Points({list(self)!r})"
 
     def _cut(self, lo: int, hi: int) -> Points:
-        ts = self.ts[lo:max(lo, hi)]
-        return Points(ts, self.values[lo:max(lo, hi)], _falls_within(self.falls, ts))
+        ts = self.ts[lo : max(lo, hi)]
+        return Points(ts, self.values[lo : max(lo, hi)], _falls_within(self.falls, ts))
 
 
 class HistPoints(_Rows[HistPoint]):
@@ -103,8 +112,17 @@ class HistPoints(_Rows[HistPoint]):
 
     __slots__ = ("ts", "sums", "totals", "blob", "ends", "start", "falls", "_decode")
 
-    def __init__(self, ts: array, sums: array, totals: array, blob: bytes | bytearray, ends: array, start: int,
-                 falls: Sequence[tuple[int, str, str]], decode: Callable[[str], tuple[float, ...]]) -> None:
+    def __init__(
+        self,
+        ts: array,
+        sums: array,
+        totals: array,
+        blob: bytes | bytearray,
+        ends: array,
+        start: int,
+        falls: Sequence[tuple[int, str, str]],
+        decode: Callable[[str], tuple[float, ...]],
+    ) -> None:
         self.ts = ts  # array('q'), ascending
         self.sums, self.totals = sums, totals  # array('d'): each row's sum and count
         # Row k's encoded counts are blob[ends[k-1] - start:ends[k] - start] (row 0's from 0): offsets as the head
@@ -126,7 +144,7 @@ class HistPoints(_Rows[HistPoint]):
         if not 0 <= i < len(self.ts):
             raise IndexError(i)
         a = self.ends[i - 1] if i else self.start
-        return self.blob[a - self.start:self.ends[i] - self.start].decode("ascii")
+        return self.blob[a - self.start : self.ends[i] - self.start].decode("ascii")
 
     def decode(self, counts: str) -> tuple[float, ...]:
         return self._decode(counts)
@@ -137,9 +155,16 @@ class HistPoints(_Rows[HistPoint]):
             return HistPoints(array("q"), array("d"), array("d"), b"", array("q"), 0, (), self._decode)
         start = self.ends[lo - 1] if lo else self.start
         ts = self.ts[lo:hi]
-        return HistPoints(ts, self.sums[lo:hi], self.totals[lo:hi],
-                          bytes(self.blob[start - self.start:self.ends[hi - 1] - self.start]), self.ends[lo:hi],
-                          start, _falls_within(self.falls, ts), self._decode)
+        return HistPoints(
+            ts,
+            self.sums[lo:hi],
+            self.totals[lo:hi],
+            bytes(self.blob[start - self.start : self.ends[hi - 1] - self.start]),
+            self.ends[lo:hi],
+            start,
+            _falls_within(self.falls, ts),
+            self._decode,
+        )
 
 
 @dataclass(frozen=True)
@@ -185,7 +210,7 @@ class TargetWindow:
         for e in self.engines:
             series = {}
             for key, pts in e.series.items():
-                kept = pts.since(start_ms) if isinstance(pts, Points) else pts[bisect_left(pts, (start_ms,)):]
+                kept = pts.since(start_ms) if isinstance(pts, Points) else pts[bisect_left(pts, (start_ms,)) :]
                 if kept:
                     series[key] = kept
             hists = {}
@@ -193,7 +218,7 @@ class TargetWindow:
                 if isinstance(h.points, HistPoints):
                     hpts: Sequence[HistPoint] = h.points.since(start_ms)
                 else:
-                    hpts = h.points[bisect_left(h.points, start_ms, key=lambda p: p.ts_ms):]
+                    hpts = h.points[bisect_left(h.points, start_ms, key=lambda p: p.ts_ms) :]
                 if hpts:
                     hists[key] = HistSeries(h.bounds, hpts)
             if series or hists:

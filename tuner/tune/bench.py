@@ -86,25 +86,76 @@ class RateRun:
 
 
 def _budgets(slo: Slo) -> dict[str, float]:
-    return {k: getattr(slo, f"{k}_p99").total_seconds() for k in ("ttft", "itl", "e2e")
-            if getattr(slo, f"{k}_p99") is not None}
+    return {
+        k: getattr(slo, f"{k}_p99").total_seconds()
+        for k in ("ttft", "itl", "e2e")
+        if getattr(slo, f"{k}_p99") is not None
+    }
 
 
-def bench_args(workload: Workload, *, url: str, model: str, tokenizer: str, rate: float, prompts: int,
-               slo: Slo, result_dir: Path, result_file: str, warmups: int = 2, seed: int = 0) -> list[str]:
+def bench_args(
+    workload: Workload,
+    *,
+    url: str,
+    model: str,
+    tokenizer: str,
+    rate: float,
+    prompts: int,
+    slo: Slo,
+    result_dir: Path,
+    result_file: str,
+    warmups: int = 2,
+    seed: int = 0,
+) -> list[str]:
     """The client's arguments for one run (what ``vllm bench serve`` takes)."""
     budgets = _budgets(slo)
     goodput = [f"{'e2el' if k == 'e2e' else 'tpot' if k == 'itl' else k}:{v * 1000:g}" for k, v in budgets.items()]
-    args = ["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
-            "--tokenizer", tokenizer, "--dataset-name", "random",
-            "--random-input-len", str(workload.input_len - workload.prefix_len),
-            "--random-output-len", str(workload.output_len),
-            "--random-range-ratio", f"{workload.range_ratio:g}", "--random-prefix-len", str(workload.prefix_len),
-            "--num-prompts", str(prompts), "--request-rate", f"{rate:.6g}", "--burstiness", f"{workload.burstiness:g}",
-            "--ignore-eos", "--seed", str(seed), "--num-warmups", str(warmups), "--disable-tqdm",
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "99",
-            "--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", result_file,
-            "--ready-check-timeout-sec", "0"]
+    args = [
+        "--backend",
+        "openai",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(workload.input_len - workload.prefix_len),
+        "--random-output-len",
+        str(workload.output_len),
+        "--random-range-ratio",
+        f"{workload.range_ratio:g}",
+        "--random-prefix-len",
+        str(workload.prefix_len),
+        "--num-prompts",
+        str(prompts),
+        "--request-rate",
+        f"{rate:.6g}",
+        "--burstiness",
+        f"{workload.burstiness:g}",
+        "--ignore-eos",
+        "--seed",
+        str(seed),
+        "--num-warmups",
+        str(warmups),
+        "--disable-tqdm",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "99",
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        result_file,
+        "--ready-check-timeout-sec",
+        "0",
+    ]
     if goodput:
         args += ["--goodput", *goodput]
     return args
@@ -146,24 +197,41 @@ def read_result(path: Path, slo: Slo, rate: float) -> RateRun:
         v = result.get(key)
         return v / 1000 if isinstance(v, (int, float)) and math.isfinite(v) else None
 
-    return RateRun(rate_rps=rate, sent=sent, completed=int(result.get("completed") or 0), good=good,
-                   attainment=good / sent if sent else 0.0, duration_s=float(result.get("duration") or 0.0),
-                   throughput_rps=float(result.get("request_throughput") or 0.0),
-                   goodput_rps=result.get("request_goodput"), ttft_p99=ms("p99_ttft_ms"), e2e_p99=ms("p99_e2el_ms"),
-                   itl_p99=ms("p99_itl_ms"), result_file=str(path), mean_e2e_s=ms("mean_e2el_ms"))
+    return RateRun(
+        rate_rps=rate,
+        sent=sent,
+        completed=int(result.get("completed") or 0),
+        good=good,
+        attainment=good / sent if sent else 0.0,
+        duration_s=float(result.get("duration") or 0.0),
+        throughput_rps=float(result.get("request_throughput") or 0.0),
+        goodput_rps=result.get("request_goodput"),
+        ttft_p99=ms("p99_ttft_ms"),
+        e2e_p99=ms("p99_e2el_ms"),
+        itl_p99=ms("p99_itl_ms"),
+        result_file=str(path),
+        mean_e2e_s=ms("mean_e2el_ms"),
+    )
 
 
 class BenchClient:
     """vLLM's benchmark client, kept running between runs. Use as a context manager."""
 
-    def __init__(self, python: str, workdir: Path, *, env: Mapping[str, str] | None = None,
-                 start_timeout_s: float = 180.0) -> None:
+    def __init__(
+        self, python: str, workdir: Path, *, env: Mapping[str, str] | None = None, start_timeout_s: float = 180.0
+    ) -> None:
         self.python, self.workdir = python, workdir
         self.results = workdir / "bench-results"
         self.results.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / "bench-client.log"
-        self._env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
-                     "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
         self._start_timeout_s = start_timeout_s
         self._proc: subprocess.Popen[str] | None = None
         self._sentinel: int | None = None
@@ -197,9 +265,16 @@ class BenchClient:
         self.close()  # a client that died between runs: its pipes and its group's watcher go before a new one
         log: IO[bytes] = open(self.log_path, "ab")
         try:
-            self._proc = subprocess.Popen([self.python, "-c", _RUNNER], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=log, text=True, env=self._env,
-                                          start_new_session=True, preexec_fn=die_with_parent_hook)
+            self._proc = subprocess.Popen(
+                [self.python, "-c", _RUNNER],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=self._env,
+                start_new_session=True,
+                preexec_fn=die_with_parent_hook,
+            )
         except OSError as exc:
             raise BenchError(f"cannot start vLLM's benchmark client with {self.python}: {exc}") from None
         finally:
@@ -213,6 +288,7 @@ class BenchClient:
     def _read_answer(self, timeout_s: float) -> dict[str, Any]:
         assert self._proc is not None and self._proc.stdout is not None
         import selectors
+
         sel = selectors.DefaultSelector()
         sel.register(self._proc.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + timeout_s
@@ -229,26 +305,50 @@ class BenchClient:
             sel.close()
         code = self._proc.poll()
         self.close()
-        raise BenchError(f"vLLM's benchmark client {'exited ' + str(code) if code is not None else 'timed out'}; "
-                         f"see {self.log_path}")
+        raise BenchError(
+            f"vLLM's benchmark client {'exited ' + str(code) if code is not None else 'timed out'}; see {self.log_path}"
+        )
 
-    def run(self, workload: Workload, *, url: str, model: str, tokenizer: str, rate: float, prompts: int,
-            slo: Slo, warmups: int = 2, timeout_s: float = 600.0) -> RateRun:
+    def run(
+        self,
+        workload: Workload,
+        *,
+        url: str,
+        model: str,
+        tokenizer: str,
+        rate: float,
+        prompts: int,
+        slo: Slo,
+        warmups: int = 2,
+        timeout_s: float = 600.0,
+    ) -> RateRun:
         """One run at ``rate`` requests/s of ``prompts`` requests (plus warm-ups, not counted)."""
         proc = self._start()
         if self._cpus is not None:
             self._apply_pin()  # threads it started since are placed too
         self._runs += 1
         name = f"run-{os.getpid()}-{self._runs}-{time.time_ns()}.json"
-        args = bench_args(workload, url=url, model=model, tokenizer=tokenizer, rate=rate, prompts=prompts, slo=slo,
-                          result_dir=self.results, result_file=name, warmups=warmups, seed=self._runs)
+        args = bench_args(
+            workload,
+            url=url,
+            model=model,
+            tokenizer=tokenizer,
+            rate=rate,
+            prompts=prompts,
+            slo=slo,
+            result_dir=self.results,
+            result_file=name,
+            warmups=warmups,
+            seed=self._runs,
+        )
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(args) + "\n")
         proc.stdin.flush()
         answer = self._read_answer(timeout_s)
         if not answer.get("ok"):
-            raise BenchError(f"vLLM's benchmark client failed at {rate:g} req/s: {answer.get('error')}; "
-                             f"see {self.log_path}")
+            raise BenchError(
+                f"vLLM's benchmark client failed at {rate:g} req/s: {answer.get('error')}; see {self.log_path}"
+            )
         return read_result(self.results / name, slo, rate)
 
     def close(self) -> None:

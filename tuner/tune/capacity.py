@@ -61,10 +61,19 @@ class Capacity:
     note: str = ""
 
     def as_json(self) -> dict[str, Any]:
-        return {"capacity_rps": self.capacity_rps, "lo_rps": self.lo_rps, "hi_rps": self.hi_rps,
-                "objective": self.objective, "nonmonotone": self.nonmonotone, "ttft_p99": self.ttft_p99,
-                "e2e_p99": self.e2e_p99, "in_flight": self.in_flight, "note": self.note,
-                "steps": [s.__dict__ for s in self.steps], "runs": [r.as_json() for r in self.runs]}
+        return {
+            "capacity_rps": self.capacity_rps,
+            "lo_rps": self.lo_rps,
+            "hi_rps": self.hi_rps,
+            "objective": self.objective,
+            "nonmonotone": self.nonmonotone,
+            "ttft_p99": self.ttft_p99,
+            "e2e_p99": self.e2e_p99,
+            "in_flight": self.in_flight,
+            "note": self.note,
+            "steps": [s.__dict__ for s in self.steps],
+            "runs": [r.as_json() for r in self.runs],
+        }
 
 
 def _close_call(good: int, sent: int, objective: float, z: float) -> bool:
@@ -75,9 +84,18 @@ def _close_call(good: int, sent: int, objective: float, z: float) -> bool:
     return abs(p - objective) < z * se
 
 
-def find_capacity(measure: Callable[[float], Measured], objective: float, *, start_rps: float,
-                  floor_rps: float = 0.05, ceiling_rps: float = 1000.0, tolerance: float = 0.15,
-                  max_runs: int = 8, z: float = 1.0, slots: int | None = None) -> Capacity:
+def find_capacity(
+    measure: Callable[[float], Measured],
+    objective: float,
+    *,
+    start_rps: float,
+    floor_rps: float = 0.05,
+    ceiling_rps: float = 1000.0,
+    tolerance: float = 0.15,
+    max_runs: int = 8,
+    z: float = 1.0,
+    slots: int | None = None,
+) -> Capacity:
     """Bracket then bisect the rate; ``measure(rate)`` runs the load once. See the module docstring.
 
     ``slots``: how many requests the server runs at once (max-num-seqs, --parallel), if known. A server with that
@@ -89,8 +107,9 @@ def find_capacity(measure: Callable[[float], Measured], objective: float, *, sta
     if not 0 < objective <= 1:
         raise ValueError(f"objective must be in (0, 1], got {objective}")
     if start_rps <= 0 or floor_rps <= 0 or ceiling_rps < floor_rps:
-        raise ValueError(f"rates must be positive with floor <= ceiling: start {start_rps}, floor {floor_rps}, "
-                         f"ceiling {ceiling_rps}")
+        raise ValueError(
+            f"rates must be positive with floor <= ceiling: start {start_rps}, floor {floor_rps}, ceiling {ceiling_rps}"
+        )
     cap = Capacity(0.0, None, None, objective)
     best_at: dict[float, Measured] = {}
 
@@ -126,8 +145,12 @@ def find_capacity(measure: Callable[[float], Measured], objective: float, *, sta
             if cap.lo_rps is not None or rate <= floor_rps:
                 break
             rate = max(rate / 2, floor_rps)
-    while (cap.lo_rps is not None and cap.hi_rps is not None and cap.hi_rps / cap.lo_rps > 1 + tolerance
-           and len(cap.runs) < max_runs):
+    while (
+        cap.lo_rps is not None
+        and cap.hi_rps is not None
+        and cap.hi_rps / cap.lo_rps > 1 + tolerance
+        and len(cap.runs) < max_runs
+    ):
         mid = math.sqrt(cap.lo_rps * cap.hi_rps)
         if test(mid):
             cap.lo_rps = mid

@@ -62,28 +62,49 @@ class Decision:
     reason: str
 
 
-def decide(objective: float, a_good: int, a_sent: int, b_good: int, b_sent: int, *, rate: float,
-           final: bool, pairs: int = 1, confident: float = CONFIDENT) -> Decision:
+def decide(
+    objective: float,
+    a_good: int,
+    a_sent: int,
+    b_good: int,
+    b_sent: int,
+    *,
+    rate: float,
+    final: bool,
+    pairs: int = 1,
+    confident: float = CONFIDENT,
+) -> Decision:
     """The comparison so far at ``rate`` (A: the flags in force, B: the candidate) after ``pairs`` pairs of runs;
     ``final``: no more runs. Both meeting the objective decides only from the second pair on (or at the end): one
     run each at 40/40 says little of a 0.95 objective."""
     if a_sent <= 0 or b_sent <= 0:
         return Decision("undecided", 0.0, "no requests measured")
     pa, pb = a_good / a_sent, b_good / b_sent
-    said = (f"at {rate:.3g} req/s the candidate met the SLO for {b_good}/{b_sent} ({pb:.1%}), the flags in force "
-            f"for {a_good}/{a_sent} ({pa:.1%}), objective {objective:.1%}")
+    said = (
+        f"at {rate:.3g} req/s the candidate met the SLO for {b_good}/{b_sent} ({pb:.1%}), the flags in force "
+        f"for {a_good}/{a_sent} ({pa:.1%}), objective {objective:.1%}"
+    )
     b_conf = 1 - fisher_fewer_misses(a_sent - a_good, a_sent, b_sent - b_good, b_sent)
     a_conf = 1 - fisher_fewer_misses(b_sent - b_good, b_sent, a_sent - a_good, a_sent)
     if pb >= objective > pa and b_conf >= confident:
-        return Decision("b_better", b_conf, f"{said}: the candidate serves more within the SLO (confidence "
-                                           f"{b_conf:.3f}, Fisher's exact test)")
+        return Decision(
+            "b_better",
+            b_conf,
+            f"{said}: the candidate serves more within the SLO (confidence {b_conf:.3f}, Fisher's exact test)",
+        )
     if pa >= objective > pb and a_conf >= confident:
-        return Decision("a_better", a_conf, f"{said}: the flags in force serve more within the SLO (confidence "
-                                           f"{a_conf:.3f}, Fisher's exact test)")
+        return Decision(
+            "a_better",
+            a_conf,
+            f"{said}: the flags in force serve more within the SLO (confidence {a_conf:.3f}, Fisher's exact test)",
+        )
     if pa >= objective and pb >= objective and (pairs >= 2 or final):
         return Decision("same", 0.0, f"{said}: both serve it, so the measured gain did not hold side by side")
     if not final:
         return Decision("undecided", max(a_conf, b_conf), said)
-    why = ("both fell short of the objective" if pa < objective and pb < objective else
-           f"the difference is within chance (confidence {max(a_conf, b_conf):.3f} < {confident})")
+    why = (
+        "both fell short of the objective"
+        if pa < objective and pb < objective
+        else f"the difference is within chance (confidence {max(a_conf, b_conf):.3f} < {confident})"
+    )
     return Decision("undecided", max(a_conf, b_conf), f"{said}: {why}: no difference measurable at this budget")

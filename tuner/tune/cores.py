@@ -49,8 +49,12 @@ class Placement:
         return ",".join(str(c) for c in self.worker_cpus)
 
     def as_json(self) -> dict[str, object]:
-        return {"worker_cpus": list(self.worker_cpus), "client_cpus": list(self.client_cpus or []) or None,
-                "pinned": {str(k): v for k, v in self.pinned.items()}, "note": self.note}
+        return {
+            "worker_cpus": list(self.worker_cpus),
+            "client_cpus": list(self.client_cpus or []) or None,
+            "pinned": {str(k): v for k, v in self.pinned.items()},
+            "note": self.note,
+        }
 
 
 def parse_cpu_list(text: str) -> tuple[int, ...]:
@@ -81,7 +85,7 @@ def _is_kernel_thread(pid: int | str) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return True
-    return bool(int(stat[stat.rindex(")") + 2:].split()[6]) & _PF_KTHREAD)
+    return bool(int(stat[stat.rindex(")") + 2 :].split()[6]) & _PF_KTHREAD)
 
 
 def _cpu_ticks(pid: int) -> int | None:
@@ -89,7 +93,7 @@ def _cpu_ticks(pid: int) -> int | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
@@ -166,9 +170,17 @@ def place(allowed: Sequence[int], pinned: Sequence[Pinned]) -> Placement:
     # the client takes timings: never beside threads pinned where they cannot make way for it; with no such core
     # left it runs where the kernel puts it
     client = tuple(c for c in cpus if c not in worker and count[c] == 0)
-    why = (f"worker on {','.join(map(str, worker))}: " +
-           ("no other process pinned there" if all(count[c] == 0 for c in worker) else
-            "the least pinned cores (every core has a pinned process)") +
-           (f"; client on {','.join(map(str, client))}" if client else
-            "; client where the kernel puts it (the other cores have pinned processes)"))
+    why = (
+        f"worker on {','.join(map(str, worker))}: "
+        + (
+            "no other process pinned there"
+            if all(count[c] == 0 for c in worker)
+            else "the least pinned cores (every core has a pinned process)"
+        )
+        + (
+            f"; client on {','.join(map(str, client))}"
+            if client
+            else "; client where the kernel puts it (the other cores have pinned processes)"
+        )
+    )
     return Placement(worker, client or None, names, why)

@@ -77,8 +77,14 @@ def _first_step(axis: Axis, start: int, base: Point) -> int:
     same config at the same 16 req/s, bench/results/2026-11-24-0743-tune-gallop.md): the queue is the steady
     signal, its size the rough one."""
     want, have = base.outcome.detail.get("in_flight"), axis.values[start]
-    if (not isinstance(want, (int, float)) or isinstance(want, bool) or not math.isfinite(want)
-            or not isinstance(have, int) or isinstance(have, bool) or want <= have):
+    if (
+        not isinstance(want, (int, float))
+        or isinstance(want, bool)
+        or not math.isfinite(want)
+        or not isinstance(have, int)
+        or isinstance(have, bool)
+        or want <= have
+    ):
         return 1
     values = [(i, v) for i, v in enumerate(axis.values) if v is not None]  # None (the default) sorts first
     numbers = [(i, v) for i, v in values if isinstance(v, int) and not isinstance(v, bool)]
@@ -88,8 +94,13 @@ def _first_step(axis: Axis, start: int, base: Point) -> int:
     return max(2, (above[0] if above else len(axis.values) - 1) - start)
 
 
-def _gallop(axis: Axis, known: dict[str, Point], visit: Callable[[dict[str, Any], str], bool],
-            may: Callable[[], bool], carry: Mapping[str, Any] | None = None) -> None:
+def _gallop(
+    axis: Axis,
+    known: dict[str, Point],
+    visit: Callable[[dict[str, Any], str], bool],
+    may: Callable[[], bool],
+    carry: Mapping[str, Any] | None = None,
+) -> None:
     """Exponential search along one axis from the best point so far: up first, by steps of k, 2k, 4k, ...
     positions while capacity rises (k from ``_first_step``: 1, or more when the base queued requests); a step past
     the end of the axis lands on its end (once). A step longer than one position that does not rise
@@ -124,11 +135,23 @@ def _gallop(axis: Axis, known: dict[str, Point], visit: Callable[[dict[str, Any]
             return
 
 
-def search(axes: Sequence[Axis], fixed: Mapping[str, Any], *, measure: Callable[[dict[str, Any], str], Outcome],
-           feasible: Callable[[dict[str, Any]], Verdict], seeds: Sequence[tuple[str, Mapping[str, Any]]],
-           budget: int, max_time_s: float, clock: Callable[[], float], history: Sequence[Point] = (),
-           on_pruned: Callable[[dict[str, Any], Verdict], None] | None = None, seed: int = 0,
-           sampler: str = "tpe", gallop: str | None = None, carry: Mapping[str, Any] | None = None) -> list[Point]:
+def search(
+    axes: Sequence[Axis],
+    fixed: Mapping[str, Any],
+    *,
+    measure: Callable[[dict[str, Any], str], Outcome],
+    feasible: Callable[[dict[str, Any]], Verdict],
+    seeds: Sequence[tuple[str, Mapping[str, Any]]],
+    budget: int,
+    max_time_s: float,
+    clock: Callable[[], float],
+    history: Sequence[Point] = (),
+    on_pruned: Callable[[dict[str, Any], Verdict], None] | None = None,
+    seed: int = 0,
+    sampler: str = "tpe",
+    gallop: str | None = None,
+    carry: Mapping[str, Any] | None = None,
+) -> list[Point]:
     """Search ``axes`` (other flags held at ``fixed``); returns every point measured or refused, in order.
 
     ``sampler``: "tpe" (the default), "random" (optuna's RandomSampler: the baseline of the bench), or "grid"
@@ -141,11 +164,14 @@ def search(axes: Sequence[Axis], fixed: Mapping[str, Any], *, measure: Callable[
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     dists: dict[str, Any] = {
         a.name: (IntDistribution(0, len(a.values) - 1) if len(a.values) > 1 else CategoricalDistribution([0]))
-        for a in axes}
+        for a in axes
+    }
 
-    chosen: Any = (optuna.samplers.RandomSampler(seed=seed) if sampler == "random" else
-                   optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(2, min(5, budget // 3)),
-                                              multivariate=True))
+    chosen: Any = (
+        optuna.samplers.RandomSampler(seed=seed)
+        if sampler == "random"
+        else optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(2, min(5, budget // 3)), multivariate=True)
+    )
     study = optuna.create_study(direction="maximize", sampler=chosen)
     known: dict[str, Point] = {}
     points: list[Point] = []
@@ -153,9 +179,11 @@ def search(axes: Sequence[Axis], fixed: Mapping[str, Any], *, measure: Callable[
 
     def tell(params: dict[str, Any], point: Point) -> None:
         bad = 0.0 if point.outcome.status == TrialStatus.MEASURED else 1.0
-        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
-                                                  value=point.outcome.capacity_rps,
-                                                  constraints={"runs": bad}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=params, distributions=dists, value=point.outcome.capacity_rps, constraints={"runs": bad}
+            )
+        )
 
     for p in history:
         known[point_key(p.flags)] = p
@@ -175,8 +203,11 @@ def search(axes: Sequence[Axis], fixed: Mapping[str, Any], *, measure: Callable[
             return False
         verdict = feasible(flags)
         if not verdict.ok:
-            point = Point(flags, Outcome(TrialStatus.PRUNED, 0.0, {"reason": verdict.reason,
-                                                                   "memory": dict(verdict.memory)}), label)
+            point = Point(
+                flags,
+                Outcome(TrialStatus.PRUNED, 0.0, {"reason": verdict.reason, "memory": dict(verdict.memory)}),
+                label,
+            )
             if on_pruned is not None:
                 on_pruned(flags, verdict)
         else:
@@ -195,14 +226,20 @@ def search(axes: Sequence[Axis], fixed: Mapping[str, Any], *, measure: Callable[
         visit(canonical({**fixed, **s}), label)
     if sampler == "grid":
         import itertools
+
         for values in itertools.product(*[range(len(a.values)) for a in axes]):
             if spent >= budget or clock() - t0 >= max_time_s:
                 break
             visit(flags_of(dict(zip([a.name for a in axes], values))), "grid")
         return points
     if sampler == "tpe" and gallop is not None and any(a.name == gallop for a in axes):
-        _gallop(next(a for a in axes if a.name == gallop), known, visit,
-                lambda: spent < budget and clock() - t0 < max_time_s, carry)
+        _gallop(
+            next(a for a in axes if a.name == gallop),
+            known,
+            visit,
+            lambda: spent < budget and clock() - t0 < max_time_s,
+            carry,
+        )
     idle = 0
     while spent < budget and clock() - t0 < max_time_s and idle < _EXHAUSTED_AFTER:
         trial = study.ask(dists)

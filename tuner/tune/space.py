@@ -26,11 +26,32 @@ from tuner.errors import FlagError
 from tuner.flags import FlagValue, cli_name, validate
 from tuner.signals.workload import Workload
 
-__all__ = ["Axis", "Hardware", "Verdict", "PRUNE_KINDS", "axes_for", "workload_flags", "vllm_axes", "llama_axes", "feasible", "canonical",
-           "SEARCHABLE_VLLM", "SEARCHABLE_LLAMA", "not_applied", "missing_from_argv"]
+__all__ = [
+    "Axis",
+    "Hardware",
+    "Verdict",
+    "PRUNE_KINDS",
+    "axes_for",
+    "workload_flags",
+    "vllm_axes",
+    "llama_axes",
+    "feasible",
+    "canonical",
+    "SEARCHABLE_VLLM",
+    "SEARCHABLE_LLAMA",
+    "not_applied",
+    "missing_from_argv",
+]
 
-SEARCHABLE_VLLM = ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill",
-                   "gpu_memory_utilization", "kv_cache_dtype", "max_model_len")
+SEARCHABLE_VLLM = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "gpu_memory_utilization",
+    "kv_cache_dtype",
+    "max_model_len",
+)
 _GPU_ONLY = ("gpu_memory_utilization", "kv_cache_dtype")
 SEARCHABLE_LLAMA = ("parallel", "ctx_size", "batch_size", "ubatch_size", "flash_attn")
 _LLAMA_RUNTIME_BYTES = 512 * 2**20  # llama-server's own buffers beyond weights and KV (compute graph, slots)
@@ -70,11 +91,11 @@ PRUNE_KINDS = {
     "batched_below_seqs": "search larger max_num_batched_tokens or smaller max_num_seqs in --flags",
     "batched_below_len": "keep chunked prefill on, or search max_num_batched_tokens of at least max_model_len",
     "len_below_longest": "search a larger max_model_len in --flags (the model permitting), or lower "
-                         "max_request_tokens (max_prompt_tokens, max_output_tokens) in the workload file",
+    "max_request_tokens (max_prompt_tokens, max_output_tokens) in the workload file",
     "memory": "give the KV cache more room (managed.env VLLM_CPU_KVCACHE_SPACE on a CPU host, "
-              "gpu_memory_utilization in --flags on a GPU) or search a smaller max_model_len",
+    "gpu_memory_utilization in --flags on a GPU) or search a smaller max_model_len",
     "slot_below_longest": "search a larger ctx_size or a smaller parallel in --flags, or lower max_request_tokens "
-                          "in the workload file",
+    "in the workload file",
     "ubatch_above_batch": "search ubatch_size <= batch_size in --flags",
     "host_memory": "search a smaller ctx_size in --flags, or free memory on the host",
 }
@@ -91,8 +112,9 @@ def _with(values: Sequence[Any], current: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _picked(backend: str, names: Sequence[str] | None, searchable: Sequence[str]
-            ) -> tuple[list[str], dict[str, tuple[FlagValue, ...]]]:
+def _picked(
+    backend: str, names: Sequence[str] | None, searchable: Sequence[str]
+) -> tuple[list[str], dict[str, tuple[FlagValue, ...]]]:
     """``names`` as given: each ``NAME`` or ``NAME=V1/V2/...`` (values validated: FlagError names a bad one)."""
     given: dict[str, tuple[FlagValue, ...]] = {}
     picked = []
@@ -109,8 +131,15 @@ def _picked(backend: str, names: Sequence[str] | None, searchable: Sequence[str]
     return picked, given
 
 
-def axes_for(backend: str, current: Mapping[str, Any], *, longest: int, model_max_len: int | None, on_gpu: bool,
-             names: Sequence[str] | None = None) -> tuple[Axis, ...]:
+def axes_for(
+    backend: str,
+    current: Mapping[str, Any],
+    *,
+    longest: int,
+    model_max_len: int | None,
+    on_gpu: bool,
+    names: Sequence[str] | None = None,
+) -> tuple[Axis, ...]:
     if backend == "vllm":
         return vllm_axes(current, longest=longest, model_max_len=model_max_len, on_gpu=on_gpu, names=names)
     return llama_axes(current, longest=longest, names=names)
@@ -120,16 +149,24 @@ def llama_axes(current: Mapping[str, Any], *, longest: int, names: Sequence[str]
     """The axes of a llama-server search around ``current``; ``names`` as for ``vllm_axes``."""
     picked, given = _picked("llamacpp", names, SEARCHABLE_LLAMA)
     chosen = tuple(picked) if picked else SEARCHABLE_LLAMA
-    axes = {"parallel": _with([1, 2, 4, 8, 16], current.get("parallel")),
-            "ctx_size": _with([c for c in (1024, 2048, 4096, 8192, 16384) if c >= longest], current.get("ctx_size")),
-            "batch_size": _with([512, 1024, 2048], current.get("batch_size")),
-            "ubatch_size": _with([128, 256, 512], current.get("ubatch_size")),
-            "flash_attn": _with(["off", "on"], current.get("flash_attn"))}
+    axes = {
+        "parallel": _with([1, 2, 4, 8, 16], current.get("parallel")),
+        "ctx_size": _with([c for c in (1024, 2048, 4096, 8192, 16384) if c >= longest], current.get("ctx_size")),
+        "batch_size": _with([512, 1024, 2048], current.get("batch_size")),
+        "ubatch_size": _with([128, 256, 512], current.get("ubatch_size")),
+        "flash_attn": _with(["off", "on"], current.get("flash_attn")),
+    }
     return tuple(Axis(n, _with(given[n], current.get(n)) if n in given else axes[n]) for n in chosen)
 
 
-def vllm_axes(current: Mapping[str, Any], *, longest: int, model_max_len: int | None, on_gpu: bool,
-              names: Sequence[str] | None = None) -> tuple[Axis, ...]:
+def vllm_axes(
+    current: Mapping[str, Any],
+    *,
+    longest: int,
+    model_max_len: int | None,
+    on_gpu: bool,
+    names: Sequence[str] | None = None,
+) -> tuple[Axis, ...]:
     """The axes of a vLLM search around ``current`` (its values always included). ``names`` picks flags, each
     ``NAME`` or ``NAME=V1/V2/...`` to give its values (validated: FlagError names a bad one)."""
     picked, given = _picked("vllm", names, SEARCHABLE_VLLM)
@@ -143,8 +180,9 @@ def vllm_axes(current: Mapping[str, Any], *, longest: int, model_max_len: int | 
         size *= 2
     axes = {
         "max_num_seqs": _with([1, 2, 4, 8, 16, 32, 64, 128, 256], current.get("max_num_seqs")),
-        "max_num_batched_tokens": _with([None, 256, 512, 1024, 2048, 4096, 8192, 16384],
-                                        current.get("max_num_batched_tokens")),
+        "max_num_batched_tokens": _with(
+            [None, 256, 512, 1024, 2048, 4096, 8192, 16384], current.get("max_num_batched_tokens")
+        ),
         "enable_prefix_caching": (False, True),
         "enable_chunked_prefill": (True, False),
         "gpu_memory_utilization": _with([0.8, 0.85, 0.9, 0.95], current.get("gpu_memory_utilization")),
@@ -182,9 +220,11 @@ def not_applied(backend: str, flags: Mapping[str, Any]) -> str:
     if other is not None:
         if other == backend:
             return f"backend={other} is the server it already is: not a flag its argv carries"
-        return (f"backend {backend} -> {other} is not a tune candidate: a trial of {other} needs {other}'s own "
-                f"model file and executable, which this {backend} target does not name; its trial would run "
-                f"{backend} with the same flags. Measure it by tuning a managed {other} target")
+        return (
+            f"backend {backend} -> {other} is not a tune candidate: a trial of {other} needs {other}'s own "
+            f"model file and executable, which this {backend} target does not name; its trial would run "
+            f"{backend} with the same flags. Measure it by tuning a managed {other} target"
+        )
     return ""
 
 
@@ -223,8 +263,15 @@ def canonical(flags: Mapping[str, Any]) -> dict[str, Any]:
     return {k: flags[k] for k in sorted(flags) if flags[k] is not None}
 
 
-def feasible(backend: str, flags: Mapping[str, Any], *, model: ModelFacts | None, hardware: Hardware,
-             longest: int, default_batched_tokens: int = 8192) -> Verdict:
+def feasible(
+    backend: str,
+    flags: Mapping[str, Any],
+    *,
+    model: ModelFacts | None,
+    hardware: Hardware,
+    longest: int,
+    default_batched_tokens: int = 8192,
+) -> Verdict:
     """Whether a server could start with ``flags`` and serve the workload; see the module docstring."""
     f = canonical(flags)
     foreign = not_applied(backend, f)
@@ -242,33 +289,57 @@ def feasible(backend: str, flags: Mapping[str, Any], *, model: ModelFacts | None
     batched = int(f.get("max_num_batched_tokens") or default_batched_tokens)
     chunked = bool(f.get("enable_chunked_prefill", True))
     if batched < seqs:
-        return Verdict(False, f"max-num-batched-tokens {batched} < max-num-seqs {seqs}: vLLM refuses to start", {},
-                       "batched_below_seqs")
+        return Verdict(
+            False,
+            f"max-num-batched-tokens {batched} < max-num-seqs {seqs}: vLLM refuses to start",
+            {},
+            "batched_below_seqs",
+        )
     if not chunked and batched < length:
-        return Verdict(False, f"max-num-batched-tokens {batched} < max-model-len {length} without chunked prefill: "
-                              "vLLM refuses to start", {}, "batched_below_len")
+        return Verdict(
+            False,
+            f"max-num-batched-tokens {batched} < max-model-len {length} without chunked prefill: vLLM refuses to start",
+            {},
+            "batched_below_len",
+        )
     if length < longest:
-        return Verdict(False, f"max-model-len {length} < the workload's longest request ({longest} tokens)", {},
-                       "len_below_longest")
+        return Verdict(
+            False,
+            f"max-model-len {length} < the workload's longest request ({longest} tokens)",
+            {},
+            "len_below_longest",
+        )
     if model is None:
         return Verdict(True, "no model facts: the start-up checks pass, memory unchecked", {})
     memory: MemoryPlan
     try:
         if hardware.gpu_memory_bytes:
-            memory = plan(model, gpu_memory_bytes=hardware.gpu_memory_bytes,
-                          gpu_memory_utilization=float(f.get("gpu_memory_utilization") or 0.9), max_model_len=length,
-                          kv_cache_dtype=str(f.get("kv_cache_dtype") or "auto"), max_num_batched_tokens=batched)
+            memory = plan(
+                model,
+                gpu_memory_bytes=hardware.gpu_memory_bytes,
+                gpu_memory_utilization=float(f.get("gpu_memory_utilization") or 0.9),
+                max_model_len=length,
+                kv_cache_dtype=str(f.get("kv_cache_dtype") or "auto"),
+                max_num_batched_tokens=batched,
+            )
         elif hardware.cpu_kv_cache_bytes:
-            memory = plan(model, gpu_memory_bytes=hardware.cpu_kv_cache_bytes + weights_bytes(model),
-                          max_model_len=length,
-                          kv_cache_dtype=str(f.get("kv_cache_dtype") or "auto"),
-                          kv_cache_memory_bytes=hardware.cpu_kv_cache_bytes)
+            memory = plan(
+                model,
+                gpu_memory_bytes=hardware.cpu_kv_cache_bytes + weights_bytes(model),
+                max_model_len=length,
+                kv_cache_dtype=str(f.get("kv_cache_dtype") or "auto"),
+                kv_cache_memory_bytes=hardware.cpu_kv_cache_bytes,
+            )
         else:
             return Verdict(True, "no memory facts (no GPU reading, no CPU KV space): memory unchecked", {})
     except ValueError as exc:
         return Verdict(False, f"memory model cannot plan it: {exc}", {}, "memory")
-    brief = {"kv_capacity_tokens": memory.kv_capacity_tokens, "max_concurrency": round(memory.max_concurrency, 3),
-             "weights_bytes": memory.weights_bytes, "kv_budget_bytes": memory.kv_budget_bytes}
+    brief = {
+        "kv_capacity_tokens": memory.kv_capacity_tokens,
+        "max_concurrency": round(memory.max_concurrency, 3),
+        "weights_bytes": memory.weights_bytes,
+        "kv_budget_bytes": memory.kv_budget_bytes,
+    }
     if not memory.fits:
         return Verdict(False, f"memory model: {memory.reason}", brief, "memory")
     return Verdict(True, memory.reason, brief)
@@ -277,17 +348,28 @@ def feasible(backend: str, flags: Mapping[str, Any], *, model: ModelFacts | None
 def _feasible_llama(f: Mapping[str, Any], *, model: ModelFacts | None, hardware: Hardware, longest: int) -> Verdict:
     parallel, ctx = int(f.get("parallel") or 1), int(f.get("ctx_size") or 4096)
     if ctx // parallel < longest:
-        return Verdict(False, f"-c {ctx} over --parallel {parallel} gives each slot {ctx // parallel} tokens, less "
-                              f"than the workload's longest request ({longest})", {}, "slot_below_longest")
+        return Verdict(
+            False,
+            f"-c {ctx} over --parallel {parallel} gives each slot {ctx // parallel} tokens, less "
+            f"than the workload's longest request ({longest})",
+            {},
+            "slot_below_longest",
+        )
     if int(f.get("ubatch_size") or 512) > int(f.get("batch_size") or 2048):
-        return Verdict(False, f"-ub {f.get('ubatch_size')} > -b {f.get('batch_size') or 2048}", {},
-                       "ubatch_above_batch")
+        return Verdict(
+            False, f"-ub {f.get('ubatch_size')} > -b {f.get('batch_size') or 2048}", {}, "ubatch_above_batch"
+        )
     if model is None or not hardware.host_memory_bytes:
         return Verdict(True, "no model or host memory facts: the slot checks pass, memory unchecked", {})
     kv = ctx * kv_bytes_per_token(model, "float16")  # llama-server's default KV type
     need = (model.checkpoint_bytes or weights_bytes(model)) + kv + _LLAMA_RUNTIME_BYTES
     brief = {"kv_bytes": kv, "need_bytes": need, "host_memory_bytes": hardware.host_memory_bytes}
     if need > hardware.host_memory_bytes:
-        return Verdict(False, f"weights + {ctx} tokens of KV + buffers = {need / 2**30:.2f} GiB, more than the "
-                              f"{hardware.host_memory_bytes / 2**30:.2f} GiB a trial server may take", brief, "host_memory")
+        return Verdict(
+            False,
+            f"weights + {ctx} tokens of KV + buffers = {need / 2**30:.2f} GiB, more than the "
+            f"{hardware.host_memory_bytes / 2**30:.2f} GiB a trial server may take",
+            brief,
+            "host_memory",
+        )
     return Verdict(True, f"{need / 2**30:.2f} GiB of {hardware.host_memory_bytes / 2**30:.2f} GiB", brief)
