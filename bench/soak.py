@@ -68,10 +68,11 @@ ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertman
 TOKEN = "soak-token-0123456789abcdef0123"
 APPLY_TARGET = "soak-00"
 RETENTION = {"raw": "10m", "rollup": "20m", "rollup_step": "1m"}
-RETENTION_EVERY_MIN = 10
+RETENTION_EVERY_MIN = 10  # the daemon's retention job runs this often (tuner/daemon/jobs.py)
 RESEND_S = 60.0  # alerting.resend_delay
-NOTIFY_TIMEOUT_S = 5.0  # tuner's POST to Alertmanager gives up after this (tuner/notify/alertmanager.py)  # the daemon's retention job runs this often (tuner/daemon/jobs.py)
-TABLES = (
+NOTIFY_TIMEOUT_S = 5.0  # tuner's POST to Alertmanager gives up after this (tuner/notify/alertmanager.py)
+# What retention prunes: judged flat once it has settled.
+PRUNED = (
     "samples",
     "hist_samples",
     "scrapes",
@@ -80,10 +81,11 @@ TABLES = (
     "alert_events",
     "alert_states",
     "alert_outbox",
-    "applies",
-    "apply_steps",
-    "recommendations",
 )
+# The apply journal and the proposals it applied: an audit kept by design, one entry an apply (the soak makes one a
+# minute, sixty times auto mode's default budget); counted, not judged.
+JOURNAL = ("applies", "apply_steps", "recommendations")
+TABLES = PRUNED + JOURNAL
 
 GOOD_RULES = """groups:
   - name: soak
@@ -398,7 +400,7 @@ def double_applies(races: list[Race], hook_runs: list[dict], applies: list[jr.St
 
 
 def flat(samples: list[Sample], settle_min: float, *, tolerance: float = 0.10) -> dict[str, tuple[float, float, bool]]:
-    """The store after retention has settled: for the file size and each table's rows, (the peak of the quarter of
+    """The store after retention has settled: for the file size and the rows of each table retention prunes, (the peak of the quarter of
     the run before the last, the peak of the last quarter, last <= (1 + tolerance) x before). Empty when the run is
     too short to have a settled half (settle_min: when retention has pruned at the rollup age)."""
     settled = [s for s in samples if s.minute >= settle_min]
@@ -407,7 +409,7 @@ def flat(samples: list[Sample], settle_min: float, *, tolerance: float = 0.10) -
     mid = settled[len(settled) // 2].minute
     before, last = [s for s in settled if s.minute < mid], [s for s in settled if s.minute >= mid]
     out = {}
-    for key in ("file_bytes", *TABLES):
+    for key in ("file_bytes", *PRUNED):
 
         def value(s: Sample, key: str = key) -> float:
             return float(s.file_bytes if key == "file_bytes" else s.rows.get(key, 0))
@@ -897,6 +899,13 @@ def report(args: argparse.Namespace, soak: Soak, facts: dict[str, Any], command:
         ]
         lines += [f"| {k} | {a:,.0f} | {b:,.0f} | {'yes' if ok else 'NO'} |" for k, (a, b, ok) in flatness.items()]
         lines.append("")
+    if last is not None:
+        lines += [
+            "The apply journal, kept by design and not judged (an entry an apply; the soak applies once a minute): "
+            + ", ".join(f"{t} {last.rows.get(t, 0):,}" for t in JOURNAL)
+            + " at the end.",
+            "",
+        ]
     lines += [
         "| minute | file MiB | samples | hist_samples | series | engine_configs | alert_events | outbox | RSS MiB |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
