@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import fixture_text
+from tuner.apply import observe
 from tuner.apply.flow import Applier
 from tuner.cli.apply import _cost_line
 from tuner.config import parse_config
@@ -51,7 +52,7 @@ def test_the_cost_is_the_outage_and_the_arrivals_it_met(store):
         ],
     )
     base = {"offered_rps": 3.2, "in_flight_at_drain": 14, "mean_in_flight": 15.26}
-    cost = Applier._cost(jr.get_apply(store.engine, aid), base)
+    cost = observe.cost(jr.get_apply(store.engine, aid), base)
     assert cost == {"outage_s": 35.5, "arrivals_during_outage": 113.6}  # 3.2 req/s x 35.5 s
     jr.set_kpis(store.engine, aid, now=T0 + 70, baseline=base, after=cost)
     line = _cost_line(jr.get_apply(store.engine, aid))
@@ -64,12 +65,12 @@ def test_the_cost_is_the_outage_and_the_arrivals_it_met(store):
 def test_no_cost_line_without_a_measured_outage(store):
     # never healthy (a failed start) or by hand (no drain): no outage, no estimate, no line
     aid = _apply(store, [("baseline", 0), ("draining", 2.0), ("stopped", 9.5), ("start_failed", 20.0)])
-    assert Applier._cost(jr.get_apply(store.engine, aid), {"offered_rps": 3.2}) == {}
+    assert observe.cost(jr.get_apply(store.engine, aid), {"offered_rps": 3.2}) == {}
     assert _cost_line(jr.get_apply(store.engine, aid)) is None
     jr.finish(store.engine, aid, "failed", "", now=T0 + 21)
     # an unknown offered load (too few scrapes before) still gives the outage, without an arrivals estimate
     aid2 = _apply(store, [("draining", 100.0), ("healthy", 130.0)])
-    assert Applier._cost(jr.get_apply(store.engine, aid2), {}) == {"outage_s": 30.0}
+    assert observe.cost(jr.get_apply(store.engine, aid2), {}) == {"outage_s": 30.0}
     # the gauges did not answer before the drain: the baseline's Little's-law mean still says how many were in
     jr.set_kpis(
         store.engine,

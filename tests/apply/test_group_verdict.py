@@ -129,9 +129,9 @@ def test_a_rolling_apply_is_judged_on_what_the_whole_group_served(store, tmp_pat
         owner_pid=1,
         owner_start=1,
     )
-    base = ap._kpis(r1, b0 - 1, b1 + 1, group=plan.whole_group)  # what _carry_out journals before the switch
+    base = ap.observer.kpis(r1, b0 - 1, b1 + 1, group=plan.whole_group)  # what _carry_out journals before the switch
     jr.set_kpis(store.engine, aid, now=clock(), baseline=base)
-    a = ap._observe_and_judge(aid, plan, None, base)
+    a = ap.observe_and_judge(aid, plan, None, base)
 
     # the facts, from the clients of the same recordings: the group answered half as many requests after
     ok1b, ok1a, n1b, n1a = _clients("same_restart")
@@ -139,7 +139,7 @@ def test_a_rolling_apply_is_judged_on_what_the_whole_group_served(store, tmp_pat
     assert n1b + n2b == n1a + n2a  # the same offered load (closed-loop clients) before and after
     assert (ok1a + ok2a) / (ok1b + ok2b) < 0.6
     # r1 alone did not get worse beyond its noise: judged alone, the roll would have stood
-    alone = ap.judge_windows(r1, (b0 - 1, b1 + 1), tuple(a.after["window"]))
+    alone = ap.observer.judge_windows(r1, (b0 - 1, b1 + 1), tuple(a.after["window"]))
     assert alone.outcome != "rolled_back", alone
     # the decision: undone, on the group's numbers, and the journal holds the group's windows
     assert a.outcome == "rolled_back", (a.note, a.steps)

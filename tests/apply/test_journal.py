@@ -75,24 +75,25 @@ def test_each_apply_records_its_outage_and_the_next_one_is_told_the_median(store
     """Drain start -> health gate passed is the time a single instance serves nothing; `apply-recommendation`
     says the median of the earlier ones before it asks (or, with --yes, before it starts)."""
     from tuner.apply.flow import Applier
+    from tuner.apply.observe import outage
     from tuner.config import parse_config
 
     cfg = parse_config("targets:\n  - {name: t, backend: vllm, url: 'http://127.0.0.1:9'}\n")
     ap = Applier(cfg, store, tmp_path, say=lambda _m: None)
-    assert ap.expected_outage(cfg.targets[0]) is None  # nothing measured yet
+    assert ap.observer.expected_outage(cfg.targets[0]) is None  # nothing measured yet
     for i, secs in enumerate((30.0, 10.0, 20.0)):
         aid = begin(store, now=1000.0 * (i + 1))
         jr.step(store.engine, aid, "draining", "pid 9", now=1000.0 * (i + 1) + 1, state="draining")
         jr.step(store.engine, aid, "healthy", "", now=1000.0 * (i + 1) + 1 + secs)
         jr.finish(store.engine, aid, "kept", "", now=1000.0 * (i + 1) + 100)
-        assert Applier._outage(jr.get_apply(store.engine, aid)) == secs
-    assert ap.expected_outage(cfg.targets[0]) == (20.0, 3)
+        assert outage(jr.get_apply(store.engine, aid)) == secs
+    assert ap.observer.expected_outage(cfg.targets[0]) == (20.0, 3)
 
 
 def test_which_applies_leave_their_new_flags_standing(store):
     """An inconclusive verdict under on_inconclusive: keep_new keeps the new flags as surely as `kept` does: the
     flags in force and `tuner rollback` must see them (a clean-clone run found rollback refusing one)."""
-    from tuner.apply.flow import flags_in_force
+    from tuner.apply.servers import flags_in_force
     from tuner.config import parse_config
 
     t = parse_config(

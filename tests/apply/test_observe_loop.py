@@ -65,7 +65,7 @@ def _run(store, tmp_path, apply_yaml: str) -> tuple[jr.StoredApply, FakeClock]:
         owner_start=1,
     )
     base = {"window": [before[0][0], before[-1][0]]}
-    return ap._observe_and_judge(aid, plan, None, base), clock
+    return ap.observe_and_judge(aid, plan, None, base), clock
 
 
 def _details(a: jr.StoredApply, step: str) -> list[str]:

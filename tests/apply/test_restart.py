@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tuner.apply.flow import Applier
+from tuner.apply.restart import restart
 from tuner.config import parse_config
 from tuner.errors import ApplyError
 from tuner.store import journal as jr
@@ -46,13 +47,13 @@ def test_a_restart_is_refused_past_the_restart_budget_and_on_a_server_tuner_does
         jr.step(store.engine, aid, "starting", now=now - 600 + i)
         jr.finish(store.engine, aid, "kept", "", now=now - 600 + i)
     with pytest.raises(ApplyError, match=r"2 server starts by applies in the last hour .*max_restarts_per_hour 2"):
-        ap.restart("t", reason="stalled")
+        restart(ap, "t", reason="stalled")
     assert [a.kind for a in jr.list_applies(store.engine)] == ["apply", "apply"]  # nothing journaled
     assert cfg.targets[0].managed is not None and cfg.targets[0].managed.restart_when_stalled.total_seconds() == 120
 
     plain = _cfg(tmp_path, managed=False)
     with pytest.raises(ApplyError, match="is not managed"):
-        Applier(plain, store, tmp_path, say=lambda m: None).restart("t", reason="stalled")
+        restart(Applier(plain, store, tmp_path, say=lambda m: None), "t", reason="stalled")
 
 
 def test_a_restart_waits_while_an_apply_is_open_on_the_target(store, tmp_path):
@@ -73,4 +74,4 @@ def test_a_restart_waits_while_an_apply_is_open_on_the_target(store, tmp_path):
         owner_start=1,
     )
     with pytest.raises(ApplyError, match="apply #1"):
-        ap.restart("t", reason="stalled")
+        restart(ap, "t", reason="stalled")

@@ -100,7 +100,7 @@ def test_each_route_is_chosen_by_its_config_and_plans_the_same_diff(tmp_path, st
     route = route_for(t)
     assert route is ROUTES[name]
     ap = Applier(cfg, store, tmp_path, say=lambda m: None)
-    p = ap._plan(t, {"max_num_seqs": 8})
+    p = ap.plan_diff(t, {"max_num_seqs": 8})
     assert p.route is route and (p.old_flags, p.new_flags) == ({"max_num_seqs": 4}, {"max_num_seqs": 8})
     # tuner restarts the server itself on every route but by hand
     assert route.restarts == (name != "manual")
@@ -126,7 +126,7 @@ def test_each_route_is_chosen_by_its_config_and_plans_the_same_diff(tmp_path, st
 def test_by_hand_never_switches_and_never_restores(tmp_path, store):
     cfg = parse_config(_config(tmp_path, "manual"))
     ap = Applier(cfg, store, tmp_path, say=lambda m: None)
-    p = ap._plan(cfg.targets[0], {"max_num_seqs": 8})
+    p = ap.plan_diff(cfg.targets[0], {"max_num_seqs": 8})
     with pytest.raises(ApplyError, match="restart it by hand with --max-num-seqs 8"):
         p.route.switch(ap, 0, p, p.new_flags, p.diff)
     assert p.route.restore(ap, 0, p) is False

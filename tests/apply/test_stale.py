@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.apply.flow import Applier, stale
+from tuner.apply import admit
+from tuner.apply.admit import stale
+from tuner.apply.flow import Applier
 from tuner.config import parse_config
 from tuner.errors import ApplyError
 from tuner.store import journal as jr
@@ -99,7 +101,7 @@ def test_a_roll_over_a_group_expires_the_other_replicas_proposals_and_a_stale_on
         ap.apply(in_force)
     assert recs.get_recommendation(store.engine, in_force).status == "expired"
     assert jr.list_applies(store.engine) == []  # refused before anything ran
-    assert ap.expire_stale(cfg.target("chat.r2"), apply_id=7) == [moved]
+    assert admit.expire_stale(ap, cfg.target("chat.r2"), apply_id=7) == [moved]
     note = recs.get_recommendation(store.engine, moved).note
     assert note == "proposed against max_num_seqs=4; in force now: max_num_seqs=8 (apply #7)"
     assert recs.get_recommendation(store.engine, fits).status == "proposed"

@@ -33,11 +33,11 @@ def test_the_health_gate_sends_the_api_key_a_server_needs_and_nothing_shows_it(t
     ap = Applier(cfg, Store(engine), tmp_path, say=said.append)
     t = cfg.target("llama")
     try:
-        r = ap.start(t)  # /health (public), then one completion: refused without the key
+        r = ap.servers.start(t)  # /health (public), then one completion: refused without the key
         assert KEY in r.argv  # the server got it
         assert any("healthy after" in s for s in said), said
     finally:
-        ap.stop(t)
+        ap.servers.stop(t)
         engine.dispose()
     log = (tmp_path / "logs" / "llama.log").read_text()
     starting = [line for line in log.splitlines() if line.startswith("==== tuner")]

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tuner.app.session import Session
+from tuner.apply import admit
 from tuner.apply.balancer import haproxy_config
 from tuner.apply.flow import Applier, Opened, Plan
 from tuner.config import Config, Target
@@ -65,7 +66,7 @@ class PendingApply:
 
     def expected_outage(self) -> tuple[float, int] | None:
         """(median seconds without service, how many earlier applies that is from); None by hand or unknown."""
-        return self.applier.expected_outage(self.plan.target) if self.plan.route.outage else None
+        return self.applier.observer.expected_outage(self.plan.target) if self.plan.route.outage else None
 
     def go(self, *, mode: str = "manual", force: bool = False, canary: bool = False) -> jr.StoredApply:
         if canary:
@@ -79,7 +80,7 @@ def plan(session: Session, rec_id: int, say: Callable[[str], None] = print) -> P
     An apply left half done by a dead tuner is reconciled first: it must not block, or confuse, this one."""
     ap = session.applier(say)
     ap.reconcile()
-    return PendingApply(ap, rec_id, ap.plan(ap.fresh(rec_id)))
+    return PendingApply(ap, rec_id, ap.plan(admit.fresh(ap, rec_id)))
 
 
 def waiting_on(session: Session, target: str, now: float) -> str | None:

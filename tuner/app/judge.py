@@ -123,7 +123,7 @@ def judge_target(session: Session, target: str, before: str, after: str, *, now:
     replica group's name judges what all its replicas served together, as a rolling apply is judged."""
     members = replica_groups(session.cfg.targets).get(target)
     t = members[0] if members else session.cfg.target(target)
-    return session.applier(lambda _m: None).judge_windows(
+    return session.applier(lambda _m: None).observer.judge_windows(
         t,
         parse_range(before, now=now, what="--before"),
         parse_range(after, now=now, what="--after"),

@@ -17,7 +17,7 @@ from typing import Any
 from tuner.advise.diagnose import Inputs
 from tuner.advise.facts import ModelFacts, ServerFacts, flags_from_live_config, gpu_facts, load_model, observe
 from tuner.advise.recommend import Outcome, Previous, evaluate
-from tuner.apply.flow import flags_in_force
+from tuner.apply.servers import flags_in_force
 from tuner.collect import http
 from tuner.config import Config, Target
 from tuner.errors import ConfigError, InputFileError, ModelFactsError, ScrapeError

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tuner.apply.flow import Applier
+from tuner.apply.restart import restart
 from tuner.config import Target
 from tuner.signals.derive import TargetSignals, stall_reason
 from tuner.store import journal as jr
@@ -39,7 +40,8 @@ def stall_step(
     if now - since < after.total_seconds():
         return None
     watch.since[target.name] = now
-    return applier.restart(
+    return restart(
+        applier,
         target.name,
         reason=f"stalled for {now - since:.0f}s (managed.restart_when_stalled {after.total_seconds():g}s): {why}",
         mode="auto",

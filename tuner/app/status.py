@@ -7,7 +7,7 @@ from typing import Any
 
 from tuner.app.memory import EngineMemory, memory_of, server_pids
 from tuner.app.session import Session
-from tuner.apply.flow import flags_in_force
+from tuner.apply.servers import flags_in_force
 from tuner.collect.gpu import read_nvml
 from tuner.config import Config, Target, replica_groups
 from tuner.errors import TunerError

@@ -48,8 +48,9 @@ from tuner.advise.recommend import diff_key, evaluate
 from tuner.app.recommend import engine_inputs
 from tuner.app.room import hardware, second_server, shadow_fits
 from tuner.apply import managed as mg
-from tuner.apply.flow import Applier, flags_in_force
+from tuner.apply.flow import Applier
 from tuner.apply.launch import free_port
+from tuner.apply.servers import flags_in_force
 from tuner.config import Config, Target, parse_window, window_left
 from tuner.errors import ApplyError, ConfigError, InputFileError, NothingToMeasureError, ServerStartError, TunerError
 from tuner.files import read_text
@@ -646,7 +647,7 @@ def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
     if r is not None:
         ctx.waiting[:] = [f"draining {t.name} for the trials"]
         ap.step(aid, "stopped", ap.drain(t, r))
-    ap.save_managed(t, None, current, ServerState.STOPPED, note=f"tuning run {ctx.run_id} on the target")
+    ap.servers.save(t, None, current, ServerState.STOPPED, note=f"tuning run {ctx.run_id} on the target")
     ap.step(aid, "tuning", f"trials on {t.url}", state=ApplyState.TUNING)
     failed: BaseException | None = None
     try:

@@ -56,7 +56,7 @@ _SLO_KEYS = ("slo_objective", "slo_budgets")  # said by the SLO line
 
 
 def _cost_line(a: jr.StoredApply) -> str | None:
-    """What the apply cost the clients, in words, from what the journal holds (see Applier._cost)."""
+    """What the apply cost the clients, in words, from what the journal holds (see tuner/apply/observe.py:cost)."""
     outage = a.after.get("outage_s")
     if outage is None:
         return None
@@ -229,10 +229,10 @@ def cmd_managed(args: argparse.Namespace) -> int:
         if args.action == "start":
             starting[:] = [f"{t.name}: waiting for the server to start and pass the health gate"]
             with hb:
-                ap.start(t)
+                ap.servers.start(t)
             starting.clear()
         elif args.action == "stop":
-            print(f"{t.name}: {ap.stop(t)}")
+            print(f"{t.name}: {ap.servers.stop(t)}")
         else:
             st = jr.get_managed(ap.engine, t.name)
             r = ap.running(t)

@@ -487,7 +487,7 @@ class Daemon:
     def manage_once(self, target: Target) -> None:
         """Keep a managed server running: start it, or restart it after a crash (bounded)."""
         try:
-            what = self.applier.supervise(target)
+            what = self.applier.servers.supervise(target)
         except TunerError as exc:
             self._job_error(f"manage:{target.name}", str(exc))
             return

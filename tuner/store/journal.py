@@ -2,7 +2,7 @@
 
 An apply row moves through ``STATES`` and ends ``done`` with an ``outcome``; every step is also a row of
 ``apply_steps`` written *before* the action it names, so a tuner killed at any point leaves a journal that says
-where it was (``Applier.reconcile`` in tuner/apply/flow.py reads it on restart). An apply whose state is not ``done``
+where it was (tuner/apply/reconcile.py reads it on restart). An apply whose state is not ``done``
 holds the target: no second apply, restart or supervisor action touches that server meanwhile. What it holds is its
 ``holds`` key, the target's replica group (``group:NAME``) or the target itself (``target:NAME``), and a unique index
 over the keys of open applies makes that the database's rule, not a check a second process can slip past (two
