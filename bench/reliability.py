@@ -360,6 +360,7 @@ def run(
 
 def fuzz(log=print) -> dict[str, dict]:  # type: ignore[no-untyped-def]
     """Run the fuzzers of tests/reliability/test_fuzz.py (same inputs as CI) and return their counts."""
+    os.environ.setdefault("TUNER_FUZZ_EXAMPLES", "10000")  # the suite runs 3,000 of the same inputs
     from tests.reliability import test_fuzz
 
     for name in sorted(dir(test_fuzz)):
