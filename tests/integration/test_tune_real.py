@@ -474,7 +474,8 @@ def test_every_trial_server_runs_the_flags_its_trial_is_labelled_with(tmp_path, 
         require(realservers.VLLM_PYTHON, realservers.TINY_MODEL)
         cfg = _config(tmp_path)
         cfg.write_text(cfg.read_text().replace("name: tiny", "name: v"))
-        # seeds: the flags in force, the advisor's max_num_seqs 2, then its backend switch (the third trial before)
+        # seeds: the flags in force, the advisor's max_num_seqs 2, then its backend switch (once the third trial,
+        # which ran vLLM labelled backend=llamacpp; now said at set-up, whatever the budget, so two trials suffice)
         argv = [
             "tune",
             "v",
@@ -483,7 +484,7 @@ def test_every_trial_server_runs_the_flags_its_trial_is_labelled_with(tmp_path, 
             "--flags",
             "max_num_seqs=1/2/4",
             "--budget",
-            "3",
+            "2",
             "--run-seconds",
             "4",
             "--max-runs",
