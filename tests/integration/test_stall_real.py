@@ -135,28 +135,32 @@ def test_a_managed_llama_server_whose_slot_loop_stalls_is_restarted_through_the_
     engine = open_engine(cfg.store.url)
     upgrade(engine)
     daemon = Daemon(cfg, Store(engine), config_dir=tmp_path)
-    with running(daemon):
-        first = wait_for(lambda: daemon.applier.running(cfg.targets[0]), 60, "the managed llama-server running")
-        wait_for(lambda: (h := daemon.store.health("llama")) is not None and h.health == "up", 30, "a scrape")
-        with ThreadStop(first.pid):
-            done = wait_for(
-                lambda: [
-                    a for a in jr.list_applies(engine, target="llama") if a.kind == "restart" and a.state == "done"
-                ],
-                60,
-                "a journaled restart",
+    try:
+        with running(daemon):
+            first = wait_for(lambda: daemon.applier.running(cfg.targets[0]), 60, "the managed llama-server running")
+            wait_for(lambda: (h := daemon.store.health("llama")) is not None and h.health == "up", 30, "a scrape")
+            with ThreadStop(first.pid):
+                done = wait_for(
+                    lambda: [
+                        a for a in jr.list_applies(engine, target="llama") if a.kind == "restart" and a.state == "done"
+                    ],
+                    60,
+                    "a journaled restart",
+                )
+            a = done[0]
+            assert a.outcome == "kept" and a.mode == "auto", a.note
+            steps = [s["step"] for s in a.steps]
+            assert steps[:2] == ["planned", "reason"] and "draining" in steps and "healthy" in steps, steps
+            reason = next(s["detail"] for s in a.steps if s["step"] == "reason")
+            assert "/health answers 200 while /metrics does not" in reason and "restart_when_stalled" in reason
+            second = daemon.applier.running(cfg.targets[0])
+            assert second is not None and second.pid != first.pid
+            wait_for(
+                lambda: (h := daemon.store.health("llama")) is not None and h.health == "up",
+                30,
+                "scrapes of the restarted server",
             )
-        a = done[0]
-        assert a.outcome == "kept" and a.mode == "auto", a.note
-        steps = [s["step"] for s in a.steps]
-        assert steps[:2] == ["planned", "reason"] and "draining" in steps and "healthy" in steps, steps
-        reason = next(s["detail"] for s in a.steps if s["step"] == "reason")
-        assert "/health answers 200 while /metrics does not" in reason and "restart_when_stalled" in reason
-        second = daemon.applier.running(cfg.targets[0])
-        assert second is not None and second.pid != first.pid
-        wait_for(
-            lambda: (h := daemon.store.health("llama")) is not None and h.health == "up",
-            30,
-            "scrapes of the restarted server",
-        )
+    finally:  # a managed server outlives its tuner by design: stop it, or it keeps running after the suite
+        daemon.applier.servers.stop(cfg.targets[0])
+    assert daemon.applier.running(cfg.targets[0]) is None
     assert json.dumps(a.old_flags) == json.dumps(a.new_flags)  # the same flags: a restart, not an apply
