@@ -22,13 +22,22 @@ from tuner import names
 from tuner.collect import catalogue
 from tuner.names import StrEnum
 from tuner.rules.state import AlertState
-from tuner.store.journal import OUTCOMES, STATES, ApplyOutcome, ApplyState, ServerState
+from tuner.store.journal import OUTCOMES, STATES, ApplyOutcome, ApplyState, ApplyStep, ServerState
 from tuner.store.recommendations import STATUSES, RecStatus
 from tuner.store.tuning import TRIAL_STATUSES, RunState, TrialStatus
 
 TUNER = Path(__file__).resolve().parents[1] / "tuner"
 
-ENUMS: tuple[type[StrEnum], ...] = (ApplyOutcome, ApplyState, ServerState, RecStatus, AlertState, TrialStatus, RunState)
+ENUMS: tuple[type[StrEnum], ...] = (
+    ApplyOutcome,
+    ApplyState,
+    ApplyStep,
+    ServerState,
+    RecStatus,
+    AlertState,
+    TrialStatus,
+    RunState,
+)
 
 # Words that mean one thing in tuner, and the modules that own them. Words several vocabularies share ("done",
 # "failed", "running", "crashed", "stopped", "starting": a Kubernetes rollout, a trial, a managed server, an apply step,
@@ -38,6 +47,12 @@ OWNED = {
     "rolled_back": "store/journal.py",
     "inconclusive": "store/journal.py",
     "given_up": "store/journal.py",
+    "reconcile_found": "store/journal.py",  # apply steps no other vocabulary uses
+    "restore_failed": "store/journal.py",
+    "restore_by_hand": "store/journal.py",
+    "start_failed": "store/journal.py",
+    "settle_failed": "store/journal.py",
+    "in_rotation": "store/journal.py",
     "inactive": "rules/state.py",
     "pending": "rules/state.py",
     "firing": "rules/state.py",

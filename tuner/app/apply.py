@@ -17,7 +17,7 @@ from tuner.config import Config, Target
 from tuner.errors import ApplyError, ConfigError
 from tuner.flags import redact_argv
 from tuner.store import journal as jr
-from tuner.store.journal import ApplyOutcome, ApplyState
+from tuner.store.journal import ApplyOutcome, ApplyState, ApplyStep
 
 __all__ = [
     "haproxy_config_for",
@@ -37,19 +37,19 @@ __all__ = [
 
 # What each journal step of a running apply waits for, in words (the CLI's progress line).
 _WAITS = {
-    "planned": "reading the baseline window",
-    "baseline": "about to drain",
-    "draining": "draining the old server (in-flight requests finish first)",
-    "stopped": "starting the new server",
-    "starting": "starting the new server",
-    "health_check": "waiting for the new server's health gate (/health, then one real request)",
-    "healthy": "observing the new flags",
-    "observing": "observing the new flags",
-    "restoring": "restoring the previous flags",
-    "hook": "running the apply hook",
-    "reconcile": "finishing what a stopped tuner left half done",
-    "patch": "patching the workload's container args",
-    "rollout": "Kubernetes rolls the pods (tuner follows)",
+    ApplyStep.PLANNED: "reading the baseline window",
+    ApplyStep.BASELINE: "about to drain",
+    ApplyStep.DRAINING: "draining the old server (in-flight requests finish first)",
+    ApplyStep.STOPPED: "starting the new server",
+    ApplyStep.STARTING: "starting the new server",
+    ApplyStep.HEALTH_CHECK: "waiting for the new server's health gate (/health, then one real request)",
+    ApplyStep.HEALTHY: "observing the new flags",
+    ApplyStep.OBSERVING: "observing the new flags",
+    ApplyStep.RESTORING: "restoring the previous flags",
+    ApplyStep.HOOK: "running the apply hook",
+    ApplyStep.RECONCILE: "finishing what a stopped tuner left half done",
+    ApplyStep.PATCH: "patching the workload's container args",
+    ApplyStep.ROLLOUT: "Kubernetes rolls the pods (tuner follows)",
 }
 
 

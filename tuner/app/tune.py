@@ -58,7 +58,7 @@ from tuner.signals.workload import Workload, dump_workload, from_window, parse_w
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 from tuner.store import tuning as tj
-from tuner.store.journal import ApplyOutcome, ApplyState, ServerState
+from tuner.store.journal import ApplyOutcome, ApplyState, ApplyStep, ServerState
 from tuner.store.store import Store
 from tuner.store.tuning import RunState, TrialStatus
 from tuner.tune.bench import BenchClient, BenchError
@@ -640,15 +640,15 @@ def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
     r = ap.running(t)
     ap.step(
         aid,
-        "draining",
+        ApplyStep.DRAINING,
         f"tuning run {ctx.run_id} on the target: " + (f"pid {r.pid}" if r else "no server running"),
         state=ApplyState.DRAINING,
     )
     if r is not None:
         ctx.waiting[:] = [f"draining {t.name} for the trials"]
-        ap.step(aid, "stopped", ap.drain(t, r))
+        ap.step(aid, ApplyStep.STOPPED, ap.drain(t, r))
     ap.servers.save(t, None, current, ServerState.STOPPED, note=f"tuning run {ctx.run_id} on the target")
-    ap.step(aid, "tuning", f"trials on {t.url}", state=ApplyState.TUNING)
+    ap.step(aid, ApplyStep.TUNING, f"trials on {t.url}", state=ApplyState.TUNING)
     failed: BaseException | None = None
     try:
         yield
@@ -657,12 +657,12 @@ def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
         raise
     finally:
         ctx.waiting[:] = [f"starting {t.name} again with the flags in force"]
-        ap.step(aid, "restoring", json.dumps(argv), state=ApplyState.STARTING)
+        ap.step(aid, ApplyStep.RESTORING, json.dumps(argv), state=ApplyState.STARTING)
         try:
             ap.launch(t, current)
         except ServerStartError as exc:
             first = str(exc).splitlines()[0]
-            ap.step(aid, "restore_failed", first)
+            ap.step(aid, ApplyStep.RESTORE_FAILED, first)
             jr.finish(
                 engine,
                 aid,
@@ -676,7 +676,7 @@ def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
                     f"{first}; `tuner managed start {t.name}` once the cause is fixed"
                 ) from None
         else:
-            ap.step(aid, "restored", "the flags in force, healthy")
+            ap.step(aid, ApplyStep.RESTORED, "the flags in force, healthy")
             how = "stopped early: " + type(failed).__name__ if failed is not None else "trials done"
             jr.finish(
                 engine,
@@ -703,7 +703,7 @@ def _held(ap: Applier, t: Target, in_force: dict[str, Any], *, on_target: bool) 
         new_argv=argv,
     )
     if not on_target:
-        ap.step(aid, "tuning", "trials on spare ports beside production (shadow mode)", state=ApplyState.TUNING)
+        ap.step(aid, ApplyStep.TUNING, "trials on spare ports beside production (shadow mode)", state=ApplyState.TUNING)
     ids: list[Any] = [aid, None]
     how = "done"
     try:

@@ -10,6 +10,7 @@ from tuner.config import Target
 from tuner.errors import ApplyError, NotProposedError
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
+from tuner.store.journal import ApplyStep
 
 if TYPE_CHECKING:
     from tuner.apply.flow import Applier
@@ -49,7 +50,7 @@ def check_restart_budget(ap: Applier, t: Target) -> None:
         1
         for a in jr.list_applies(ap.engine, target=t.name, limit=200)
         for s in a.steps
-        if s["step"] in ("starting", "restoring") and s["ts_ms"] >= since
+        if s["step"] in (ApplyStep.STARTING, ApplyStep.RESTORING) and s["ts_ms"] >= since
     )
     if starts >= t.apply.max_restarts_per_hour:
         raise ApplyError(

@@ -12,7 +12,7 @@ from tuner.apply.verdict import judge
 from tuner.errors import ApplyError, ServerStartError
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
-from tuner.store.journal import ApplyOutcome
+from tuner.store.journal import ApplyOutcome, ApplyStep
 from tuner.store.recommendations import RecStatus
 
 if TYPE_CHECKING:
@@ -74,8 +74,8 @@ def _canary(ap: Applier, aid: int, p: Plan, rec: recs.StoredRecommendation, rout
             (f"canary against control over the same window: {v.reason} (confidence {v.confidence:.2f}; {v.test})"),
         )
     if v is not None and v.slo is not None:
-        ap.step(aid, "slo", v.slo.line())
-    ap.step(aid, "verdict", f"{outcome}: {reason}")
+        ap.step(aid, ApplyStep.SLO, v.slo.line())
+    ap.step(aid, ApplyStep.VERDICT, f"{outcome}: {reason}")
     if outcome == ApplyOutcome.KEPT or (outcome == ApplyOutcome.INCONCLUSIVE and t.apply.on_inconclusive == "keep"):
         if outcome == ApplyOutcome.INCONCLUSIVE:
             reason += "; the new flags stay (apply.on_inconclusive: keep)"

@@ -39,7 +39,7 @@ from tuner.errors import ApplyError, ServerStartError, StoreError
 from tuner.flags import validate
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
-from tuner.store.journal import ApplyOutcome, ApplyState, ServerState
+from tuner.store.journal import ApplyOutcome, ApplyState, ApplyStep, ServerState
 from tuner.store.recommendations import RecStatus
 
 __all__ = ["Applier", "Opened", "Plan", "Restored", "own_identity"]
@@ -190,7 +190,7 @@ class Applier:
         self, aid: int, p: Plan, rec_id: int | None, exc: ServerStartError | ApplyError, *, mark: bool = True
     ) -> jr.StoredApply:
         line = p.route.why_failed(self, p.target, exc)
-        self.step(aid, "start_failed", line)
+        self.step(aid, ApplyStep.START_FAILED, line)
         restored = self.restore(aid, p)
         note = f"the server did not take the new flags: {line}; {restored}"
         jr.finish(self.engine, aid, ApplyOutcome.FAILED, note, now=self.clock())
@@ -292,7 +292,7 @@ class Applier:
         if p.route.restarts and rollback_of is None:
             base["in_flight_at_drain"] = p.route.in_flight(self, t)  # None: not read, or no answer in time
         jr.set_kpis(self.engine, aid, now=now, baseline=base)
-        self.step(aid, "baseline", json.dumps(base, default=str))
+        self.step(aid, ApplyStep.BASELINE, json.dumps(base, default=str))
         try:
             p.route.switch(self, aid, p, p.new_flags, p.diff)
         except (ServerStartError, ApplyError) as exc:
@@ -328,8 +328,8 @@ class Applier:
         else:
             outcome, reason = v.outcome, f"{v.reason} (confidence {v.confidence:.2f}; {v.test})"
         if v is not None and v.slo is not None:
-            self.step(aid, "slo", v.slo.line())  # the SLO line first, before the verdict it led
-        self.step(aid, "verdict", f"{outcome}: {reason}")
+            self.step(aid, ApplyStep.SLO, v.slo.line())  # the SLO line first, before the verdict it led
+        self.step(aid, ApplyStep.VERDICT, f"{outcome}: {reason}")
         if outcome == ApplyOutcome.KEPT or (outcome == ApplyOutcome.INCONCLUSIVE and t.apply.on_inconclusive == "keep"):
             if outcome == ApplyOutcome.INCONCLUSIVE:
                 reason += "; the new flags stay (apply.on_inconclusive: keep)"
@@ -349,7 +349,7 @@ class Applier:
                 f"{prefix}{reason}; tuner does not restart this server: restart it by hand with "
                 f"{' '.join(flags_argv(t.backend, p.old_flags))}"
             )
-            self.step(aid, "restore_by_hand", " ".join(flags_argv(t.backend, p.old_flags)))
+            self.step(aid, ApplyStep.RESTORE_BY_HAND, " ".join(flags_argv(t.backend, p.old_flags)))
             # no data judges nothing: an inconclusive verdict stays inconclusive, never a failure
             closed = ApplyOutcome.INCONCLUSIVE if outcome == ApplyOutcome.INCONCLUSIVE else ApplyOutcome.FAILED
             jr.finish(self.engine, aid, closed, note, now=self.clock())
@@ -363,15 +363,15 @@ class Applier:
     def restore(self, aid: int, p: Plan) -> Restored:
         """Back to the old flags; whether that failed, and a description for the note."""
         t = p.target
-        self.step(aid, "restoring", json.dumps(p.old_argv), state=ApplyState.STARTING)
+        self.step(aid, ApplyStep.RESTORING, json.dumps(p.old_argv), state=ApplyState.STARTING)
         try:
             if not p.route.restore(self, aid, p):
                 return Restored(False, "restore it by hand")
         except (ServerStartError, ApplyError) as exc:
             first = str(exc).splitlines()[0]
-            self.step(aid, "restore_failed", first)
+            self.step(aid, ApplyStep.RESTORE_FAILED, first)
             if t.managed is not None:
                 self.servers.save(t, None, p.old_flags, ServerState.CRASHED, note=first)
             return Restored(True, f"restoring the previous flags FAILED too: {first}")
-        self.step(aid, "restored", "previous flags, healthy")
+        self.step(aid, ApplyStep.RESTORED, "previous flags, healthy")
         return Restored(False, "previous flags restored and healthy")

@@ -21,7 +21,7 @@ from typing import Any
 
 from tuner.apply.verdict import LOAD_MATCH
 from tuner.config import Window, in_window, parse_window
-from tuner.store.journal import ApplyOutcome, ApplyState, StoredApply, new_flags_stand
+from tuner.store.journal import ApplyOutcome, ApplyState, ApplyStep, StoredApply, new_flags_stand
 from tuner.store.recommendations import StoredRecommendation
 
 __all__ = [
@@ -139,7 +139,12 @@ def rolled_back_under(
 
 
 def _starts(history: Iterable[StoredApply], since_ms: float) -> int:
-    return sum(1 for a in history for s in a.steps if s["step"] in ("starting", "restoring") and s["ts_ms"] >= since_ms)
+    return sum(
+        1
+        for a in history
+        for s in a.steps
+        if s["step"] in (ApplyStep.STARTING, ApplyStep.RESTORING) and s["ts_ms"] >= since_ms
+    )
 
 
 def decide(

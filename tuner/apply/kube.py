@@ -34,7 +34,7 @@ from tuner.kube import connect
 from tuner.kube.args import parse_flags, rewrite_args, tunable_in
 from tuner.kube.pods import Pod, selector_of
 from tuner.store import journal as jr
-from tuner.store.journal import ApplyState
+from tuner.store.journal import ApplyState, ApplyStep
 
 if TYPE_CHECKING:  # the API client type only (kube.api is loaded when a Kubernetes target is used)
     from tuner.kube.api import KubeApi
@@ -235,7 +235,7 @@ class Kube:
         done = [self._roll(ap, aid, api, t, k.kind, k.name, diff, p.old_flags)]
         if k.canary is not None:  # the whole group runs the flags: the canary Deployment's pods too
             done.append(self._roll(ap, aid, api, t, "Deployment", k.canary, diff, p.old_flags, missing_ok=True))
-        ap.step(aid, "healthy", "; ".join(d for d in done if d))
+        ap.step(aid, ApplyStep.HEALTHY, "; ".join(d for d in done if d))
 
     def canary(self, ap: Steps, aid: int, p: Plan) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
         """The canary Deployment takes the flags; ((canary, its pods' targets), (control, its pods' targets))."""
@@ -248,7 +248,7 @@ class Kube:
         api = self._api(ap)
         ap.step(
             aid,
-            "canary",
+            ApplyStep.CANARY,
             f"Deployment {k.canary} takes the new flags; {k.kind} {k.name} keeps the old ones as the control",
         )
         self._roll(ap, aid, api, t, "Deployment", k.canary, p.diff, p.old_flags)
@@ -265,7 +265,9 @@ class Kube:
     def promote(self, ap: Steps, aid: int, p: Plan) -> None:
         """After a kept canary: the first Deployment takes the flags too."""
         k = self._k(p.target)
-        ap.step(aid, "healthy", self._roll(ap, aid, self._api(ap), p.target, k.kind, k.name, p.diff, p.old_flags))
+        ap.step(
+            aid, ApplyStep.HEALTHY, self._roll(ap, aid, self._api(ap), p.target, k.kind, k.name, p.diff, p.old_flags)
+        )
 
     def _roll(
         self,
@@ -287,7 +289,7 @@ class Kube:
             w = api.workload(kind, k.namespace, name)
         except KubernetesError as exc:
             if missing_ok and exc.reason.startswith("404"):
-                ap.step(aid, "rollout", f"{where} does not exist: nothing to patch")
+                ap.step(aid, ApplyStep.ROLLOUT, f"{where} does not exist: nothing to patch")
                 return ""
             raise ApplyError(str(exc)) from None
         try:
@@ -340,7 +342,7 @@ class Kube:
         k = self._k(t)
         ap.step(
             aid,
-            "patch",
+            ApplyStep.PATCH,
             json.dumps(
                 {
                     "kind": kind,
@@ -380,7 +382,7 @@ class Kube:
             own = [i for i in items if Pod.of(i, k.container).owner == name]
             state, detail = rollout_state(kind, w, own, k.container, args)
             if detail != last:
-                ap.step(aid, "rollout", f"{where}: {detail}", state=ApplyState.HEALTH_CHECK)
+                ap.step(aid, ApplyStep.ROLLOUT, f"{where}: {detail}", state=ApplyState.HEALTH_CHECK)
                 last = detail
             if state == "done":
                 return f"{where}: rolled out, {detail}"
@@ -396,7 +398,7 @@ class Kube:
     def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
         """Every workload this apply patched gets the args it had before the apply back (journaled as patched),
         the last patched first; ApplyError when one was changed since by someone else."""
-        patches = [json.loads(s["detail"]) for s in jr.get_apply(ap.engine, aid).steps if s["step"] == "patch"]
+        patches = [json.loads(s["detail"]) for s in jr.get_apply(ap.engine, aid).steps if s["step"] == ApplyStep.PATCH]
         if not patches:
             return True  # nothing was patched: nothing changed
         before: dict[tuple[str, str], list[str]] = {}

@@ -15,7 +15,7 @@ from tuner.apply.routes import ROUTES, flags_argv
 from tuner.errors import ApplyError, ServerStartError
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
-from tuner.store.journal import ApplyOutcome, ApplyState
+from tuner.store.journal import ApplyOutcome, ApplyState, ApplyStep
 from tuner.store.recommendations import RecStatus
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def await_manual(ap: Applier, aid: int, p: Plan, rec_id: int) -> jr.StoredApply:
         f"`tuner apply-recommendation {rec_id} --applied` and tuner health-checks and observes it "
         f"(or --cancel)"
     )
-    ap.step(aid, "awaiting_manual", text, state=ApplyState.AWAITING_MANUAL)
+    ap.step(aid, ApplyStep.AWAITING_MANUAL, text, state=ApplyState.AWAITING_MANUAL)
     now = ap.clock()
     base = ap.observer.kpis(t, now - t.apply.baseline.total_seconds(), now)
     jr.set_kpis(ap.engine, aid, now=now, baseline=base)
@@ -58,13 +58,15 @@ def manual_done(ap: Applier, rec_id: int, *, cancel: bool = False) -> jr.StoredA
     if not claims.take(ap.engine, a.id):
         raise ApplyError(f"apply #{a.id} is being finished already (a second --applied)")
     try:
-        if not jr.claim(ap.engine, a, ap.owner, "applied_by_hand", "", now=ap.clock(), state=ApplyState.HEALTH_CHECK):
+        if not jr.claim(
+            ap.engine, a, ap.owner, ApplyStep.APPLIED_BY_HAND, "", now=ap.clock(), state=ApplyState.HEALTH_CHECK
+        ):
             raise ApplyError(
                 f"apply #{a.id} was taken over meanwhile (a second --applied or --cancel); see "
                 f"`tuner journal {a.target}`"
             )
         try:
-            ap.step(a.id, "healthy", mg.health_gate(t))
+            ap.step(a.id, ApplyStep.HEALTHY, mg.health_gate(t))
         except ServerStartError as exc:
             jr.finish(
                 ap.engine,

@@ -18,7 +18,7 @@ from tuner.apply.verdict import Verdict, judge
 from tuner.config import Target
 from tuner.signals.load import LoadProfile, group_profile, profile
 from tuner.store import journal as jr
-from tuner.store.journal import ApplyOutcome, ApplyState
+from tuner.store.journal import ApplyOutcome, ApplyState, ApplyStep
 
 __all__ = ["Observer", "cost", "outage"]
 
@@ -30,8 +30,8 @@ def outage(a: jr.StoredApply) -> float | None:
     ts: dict[str, int] = {}
     for st in a.steps:
         ts.setdefault(st["step"], st["ts_ms"])
-    if "draining" in ts and "healthy" in ts and ts["healthy"] >= ts["draining"]:
-        return (ts["healthy"] - ts["draining"]) / 1000
+    if ApplyStep.DRAINING in ts and ApplyStep.HEALTHY in ts and ts[ApplyStep.HEALTHY] >= ts[ApplyStep.DRAINING]:
+        return (ts[ApplyStep.HEALTHY] - ts[ApplyStep.DRAINING]) / 1000
     return None
 
 
@@ -133,7 +133,7 @@ class Observer:
         limit_s = t.apply.observe_max.total_seconds() if t.apply.observe_max else 3 * observe_s
         self.steps.step(
             aid,
-            "observing",
+            ApplyStep.OBSERVING,
             f"{what}{observe_s:g}s (up to {limit_s:g}s while inconclusive)",
             state=ApplyState.OBSERVING,
         )
@@ -147,4 +147,4 @@ class Observer:
             v = verdict(t0, now)
             if v.outcome != ApplyOutcome.INCONCLUSIVE or now - t0 >= limit_s - 0.5:
                 return None, v, t0, now
-            self.steps.step(aid, "observing", f"inconclusive after {now - t0:.0f}s ({v.reason}); observing on")
+            self.steps.step(aid, ApplyStep.OBSERVING, f"inconclusive after {now - t0:.0f}s ({v.reason}); observing on")

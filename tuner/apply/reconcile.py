@@ -18,7 +18,7 @@ from tuner.apply.routes import route_for
 from tuner.errors import ApplyError, ServerStartError
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
-from tuner.store.journal import ApplyOutcome, ApplyState, ServerState
+from tuner.store.journal import ApplyOutcome, ApplyState, ApplyStep, ServerState
 from tuner.store.recommendations import RecStatus
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def reconcile(ap: Applier, *, only: Callable[[jr.StoredApply], bool] | None = No
                 ap.engine,
                 a,
                 ap.owner,
-                "reconcile",
+                ApplyStep.RECONCILE,
                 f"tuner pid {a.owner_pid} stopped at step {a.state}",
                 now=ap.clock(),
             ):
@@ -78,7 +78,7 @@ def _reconcile_one(ap: Applier, a: jr.StoredApply) -> str:
     try:
         p.route.settle(ap, a.id, t)
     except ApplyError as exc:
-        ap.step(a.id, "settle_failed", str(exc).splitlines()[0])
+        ap.step(a.id, ApplyStep.SETTLE_FAILED, str(exc).splitlines()[0])
     found, healthy = "unknown", False
     if t.managed is not None:
         st = jr.get_managed(ap.engine, t.name)
@@ -107,7 +107,7 @@ def _reconcile_one(ap: Applier, a: jr.StoredApply) -> str:
     where = f"tuner died at step {a.state}; server found with {found}" + (
         " and healthy" if healthy else "" if found == "no server running" else " but not healthy"
     )
-    ap.step(a.id, "reconcile_found", where)
+    ap.step(a.id, ApplyStep.RECONCILE_FOUND, where)
     if a.kind == "restart" and healthy:  # old and new flags are the same: it is running again, done
         jr.finish(ap.engine, a.id, ApplyOutcome.KEPT, f"reconciled: {where}", now=ap.clock())
         return _line(jr.get_apply(ap.engine, a.id))

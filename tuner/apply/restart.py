@@ -9,7 +9,7 @@ from tuner.apply.port import Plan
 from tuner.apply.routes import ROUTES
 from tuner.errors import ApplyError, ServerStartError
 from tuner.store import journal as jr
-from tuner.store.journal import ApplyOutcome
+from tuner.store.journal import ApplyOutcome, ApplyStep
 
 if TYPE_CHECKING:
     from tuner.apply.flow import Applier
@@ -33,12 +33,12 @@ def restart(ap: Applier, target: str, *, reason: str, mode: str = "auto", force:
     argv = route.argv(t, flags, {})
     p = Plan(t, route, {}, flags, flags, argv, argv)
     aid = ap.begin(p, None, "restart", mode)
-    ap.step(aid, "reason", reason)
+    ap.step(aid, ApplyStep.REASON, reason)
     try:
         route.switch(ap, aid, p, flags, {})
     except (ServerStartError, ApplyError) as exc:
         line = route.why_failed(ap, t, exc)
-        ap.step(aid, "start_failed", line)
+        ap.step(aid, ApplyStep.START_FAILED, line)
         jr.finish(
             ap.engine,
             aid,

@@ -37,7 +37,7 @@ from tuner.config import Target
 from tuner.errors import ApplyError, ConfigError, ServerStartError
 from tuner.flags import render
 from tuner.store import journal as jr
-from tuner.store.journal import ApplyState, ServerState
+from tuner.store.journal import ApplyState, ApplyStep, ServerState
 
 __all__ = [
     "Route",
@@ -104,21 +104,23 @@ class Managed:
     def switch(self, ap: Steps, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
         t = p.target
         r = ap.running(t)
-        ap.step(aid, "draining", f"pid {r.pid}" if r else "no server running", state=ApplyState.DRAINING)
+        ap.step(aid, ApplyStep.DRAINING, f"pid {r.pid}" if r else "no server running", state=ApplyState.DRAINING)
         if r is not None:
-            ap.step(aid, "stopped", ap.drain(t, r))
-        ap.step(aid, "starting", json.dumps(mg.build_argv(t, flags)), state=ApplyState.STARTING)
+            ap.step(aid, ApplyStep.STOPPED, ap.drain(t, r))
+        ap.step(aid, ApplyStep.STARTING, json.dumps(mg.build_argv(t, flags)), state=ApplyState.STARTING)
         r = ap.launch(
             t,
             flags,
-            spawned=lambda r: ap.step(aid, "health_check", f"pid {r.pid} started", state=ApplyState.HEALTH_CHECK),
+            spawned=lambda r: ap.step(
+                aid, ApplyStep.HEALTH_CHECK, f"pid {r.pid} started", state=ApplyState.HEALTH_CHECK
+            ),
         )
-        ap.step(aid, "healthy", f"/health 200 and one real request; pid {r.pid}")
+        ap.step(aid, ApplyStep.HEALTHY, f"/health 200 and one real request; pid {r.pid}")
 
     def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
         r = ap.running(p.target)
         if r is not None:
-            ap.step(aid, "stopped", ap.drain(p.target, r))
+            ap.step(aid, ApplyStep.STOPPED, ap.drain(p.target, r))
         ap.launch(p.target, p.old_flags)
         return True
 
@@ -145,10 +147,10 @@ class _Gated:
 
     def switch(self, ap: Steps, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
         t = p.target
-        ap.step(aid, "starting", "", state=ApplyState.STARTING)
+        ap.step(aid, ApplyStep.STARTING, "", state=ApplyState.STARTING)
         self._run(ap, aid, t, flags, diff)
-        ap.step(aid, "health_check", "", state=ApplyState.HEALTH_CHECK)
-        ap.step(aid, "healthy", self._gate(ap, t))
+        ap.step(aid, ApplyStep.HEALTH_CHECK, "", state=ApplyState.HEALTH_CHECK)
+        ap.step(aid, ApplyStep.HEALTHY, self._gate(ap, t))
 
     def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
         self._run(ap, aid, p.target, p.old_flags, p.old_flags)
@@ -172,7 +174,7 @@ class _Gated:
         hook = t.apply.hook
         assert hook is not None
         for argv in self.commands(ap, aid, t, flags, diff):
-            ap.step(aid, "hook", json.dumps(argv))
+            ap.step(aid, ApplyStep.HOOK, json.dumps(argv))
             try:
                 proc = subprocess.run(
                     argv, capture_output=True, text=True, timeout=hook.timeout.total_seconds(), stdin=subprocess.DEVNULL
@@ -229,7 +231,7 @@ class Systemd(_Gated):
             "# written by tuner: the flags it applied; the unit's ExecStart must use $TUNER_FLAGS\n"
             f'[Service]\nEnvironment="TUNER_FLAGS={" ".join(flags_argv(t.backend, flags))}"\n'
         )
-        ap.step(aid, "dropin", f"{path}")
+        ap.step(aid, ApplyStep.DROPIN, f"{path}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
@@ -331,7 +333,7 @@ class Rolling(_Balanced):
             )
         ap.step(
             aid,
-            "draining",
+            ApplyStep.DRAINING,
             f"{m.name}: HAProxy {b.backend}/{server} drain; {', '.join(up)} serve",
             state=ApplyState.DRAINING,
         )
@@ -344,23 +346,25 @@ class Rolling(_Balanced):
         )
         r = ap.running(m)
         if r is not None:
-            ap.step(aid, "stopped", f"{m.name}: {ap.drain(m, r)}")
-        ap.step(aid, "starting", f"{m.name}: {json.dumps(mg.build_argv(m, flags))}", state=ApplyState.STARTING)
+            ap.step(aid, ApplyStep.STOPPED, f"{m.name}: {ap.drain(m, r)}")
+        ap.step(aid, ApplyStep.STARTING, f"{m.name}: {json.dumps(mg.build_argv(m, flags))}", state=ApplyState.STARTING)
         r = ap.launch(
             m,
             flags,
             spawned=lambda r: ap.step(
-                aid, "health_check", f"{m.name}: pid {r.pid} started", state=ApplyState.HEALTH_CHECK
+                aid, ApplyStep.HEALTH_CHECK, f"{m.name}: pid {r.pid} started", state=ApplyState.HEALTH_CHECK
             ),
         )
         st = lb.ready(server, b.up_timeout.total_seconds())
-        ap.step(aid, "in_rotation", f"{m.name}: HAProxy {b.backend}/{server} {st.status}; pid {r.pid}")
+        ap.step(aid, ApplyStep.IN_ROTATION, f"{m.name}: HAProxy {b.backend}/{server} {st.status}; pid {r.pid}")
 
     def canary(self, ap: Steps, aid: int, p: Plan) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
         """The recommendation's replica takes the flags; a peer keeps the old ones as the control."""
         t = p.target
         control = next(m for m in ap.cfg.group(t) if m.name != t.name)
-        ap.step(aid, "canary", f"{t.name} takes the new flags; {control.name} keeps the old ones as the control")
+        ap.step(
+            aid, ApplyStep.CANARY, f"{t.name} takes the new flags; {control.name} keeps the old ones as the control"
+        )
         self._one(ap, aid, t, p.new_flags, self._lb(ap, t))
         return (t.name, [t.name]), (control.name, [control.name])
 
@@ -369,14 +373,18 @@ class Rolling(_Balanced):
         for m in ap.cfg.group(p.target):
             if m.name != p.target.name:
                 self._one(ap, aid, m, p.new_flags, lb)
-        ap.step(aid, "healthy", f"rolled out to all {len(ap.cfg.group(p.target))} replicas of {p.target.group}")
+        ap.step(aid, ApplyStep.HEALTHY, f"rolled out to all {len(ap.cfg.group(p.target))} replicas of {p.target.group}")
 
     def switch(self, ap: Steps, aid: int, p: Plan, flags: dict[str, Any], diff: dict[str, Any]) -> None:
         lb = self._lb(ap, p.target)
         members = ap.cfg.group(p.target)
         for m in members:
             self._one(ap, aid, m, flags, lb)
-        ap.step(aid, "healthy", f"all {len(members)} replicas of {p.target.group} run the flags and are UP in HAProxy")
+        ap.step(
+            aid,
+            ApplyStep.HEALTHY,
+            f"all {len(members)} replicas of {p.target.group} run the flags and are UP in HAProxy",
+        )
 
     def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
         """Every replica not running the old flags goes back to them, one at a time; one that does is put back in
@@ -406,7 +414,7 @@ class Rolling(_Balanced):
             assert m.replica is not None and m.balancer is not None
             if ap.running(m) is not None:
                 st = lb.ready(m.replica, m.balancer.up_timeout.total_seconds())
-                ap.step(aid, "in_rotation", f"{m.name}: HAProxy {st.status}")
+                ap.step(aid, ApplyStep.IN_ROTATION, f"{m.name}: HAProxy {st.status}")
 
 
 class BlueGreen(_Balanced):
@@ -461,14 +469,14 @@ class BlueGreen(_Balanced):
                 f"blue/green needs room for a second server beside {t.name}: {why}; free memory, or "
                 f"apply with an outage by removing targets[{t.name}].balancer"
             )
-        ap.step(aid, "room", f"a second server fits: {why}")
+        ap.step(aid, ApplyStep.ROOM, f"a second server fits: {why}")
         self._converge(ap, aid, t, flags, spare_ok=True)
-        ap.step(aid, "healthy", f"{t.name} runs the flags and is UP in HAProxy; the spare is gone")
+        ap.step(aid, ApplyStep.HEALTHY, f"{t.name} runs the flags and is UP in HAProxy; the spare is gone")
 
     def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
         fits, why = ap.room(p.target, p.old_flags) if ap.room is not None else (False, "no memory reading")
         if not fits:
-            ap.step(aid, "room", f"no room for a spare ({why}): {p.target.name} restarts in place, an outage")
+            ap.step(aid, ApplyStep.ROOM, f"no room for a spare ({why}): {p.target.name} restarts in place, an outage")
         self._converge(ap, aid, p.target, p.old_flags, spare_ok=fits)
         return True
 
@@ -491,7 +499,7 @@ class BlueGreen(_Balanced):
             if spare is not None:
                 ap.step(
                     aid,
-                    "draining",
+                    ApplyStep.DRAINING,
                     f"{t.name}: HAProxy {b.backend}/{b.server} drain; {spare.replica} serves",
                     state=ApplyState.DRAINING,
                 )
@@ -501,17 +509,17 @@ class BlueGreen(_Balanced):
                     "drained" if drained else "drain_timeout",
                     f"{t.name}: {st.current} sessions, {st.queued} queued in HAProxy",
                 )
-            ap.step(aid, "stopped", f"{t.name}: {ap.drain(t, blue)}")
-        ap.step(aid, "starting", f"{t.name}: {json.dumps(mg.build_argv(t, flags))}", state=ApplyState.STARTING)
+            ap.step(aid, ApplyStep.STOPPED, f"{t.name}: {ap.drain(t, blue)}")
+        ap.step(aid, ApplyStep.STARTING, f"{t.name}: {json.dumps(mg.build_argv(t, flags))}", state=ApplyState.STARTING)
         r = ap.launch(
             t,
             flags,
             spawned=lambda r: ap.step(
-                aid, "health_check", f"{t.name}: pid {r.pid} started", state=ApplyState.HEALTH_CHECK
+                aid, ApplyStep.HEALTH_CHECK, f"{t.name}: pid {r.pid} started", state=ApplyState.HEALTH_CHECK
             ),
         )
         st = lb.ready(b.server, up_s)
-        ap.step(aid, "in_rotation", f"{t.name}: HAProxy {b.backend}/{b.server} {st.status}; pid {r.pid}")
+        ap.step(aid, ApplyStep.IN_ROTATION, f"{t.name}: HAProxy {b.backend}/{b.server} {st.status}; pid {r.pid}")
         self._remove_spare(ap, aid, t, lb)
 
     def _start_spare(self, ap: Steps, aid: int, t: Target, flags: dict[str, Any], lb: HAProxy) -> Target:
@@ -520,7 +528,7 @@ class BlueGreen(_Balanced):
         assert spare.replica is not None
         ap.step(
             aid,
-            "starting",
+            ApplyStep.STARTING,
             f"{spare.name} on {spare.url}: {json.dumps(mg.build_argv(spare, flags))}",
             state=ApplyState.STARTING,
         )
@@ -528,13 +536,15 @@ class BlueGreen(_Balanced):
             spare,
             flags,
             spawned=lambda r: ap.step(
-                aid, "health_check", f"{spare.name}: pid {r.pid} started", state=ApplyState.HEALTH_CHECK
+                aid, ApplyStep.HEALTH_CHECK, f"{spare.name}: pid {r.pid} started", state=ApplyState.HEALTH_CHECK
             ),
         )
         host, port = spare.host_port
         lb.add(spare.replica, host, port)
         st = lb.ready(spare.replica, t.balancer.up_timeout.total_seconds())
-        ap.step(aid, "in_rotation", f"{spare.name}: HAProxy {lb.backend}/{spare.replica} {st.status}; pid {r.pid}")
+        ap.step(
+            aid, ApplyStep.IN_ROTATION, f"{spare.name}: HAProxy {lb.backend}/{spare.replica} {st.status}; pid {r.pid}"
+        )
         return spare
 
     def _remove_spare(self, ap: Steps, aid: int, t: Target, lb: HAProxy) -> None:
@@ -550,10 +560,10 @@ class BlueGreen(_Balanced):
             )
         r = ap.running(spare)
         if r is not None:
-            ap.step(aid, "stopped", f"{spare.name}: {ap.drain(spare, r)}")
+            ap.step(aid, ApplyStep.STOPPED, f"{spare.name}: {ap.drain(spare, r)}")
         if spare.replica in lb.stats():
             lb.remove(spare.replica)
-            ap.step(aid, "removed", f"{spare.name}: HAProxy {lb.backend}/{spare.replica} deleted")
+            ap.step(aid, ApplyStep.REMOVED, f"{spare.name}: HAProxy {lb.backend}/{spare.replica} deleted")
         jr.forget_managed(ap.engine, spare.name)
 
     def why_failed(self, ap: Steps, t: Target, exc: ServerStartError | ApplyError) -> str:
@@ -570,7 +580,7 @@ class BlueGreen(_Balanced):
         lb = self._lb(ap, t)
         if ap.running(t) is not None:
             st = lb.ready(t.balancer.server, t.balancer.up_timeout.total_seconds())
-            ap.step(aid, "in_rotation", f"{t.name}: HAProxy {lb.backend}/{t.balancer.server} {st.status}")
+            ap.step(aid, ApplyStep.IN_ROTATION, f"{t.name}: HAProxy {lb.backend}/{t.balancer.server} {st.status}")
             self._remove_spare(ap, aid, t, lb)
 
 

@@ -35,6 +35,7 @@ from tuner.store.models import Base
 
 __all__ = [
     "ApplyState",
+    "ApplyStep",
     "ApplyOutcome",
     "ServerState",
     "ApplyRow",
@@ -75,6 +76,42 @@ class ApplyState(StrEnum):
     AWAITING_MANUAL = "awaiting_manual"
     TUNING = "tuning"
     DONE = "done"
+
+
+class ApplyStep(StrEnum):
+    """The journal's word for each step of an apply, a rollback, a restart or a tuning run (``apply_steps.step``),
+    in the order they are usually taken; readers match on them (the outage is draining -> healthy)."""
+
+    PLANNED = "planned"
+    BASELINE = "baseline"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    STARTING = "starting"
+    HEALTH_CHECK = "health_check"
+    HEALTHY = "healthy"
+    OBSERVING = "observing"
+    RESTORING = "restoring"
+    RESTORED = "restored"
+    RESTORE_FAILED = "restore_failed"
+    RESTORE_BY_HAND = "restore_by_hand"
+    START_FAILED = "start_failed"
+    SLO = "slo"
+    VERDICT = "verdict"
+    REASON = "reason"
+    RECONCILE = "reconcile"
+    RECONCILE_FOUND = "reconcile_found"
+    SETTLE_FAILED = "settle_failed"
+    AWAITING_MANUAL = "awaiting_manual"
+    APPLIED_BY_HAND = "applied_by_hand"
+    HOOK = "hook"
+    DROPIN = "dropin"
+    PATCH = "patch"
+    IN_ROTATION = "in_rotation"
+    REMOVED = "removed"
+    ROLLOUT = "rollout"
+    ROOM = "room"
+    CANARY = "canary"
+    TUNING = "tuning"
 
 
 class ApplyOutcome(StrEnum):
@@ -319,7 +356,7 @@ def begin_apply(
                 )
                 conn.execute(
                     insert(ApplyStepRow).values(
-                        apply_id=apply_id, ts_ms=_ms(now), step="planned", detail=json.dumps(diff)
+                        apply_id=apply_id, ts_ms=_ms(now), step=ApplyStep.PLANNED, detail=json.dumps(diff)
                     )
                 )
             return apply_id
