@@ -16,7 +16,7 @@ import pytest
 from tuner.app.tune import TuneRequest, reap_orphans, tune
 from tuner.apply import managed as mg
 from tuner.apply.flow import Applier, own_identity
-from tuner.apply.servers import held
+from tuner.apply.servers import busy
 from tuner.config import parse_config
 from tuner.errors import ConfigError, NothingToMeasureError, TargetBusyError
 from tuner.store import journal as jr
@@ -287,7 +287,7 @@ def test_a_tune_is_refused_while_an_apply_holds_the_target_and_holds_it_against_
                 seen.append("apply opened")
             except TargetBusyError as exc:
                 seen.append(str(exc))
-            seen.append(f"supervisor sees busy: {held(store.engine, cfg, cfg.targets[0], shadow=False)}")
+            seen.append(f"supervisor sees busy: {busy(store.engine, cfg, cfg.targets[0], shadow=False)}")
 
     tune(cfg, store, req, config_dir=tmp_path, say=meanwhile)  # no vLLM here: its one trial crashes at once
     assert len(seen) == 2 and "(tune, shadow) in progress" in seen[0], seen

@@ -81,7 +81,6 @@ def _reconcile_one(ap: Applier, a: jr.StoredApply) -> str:
         ap.step(a.id, ApplyStep.SETTLE_FAILED, str(exc).splitlines()[0])
     found, healthy = "unknown", False
     if t.managed is not None:
-        st = jr.get_managed(ap.engine, t.name)
         r = ap.running(t)
         if r is None:  # killed between starting a server and recording it: find it by its argv
             for candidate in (a.new_argv, a.old_argv):
@@ -103,7 +102,6 @@ def _reconcile_one(ap: Applier, a: jr.StoredApply) -> str:
                 healthy = True
             except ServerStartError:
                 healthy = False
-        del st
     where = f"tuner died at step {a.state}; server found with {found}" + (
         " and healthy" if healthy else "" if found == "no server running" else " but not healthy"
     )

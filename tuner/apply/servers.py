@@ -22,7 +22,7 @@ from tuner.flags import spec, validate
 from tuner.store import journal as jr
 from tuner.store.journal import ApplyOutcome, ApplyState, ServerState
 
-__all__ = ["Servers", "canonical", "flags_in_force", "held"]
+__all__ = ["Servers", "canonical", "busy", "flags_in_force"]
 
 _IN_FLIGHT_TIMEOUT_S = 15.0
 
@@ -63,7 +63,7 @@ def flags_in_force(engine: Any, t: Target, *, journaled: bool = True) -> dict[st
     return canonical(t.backend, dict(t.flags))
 
 
-def held(engine: Any, cfg: Config, t: Target, *, shadow: bool = True) -> list[int]:
+def busy(engine: Any, cfg: Config, t: Target, *, shadow: bool = True) -> list[int]:
     """Open applies on ``t`` or on any replica of its group (a rolling apply holds them all); ``shadow=False``
     leaves out tuning runs beside production (they do not touch it)."""
     return [a for m in cfg.group(t) for a in jr.open_applies_for(engine, m.name, shadow=shadow)]
@@ -185,7 +185,7 @@ class Servers:
 
     def supervise(self, t: Target) -> str | None:
         """Start a managed server that should run and does not; restarts after a crash are bounded."""
-        if t.managed is None or held(self.engine, self.cfg, t, shadow=False):  # a tune beside production: keep it up
+        if t.managed is None or busy(self.engine, self.cfg, t, shadow=False):  # a tune beside production: keep it up
             return None
         st = jr.get_managed(self.engine, t.name)
         if st is not None and st.state in (ServerState.STOPPED, ServerState.GIVEN_UP):
