@@ -473,7 +473,8 @@ def test_a_winner_is_stored_only_when_the_comparison_in_turns_confirms_it(tmp_pa
         (
             "below",
             "the flags in force are the best found: the flags in force measured 0.861 req/s within the SLO "
-            "(0.861-1.22), the next best, max_num_seqs=8, 0.861, below them beyond both intervals",
+            "(0.861-1.22), the next best, max_num_seqs=8, 0.861, below them beyond both intervals (measured one "
+            "after the other, not compared in turns)",
         ),
     ],
 )
@@ -516,3 +517,87 @@ def test_the_comparison_runs_where_the_two_measurements_predict_different_outcom
     from tuner.app.tune import _compare_rate
 
     assert _compare_rate(base, best) == pytest.approx(want)
+
+
+def _point(seqs: int, cap: float, missed: float | None):  # type: ignore[no-untyped-def]
+    from tuner.tune.search import Outcome, Point
+
+    return Point({"max_num_seqs": seqs}, Outcome("measured", cap, {"lo_rps": cap, "hi_rps": missed}))
+
+
+@pytest.mark.parametrize(
+    "caps,want",
+    [
+        # the candidate measured higher: compared between the rate the flags in force missed and its own capacity
+        ({2: (1.0, 1.5), 8: (2.0, 3.0)}, (8, (1.5 * 2.0) ** 0.5)),
+        # the flags in force measured higher (the demo's run: 4 at 0.99, 8 at 0.625): the runner-up is compared too,
+        # between the rate it missed and the flags in force's capacity
+        ({2: (0.99, 1.3), 8: (0.625, 0.8), 16: (0.5, 0.7)}, (8, (0.8 * 0.99) ** 0.5)),
+        ({2: (0.99, 1.3), 8: (0.99, 1.3)}, (8, 0.99)),  # a tie: at the capacity both met
+        ({2: (1.0, 1.5)}, None),  # nothing else measured: nothing to compare
+        ({8: (1.0, 1.5), 16: (2.0, None)}, None),  # the flags in force not measured
+    ],
+)
+def test_the_comparison_in_turns_settles_the_difference_whichever_way_it_was_measured(caps, want):
+    """A "worse" measured one after the other on fresh servers minutes apart is no more a ranking than a "better":
+    the demo's tune said 8 sequences were below the flags in force beyond both intervals (0.625 vs 0.99 req/s), and
+    the live verdict then kept 8 with +38% capacity. The runner-up is compared in turns as a winner would be."""
+    from tuner.app.tune import _contest
+
+    measured = [_point(k, *v) for k, v in caps.items()]
+    got = _contest(measured, {"max_num_seqs": 2})
+    if want is None:
+        assert got is None
+    else:
+        assert got is not None and got[0].flags["max_num_seqs"] == want[0] and got[1] == pytest.approx(want[1])
+
+
+def _judged(tmp_path, store, comparison):  # type: ignore[no-untyped-def]
+    """What `tuner tune` decides when the flags in force (2 sequences) measured 0.99 req/s one after the other and
+    the runner-up (8) 0.625, and the two were then compared in turns."""
+    from tuner.app.tune import _Ctx, _recommend
+    from tuner.store import recommendations as recs
+
+    cfg = _cfg(tmp_path, VLLM)
+    ctx = _Ctx(
+        cfg, store, cfg.targets[0], TuneRequest("v"), tmp_path, say=lambda m: None, clock=lambda: AT_0300, run_id=1
+    )
+    base = {"flags": {"max_num_seqs": 2}, "capacity_rps": 0.99, "interval": [0.99, 1.3], "ttft_p99": 0.4}
+    runner = {"flags": {"max_num_seqs": 8}, "capacity_rps": 0.625, "interval": [0.625, 0.8], "ttft_p99": 0.9}
+    result = {
+        "best": {**base, "e2e_p99": 2.0},
+        "baseline": {k: base[k] for k in ("flags", "capacity_rps", "interval")},
+        "comparison": {"flags": {"max_num_seqs": 8}, "rate_rps": 0.89, "runs": {}, **comparison},
+        "trials": [
+            {**base, "status": "measured", "vs_best": "best", "memory": {}},
+            {**runner, "status": "measured", "vs_best": "below", "memory": {"fits": True}},
+        ],
+        "counts": {},
+        "workload": {},
+        "slo": {},
+    }
+    rid = _recommend(ctx, result, {"max_num_seqs": 2})
+    stored = recs.list_recommendations(store.engine, target="v")
+    assert (rid is None) == (stored == [])
+    return result["verdict"], stored
+
+
+def test_a_runner_up_is_kept_out_or_stored_by_what_the_comparison_in_turns_found(tmp_path, store):
+    worse = {"outcome": "a_better", "confidence": 0.99, "reason": "at 0.89 req/s ... (confidence 0.990)"}
+    verdict, stored = _judged(tmp_path, store, worse)
+    assert stored == [] and verdict.startswith(
+        "keep the flags in force: the flags in force serve more within the SLO than max_num_seqs=8"
+    )
+    assert "0.99 -> 0.625 req/s within the SLO one after the other, and compared in turns at 0.89 req/s" in verdict
+    undecided = {"outcome": "undecided", "confidence": 0.5, "reason": "at 0.89 req/s ... no difference measurable"}
+    verdict, stored = _judged(tmp_path, store, undecided)
+    assert stored == [] and "no difference measurable at this budget between them and max_num_seqs=8" in verdict
+    # measured below one after the other, but in turns it served the rate the flags in force missed: in turns decides
+    better = {"outcome": "b_better", "confidence": 0.97, "reason": "at 0.89 req/s ... (confidence 0.970)"}
+    verdict, stored = _judged(tmp_path, store, better)
+    assert len(stored) == 1 and stored[0].diff == {"max_num_seqs": 8} and stored[0].confidence == pytest.approx(0.97)
+    assert "measured one after the other, but confirmed in turns" in verdict
+    assert stored[0].expected_effect.startswith("serves 0.89 req/s within the SLO where the flags in force do not")
+    ev = stored[0].evidence[-1]
+    assert (ev["capacity_rps"], ev["baseline_capacity_rps"], ev["comparison"]["outcome"]) == (0.625, 0.99, "b_better")
+    assert stored[0].memory_check["after"] == {"fits": True}  # the runner-up's own memory check, not the base's

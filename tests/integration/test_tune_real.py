@@ -153,8 +153,12 @@ def check_decisions(engine, result, measured, flag, *, baseline, slo):  # type: 
     stored = recs.list_recommendations(engine, target=result["target"])
     # stored only beyond the measurement's reach: confirmed in turns, or (no comparison) the winner met a rate the
     # flags in force missed and gained 15% or more
+    # (the one compared in turns is judged: the winner, or the runner-up when the flags in force measured highest)
     base_missed = next(t for t in measured if t.flags[flag] == baseline).detail["hi_rps"]
+    judged = best
     if result["comparison"] is not None:
+        judged = result["comparison"]["flags"][flag]
+        assert judged != baseline and judged == max((k for k in caps if k != baseline), key=lambda k: caps[k])
         beyond = result["comparison"]["outcome"] == "b_better"
     else:
         beyond = base_missed is not None and caps[best] >= base_missed and caps[best] >= caps[baseline] * 1.15
@@ -162,10 +166,10 @@ def check_decisions(engine, result, measured, flag, *, baseline, slo):  # type: 
         caps[best],
         next(t for t in measured if t.flags[flag] == best).detail["hi_rps"],
     ]
-    if best != baseline and beyond:
-        assert len(stored) == 1 and stored[0].diff == {flag: best}
+    if judged != baseline and beyond:
+        assert len(stored) == 1 and stored[0].diff == {flag: judged}
         ev = stored[0].evidence[0]
-        assert (ev["capacity_rps"], ev["baseline_capacity_rps"]) == (caps[best], caps[baseline])
+        assert (ev["capacity_rps"], ev["baseline_capacity_rps"]) == (caps[judged], caps[baseline])
         assert result["recommendation_id"] == stored[0].id
     else:
         assert stored == [] and result["recommendation_id"] is None

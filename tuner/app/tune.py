@@ -24,11 +24,12 @@ What it does, in order:
      others: tuner/tune/cores.py), its argv checked to carry every candidate flag, health-gated, its capacity
      bracketed with vLLM's benchmark client in runs sized from the objective (tuner/tune/capacity.py,
      tuner/tune/bench.py), stopped; a crash is recorded with the server's error line;
-  6. the comparison: the winner and the flags in force on fresh servers, run in turns at one rate until Fisher's
-     exact test decides or the pairs are spent (tuner/tune/compare.py);
-  7. the answer: a ranked table with each capacity's interval, and when the comparison confirms the winner (or,
-     without one, the winner met a rate the flags in force missed), a stored recommendation whose evidence is the
-     measurement (apply it with `tuner apply-recommendation`).
+  6. the comparison: the best other config measured (the winner, or the runner-up when the flags in force measured
+     highest) and the flags in force on fresh servers, run in turns at one rate until Fisher's exact test decides
+     or the pairs are spent (tuner/tune/compare.py);
+  7. the answer: a ranked table with each capacity's interval, and when the comparison confirms the other config
+     (or, without one, the winner met a rate the flags in force missed), a stored recommendation whose evidence is
+     the measurement (apply it with `tuner apply-recommendation`).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class TuneRequest:
     tokenizer: str | None = None  # for the client's prompts (default: the vLLM target's model)
     sampler: str = "tpe"  # tpe | random (seeded with the baseline only) | grid (every feasible point)
     cpu_bind: str = "spread"  # spread: the trial worker and the client on cores of their own; vllm: vLLM's own
-    compare_pairs: int = 4  # turns of the winner against the flags in force (A B, B A, ...) at most
+    compare_pairs: int = 4  # turns of the best other config against the flags in force (A B, B A, ...) at most
 
 
 @dataclass
@@ -497,8 +498,24 @@ def _compare_rate(base: Any, best_rps: float) -> float:
     return math.sqrt(missed * best_rps) if isinstance(missed, (int, float)) and 0 < missed < best_rps else best_rps
 
 
+def _contest(measured: list[Point], current: dict[str, Any]) -> tuple[Point, float] | None:
+    """What the comparison in turns settles: the flags in force against the best other config measured, at the rate
+    where their two measurements predict different outcomes. Whichever way the measurements one after the other
+    point: a candidate measured below the flags in force is compared too, since "worse" from fresh servers minutes
+    apart is no more a ranking than "better" (the same flags spread ±15-24% on fresh servers here). None when the
+    flags in force or no other config were measured."""
+    base = next((p for p in measured if point_key(p.flags) == point_key(current)), None)
+    other = next((p for p in _ranked(measured) if p is not base), None)
+    if base is None or other is None:
+        return None
+    b, o = base.outcome, other.outcome
+    if o.capacity_rps > b.capacity_rps:
+        return other, _compare_rate(b.detail, o.capacity_rps)
+    return other, _compare_rate(o.detail, b.capacity_rps)
+
+
 def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float, *, both: bool) -> dict[str, Any]:
-    """The flags in force (A) and the winner (B) on fresh servers, run in turns at ``rate`` (A B B A A B ...)
+    """The flags in force (A) and the candidate (B) on fresh servers, run in turns at ``rate`` (A B B A A B ...)
     until tuner/tune/compare.py decides or ``--compare-pairs`` pairs are spent. ``both``: the two servers are up
     at once (room for two beside production); otherwise each turn restarts its side (each start warmed up)."""
     t, w, req = ctx.target, ctx.workload, ctx.req
@@ -519,8 +536,8 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
         got = _launch(
             ctx,
             flags[side],
-            f"compare: {'flags in force' if side == 'A' else 'winner'}",
-            f"compare {side} ({'the flags in force' if side == 'A' else 'the winner'}): {_flag_text(flags[side])}",
+            f"compare: {'flags in force' if side == 'A' else 'candidate'}",
+            f"compare {side} ({'the flags in force' if side == 'A' else 'the candidate'}): {_flag_text(flags[side])}",
             placed=cores[0] if cores else None,
         )
         if isinstance(got, Outcome):
@@ -546,13 +563,17 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
             detail={"rate_rps": rate, "runs": runs[side], "log": str(s.log), "placement": s.placement},
         )
 
-    ctx.say(f"compare: the winner against the flags in force at {rate:.3g} req/s, in turns, {prompts} requests a run")
+    ctx.say(
+        f"compare: {_flag_text(_diff(base, best))} against the flags in force at {rate:.3g} req/s, in turns, "
+        f"{prompts} requests a run"
+    )
     try:
         for pair in range(req.compare_pairs):
             for side in ("A", "B") if pair % 2 == 0 else ("B", "A"):
                 s = up(side)
                 if s is None:
                     return {
+                        "flags": dict(best),
                         "outcome": "undecided",
                         "confidence": 0.0,
                         "rate_rps": rate,
@@ -581,6 +602,7 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
             _down(side)
     ctx.say(f"  {decision.outcome}: {decision.reason}")
     return {
+        "flags": dict(best),
         "outcome": decision.outcome,
         "confidence": round(decision.confidence, 4),
         "rate_rps": rate,
@@ -965,18 +987,11 @@ def tune(
                 )
                 measured = [p for p in points if p.outcome.status == TrialStatus.MEASURED]
                 comparison = None
-                best = _ranked(measured)[0] if measured else None
-                base = next((p for p in measured if point_key(p.flags) == point_key(current)), None)
-                if (
-                    best is not None
-                    and base is not None
-                    and noise_budget
-                    and best is not base
-                    and best.outcome.capacity_rps > base.outcome.capacity_rps
-                ):
-                    rate = _compare_rate(base.outcome.detail, best.outcome.capacity_rps)
+                contest = _contest(measured, current) if noise_budget else None
+                if contest is not None:
+                    other, rate = contest
                     both = not req.on_target and shadow_fits(t, hw, hw_json, model, servers=2)[0]
-                    comparison = _compare(ctx, current, dict(best.flags), rate, both=both)
+                    comparison = _compare(ctx, current, dict(other.flags), rate, both=both)
         except BaseException as exc:
             tj.finish_run(
                 store.engine,
@@ -1116,36 +1131,55 @@ def _baseline_best(result: dict[str, Any]) -> str:
         f"{nxt['capacity_rps']:.3g}"
     )
     if nxt.get("vs_best") == "below":
-        return f"the flags in force are the best found: {said}, below them beyond both intervals"
+        return (
+            f"the flags in force are the best found: {said}, below them beyond both intervals (measured one after "
+            "the other, not compared in turns)"
+        )
     return f"no difference measurable at this budget: {said}, not separable from them (their intervals overlap)"
 
 
+def _candidate(result: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
+    """A measured config of the result in the shape of its ``best``: flags, capacity, interval, P99s."""
+    tr = next(tr for tr in result["trials"] if tr["flags"] == flags)
+    return {k: tr.get(k) for k in ("flags", "capacity_rps", "interval", "ttft_p99", "e2e_p99")}
+
+
 def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> int | None:
-    """Store the winner as a recommendation when it serves more within the SLO than the flags in force beyond the
-    measurement's reach: compared in turns (``comparison``) it must be ``b_better``; measured one after the other
-    only, it must have met a rate the flags in force missed (disjoint intervals) and gained at least
-    ``--tolerance``. Otherwise the verdict says why not, and nothing is stored."""
+    """Store a candidate as a recommendation when it serves more within the SLO than the flags in force beyond the
+    measurement's reach: compared in turns (``comparison``, whichever way the capacities one after the other
+    pointed) it must be ``b_better``; measured one after the other only, it must have met a rate the flags in force
+    missed (disjoint intervals) and gained at least ``--tolerance``. Otherwise the verdict says why not, and nothing
+    is stored."""
     best, base = result["best"], result["baseline"]
     if not best or base["capacity_rps"] is None:
         result["verdict"] = "no recommendation: " + (
             "nothing was measured" if not best else "the flags in force were not measured"
         )
         return None
+    cmp = result.get("comparison")
+    if cmp is not None and cmp.get("flags", best["flags"]) != best["flags"]:
+        best = _candidate(result, cmp["flags"])  # the one compared in turns is judged: the runner-up when the base led
     diff = _diff(current, best["flags"])
     gain = best["capacity_rps"] / base["capacity_rps"] - 1 if base["capacity_rps"] else float("inf")
     measured = f"{base['capacity_rps']:.3g} -> {best['capacity_rps']:.3g} req/s within the SLO"
     if not diff:
         result["verdict"] = _baseline_best(result)
         return None
-    cmp = result.get("comparison")
     if cmp is not None:
         if cmp["outcome"] != "b_better":
+            said = {
+                "a_better": f"the flags in force serve more within the SLO than {_flag_text(diff)}",
+                "same": f"no difference measurable at this budget between them and {_flag_text(diff)} (both "
+                "served the rate compared)",
+            }.get(cmp["outcome"], f"no difference measurable at this budget between them and {_flag_text(diff)}")
             result["verdict"] = (
-                f"keep the flags in force: {_flag_text(diff)} measured {measured} one after the "
-                f"other, but compared in turns {cmp['reason']}"
+                f"keep the flags in force: {said}: {_flag_text(diff)} measured {measured} one after the other, "
+                f"and compared in turns {cmp['reason']}"
             )
             return None
         how, confidence = f"confirmed in turns: {cmp['reason']}", min(0.99, float(cmp["confidence"]))
+        if gain <= 0:
+            how = f"measured one after the other, but {how}"
     else:
         base_hi, best_lo = (base["interval"] or [None, None])[1], best["interval"][0]
         if base_hi is None or best_lo is None or best_lo < base_hi or gain < ctx.req.tolerance:
@@ -1207,8 +1241,13 @@ def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> in
         diff=diff,
         current={k: current.get(k) for k in diff},
         evidence=evidence,
-        expected_effect=f"capacity within the SLO {base['capacity_rps']:.3g} -> {best['capacity_rps']:.3g} req/s "
-        "(measured on a trial server with the workload replayed)",
+        expected_effect=(
+            f"capacity within the SLO {base['capacity_rps']:.3g} -> {best['capacity_rps']:.3g} req/s (measured on a "
+            "trial server with the workload replayed)"
+            if gain > 0 or cmp is None
+            else f"serves {cmp['rate_rps']:.3g} req/s within the SLO where the flags in force do not (compared in "
+            f"turns on fresh servers; one after the other they measured {measured})"
+        ),
         risk=(
             "measured on the target itself in its maintenance window"
             if ctx.on_target

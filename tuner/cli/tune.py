@@ -176,8 +176,8 @@ def add_parsers(sub: Any) -> None:
         "--compare-pairs",
         type=int_in(1, 100),
         default=4,
-        help="turns of the winner against the flags in "
-        "force (A B, B A, ...) before 'no difference measurable' (default 4)",
+        help="turns of the best other config measured (the winner, or the runner-up when the flags in force "
+        "measured highest) against the flags in force (A B, B A, ...) before 'no difference measurable' (default 4)",
     )
     t.add_argument(
         "--cpu-bind",

@@ -207,7 +207,7 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         rec, story = _after_tune(config, rec)
         print(f"-- {story}", flush=True)
         if rec is None:
-            print("no recommendation this time (the load did not queue long enough); the apply step is skipped")
+            print("-- the apply step is skipped")
         else:
             _say(f"tuner apply-recommendation {rec['id']} --dry-run")
             _show(config, "apply-recommendation", str(rec["id"]), "--dry-run")
@@ -266,8 +266,10 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
 
 
 def _after_tune(config: Path, advised: dict | None) -> tuple[dict | None, str]:
-    """What the demo applies after tuning, and why: the measured winner when tune stored one (it resolved the
-    difference in turns); otherwise the advisor's proposal, said to be unmeasured (or measured no better)."""
+    """What the demo applies after tuning, and why. Tune compared the advisor's proposal with the flags in force in
+    turns, whichever measured higher one after the other: proposal better (a stored recommendation) -> the demo
+    applies it; proposal worse -> nothing (tune's measurement says keep the flags in force); no difference
+    measurable at tune's budget -> the advisor's proposal, said to be unresolved, for the live verdict to judge."""
     from tuner.store import recommendations as recs
     from tuner.store import tuning as tj
 
@@ -287,7 +289,12 @@ def _after_tune(config: Path, advised: dict | None) -> tuple[dict | None, str]:
         engine.dispose()
     said = result.get("verdict") or "tune measured nothing"
     if advised is None:
-        return None, f"tune: {said}"
+        return None, f"tune: {said}. The demo applies nothing: the advisor proposed no flag change"
+    if (result.get("comparison") or {}).get("outcome") == "a_better":
+        return None, (
+            f"tune: {said}. The demo applies nothing: compared in turns, the flags in force served more within the "
+            f"SLO than the advisor's proposal {advised['diff']}"
+        )
     return advised, (
         f"tune: {said}. The demo applies the advisor's proposal {advised['diff']} anyway, to show the "
         "apply; the live verdict judges it on production's own traffic"

@@ -1,5 +1,5 @@
-"""Two configs compared at one rate, interleaved: whether the candidate serves more within the SLO than the flags in
-force, with its confidence, or "no difference measurable at this budget". Pure.
+"""Two configs compared at one rate, interleaved: whether the candidate serves more or less within the SLO than the
+flags in force, with its confidence, or "no difference measurable at this budget". Pure.
 
 Capacities measured one after another, each on its own fresh server, differ by what the host did meanwhile (the
 same flags measured 11.5, 19.3 and 54.6 req/s within 8 minutes on a busy host). So the winner is not recommended on
@@ -13,8 +13,8 @@ intervals overlap):
   * B reaches the objective, A falls short, and B's share of misses is below A's beyond chance (Fisher's exact test,
     one-sided, on the pooled counts: CONFIDENT) -> ``b_better``: B's capacity exceeds r and A's does not;
   * the same the other way -> ``a_better``;
-  * both reach it, over two pairs at least -> ``same``: A serves r as well, the measured gain is not there when
-    both run side by side;
+  * both reach it, over two pairs at least -> ``same``: both serve r, so the difference measured one after the
+    other is not there when both run side by side;
   * otherwise another pair of runs, up to the budget; then ``undecided`` (both fell short, or the shares are
     within chance): no difference measurable at this budget.
 
@@ -99,7 +99,11 @@ def decide(
             f"{said}: the flags in force serve more within the SLO (confidence {a_conf:.3f}, Fisher's exact test)",
         )
     if pa >= objective and pb >= objective and (pairs >= 2 or final):
-        return Decision("same", 0.0, f"{said}: both serve it, so the measured gain did not hold side by side")
+        return Decision(
+            "same",
+            0.0,
+            f"{said}: both serve it, so the difference measured one after the other did not hold side by side",
+        )
     if not final:
         return Decision("undecided", max(a_conf, b_conf), said)
     why = (
