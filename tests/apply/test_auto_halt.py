@@ -50,7 +50,7 @@ def test_rollbacks_in_a_row_halt_auto_mode_and_raise_the_alert(store):
     daemon.alerting.evaluate_group(group)
     halted = [x for x in daemon.alerting.active() if x.labels["alertname"] == "AutoApplyHalted"]
     assert [(x.labels["target"], x.state) for x in halted] == [("a", "firing")]  # no `for:`: fires at once
-    daemon.apply_status_once()
+    daemon.applying.status_once()
     assert daemon.state.auto_halted == {"a": True}  # b is not in auto mode: no series at all
 
     finished(store, "kept", now - 10, mode="manual")  # an operator's kept apply ends the streak

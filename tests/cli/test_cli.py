@@ -254,7 +254,7 @@ def test_a_replica_groups_signals_are_its_replicas_together_in_status_signals_an
     js = json.loads(tuner("--config", str(tmp_path / "tuner.yaml"), "status", "--json").stdout)
     assert js["groups"][0]["replicas"] == ["chat.r1", "chat.r2"] and js["groups"][0]["replicas_up"] == 2
     daemon.signals_once()
-    daemon.apply_status_once()  # the flags in force: max-num-seqs 4 on each replica, 8 for the group
+    daemon.applying.status_once()  # the flags in force: max-num-seqs 4 on each replica, 8 for the group
     exported = {
         (m.name, s.labels.get("target"), s.labels.get("engine")): s.value
         for m in TunerCollector(daemon.state).collect()

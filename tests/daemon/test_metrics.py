@@ -82,7 +82,7 @@ def test_queue_ratio_uses_the_max_num_seqs_in_force_not_the_config_key(store, tm
         daemon.signals_once()
 
     def exported() -> float | None:
-        daemon.apply_status_once()
+        daemon.applying.status_once()
         httpd, _ = serve_metrics(daemon.state, "127.0.0.1", 0)
         try:
             body = http.get(
@@ -190,7 +190,7 @@ def test_memory_breakdown_on_metrics_and_in_status_json(store, tmp_path):
             for _ in range(2):
                 daemon.scrape_once(cfg.targets[0])
             daemon.signals_once()
-            daemon.apply_status_once()
+            daemon.applying.status_once()
             st = status(Session(cfg, tmp_path, store), window_s=300, now=time.time())
         httpd, _ = serve_metrics(daemon.state, "127.0.0.1", 0)
         try:

@@ -27,15 +27,15 @@ def test_scrape_errors_auto_evaluations_missed_and_the_outbox_reach_the_rules(st
     start = clock.t
     for _ in range(41):  # a refused target, scraped every 15 s for 10 minutes; nothing ever evaluates auto mode
         daemon.scrape_once(cfg.targets[0])
-        daemon.apply_status_once()
+        daemon.applying.status_once()
         clock.t += 15
     clock.t -= 15
     five = timedelta(minutes=5)
-    assert daemon._target_signal("gone", "scrape_errors_per_minute", five) == 4.0  # every one of 4 a minute failed
-    assert daemon._target_signal("", "all_scrape_errors_per_minute", five) == 4.0
-    assert daemon._target_signal("gone", "auto_evaluations_missed", five) == (clock.t - start) / 30
-    assert daemon._target_signal("", "notifications_queued_growth", timedelta(minutes=10)) == 0.0
-    assert daemon._target_signal("gone", "applies_per_hour", five) is None  # no apply on record: no series
+    assert daemon.applying.target_signal("gone", "scrape_errors_per_minute", five) == 4.0  # every one of 4 a minute failed
+    assert daemon.applying.target_signal("", "all_scrape_errors_per_minute", five) == 4.0
+    assert daemon.applying.target_signal("gone", "auto_evaluations_missed", five) == (clock.t - start) / 30
+    assert daemon.applying.target_signal("", "notifications_queued_growth", timedelta(minutes=10)) == 0.0
+    assert daemon.applying.target_signal("gone", "applies_per_hour", five) is None  # no apply on record: no series
 
     group = next(g for g in daemon.alerting.rules.groups if g.name == "tuner-self")
     daemon.alerting.evaluate_group(group)

@@ -23,14 +23,11 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from tuner.app.alerting import Alerting
-from tuner.app.auto import auto_step
 from tuner.app.memory import EngineMemory, memory_of, server_pids
 from tuner.app.selfwatch import SelfSeries, keep_for
 from tuner.app.session import Session
 from tuner.app.signalbook import SignalBook
-from tuner.app.stall import STALL_WINDOW_S, StallWatch, stall_step
 from tuner.app.status import group_signals_at
-from tuner.apply.guard import Decision, applies_last_hour, flag_flips, halted
 from tuner.collect.gpu import GpuCollector
 from tuner.collect.http import Peers
 from tuner.collect.layout import Layouts
@@ -38,23 +35,19 @@ from tuner.collect.promsource import scrape_fleet
 from tuner.collect.scrape import scrape_target
 from tuner.collect.snapshots import TargetSnapshot
 from tuner.config import Config, Target, replica_groups
+from tuner.daemon.applying import ApplyJobs
 from tuner.daemon.malloc import ARENAS, collect_less, limit_arenas
 from tuner.daemon.metrics import serve_metrics
 from tuner.daemon.rlimit import raise_open_files
 from tuner.daemon.scrapeloop import ScrapeLoop
 from tuner.daemon.state import DaemonState
+from tuner.daemon.writer import StoreWriter
 from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
-from tuner.flags import takes
 from tuner.kube import Discovery, templates
 from tuner.names import VLLM_KV_CACHE_USAGE_PERC
 from tuner.rules.evaluate import RESOLVED_RETENTION
 from tuner.rules.model import RuleGroup
-from tuner.signals.selfwatch import self_signal
-from tuner.store import journal as jr
-from tuner.store import recommendations as recs
-from tuner.store.alerts import outbox_size
 from tuner.store.db import daemon_lock, incremental_vacuum, redact_url
-from tuner.store.journal import ApplyState
 from tuner.store.retention import apply_retention
 from tuner.store.store import Failed, GpuLatest, Scraped, Store
 
@@ -64,8 +57,6 @@ log = logging.getLogger("tuner.daemon")
 
 SIGNAL_POLL_S = 0.2  # the longest a SIGHUP or SIGTERM waits for its handler (run_forever)
 _CLOCK_STEP_S = 2.0  # a wall-clock jump larger than this (against the monotonic clock) is a step, not drift
-_FLUSH_S = 0.25  # the writer commits queued scrapes this often: one transaction for ~50 at 1,000 targets / 5 s
-_FLUSH_MAX = 100  # or as soon as this many wait
 # An evaluation is due this long after a round of the first target's scrapes is handed out: time for the scrape loop
 # to hand it out (the two schedules run on different threads), and settle() then waits for it to land.
 _EVAL_AFTER_S = 0.005
@@ -93,6 +84,7 @@ class Daemon:
         self.cfg = cfg
         self.store = store
         self.clock = clock
+        self.writer = StoreWriter(store, self.state, self._job_error)
         self.gpu = GpuCollector(
             cfg.gpu.source,
             cfg.gpu.url,
@@ -103,11 +95,6 @@ class Daemon:
         self.layouts = Layouts()  # each target's last exposition shape: a scrape of the same shape skips parsing
         self.peers = Peers()  # each target's connection, kept alive from one scrape to the next
         self._health_asked: dict[str, float] = {}  # target -> when its /health last answered 200 (clock())
-        self._pending: list[Scraped | Failed] = []  # scrapes waiting for the writer's next transaction
-        self._pending_lock = threading.Lock()
-        self._flush_lock = threading.Lock()  # one transaction at a time, in queue order
-        self._writer: threading.Thread | None = None
-        self._applied: set[str] = jr.targets_with_applies(store.engine)  # targets the journal has applies of
         self.scheduler: BackgroundScheduler | None = None
         self.scrape_loop: ScrapeLoop[str] | None = None
         self._direct: dict[str, Target] = {}  # what the scrape loop scrapes, by name (pods come and go)
@@ -124,17 +111,19 @@ class Daemon:
             cfg,
             store,
             clock=clock,
-            target_signal=self._target_signal,
-            max_num_seqs=self._max_num_seqs,
+            target_signal=lambda *a: self.applying.target_signal(*a),
+            max_num_seqs=lambda t: self.applying.max_num_seqs(t),
             signals=self.signals.get,
         )
         self.session = Session(cfg, (config_dir or Path.cwd()).resolve(), store)
         self.applier = self.session.applier(say=log.info, clock=clock)
-        self.stall_watch = StallWatch()  # managed targets with restart_when_stalled: since when each has been stalled
         self.own = SelfSeries(keep_for(self.alerting.rules))  # tuner's own series, for the rules over its own loop
+        self.applying = ApplyJobs(
+            cfg, store, self.state, self.applier, self.signals, self.own, clock=clock, job_error=self._job_error
+        )
         started = clock()
         self.state.auto_alive = {t.name: started for t in cfg.targets if t.apply.mode == "auto"}
-        self.state.auto_every = {t.name: self._auto_every(t) for t in cfg.targets if t.apply.mode == "auto"}
+        self.state.auto_every = {t.name: self.applying.auto_every(t) for t in cfg.targets if t.apply.mode == "auto"}
 
     # ---- jobs: each one records its failures and returns ----------------------------------------
 
@@ -189,7 +178,7 @@ class Daemon:
         for name in new.keys() - old.keys():
             t = new[name]
             self.store.ensure_target(t.name, t.backend, t.url, t.labels)
-        self.cfg = self.signals.cfg = self.alerting.cfg = self.session.cfg = self.applier.cfg = cfg
+        self.cfg = self.signals.cfg = self.alerting.cfg = self.session.cfg = self.applier.cfg = self.applying.cfg = cfg
         gone = old.keys() - new.keys()
         with self.state.lock:
             self.state.targets = dict(new)
@@ -249,9 +238,9 @@ class Daemon:
             error = f"internal error: {got!r}"
         else:
             self._count(target.name, ok=True, duration=got.duration_s)
-            return self._keep(Scraped(got, target.url, target.labels))
+            return self.writer.keep(Scraped(got, target.url, target.labels))
         self._count(target.name, ok=False, duration=took)
-        self._keep(
+        self.writer.keep(
             Failed(
                 target.name,
                 target.backend,
@@ -264,41 +253,6 @@ class Daemon:
             )
         )
         return False
-
-    def _keep(self, item: Scraped | Failed) -> bool:
-        """Queue a scrape for the writer while it runs; otherwise (tests, one-off calls) write it now. A full
-        queue is written by the scrape that filled it: scrapes never outrun the store (a busy store makes the
-        scrape jobs late, which the scrapes table shows, instead of a queue that grows without bound)."""
-        if self._writer is None:
-            return self._write([item])
-        with self._pending_lock:
-            self._pending.append(item)
-            full = len(self._pending) >= _FLUSH_MAX
-        return self.flush() if full else True
-
-    def flush(self) -> bool:
-        """Write every queued scrape in one transaction; False when the store refused them (recorded)."""
-        with self._flush_lock:
-            with self._pending_lock:
-                batch, self._pending = self._pending, []
-            return self._write(batch) if batch else True
-
-    def _write(self, batch: list[Scraped | Failed]) -> bool:
-        names = {item.target for item in batch}
-        try:
-            self.store.write(batch)
-        except StoreError as exc:  # nothing of the batch was written: say so for each of its targets
-            for name in sorted(names):
-                self._job_error(f"store:{name}", str(exc))
-            return False
-        with self.state.lock:  # a write went through again (the lock was released, space was freed)
-            for name in names:
-                self.state.job_errors.pop(f"store:{name}", None)
-        return True
-
-    def _write_forever(self) -> None:
-        while not self._stop.wait(_FLUSH_S):
-            self.flush()
 
     def _count(self, name: str, *, ok: bool, duration: float) -> None:
         with self.state.lock:
@@ -366,7 +320,7 @@ class Daemon:
             recent,
             gpus,
             pids=server_pids(self.store.engine, t),
-            flags=self.applier.flags_in_force(t, journaled=t.name in self._applied),
+            flags=self.applier.flags_in_force(t, journaled=t.name in self.applying.applied),
         )
 
     def evaluate_once(self, group_name: str) -> None:
@@ -375,8 +329,7 @@ class Daemon:
             return
         if self.scrape_loop is not None:  # the scrapes due by now landed (they were handed out just before this)
             self.scrape_loop.settle(time.monotonic(), min(self._settle_s, group.interval.total_seconds() / 2))
-        if self._writer is not None:
-            self.flush()  # the scrapes already done are in the store for this evaluation, not a quarter second on
+        self.writer.flush()  # the scrapes already done are in the store for this evaluation, not a quarter second on
         try:
             failed = self.alerting.evaluate_group(group)
         except TunerError as exc:
@@ -476,164 +429,6 @@ class Daemon:
 
     # ---- apply side: managed servers, auto mode, crash recovery ----------------------------------
 
-    def reconcile_once(self) -> None:
-        """Finish or roll back applies a previous tuner left half done (runs once at start)."""
-        try:
-            for line in self.applier.reconcile():
-                log.warning("reconcile: %s", line)
-        except TunerError as exc:
-            self._job_error("reconcile", str(exc))
-
-    def manage_once(self, target: Target) -> None:
-        """Keep a managed server running: start it, or restart it after a crash (bounded)."""
-        try:
-            what = self.applier.servers.supervise(target)
-        except TunerError as exc:
-            self._job_error(f"manage:{target.name}", str(exc))
-            return
-        except Exception as exc:  # a bug must not kill the supervisor
-            log.exception("supervising %s failed", target.name)
-            self._job_error(f"manage:{target.name}", f"internal error: {exc!r}")
-            return
-        with self.state.lock:
-            self.state.job_errors.pop(f"manage:{target.name}", None)
-        if what:
-            log.warning("%s", what)
-        if target.managed is not None and target.managed.restart_when_stalled is not None:
-            self.restart_if_stalled(target)
-
-    def restart_if_stalled(self, target: Target) -> None:
-        """managed.restart_when_stalled: restart the server once its engine has been stalled that long (journaled)."""
-        now = self.clock()
-        try:
-            sig = self.signals.get(target.name, STALL_WINDOW_S, now)
-            a = stall_step(self.applier, target, sig, now=now, watch=self.stall_watch)
-        except TunerError as exc:  # the guardrails refused it (restart budget, an apply open): said, tried again later
-            self._job_error(f"restart:{target.name}", str(exc))
-            return
-        with self.state.lock:
-            self.state.job_errors.pop(f"restart:{target.name}", None)
-        if a is not None:
-            self._applied.add(target.name)
-            log.warning("%s: apply #%d restart %s: %s", target.name, a.id, a.outcome, a.note)
-
-    def auto_once(self, target: Target) -> None:
-        """Auto mode: refresh the target's recommendations, then apply the best one if the guardrails allow."""
-
-        def decided(d: Decision) -> None:
-            with self.state.lock:
-                self.state.auto_decision[target.name] = d.reason
-                self.state.auto_halted[target.name] = d.halted
-                self.state.auto_alive[target.name] = self.clock()  # an evaluation: the loop is alive
-            log.log(
-                logging.WARNING if d.go else logging.INFO,
-                "auto %s: %s%s",
-                target.name,
-                "applying " if d.go else "not now: ",
-                d.reason,
-            )
-
-        try:
-            a = auto_step(self.cfg, self.store, self.applier, target, now=self.clock(), decided=decided).applied
-            with self.state.lock:
-                self.state.auto_alive[target.name] = self.clock()
-            if a is None:
-                return
-            self._applied.add(target.name)
-            log.warning("auto %s: apply #%d %s: %s", target.name, a.id, a.outcome, a.note)
-        except TunerError as exc:
-            self._job_error(f"auto:{target.name}", str(exc))
-        except Exception as exc:  # noqa: BLE001
-            log.exception("auto mode for %s failed", target.name)
-            self._job_error(f"auto:{target.name}", f"internal error: {exc!r}")
-
-    def apply_status_once(self) -> None:
-        """Refresh the apply side of /metrics from the store (counts only: cheap)."""
-
-        try:
-            counts: dict[tuple[str, str], int] = {}
-            for r in recs.list_recommendations(self.store.engine):
-                counts[(r.target, r.status)] = counts.get((r.target, r.status), 0) + 1
-            applies = jr.outcome_counts(self.store.engine)
-            self._applied = jr.targets_with_applies(self.store.engine)
-            now = self.clock()
-            stopped = {t.name: self._halted(t, now) for t in self.cfg.targets if t.apply.mode == "auto"}
-            up = {t.name: self.applier.running(t) is not None for t in self.cfg.targets if t.managed}
-            limits = {t.name: v for t in self.cfg.targets if (v := self._max_num_seqs(t)) is not None}
-            journal = {name: jr.list_applies(self.store.engine, target=name, limit=200) for name in self._applied}
-            busy_auto = {
-                t.name
-                for t in self.cfg.targets
-                if t.apply.mode == "auto"
-                and t.name in self._applied
-                and any(a.state != ApplyState.DONE for a in journal.get(t.name, ()))
-            }
-            queued = outbox_size(self.store)
-            for group, members in replica_groups(self.cfg.targets).items():  # a group's: its replicas' together
-                if all(m.name in limits for m in members):
-                    limits[group] = sum(limits[m.name] for m in members)
-        except TunerError as exc:
-            self._job_error("apply-status", str(exc))
-            return
-        with self.state.lock:
-            self.state.recommendations, self.state.applies = counts, applies
-            self.state.auto_halted.update(stopped)
-            self.state.managed_up = up
-            self.state.max_num_seqs = limits
-            self.state.applies_last_hour = {n: applies_last_hour(h, now) for n, h in journal.items()}
-            self.state.flag_flips = {n: flag_flips(h, now) for n, h in journal.items()}
-            for name in busy_auto:  # auto mode is running an apply: busy, not stalled
-                self.state.auto_alive[name] = now
-        self._record_own(now, queued)
-
-    def _record_own(self, now: float, queued: int) -> None:
-        """tuner's own series at this tick, for the rules over its own loop (app/selfwatch.py)."""
-        ts = int(now * 1000)
-        with self.state.lock:
-            failures = dict(self.state.scrape_failures_total)
-            thrash = dict(self.state.applies_last_hour)
-            flips = dict(self.state.flag_flips)
-            alive = dict(self.state.auto_alive)
-        for t in self.cfg.targets:
-            self.own.record("tuner_scrape_failures_total", t.name, ts, failures.get(t.name, 0))
-            if t.name in thrash:
-                self.own.record("tuner_applies_last_hour", t.name, ts, thrash[t.name])
-                self.own.record("tuner_apply_flag_flips", t.name, ts, flips.get(t.name, 0))
-            if t.name in alive:
-                self.own.record("tuner_auto_last_evaluation_timestamp_seconds", t.name, ts, alive[t.name])
-                self.own.record("tuner_auto_interval_seconds", t.name, ts, self._auto_every(t))
-        self.own.record("tuner_alert_notifications_queued", "", ts, queued)
-
-    def _max_num_seqs(self, target: Target) -> float | None:
-        """The max-num-seqs a vLLM target runs with: the flags in force (managed, or after an apply), not the
-        config's raw key (which a managed target, a snake_case config or a kept apply leaves stale)."""
-        if not takes(target.backend, "max_num_seqs"):  # llama-server has --parallel instead
-            return None
-        # The journal is read only for targets it has applies of (refreshed every 5 s, and at once after auto mode's
-        # own applies): 1,000 targets' alert rules would otherwise query it 1,000 times an evaluation.
-        value = self.applier.flags_in_force(target, journaled=target.name in self._applied).get("max_num_seqs")
-        return float(value) if value is not None else None
-
-    def _auto_every(self, t: Target) -> float:
-        """How often auto mode evaluates the target: its auto_interval, at least one scrape interval."""
-        return max(t.apply.auto_interval.total_seconds(), self.cfg.interval(t).total_seconds())
-
-    def _target_signal(self, name: str, signal_name: str, window: timedelta = timedelta(minutes=5)) -> float | None:
-        """Signals that come from tuner's own state rather than from scrapes (for alert rules): the journal's
-        auto_apply_halted read now, the others from tuner's own series (app/selfwatch.py) as their exported twins
-        read them. ``name`` "" for a tuner signal."""
-        if signal_name == "auto_apply_halted":
-            t = self.state.targets.get(name)
-            if t is None or t.apply.mode != "auto":
-                return None
-            return 1.0 if self._halted(t, self.clock()) else 0.0
-        return self_signal(signal_name, name, window.total_seconds(), int(self.clock() * 1000), self.own.points)
-
-    def _halted(self, t: Target, now: float) -> bool:
-        return halted(
-            jr.list_applies(self.store.engine, target=t.name, limit=50), now, t.apply.max_consecutive_rollbacks
-        )
-
     def retention_once(self) -> None:
         # A notification older than this says nothing Alertmanager still needs: its firing alerts' endsAt has
         # passed (ValidUntil, 4 x the resend delay) and a resolved one is resent for RESOLVED_RETENTION at most.
@@ -723,33 +518,32 @@ class Daemon:
         # (100 targets: every 7.5 s; 1,000: every 75 s). Alert rules read the store directly, not this cache.
         signals_every = max(1.0, step.total_seconds(), len(self.cfg.targets) * _SIGNALS_COST_S / 0.2)
         sched.add_job(self.signals_once, IntervalTrigger(seconds=signals_every), id="signals", next_run_time=now + step)
-        sched.add_job(self.reconcile_once, id="reconcile", next_run_time=now)  # once, before any apply job
+        sched.add_job(self.applying.reconcile_once, id="reconcile", next_run_time=now)  # once, before any apply job
         for t in self.cfg.targets:
             if t.managed is not None:
                 sched.add_job(
-                    self.manage_once,
+                    self.applying.manage_once,
                     IntervalTrigger(seconds=5),
                     args=[t],
                     id=f"manage:{t.name}",
                     next_run_time=now + timedelta(seconds=1),
                 )
             if t.apply.mode == "auto":
-                auto_s = self._auto_every(t)
+                auto_s = self.applying.auto_every(t)
                 sched.add_job(
-                    self.auto_once,
+                    self.applying.auto_once,
                     IntervalTrigger(seconds=auto_s),
                     args=[t],
                     id=f"auto:{t.name}",
                     next_run_time=now + timedelta(seconds=auto_s),
                 )
-        sched.add_job(self.apply_status_once, IntervalTrigger(seconds=5), id="apply-status", next_run_time=now)
+        sched.add_job(self.applying.status_once, IntervalTrigger(seconds=5), id="apply-status", next_run_time=now)
         sched.add_job(
             self.retention_once, IntervalTrigger(minutes=10), id="retention", next_run_time=now + timedelta(seconds=30)
         )
         if self.cfg.alerting.alertmanagers:
             sched.add_job(self.notify_once, IntervalTrigger(seconds=1), id="notify", next_run_time=now)
-        self._writer = threading.Thread(target=self._write_forever, name="store-writer", daemon=True)
-        self._writer.start()
+        self.writer.start(self._stop)
         self.scrape_loop.start()
         if self.discovery is not None:
             with self._retarget_lock:
@@ -815,9 +609,7 @@ class Daemon:
             if self.rule_loop is not None:
                 self.rule_loop.stop(wait=True)
             self.scheduler.shutdown(wait=True)
-            if self._writer is not None:
-                self._writer.join()
-                self.flush()  # what the last scrapes queued
+            self.writer.join()  # and what the last scrapes queued
             self.peers.close()
             log.info("stopped")
 
