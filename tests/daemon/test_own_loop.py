@@ -31,7 +31,8 @@ def test_scrape_errors_auto_evaluations_missed_and_the_outbox_reach_the_rules(st
         clock.t += 15
     clock.t -= 15
     five = timedelta(minutes=5)
-    assert daemon.applying.target_signal("gone", "scrape_errors_per_minute", five) == 4.0  # every one of 4 a minute failed
+    # every one of 4 a minute failed
+    assert daemon.applying.target_signal("gone", "scrape_errors_per_minute", five) == 4.0
     assert daemon.applying.target_signal("", "all_scrape_errors_per_minute", five) == 4.0
     assert daemon.applying.target_signal("gone", "auto_evaluations_missed", five) == (clock.t - start) / 30
     assert daemon.applying.target_signal("", "notifications_queued_growth", timedelta(minutes=10)) == 0.0
