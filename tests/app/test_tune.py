@@ -404,9 +404,8 @@ def test_a_trial_argv_carries_each_candidate_flag_and_a_dropped_one_is_caught(tm
     assert missing_from_argv(t.backend, flags, mg.build_argv(t, {k: v for k, v in flags.items() if k != name}))
 
 
-def _decided(tmp_path, store, base_interval, best_interval, comparison=None):
-    """What `tuner tune` stores for a winner measured at ``best_interval`` against the flags in force at
-    ``base_interval`` (each [highest rate met, lowest rate missed]), with or without a comparison in turns."""
+def _recommended(tmp_path, store, result):  # type: ignore[no-untyped-def]
+    """What `tuner tune` decides from ``result`` (the flags in force: 2 sequences): its verdict and what it stored."""
     from tuner.app.tune import _Ctx, _recommend
     from tuner.store import recommendations as recs
 
@@ -414,6 +413,15 @@ def _decided(tmp_path, store, base_interval, best_interval, comparison=None):
     ctx = _Ctx(
         cfg, store, cfg.targets[0], TuneRequest("v"), tmp_path, say=lambda m: None, clock=lambda: AT_0300, run_id=1
     )
+    rid = _recommend(ctx, result, {"max_num_seqs": 2})
+    stored = recs.list_recommendations(store.engine, target="v")
+    assert (rid is None) == (stored == [])
+    return result["verdict"], stored
+
+
+def _decided(tmp_path, store, base_interval, best_interval, comparison=None):
+    """What `tuner tune` stores for a winner measured at ``best_interval`` against the flags in force at
+    ``base_interval`` (each [highest rate met, lowest rate missed]), with or without a comparison in turns."""
     result = {
         "best": {
             "flags": {"max_num_seqs": 8},
@@ -429,10 +437,7 @@ def _decided(tmp_path, store, base_interval, best_interval, comparison=None):
         "workload": {},
         "slo": {},
     }
-    rid = _recommend(ctx, result, {"max_num_seqs": 2})
-    stored = recs.list_recommendations(store.engine, target="v")
-    assert (rid is None) == (stored == [])
-    return result["verdict"], stored
+    return _recommended(tmp_path, store, result)
 
 
 def test_a_ranking_is_claimed_only_beyond_the_intervals(tmp_path, store):
@@ -555,13 +560,6 @@ def test_the_comparison_in_turns_settles_the_difference_whichever_way_it_was_mea
 def _judged(tmp_path, store, comparison):  # type: ignore[no-untyped-def]
     """What `tuner tune` decides when the flags in force (2 sequences) measured 0.99 req/s one after the other and
     the runner-up (8) 0.625, and the two were then compared in turns."""
-    from tuner.app.tune import _Ctx, _recommend
-    from tuner.store import recommendations as recs
-
-    cfg = _cfg(tmp_path, VLLM)
-    ctx = _Ctx(
-        cfg, store, cfg.targets[0], TuneRequest("v"), tmp_path, say=lambda m: None, clock=lambda: AT_0300, run_id=1
-    )
     base = {"flags": {"max_num_seqs": 2}, "capacity_rps": 0.99, "interval": [0.99, 1.3], "ttft_p99": 0.4}
     runner = {"flags": {"max_num_seqs": 8}, "capacity_rps": 0.625, "interval": [0.625, 0.8], "ttft_p99": 0.9}
     result = {
@@ -576,10 +574,7 @@ def _judged(tmp_path, store, comparison):  # type: ignore[no-untyped-def]
         "workload": {},
         "slo": {},
     }
-    rid = _recommend(ctx, result, {"max_num_seqs": 2})
-    stored = recs.list_recommendations(store.engine, target="v")
-    assert (rid is None) == (stored == [])
-    return result["verdict"], stored
+    return _recommended(tmp_path, store, result)
 
 
 def test_a_runner_up_is_kept_out_or_stored_by_what_the_comparison_in_turns_found(tmp_path, store):
