@@ -23,6 +23,7 @@ from tuner.store.recommendations import RecStatus
 
 if TYPE_CHECKING:
     from tuner.apply.flow import Applier
+    from tuner.config import Target
 
 __all__ = ["reconcile"]
 
@@ -79,29 +80,7 @@ def _reconcile_one(ap: Applier, a: jr.StoredApply) -> str:
         p.route.settle(ap, a.id, t)
     except ApplyError as exc:
         ap.step(a.id, ApplyStep.SETTLE_FAILED, str(exc).splitlines()[0])
-    found, healthy = "unknown", False
-    if t.managed is not None:
-        r = ap.running(t)
-        if r is None:  # killed between starting a server and recording it: find it by its argv
-            for candidate in (a.new_argv, a.old_argv):
-                pid = mg.find_by_argv(candidate)
-                if pid is not None:
-                    r = mg.Running(pid, mg.proc_start_time(pid) or 0, candidate, mg.log_path(t, ap.config_dir))
-                    ap.servers.save(t, r, a.new_flags if candidate == a.new_argv else a.old_flags, ServerState.RUNNING)
-                    break
-        argv = mg.proc_argv(r.pid) if r else None
-        found = (
-            "no server running"
-            if r is None
-            else ("the new flags" if argv == a.new_argv else "the old flags" if argv == a.old_argv else "other flags")
-        )
-        if r is not None:
-            try:  # a server still starting (tuner died during the health check) gets its full start time
-                mg.wait_healthy(r, t.url, t.managed.start_timeout.total_seconds())
-                mg.health_gate(t, timeout_s=30)
-                healthy = True
-            except ServerStartError:
-                healthy = False
+    found, healthy = _found(ap, t, a)
     where = f"tuner died at step {a.state}; server found with {found}" + (
         " and healthy" if healthy else "" if found == "no server running" else " but not healthy"
     )
@@ -131,6 +110,32 @@ def _reconcile_one(ap: Applier, a: jr.StoredApply) -> str:
             note=f"reconciled after tuner died: {where}",
         )
     return _line(jr.get_apply(ap.engine, a.id))
+
+
+def _found(ap: Applier, t: Target, a: jr.StoredApply) -> tuple[str, bool]:
+    """Which flags the target's server runs now (the new, the old, other, or no server; "unknown" for a server
+    tuner does not manage) and whether it is healthy. A server started but not yet recorded when tuner died is
+    found by its argv and recorded; one still starting gets its full start time."""
+    if t.managed is None:
+        return "unknown", False
+    r = ap.running(t)
+    if r is None:  # killed between starting a server and recording it: find it by its argv
+        for candidate in (a.new_argv, a.old_argv):
+            pid = mg.find_by_argv(candidate)
+            if pid is not None:
+                r = mg.Running(pid, mg.proc_start_time(pid) or 0, candidate, mg.log_path(t, ap.config_dir))
+                ap.servers.save(t, r, a.new_flags if candidate == a.new_argv else a.old_flags, ServerState.RUNNING)
+                break
+    if r is None:
+        return "no server running", False
+    argv = mg.proc_argv(r.pid)
+    found = "the new flags" if argv == a.new_argv else "the old flags" if argv == a.old_argv else "other flags"
+    try:
+        mg.wait_healthy(r, t.url, t.managed.start_timeout.total_seconds())
+        mg.health_gate(t, timeout_s=30)
+    except ServerStartError:
+        return found, False
+    return found, True
 
 
 def _line(a: jr.StoredApply) -> str:
