@@ -13,7 +13,7 @@ from tuner.store import tuning as tj
 ADVISED = {"id": 1, "diff": {"max_num_seqs": 8}}
 
 
-def _tuned(tmp_path, store, outcome: str | None, *, stored: bool = False):  # type: ignore[no-untyped-def]
+def _tuned(tmp_path, store, outcome: str | None, *, stored: bool = False, compared: int = 8):  # type: ignore[no-untyped-def]
     cfg = tmp_path / "tuner.yaml"
     cfg.write_text(
         f"store: {{url: 'sqlite:///{tmp_path / 'tuner.db'}'}}\n"
@@ -39,7 +39,7 @@ def _tuned(tmp_path, store, outcome: str | None, *, stored: bool = False):  # ty
     run = tj.begin_run(
         store.engine, target=MODEL_NAME, now=1.0, request={}, workload={}, slo={}, baseline_flags={"max_num_seqs": 4}
     )
-    comparison = None if outcome is None else {"outcome": outcome, "flags": {"max_num_seqs": 8}}
+    comparison = None if outcome is None else {"outcome": outcome, "flags": {"max_num_seqs": compared}}
     result = {"verdict": f"the verdict ({outcome})", "comparison": comparison, "recommendation_id": rid}
     tj.finish_run(store.engine, run, now=2.0, state=tj.RunState.DONE, result=result)
     return _after_tune(cfg, dict(ADVISED)), rid
@@ -66,3 +66,9 @@ def test_without_a_proposal_nothing_is_applied(tmp_path, store):
     _tuned(tmp_path, store, "same")
     rec, story = _after_tune(tmp_path / "tuner.yaml", None)
     assert rec is None and "the advisor proposed no flag change" in story
+
+
+def test_a_loss_in_turns_of_another_candidate_says_nothing_of_the_proposal(tmp_path, store):
+    """The flags in force beat 16 sequences in turns; the advisor's 8 was not the one compared: no claim on it."""
+    (rec, story), _ = _tuned(tmp_path, store, "a_better", compared=16)
+    assert rec == ADVISED and "The demo applies the advisor's proposal" in story

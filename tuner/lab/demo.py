@@ -290,7 +290,9 @@ def _after_tune(config: Path, advised: dict | None) -> tuple[dict | None, str]:
     said = result.get("verdict") or "tune measured nothing"
     if advised is None:
         return None, f"tune: {said}. The demo applies nothing: the advisor proposed no flag change"
-    if (result.get("comparison") or {}).get("outcome") == "a_better":
+    cmp = result.get("comparison") or {}
+    compared = cmp.get("flags") or {}
+    if cmp.get("outcome") == "a_better" and all(compared.get(k) == v for k, v in advised["diff"].items()):
         return None, (
             f"tune: {said}. The demo applies nothing: compared in turns, the flags in force served more within the "
             f"SLO than the advisor's proposal {advised['diff']}"
