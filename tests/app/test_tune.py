@@ -376,6 +376,37 @@ def test_a_backend_switch_is_no_candidate_and_says_why():
     assert not_applied("vllm", {"max_num_seqs": 4}) == ""
 
 
+def test_the_advisors_backend_switch_from_real_scrapes_is_said_at_set_up_and_never_run(tmp_path, store):
+    """A vLLM target whose store holds recorded real vLLM scrapes: the advisor proposes `backend: vllm -> llamacpp`
+    (no GPU here) beside its flag changes. Tune says at set-up why the switch is no candidate and journals no trial
+    labelled with it; the run goes on to its first trial (whose server cannot start: the executable does not
+    exist). Once that switch ran as vLLM with the baseline's argv, labelled backend=llamacpp."""
+    from tests.helpers import store_recorded_history
+
+    end = store_recorded_history(store, AT_0300 - 200, fixtures=("metrics_after_load.txt",))
+    cfg = _cfg(
+        tmp_path, VLLM.replace("flags: {max_num_seqs: 2}", "flags: {max_num_seqs: 1}, executable: /nonexistent/python")
+    )
+    wl = tmp_path / "wl.yaml"
+    wl.write_text("input_len: 16\noutput_len: 32\nrange_ratio: 0.2\nrate_rps: 2\n")
+    said: list[str] = []
+    with pytest.raises(Exception) as err:
+        tune(
+            cfg,
+            store,
+            TuneRequest("v", workload_file=str(wl), flags=("max_num_seqs",), budget=3),
+            config_dir=tmp_path,
+            say=said.append,
+            clock=lambda: end,
+        )
+    assert not isinstance(err.value, NothingToMeasureError)
+    switch = [line for line in said if line.startswith("the advisor's backend=llamacpp")]
+    assert len(switch) == 1 and "backend vllm -> llamacpp is not a tune candidate" in switch[0], said
+    assert any(line.startswith("trial 1/3 (baseline): max_num_seqs=1") for line in said), said
+    run = tj.latest_run(store.engine, "v")
+    assert run is not None and not any("backend" in t.flags for t in tj.trials(store.engine, run.id))
+
+
 @pytest.mark.parametrize(
     "target,flags",
     [

@@ -96,8 +96,9 @@ def test_tune_measures_ranks_and_recommends_right_and_survives_kill9(tmp_path):
         started = [t for t in trials if t.seq == 2 and t.status == "running" and t.pid]
         return started[0] if started else None
 
-    try:
-        trial = _wait(second_trial_running, 900, "the second trial's server to start")
+    try:  # every trial server's argv and cores are read while it runs (the checks of the llama-server test below)
+        seen, trial = _watch_trials(engine, first, "tiny", until=second_trial_running, timeout=900)
+        assert trial is not None, "tuner exited before its second trial's server started"
         _wait(lambda: first.poll() is not None or (tmp_path / "logs").exists(), 5, "the trial log")
         time.sleep(1.0)  # let it be mid-start: the kill lands while tuner waits on the server
     finally:
@@ -108,11 +109,18 @@ def test_tune_measures_ranks_and_recommends_right_and_survives_kill9(tmp_path):
     _wait(lambda: not _group_alive(trial.pid), 60, f"trial server group {trial.pid} to go with its tuner")
     assert tj.trials(engine, trial.run_id)[1].status == "running"  # the journal shows what was cut short
 
-    out = subprocess.run(argv + ["--resume"], capture_output=True, text=True, timeout=1200)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout)
+    resumed = subprocess.Popen(argv + ["--resume"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _watch_trials(engine, resumed, "tiny", seen)
+    finally:
+        if resumed.poll() is None:
+            resumed.kill()
+    out, err = resumed.communicate()
+    assert resumed.returncode == 0, err[-3000:]
+    result = json.loads(out)
     trials = tj.trials(engine, trial.run_id)
     assert [t.status for t in trials] == ["measured", "interrupted", "measured"], [t.status for t in trials]
+    _check_trial_processes("vllm", [t for t in trials if t.pid], seen)
     assert trials[0].flags["max_num_seqs"] == 1 and trials[2].flags["max_num_seqs"] == 8  # trial 1 was kept
     assert not any(_group_alive(t.pid) for t in trials if t.pid)
     assert result["counts"] == {"measured": 2, "crashed": 0, "pruned": 0}
@@ -440,11 +448,14 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def _watch_trials(engine, proc: subprocess.Popen, target: str) -> dict[int, dict]:
-    """Each trial server's argv, read from /proc/<pid>/cmdline while it runs, until ``proc`` exits; for vLLM also
-    the CPUs its worker's threads and the benchmark client's may run on (the last reading while it ran)."""
-    seen: dict[int, dict] = {}
+def _watch_trials(engine, proc, target, seen=None, until=None, timeout=1200.0):  # type: ignore[no-untyped-def]
+    """Each trial server's argv, read from /proc/<pid>/cmdline while it runs, until ``proc`` exits (or ``until()``
+    returns something, which is returned too); for vLLM also the CPUs its worker's threads and the benchmark
+    client's may run on (the last reading while it ran)."""
+    seen = {} if seen is None else seen
+    deadline = time.monotonic() + timeout
     while proc.poll() is None:
+        assert time.monotonic() < deadline, f"tuner still running after {timeout:g}s"
         run = tj.latest_run(engine, target)
         for t in tj.trials(engine, run.id) if run else []:
             if t.status == "running" and t.pid and mg.is_alive(t.pid, t.proc_start):
@@ -461,84 +472,79 @@ def _watch_trials(engine, proc: subprocess.Popen, target: str) -> dict[int, dict
                 cpus = _threads_cpus(clients[0]) if clients else set()
                 if cpus:
                     got["client"] = cpus
+        if until is not None and (found := until()):
+            return seen, found
         time.sleep(0.05)
-    return seen
+    return seen, None
 
 
-@pytest.mark.parametrize("backend", ["llamacpp", "vllm"])
-def test_every_trial_server_runs_the_flags_its_trial_is_labelled_with(tmp_path, backend):
-    """Each trial server's own command line (read from /proc while it runs) carries every flag of its candidate.
-    For vLLM the store holds recorded real vLLM scrapes, so the advisor proposes its seeds, the `backend: vllm ->
-    llamacpp` switch among them (no GPU here): that one ran as vLLM with the baseline's argv, labelled
-    backend=llamacpp; now it is no candidate, and the run says why."""
-    from tests.helpers import store_recorded_history
-    from tuner.store.store import Store
+def _check_trial_processes(backend: str, started: list, seen: dict[int, dict], *, placed_too: bool = True) -> None:  # type: ignore[type-arg]
+    """Each trial server ran every flag of its candidate (its argv, read from /proc while it ran); a vLLM trial's
+    worker computed on the cores placed for it, the benchmark client on the others."""
+    for t in started:
+        assert "argv" in seen.get(t.id, {}), f"trial {t.seq} ran too briefly to be read"
+        assert _carried(backend, t.flags, seen[t.id]["argv"]) == [], (t.flags, seen[t.id]["argv"])
+        if backend != "vllm" or not placed_too or t.status != "measured":
+            continue
+        placed = t.detail["placement"]
+        assert seen[t.id]["worker"] == {",".join(map(str, placed["worker_cpus"]))}, (seen[t.id], placed)
+        client = {
+            c
+            for lst in seen[t.id]["client"]
+            for part in lst.split(",")
+            for c in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)
+        }
+        if placed["client_cpus"]:  # a core of its own
+            assert client <= set(placed["client_cpus"]) and not client & set(placed["worker_cpus"]), (
+                seen[t.id],
+                placed,
+            )
+        else:  # every other core has a pinned process: the client runs where the kernel puts it
+            assert client == set(os.sched_getaffinity(0)), (seen[t.id], placed)
 
-    if backend == "vllm":
-        require(realservers.VLLM_PYTHON, realservers.TINY_MODEL)
-        cfg = _config(tmp_path)
-        cfg.write_text(cfg.read_text().replace("name: tiny", "name: v"))
-        # seeds: the flags in force, the advisor's max_num_seqs 2, then its backend switch (once the third trial,
-        # which ran vLLM labelled backend=llamacpp; now said at set-up, whatever the budget, so two trials suffice)
-        argv = [
-            "tune",
-            "v",
-            "--workload",
-            str(tmp_path / "wl.yaml"),
-            "--flags",
-            "max_num_seqs=1/2/4",
-            "--budget",
-            "2",
-            "--run-seconds",
-            "4",
-            "--max-runs",
-            "2",
-            "--no-noise-check",
-            "--json",
-        ]
-        target = "v"
-    else:
-        require(realservers.LLAMA_SERVER, realservers.TINY_GGUF, realservers.VLLM_PYTHON, realservers.TINY_MODEL)
-        cfg = tmp_path / "tuner.yaml"
-        cfg.write_text(
-            f"store: {{url: 'sqlite:///{tmp_path / 'tuner.db'}'}}\n"
-            "targets:\n"
-            "  - name: l\n    backend: llamacpp\n    url: http://127.0.0.1:1\n"
-            f"    slo: {{e2e_p99: 4s, objective: {OBJECTIVE}}}\n"
-            f"    managed:\n      model: {realservers.TINY_GGUF.path()}\n"
-            f"      executable: {realservers.LLAMA_SERVER.path()}\n"
-            "      flags: {parallel: 1, ctx_size: 1024, flash_attn: 'off'}\n      extra_args: {'-t': 1}\n"
-        )
-        (tmp_path / "wl.yaml").write_text("input_len: 16\noutput_len: 32\nrange_ratio: 0.2\nrate_rps: 2\n")
-        argv = [
-            "tune",
-            "l",
-            "--workload",
-            str(tmp_path / "wl.yaml"),
-            "--flags",
-            "parallel=1/2/4,flash_attn",
-            "--budget",
-            "3",
-            "--run-seconds",
-            "4",
-            "--max-runs",
-            "2",
-            "--no-noise-check",
-            "--client-python",
-            str(realservers.VLLM_PYTHON.path()),
-            "--tokenizer",
-            str(realservers.TINY_MODEL.path()),
-            "--json",
-        ]
-        target = "l"
+
+def test_every_llama_server_trial_runs_the_flags_its_trial_is_labelled_with(tmp_path):
+    """Each llama-server trial's own command line (read from /proc while it runs) carries every flag of its
+    candidate. (vLLM's trials are read the same way in the kill -9 test above, which runs them anyway; the advisor's
+    backend switch, said at set-up and never run, is tests/app/test_tune.py's.)"""
+    require(realservers.LLAMA_SERVER, realservers.TINY_GGUF, realservers.VLLM_PYTHON, realservers.TINY_MODEL)
+    cfg = tmp_path / "tuner.yaml"
+    cfg.write_text(
+        f"store: {{url: 'sqlite:///{tmp_path / 'tuner.db'}'}}\n"
+        "targets:\n"
+        "  - name: l\n    backend: llamacpp\n    url: http://127.0.0.1:1\n"
+        f"    slo: {{e2e_p99: 4s, objective: {OBJECTIVE}}}\n"
+        f"    managed:\n      model: {realservers.TINY_GGUF.path()}\n"
+        f"      executable: {realservers.LLAMA_SERVER.path()}\n"
+        "      flags: {parallel: 1, ctx_size: 1024, flash_attn: 'off'}\n      extra_args: {'-t': 1}\n"
+    )
+    (tmp_path / "wl.yaml").write_text("input_len: 16\noutput_len: 32\nrange_ratio: 0.2\nrate_rps: 2\n")
+    argv = [
+        "tune",
+        "l",
+        "--workload",
+        str(tmp_path / "wl.yaml"),
+        "--flags",
+        "parallel=1/2/4,flash_attn",
+        "--budget",
+        "3",
+        "--run-seconds",
+        "4",
+        "--max-runs",
+        "2",
+        "--no-noise-check",
+        "--client-python",
+        str(realservers.VLLM_PYTHON.path()),
+        "--tokenizer",
+        str(realservers.TINY_MODEL.path()),
+        "--json",
+    ]
     tuner = [sys.executable, "-m", "tuner.cli", "-c", str(cfg)]
     subprocess.run(tuner + ["db", "upgrade"], check=True, capture_output=True)
     engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
-    if backend == "vllm":
-        store_recorded_history(Store(engine), time.time() - 200, fixtures=("metrics_after_load.txt",))
     proc = subprocess.Popen(tuner + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        seen = _watch_trials(engine, proc, target)
+        seen, _ = _watch_trials(engine, proc, "l")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -547,26 +553,4 @@ def test_every_trial_server_runs_the_flags_its_trial_is_labelled_with(tmp_path, 
     result = json.loads(out)
     started = [t for t in tj.trials(engine, result["run_id"]) if t.pid]
     assert len(started) == result["counts"]["measured"] + result["counts"]["crashed"] >= 2, err[-3000:]
-    for t in started:
-        assert "argv" in seen.get(t.id, {}), f"trial {t.seq} ran too briefly to be read"
-        assert _carried(backend, t.flags, seen[t.id]["argv"]) == [], (t.flags, seen[t.id]["argv"])
-        if backend == "vllm":  # its worker computes on the cores placed for it, the client on the others
-            placed = t.detail["placement"]
-            assert seen[t.id]["worker"] == {",".join(map(str, placed["worker_cpus"]))}, (seen[t.id], placed)
-            client = {
-                c
-                for lst in seen[t.id]["client"]
-                for part in lst.split(",")
-                for c in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)
-            }
-            if placed["client_cpus"]:  # a core of its own
-                assert client <= set(placed["client_cpus"]) and not client & set(placed["worker_cpus"]), (
-                    seen[t.id],
-                    placed,
-                )
-            else:  # every other core has a pinned process: the client runs where the kernel puts it
-                assert client == set(os.sched_getaffinity(0)), (seen[t.id], placed)
-    if backend == "vllm":  # the advisor's backend switch: said, never run
-        assert not any("backend" in t.flags for t in tj.trials(engine, result["run_id"]))
-        assert any(nc["diff"] == {"backend": "llamacpp"} for nc in result["not_candidates"]), result
-        assert "backend vllm -> llamacpp is not a tune candidate" in err
+    _check_trial_processes("llamacpp", started, seen)
