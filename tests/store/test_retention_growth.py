@@ -55,9 +55,9 @@ def _size(path: Path) -> int:
 def _caches(store: Store) -> dict[str, int]:
     head = store._head  # noqa: SLF001  (what the daemon's process holds)
     return {
-        "series_ids": len(store._series_by_key),
-        "shapes": len(store._shapes),  # noqa: SLF001
-        "configs": len(store._configs),
+        "series_ids": len(store._ingest.series_by_key),
+        "shapes": len(store._ingest.shapes),  # noqa: SLF001
+        "configs": len(store._ingest.configs),
         "head_series": len(head._by_id) if head else 0,
     }  # noqa: SLF001
 

@@ -69,11 +69,11 @@ def test_one_transaction_helper_names_the_database_and_undoes_what_the_store_cac
     # A storage error inside a write: StoreError naming the database; the row and the id cached with it go.
     with pytest.raises(StoreError, match=str(tmp_path / "tuner.db")) as err:
         with store.lock, store.begin() as conn:
-            store._target_id(conn, "new-target", "vllm", "http://127.0.0.1:9", {})
-            assert "new-target" in store._targets
+            store._ingest.target_id(conn, "new-target", "vllm", "http://127.0.0.1:9", {})
+            assert "new-target" in store._ingest.targets
             conn.execute(text("INSERT INTO no_such_table VALUES (1)"))
     assert "no such table" in str(err.value)
-    assert "new-target" not in store._targets and store.target_names() == ["gpu-box"]
+    assert "new-target" not in store._ingest.targets and store.target_names() == ["gpu-box"]
     # Any other error rolls back too, is told to on_rollback, and propagates as it was.
     told: list[str] = []
     with pytest.raises(ValueError, match="boom"):

@@ -18,7 +18,8 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from tuner.errors import StoreError
 from tuner.store.models import Base
-from tuner.store.store import Store, driver_connection
+from tuner.store.rows import driver_connection
+from tuner.store.store import Store
 
 __all__ = [
     "AlertStateRow",

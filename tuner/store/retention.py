@@ -22,7 +22,8 @@ from sqlalchemy import text
 
 from tuner.config import Retention
 from tuner.store.db import give_back_space
-from tuner.store.store import MARKED_UNTIL, Store
+from tuner.store.reading import MARKED_UNTIL
+from tuner.store.store import Store
 
 __all__ = ["apply_retention"]
 
