@@ -61,11 +61,11 @@ def test_invalid_rules_stop_the_daemon_and_a_bad_reload_keeps_the_last_good_set(
     path.write_text(RULES)
     daemon = Daemon(cfg, store)
     path.write_text(RULES.replace("threshold: 0.9", "threshold: lots"))
-    assert daemon.reload_rules() is False
+    assert daemon.rules.reload() is False
     assert [r.alert for r in daemon.alerting.rules.rules] == ["KVHigh"]
     assert "keeping the last good rules" in daemon.state.job_errors["rules"]
     path.write_text(RULES.replace("KVHigh", "KVVeryHigh"))
-    assert daemon.reload_rules() is True
+    assert daemon.rules.reload() is True
     assert [r.alert for r in daemon.alerting.rules.rules] == ["KVVeryHigh"]
 
 

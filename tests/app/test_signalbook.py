@@ -47,7 +47,7 @@ def test_the_exporter_and_the_rules_share_one_derivation_per_scrape(tmp_path, st
     _scrape(store, T0, 0.97)
 
     daemon.signals_once()  # the exporter's view: one derivation over the 5 m window
-    daemon.evaluate_once("g")  # the 5 m rule reuses it; the 30 m rule derives its own window once
+    daemon.rules.evaluate_once("g")  # the 5 m rule reuses it; the 30 m rule derives its own window once
     assert len(calls) == 2
     shared = daemon.state.signals["chat"]
     assert daemon.signals.get("chat", 300.0, now[0]) is shared
@@ -56,14 +56,14 @@ def test_the_exporter_and_the_rules_share_one_derivation_per_scrape(tmp_path, st
 
     # Within the tick (no new scrape, less than a scrape interval later) nothing is derived again.
     now[0] = T0 + 2
-    daemon.evaluate_once("g")
+    daemon.rules.evaluate_once("g")
     daemon.signals_once()
     assert len(calls) == 2
 
     # A new scrape starts a new tick: the next reader derives, and the others share it again.
     now[0] = T0 + 3
     _scrape(store, T0 + 3, 0.10)
-    daemon.evaluate_once("g")
+    daemon.rules.evaluate_once("g")
     daemon.signals_once()
     assert len(calls) == 4
     assert daemon.state.signals["chat"] is daemon.signals.get("chat", 300.0, now[0])
@@ -108,7 +108,7 @@ def test_a_groups_windows_come_from_one_read_per_target_and_equal_a_read_of_each
     end = store_recorded_history(store, T0)  # 36 vLLM scrapes over 3 minutes, restarted at the 25th
     for now in (end - 5, end - 61.5, end + 400):  # windows holding all, part of and none of the history
         daemon = Daemon(cfg, store, clock=lambda: now)  # noqa: B023 (used within its iteration)
-        daemon.evaluate_once("g")
+        daemon.rules.evaluate_once("g")
         # two per target, for four rules over three windows: the 10 m window for the series of goodput and restarts,
         # the 5 m one for every series (the 1 m window is cut from it)
         assert daemon.signals.reads == 4
@@ -255,9 +255,9 @@ def test_groups_of_one_interval_share_one_read_and_one_derivation_of_each_window
         return compute_signals(window, slo=slo, only=only)
 
     daemon.signals._derive = derive
-    daemon.evaluate_once("serving")
+    daemon.rules.evaluate_once("serving")
     first = sorted(asked, key=lambda a: a[0])
-    daemon.evaluate_once("targets")
+    daemon.rules.evaluate_once("targets")
     # 1 m, 5 m, 10 m: once each, none again, from two reads (the 10 m window's series; every series over 5 m)
     assert daemon.signals.reads == 2 and len(asked) == 3, asked
     assert [w for w, _ in first] == [60, 300, 600]  # not the slow group's 30 m

@@ -370,15 +370,15 @@ def test_a_rules_reload_in_a_running_daemon_replaces_the_evaluation_loop(tmp_pat
         runner = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False})
         runner.start()
         try:
-            wait_for(lambda: daemon.rule_loop is not None, 30, "the rules' loop to start")
-            old = daemon.rule_loop
+            wait_for(lambda: daemon.rules.loop is not None, 30, "the rules' loop to start")
+            old = daemon.rules.loop
             rules.write_text(
                 "groups:\n  - name: h\n    interval: 1s\n    rules:\n"
                 "      - {alert: High, signal: kv_cache_usage, op: '>', threshold: 0.5, window: 1m, "
                 "for: 0s}\n"
             )
-            assert daemon.reload_rules() is True
-            assert daemon.rule_loop is not old and old is not None and old._stopping  # noqa: SLF001
+            assert daemon.rules.reload() is True
+            assert daemon.rules.loop is not old and old is not None and old._stopping  # noqa: SLF001
             wait_for(
                 lambda: _first(
                     store, "SELECT COUNT(*) FROM alert_events WHERE rule LIKE '%High%' AND to_state = 'firing'"

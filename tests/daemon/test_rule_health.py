@@ -58,7 +58,7 @@ def test_a_rule_that_fails_to_evaluate_leaves_its_group_evaluating_and_shows_onc
     caplog.set_level(logging.INFO, logger="tuner")
     for _ in range(5):
         _scrape(store, now[0], 0.9)
-        daemon.evaluate_once("g")
+        daemon.rules.evaluate_once("g")
         now[0] += 15
     firing = [a for a in daemon.alerting.active() if a.state == "firing"]
     assert [a.labels["alertname"] for a in firing] == ["KVHigh"]
@@ -69,7 +69,7 @@ def test_a_rule_that_fails_to_evaluate_leaves_its_group_evaluating_and_shows_onc
     assert "KeyError" in said[0].getMessage() and str(rules) in said[0].getMessage()
 
     # a reload of the (good) file replaces the rule: the error clears
-    assert daemon.reload_rules() is True
-    daemon.evaluate_once("g")
+    assert daemon.rules.reload() is True
+    daemon.rules.evaluate_once("g")
     assert 'job="rule:g/Broken"' not in _metrics(daemon)
     assert {a.labels["alertname"] for a in daemon.alerting.active() if a.state != "inactive"} == {"Broken", "KVHigh"}

@@ -9,7 +9,6 @@ late scrape runs once, not in a burst, timed by the monotonic clock); everything
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import threading
 import time
@@ -36,6 +35,7 @@ from tuner.collect.scrape import scrape_target
 from tuner.collect.snapshots import TargetSnapshot
 from tuner.config import Config, Target, replica_groups
 from tuner.daemon.applying import ApplyJobs
+from tuner.daemon.evaluating import RuleJobs
 from tuner.daemon.malloc import ARENAS, collect_less, limit_arenas
 from tuner.daemon.metrics import serve_metrics
 from tuner.daemon.rlimit import raise_open_files
@@ -46,7 +46,6 @@ from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
 from tuner.kube import Discovery, templates
 from tuner.names import VLLM_KV_CACHE_USAGE_PERC
 from tuner.rules.evaluate import RESOLVED_RETENTION
-from tuner.rules.model import RuleGroup
 from tuner.store.db import daemon_lock, incremental_vacuum, redact_url
 from tuner.store.retention import apply_retention
 from tuner.store.store import Failed, GpuLatest, Scraped, Store
@@ -57,9 +56,6 @@ log = logging.getLogger("tuner.daemon")
 
 SIGNAL_POLL_S = 0.2  # the longest a SIGHUP or SIGTERM waits for its handler (run_forever)
 _CLOCK_STEP_S = 2.0  # a wall-clock jump larger than this (against the monotonic clock) is a step, not drift
-# An evaluation is due this long after a round of the first target's scrapes is handed out: time for the scrape loop
-# to hand it out (the two schedules run on different threads), and settle() then waits for it to land.
-_EVAL_AFTER_S = 0.005
 _SIGNALS_COST_S = 0.015  # one target's window + derive over a full 5-minute window (bench/results/)
 
 
@@ -98,7 +94,6 @@ class Daemon:
         self.scheduler: BackgroundScheduler | None = None
         self.scrape_loop: ScrapeLoop[str] | None = None
         self._direct: dict[str, Target] = {}  # what the scrape loop scrapes, by name (pods come and go)
-        self.rule_loop: ScrapeLoop[str] | None = None  # the alert groups' evaluations (_start_rules)
         self._origin = time.monotonic()  # the scrape schedule's origin (its first round)
         self._step = 1.0  # the first scraped target's interval: a round of scrapes starts every _step from _origin
         self._settle_s = 0.0  # how long an evaluation may wait for the scrapes due before it to land
@@ -118,6 +113,7 @@ class Daemon:
         self.session = Session(cfg, (config_dir or Path.cwd()).resolve(), store)
         self.applier = self.session.applier(say=log.info, clock=clock)
         self.own = SelfSeries(keep_for(self.alerting.rules))  # tuner's own series, for the rules over its own loop
+        self.rules = RuleJobs(cfg, self.alerting, self.state, self.own, job_error=self._job_error, landed=self._landed)
         self.applying = ApplyJobs(
             cfg, store, self.state, self.applier, self.signals, self.own, clock=clock, job_error=self._job_error
         )
@@ -323,109 +319,12 @@ class Daemon:
             flags=self.applier.flags_in_force(t, journaled=t.name in self.applying.applied),
         )
 
-    def evaluate_once(self, group_name: str) -> None:
-        group = next((g for g in self.alerting.rules.groups if g.name == group_name), None)
-        if group is None:  # removed by a reload; its job is being replaced
-            return
-        if self.scrape_loop is not None:  # the scrapes due by now landed (they were handed out just before this)
-            self.scrape_loop.settle(time.monotonic(), min(self._settle_s, group.interval.total_seconds() / 2))
-        self.writer.flush()  # the scrapes already done are in the store for this evaluation, not a quarter second on
-        try:
-            failed = self.alerting.evaluate_group(group)
-        except TunerError as exc:
-            self._job_error(f"rules:{group_name}", str(exc))
-            return
-        with self.state.lock:
-            self.state.job_errors.pop(f"rules:{group_name}", None)
-        self._rule_health(group, failed)
-        if self.cfg.alerting.alertmanagers:
-            self.notify_once()  # send what this evaluation queued now, as Prometheus does, not at the next tick
-
-    def _rule_health(self, group: RuleGroup, failed: dict[str, str]) -> None:
-        """Each rule's failure as a job error of its own (``rule:GROUP/ALERT`` on /metrics' tuner_job_error), logged
-        when it starts or its error changes and when it recovers: once per kind of failure, not at every tick."""
-        with self.state.lock:
-            errors = self.state.job_errors
-            said = []
-            for rule in group.rules:
-                job, error = f"rule:{group.key(rule)}", failed.get(group.key(rule))
-                before = errors.get(job)
-                if error is not None and error != before:
-                    errors[job] = error
-                    said.append((logging.ERROR, error))
-                elif error is None and before is not None:
-                    del errors[job]
-                    said.append((logging.WARNING, f"rule {group.key(rule)} evaluates again"))
-        for level, line in said:
-            log.log(level, "%s", line)
-
-    def notify_once(self) -> None:
-        try:
-            result = self.alerting.flush()
-        except TunerError as exc:
-            self._job_error("notify", str(exc))
-            return
-        with self.state.lock:
-            for am, error in result.errors.items():
-                self.state.job_errors[f"notify:{am}"] = error
-            if result.sent and not result.errors:
-                for key in [k for k in self.state.job_errors if k.startswith("notify:")]:
-                    del self.state.job_errors[key]
-
-    def reload_rules(self) -> bool:
-        """SIGHUP: re-read the rule files; on any failure keep the last good set and log one line naming it (the
-        handler runs on the main thread: an exception escaping it would end the daemon)."""
-        try:
-            ok = self.alerting.reload()
-        except Exception as exc:  # noqa: BLE001  a bug: reported, and the daemon keeps its rules and runs on
-            self._job_error("rules", f"rule reload failed, keeping the last good rules: internal error: {exc!r}")
-            return False
-        if ok:
-            self.own.keep_ms = int(keep_for(self.alerting.rules) * 1000)
-        if not ok:
-            self._job_error("rules", self.alerting.last_error)
-            return False
-        with self.state.lock:  # a new rule set: its groups and rules report afresh at their next evaluation
-            for job in [j for j in self.state.job_errors if j == "rules" or j.startswith(("rules:", "rule:"))]:
-                del self.state.job_errors[job]
-        if self.rule_loop is not None:
-            self._start_rules()
-        rules = self.alerting.rules
-        log.info(
-            "rules reloaded: %d groups, %d rules from %s",
-            len(rules.groups),
-            len(rules.rules),
-            ", ".join(map(str, self.alerting.files)),
-        )
-        return True
-
-    def _start_rules(self) -> None:
-        """Evaluate each alert group every ``interval``, in phase with the scrapes, on their clock (monotonic):
-        each evaluation is due just after a round of scrapes is handed out (its interval a multiple of the first
-        target's: every round), and it first waits for the scrapes due by then to land (evaluate_once), so a
-        condition is evaluated the moment its scrape is stored. Half an interval out of phase, as before 2026-11-25,
-        every alert waited half an evaluation interval more for nothing (bench/results/, the alert latency runs);
-        Prometheus's rules run at a phase of their own, on average as late. On APScheduler's wall clock the phase
-        was not the scrapes' to keep. A group still evaluating when it is due again is not run twice; a late loop
-        runs once and comes back in phase (ScrapeLoop). A reload replaces the loop."""
-        old, self.rule_loop = self.rule_loop, None
-        if old is not None:
-            old.stop(wait=False)
-        groups = {g.name: g for g in self.alerting.rules.groups}
-        if not groups:
-            return
-        # the first evaluation a round after now (at the start: after the first round, every target scraped once)
-        rounds = max(1, math.ceil((time.monotonic() - self._origin) / self._step))
-        self.rule_loop = ScrapeLoop(
-            list(groups),
-            lambda name: groups[name].interval.total_seconds(),
-            self.evaluate_once,
-            workers=len(groups) + 1,
-            spread=False,
-            what="evaluation",
-            start=self._origin + rounds * self._step + _EVAL_AFTER_S,
-        )
-        self.rule_loop.start()
+    def _landed(self, at_most_s: float) -> None:
+        """Before an evaluation: the scrapes due by now landed (they were handed out just before it; waiting at most
+        ``at_most_s``), and the writer flushed them into the store, not a quarter second on."""
+        if self.scrape_loop is not None:
+            self.scrape_loop.settle(time.monotonic(), min(self._settle_s, at_most_s))
+        self.writer.flush()
 
     # ---- apply side: managed servers, auto mode, crash recovery ----------------------------------
 
@@ -466,7 +365,7 @@ class Daemon:
             timezone=timezone.utc,
         )
         now = datetime.now(timezone.utc)
-        self._origin = time.monotonic()  # the scrapes' schedule and the rules' (_start_rules) from here
+        self._origin = time.monotonic()  # the scrapes' schedule and the rules' (RuleJobs.start) from here
         direct = self._direct = {t.name: t for t in self.cfg.targets if t.source != "prometheus"}
         self._step = next((self.cfg.interval(t).total_seconds() for t in direct.values()), 1.0)
         self._settle_s = max((self.cfg.timeout(t).total_seconds() for t in direct.values()), default=0.0)
@@ -542,7 +441,7 @@ class Daemon:
             self.retention_once, IntervalTrigger(minutes=10), id="retention", next_run_time=now + timedelta(seconds=30)
         )
         if self.cfg.alerting.alertmanagers:
-            sched.add_job(self.notify_once, IntervalTrigger(seconds=1), id="notify", next_run_time=now)
+            sched.add_job(self.rules.notify_once, IntervalTrigger(seconds=1), id="notify", next_run_time=now)
         self.writer.start(self._stop)
         self.scrape_loop.start()
         if self.discovery is not None:
@@ -550,7 +449,7 @@ class Daemon:
                 self._following = True
                 self._retarget(self.discovery.current())  # what changed since the first list
             self.discovery.start()
-        self._start_rules()
+        self.rules.start(self._origin, self._step)
         sched.start()
         self.scheduler = sched
         threading.Thread(target=self._watch_clock, name="clock-watch", daemon=True).start()
@@ -596,7 +495,7 @@ class Daemon:
         if install_signal_handlers:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
             signal.signal(signal.SIGINT, lambda *_: self.stop())
-            signal.signal(signal.SIGHUP, lambda *_: self.reload_rules())
+            signal.signal(signal.SIGHUP, lambda *_: self.rules.reload())
         self.start()
         try:
             self._wait(max_seconds)
@@ -606,8 +505,7 @@ class Daemon:
                 self.discovery.stop()
             assert self.scheduler is not None and self.scrape_loop is not None
             self.scrape_loop.stop(wait=True)
-            if self.rule_loop is not None:
-                self.rule_loop.stop(wait=True)
+            self.rules.stop()
             self.scheduler.shutdown(wait=True)
             self.writer.join()  # and what the last scrapes queued
             self.peers.close()
