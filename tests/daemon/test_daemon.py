@@ -390,3 +390,38 @@ def test_a_rules_reload_in_a_running_daemon_replaces_the_evaluation_loop(tmp_pat
             daemon.stop()
             runner.join(30)
     assert not _first(store, "SELECT COUNT(*) FROM alert_events WHERE rule LIKE '%Low%'")
+
+
+def test_a_daemon_started_with_no_rule_group_evaluates_the_groups_a_reload_brings(tmp_path, store):
+    """A rule file with no group at the start (nothing to evaluate, so no loop), then a group added and reloaded:
+    its rule is evaluated and fires. The reload used to restart the loop only if there was one, and the new group
+    was never evaluated."""
+    import threading
+
+    line = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} '
+    metrics = Route(body=fixture_text(VLLM_FIXTURE).replace(line + "0.0\n", line + "0.9\n"))
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("groups: []\n")
+    with serve({"/metrics": metrics, "/health": Route(body=b"")}) as url:
+        cfg = parse_config(_config(tmp_path, {"chat": url}) + f"alerting: {{rule_files: ['{rules}']}}\n")
+        daemon = Daemon(cfg, store)
+        runner = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False})
+        runner.start()
+        try:
+            wait_for(lambda: daemon.scheduler is not None, 30, "the daemon to start")
+            assert daemon.rules.loop is None  # nothing to evaluate
+            rules.write_text(
+                "groups:\n  - name: h\n    interval: 1s\n    rules:\n"
+                "      - {alert: High, signal: kv_cache_usage, op: '>', threshold: 0.5, window: 1m, for: 0s}\n"
+            )
+            assert daemon.rules.reload() is True
+            wait_for(
+                lambda: _first(
+                    store, "SELECT COUNT(*) FROM alert_events WHERE rule LIKE '%High%' AND to_state = 'firing'"
+                ),
+                30,
+                "the reloaded group's alert to fire",
+            )
+        finally:
+            daemon.stop()
+            runner.join(30)

@@ -45,8 +45,8 @@ class RuleJobs:
         self.own = own
         self._job_error = job_error
         self._landed = landed
-        self.loop: ScrapeLoop[str] | None = None  # the groups' evaluations (start)
-        self._phase = (time.monotonic(), 1.0)  # the scrapes' schedule: its origin and the first target's interval
+        self.loop: ScrapeLoop[str] | None = None  # the groups' evaluations (start; none while there is no group)
+        self._phase: tuple[float, float] | None = None  # since start: the scrapes' origin and a round's length
 
     def evaluate_once(self, group_name: str) -> None:
         group = next((g for g in self.alerting.rules.groups if g.name == group_name), None)
@@ -110,7 +110,7 @@ class RuleJobs:
         with self.state.lock:  # a new rule set: its groups and rules report afresh at their next evaluation
             for job in [j for j in self.state.job_errors if j == "rules" or j.startswith(("rules:", "rule:"))]:
                 del self.state.job_errors[job]
-        if self.loop is not None:
+        if self._phase is not None:  # started: the new groups on a loop of their own (a file that had none too)
             self.start(*self._phase)
         rules = self.alerting.rules
         log.info(
