@@ -428,7 +428,7 @@ _STAGES = (  # (stage, frame substring); a stack counts for the first stage it c
     ("rules: evaluate (signals aside)", "evaluate_group (tuner/app/alerting.py"),
     ("retention", "apply_retention (tuner/store/retention.py"),
     ("exporter /metrics", "tuner/daemon/metrics.py"),
-    ("scrape job (the rest)", "scrape_once (tuner/daemon/jobs.py"),
+    ("scrape job (the rest)", "scrape_once (tuner/daemon/scraping.py"),
     ("scheduler (tuner's scrape loop + its worker pool)", "tuner/daemon/scrapeloop.py"),
     ("scheduler (APScheduler)", "apscheduler/"),
     ("worker threads (idle or between jobs)", "concurrent/futures/thread.py"),

@@ -105,7 +105,7 @@ def _scraped_four_times(tmp_path, cfg_text: str, store) -> Daemon:
     daemon = Daemon(parse_config(cfg_text), store)
     for _ in range(4):
         for t in daemon.cfg.targets:
-            daemon.scrape_once(t)
+            daemon.scraping.scrape_once(t)
         time.sleep(0.3)
     return daemon
 

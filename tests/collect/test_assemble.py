@@ -139,7 +139,7 @@ def test_a_target_over_the_cap_is_a_failed_scrape_and_the_daemon_goes_on(tmp_pat
             f"  - {{name: good, backend: vllm, url: '{good}'}}\n"
         )
         daemon = Daemon(cfg, store)
-        assert [daemon.scrape_once(t) for t in cfg.targets] == [False, True]
+        assert [daemon.scraping.scrape_once(t) for t in cfg.targets] == [False, True]
     h = store.health("many")
     assert h is not None and h.health == "down" and f"cap of {MAX_ENGINES}" in h.last_error
     with store.engine.connect() as conn:

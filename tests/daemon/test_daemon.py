@@ -74,7 +74,7 @@ def test_every_bad_target_is_recorded_and_the_good_one_still_stored(tmp_path, st
         urls["refused"] = "http://127.0.0.1:9"  # discard port: nothing listens
         cfg = parse_config(_config(tmp_path, urls))
         daemon = Daemon(cfg, store)
-        results = {t.name: daemon.scrape_once(t) for t in cfg.targets}
+        results = {t.name: daemon.scraping.scrape_once(t) for t in cfg.targets}
         assert results["good"] is True
 
         for name, (health, fragment) in EXPECT.items():
@@ -118,25 +118,28 @@ def test_no_overlapping_scrapes_of_one_target(tmp_path, store):
 
     release = threading.Event()
 
-    class SlowDaemon(Daemon):
+    from tuner.daemon.scraping import ScrapeJobs
+
+    class SlowScrapes(ScrapeJobs):
         inflight = peak = runs = 0
         lock = threading.Lock()
 
         def scrape_once(self, target):
             with self.lock:
-                SlowDaemon.inflight += 1
-                SlowDaemon.runs += 1
-                SlowDaemon.peak = max(SlowDaemon.peak, SlowDaemon.inflight)
+                SlowScrapes.inflight += 1
+                SlowScrapes.runs += 1
+                SlowScrapes.peak = max(SlowScrapes.peak, SlowScrapes.inflight)
             try:
                 release.wait(30)
                 return super().scrape_once(target)
             finally:
                 with self.lock:
-                    SlowDaemon.inflight -= 1
+                    SlowScrapes.inflight -= 1
 
     with ReplayServer(ReplayExposition(fixture_text(VLLM_FIXTURE))) as server:
         cfg = parse_config(_config(tmp_path, {"slow": server.url}, interval="200ms"))
-        daemon = SlowDaemon(cfg, store)
+        daemon = Daemon(cfg, store)
+        daemon.scraping = SlowScrapes(cfg, daemon.state, daemon.writer, clock=daemon.clock)
         runner = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False})
         runner.start()
         try:
@@ -145,12 +148,12 @@ def test_no_overlapping_scrapes_of_one_target(tmp_path, store):
                 30,
                 "the scrape loop to come back three times for the busy target",
             )
-            assert SlowDaemon.runs == 1  # three due runs came and went while the first was in flight
+            assert SlowScrapes.runs == 1  # three due runs came and went while the first was in flight
         finally:
             release.set()
             daemon.stop()
             runner.join(30)
-    assert SlowDaemon.peak == 1
+    assert SlowScrapes.peak == 1
 
 
 def _run_tuner(config: Path, *args: str, **kw) -> subprocess.Popen:
@@ -251,7 +254,7 @@ def test_health_is_asked_every_health_interval_while_it_answers_200_and_every_sc
             routes["/metrics"].status = metrics_status
             now[0] = 1_800_000_000.0 + at
             before = routes["/health"].hits
-            daemon.scrape_once(cfg.targets[0])
+            daemon.scraping.scrape_once(cfg.targets[0])
             h = store.health("v")
             seen.append((at, routes["/health"].hits - before, h.health, h.server_healthy))
 
@@ -290,7 +293,7 @@ def test_health_interval_0s_asks_at_every_scrape(store):
         daemon = Daemon(cfg, store, clock=lambda: now[0])
         for _ in range(4):
             now[0] += 5
-            daemon.scrape_once(cfg.targets[0])
+            daemon.scraping.scrape_once(cfg.targets[0])
     assert routes["/health"].hits == routes["/metrics"].hits == 4
 
 

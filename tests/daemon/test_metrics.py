@@ -33,7 +33,7 @@ def test_exports_health_and_signals_per_target(store):
         daemon = Daemon(cfg, store)
         for _ in range(3):
             for t in cfg.targets:
-                daemon.scrape_once(t)
+                daemon.scraping.scrape_once(t)
             time.sleep(0.2)
         daemon.signals_once()
         daemon.gpu_once()
@@ -78,7 +78,7 @@ def test_queue_ratio_uses_the_max_num_seqs_in_force_not_the_config_key(store, tm
         )
         daemon = Daemon(cfg, store, config_dir=tmp_path)
         for _ in range(2):
-            daemon.scrape_once(cfg.targets[0])
+            daemon.scraping.scrape_once(cfg.targets[0])
         daemon.signals_once()
 
     def exported() -> float | None:
@@ -188,7 +188,7 @@ def test_memory_breakdown_on_metrics_and_in_status_json(store, tmp_path):
             )
             daemon = Daemon(cfg, store, config_dir=tmp_path)
             for _ in range(2):
-                daemon.scrape_once(cfg.targets[0])
+                daemon.scraping.scrape_once(cfg.targets[0])
             daemon.signals_once()
             daemon.applying.status_once()
             st = status(Session(cfg, tmp_path, store), window_s=300, now=time.time())

@@ -26,7 +26,7 @@ def test_scrape_errors_auto_evaluations_missed_and_the_outbox_reach_the_rules(st
     daemon = Daemon(cfg, store, clock=clock)
     start = clock.t
     for _ in range(41):  # a refused target, scraped every 15 s for 10 minutes; nothing ever evaluates auto mode
-        daemon.scrape_once(cfg.targets[0])
+        daemon.scraping.scrape_once(cfg.targets[0])
         daemon.applying.status_once()
         clock.t += 15
     clock.t -= 15

@@ -58,7 +58,7 @@ def exporter_names(store) -> set[str]:  # type: ignore[no-untyped-def]
         daemon = Daemon(cfg, store)
         for _ in range(3):
             for t in cfg.targets:
-                daemon.scrape_once(t)
+                daemon.scraping.scrape_once(t)
             time.sleep(0.2)
         daemon.signals_once()
         daemon.gpu_once()

@@ -117,4 +117,4 @@ def test_pods_named_by_kubernetes_sd_labels_become_targets_read_through_promethe
         # the daemon starts with the same pods and reads them in its fleet job
         daemon = Daemon(cfg, migrated_store(tmp_path, "daemon.db"))
         assert sorted(daemon.state.targets) == [t.name for t in targets]
-        assert daemon.scrape_fleet_once(list(daemon.cfg.targets)) == 2
+        assert daemon.scraping.scrape_fleet_once(list(daemon.cfg.targets)) == 2

@@ -88,7 +88,7 @@ def test_a_fleet_is_read_in_one_query_per_backend_and_split_as_each_target_alone
         # The daemon's job stores each one's result, the failures as failures.
         store = migrated_store(tmp_path, "daemon.db")
         daemon = Daemon(cfg, store)
-        assert daemon.scrape_fleet_once(list(cfg.targets)) == N + 1
+        assert daemon.scraping.scrape_fleet_once(list(cfg.targets)) == N + 1
         for t in cfg.targets[: N + 1]:
             health = store.health(t.name)
             assert health is not None and health.health == "up", t.name

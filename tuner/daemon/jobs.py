@@ -28,11 +28,6 @@ from tuner.app.session import Session
 from tuner.app.signalbook import SignalBook
 from tuner.app.status import group_signals_at
 from tuner.collect.gpu import GpuCollector
-from tuner.collect.http import Peers
-from tuner.collect.layout import Layouts
-from tuner.collect.promsource import scrape_fleet
-from tuner.collect.scrape import scrape_target
-from tuner.collect.snapshots import TargetSnapshot
 from tuner.config import Config, Target, replica_groups
 from tuner.daemon.applying import ApplyJobs
 from tuner.daemon.evaluating import RuleJobs
@@ -40,15 +35,16 @@ from tuner.daemon.malloc import ARENAS, collect_less, limit_arenas
 from tuner.daemon.metrics import serve_metrics
 from tuner.daemon.rlimit import raise_open_files
 from tuner.daemon.scrapeloop import ScrapeLoop
+from tuner.daemon.scraping import ScrapeJobs
 from tuner.daemon.state import DaemonState
 from tuner.daemon.writer import StoreWriter
-from tuner.errors import ExpositionError, ScrapeError, StoreError, TunerError
+from tuner.errors import StoreError, TunerError
 from tuner.kube import Discovery, templates
 from tuner.names import VLLM_KV_CACHE_USAGE_PERC
 from tuner.rules.evaluate import RESOLVED_RETENTION
 from tuner.store.db import daemon_lock, incremental_vacuum, redact_url
 from tuner.store.retention import apply_retention
-from tuner.store.store import Failed, GpuLatest, Scraped, Store
+from tuner.store.store import GpuLatest, Store
 
 __all__ = ["Daemon", "serve_daemon", "RedactSecrets"]
 
@@ -88,9 +84,7 @@ class Daemon:
             max_body_bytes=cfg.defaults.max_body_bytes,
         )
         self._stop = threading.Event()
-        self.layouts = Layouts()  # each target's last exposition shape: a scrape of the same shape skips parsing
-        self.peers = Peers()  # each target's connection, kept alive from one scrape to the next
-        self._health_asked: dict[str, float] = {}  # target -> when its /health last answered 200 (clock())
+        self.scraping = ScrapeJobs(cfg, self.state, self.writer, clock=clock)
         self.scheduler: BackgroundScheduler | None = None
         self.scrape_loop: ScrapeLoop[str] | None = None
         self._direct: dict[str, Target] = {}  # what the scrape loop scrapes, by name (pods come and go)
@@ -123,33 +117,15 @@ class Daemon:
 
     # ---- jobs: each one records its failures and returns ----------------------------------------
 
-    def scrape_once(self, target: Target) -> bool:
-        """Scrape one target and store the result (at the next flush while the daemon runs: one transaction a
-        tick for every target); False (and a recorded error) when the scrape failed."""
-        now = self.clock()
-        start = time.monotonic()
-        asked = self._health_due(target, now)
-        try:
-            got: TargetSnapshot | Exception = scrape_target(
-                target, self.cfg, now=now, layouts=self.layouts, peers=self.peers, health=asked
-            )
-        except Exception as exc:  # recorded as the target's failure (a bug too: it must not kill the job)
-            got = exc
-        if isinstance(got, Exception) or (asked and got.healthy is not True):  # ask again at the next scrape
-            self._health_asked.pop(target.name, None)
-        elif asked:
-            self._health_asked[target.name] = now
-        return self._record(target, got, now, time.monotonic() - start)
-
     def _scrape_direct(self, name: str) -> None:
         t = self._direct.get(name)
         if t is not None:  # None: a pod gone while its scrape was due
-            self.scrape_once(t)
+            self.scraping.scrape_once(t)
 
     def _scrape_fleet_every(self, every: timedelta) -> int:
         """The fleet job of one interval when pods come and go: the targets read from Prometheus now."""
         targets = [t for t in self.cfg.targets if t.source == "prometheus" and self.cfg.interval(t) == every]
-        return self.scrape_fleet_once(targets) if targets else 0
+        return self.scraping.scrape_fleet_once(targets) if targets else 0
 
     # ---- Kubernetes pods: targets that come and go -------------------------------------------------
 
@@ -174,7 +150,8 @@ class Daemon:
         for name in new.keys() - old.keys():
             t = new[name]
             self.store.ensure_target(t.name, t.backend, t.url, t.labels)
-        self.cfg = self.signals.cfg = self.alerting.cfg = self.session.cfg = self.applier.cfg = self.applying.cfg = cfg
+        self.cfg = self.scraping.cfg = self.signals.cfg = self.alerting.cfg = self.session.cfg = cfg
+        self.applier.cfg = self.applying.cfg = cfg
         gone = old.keys() - new.keys()
         with self.state.lock:
             self.state.targets = dict(new)
@@ -202,60 +179,6 @@ class Daemon:
                 ",".join(sorted(new.keys() - old.keys())) or "0",
                 ",".join(sorted(gone)) or "0",
             )
-
-    def _health_due(self, target: Target, now: float) -> bool:
-        """Whether this scrape asks vLLM's /health: at most every ``health_interval`` while it answers 200, at
-        every scrape after anything else (so a failing engine is seen at every scrape, and its recovery too)."""
-        last = self._health_asked.get(target.name)
-        return last is None or not 0 <= now - last < self.cfg.health_interval(target).total_seconds()
-
-    def scrape_fleet_once(self, targets: list[Target]) -> int:
-        """Read every target of one interval whose source is Prometheus in one query per backend (collect/
-        promsource.scrape_fleet) and store each one's result; how many were read."""
-        now = self.clock()
-        start = time.monotonic()
-        assert self.cfg.prometheus is not None  # the config validator guarantees it
-        timeout = max(self.cfg.timeout(t).total_seconds() for t in targets)
-        try:
-            got: dict[str, TargetSnapshot | Exception] = dict(
-                scrape_fleet(self.cfg.prometheus.url, targets, timeout_s=timeout, now=now)
-            )
-        except Exception as exc:  # Prometheus unreachable (or a bug): every target failed alike
-            got = {t.name: exc for t in targets}
-        took = time.monotonic() - start
-        return sum(self._record(t, got[t.name], now, took) for t in targets)
-
-    def _record(self, target: Target, got: TargetSnapshot | Exception, now: float, took: float) -> bool:
-        if isinstance(got, (ScrapeError, ExpositionError)):
-            log.warning("scrape %s: %s", target.name, got)
-            error = str(got)
-        elif isinstance(got, Exception):
-            log.error("scrape of %s failed unexpectedly", target.name, exc_info=got)
-            error = f"internal error: {got!r}"
-        else:
-            self._count(target.name, ok=True, duration=got.duration_s)
-            return self.writer.keep(Scraped(got, target.url, target.labels))
-        self._count(target.name, ok=False, duration=took)
-        self.writer.keep(
-            Failed(
-                target.name,
-                target.backend,
-                target.url,
-                now,
-                took,
-                error,
-                target.labels,
-                healthy=got.healthy if isinstance(got, ScrapeError) else None,
-            )
-        )
-        return False
-
-    def _count(self, name: str, *, ok: bool, duration: float) -> None:
-        with self.state.lock:
-            self.state.scrapes_total[name] = self.state.scrapes_total.get(name, 0) + 1
-            if not ok:
-                self.state.scrape_failures_total[name] = self.state.scrape_failures_total.get(name, 0) + 1
-            self.state.last_duration_s[name] = duration
 
     def _job_error(self, job: str, error: str) -> None:
         log.error("%s: %s", job, error)
@@ -386,7 +309,9 @@ class Daemon:
         for every, targets in fleets.items():
             # with pods coming and going, each run reads the targets of its interval then
             job, args = (
-                (self.scrape_fleet_once, [targets]) if self.discovery is None else (self._scrape_fleet_every, [every])
+                (self.scraping.scrape_fleet_once, [targets])
+                if self.discovery is None
+                else (self._scrape_fleet_every, [every])
             )
             sched.add_job(
                 job,
@@ -508,7 +433,7 @@ class Daemon:
             self.rules.stop()
             self.scheduler.shutdown(wait=True)
             self.writer.join()  # and what the last scrapes queued
-            self.peers.close()
+            self.scraping.peers.close()
             log.info("stopped")
 
 
