@@ -68,13 +68,13 @@ def test_proc_readers_see_this_process() -> None:
 def test_profile_summary_attributes_each_stack_to_its_first_stage(tmp_path: Path) -> None:
     raw = tmp_path / "spy.txt"
     raw.write_text(
-        "run (apscheduler/executors/base.py:1);scrape_once (tuner/daemon/jobs.py:2);"
+        "run (apscheduler/executors/base.py:1);scrape_once (tuner/daemon/scraping.py:2);"
         "read (tuner/collect/layout.py:3) 30\n"
-        "run (threading.py:1);_write_forever (tuner/daemon/jobs.py:2);flush (tuner/daemon/jobs.py:3);"
+        "run (threading.py:1);_write (tuner/daemon/writer.py:2);flush (tuner/daemon/writer.py:3);"
         "write (tuner/store/store.py:4) 20\n"
         "run (apscheduler/executors/base.py:1);signals_once (tuner/daemon/jobs.py:4);"
         "window (tuner/store/store.py:5) 10\n"
-        "run (apscheduler/executors/base.py:1);scrape_once (tuner/daemon/jobs.py:2) 10\n"
+        "run (apscheduler/executors/base.py:1);scrape_once (tuner/daemon/scraping.py:2) 10\n"
         "main (x.py:1) 30\n"
     )
     assert dict(profile_summary(raw)) == {
