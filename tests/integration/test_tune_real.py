@@ -6,7 +6,9 @@ What must hold, from what the run itself measured:
   * the winner is the trial with the highest measured capacity, and a recommendation is stored exactly when it
     beats the flags in force by more than the margin, with the measured numbers as its evidence;
   * kill -9 of tuner mid-trial leaves no trial server running (PR_SET_PDEATHSIG), and --resume keeps the finished
-    trial and measures only what was left.
+    trial and measures only what was left;
+  * every trial server runs each flag of its candidate (its argv, read from /proc while it runs), and a vLLM trial's
+    worker computes on the cores placed for it, the benchmark client on the others.
 """
 
 from __future__ import annotations
