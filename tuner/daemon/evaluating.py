@@ -12,7 +12,6 @@ from collections.abc import Callable
 
 from tuner.app.alerting import Alerting
 from tuner.app.selfwatch import SelfSeries, keep_for
-from tuner.config import Config
 from tuner.daemon.scrapeloop import ScrapeLoop
 from tuner.daemon.state import DaemonState
 from tuner.errors import TunerError
@@ -30,7 +29,6 @@ _EVAL_AFTER_S = 0.005
 class RuleJobs:
     def __init__(
         self,
-        cfg: Config,
         alerting: Alerting,
         state: DaemonState,
         own: SelfSeries,
@@ -39,7 +37,6 @@ class RuleJobs:
         landed: Callable[[float], None],
     ) -> None:
         """``landed(at_most_s)``: returns once the scrapes due by now are in the store (waiting at most that long)."""
-        self.cfg = cfg
         self.alerting = alerting
         self.state = state
         self.own = own
@@ -61,7 +58,7 @@ class RuleJobs:
         with self.state.lock:
             self.state.job_errors.pop(f"rules:{group_name}", None)
         self._rule_health(group, failed)
-        if self.cfg.alerting.alertmanagers:
+        if self.alerting.cfg.alerting.alertmanagers:  # the config as of now (pods come and go)
             self.notify_once()  # send what this evaluation queued now, as Prometheus does, not at the next tick
 
     def _rule_health(self, group: RuleGroup, failed: dict[str, str]) -> None:

@@ -107,7 +107,7 @@ class Daemon:
         self.session = Session(cfg, (config_dir or Path.cwd()).resolve(), store)
         self.applier = self.session.applier(say=log.info, clock=clock)
         self.own = SelfSeries(keep_for(self.alerting.rules))  # tuner's own series, for the rules over its own loop
-        self.rules = RuleJobs(cfg, self.alerting, self.state, self.own, job_error=self._job_error, landed=self._landed)
+        self.rules = RuleJobs(self.alerting, self.state, self.own, job_error=self._job_error, landed=self._landed)
         self.applying = ApplyJobs(
             cfg, store, self.state, self.applier, self.signals, self.own, clock=clock, job_error=self._job_error
         )
