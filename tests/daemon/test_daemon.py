@@ -6,7 +6,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import text
@@ -355,43 +357,48 @@ def _first(store, sql: str):
         return conn.execute(text(sql)).scalar()
 
 
-def test_a_rules_reload_in_a_running_daemon_replaces_the_evaluation_loop(tmp_path, store):
-    """SIGHUP's reload while the daemon runs: the old groups' loop stops, the new groups are evaluated on the
-    scrapes' clock (here: a new group's rule fires on the served condition)."""
-    import threading
+_HIGH = (
+    "groups:\n  - name: h\n    interval: 1s\n    rules:\n"
+    "      - {alert: High, signal: kv_cache_usage, op: '>', threshold: 0.5, window: 1m, for: 0s}\n"
+)
 
+
+@contextmanager
+def _running_with_rules(tmp_path, store, rules: Path):  # type: ignore[no-untyped-def]
+    """A daemon running on ``rules`` (reloaded by the test, not by SIGHUP), scraping a vLLM whose KV use is 0.9."""
     line = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} '
     metrics = Route(body=fixture_text(VLLM_FIXTURE).replace(line + "0.0\n", line + "0.9\n"))
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(
-        "groups:\n  - name: g\n    interval: 1s\n    rules:\n"
-        "      - {alert: Low, signal: kv_cache_usage, op: '<', threshold: 0.5, window: 1m, for: 0s}\n"
-    )
     with serve({"/metrics": metrics, "/health": Route(body=b"")}) as url:
         cfg = parse_config(_config(tmp_path, {"chat": url}) + f"alerting: {{rule_files: ['{rules}']}}\n")
         daemon = Daemon(cfg, store)
         runner = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False})
         runner.start()
         try:
-            wait_for(lambda: daemon.rules.loop is not None, 30, "the rules' loop to start")
-            old = daemon.rules.loop
-            rules.write_text(
-                "groups:\n  - name: h\n    interval: 1s\n    rules:\n"
-                "      - {alert: High, signal: kv_cache_usage, op: '>', threshold: 0.5, window: 1m, "
-                "for: 0s}\n"
-            )
-            assert daemon.rules.reload() is True
-            assert daemon.rules.loop is not old and old is not None and old._stopping  # noqa: SLF001
-            wait_for(
-                lambda: _first(
-                    store, "SELECT COUNT(*) FROM alert_events WHERE rule LIKE '%High%' AND to_state = 'firing'"
-                ),
-                30,
-                "the new group's alert to fire",
-            )
+            yield daemon
         finally:
             daemon.stop()
             runner.join(30)
+
+
+def _high_fired(store) -> bool:  # type: ignore[no-untyped-def]
+    return bool(_first(store, "SELECT COUNT(*) FROM alert_events WHERE rule LIKE '%High%' AND to_state = 'firing'"))
+
+
+def test_a_rules_reload_in_a_running_daemon_replaces_the_evaluation_loop(tmp_path, store):
+    """SIGHUP's reload while the daemon runs: the old groups' loop stops, the new groups are evaluated on the
+    scrapes' clock (here: a new group's rule fires on the served condition)."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "groups:\n  - name: g\n    interval: 1s\n    rules:\n"
+        "      - {alert: Low, signal: kv_cache_usage, op: '<', threshold: 0.5, window: 1m, for: 0s}\n"
+    )
+    with _running_with_rules(tmp_path, store, rules) as daemon:
+        wait_for(lambda: daemon.rules.loop is not None, 30, "the rules' loop to start")
+        old = daemon.rules.loop
+        rules.write_text(_HIGH)
+        assert daemon.rules.reload() is True
+        assert daemon.rules.loop is not old and old is not None and old._stopping  # noqa: SLF001
+        wait_for(lambda: _high_fired(store), 30, "the new group's alert to fire")
     assert not _first(store, "SELECT COUNT(*) FROM alert_events WHERE rule LIKE '%Low%'")
 
 
@@ -399,32 +406,11 @@ def test_a_daemon_started_with_no_rule_group_evaluates_the_groups_a_reload_bring
     """A rule file with no group at the start (nothing to evaluate, so no loop), then a group added and reloaded:
     its rule is evaluated and fires. The reload used to restart the loop only if there was one, and the new group
     was never evaluated."""
-    import threading
-
-    line = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} '
-    metrics = Route(body=fixture_text(VLLM_FIXTURE).replace(line + "0.0\n", line + "0.9\n"))
     rules = tmp_path / "rules.yaml"
     rules.write_text("groups: []\n")
-    with serve({"/metrics": metrics, "/health": Route(body=b"")}) as url:
-        cfg = parse_config(_config(tmp_path, {"chat": url}) + f"alerting: {{rule_files: ['{rules}']}}\n")
-        daemon = Daemon(cfg, store)
-        runner = threading.Thread(target=daemon.run_forever, kwargs={"install_signal_handlers": False})
-        runner.start()
-        try:
-            wait_for(lambda: daemon.scheduler is not None, 30, "the daemon to start")
-            assert daemon.rules.loop is None  # nothing to evaluate
-            rules.write_text(
-                "groups:\n  - name: h\n    interval: 1s\n    rules:\n"
-                "      - {alert: High, signal: kv_cache_usage, op: '>', threshold: 0.5, window: 1m, for: 0s}\n"
-            )
-            assert daemon.rules.reload() is True
-            wait_for(
-                lambda: _first(
-                    store, "SELECT COUNT(*) FROM alert_events WHERE rule LIKE '%High%' AND to_state = 'firing'"
-                ),
-                30,
-                "the reloaded group's alert to fire",
-            )
-        finally:
-            daemon.stop()
-            runner.join(30)
+    with _running_with_rules(tmp_path, store, rules) as daemon:
+        wait_for(lambda: daemon.scheduler is not None, 30, "the daemon to start")
+        assert daemon.rules.loop is None  # nothing to evaluate
+        rules.write_text(_HIGH)
+        assert daemon.rules.reload() is True
+        wait_for(lambda: _high_fired(store), 30, "the reloaded group's alert to fire")
