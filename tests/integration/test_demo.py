@@ -46,8 +46,9 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     assert engine["e2e_p99"] > 0 and engine["generation_tokens_per_s"] > 0 and engine["goodput_ratio"] is not None
     assert 'tuner_target_up{target="tiny-llama"} 1.0' in out
     # ... so tuner proposes more sequences (4 + the longest queue a scrape caught, or x2 when only the queue-time
-    # histogram saw it) ...
-    raised = re.search(r"^  max_num_seqs: 4 -> (\d+)$", out, re.M)
+    # histogram saw it), as `tuner recommendations list` shows it (the apply's plan says it again only when the
+    # demo applies it: a proposal tune measured worse in turns is not applied) ...
+    raised = re.search(r"^#\d+ .*\smax_num_seqs: 4 -> (\d+)\b", out, re.M)
     assert raised and 4 < int(raised.group(1)) <= 8, out[-4000:]
     proposed = int(raised.group(1))
 
@@ -155,7 +156,7 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
 def check_apply(out: str, a: dict, seqs: int) -> str:
     """The demo's apply of ``seqs`` sequences under 16 clients (journal entry ``a``): planned, carried out with no
     request lost, and judged by a verdict that agrees with the numbers measured in the same run; its outcome."""
-    assert f'"--max-num-seqs", "{seqs}"' in out  # the dry run's plan
+    assert f'"--max-num-seqs", "{seqs}"' in out and f"\n  max_num_seqs: 4 -> {seqs}\n" in out  # the dry run's plan
     assert a["new_flags"]["max_num_seqs"] == seqs, a
     verdict = re.search(r"^\[apply #\d+\] verdict: (kept|rolled_back|inconclusive): (.+)$", out, re.M)
     assert verdict, out[-4000:]
