@@ -465,7 +465,10 @@ def _capacity(ctx: _Ctx, url: str, *, slots: int | None = None) -> dict[str, Any
     def measure(rate: float) -> Any:
         prompts = _run_size(ctx, rate)
         ctx.waiting[:] = [f"trial {ctx.trial_no}: {prompts} requests at {rate:.3g} req/s"]
-        run = client.run(w, url=url, model=model, tokenizer=tokenizer, rate=rate, prompts=prompts, slo=t.slo)
+        # every rate of every trial meets the same arrival pattern, scaled to its rate (common random numbers)
+        run = client.run(
+            w, url=url, model=model, tokenizer=tokenizer, rate=rate, prompts=prompts, slo=t.slo, arrivals=0
+        )
         ctx.say(
             f"    {rate:7.3g} req/s: {run.good}/{run.sent} within the SLO ({run.attainment:.1%}), "
             f"P99 TTFT {run.ttft_p99 or 0:.2f}s, E2E {run.e2e_p99 or 0:.2f}s"
@@ -582,7 +585,14 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
                     }
                 ctx.waiting[:] = [f"compare {side}: {prompts} requests at {rate:.3g} req/s"]
                 run = ctx.bench.run(
-                    w, url=s.url, model=t.served_name, tokenizer=ctx.tokenizer, rate=rate, prompts=prompts, slo=t.slo
+                    w,
+                    url=s.url,
+                    model=t.served_name,
+                    tokenizer=ctx.tokenizer,
+                    rate=rate,
+                    prompts=prompts,
+                    slo=t.slo,
+                    arrivals=pair,  # the two of a pair meet the same arrivals; each pair its own
                 )
                 runs[side].append(run.as_json())
                 ctx.say(f"    {side} {rate:7.3g} req/s: {run.good}/{run.sent} within the SLO ({run.attainment:.1%})")

@@ -31,23 +31,36 @@ from tuner.tune.cores import pin_threads
 
 __all__ = ["RateRun", "BenchClient", "BenchError", "attainment", "bench_args", "read_result"]
 
-# Runs vLLM's client in a loop: one JSON list of CLI arguments per stdin line, one JSON answer per stdout line.
-# The client's own output goes to stderr (the log). A constant: no data ever becomes code here.
+# Runs vLLM's client in a loop: one JSON object per stdin line ({"args": the CLI arguments, "arrivals": an int}),
+# one JSON answer per stdout line. The client's own output goes to stderr (the log). A constant: no data ever becomes
+# code here.
+#
+# The client seeds two generators from its one --seed: its dataset's own (the prompts) and numpy's global one, from
+# which it draws nothing but the gaps between arrivals (vllm/benchmarks/serve.py, get_request). The runner gives
+# the global one the run's arrival seed instead, so runs can share an arrival pattern (scaled to each run's rate)
+# while each sends prompts of its own (the same prompts twice would be served from the prefix cache).
 _RUNNER = r"""
 import json, os, sys
+import numpy
 from vllm.benchmarks.serve import add_cli_args, main
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 answer = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(2, 1)
+seed_global = numpy.random.seed
 answer.write(json.dumps({"ready": True}) + "\n")
 for line in sys.stdin:
+    job = json.loads(line)
+    arrivals = int(job["arrivals"])
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
+    numpy.random.seed = lambda seed=None: seed_global(arrivals)
     try:
-        main(parser.parse_args(json.loads(line)))
+        main(parser.parse_args(job["args"]))
         answer.write(json.dumps({"ok": True}) + "\n")
     except BaseException as exc:
         answer.write(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}) + "\n")
+    finally:
+        numpy.random.seed = seed_global
 """
 
 
@@ -321,8 +334,14 @@ class BenchClient:
         slo: Slo,
         warmups: int = 2,
         timeout_s: float = 600.0,
+        arrivals: int = 0,
     ) -> RateRun:
-        """One run at ``rate`` requests/s of ``prompts`` requests (plus warm-ups, not counted)."""
+        """One run at ``rate`` requests/s of ``prompts`` requests (plus warm-ups, not counted).
+
+        ``arrivals`` seeds the gaps between arrivals: runs with the same seed meet the same pattern of bursts and
+        lulls, scaled to their rates (common random numbers: the rates of a capacity search, and the trials of a
+        session, then differ by what they serve, not by the luck of their arrivals). Each run sends prompts of its
+        own whatever the seed."""
         proc = self._start()
         if self._cpus is not None:
             self._apply_pin()  # threads it started since are placed too
@@ -342,7 +361,7 @@ class BenchClient:
             seed=self._runs,
         )
         assert proc.stdin is not None
-        proc.stdin.write(json.dumps(args) + "\n")
+        proc.stdin.write(json.dumps({"args": args, "arrivals": int(arrivals)}) + "\n")
         proc.stdin.flush()
         answer = self._read_answer(timeout_s)
         if not answer.get("ok"):
