@@ -627,3 +627,45 @@ def test_a_runner_up_is_kept_out_or_stored_by_what_the_comparison_in_turns_found
     ev = stored[0].evidence[-1]
     assert (ev["capacity_rps"], ev["baseline_capacity_rps"], ev["comparison"]["outcome"]) == (0.625, 0.99, "b_better")
     assert stored[0].memory_check["after"] == {"fits": True}  # the runner-up's own memory check, not the base's
+
+
+@pytest.mark.parametrize(
+    "outcome,base_says,candidate_says",
+    [("a_better", "better", "worse"), ("b_better", "worse", "better"), ("same", "same", "same")],
+)
+def test_the_table_says_how_the_two_configs_compared_in_turns_fared_there(outcome, base_says, candidate_says):
+    """A clean-clone demo: max_num_seqs=8 measured 2.95 req/s one after the other against 1.47 for the flags in force
+    ("best" and "below"), then in turns at 2.48 req/s met the SLO for 26/40 against 39/40; the verdict kept the flags
+    in force while the table still called 8 the best. Each of the two compared rows now says how it fared in turns;
+    the rows not compared say nothing of it."""
+    from tuner.app.tune import mark_in_turns
+    from tuner.cli.tune import result_lines
+
+    def row(seqs: int, cap: float, interval: list[float], vs_best: str) -> dict:
+        flags = {"max_model_len": 1024, "max_num_seqs": seqs}
+        return {"flags": flags, "capacity_rps": cap, "interval": interval, "vs_best": vs_best, "ttft_p99": 0.9,
+                "e2e_p99": 3.0, "status": "measured", "seed": "", "note": ""}  # fmt: skip
+
+    trials = [
+        row(8, 2.95, [2.95, 5.89], "best"),
+        row(16, 2.2, [2.2, 2.6], "below"),
+        row(4, 1.47, [1.47, 2.08], "below"),
+    ]
+    comparison = {"flags": {"max_num_seqs": 8, "max_model_len": 1024}, "outcome": outcome, "reason": "at 2.48 req/s"}
+    mark_in_turns(trials, {"max_num_seqs": 4, "max_model_len": 1024}, comparison)
+    assert [t.get("in_turns") for t in trials] == [candidate_says, None, base_says]
+    result = {
+        "trials": trials,
+        "baseline": {"capacity_rps": 1.47},
+        "best": {"capacity_rps": 2.95},
+        "comparison": {**comparison, "pairs": 1, "requests_per_run": 40},
+        "verdict": "keep the flags in force",
+    }
+    lines = "\n".join(result_lines(result)).splitlines()
+    cells = {line.split()[2]: line for line in lines if line[:1].isdigit()}  # by max_num_seqs=N
+    assert f"best, {candidate_says} in turns" in cells["max_num_seqs=8"]
+    assert f"below, {base_says} in turns" in cells["max_num_seqs=4"]
+    assert "in turns" not in cells["max_num_seqs=16"]
+    assert "best: 2.95 req/s (one after the other; the verdict below weighs the comparison in turns)" in lines[-3]
+    mark_in_turns(trials := [row(8, 2.95, [2.95, 5.89], "best")], {"max_num_seqs": 4, "max_model_len": 1024}, None)
+    assert "in_turns" not in trials[0]  # no comparison, nothing said of one

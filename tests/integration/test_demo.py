@@ -76,6 +76,10 @@ def test_demo_shows_queueing_and_signals_from_a_real_vllm(tmp_path):
     assert cmp is not None and cmp["outcome"] in ("b_better", "a_better", "same", "undecided"), run.result
     assert cmp["flags"]["max_num_seqs"] == proposed
     assert f"compared in turns ({cmp['pairs']} pairs of" in out
+    # the table says how the two compared configs fared in turns beside their capacities one after the other
+    in_turns = {tr["flags"]["max_num_seqs"]: tr.get("in_turns") for tr in run.result["trials"]}
+    sides = {"a_better": ("better", "worse"), "b_better": ("worse", "better")}.get(cmp["outcome"])
+    assert (in_turns[4], in_turns[proposed]) == (sides or (cmp["outcome"],) * 2), in_turns
     compared = [t for t in tj.trials(engine, run.id) if t.status == "compared"]
     assert sorted(t.flags["max_num_seqs"] for t in compared) == sorted([4, proposed])
     # what the comparison says follows from its own pooled counts

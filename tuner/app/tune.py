@@ -1065,6 +1065,30 @@ def _trial_json(p: Point, best: Point | None = None) -> dict[str, Any]:
     return out
 
 
+# how each side of a comparison in turns fared there, by its outcome: (the flags in force, the other config)
+_IN_TURNS = {
+    "a_better": ("better", "worse"),
+    "b_better": ("worse", "better"),
+    "same": ("same", "same"),
+    "undecided": ("undecided", "undecided"),
+}
+
+
+def mark_in_turns(
+    trials: list[dict[str, Any]], current: Mapping[str, Any], comparison: Mapping[str, Any] | None
+) -> None:
+    """Give the two configs compared in turns ``in_turns``: better, worse, same or undecided. Their ``vs_best`` was
+    measured one after the other, on servers minutes apart, and a "best" that served less in turns must not read as
+    the winner beside a verdict that keeps the flags in force."""
+    if not comparison:
+        return
+    sides = _IN_TURNS.get(str(comparison.get("outcome")), ("undecided", "undecided"))
+    keys = {point_key(current): sides[0], point_key(comparison.get("flags") or {}): sides[1]}
+    for tr in trials:
+        if tr["status"] == TrialStatus.MEASURED and point_key(tr["flags"]) in keys:
+            tr["in_turns"] = keys[point_key(tr["flags"])]
+
+
 def _vs_best(p: Point, best: Point) -> str:
     """``best``, ``below`` (it missed a rate the best met: beyond the two intervals), or ``not separable``."""
     if p is best:
@@ -1086,13 +1110,15 @@ def _result(
     measured = [p for p in points if p.outcome.status == TrialStatus.MEASURED]
     base = next((p for p in measured if point_key(p.flags) == point_key(current)), None)
     best = _ranked(measured)[0] if measured else None
+    trials = [_trial_json(p, best) for p in _ranked(points) if p.outcome.status != TrialStatus.PRUNED]
+    mark_in_turns(trials, current, comparison)
     return {
         "target": ctx.target.name,
         "run_id": ctx.run_id,
         "workload": dump_workload(workload),
         "slo": slo,
         "searched": axes,
-        "trials": [_trial_json(p, best) for p in _ranked(points) if p.outcome.status != TrialStatus.PRUNED],
+        "trials": trials,
         TrialStatus.PRUNED: _prune_groups(
             [
                 (

@@ -76,6 +76,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, default=str))
         return 0
+    print("\n".join(result_lines(result)))
+    return 0
+
+
+def result_lines(result: dict[str, Any]) -> list[str]:
+    """What `tuner tune` prints of its result: the ranked table (each capacity measured one after the other, with its
+    interval; the two configs compared in turns say how they fared there), then what was pruned or not a candidate,
+    the comparison and the verdict."""
+    out: list[str] = []
     rows = [["#", "flags", "capacity@SLO", "interval", "vs best", "P99 TTFT", "P99 E2E", "status", "note"]]
     for i, tr in enumerate(result["trials"], 1):
         flags = " ".join(f"{k}={v}" for k, v in tr["flags"].items())
@@ -87,39 +96,44 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 flags,
                 _num(tr["capacity_rps"], " req/s"),
                 interval,
-                tr.get("vs_best", "-"),
+                tr.get("vs_best", "-") + (f", {tr['in_turns']} in turns" if tr.get("in_turns") else ""),
                 _num(tr["ttft_p99"], "s"),
                 _num(tr["e2e_p99"], "s"),
                 tr["status"] + (f" ({tr['seed']})" if tr["seed"] else ""),
                 tr["note"][:60],
             ]
         )
-    print(table(rows))
+    out.append(table(rows))
     for g in result.get(TrialStatus.PRUNED) or []:
-        print(
+        out.append(
             f"pruned {g['count']} x {g['kind']}{' (the flags in force among them)' if g['flags_in_force'] else ''}"
             f": e.g. {g['reason']}"
         )
     for nc in result.get("not_candidates") or []:
-        print(f"not a candidate: {' '.join(f'{k}={v}' for k, v in nc['diff'].items())}: {nc['why']}")
+        out.append(f"not a candidate: {' '.join(f'{k}={v}' for k, v in nc['diff'].items())}: {nc['why']}")
     base, best = result["baseline"], result["best"]
-    print(
+    out.append(
         f"baseline: {_num(base['capacity_rps'], ' req/s')} within the SLO; best: "
         f"{_num(best['capacity_rps'] if best else None, ' req/s')}"
+        + (
+            " (one after the other; the verdict below weighs the comparison in turns)"
+            if result.get("comparison")
+            else ""
+        )
     )
     if result.get("comparison"):
         c = result["comparison"]
-        print(
+        out.append(
             f"compared in turns ({c.get('pairs', 0)} pairs of {c.get('requests_per_run', '?')} requests): "
             f"{c['outcome']}: {c['reason']}"
         )
-    print(f"verdict: {result.get('verdict', '-')}")
+    out.append(f"verdict: {result.get('verdict', '-')}")
     if result.get("recommendation_id"):
-        print(
+        out.append(
             f"stored as recommendation #{result['recommendation_id']}: "
             f"tuner apply-recommendation {result['recommendation_id']}"
         )
-    return 0
+    return out
 
 
 def add_parsers(sub: Any) -> None:
