@@ -506,6 +506,20 @@ def rolling_vllm(text: str) -> str | None:
     )
 
 
+def host_speed(text: str) -> str | None:
+    t = table_with(text, "core", "windows' spread")
+    if t is None:
+        return None
+    header, rows = t
+    core, spread = col(header, "core"), col(header, "windows' spread")
+    steal = re.search(r"Steal time over the span: ([\d.]+%)", text)
+    return (
+        "a fixed loop's 30-s windows, highest - lowest over the mean: "
+        + ", ".join(f"core {r[core]} {r[spread]}" for r in rows)
+        + (f"; steal time {steal.group(1)}" if steal else "")
+    )
+
+
 def suite_time(text: str) -> str | None:
     t = table_with(text, "recorded", "tests", "wall time")
     if t is None:
@@ -552,6 +566,7 @@ ROWS = (
     Row("tune-bursty-chat", "tune: bursty arrivals", ("tune-bursty-chat", "tune-gallop"), tune("bursty-chat")),
     Row("tune-shared-prefix", "tune: a shared prefix", ("tune-shared-prefix", "tune-gallop"), tune("shared-prefix")),
     Row("tune-spread", "tune: the same flags on fresh servers", ("tune-spread",), tune_spread),
+    Row("host-speed", "this host's CPU speed over 30-s windows", ("host-speed",), host_speed),
     Row("rolling", "applies under load: alone, rolling, blue/green", ("rolling",), rolling),
     Row("rolling-vllm", "rolling apply of two vLLM CPU replicas", ("rolling-vllm",), rolling_vllm),
     Row("keepalive", "requests lost to kept-alive connections", ("keepalive",), keepalive),

@@ -1,0 +1,110 @@
+"""Score capacity estimators after the fact on the runs a bench/tune_spread.py store kept (no new measurement).
+
+`tuner tune` reports a config's capacity as the highest rate that met the objective (the lower end of the bracket
+its search ended on). Two estimators that use every run of a search instead:
+
+  logistic   a binomial fit of each run's requests within the SLO against its rate (logit p = a - b * rate),
+             solved where p reaches the objective
+  isotonic   attainment made non-increasing in rate (pool adjacent violators, weighted by requests), the
+             objective's crossing interpolated between the two pooled points around it
+
+For each condition of the bench (its servers ran interleaved: with --conditions off,on the 1st, 3rd, ... search is
+"off"), the capacities, their mean and the worst deviation from it, as the bench reports them.
+
+  python bench/spread_estimators.py /tmp/tune-spread-XXXX/tuner.db --conditions off,on
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Runs = Sequence[dict[str, Any]]
+
+
+def searches(db: str) -> list[tuple[float, dict[str, Any]]]:
+    """(reported capacity, detail) of every measured trial, in the order they ran."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as c:
+        rows = c.execute("select status, capacity_rps, detail from tune_trials order by id").fetchall()
+    return [(cap, json.loads(detail)) for status, cap, detail in rows if status == "measured"]
+
+
+def logistic(runs: Runs, objective: float) -> float | None:
+    """Newton's method on the binomial log-likelihood of logit p = a - b * rate / s (s: the mean rate)."""
+    rates = [r["rate_rps"] for r in runs]
+    s = sum(rates) / len(rates)
+    a = b = 0.0
+    for _ in range(100):
+        ga = gb = haa = hab = hbb = 0.0
+        for r in runs:
+            x = r["rate_rps"] / s
+            p = 1 / (1 + math.exp(-(a - b * x)))
+            resid, w = r["good"] - r["sent"] * p, r["sent"] * p * (1 - p)
+            ga, gb = ga + resid, gb - resid * x
+            haa, hab, hbb = haa + w, hab - w * x, hbb + w * x * x
+        det = haa * hbb - hab * hab
+        if det <= 1e-12:
+            break
+        da, db = (hbb * ga - hab * gb) / det, (haa * gb - hab * ga) / det
+        a, b = a + da, b + db
+        if abs(da) + abs(db) < 1e-10:
+            break
+    return s * (a - math.log(objective / (1 - objective))) / b if b > 0 else None
+
+
+def isotonic(runs: Runs, objective: float) -> float | None:
+    """Attainment pooled into a non-increasing step function of rate; the crossing interpolated."""
+    pooled: dict[float, list[float]] = {}  # runs at one rate (a repeated step) are one point
+    for r in runs:
+        point = pooled.setdefault(r["rate_rps"], [0, 0])
+        point[0], point[1] = point[0] + r["good"], point[1] + r["sent"]
+    blocks: list[list[float]] = []  # [lowest rate, highest rate, good, sent]
+    for rate, (good, sent) in sorted(pooled.items()):
+        blocks.append([rate, rate, good, sent])
+        while len(blocks) > 1 and blocks[-2][2] / blocks[-2][3] < blocks[-1][2] / blocks[-1][3]:
+            last = blocks.pop()
+            blocks[-1][1], blocks[-1][2], blocks[-1][3] = last[1], blocks[-1][2] + last[2], blocks[-1][3] + last[3]
+    xs = [(lo + hi) / 2 for lo, hi, _, _ in blocks]
+    ys = [g / n for _, _, g, n in blocks]
+    for i in range(len(xs) - 1):
+        if ys[i] >= objective > ys[i + 1]:
+            return xs[i] + (xs[i + 1] - xs[i]) * (ys[i] - objective) / (ys[i] - ys[i + 1])
+    return None
+
+
+ESTIMATORS: dict[str, Callable[[dict[str, Any]], float | None]] = {
+    "bracket": lambda d: d["capacity_rps"],
+    "logistic": lambda d: logistic(d["runs"], d["objective"]),
+    "isotonic": lambda d: isotonic(d["runs"], d["objective"]),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("db", nargs="+", help="a bench/tune_spread.py workdir's tuner.db")
+    ap.add_argument("--conditions", default="all", help="the bench's conditions in the order they interleaved")
+    args = ap.parse_args()
+    conditions = args.conditions.split(",")
+    for db in args.db:
+        trials = searches(db)
+        for name, estimate in ESTIMATORS.items():
+            for i, cond in enumerate(conditions):
+                got = [estimate(d) for _, d in trials[i :: len(conditions)]]
+                vals = [v for v in got if v is not None and v > 0]
+                if not vals:
+                    continue
+                m = sum(vals) / len(vals)
+                worst = max(abs(v / m - 1) for v in vals)
+                print(
+                    f"{db} {name:9} {cond:4} {' '.join(f'{v:5.2f}' for v in vals)}  mean {m:.2f} "
+                    f"worst ±{worst:.0%}"
+                    + (f" ({len(got) - len(vals)} without a crossing)" if len(vals) < len(got) else "")
+                )
+
+
+if __name__ == "__main__":
+    main()
