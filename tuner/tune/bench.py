@@ -49,12 +49,12 @@ os.dup2(2, 1)
 seed_global = numpy.random.seed
 answer.write(json.dumps({"ready": True}) + "\n")
 for line in sys.stdin:
-    job = json.loads(line)
-    arrivals = int(job["arrivals"])
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
-    numpy.random.seed = lambda seed=None: seed_global(arrivals)
     try:
+        job = json.loads(line)
+        arrivals = int(job["arrivals"])
+        numpy.random.seed = lambda seed=None: seed_global(arrivals)
         main(parser.parse_args(job["args"]))
         answer.write(json.dumps({"ok": True}) + "\n")
     except BaseException as exc:
