@@ -95,6 +95,8 @@ def one_server(cfg: Path, work: Path, bind: str, args: argparse.Namespace, tag: 
         str(args.run_seconds),
         "--max-runs",
         str(args.max_runs),
+        "--tolerance",
+        str(args.tolerance),
         "--json",
     ]
     t0 = time.monotonic()
@@ -151,6 +153,7 @@ def main() -> int:
     ap.add_argument("--flags", default="max_num_seqs=4", help="the flags in force, NAME=V,... (default %(default)s)")
     ap.add_argument("--run-seconds", type=float, default=10.0)
     ap.add_argument("--max-runs", type=int, default=5)
+    ap.add_argument("--tolerance", type=float, default=0.15, help="tune's --tolerance: the bracket width it stops at")
     ap.add_argument("--workdir")
     ap.add_argument("--write", action="store_true", help="write bench/results/<stamp>-tune-spread.md")
     args = ap.parse_args()
@@ -191,13 +194,14 @@ def main() -> int:
         f"## `tuner tune`: the same flags on {args.servers} fresh vLLM CPU servers ({started:%Y-%m-%d %H:%M} UTC)",
         "",
         f"`python bench/tune_spread.py --servers {args.servers} --bind {args.bind} --neighbour {args.neighbour} "
-        f"--flags {args.flags} --run-seconds {args.run_seconds:g} --max-runs {args.max_runs}`; workload "
+        f"--flags {args.flags} --run-seconds {args.run_seconds:g} --max-runs {args.max_runs} "
+        f"--tolerance {args.tolerance:g}`; workload "
         f"{WORKLOAD}, SLO {SLO}; load average {load0:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
         f"{os.cpu_count()} CPUs.",
         "",
         "| binding | neighbour (half a core) | capacities, req/s (interval) | worker's cores | mean | spread "
-        "(max-min)/mean | worst deviation | all within ±10% |",
-        "|---|---|---|---|---|---|---|---|",
+        "(max-min)/mean | worst deviation | all within ±10% | minutes a trial |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for (bind, neighbour), rs in rows.items():
         s = summarize(rs)
@@ -209,13 +213,15 @@ def main() -> int:
             for r in rs
         )
         cores = ", ".join(r.get("worker_cores", "?") for r in rs)
+        walls = [r["wall_s"] / 60 for r in rs if "wall_s" in r]
+        minutes = f"{statistics.fmean(walls):.1f}" if walls else "-"
         if s["n"]:
             lines.append(
                 f"| {bind} | {neighbour} | {caps} | {cores} | {s['mean']:.3g} | {s['spread']:.0%} | "
-                f"±{s['worst']:.0%} | {'yes' if s['within_10'] else 'no'} |"
+                f"±{s['worst']:.0%} | {'yes' if s['within_10'] else 'no'} | {minutes} |"
             )
         else:
-            lines.append(f"| {bind} | {neighbour} | {caps} | {cores} | - | - | - | no |")
+            lines.append(f"| {bind} | {neighbour} | {caps} | {cores} | - | - | - | no | {minutes} |")
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     if args.write:

@@ -371,3 +371,23 @@ def test_an_apply_of_a_held_group_is_refused_with_the_holder_named_and_exit_8(tm
         "and per group); wait for it, or run `tuner reconcile` if the tuner doing it died"
     ), proc.stderr
     assert [a.id for a in jr.open_applies(store.engine)] == [holder]
+
+
+def test_tune_hands_its_search_options_to_the_use_case(monkeypatch, tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from tuner.app.tune import TuneRequest
+    from tuner.cli import main
+    from tuner.cli import tune as cli_tune
+
+    seen: list[TuneRequest] = []
+    monkeypatch.setattr(cli_tune, "session", lambda args: SimpleNamespace(cfg=None, store=None, config_dir=tmp_path))
+    monkeypatch.setattr(cli_tune, "tune", lambda cfg, store, req, **kw: seen.append(req) or {"run_id": 1})
+    assert main(["tune", "v", "--run-seconds", "60", "--max-runs", "7", "--tolerance", "0.05", "--json"]) == 0
+    assert (seen[-1].run_s, seen[-1].max_runs, seen[-1].tolerance) == (60.0, 7, 0.05)
+    assert main(["tune", "v", "--json"]) == 0
+    assert seen[-1].tolerance == TuneRequest("v").tolerance == 0.15  # the CLI's default is the use case's
+    for bad in ("0", "1.5", "nan", "x"):
+        with pytest.raises(SystemExit) as exc:
+            main(["tune", "v", "--tolerance", bad])
+        assert exc.value.code == 2 and "argument --tolerance" in capsys.readouterr().err

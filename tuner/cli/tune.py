@@ -61,6 +61,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         on_target=args.on_target,
         run_s=args.run_seconds,
         max_runs=args.max_runs,
+        tolerance=args.tolerance,
         noise_check=not args.no_noise_check,
         seed=args.seed,
         sampler=args.sampler,
@@ -179,6 +180,13 @@ def add_parsers(sub: Any) -> None:
     )
     t.add_argument(
         "--max-runs", type=int_in(1, 1000), default=6, help="rate runs per trial's capacity search (default 6)"
+    )
+    t.add_argument(
+        "--tolerance",
+        type=float_in(0, 1, low_open=True),
+        default=0.15,
+        help="a capacity search stops once the rate that met the SLO and the one that missed it are this close "
+        "(0.15: within 15%%), and a winner measured one after the other must gain this much (default 0.15)",
     )
     t.add_argument(
         "--no-noise-check",
