@@ -470,12 +470,17 @@ def tune_spread(text: str) -> str | None:
         return None
     header, rows = t
     n = re.search(r"on (\d+) fresh vLLM CPU servers", text)
+    run_s = re.search(r"--run-seconds (\S+)", text)
+    tol = re.search(r"--tolerance (\S+?)`", text)
+    how = f" ({run_s.group(1) if run_s else '?'}-s runs, bracket {float(tol.group(1)) if tol else 0.15:.0%})"
     parts = [
         f"{r[col(header, 'binding')]}, neighbour {r[col(header, 'neighbour')]}: {r[col(header, 'worst deviation')]}"
         for r in rows
     ]
     return (
-        (f"worst deviation from the mean of {n.group(1) if n else '?'} servers: " + "; ".join(parts)) if parts else None
+        (f"worst deviation from the mean of {n.group(1) if n else '?'} servers{how}: " + "; ".join(parts))
+        if parts
+        else None
     )
 
 
