@@ -18,6 +18,7 @@ largest deviation from the mean, and whether every server is within ±10%.
 
   python bench/tune_spread.py                                   # 5 servers x {spread, vllm} x {idle, neighbour}
   python bench/tune_spread.py --servers 2 --bind spread,vllm --neighbour off --run-seconds 6 --max-runs 3  # smoke
+  ... --run-seconds 60 --max-runs 7 --tolerance 0.05             # longer runs, a 5% bracket: ~8 min a server
   ... --write                                                   # also bench/results/<stamp>-tune-spread.md
 Needs TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (scripts/setup-real-servers.sh prints them). ~3 min a server here.
 """
