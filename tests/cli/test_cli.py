@@ -386,7 +386,10 @@ def test_tune_hands_its_search_options_to_the_use_case(monkeypatch, tmp_path, ca
     assert main(["tune", "v", "--run-seconds", "60", "--max-runs", "7", "--tolerance", "0.05", "--json"]) == 0
     assert (seen[-1].run_s, seen[-1].max_runs, seen[-1].tolerance) == (60.0, 7, 0.05)
     assert main(["tune", "v", "--json"]) == 0
-    assert seen[-1].tolerance == TuneRequest("v").tolerance == 0.15  # the CLI's default is the use case's
+    assert seen[-1].tolerance == 0.15
+    assert seen[-1] == TuneRequest("v")  # every default of the command is the use case's
+    assert main(["tune", "v", "--budget", "3", "--window", "5m", "--sampler", "grid", "--seed", "9", "--json"]) == 0
+    assert (seen[-1].budget, seen[-1].window_s, seen[-1].sampler, seen[-1].seed) == (3, 300.0, "grid", 9)
     for bad in ("0", "1.5", "nan", "x"):
         with pytest.raises(SystemExit) as exc:
             main(["tune", "v", "--tolerance", bad])

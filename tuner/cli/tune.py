@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from datetime import timedelta
 from typing import Any
 
 import yaml
@@ -18,6 +19,8 @@ from tuner.signals.workload import describe, dump_workload
 from tuner.store.tuning import TrialStatus
 
 __all__ = ["add_parsers"]
+
+_DEFAULT = TuneRequest("")  # the use case's defaults are the command's
 
 
 def cmd_workload(args: argparse.Namespace) -> int:
@@ -152,20 +155,20 @@ def add_parsers(sub: Any) -> None:
     t.add_argument(
         "--window",
         type=duration,
-        default=parse_duration("1h"),
-        help="stored window the workload is read from (default 1h)",
+        default=timedelta(seconds=_DEFAULT.window_s),
+        help=f"stored window the workload is read from (default {_DEFAULT.window_s / 3600:g}h)",
     )
     t.add_argument(
         "--budget",
         type=int_in(1, 10_000),
-        default=8,
-        help="trials that start a server, the noise re-run included (default 8)",
+        default=_DEFAULT.budget,
+        help="trials that start a server, the comparison in turns counted as one (default %(default)s)",
     )
     t.add_argument(
         "--max-time",
         type=duration,
-        default=parse_duration("1h"),
-        help="stop starting trials after this long (default 1h)",
+        default=timedelta(seconds=_DEFAULT.max_time_s),
+        help=f"stop starting trials after this long (default {_DEFAULT.max_time_s / 3600:g}h)",
     )
     t.add_argument(
         "--flags",
@@ -175,18 +178,21 @@ def add_parsers(sub: Any) -> None:
     t.add_argument(
         "--run-seconds",
         type=float_in(0, 86400, low_open=True),
-        default=15.0,
-        help="seconds of load per rate tried (default 15)",
+        default=_DEFAULT.run_s,
+        help="seconds of load per rate tried (default %(default)g)",
     )
     t.add_argument(
-        "--max-runs", type=int_in(1, 1000), default=6, help="rate runs per trial's capacity search (default 6)"
+        "--max-runs",
+        type=int_in(1, 1000),
+        default=_DEFAULT.max_runs,
+        help="rate runs per trial's capacity search (default %(default)s)",
     )
     t.add_argument(
         "--tolerance",
         type=float_in(0, 1, low_open=True),
-        default=0.15,
+        default=_DEFAULT.tolerance,
         help="a capacity search stops once the rate that met the SLO and the one that missed it are this close "
-        "(0.15: within 15%%), and a winner measured one after the other must gain this much (default 0.15)",
+        "(0.15: within 15%%), and a winner measured one after the other must gain this much (default %(default)g)",
     )
     t.add_argument(
         "--no-noise-check",
@@ -197,14 +203,15 @@ def add_parsers(sub: Any) -> None:
     t.add_argument(
         "--compare-pairs",
         type=int_in(1, 100),
-        default=4,
+        default=_DEFAULT.compare_pairs,
         help="turns of the best other config measured (the winner, or the runner-up when the flags in force "
-        "measured highest) against the flags in force (A B, B A, ...) before 'no difference measurable' (default 4)",
+        "measured highest) against the flags in force (A B, B A, ...) before 'no difference measurable' "
+        "(default %(default)s)",
     )
     t.add_argument(
         "--cpu-bind",
         choices=["spread", "vllm"],
-        default="spread",
+        default=_DEFAULT.cpu_bind,
         help="spread: a vLLM CPU trial's worker on cores no other process is pinned to, the benchmark "
         "client on the others (default); vllm: vLLM's own binding (every worker on the same core)",
     )
@@ -229,12 +236,14 @@ def add_parsers(sub: Any) -> None:
     t.add_argument(
         "--sampler",
         choices=["tpe", "random", "grid"],
-        default="tpe",
+        default=_DEFAULT.sampler,
         help="tpe: optuna's TPE seeded with the flags in force and the advisor's proposals, after an "
         "exponential search along max-num-seqs (--parallel) whose first step is long when the best "
         "so far queued requests (default); random: optuna's random sampler; grid: every feasible "
         "point (budget permitting)",
     )
-    t.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, help="the sampler's seed (default 0)")
+    t.add_argument(
+        "--seed", type=int_in(0, 2**32 - 1), default=_DEFAULT.seed, help="the sampler's seed (default %(default)s)"
+    )
     t.add_argument("--json", action="store_true", help="the result as JSON on stdout (progress on stderr)")
     t.set_defaults(func=cmd_tune)
