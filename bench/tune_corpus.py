@@ -19,7 +19,10 @@ store says was served (and how sure it is of each value). Then tuner and vLLM st
   python bench/tune_corpus.py --out bench/corpus --hold-out 2 --seed 7   # also picks the held-back third, first
 Afterwards, for each shape and each starting point (vLLM's defaults, a poor config), bench/tune.py scores the search:
   python bench/tune.py --workload-file bench/corpus/rag.yaml --name rag --in-force '{"max_num_seqs": 2}'
-The held-back shapes (<out>/holdout.json, chosen before any tuning) are reported separately.
+The held-back shapes (<out>/holdout.json, chosen before any tuning) are reported separately. With each bench/tune.py
+workdir named <shape>.<start> under one folder (start: defaults or poor; the poor start reuses the grid with
+--skip grid after copying grid.json), one table scores them all, the held-back shapes apart:
+  python bench/tune_corpus.py --score /tmp/tune-corpus --holdout bench/corpus/holdout.json
 Needs TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (scripts/setup-real-servers.sh prints them). ~4 min a shape here.
 """
 
@@ -148,6 +151,94 @@ def serve_shape(name: str, out: Path, python: str, model: str, seconds: float) -
         _tuner(cfg, "managed", "stop", timeout=120)
 
 
+def _key(flags: dict) -> str:
+    return json.dumps(flags, sort_keys=True)
+
+
+def _flags(flags: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in flags.items() if k != "max_model_len") or "vLLM's defaults"
+
+
+def score_run(work: Path) -> dict:
+    """One bench/tune.py workdir (grid.json, tpe.json, random.json): tune's and random search's choice as a share of
+    the grid's best (the grid's own capacity of the chosen point), trials as a share of the grid's, crashes, and
+    every config measured in more than one of the three runs (fresh servers each time) with its capacities."""
+    runs = {s: json.loads((work / f"{s}.json").read_text()) for s in ("grid", "tpe", "random")}
+    grid = {_key(t["flags"]): t for t in runs["grid"]["trials"] if t["status"] == "measured"}
+    if not grid:
+        raise SystemExit(f"{work}: the grid measured nothing")
+    top = max(grid.values(), key=lambda t: t["capacity_rps"])
+
+    def started(r: dict) -> int:
+        return r["counts"]["measured"] + r["counts"]["crashed"]
+
+    def chosen(r: dict) -> float | None:
+        if not r["best"]:
+            return None
+        got = grid.get(_key(r["best"]["flags"]))
+        return None if got is None else got["capacity_rps"] / top["capacity_rps"]
+
+    again: dict[str, list[float]] = {}
+    for r in runs.values():
+        for t in r["trials"]:
+            if t["status"] == "measured":
+                again.setdefault(_key(t["flags"]), []).append(t["capacity_rps"])
+    same = {k: v for k, v in again.items() if len(v) > 1}
+    base = _key(runs["tpe"]["baseline"]["flags"])
+    return {
+        "grid_best": top["capacity_rps"],
+        "grid_best_flags": top["flags"],
+        "grid_trials": started(runs["grid"]),
+        "tpe": chosen(runs["tpe"]),
+        "tpe_flags": (runs["tpe"]["best"] or {}).get("flags"),
+        "tpe_trials": started(runs["tpe"]),
+        "random": chosen(runs["random"]),
+        "random_trials": started(runs["random"]),
+        "crashes": sum(r["counts"]["crashed"] for r in runs.values()),
+        "baseline_again": same.get(base, []),
+        "worst_repeat": max((max(abs(x / (sum(v) / len(v)) - 1) for x in v) for v in same.values()), default=None),
+        "minutes": round(sum(r.get("wall_s", 0.0) for r in runs.values()) / 60, 1),
+    }
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def score(folder: Path, held: list[str]) -> str:
+    """Issue 40 item 6's table over every <shape>.<start> workdir under folder, held-back shapes apart."""
+    rows = []
+    for work in sorted(p for p in folder.iterdir() if (p / "random.json").exists()):
+        shape, _, start = work.name.partition(".")
+        rows.append((shape in held, shape, start or "-", score_run(work)))
+    if not rows:
+        raise SystemExit(f"{folder}: no bench/tune.py workdir (<shape>.<start> with grid, tpe and random .json)")
+    out = [
+        "| shape | set | from | grid best | tune's choice / grid best | tune's trials / grid's | random search's "
+        "choice / grid best | crashes | the flags in force, measured again (grid, tpe, random) | worst repeat |",
+        "|---|---|---|---|---:|---:|---:|---:|---|---:|",
+    ]
+    for h, shape, start, r in sorted(rows, key=lambda x: (x[0], x[1], x[2])):
+        again = ", ".join(f"{x:.3g}" for x in r["baseline_again"]) or "-"
+        out.append(
+            f"| {shape} | {'held back' if h else 'built on'} | {start} | {r['grid_best']:.3g} req/s "
+            f"({_flags(r['grid_best_flags'])}) | {_pct(r['tpe'])} ({_flags(r['tpe_flags'] or {})}) | "
+            f"{r['tpe_trials']}/{r['grid_trials']} | {_pct(r['random'])} | {r['crashes']} | {again} | "
+            f"{_pct(r['worst_repeat'])} |"
+        )
+    for h in (False, True):
+        part = [r for held_back, _, _, r in rows if held_back == h]
+        if part:
+            shares = sorted(r["tpe"] or 0.0 for r in part)
+            trials = sum(r["tpe_trials"] for r in part) / sum(r["grid_trials"] for r in part)
+            out.append(
+                f"\n{'Held back' if h else 'Built on'} ({len(part)} runs): tune's choice reaches "
+                f"{shares[0]:.0%}-{shares[-1]:.0%} of the grid's best (at least 95% in "
+                f"{sum(x >= 0.95 for x in shares)} of {len(shares)}) with {trials:.0%} of the grid's trials."
+            )
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench/corpus")
@@ -155,7 +246,13 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=150.0, help="traffic per shape (default %(default)s)")
     ap.add_argument("--hold-out", type=int, default=0, help="pick this many shapes to hold back, before any tuning")
     ap.add_argument("--seed", type=int, default=None, help="for --hold-out (default: from the clock)")
+    ap.add_argument("--score", metavar="DIR", help="print the table of the bench/tune.py workdirs under DIR")
+    ap.add_argument("--holdout", help="with --score: the holdout.json the corpus was recorded with")
     args = ap.parse_args()
+    if args.score:
+        held = json.loads(Path(args.holdout).read_text())["held_out"] if args.holdout else []
+        print(score(Path(args.score), held))
+        return 0
     python, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
     if not python or not model:
         sys.exit("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (eval the exports of scripts/setup-real-servers.sh)")

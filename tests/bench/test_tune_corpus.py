@@ -1,0 +1,77 @@
+"""bench/tune_corpus.py --score: issue 40 item 6's table from bench/tune.py's three result files per run, the
+held-back shapes apart. The inputs are written here in the shape `tuner tune --json` prints (the real runs take
+an hour a shape); what is checked is the arithmetic and which shape lands in which set."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.tune_corpus import score, score_run  # noqa: E402
+
+
+def _run(trials: list[tuple[dict, float | None]], baseline: dict, crashed: int = 0) -> dict:
+    measured = [(f, c) for f, c in trials if c is not None]
+    best = max(measured, key=lambda x: x[1]) if measured else None
+    return {
+        "trials": [
+            {"flags": f, "capacity_rps": c, "status": "measured" if c is not None else "crashed"} for f, c in trials
+        ],
+        "best": {"flags": best[0], "capacity_rps": best[1]} if best else None,
+        "baseline": {"flags": baseline},
+        "counts": {"measured": len(measured), "crashed": crashed, "pruned": 0},
+        "wall_s": 600.0,
+    }
+
+
+def _write(work: Path, grid: dict, tpe: dict, rnd: dict) -> Path:
+    work.mkdir(parents=True)
+    for name, r in (("grid", grid), ("tpe", tpe), ("random", rnd)):
+        (work / f"{name}.json").write_text(json.dumps(r))
+    return work
+
+
+BASE = {"max_model_len": 1024}
+S1, S4, S8 = ({**BASE, "max_num_seqs": n} for n in (1, 4, 8))
+
+
+def test_a_run_scores_the_choice_by_the_grids_own_capacity_of_it(tmp_path: Path) -> None:
+    # the grid measured four points (the baseline, 1, 4, 8); tune chose 4 on its own measurement (9.0, luckier than
+    # the grid's 8.0), so its choice counts at the grid's 8.0 against the grid's best 10.0: 80%, not 90%
+    grid = _run([(BASE, 5.0), (S1, 2.0), (S4, 8.0), (S8, 10.0)], BASE)
+    tpe = _run([(BASE, 4.0), (S4, 9.0)], BASE)
+    rnd = _run([(BASE, 6.0), (S1, 2.5), ({**BASE, "max_num_seqs": 3}, None)], BASE, crashed=1)
+    r = score_run(_write(tmp_path / "chat.defaults", grid, tpe, rnd))
+    assert r["grid_best"] == 10.0 and r["grid_best_flags"] == S8
+    assert r["tpe"] == pytest.approx(0.8) and r["tpe_trials"] == 2 and r["grid_trials"] == 4
+    assert r["random"] == pytest.approx(0.5) and r["random_trials"] == 3 and r["crashes"] == 1
+    assert r["baseline_again"] == [5.0, 4.0, 6.0]  # the flags in force, on three fresh servers
+    assert r["worst_repeat"] == pytest.approx(0.2)  # 4.0 and 6.0 against their mean 5.0 (S1: 2.0/2.5, ±11%)
+    assert r["minutes"] == 30.0
+
+
+def test_the_table_keeps_the_held_back_shapes_apart(tmp_path: Path) -> None:
+    grid = _run([(BASE, 5.0), (S4, 8.0), (S8, 10.0)], BASE)
+    _write(tmp_path / "rag.defaults", grid, _run([(BASE, 5.0), (S8, 10.5)], BASE), _run([(BASE, 5.0)], BASE))
+    _write(tmp_path / "tiny-out.poor", grid, _run([(S1, 1.0), (S4, 8.0)], S1), _run([(S1, 1.0)], S1))
+    (tmp_path / "not-a-run").mkdir()
+    text = score(tmp_path, held=["tiny-out"])
+    lines = text.splitlines()
+    rag = next(line for line in lines if line.startswith("| rag |"))
+    tiny = next(line for line in lines if line.startswith("| tiny-out |"))
+    assert "| built on | defaults |" in rag and "| 100% (max_num_seqs=8) | 2/3 |" in rag
+    assert "| held back | poor |" in tiny and "| 80% (max_num_seqs=4) | 2/3 |" in tiny
+    assert lines.index(rag) < lines.index(tiny)  # the held-back rows come last, after the ones built on
+    assert "Built on (1 runs): tune's choice reaches 100%-100% of the grid's best (at least 95% in 1 of 1)" in text
+    assert "Held back (1 runs): tune's choice reaches 80%-80% of the grid's best (at least 95% in 0 of 1)" in text
+
+
+def test_a_folder_without_runs_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no bench/tune.py workdir"):
+        score(tmp_path, held=[])
