@@ -164,33 +164,39 @@ def score_run(work: Path) -> dict:
     the grid's best (the grid's own capacity of the chosen point), trials as a share of the grid's, crashes, and
     every config measured in more than one of the three runs (fresh servers each time) with its capacities."""
     runs = {s: json.loads((work / f"{s}.json").read_text()) for s in ("grid", "tpe", "random")}
-    grid = {_key(t["flags"]): t for t in runs["grid"]["trials"] if t["status"] == "measured"}
-    if not grid:
+    again: dict[str, list[float]] = {}
+    flags_of: dict[str, dict] = {}
+    for r in runs.values():
+        for t in r["trials"]:
+            if t["status"] == "measured":
+                again.setdefault(_key(t["flags"]), []).append(t["capacity_rps"])
+                flags_of[_key(t["flags"])] = t["flags"]
+    # The truth a choice is scored by: the grid's capacity of each grid point; a config off the grid (vLLM's defaults,
+    # which `--sampler grid` does not visit) by the mean of the searches' own measurements of it, marked as such.
+    truth = {_key(t["flags"]): t["capacity_rps"] for t in runs["grid"]["trials"] if t["status"] == "measured"}
+    if not truth:
         raise SystemExit(f"{work}: the grid measured nothing")
-    top = max(grid.values(), key=lambda t: t["capacity_rps"])
+    off_grid = {k: sum(v) / len(v) for k, v in again.items() if k not in truth}
+    truth.update(off_grid)
+    top = max(truth, key=lambda k: truth[k])
 
     def started(r: dict) -> int:
         return r["counts"]["measured"] + r["counts"]["crashed"]
 
     def chosen(r: dict) -> float | None:
-        if not r["best"]:
-            return None
-        got = grid.get(_key(r["best"]["flags"]))
-        return None if got is None else got["capacity_rps"] / top["capacity_rps"]
+        return truth[_key(r["best"]["flags"])] / truth[top] if r["best"] else None
 
-    again: dict[str, list[float]] = {}
-    for r in runs.values():
-        for t in r["trials"]:
-            if t["status"] == "measured":
-                again.setdefault(_key(t["flags"]), []).append(t["capacity_rps"])
     same = {k: v for k, v in again.items() if len(v) > 1}
     base = _key(runs["tpe"]["baseline"]["flags"])
+    tpe_key = _key(runs["tpe"]["best"]["flags"]) if runs["tpe"]["best"] else None
     return {
-        "grid_best": top["capacity_rps"],
-        "grid_best_flags": top["flags"],
+        "grid_best": truth[top],
+        "grid_best_flags": flags_of[top],
+        "grid_best_off_grid": top in off_grid,
         "grid_trials": started(runs["grid"]),
         "tpe": chosen(runs["tpe"]),
         "tpe_flags": (runs["tpe"]["best"] or {}).get("flags"),
+        "tpe_off_grid": tpe_key in off_grid,
         "tpe_trials": started(runs["tpe"]),
         "random": chosen(runs["random"]),
         "random_trials": started(runs["random"]),
@@ -215,16 +221,23 @@ def score(folder: Path, held: list[str]) -> str:
         raise SystemExit(f"{folder}: no bench/tune.py workdir (<shape>.<start> with grid, tpe and random .json)")
     out = [
         "| shape | set | from | grid best | tune's choice / grid best | tune's trials / grid's | random search's "
-        "choice / grid best | crashes | the flags in force, measured again (grid, tpe, random) | worst repeat |",
+        "choice / grid best | crashes | the flags in force, measured again (in order) | worst repeat |",
         "|---|---|---|---|---:|---:|---:|---:|---|---:|",
     ]
     for h, shape, start, r in sorted(rows, key=lambda x: (x[0], x[1], x[2])):
         again = ", ".join(f"{x:.3g}" for x in r["baseline_again"]) or "-"
+        star = {True: "*", False: ""}
         out.append(
             f"| {shape} | {'held back' if h else 'built on'} | {start} | {r['grid_best']:.3g} req/s "
-            f"({_flags(r['grid_best_flags'])}) | {_pct(r['tpe'])} ({_flags(r['tpe_flags'] or {})}) | "
+            f"({_flags(r['grid_best_flags'])}{star[r['grid_best_off_grid']]}) | {_pct(r['tpe'])} "
+            f"({_flags(r['tpe_flags'] or {})}{star[r['tpe_off_grid']]}) | "
             f"{r['tpe_trials']}/{r['grid_trials']} | {_pct(r['random'])} | {r['crashes']} | {again} | "
             f"{_pct(r['worst_repeat'])} |"
+        )
+    if any(r["grid_best_off_grid"] or r["tpe_off_grid"] for *_, r in rows):
+        out.append(
+            "\n\\* off the grid (vLLM's defaults: `--sampler grid` visits the grid's points only): its capacity is the "
+            "mean of the searches' own measurements of it, and it counts as a candidate for the best."
         )
     for h in (False, True):
         part = [r for held_back, _, _, r in rows if held_back == h]

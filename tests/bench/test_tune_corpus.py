@@ -75,3 +75,30 @@ def test_the_table_keeps_the_held_back_shapes_apart(tmp_path: Path) -> None:
 def test_a_folder_without_runs_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no bench/tune.py workdir"):
         score(tmp_path, held=[])
+
+
+def test_the_summary_row_reads_what_the_table_says(tmp_path: Path) -> None:
+    from bench import summary
+
+    grid = _run([(BASE, 5.0), (S4, 8.0), (S8, 10.0)], BASE)
+    _write(tmp_path / "tiny-out.defaults", grid, _run([(BASE, 5.0), (S4, 8.2)], BASE), _run([(BASE, 5.0)], BASE))
+    figure = summary.tune_corpus(score(tmp_path, held=["tiny-out"]))
+    assert (
+        figure
+        == "held back: 80%-80% of the grid's best (≥ 95% in 0 of 1 runs), 67% of its trials; built on: not scored"
+    )
+    assert summary.tune_corpus("no table here") is None
+
+
+def test_a_choice_off_the_grid_is_scored_by_the_searches_own_measurements_of_it(tmp_path: Path) -> None:
+    # `--sampler grid` does not visit vLLM's defaults (BASE here): when tune keeps them, their capacity is the mean of
+    # what tpe and random measured of them (11.0 and 13.0: 12.0), which also tops the grid's 10.0
+    grid = _run([(S1, 2.0), (S4, 8.0), (S8, 10.0)], S1)
+    tpe = _run([(BASE, 11.0), (S8, 9.0)], BASE)
+    rnd = _run([(BASE, 13.0), (S4, 7.0)], BASE)
+    r = score_run(_write(tmp_path / "tiny-out.defaults", grid, tpe, rnd))
+    assert r["grid_best"] == 12.0 and r["grid_best_flags"] == BASE and r["grid_best_off_grid"]
+    assert r["tpe"] == 1.0 and r["tpe_off_grid"] and r["random"] == 1.0
+    assert r["baseline_again"] == [11.0, 13.0]
+    text = score(tmp_path, held=[])
+    assert "| 12 req/s (vLLM's defaults*) | 100% (vLLM's defaults*) |" in text and "\\* off the grid" in text
