@@ -463,6 +463,26 @@ def tune(workload: str) -> Reader:
     return read
 
 
+def tune_corpus(text: str) -> str | None:
+    """Issue 40 item 6 (bench/tune_corpus.py --score): tune's choice against the grid on workloads read from a store,
+    the held-back shapes first."""
+    parts = []
+    for which in ("Held back", "Built on"):
+        m = re.search(
+            rf"{which} \((\d+) runs\): tune's choice reaches (\S+) of the grid's best \(at least 95% in (\d+) of "
+            r"\d+\) with (\S+) of the grid's trials",
+            text,
+        )
+        if m:
+            runs, reach, good, trials = m.groups()
+            parts.append(
+                f"{which.lower()}: {reach} of the grid's best (≥ 95% in {good} of {runs} runs), {trials} of its trials"
+            )
+        else:
+            parts.append(f"{which.lower()}: not scored")
+    return None if all(p.endswith("not scored") for p in parts) else "; ".join(parts)
+
+
 def tune_spread(text: str) -> str | None:
     """The same flags on fresh servers (bench/tune_spread.py): the worst deviation from the mean, per condition."""
     t = table_with(text, "binding", "neighbour", "worst deviation")
