@@ -16,6 +16,7 @@ from realservers import run_load_process, running
 from tuner.apply.launch import free_port
 from tuner.config import parse_config
 from tuner.daemon import Daemon
+from tuner.lab.load import MAX_REQUESTS
 from tuner.lab.proc import wait_for
 from tuner.lab.stall import ThreadStop, engine_core_pid, resume_process, stop_process
 from tuner.rules.model import default_rule_files
@@ -23,6 +24,7 @@ from tuner.store import journal as jr
 from tuner.store.db import open_engine
 
 WINDOW_S, FOR_S = 10, 10  # the pack's EngineStalled (1m window, for 2m) made short enough for a test
+LOAD_S = 60  # seconds the clients keep starting requests: past the stall (fired within WINDOW_S + FOR_S + 10)
 
 
 def _pack(tmp_path: Path) -> Path:
@@ -56,16 +58,18 @@ def test_engine_stalled_fires_on_a_real_stopped_engine_core_and_clears_when_it_g
     )
     daemon = Daemon(cfg, store)
     load: list = []
-    # 16 clients on --max-num-seqs 8: requests run and wait; long enough to outlast the stall
+    # 16 clients on --max-num-seqs 8: requests run and wait, kept in flight for LOAD_S so that the load outlasts the
+    # stall however fast the host is (a fixed count of 32 was answered in 10 s on a fast one, before the daemon saw it)
     thread = threading.Thread(
         target=lambda: load.append(
             run_load_process(
                 server.url,
                 model=server.model_name,
-                n_requests=32,
+                n_requests=MAX_REQUESTS,
                 concurrency=16,
                 prompt_tokens_approx=100,
                 max_tokens=300,
+                send_for_s=LOAD_S,
                 timeout_s=240,
             )
         ),
@@ -76,6 +80,7 @@ def test_engine_stalled_fires_on_a_real_stopped_engine_core_and_clears_when_it_g
         thread.start()
 
         def busy():  # the daemon sees requests in flight and tokens flowing
+            assert thread.is_alive(), f"the load ended before the daemon saw it: {load}"
             sig = daemon.signals.get("tiny", WINDOW_S, time.time())
             return sig is not None and any(
                 (e.requests_running or 0) > 0 and (e.generation_tokens_per_s or 0) > 0 for e in sig.engines
@@ -111,7 +116,8 @@ def test_engine_stalled_fires_on_a_real_stopped_engine_core_and_clears_when_it_g
         )
         assert cleared <= WINDOW_S + 15
     thread.join(300)
-    assert load and load[0].ok == 32, load  # every request finished once the engine went on
+    # every request started finished once the engine went on
+    assert load and load[0].ok == load[0].requested > 16 and load[0].failed == 0, load
 
 
 def test_a_managed_llama_server_whose_slot_loop_stalls_is_restarted_through_the_journal(tmp_path):
