@@ -41,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.tune import key  # noqa: E402  (a config's identity, as tune.py scores it)
 from tuner.lab.proc import stop  # noqa: E402
 
 # name: (workload the client sends (its fields as tuner's workload files spell them), request rate)
@@ -151,10 +152,6 @@ def serve_shape(name: str, out: Path, python: str, model: str, seconds: float) -
         _tuner(cfg, "managed", "stop", timeout=120)
 
 
-def _key(flags: dict) -> str:
-    return json.dumps(flags, sort_keys=True)
-
-
 def _flags(flags: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in flags.items() if k != "max_model_len") or "vLLM's defaults"
 
@@ -169,11 +166,11 @@ def score_run(work: Path) -> dict:
     for r in runs.values():
         for t in r["trials"]:
             if t["status"] == "measured":
-                again.setdefault(_key(t["flags"]), []).append(t["capacity_rps"])
-                flags_of[_key(t["flags"])] = t["flags"]
+                again.setdefault(key(t["flags"]), []).append(t["capacity_rps"])
+                flags_of[key(t["flags"])] = t["flags"]
     # The truth a choice is scored by: the grid's capacity of each grid point; a config off the grid (vLLM's defaults,
     # which `--sampler grid` does not visit) by the mean of the searches' own measurements of it, marked as such.
-    truth = {_key(t["flags"]): t["capacity_rps"] for t in runs["grid"]["trials"] if t["status"] == "measured"}
+    truth = {key(t["flags"]): t["capacity_rps"] for t in runs["grid"]["trials"] if t["status"] == "measured"}
     if not truth:
         raise SystemExit(f"{work}: the grid measured nothing")
     off_grid = {k: sum(v) / len(v) for k, v in again.items() if k not in truth}
@@ -184,11 +181,11 @@ def score_run(work: Path) -> dict:
         return r["counts"]["measured"] + r["counts"]["crashed"]
 
     def chosen(r: dict) -> float | None:
-        return truth[_key(r["best"]["flags"])] / truth[top] if r["best"] else None
+        return truth[key(r["best"]["flags"])] / truth[top] if r["best"] else None
 
     same = {k: v for k, v in again.items() if len(v) > 1}
-    base = _key(runs["tpe"]["baseline"]["flags"])
-    tpe_key = _key(runs["tpe"]["best"]["flags"]) if runs["tpe"]["best"] else None
+    base = key(runs["tpe"]["baseline"]["flags"])
+    tpe_key = key(runs["tpe"]["best"]["flags"]) if runs["tpe"]["best"] else None
     return {
         "grid_best": truth[top],
         "grid_best_flags": flags_of[top],
