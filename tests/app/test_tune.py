@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 from tuner.store import tuning as tj
 from tuner.store.db import open_engine
+from tuner.tune.space import Hardware
 
 
 def _cfg(tmp_path, target: str) -> object:
@@ -669,3 +671,57 @@ def test_the_table_says_how_the_two_configs_compared_in_turns_fared_there(outcom
     assert "best: 2.95 req/s (one after the other; the verdict below weighs the comparison in turns)" in lines[-3]
     mark_in_turns(trials := [row(8, 2.95, [2.95, 5.89], "best")], {"max_num_seqs": 4, "max_model_len": 1024}, None)
     assert "in_turns" not in trials[0]  # no comparison, nothing said of one
+
+
+@pytest.mark.parametrize(
+    "backend,flags,hw,want",
+    [
+        ("vllm", {"max_num_seqs": 8, "max_model_len": 1024}, Hardware(cpu_kv_cache_bytes=2**30), 8),
+        # left out: the 128 vLLM's API server runs on a CPU host (x the tensor-parallel size), 1024 on an H100
+        ("vllm", {"max_model_len": 1024}, Hardware(cpu_kv_cache_bytes=2**30), 128),
+        ("vllm", {"tensor_parallel_size": 2}, Hardware(cpu_kv_cache_bytes=2**30), 256),
+        ("vllm", {}, Hardware(gpu_memory_bytes=80 * 2**30, gpu_name="NVIDIA H100 80GB HBM3"), 1024),
+        ("vllm", {}, Hardware(gpu_memory_bytes=80 * 2**30, gpu_name="NVIDIA A100-SXM4-80GB"), 256),
+        ("llamacpp", {"parallel": 4}, Hardware(), 4),
+        ("llamacpp", {"ctx_size": 1024}, Hardware(), None),  # its default is its build's: not assumed
+    ],
+)
+def test_a_trial_search_is_sized_by_the_sequences_its_server_really_runs(backend, flags, hw, want):
+    from tuner.app.tune import _slots
+
+    assert _slots(backend, flags, hw) == want
+
+
+def test_a_search_from_vllms_defaults_brackets_a_capacity_far_above_the_served_rate():
+    """The held-back tiny-out shape (256 in, 4 out) was served at 5.3 req/s; its capacity here was 50-60x that. From
+    vLLM's defaults the search knew no slots count, doubled from 5.3 for its 5 runs and ended at 84.7 req/s with every
+    rate met (both searches read exactly 84.7: a lower bound, not a capacity). Sized by the 128 sequences vLLM runs
+    on a CPU host, the same 5 runs bracket the capacity."""
+    from tuner.app.tune import _slots
+    from tuner.tune.capacity import find_capacity
+
+    true_cap, mean_e2e = 300.0, 0.05
+
+    @dataclass(frozen=True)
+    class Run:
+        rate_rps: float
+        sent: int
+        good: int
+        attainment: float
+        mean_e2e_s: float
+        ttft_p99: float | None = None
+        e2e_p99: float | None = None
+
+        def as_json(self):  # type: ignore[no-untyped-def]
+            return {"rate_rps": self.rate_rps}
+
+    def measure(rate: float) -> Run:
+        good = 200 if rate <= true_cap else int(200 * max(0.0, 1 - (rate / true_cap - 1) * 4))
+        return Run(rate, 200, good, good / 200, mean_e2e)
+
+    blind = find_capacity(measure, 0.95, start_rps=5.2947, max_runs=5, slots=None)
+    assert blind.hi_rps is None and blind.capacity_rps == pytest.approx(5.2947 * 16)  # the lower bound it read
+    slots = _slots("vllm", {"max_model_len": 1024}, Hardware(cpu_kv_cache_bytes=2**30))
+    cap = find_capacity(measure, 0.95, start_rps=5.2947, max_runs=5, slots=slots)
+    assert cap.hi_rps is not None and cap.lo_rps is not None and cap.lo_rps <= true_cap < cap.hi_rps
+    assert cap.capacity_rps > 2 * blind.capacity_rps

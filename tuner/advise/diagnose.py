@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.advise.facts import GpuFacts, ModelFacts, Observed, ServerFacts
+from tuner.advise.memory import vllm_batch_defaults
 from tuner.config import Slo
 from tuner.signals.derive import EngineSignals
 
@@ -33,7 +34,6 @@ THRESHOLDS = {
     "ubatch_long_prompt_factor": 4.0,  # longest request >= this x -ub: long prompts for the ubatch
 }
 _UTIL_CAP = 0.95  # never propose more than this gpu-memory-utilization
-_VLLM_DEFAULT_MAX_NUM_SEQS = 256
 _LLAMA_DEFAULT_BATCH, _LLAMA_DEFAULT_UBATCH = 2048, 512
 _OOM = re.compile(
     r"out of memory|OutOfMemoryError|No available memory for the cache blocks|"
@@ -504,7 +504,10 @@ def startup_oom(inp: Inputs) -> list[Candidate]:
                 rank=2,
             )
         )
-    seqs = _current(inp, "max_num_seqs", _VLLM_DEFAULT_MAX_NUM_SEQS)
+    default_seqs, _ = vllm_batch_defaults(
+        g.memory_total_bytes, g.name, tensor_parallel_size=int(_current(inp, "tensor_parallel_size", 1) or 1)
+    )
+    seqs = _current(inp, "max_num_seqs", default_seqs)
     if seqs > 1:
         out.append(
             Candidate(

@@ -32,6 +32,7 @@ from typing import Any
 from tuner.advise.facts import DTYPE_BYTES, ModelFacts
 
 __all__ = [
+    "vllm_batch_defaults",
     "MemoryPlan",
     "plan",
     "weights_bytes",
@@ -259,3 +260,20 @@ def breakdown(
     weights = math.ceil(weights_bytes(model, quantization) / tp) if model is not None else None
     overhead = _overhead(model, tp, max_num_batched_tokens) if model is not None else None
     return MemoryBreakdown(weights, allocated, used, overhead, source)
+
+
+def vllm_batch_defaults(
+    gpu_memory_bytes: int | None, gpu_name: str = "", *, tensor_parallel_size: int = 1
+) -> tuple[int, int]:
+    """What vLLM's API server takes for max-num-seqs and max-num-batched-tokens when neither flag is given, as
+    vLLM 0.11-0.32 decides it (``EngineArgs.get_batch_defaults``): on a CPU host (no GPU memory) 128 and 2048, each
+    times the tensor-parallel size; on a GPU of 160 GiB or more 1024 and 16384; of 70 GiB or more, an A100 aside,
+    1024 and 8192; on any other GPU 256 and 2048. "Left out" must read as the number the server will use: start-up
+    checks compare the two, the advisor halves the first, and a capacity search sizes its steps by it."""
+    if not gpu_memory_bytes:
+        return 128 * tensor_parallel_size, 2048 * tensor_parallel_size
+    if gpu_memory_bytes >= 160 * GIB:
+        return 1024, 16384
+    if gpu_memory_bytes >= 70 * GIB and "a100" not in gpu_name.lower():
+        return 1024, 8192
+    return 256, 2048

@@ -25,7 +25,8 @@ def hardware(store: Store, t: Target, now: float) -> tuple[Hardware, dict[str, A
     gpu = gpu_facts(store.gpu_latest(max_age_s=120.0, now=now))
     if gpu.vendor != "none" and gpu.memory_total_bytes:
         free = gpu.memory_total_bytes - (gpu.memory_used_bytes or 0)
-        return Hardware(gpu_memory_bytes=gpu.memory_total_bytes), {"kind": "gpu", "gpu": gpu.name, "free_bytes": free}
+        facts = {"kind": "gpu", "gpu": gpu.name, "free_bytes": free}
+        return Hardware(gpu_memory_bytes=gpu.memory_total_bytes, gpu_name=gpu.name or ""), facts
     assert t.managed is not None
     if t.backend != "vllm":  # llama-server on the host: a trial server may take what production leaves, less a fifth
         have = host_available_bytes()

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.advise.facts import ModelFacts, load_model
+from tuner.advise.memory import vllm_batch_defaults
 from tuner.advise.recommend import diff_key, evaluate
 from tuner.app.recommend import engine_inputs
 from tuner.app.room import hardware, second_server, shadow_fits
@@ -419,7 +420,7 @@ def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcom
         return got
     ctx.trial_no += 1
     try:
-        cap = _capacity(ctx, got.url, slots=flags.get("max_num_seqs" if t.backend == "vllm" else "parallel"))
+        cap = _capacity(ctx, got.url, slots=_slots(t.backend, flags, hw))
     except BaseException as exc:
         mg.stop_server(got.server, grace_s=5.0)
         tj.finish_trial(
@@ -447,6 +448,20 @@ def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcom
     there = f"; {in_flight:.1f} requests in flight at that rate" if isinstance(in_flight, (int, float)) else ""
     ctx.say(f"  capacity {cap['capacity_rps']:.3g} req/s within the SLO ({cap['note']}{there})")
     return Outcome(TrialStatus.MEASURED, cap["capacity_rps"], detail)
+
+
+def _slots(backend: str, flags: dict[str, Any], hw: Hardware) -> int | None:
+    """How many requests a trial server runs at once: its max-num-seqs, or vLLM's own default when the flag is left
+    out (128 on a CPU host: a search from vLLM's defaults otherwise doubles from the workload's rate and ends at a lower
+    bound far below the server's capacity); llama-server's --parallel when given (its default is its build's)."""
+    if backend == "vllm":
+        tp = int(flags.get("tensor_parallel_size") or 1)
+        return int(
+            flags.get("max_num_seqs")
+            or vllm_batch_defaults(hw.gpu_memory_bytes, hw.gpu_name, tensor_parallel_size=tp)[0]
+        )
+    got = flags.get("parallel")
+    return int(got) if got else None
 
 
 def _run_size(ctx: _Ctx, rate: float) -> int:

@@ -3,7 +3,8 @@
 Every candidate passes ``feasible`` before any server starts with it:
   * each value is valid for its flag (tuner/flags.py: type and bounds);
   * vLLM's own start-up checks: max-num-batched-tokens >= max-num-seqs, and >= max-model-len when chunked prefill
-    is off (vLLM refuses both at start);
+    is off (vLLM refuses both at start), either flag left out read as the number vLLM takes for it
+    (tuner/advise/memory.py ``vllm_batch_defaults``);
   * max-model-len holds the longest request of the workload (else the replay's requests are refused);
   * the memory model (tuner/advise/memory.py) says the KV cache holds one max-model-len sequence: on a GPU from
     its memory and --gpu-memory-utilization, on a CPU host from the KV space vLLM is given
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.advise.facts import ModelFacts
-from tuner.advise.memory import MemoryPlan, kv_bytes_per_token, plan, weights_bytes
+from tuner.advise.memory import MemoryPlan, kv_bytes_per_token, plan, vllm_batch_defaults, weights_bytes
 from tuner.errors import FlagError
 from tuner.flags import FlagValue, cli_name, validate
 from tuner.signals.workload import Workload
@@ -73,6 +74,7 @@ class Hardware:
     gpu_memory_bytes: int | None = None
     cpu_kv_cache_bytes: int | None = None
     host_memory_bytes: int | None = None
+    gpu_name: str = ""  # vLLM's batch defaults tell an A100 from other GPUs of its memory
 
 
 @dataclass(frozen=True)
@@ -264,13 +266,7 @@ def canonical(flags: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def feasible(
-    backend: str,
-    flags: Mapping[str, Any],
-    *,
-    model: ModelFacts | None,
-    hardware: Hardware,
-    longest: int,
-    default_batched_tokens: int = 8192,
+    backend: str, flags: Mapping[str, Any], *, model: ModelFacts | None, hardware: Hardware, longest: int
 ) -> Verdict:
     """Whether a server could start with ``flags`` and serve the workload; see the module docstring."""
     f = canonical(flags)
@@ -284,10 +280,14 @@ def feasible(
             return Verdict(False, str(exc), {}, "flag")
     if backend != "vllm":
         return _feasible_llama(f, model=model, hardware=hardware, longest=longest)
-    seqs = int(f.get("max_num_seqs") or 256)
+    default_seqs, default_batched = vllm_batch_defaults(
+        hardware.gpu_memory_bytes, hardware.gpu_name, tensor_parallel_size=int(f.get("tensor_parallel_size") or 1)
+    )
+    seqs = int(f.get("max_num_seqs") or default_seqs)
     length = int(f.get("max_model_len") or (model.max_position_embeddings if model else None) or 4096)
-    batched = int(f.get("max_num_batched_tokens") or default_batched_tokens)
     chunked = bool(f.get("enable_chunked_prefill", True))
+    # left out, vLLM raises its default to max-model-len when chunked prefill is off (never below what it needs)
+    batched = int(f.get("max_num_batched_tokens") or (default_batched if chunked else max(default_batched, length)))
     if batched < seqs:
         return Verdict(
             False,
