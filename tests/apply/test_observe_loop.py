@@ -102,3 +102,80 @@ def test_still_inconclusive_at_observe_max_with_keep_new_keeps_the_change(store,
     a, clock = _run(store, tmp_path, "observe_max: 5s, on_inconclusive: keep_new")
     assert clock.slept == 5.0
     assert a.outcome == "inconclusive" and "restore" not in a.note, a.note
+
+
+def _baseline_case(store, tmp_path, on_inconclusive: str, first: int):  # type: ignore[no-untyped-def]
+    """The real run's window before, of which only the first ``first`` scrapes are stored when the apply takes its
+    baseline; the rest land as the clock reaches them (a daemon catching up with a loaded server)."""
+    cfg = parse_config(
+        "defaults: {scrape_interval: 2s}\n"
+        "targets:\n  - name: chat\n    backend: vllm\n    url: http://127.0.0.1:9\n"
+        "    slo: {ttft_p99: 2s, e2e_p99: 10s}\n"
+        f"    apply: {{baseline: 30s, observe: 5s, on_inconclusive: {on_inconclusive}}}\n"
+    )
+    store.ensure_target("chat", "vllm", "http://127.0.0.1:9")
+    before = read_series(CASE / "before")
+    for ts, text, _ in before[:first]:
+        store.ingest(vllm.snapshot_from_text(text, target="chat", ts=ts))
+    late = list(before[first:])
+    clock = FakeClock(before[first - 1][0] + 0.5)
+
+    def sleep(s: float) -> None:
+        clock.sleep(s)
+        while late and late[0][0] <= clock():
+            ts, text, _ = late.pop(0)
+            store.ingest(vllm.snapshot_from_text(text, target="chat", ts=ts))
+
+    ap = Applier(cfg, store, Path(tmp_path), say=lambda m: None, clock=clock, sleep=sleep)
+    aid = jr.begin_apply(
+        store.engine,
+        target="chat",
+        recommendation_id=None,
+        kind="apply",
+        mode="manual",
+        now=clock(),
+        diff={"max_num_seqs": 8},
+        old_flags={"max_num_seqs": 2},
+        new_flags={"max_num_seqs": 8},
+        old_argv=[],
+        new_argv=[],
+        owner_pid=1,
+        owner_start=1,
+    )
+    return ap, aid, cfg.targets[0], clock, before
+
+
+def test_an_apply_that_would_roll_back_an_undecided_verdict_waits_for_a_baseline_it_can_judge(store, tmp_path):
+    """The demo's apply took its baseline while a loaded CPU vLLM answered /metrics late: 4 scrapes in 60 s, so
+    the verdict could only say "too few scrapes to judge" and the change was undone, a restart for nothing. With an
+    undecided verdict rolled back, the apply waits, a scrape interval at a time, until the window holds
+    MIN_SCRAPES, and journals why it waited."""
+    from tuner.apply.verdict import MIN_SCRAPES
+
+    ap, aid, t, clock, before = _baseline_case(store, tmp_path, "rollback", first=3)
+    assert ap.observer.kpis(t, clock() - 30, clock())["samples"] == 3 < MIN_SCRAPES  # what the apply starts from
+    base = ap.observer.baseline(aid, t, group=False, wait=True)
+    assert base["samples"] >= MIN_SCRAPES and base["finished"] > 0, base
+    # it waited no longer than the scrapes took to land: the sixth stored scrape is the one it waited for
+    assert before[MIN_SCRAPES - 1][0] <= clock() < before[MIN_SCRAPES - 1][0] + 2.0 + 1e-9, clock()
+    waits = _details(jr.get_apply(store.engine, aid), "baseline_wait")
+    assert len(waits) == 1 and "hold 3 stored scrapes, the verdict needs 6" in waits[0], waits
+
+
+def test_an_apply_that_keeps_an_undecided_change_or_is_told_not_to_wait_takes_the_window_as_it_is(store, tmp_path):
+    ap, aid, t, clock, _ = _baseline_case(store, tmp_path, "keep", first=3)
+    start = clock()
+    assert ap.observer.baseline(aid, t, group=False, wait=False)["samples"] == 3
+    assert clock() == start and _details(jr.get_apply(store.engine, aid), "baseline_wait") == []
+
+
+def test_the_wait_for_a_baseline_is_bounded_by_one_more_window(store, tmp_path):
+    """Scrapes that never come (the daemon is stopped): the apply waits at most one more baseline window (here less:
+    its window slides past the traffic it held), then goes on with what it has, and the verdict says what it
+    lacked."""
+    ap, aid, t, clock, _ = _baseline_case(store, tmp_path, "rollback", first=3)
+    ap.sleep = clock.sleep  # nothing lands while it waits
+    start = clock()
+    base = ap.observer.baseline(aid, t, group=False, wait=True)
+    assert base.get("samples", 0) <= 3 and 0 < clock() - start <= 30.0 + 2.0, (base.get("samples"), clock() - start)
+    assert len(_details(jr.get_apply(store.engine, aid), "baseline_wait")) == 1

@@ -287,8 +287,9 @@ class Applier:
 
     def _carry_out(self, aid: int, p: Plan, rec_id: int | None, *, rollback_of: int | None = None) -> jr.StoredApply:
         t = p.target
+        wait = p.route.restarts and rollback_of is None and t.apply.on_inconclusive == "rollback"
+        base = self.observer.baseline(aid, t, group=p.whole_group, wait=wait)
         now = self.clock()
-        base = self.observer.kpis(t, now - t.apply.baseline.total_seconds(), now, group=p.whole_group)
         if p.route.restarts and rollback_of is None:
             base["in_flight_at_drain"] = p.route.in_flight(self, t)  # None: not read, or no answer in time
         jr.set_kpis(self.engine, aid, now=now, baseline=base)

@@ -14,7 +14,7 @@ from typing import Any
 from tuner.apply import managed as mg
 from tuner.apply.port import Steps
 from tuner.apply.routes import route_for
-from tuner.apply.verdict import Verdict, judge
+from tuner.apply.verdict import MIN_SCRAPES, Verdict, judge
 from tuner.config import Target
 from tuner.signals.load import LoadProfile, group_profile, profile
 from tuner.store import journal as jr
@@ -78,6 +78,33 @@ class Observer:
         """What ``t`` served in [start, end]; with ``group``, what its whole replica group served (every replica
         must have been scraped)."""
         return self.served(t, self.members(t, start, end, group), start, end)
+
+    def baseline(self, aid: int, t: Target, *, group: bool, wait: bool) -> dict[str, Any]:
+        """The window before the change (apply.baseline long, ending now), as the verdict will read it.
+
+        With ``wait`` (the change restarts the server and an undecided verdict would undo it): a window that held
+        traffic but fewer than MIN_SCRAPES stored scrapes (a loaded server answers /metrics late; a busy daemon
+        folds late scrapes) cannot be judged, so changing now buys a restart and its rollback for nothing. The
+        apply waits, a scrape interval at a time and at most one more baseline window, for a window it can judge,
+        and changes the server either way (the verdict then says what it lacked)."""
+        span = t.apply.baseline.total_seconds()
+        step = max(1.0, self.steps.cfg.interval(t).total_seconds())
+        tries = int(span // step) + 1 if wait else 0
+        for i in range(tries + 1):
+            now = self.steps.clock()
+            base = self.kpis(t, now - span, now, group=group)
+            samples = base.get("samples") or 0
+            if i == tries or samples >= MIN_SCRAPES or not base.get("finished"):
+                return base
+            if i == 0:
+                self.steps.step(
+                    aid,
+                    ApplyStep.BASELINE_WAIT,
+                    f"the last {span:g}s hold {samples} stored scrapes, the verdict needs {MIN_SCRAPES}: waiting up "
+                    f"to {tries * step:g}s for a window it can judge",
+                )
+            self.steps.sleep(step)
+        return base  # not reached: the last try returns
 
     def kpis(self, t: Target, start: float, end: float, *, group: bool = False) -> dict[str, Any]:
         """The window's load profile for the journal, with the window itself so the verdict can read it again."""

@@ -228,7 +228,7 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
             scrapes = _wait_for_scrapes(config, BASELINE_S, MIN_BASELINE_SCRAPES, limit_s=180)
             print(
                 f"-- the last {BASELINE_S}s hold {scrapes} stored scrapes (a loaded CPU vLLM answers /metrics "
-                "late: the apply waits for a baseline it can judge)",
+                "late: the apply itself then waits until its baseline holds the scrapes a verdict needs)",
                 flush=True,
             )
             _show(config, "apply-recommendation", str(rec["id"]), "--yes", timeout=900)

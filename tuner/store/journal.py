@@ -83,6 +83,7 @@ class ApplyStep(StrEnum):
     in the order they are usually taken; readers match on them (the outage is draining -> healthy)."""
 
     PLANNED = "planned"
+    BASELINE_WAIT = "baseline_wait"  # the window before held too few scrapes to judge: waiting for more
     BASELINE = "baseline"
     DRAINING = "draining"
     STOPPED = "stopped"
