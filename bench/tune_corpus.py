@@ -183,6 +183,13 @@ def score_run(work: Path) -> dict:
     def chosen(r: dict) -> float | None:
         return truth[key(r["best"]["flags"])] / truth[top] if r["best"] else None
 
+    def decided(r: dict) -> dict | None:
+        """What tune told the user to run: the config its stored recommendation names (the one judged in turns, or
+        the best), else the flags in force ("keep the flags in force")."""
+        if r.get("recommendation_id") is None:
+            return (r.get("baseline") or {}).get("flags")
+        return ((r.get("comparison") or {}).get("flags")) or (r["best"] or {}).get("flags")
+
     same = {k: v for k, v in again.items() if len(v) > 1}
     base = key(runs["tpe"]["baseline"]["flags"])
     tpe_key = key(runs["tpe"]["best"]["flags"]) if runs["tpe"]["best"] else None
@@ -195,6 +202,11 @@ def score_run(work: Path) -> dict:
         "tpe_flags": (runs["tpe"]["best"] or {}).get("flags"),
         "tpe_off_grid": tpe_key in off_grid,
         "tpe_trials": started(runs["tpe"]),
+        "tpe_decision": (
+            truth[key(d)] / truth[top] if (d := decided(runs["tpe"])) is not None and key(d) in truth else None
+        ),
+        "tpe_decision_flags": decided(runs["tpe"]),
+        "tpe_decision_off_grid": key(decided(runs["tpe"]) or {}) in off_grid,
         "random": chosen(runs["random"]),
         "random_trials": started(runs["random"]),
         "crashes": sum(r["counts"]["crashed"] for r in runs.values()),
@@ -217,9 +229,10 @@ def score(folder: Path, held: list[str]) -> str:
     if not rows:
         raise SystemExit(f"{folder}: no bench/tune.py workdir (<shape>.<start> with grid, tpe and random .json)")
     out = [
-        "| shape | set | from | grid best | tune's choice / grid best | tune's trials / grid's | random search's "
-        "choice / grid best | crashes | the flags in force, measured again (in order) | worst repeat |",
-        "|---|---|---|---|---:|---:|---:|---:|---|---:|",
+        "| shape | set | from | grid best | tune's choice / grid best | tune's decision / grid best | tune's trials / "
+        "grid's | random search's choice / grid best | crashes | the flags in force, measured again (in order) | "
+        "worst repeat |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---|---:|",
     ]
     for h, shape, start, r in sorted(rows, key=lambda x: (x[0], x[1], x[2])):
         again = ", ".join(f"{x:.3g}" for x in r["baseline_again"]) or "-"
@@ -227,8 +240,8 @@ def score(folder: Path, held: list[str]) -> str:
         out.append(
             f"| {shape} | {'held back' if h else 'built on'} | {start} | {r['grid_best']:.3g} req/s "
             f"({_flags(r['grid_best_flags'])}{star[r['grid_best_off_grid']]}) | {_pct(r['tpe'])} "
-            f"({_flags(r['tpe_flags'] or {})}{star[r['tpe_off_grid']]}) | "
-            f"{r['tpe_trials']}/{r['grid_trials']} | {_pct(r['random'])} | {r['crashes']} | {again} | "
+            f"({_flags(r['tpe_flags'] or {})}{star[r['tpe_off_grid']]}) | {_pct(r.get('tpe_decision'))} "
+            f"({_flags(r.get('tpe_decision_flags') or {})}{star[r.get('tpe_decision_off_grid', False)]}) | {r['tpe_trials']}/{r['grid_trials']} | {_pct(r['random'])} | {r['crashes']} | {again} | "
             f"{_pct(r['worst_repeat'])} |"
         )
     if any(r["grid_best_off_grid"] or r["tpe_off_grid"] for *_, r in rows):
@@ -245,6 +258,12 @@ def score(folder: Path, held: list[str]) -> str:
                 f"\n{'Held back' if h else 'Built on'} ({len(part)} runs): tune's choice reaches "
                 f"{shares[0]:.0%}-{shares[-1]:.0%} of the grid's best (at least 95% in "
                 f"{sum(x >= 0.95 for x in shares)} of {len(shares)}) with {trials:.0%} of the grid's trials."
+            )
+            said = sorted(r["tpe_decision"] or 0.0 for r in part)
+            out.append(
+                f"What tune told the user to run (its recommendation, else the flags in force) reaches "
+                f"{said[0]:.0%}-{said[-1]:.0%} of the grid's best (at least 95% in {sum(x >= 0.95 for x in said)} "
+                f"of {len(said)})."
             )
     return "\n".join(out)
 

@@ -65,11 +65,30 @@ def test_the_table_keeps_the_held_back_shapes_apart(tmp_path: Path) -> None:
     lines = text.splitlines()
     rag = next(line for line in lines if line.startswith("| rag |"))
     tiny = next(line for line in lines if line.startswith("| tiny-out |"))
-    assert "| built on | defaults |" in rag and "| 100% (max_num_seqs=8) | 2/3 |" in rag
-    assert "| held back | poor |" in tiny and "| 80% (max_num_seqs=4) | 2/3 |" in tiny
+    # neither search stored a recommendation: what tune told the user was "keep the flags in force"
+    assert "| built on | defaults |" in rag and "| 100% (max_num_seqs=8) | 50% (vLLM's defaults) | 2/3 |" in rag
+    assert (
+        "| held back | poor |" in tiny and "| 80% (max_num_seqs=4) | 10% (max_num_seqs=1*) | 2/3 |" in tiny
+    )  # S1: off the grid
     assert lines.index(rag) < lines.index(tiny)  # the held-back rows come last, after the ones built on
     assert "Built on (1 runs): tune's choice reaches 100%-100% of the grid's best (at least 95% in 1 of 1)" in text
     assert "Held back (1 runs): tune's choice reaches 80%-80% of the grid's best (at least 95% in 0 of 1)" in text
+
+
+def test_the_decision_is_what_tune_told_the_user_to_run_not_its_luckiest_measurement(tmp_path: Path) -> None:
+    """short-chat from vLLM's defaults (2026-11-27): the search's best measured was 8 sequences (10.9 req/s against
+    the defaults' stall-hit 7.06), but tune stored no recommendation ("keep the flags in force": not beyond the two
+    intervals), and the defaults were the best config there. The choice scores the first, the decision the second;
+    with a recommendation stored, the decision is the config it names (the one judged in turns)."""
+    grid = _run([(BASE, 10.0), (S4, 6.0), (S8, 8.0)], BASE)
+    tpe = _run([(BASE, 5.0), (S8, 9.0)], BASE)
+    r = score_run(_write(tmp_path / "a.defaults", grid, tpe, _run([(BASE, 9.0)], BASE)))
+    assert r["tpe"] == pytest.approx(0.8) and r["tpe_decision"] == pytest.approx(1.0)
+    assert r["tpe_decision_flags"] == BASE
+    told = {**_run([(BASE, 5.0), (S8, 9.0), (S4, 7.0)], BASE), "recommendation_id": 3}
+    told["comparison"] = {"flags": S4, "outcome": "b_better"}  # the one compared in turns and recommended
+    r = score_run(_write(tmp_path / "b.defaults", grid, told, _run([(BASE, 9.0)], BASE)))
+    assert r["tpe"] == pytest.approx(0.8) and r["tpe_decision"] == pytest.approx(0.6) and r["tpe_decision_flags"] == S4
 
 
 def test_a_folder_without_runs_is_refused_by_name(tmp_path: Path) -> None:
