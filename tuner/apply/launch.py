@@ -31,6 +31,7 @@ __all__ = [
     "Supervised",
     "error_line",
     "die_with_parent_hook",
+    "own_group_dying_with_parent",
     "group_sentinel",
     "free_port",
     "llama_server_argv",
@@ -265,6 +266,20 @@ def die_with_parent_hook() -> None:
         pass
 
 
+def own_group_dying_with_parent() -> None:
+    """Run in the child before exec: a process group of its own (``group_sentinel`` and a stop reach every process it
+    forks) that dies with the process that started it, but in that process's session, not a new one.
+
+    On a kernel with CFS autogroup (``/proc/sys/kernel/sched_autogroup_enabled``, on here) every session is a
+    scheduling group: a trial server and the benchmark client that times it in different sessions share the CPU
+    group against group, not thread against thread, and under load the client's requests went out in bursts (224
+    in half a second where the arrival pattern has at most 38): the same flags then missed the SLO at a quarter of
+    the rate they met minutes before. In one session, runs at the same rates measured P99 TTFT 0.02-0.05 s; with the
+    client or the server in a session of its own, up to 9 s (bench/results/2026-11-27-0900-client-stalls.md)."""
+    os.setpgid(0, 0)
+    die_with_parent_hook()
+
+
 _SENTINEL = """
 import os, signal, sys
 try:
@@ -346,8 +361,10 @@ class ServerProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # own process group: stop() can reach workers the server forks
-                preexec_fn=die_with_parent_hook if die_with_parent else None,
+                # own process group: stop() can reach workers the server forks; a server that dies with its tuner (a
+                # trial) stays in tuner's session, where the benchmark client timing it runs (see the function)
+                start_new_session=not die_with_parent,
+                preexec_fn=own_group_dying_with_parent if die_with_parent else None,
             )
         return cls(popen, argv, log_path, group_sentinel(popen.pid) if die_with_parent else None)
 

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from tuner.apply.launch import die_with_parent_hook, group_sentinel
+from tuner.apply.launch import group_sentinel, own_group_dying_with_parent
 from tuner.config import Slo
 from tuner.errors import TunerError
 from tuner.signals.workload import Workload
@@ -285,8 +285,7 @@ class BenchClient:
                 stderr=log,
                 text=True,
                 env=self._env,
-                start_new_session=True,
-                preexec_fn=die_with_parent_hook,
+                preexec_fn=own_group_dying_with_parent,  # in tuner's session, as the trial server
             )
         except OSError as exc:
             raise BenchError(f"cannot start vLLM's benchmark client with {self.python}: {exc}") from None
