@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -697,27 +696,15 @@ def test_a_search_from_vllms_defaults_brackets_a_capacity_far_above_the_served_r
     vLLM's defaults the search knew no slots count, doubled from 5.3 for its 5 runs and ended at 84.7 req/s with every
     rate met (both searches read exactly 84.7: a lower bound, not a capacity). Sized by the 128 sequences vLLM runs
     on a CPU host, the same 5 runs bracket the capacity."""
+    from tests.tune.test_capacity import TimedRun
     from tuner.app.tune import _slots
     from tuner.tune.capacity import find_capacity
 
     true_cap, mean_e2e = 300.0, 0.05
 
-    @dataclass(frozen=True)
-    class Run:
-        rate_rps: float
-        sent: int
-        good: int
-        attainment: float
-        mean_e2e_s: float
-        ttft_p99: float | None = None
-        e2e_p99: float | None = None
-
-        def as_json(self):  # type: ignore[no-untyped-def]
-            return {"rate_rps": self.rate_rps}
-
-    def measure(rate: float) -> Run:
+    def measure(rate: float) -> TimedRun:
         good = 200 if rate <= true_cap else int(200 * max(0.0, 1 - (rate / true_cap - 1) * 4))
-        return Run(rate, 200, good, good / 200, mean_e2e)
+        return TimedRun(rate, 200, good, good / 200, mean_e2e_s=mean_e2e)
 
     blind = find_capacity(measure, 0.95, start_rps=5.2947, max_runs=5, slots=None)
     assert blind.hi_rps is None and blind.capacity_rps == pytest.approx(5.2947 * 16)  # the lower bound it read

@@ -34,6 +34,25 @@ class FakeClock:
         self.slept += s
 
 
+def _begin(store, now: float) -> int:  # type: ignore[no-untyped-def]
+    """The journal's entry of the apply of max-num-seqs 2 -> 8 that the cases below observe."""
+    return jr.begin_apply(
+        store.engine,
+        target="chat",
+        recommendation_id=None,
+        kind="apply",
+        mode="manual",
+        now=now,
+        diff={"max_num_seqs": 8},
+        old_flags={"max_num_seqs": 2},
+        new_flags={"max_num_seqs": 8},
+        old_argv=[],
+        new_argv=[],
+        owner_pid=1,
+        owner_start=1,
+    )
+
+
 def _run(store, tmp_path, apply_yaml: str) -> tuple[jr.StoredApply, FakeClock]:
     cfg = parse_config(
         "targets:\n  - name: chat\n    backend: vllm\n    url: http://127.0.0.1:9\n"
@@ -49,21 +68,7 @@ def _run(store, tmp_path, apply_yaml: str) -> tuple[jr.StoredApply, FakeClock]:
     t = cfg.targets[0]
     old, new = {"max_num_seqs": 2}, {"max_num_seqs": 8}
     plan = Plan(t, ROUTES["manual"], {"max_num_seqs": 8}, old, new, [], [])
-    aid = jr.begin_apply(
-        store.engine,
-        target="chat",
-        recommendation_id=None,
-        kind="apply",
-        mode="manual",
-        now=clock(),
-        diff=plan.diff,
-        old_flags=old,
-        new_flags=new,
-        old_argv=[],
-        new_argv=[],
-        owner_pid=1,
-        owner_start=1,
-    )
+    aid = _begin(store, clock())
     base = {"window": [before[0][0], before[-1][0]]}
     return ap.observe_and_judge(aid, plan, None, base), clock
 
@@ -127,22 +132,7 @@ def _baseline_case(store, tmp_path, on_inconclusive: str, first: int):  # type: 
             store.ingest(vllm.snapshot_from_text(text, target="chat", ts=ts))
 
     ap = Applier(cfg, store, Path(tmp_path), say=lambda m: None, clock=clock, sleep=sleep)
-    aid = jr.begin_apply(
-        store.engine,
-        target="chat",
-        recommendation_id=None,
-        kind="apply",
-        mode="manual",
-        now=clock(),
-        diff={"max_num_seqs": 8},
-        old_flags={"max_num_seqs": 2},
-        new_flags={"max_num_seqs": 8},
-        old_argv=[],
-        new_argv=[],
-        owner_pid=1,
-        owner_start=1,
-    )
-    return ap, aid, cfg.targets[0], clock, before
+    return ap, _begin(store, clock()), cfg.targets[0], clock, before
 
 
 def test_an_apply_that_would_roll_back_an_undecided_verdict_waits_for_a_baseline_it_can_judge(store, tmp_path):
