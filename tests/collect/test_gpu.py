@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -84,6 +85,16 @@ def test_read_nvml_on_a_gpu_host() -> None:
         assert g.uuid.startswith(("GPU-", "MIG-")) and g.name
         assert g.memory_total_bytes and 0 <= (g.memory_used_bytes or 0) <= g.memory_total_bytes
         assert g.utilization is None or 0 <= g.utilization <= 1
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return
+    query = "--query-gpu=uuid,name,memory.used,memory.total"
+    rows = subprocess.run([smi, query, "--format=csv,noheader,nounits"], capture_output=True, text=True, check=True)
+    for row, g in zip(rows.stdout.strip().splitlines(), reading.gpus, strict=True):
+        uuid, name, used_mib, total_mib = (cell.strip() for cell in row.split(","))
+        assert (g.uuid, g.name, round(g.memory_total_bytes / MIB)) == (uuid, name, int(total_mib))
+        # used as nvidia-smi counts it (without the driver's reserve); 64 MiB for what moved between the reads
+        assert abs((g.memory_used_bytes or 0) / MIB - int(used_mib)) <= 64, (g.memory_used_bytes, used_mib)
 
 
 # ------------------------------------------------------------------- NVML's mapping, with stand-ins
@@ -258,8 +269,8 @@ class _OldLibNvml:
         return 0
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, mem: Any) -> int:
-        mem._obj.total, mem._obj.used = self._gpu(handle)["mem"]
-        mem._obj.free = mem._obj.total - mem._obj.used
+        total, used, reserved = self._gpu(handle)["mem"]
+        mem._obj.total, mem._obj.used, mem._obj.free = total, used + reserved, total - used - reserved
         return 0
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, temp: Any) -> int:
@@ -292,7 +303,14 @@ class _OldLibNvml:
 
 
 class _NewLibNvml(_OldLibNvml):
-    """A current driver: has nvmlDeviceGetTemperatureV."""
+    """A current driver: has nvmlDeviceGetTemperatureV and nvmlDeviceGetMemoryInfo_v2."""
+
+    def nvmlDeviceGetMemoryInfo_v2(self, handle: Any, mem: Any) -> int:
+        assert mem._obj.version == pynvml.nvmlMemory_v2
+        total, used, reserved = self._gpu(handle)["mem"]
+        mem._obj.total, mem._obj.reserved, mem._obj.used = total, reserved, used
+        mem._obj.free = total - used - reserved
+        return 0
 
     def nvmlDeviceGetTemperatureV(self, handle: Any, temp: Any) -> int:
         assert temp._obj.sensorType == pynvml.NVML_TEMPERATURE_GPU
@@ -307,7 +325,7 @@ def test_real_binding_over_a_stand_in_library(monkeypatch: pytest.MonkeyPatch, l
             uuid="GPU-3f9b2c1e-7a4d-5e8f-9b0c-1d2e3f4a5b6c",
             name="NVIDIA H100 80GB HBM3",
             util=37,
-            mem=(85_520_809_984, 76_956_041_216),
+            mem=(85_520_809_984, 76_956_041_216, 565_182_464),  # total, used, the driver's reserve
             temp=54,
             power_mw=312_489,
             compute=[(sleeper, 1_073_741_824), (os.getpid(), 2**64 - 1)],
@@ -315,9 +333,9 @@ def test_real_binding_over_a_stand_in_library(monkeypatch: pytest.MonkeyPatch, l
         ),
         dict(
             uuid="GPU-a81c6d0f-2b3e-4c5d-8e9f-0a1b2c3d4e5f",
-            name="NVIDIA L4",
+            name="NVIDIA H200",  # idle, as one read on a lent machine: nvidia-smi showed 0 MiB used
             util=0,
-            mem=(24_152_899_584, 0),
+            mem=(150_754_820_096, 0, 644_939_776),
             temp=31,
             power_mw=None,
             compute=[],
@@ -331,12 +349,16 @@ def test_real_binding_over_a_stand_in_library(monkeypatch: pytest.MonkeyPatch, l
 
     g0, g1 = read_nvml(NOW).gpus
     assert (g0.uuid, g0.name, g0.utilization, g0.temperature_c) == (gpus[0]["uuid"], gpus[0]["name"], 0.37, 54.0)
-    assert (g0.memory_total_bytes, g0.memory_used_bytes, g0.power_w) == (85_520_809_984, 76_956_041_216, 312.489)
+    assert (g0.memory_total_bytes, g0.power_w) == (85_520_809_984, 312.489)
+    # a current driver: used as nvidia-smi shows it; an older one (no v2 call) counts the reserve as used
+    reserve = 0 if lib is _NewLibNvml else 565_182_464
+    assert g0.memory_used_bytes == 76_956_041_216 + reserve
+    assert g1.memory_used_bytes == (0 if lib is _NewLibNvml else 644_939_776)
     assert set(g0.processes) == {
         GpuProcess(sleeper, "sleep", 1_073_741_824),
         GpuProcess(os.getpid(), _comm(os.getpid()), None),
     }
-    assert (g1.name, g1.utilization, g1.power_w, g1.processes) == ("NVIDIA L4", 0.0, None, ())
+    assert (g1.name, g1.utilization, g1.power_w, g1.processes) == ("NVIDIA H200", 0.0, None, ())
 
 
 # --------------------------------------------------------------------------------- dcgm-exporter

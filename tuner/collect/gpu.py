@@ -106,7 +106,7 @@ def _nvml_device(nv: Any, errors: tuple[type[BaseException], ...], index: int, h
             return None  # this GPU or this user cannot have that field: unknown, not a failed reading
 
     util = ask(nv.nvmlDeviceGetUtilizationRates)
-    mem = ask(nv.nvmlDeviceGetMemoryInfo)
+    mem = _nvml_memory(nv, errors, handle)
     power_mw = ask(nv.nvmlDeviceGetPowerUsage)
     return GpuSnapshot(
         index=index,
@@ -119,6 +119,21 @@ def _nvml_device(nv: Any, errors: tuple[type[BaseException], ...], index: int, h
         power_w=power_mw / 1000 if power_mw is not None else None,
         processes=_nvml_processes(nv, errors, handle),
     )
+
+
+def _nvml_memory(nv: Any, errors: tuple[type[BaseException], ...], handle: Any) -> Any:
+    """Memory as nvidia-smi and DCGM's FB_USED count it: ``used`` without the driver's reserve (v2).
+
+    The v1 call counts that reserve as used (about 615 MiB on an idle H200 that nvidia-smi shows at
+    0 MiB); a driver or binding without v2 still gives v1.
+    """
+    v2 = getattr(nv, "nvmlMemory_v2", None)
+    for args in ((v2,), ()) if v2 is not None else ((),):
+        try:
+            return nv.nvmlDeviceGetMemoryInfo(handle, *args)
+        except errors:
+            continue
+    return None
 
 
 def _text(value: Any) -> str:
