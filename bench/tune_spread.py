@@ -10,7 +10,8 @@ host that gets busier over the run weighs on every condition alike:
   --bind spread   tuner's placement (tuner/tune/cores.py): the trial's vLLM worker on cores no other process is
                   pinned to, the benchmark client on the others
   --bind vllm     vLLM's own binding (VLLM_CPU_OMP_THREADS_BIND=auto: every vLLM worker on the same core)
-  --neighbour on  a process that burns half a core (busy 10 ms, asleep 10 ms), left where the kernel puts it
+  --neighbour on  a process that burns half a core (busy 10 ms, asleep 10 ms), left where the kernel puts it, in a
+                  session of its own (as production's server is)
 
 For each server it records where the worker's OpenMP threads were bound (vLLM's own "OpenMP thread binding info"
 log line) and the capacity with its interval; for each condition the mean, the spread ((max - min) / mean) and the
@@ -182,7 +183,13 @@ def main() -> int:
     rows: dict[tuple[str, str], list[dict]] = {c: [] for c in conditions}
     for i in range(args.servers):
         for bind, neighbour in conditions:
-            noisy = subprocess.Popen([sys.executable, "-c", NEIGHBOUR]) if neighbour == "on" else None
+            # a session of its own, as production's server (or any other program on the host) has: with CFS
+            # autogroup on, the kernel shares the CPU between sessions first (docs/tune.md, "Sessions")
+            noisy = (
+                subprocess.Popen([sys.executable, "-c", NEIGHBOUR], start_new_session=True)
+                if neighbour == "on"
+                else None
+            )
             try:
                 r = one_server(cfg, work, bind, args, f"{bind}-{neighbour}-{i + 1}")
             finally:
