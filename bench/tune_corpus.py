@@ -157,10 +157,14 @@ def _flags(flags: dict) -> str:
 
 
 def score_run(work: Path) -> dict:
-    """One bench/tune.py workdir (grid.json, tpe.json, random.json): tune's and random search's choice as a share of
-    the grid's best (the grid's own capacity of the chosen point), trials as a share of the grid's, crashes, and
-    every config measured in more than one of the three runs (fresh servers each time) with its capacities."""
-    runs = {s: json.loads((work / f"{s}.json").read_text()) for s in ("grid", "tpe", "random")}
+    """One bench/tune.py workdir (grid.json, tpe.json, random.json where it ran): tune's and random search's choice as
+    a share of the grid's best (the grid's own capacity of the chosen point), trials as a share of the grid's,
+    crashes, and every config measured in more than one of the runs (fresh servers each time) with its capacities."""
+    runs = {
+        s: json.loads((work / f"{s}.json").read_text())
+        for s in ("grid", "tpe", "random")
+        if (work / f"{s}.json").exists()
+    }
     again: dict[str, list[float]] = {}
     flags_of: dict[str, dict] = {}
     for r in runs.values():
@@ -207,8 +211,8 @@ def score_run(work: Path) -> dict:
         ),
         "tpe_decision_flags": decided(runs["tpe"]),
         "tpe_decision_off_grid": key(decided(runs["tpe"]) or {}) in off_grid,
-        "random": chosen(runs["random"]),
-        "random_trials": started(runs["random"]),
+        "random": chosen(runs["random"]) if "random" in runs else None,  # `bench/tune.py --skip random`: not run
+        "random_trials": started(runs["random"]) if "random" in runs else None,
         "crashes": sum(r["counts"]["crashed"] for r in runs.values()),
         "baseline_again": same.get(base, []),
         "worst_repeat": max((max(abs(x / (sum(v) / len(v)) - 1) for x in v) for v in same.values()), default=None),
@@ -223,11 +227,11 @@ def _pct(x: float | None) -> str:
 def score(folder: Path, held: list[str]) -> str:
     """Issue 40 item 6's table over every <shape>.<start> workdir under folder, held-back shapes apart."""
     rows = []
-    for work in sorted(p for p in folder.iterdir() if (p / "random.json").exists()):
+    for work in sorted(p for p in folder.iterdir() if (p / "grid.json").exists() and (p / "tpe.json").exists()):
         shape, _, start = work.name.partition(".")
         rows.append((shape in held, shape, start or "-", score_run(work)))
     if not rows:
-        raise SystemExit(f"{folder}: no bench/tune.py workdir (<shape>.<start> with grid, tpe and random .json)")
+        raise SystemExit(f"{folder}: no bench/tune.py workdir (<shape>.<start> with grid.json and tpe.json)")
     out = [
         "| shape | set | from | grid best | tune's choice / grid best | tune's decision / grid best | tune's trials / "
         "grid's | random search's choice / grid best | crashes | the flags in force, measured again (in order) | "

@@ -91,6 +91,16 @@ def test_the_decision_is_what_tune_told_the_user_to_run_not_its_luckiest_measure
     assert r["tpe"] == pytest.approx(0.8) and r["tpe_decision"] == pytest.approx(0.6) and r["tpe_decision_flags"] == S4
 
 
+def test_a_run_without_the_random_search_scores_tune_alone(tmp_path: Path) -> None:
+    grid = _run([(BASE, 5.0), (S4, 8.0), (S8, 10.0)], BASE)
+    work = _write(tmp_path / "long-gen.defaults", grid, _run([(BASE, 5.5), (S8, 9.0)], BASE), {})
+    (work / "random.json").unlink()  # `bench/tune.py --skip random`
+    r = score_run(work)
+    assert (r["tpe"], r["random"], r["random_trials"], r["baseline_again"]) == (1.0, None, None, [5.0, 5.5])
+    (row,) = [line for line in score(tmp_path, held=["long-gen"]).splitlines() if line.startswith("| long-gen")]
+    assert row.split(" | ")[7] == "-"  # the random search's column
+
+
 def test_a_folder_without_runs_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no bench/tune.py workdir"):
         score(tmp_path, held=[])
