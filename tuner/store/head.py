@@ -82,7 +82,7 @@ class _Plain:
         """The points in [lo, hi], copied; None when there are none."""
         i, j = bisect_left(self.ts, lo), bisect_right(self.ts, hi)
         # a view over the live arrays, cut: the cut copies
-        return Points(self.ts, self.values, self.falls)._cut(i, j) if i < j else None
+        return Points(self.ts, self.values, self.falls)[i:j] if i < j else None
 
 
 class _Hist:
@@ -137,7 +137,7 @@ class _Hist:
         whole = HistPoints(
             self.ts, self.sums, self.totals, self.blob, self.ends, self.base, self.falls, self.decode
         )  # over the live arrays: cut copies
-        return whole._cut(i, j)
+        return whole[i:j]
 
 
 class _TargetHead:
