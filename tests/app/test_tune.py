@@ -40,7 +40,7 @@ def _cfg(tmp_path, target: str) -> object:
 
 VLLM = (
     "  - name: v\n    backend: vllm\n    url: http://127.0.0.1:9\n    slo: {e2e_p99: 4s}\n"
-    "    managed: {model: MODEL, flags: {max_num_seqs: 2}}\n"
+    "    managed: {model: MODEL, flags: {max_num_seqs: 2}, env: {VLLM_CPU_KVCACHE_SPACE: '1'}}\n"
 )
 
 
@@ -309,7 +309,7 @@ def test_nothing_to_measure_is_an_error_naming_the_binding_constraint_and_the_fi
         tmp_path,
         VLLM.replace(
             "flags: {max_num_seqs: 2}",
-            "flags: {max_num_seqs: 2, max_model_len: 1024}, env: {VLLM_CPU_KVCACHE_SPACE: '1'}",
+            "flags: {max_num_seqs: 2, max_model_len: 1024}",
         ),
     )
     wl = tmp_path / "wl.yaml"
@@ -345,8 +345,7 @@ def test_the_same_workload_with_its_proven_longest_request_is_measurable(tmp_pat
         tmp_path,
         VLLM.replace(
             "flags: {max_num_seqs: 2}",
-            "flags: {max_num_seqs: 2, max_model_len: 1024}, "
-            "env: {VLLM_CPU_KVCACHE_SPACE: '1'}, executable: /nonexistent/python",
+            "flags: {max_num_seqs: 2, max_model_len: 1024}, executable: /nonexistent/python",
         ),
     )
     wl = tmp_path / "wl.yaml"

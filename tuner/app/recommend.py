@@ -37,6 +37,7 @@ __all__ = [
     "stored",
     "one",
     "host_available_bytes",
+    "host_total_bytes",
 ]
 
 _HTTP_TIMEOUT_S = 3.0
@@ -93,9 +94,18 @@ def _live_server(backend: str, url: str) -> tuple[ServerFacts, dict[str, str]]:
 
 def host_available_bytes() -> int | None:
     """MemAvailable from /proc/meminfo, bytes; None where it cannot be read."""
+    return _meminfo("MemAvailable:")
+
+
+def host_total_bytes() -> int | None:
+    """MemTotal from /proc/meminfo, bytes; None where it cannot be read."""
+    return _meminfo("MemTotal:")
+
+
+def _meminfo(key: str) -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(key):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None

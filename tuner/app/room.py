@@ -10,7 +10,8 @@ from typing import Any
 
 from tuner.advise.facts import gpu_facts, load_model
 from tuner.advise.memory import GIB, weights_bytes
-from tuner.app.recommend import host_available_bytes
+from tuner.app.recommend import host_available_bytes, host_total_bytes
+from tuner.apply.servers import flags_in_force
 from tuner.config import Target
 from tuner.errors import ConfigError
 from tuner.store.store import Store
@@ -31,7 +32,9 @@ def hardware(store: Store, t: Target, now: float) -> tuple[Hardware, dict[str, A
     if t.backend != "vllm":  # llama-server on the host: a trial server may take what production leaves, less a fifth
         have = host_available_bytes()
         return Hardware(host_memory_bytes=int(0.8 * have) if have else None), {"kind": "cpu", "host_available": have}
-    space = t.managed.env.get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "4"
+    space = t.managed.env.get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    if not space:
+        return _kv_by_utilization(store, t)
     try:
         kv = int(float(space) * GIB)
     except ValueError:
@@ -39,6 +42,28 @@ def hardware(store: Store, t: Target, now: float) -> tuple[Hardware, dict[str, A
             "config", f"targets[{t.name}].managed.env.VLLM_CPU_KVCACHE_SPACE", f"{space!r}: expected GiB as a number"
         ) from None
     return Hardware(cpu_kv_cache_bytes=kv), {"kind": "cpu", "kv_cache_bytes": kv}
+
+
+def _kv_by_utilization(store: Store, t: Target) -> tuple[Hardware, dict[str, Any]]:
+    """vLLM's CPU backend without VLLM_CPU_KVCACHE_SPACE: the worker claims --gpu-memory-utilization of the host's
+    memory and its KV cache is what is left of that after the worker's own (vllm/v1/worker/cpu_worker.py)."""
+    assert t.managed is not None
+    util = float(canonical(flags_in_force(store.engine, t)).get("gpu_memory_utilization") or 0.9)
+    total = host_total_bytes()
+    if total is None:
+        raise ConfigError(
+            "config",
+            f"targets[{t.name}].managed.env.VLLM_CPU_KVCACHE_SPACE",
+            "unset, and the host's memory cannot be read (/proc/meminfo): give the KV cache's GiB there",
+        )
+    model = load_model(t.managed.model) if Path(t.managed.model).exists() else None
+    kv = max(0, int(util * total) - (weights_bytes(model) if model is not None else 0) - _CPU_SERVER_OVERHEAD)
+    return Hardware(cpu_kv_cache_bytes=kv), {
+        "kind": "cpu",
+        "kv_cache_bytes": kv,
+        "sized_by": f"--gpu-memory-utilization {util:g} of the host's {total / GIB:.1f} GiB (VLLM_CPU_KVCACHE_SPACE "
+        "unset)",
+    }
 
 
 def shadow_fits(t: Target, hw: Hardware, where: dict[str, Any], model: Any, *, servers: int = 1) -> tuple[bool, str]:
@@ -65,10 +90,15 @@ def shadow_fits(t: Target, hw: Hardware, where: dict[str, Any], model: Any, *, s
     if have is None:
         return False, "cannot read the host's available memory (/proc/meminfo)"
     ok = need <= 0.8 * have
+    sized = (
+        f"; KV space sized by {where['sized_by']}: set managed.env.VLLM_CPU_KVCACHE_SPACE"
+        if "sized_by" in where
+        else ""
+    )
     return ok, (
         f"{'a trial server needs' if servers == 1 else f'{servers} trial servers need'} ~{need / GIB:.2f} GiB "
         f"(weights + KV space + {_CPU_SERVER_OVERHEAD / GIB:.1f} "
-        f"GiB of runtime); the host has {have / GIB:.2f} GiB available"
+        f"GiB of runtime); the host has {have / GIB:.2f} GiB available{sized if not ok else ''}"
     )
 
 
