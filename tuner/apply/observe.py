@@ -90,11 +90,11 @@ class Observer:
         span = t.apply.baseline.total_seconds()
         step = max(1.0, self.steps.cfg.interval(t).total_seconds())
         tries = int(span // step) + 1 if wait else 0
-        for i in range(tries + 1):
+        for i in range(tries):
             now = self.steps.clock()
             base = self.kpis(t, now - span, now, group=group)
             samples = base.get("samples") or 0
-            if i == tries or samples >= MIN_SCRAPES or not base.get("finished"):
+            if samples >= MIN_SCRAPES or not base.get("finished"):
                 return base
             if i == 0:
                 self.steps.step(
@@ -104,7 +104,8 @@ class Observer:
                     f"to {tries * step:g}s for a window it can judge",
                 )
             self.steps.sleep(step)
-        return base  # not reached: the last try returns
+        now = self.steps.clock()
+        return self.kpis(t, now - span, now, group=group)  # the window as it is now, judgeable or not
 
     def kpis(self, t: Target, start: float, end: float, *, group: bool = False) -> dict[str, Any]:
         """The window's load profile for the journal, with the window itself so the verdict can read it again."""
