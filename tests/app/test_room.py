@@ -31,7 +31,7 @@ def _target(tmp_path, managed: str):
 @pytest.fixture
 def host(monkeypatch):
     """A 24-GiB host with 20 GiB available."""
-    monkeypatch.setattr(room, "host_total_bytes", lambda: 24 * GIB)
+    monkeypatch.setattr(room, "vllm_cpu_memory", lambda: (24 * GIB, 20 * GIB))
     monkeypatch.setattr(room, "host_available_bytes", lambda: 20 * GIB)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
 
@@ -58,7 +58,7 @@ def test_with_kv_space_set_it_is_the_kv_cache(tmp_path, store, host):
 
 
 def test_an_unreadable_host_names_the_key_to_set(tmp_path, store, host, monkeypatch):
-    monkeypatch.setattr(room, "host_total_bytes", lambda: None)
+    monkeypatch.setattr(room, "vllm_cpu_memory", lambda: None)
     t, _ = _target(tmp_path, "flags: {max_num_seqs: 2}")
     with pytest.raises(Exception, match=r"targets\[v\]\.managed\.env\.VLLM_CPU_KVCACHE_SPACE"):
         room.hardware(store, t, now=0.0)

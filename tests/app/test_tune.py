@@ -305,13 +305,7 @@ def test_nothing_to_measure_is_an_error_naming_the_binding_constraint_and_the_fi
     """The issue's RAG case: a workload whose longest request reads 1000 + 200 tokens (the buckets' edges) against
     flags in force with max-model-len 1024, max-model-len the only flag searched: every candidate pruned. It used
     to print a table of pruned rows and exit 0; now nothing starts, nothing is journaled, and one line says why."""
-    cfg = _cfg(
-        tmp_path,
-        VLLM.replace(
-            "flags: {max_num_seqs: 2}",
-            "flags: {max_num_seqs: 2, max_model_len: 1024}",
-        ),
-    )
+    cfg = _cfg(tmp_path, VLLM.replace("flags: {max_num_seqs: 2}", "flags: {max_num_seqs: 2, max_model_len: 1024}"))
     wl = tmp_path / "wl.yaml"
     wl.write_text("input_len: 752\noutput_len: 80\nmax_prompt_tokens: 1000\nmax_output_tokens: 200\n")
     said: list[str] = []
@@ -344,8 +338,7 @@ def test_the_same_workload_with_its_proven_longest_request_is_measurable(tmp_pat
     cfg = _cfg(
         tmp_path,
         VLLM.replace(
-            "flags: {max_num_seqs: 2}",
-            "flags: {max_num_seqs: 2, max_model_len: 1024}, executable: /nonexistent/python",
+            "flags: {max_num_seqs: 2}", "flags: {max_num_seqs: 2, max_model_len: 1024}, executable: /nonexistent/python"
         ),
     )
     wl = tmp_path / "wl.yaml"

@@ -37,7 +37,7 @@ __all__ = [
     "stored",
     "one",
     "host_available_bytes",
-    "host_total_bytes",
+    "vllm_cpu_memory",
 ]
 
 _HTTP_TIMEOUT_S = 3.0
@@ -97,16 +97,47 @@ def host_available_bytes() -> int | None:
     return _meminfo("MemAvailable:")
 
 
-def host_total_bytes() -> int | None:
-    """MemTotal from /proc/meminfo, bytes; None where it cannot be read."""
-    return _meminfo("MemTotal:")
+def vllm_cpu_memory() -> tuple[int, int] | None:
+    """(total, available) bytes as vLLM's CPU worker counts them (vllm/utils/cpu_resource_utils.py): NUMA node 0's
+    MemTotal and MemFree + file pages + SReclaimable where the kernel shows nodes (on one VM here node 0 held 15.7
+    GiB of /proc/meminfo's 23.5), else /proc/meminfo's MemTotal and MemAvailable; both clamped to a cgroup's memory
+    limit below that total. None where nothing can be read."""
+    node = Path("/sys/devices/system/node/node0/meminfo")
+    if node.exists():
+        got = {k: _meminfo(k + ":", node, field=3) for k in ("MemTotal", "MemFree", "Active(file)", "Inactive(file)")}
+        got["SReclaimable"] = _meminfo("SReclaimable:", node, field=3)
+        if any(v is None for v in got.values()):
+            return None
+        total = got.pop("MemTotal") or 0
+        available = sum(v or 0 for v in got.values())
+    else:
+        total_or_none, available_or_none = _meminfo("MemTotal:"), host_available_bytes()
+        if total_or_none is None or available_or_none is None:
+            return None
+        total, available = total_or_none, available_or_none
+    limit = _cgroup_int("/sys/fs/cgroup/memory.max") or _cgroup_int("/sys/fs/cgroup/memory/memory.limit_in_bytes")
+    if limit is not None and limit < min(total, 1 << 62):
+        usage = _cgroup_int("/sys/fs/cgroup/memory.current") or _cgroup_int(
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes"
+        )
+        total, available = limit, max(0, min(available, limit - (usage or 0)))
+    return total, available
 
 
-def _meminfo(key: str) -> int | None:
+def _cgroup_int(path: str) -> int | None:
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):  # absent, or "max"
+        return None
+
+
+def _meminfo(key: str, path: Path = Path("/proc/meminfo"), field: int = 1) -> int | None:
+    # /proc/meminfo: "MemTotal: 24684084 kB"; a node's: "Node 0 MemTotal: 16476364 kB"
+    try:
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) > field and parts[field - 1] == key:
+                return int(parts[field]) * 1024
     except (OSError, ValueError, IndexError):
         return None
     return None

@@ -10,7 +10,7 @@ from typing import Any
 
 from tuner.advise.facts import gpu_facts, load_model
 from tuner.advise.memory import GIB, weights_bytes
-from tuner.app.recommend import host_available_bytes, host_total_bytes
+from tuner.app.recommend import host_available_bytes, vllm_cpu_memory
 from tuner.apply.servers import flags_in_force
 from tuner.config import Target
 from tuner.errors import ConfigError
@@ -46,21 +46,25 @@ def hardware(store: Store, t: Target, now: float) -> tuple[Hardware, dict[str, A
 
 def _kv_by_utilization(store: Store, t: Target) -> tuple[Hardware, dict[str, Any]]:
     """vLLM's CPU backend without VLLM_CPU_KVCACHE_SPACE: the worker claims --gpu-memory-utilization of the host's
-    memory and its KV cache is what is left of that after the worker's own (vllm/v1/worker/cpu_worker.py)."""
+    memory as it counts it, and its KV cache is what is left of that after the worker's own
+    (vllm/v1/worker/cpu_worker.py); a second worker starts only if that claim is available."""
     assert t.managed is not None
     util = float(canonical(flags_in_force(store.engine, t)).get("gpu_memory_utilization") or 0.9)
-    total = host_total_bytes()
-    if total is None:
+    memory = vllm_cpu_memory()
+    if memory is None:
         raise ConfigError(
             "config",
             f"targets[{t.name}].managed.env.VLLM_CPU_KVCACHE_SPACE",
             "unset, and the host's memory cannot be read (/proc/meminfo): give the KV cache's GiB there",
         )
+    total, available = memory
     model = load_model(t.managed.model) if Path(t.managed.model).exists() else None
     kv = max(0, int(util * total) - (weights_bytes(model) if model is not None else 0) - _CPU_SERVER_OVERHEAD)
     return Hardware(cpu_kv_cache_bytes=kv), {
         "kind": "cpu",
         "kv_cache_bytes": kv,
+        "claims_bytes": int(util * total),
+        "available_bytes": available,
         "sized_by": f"--gpu-memory-utilization {util:g} of the host's {total / GIB:.1f} GiB (VLLM_CPU_KVCACHE_SPACE "
         "unset)",
     }
@@ -86,7 +90,7 @@ def shadow_fits(t: Target, hw: Hardware, where: dict[str, Any], model: Any, *, s
     need = servers * (
         (weights_bytes(model) if model is not None else 0) + (hw.cpu_kv_cache_bytes or 0) + _CPU_SERVER_OVERHEAD
     )
-    have = host_available_bytes()
+    have = where["available_bytes"] if "sized_by" in where else host_available_bytes()  # as vLLM counts it
     if have is None:
         return False, "cannot read the host's available memory (/proc/meminfo)"
     ok = need <= 0.8 * have
