@@ -94,7 +94,10 @@ def _live_server(backend: str, url: str) -> tuple[ServerFacts, dict[str, str]]:
 
 def host_available_bytes() -> int | None:
     """MemAvailable from /proc/meminfo, bytes; None where it cannot be read."""
-    return _meminfo("MemAvailable:")
+    return _meminfo().get("MemAvailable")
+
+
+_NODE_AVAILABLE = ("MemFree", "Active(file)", "Inactive(file)", "SReclaimable")
 
 
 def vllm_cpu_memory() -> tuple[int, int] | None:
@@ -103,18 +106,11 @@ def vllm_cpu_memory() -> tuple[int, int] | None:
     GiB of /proc/meminfo's 23.5), else /proc/meminfo's MemTotal and MemAvailable; both clamped to a cgroup's memory
     limit below that total. None where nothing can be read."""
     node = Path("/sys/devices/system/node/node0/meminfo")
-    if node.exists():
-        got = {k: _meminfo(k + ":", node, field=3) for k in ("MemTotal", "MemFree", "Active(file)", "Inactive(file)")}
-        got["SReclaimable"] = _meminfo("SReclaimable:", node, field=3)
-        if any(v is None for v in got.values()):
-            return None
-        total = got.pop("MemTotal") or 0
-        available = sum(v or 0 for v in got.values())
-    else:
-        total_or_none, available_or_none = _meminfo("MemTotal:"), host_available_bytes()
-        if total_or_none is None or available_or_none is None:
-            return None
-        total, available = total_or_none, available_or_none
+    parts = _NODE_AVAILABLE if node.exists() else ("MemAvailable",)
+    m = _meminfo(node) if node.exists() else _meminfo()
+    if "MemTotal" not in m or any(k not in m for k in parts):
+        return None
+    total, available = m["MemTotal"], sum(m[k] for k in parts)
     limit = _cgroup_int("/sys/fs/cgroup/memory.max") or _cgroup_int("/sys/fs/cgroup/memory/memory.limit_in_bytes")
     if limit is not None and limit < min(total, 1 << 62):
         usage = _cgroup_int("/sys/fs/cgroup/memory.current") or _cgroup_int(
@@ -131,16 +127,19 @@ def _cgroup_int(path: str) -> int | None:
         return None
 
 
-def _meminfo(key: str, path: Path = Path("/proc/meminfo"), field: int = 1) -> int | None:
-    # /proc/meminfo: "MemTotal: 24684084 kB"; a node's: "Node 0 MemTotal: 16476364 kB"
+def _meminfo(path: Path = Path("/proc/meminfo")) -> dict[str, int]:
+    """Every "Key: N kB" line of a meminfo file, in bytes, read once; {} where the file cannot be read.
+    /proc/meminfo: "MemTotal: 24684084 kB"; a NUMA node's: "Node 0 MemTotal: 16476364 kB"."""
     try:
-        for line in path.read_text().splitlines():
-            parts = line.split()
-            if len(parts) > field and parts[field - 1] == key:
-                return int(parts[field]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 3 and parts[-1] == "kB" and parts[-3].endswith(":") and parts[-2].isdigit():
+            out[parts[-3][:-1]] = int(parts[-2]) * 1024
+    return out
 
 
 def _read(path: str, what: str, limit: int | None = None) -> str:
