@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from tuner.tune.search import Outcome, Point, point_key, search
+from tuner.tune.search import Outcome, Point, _scaled, point_key, search
 from tuner.tune.space import Axis, Verdict, canonical, feasible, vllm_axes
 
 AXES = (
@@ -404,7 +404,7 @@ BURSTY_GRID = {
 PREFIX_BASELINE_IN_FLIGHT, BURSTY_BASELINE_IN_FLIGHT = 9.9, 11.3
 
 
-def _on_grid(grid, axes, start, *, in_flight, budget=3, carry=None):
+def _on_grid(grid, axes, start, *, in_flight, budget=3, carry=None, scaled=None):
     names = [a.name for a in axes]
 
     def measure(flags, label):
@@ -423,6 +423,7 @@ def _on_grid(grid, axes, start, *, in_flight, budget=3, carry=None):
         sampler="tpe",
         gallop=axes[0].name,
         carry=carry,
+        scaled=scaled,
     )
     return max(p.outcome.capacity_rps for p in points), [tuple(p.flags[n] for n in names) for p in points]
 
@@ -474,3 +475,95 @@ def test_the_first_step_is_sized_only_on_an_ordered_numeric_axis():
     for odd in (None, "9", True, float("nan")):
         assert _first_step(seqs, 2, base(2, odd)) == 1
     assert _first_step(Axis("max_num_seqs", (4, 2, 8)), 1, base(2, 11.3)) == 1  # not ordered
+
+
+# The grid bench/tune.py measured on real vLLM CPU for the tiny-out workload (one of the held-back shapes), after
+# the trial servers got sessions of their own (bench/results/2026-11-27-1222-tune-corpus.md): monotone in both.
+TINY_OUT_GRID = {
+    (1, 256): 97.6,
+    (1, 2048): 106,
+    (2, 256): 151,
+    (2, 2048): 138,
+    (4, 256): 213,
+    (4, 2048): 232,
+    (8, 256): 253,
+    (8, 2048): 358,
+    (16, 256): 253,
+    (16, 2048): 358,
+    (32, 256): 253,
+    (32, 2048): 358,
+}
+# In the tpe run from the poor config (1 sequence, 256 tokens) the flags in force had 3.85 requests in flight at
+# their capacity rate (its trial's detail): the first step went 1 -> 4, then 4 -> 32, all at 256 tokens (71%).
+TINY_OUT_POOR_IN_FLIGHT = 3.85
+
+
+def test_the_gallop_adds_each_sequences_token_budget_with_the_sequence():
+    """From 1 sequence and 256 batched tokens, a gallop that adds sequences on the same 256 tokens measures the
+    token budget, not the sequences: on tiny-out's measured grid it stops at 253 req/s (71%, as the bench saw).
+    Scaling max-num-batched-tokens with max-num-seqs (256 a sequence, as in force) reaches the grid's best."""
+    best = max(TINY_OUT_GRID.values())
+    got, path = _on_grid(TINY_OUT_GRID, CHAT_AXES, (1, 256), in_flight=TINY_OUT_POOR_IN_FLIGHT)
+    assert path == [(1, 256), (4, 256), (32, 256)] and got / best < 0.75
+    got, path = _on_grid(
+        TINY_OUT_GRID, CHAT_AXES, (1, 256), in_flight=TINY_OUT_POOR_IN_FLIGHT, scaled="max_num_batched_tokens"
+    )
+    assert path == [(1, 256), (4, 2048), (32, 2048)] and got == best
+    # the two other measured grids where the batch budget moves the capacity: never worse with it, from the same
+    # poor start, on the same budget
+    for grid in (CHAT_GRID, BURSTY_GRID):
+        plain = _on_grid(grid, CHAT_AXES, (1, 256), in_flight=None)[0]
+        assert _on_grid(grid, CHAT_AXES, (1, 256), in_flight=None, scaled="max_num_batched_tokens")[0] >= plain
+    # a budget the flags in force already give generously is left alone: 2 sequences at 2048 (1024 each) -> 16
+    # would ask for 16384, the axis ends at 2048
+    assert _on_grid(CHAT_GRID, CHAT_AXES, (2, 2048), in_flight=None, scaled="max_num_batched_tokens")[1] == [
+        (2, 2048),
+        (4, 2048),
+        (16, 2048),
+    ]
+
+
+def test_scaled_keeps_the_budget_per_slot_only_on_the_way_up_and_only_for_numbers():
+    seqs, batched = CHAT_AXES
+    ctx = Axis("ctx_size", (1024, 2048, 4096, 8192))
+    parallel = Axis("parallel", (1, 2, 4, 8, 16))
+    assert _scaled(batched, {"max_num_seqs": 2, "max_num_batched_tokens": 256}, seqs, 4) == {
+        "max_num_batched_tokens": 2048  # 512 wanted: the smallest value on the axis that holds it
+    }
+    assert _scaled(ctx, {"parallel": 1, "ctx_size": 1024}, parallel, 4) == {"ctx_size": 4096}  # 1024 a slot
+    assert _scaled(ctx, {"parallel": 1, "ctx_size": 1024}, parallel, 16) == {"ctx_size": 8192}  # the axis's end
+    assert _scaled(batched, {"max_num_seqs": 8, "max_num_batched_tokens": 256}, seqs, 4) == {}  # down: as in force
+    assert _scaled(batched, {"max_num_seqs": 2}, seqs, 4) == {}  # vLLM's own default budget: not ours to scale
+    assert _scaled(batched, {"max_num_seqs": None, "max_num_batched_tokens": 256}, seqs, 4) == {}
+    assert _scaled(None, {"max_num_seqs": 2, "max_num_batched_tokens": 256}, seqs, 4) == {}
+
+
+def test_a_llama_gallop_adds_context_with_its_slots_so_its_steps_are_not_refused():
+    """llama-server splits -c among its --parallel slots: from 1 slot of 1024 tokens and a 700-token longest
+    request, --parallel 2 on the same -c gives 512-token slots, which tune rightly refuses, and the gallop stops
+    there. With -c scaled along, every step keeps 1024 tokens a slot and is measured."""
+    from tuner.tune.space import Hardware
+
+    axes = (Axis("parallel", (1, 2, 4, 8)), Axis("ctx_size", (1024, 2048, 4096, 8192)))
+    cap = {1: 2.0, 2: 3.5, 4: 5.0, 8: 6.0}
+
+    def run(scaled):
+        points = search(
+            axes,
+            {},
+            measure=lambda f, label: Outcome("measured", cap[f["parallel"]], {}),
+            feasible=lambda f: feasible("llamacpp", f, model=None, hardware=Hardware(), longest=700),
+            seeds=[("baseline", {"parallel": 1, "ctx_size": 1024})],
+            budget=3,
+            max_time_s=1e9,
+            clock=Clock(),
+            sampler="tpe",
+            gallop="parallel",
+            scaled=scaled,
+        )
+        return points
+
+    plain = run(None)
+    assert plain[1].flags == {"parallel": 2, "ctx_size": 1024} and plain[1].outcome.status == "pruned"
+    path = [(p.flags["parallel"], p.flags["ctx_size"], p.outcome.status) for p in run("ctx_size")]
+    assert path == [(1, 1024, "measured"), (2, 2048, "measured"), (8, 8192, "measured")]

@@ -1009,6 +1009,7 @@ def tune(
                     sampler=req.sampler,
                     gallop="max_num_seqs" if t.backend == "vllm" else "parallel",
                     carry=carry,
+                    scaled="max_num_batched_tokens" if t.backend == "vllm" else "ctx_size",
                 )
                 measured = [p for p in points if p.outcome.status == TrialStatus.MEASURED]
                 comparison = None
