@@ -188,6 +188,10 @@ def check_decisions(engine, result, measured, flag, *, baseline, slo):  # type: 
 
 
 def test_tune_a_real_llama_server_with_the_same_client(tmp_path):
+    """tune measures and ranks llama-server configs with vLLM's benchmark client, and each trial's own command line
+    (read from /proc while it runs) carries every flag of its candidate, flash-attention's value included. (vLLM's
+    trials are read the same way in the kill -9 test above; the advisor's backend switch, said at set-up and never
+    run, is tests/app/test_tune.py's.)"""
     require(realservers.LLAMA_SERVER, realservers.TINY_GGUF, realservers.VLLM_PYTHON, realservers.TINY_MODEL)
     cfg = tmp_path / "tuner.yaml"
     cfg.write_text(
@@ -196,14 +200,15 @@ def test_tune_a_real_llama_server_with_the_same_client(tmp_path):
         "  - name: llama\n    backend: llamacpp\n    url: http://127.0.0.1:1\n"
         f"    slo: {{e2e_p99: 4s, objective: {OBJECTIVE}}}\n"
         f"    managed:\n      model: {realservers.TINY_GGUF.path()}\n      executable: {realservers.LLAMA_SERVER.path()}\n"
-        "      flags: {parallel: 1, ctx_size: 1024}\n      extra_args: {'-t': 1}\n"
+        "      flags: {parallel: 1, ctx_size: 1024, flash_attn: 'off'}\n      extra_args: {'-t': 1}\n"
     )
     # The client writes its prompts with the tiny HF model's tokenizer; the GGUF's own vocabulary reads them as
     # more tokens, so the lengths are small enough for a 512-token slot either way.
     (tmp_path / "wl.yaml").write_text("input_len: 16\noutput_len: 64\nrange_ratio: 0.2\nrate_rps: 2\n")
     tuner = [sys.executable, "-m", "tuner.cli", "-c", str(cfg)]
     subprocess.run(tuner + ["db", "upgrade"], check=True, capture_output=True)
-    out = subprocess.run(
+    engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
+    proc = subprocess.Popen(
         tuner
         + [
             "tune",
@@ -211,7 +216,7 @@ def test_tune_a_real_llama_server_with_the_same_client(tmp_path):
             "--workload",
             str(tmp_path / "wl.yaml"),
             "--flags",
-            "parallel=1/2",
+            "parallel=1/2,flash_attn",
             "--budget",
             "2",
             "--no-noise-check",
@@ -225,17 +230,24 @@ def test_tune_a_real_llama_server_with_the_same_client(tmp_path):
             str(realservers.TINY_MODEL.path()),
             "--json",
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=900,
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout)
-    engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
+    try:
+        seen, _ = _watch_trials(engine, proc, "llama", timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out)
     trials = tj.trials(engine, result["run_id"])
-    assert [(t.flags["parallel"], t.status) for t in trials] == [(1, "measured"), (2, "measured")], [
-        (t.flags, t.status, t.detail.get("error")) for t in trials
-    ]
+    assert [(t.flags["parallel"], t.flags["flash_attn"], t.status) for t in trials] == [
+        (1, "off", "measured"),
+        (2, "off", "measured"),  # the gallop's step along --parallel
+    ], [(t.flags, t.status, t.detail.get("error")) for t in trials]
+    _check_trial_processes("llamacpp", trials, seen)
     check_decisions(engine, result, trials, "parallel", baseline=1, slo=Slo(e2e_p99="4s", objective=OBJECTIVE))
 
 
@@ -503,56 +515,3 @@ def _check_trial_processes(backend: str, started: list, seen: dict[int, dict], *
             )
         else:  # every other core has a pinned process: the client runs where the kernel puts it
             assert client == set(os.sched_getaffinity(0)), (seen[t.id], placed)
-
-
-def test_every_llama_server_trial_runs_the_flags_its_trial_is_labelled_with(tmp_path):
-    """Each llama-server trial's own command line (read from /proc while it runs) carries every flag of its
-    candidate. (vLLM's trials are read the same way in the kill -9 test above, which runs them anyway; the advisor's
-    backend switch, said at set-up and never run, is tests/app/test_tune.py's.)"""
-    require(realservers.LLAMA_SERVER, realservers.TINY_GGUF, realservers.VLLM_PYTHON, realservers.TINY_MODEL)
-    cfg = tmp_path / "tuner.yaml"
-    cfg.write_text(
-        f"store: {{url: 'sqlite:///{tmp_path / 'tuner.db'}'}}\n"
-        "targets:\n"
-        "  - name: l\n    backend: llamacpp\n    url: http://127.0.0.1:1\n"
-        f"    slo: {{e2e_p99: 4s, objective: {OBJECTIVE}}}\n"
-        f"    managed:\n      model: {realservers.TINY_GGUF.path()}\n"
-        f"      executable: {realservers.LLAMA_SERVER.path()}\n"
-        "      flags: {parallel: 1, ctx_size: 1024, flash_attn: 'off'}\n      extra_args: {'-t': 1}\n"
-    )
-    (tmp_path / "wl.yaml").write_text("input_len: 16\noutput_len: 32\nrange_ratio: 0.2\nrate_rps: 2\n")
-    argv = [
-        "tune",
-        "l",
-        "--workload",
-        str(tmp_path / "wl.yaml"),
-        "--flags",
-        "parallel=1/2/4,flash_attn",
-        "--budget",
-        "3",
-        "--run-seconds",
-        "4",
-        "--max-runs",
-        "2",
-        "--no-noise-check",
-        "--client-python",
-        str(realservers.VLLM_PYTHON.path()),
-        "--tokenizer",
-        str(realservers.TINY_MODEL.path()),
-        "--json",
-    ]
-    tuner = [sys.executable, "-m", "tuner.cli", "-c", str(cfg)]
-    subprocess.run(tuner + ["db", "upgrade"], check=True, capture_output=True)
-    engine = open_engine(f"sqlite:///{tmp_path / 'tuner.db'}")
-    proc = subprocess.Popen(tuner + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        seen, _ = _watch_trials(engine, proc, "l")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    out, err = proc.communicate()
-    assert proc.returncode == 0, err[-3000:]
-    result = json.loads(out)
-    started = [t for t in tj.trials(engine, result["run_id"]) if t.pid]
-    assert len(started) == result["counts"]["measured"] + result["counts"]["crashed"] >= 2, err[-3000:]
-    _check_trial_processes("llamacpp", started, seen)
