@@ -2,7 +2,8 @@
 # Set up everything the tests need on a fresh machine, then run the whole suite: the fast unit tier
 # (recorded real expositions, real local HTTP servers, real SQLite, real promtool) and the integration
 # tier against real servers (vLLM CPU build, llama-server, Prometheus) that it installs and starts.
-# Idempotent: installs are cached under ${TUNER_CACHE:-~/.cache/tuner}. Extra args go to pytest.
+# Idempotent: installs are cached under ${TUNER_CACHE:-~/.cache/tuner}. Extra args go to pytest (one run of what they
+# select, instead of the two tiers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { echo "[test] $*" >&2; }
@@ -41,12 +42,33 @@ exports="$(bash scripts/setup-real-servers.sh | grep '^export ')"
 eval "$exports"
 export TUNER_REQUIRE_REAL_SERVERS=1  # a missing real part fails the run instead of skipping
 
-set +e
-.venv/bin/python -m pytest -q --durations=25 "$@"  # the 25 slowest, so a slow test shows in every run
-rc=$?
-set -e
-if [[ $rc -eq 5 ]]; then
-    echo "[test] pytest collected no tests: that is a failure here" >&2
-    exit 1
+# No arguments: the fast tier on both cores (pytest-xdist's two workers), then the integration tier one test at a
+# time: its real servers, and the capacities and latencies its decisions are judged by, get the host to themselves.
+# With arguments: one pytest run of what they select, one test at a time.
+run_pytest() {  # a tier's name, then pytest's arguments; a tier that collects no tests is a failure
+    local name="$1" rc
+    shift
+    set +e
+    .venv/bin/python -m pytest -q --durations=25 "$@"  # the 25 slowest, so a slow test shows in every run
+    rc=$?
+    set -e
+    if [[ $rc -eq 5 ]]; then
+        echo "[test] pytest collected no tests ($name): that is a failure here" >&2
+        rc=1
+    fi
+    return $rc
+}
+if [[ $# -gt 0 ]]; then
+    run_pytest "the tests selected" "$@" && exit 0 || exit $?
 fi
-exit $rc
+log "fast tier (-m 'not integration'), two workers"
+fast=0
+run_pytest "fast tier" -n 2 -m "not integration" || fast=$?
+log "integration tier (-m integration), one test at a time"
+real=0
+run_pytest "integration tier" -m integration || real=$?
+if [[ $fast -ne 0 ]]; then
+    echo "[test] the fast tier failed (exit $fast): see its report above the integration tier's" >&2
+    exit $fast
+fi
+exit $real
