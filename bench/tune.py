@@ -164,7 +164,13 @@ def main() -> int:
     ap.add_argument("--run-seconds", type=float, default=12.0)
     ap.add_argument("--max-runs", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--skip", action="append", default=[], choices=["grid", "tpe", "random"])
+    ap.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=["grid", "tpe", "random"],
+        help="a search not to run (its result in the workdir is read back where there is one); repeatable",
+    )
     ap.add_argument("--workdir", help="default: a new temporary directory")
     args = ap.parse_args()
     if args.workload_file:
@@ -186,8 +192,11 @@ def main() -> int:
     )
     results = {}
     for sampler in ("grid", "tpe", "random"):
-        if sampler in args.skip and (work / f"{sampler}.json").exists():
-            results[sampler] = json.loads((work / f"{sampler}.json").read_text())
+        if sampler in args.skip:  # its result from an earlier run in the workdir, if there is one
+            if (work / f"{sampler}.json").exists():
+                results[sampler] = json.loads((work / f"{sampler}.json").read_text())
+            elif sampler == "grid":
+                raise SystemExit(f"--skip grid: no grid.json in {work} to score against (run the grid first)")
             continue
         grid_n = sum(t["status"] != "pruned" for t in results["grid"]["trials"]) if "grid" in results else 0
         budget = 10_000 if sampler == "grid" else max(2, grid_n // 4)
@@ -202,7 +211,7 @@ def main() -> int:
     for t in sorted(grid.values(), key=lambda t: -t["capacity_rps"]):
         print(f"  {t['capacity_rps']:6.3g} req/s  {' '.join(f'{k}={v}' for k, v in t['flags'].items())}")
     print(f"\n{'search':8} {'trials':>8} {'crashes':>8} {'chosen/grid-best':>17} {'measured/grid-best':>19}  chosen")
-    for sampler in ("tpe", "random"):
+    for sampler in [s for s in ("tpe", "random") if s in results]:
         r = results[sampler]
         chosen = r["best"]["flags"]
         in_grid = grid.get(key(chosen), {}).get("capacity_rps")
@@ -215,7 +224,8 @@ def main() -> int:
     spread = (best - min(t["capacity_rps"] for t in grid.values())) / best
     print(
         f"\ngrid best {best:.3g} req/s; worst is {spread:.0%} below it; baseline (the flags in force) "
-        f"{results['tpe']['baseline']['capacity_rps']} req/s; load average {os.getloadavg()[0]:.2f}"
+        f"{results['tpe']['baseline']['capacity_rps'] if 'tpe' in results else '-'} req/s; "
+        f"load average {os.getloadavg()[0]:.2f}"
     )
     return 0
 
