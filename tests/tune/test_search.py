@@ -523,6 +523,38 @@ def test_the_gallop_adds_each_sequences_token_budget_with_the_sequence():
     ]
 
 
+def test_a_scaled_step_that_is_refused_is_taken_without_the_scaled_budget():
+    """A token budget scaled along that the memory model (here: at most 4096 tokens a step) refuses costs the
+    step nothing: the gallop measures the same number of sequences on the budget in force instead."""
+    axes = (Axis("max_num_seqs", (1, 2, 4, 8, 16, 32)), Axis("max_num_batched_tokens", (256, 512, 1024, 4096, 8192)))
+    refused = []
+
+    def fits(flags):
+        ok = flags["max_num_batched_tokens"] <= 4096
+        if not ok:
+            refused.append((flags["max_num_seqs"], flags["max_num_batched_tokens"]))
+        return Verdict(ok, "" if ok else "too many tokens a step", {})
+
+    points = search(
+        axes,
+        {},
+        measure=lambda f, label: Outcome("measured", float(f["max_num_seqs"]), {"in_flight": 40.0}),
+        feasible=fits,
+        seeds=[("baseline", {"max_num_seqs": 1, "max_num_batched_tokens": 512})],
+        budget=2,
+        max_time_s=1e9,
+        clock=Clock(),
+        sampler="tpe",
+        gallop="max_num_seqs",
+        scaled="max_num_batched_tokens",
+    )
+    measured = [
+        (p.flags["max_num_seqs"], p.flags["max_num_batched_tokens"]) for p in points if p.outcome.status == "measured"
+    ]
+    # 40 in flight on 1 sequence: the first step goes to the end of the axis, 32, which wants 32 x 512 tokens
+    assert refused == [(32, 8192)] and measured == [(1, 512), (32, 512)]
+
+
 def test_scaled_keeps_the_budget_per_slot_only_on_the_way_up_and_only_for_numbers():
     seqs, batched = CHAT_AXES
     ctx = Axis("ctx_size", (1024, 2048, 4096, 8192))

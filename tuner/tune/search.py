@@ -130,7 +130,7 @@ def _gallop(
     gives up. If it never rose going up, the same down, by 1, 2, 4, ... Capacity against max-num-seqs (or
     --parallel) rises until the engine or the KV cache saturates and falls after, so this reaches the region of
     the peak in about log2(axis) trials. Every step also sets ``carry``, and scales ``partner`` with the axis on
-    the way up (``_scaled``)."""
+    the way up (``_scaled``), unless that point is refused (pruned) where the step without it is not."""
     measured = [p for p in known.values() if p.outcome.status == TrialStatus.MEASURED]
     if not measured:
         return
@@ -146,11 +146,13 @@ def _gallop(
             if j == i:
                 break
             step_to = axis.values[j]
-            flags = canonical(
-                {**base.flags, **(carry or {}), axis.name: step_to, **_scaled(partner, base.flags, axis, step_to)}
-            )
+            plain = canonical({**base.flags, **(carry or {}), axis.name: step_to})
+            flags = canonical({**plain, **_scaled(partner, base.flags, axis, step_to)})
             visit(flags, "gallop")
             p = known.get(point_key(flags))
+            if flags != plain and p is not None and p.outcome.status == TrialStatus.PRUNED:
+                visit(plain, "gallop")  # the budget scaled along does not fit: the step without it
+                flags, p = plain, known.get(point_key(plain))
             if p is not None and p.outcome.status == TrialStatus.MEASURED and p.outcome.capacity_rps > best:
                 i, best, step, moved = j, p.outcome.capacity_rps, step * 2, True
             elif abs(j - i) > 1:
