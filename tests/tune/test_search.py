@@ -12,8 +12,8 @@ import math
 
 import pytest
 
-from tuner.tune.search import Outcome, Point, _scaled, point_key, search
-from tuner.tune.space import Axis, Verdict, canonical, feasible, vllm_axes
+from tuner.tune.search import Outcome, Point, point_key, search
+from tuner.tune.space import Axis, Verdict, canonical, feasible, step_budget, vllm_axes
 
 AXES = (
     Axis("max_num_seqs", (1, 2, 4, 8, 16, 32, 64, 128, 256)),
@@ -404,7 +404,7 @@ BURSTY_GRID = {
 PREFIX_BASELINE_IN_FLIGHT, BURSTY_BASELINE_IN_FLIGHT = 9.9, 11.3
 
 
-def _on_grid(grid, axes, start, *, in_flight, budget=3, carry=None, scaled=None):
+def _on_grid(grid, axes, start, *, in_flight, budget=3, carry=None, along=None):
     names = [a.name for a in axes]
 
     def measure(flags, label):
@@ -423,7 +423,7 @@ def _on_grid(grid, axes, start, *, in_flight, budget=3, carry=None, scaled=None)
         sampler="tpe",
         gallop=axes[0].name,
         carry=carry,
-        scaled=scaled,
+        along=along,
     )
     return max(p.outcome.capacity_rps for p in points), [tuple(p.flags[n] for n in names) for p in points]
 
@@ -477,8 +477,10 @@ def test_the_first_step_is_sized_only_on_an_ordered_numeric_axis():
     assert _first_step(Axis("max_num_seqs", (4, 2, 8)), 1, base(2, 11.3)) == 1  # not ordered
 
 
-# The grid bench/tune.py measured on real vLLM CPU for the tiny-out workload (one of the held-back shapes), after
-# the trial servers got sessions of their own (bench/results/2026-11-27-1222-tune-corpus.md): monotone in both.
+# Two grids bench/tune.py measured on real vLLM CPU for shapes `tuner workload` read from a store, after the trial
+# servers got sessions of their own: tiny-out (256-token prompts sharing 17, 4-token outputs; held back;
+# bench/results/2026-11-27-1222-tune-corpus.md) and rag (751-token prompts sharing 522, 80-token outputs;
+# bench/results/2026-11-27-1602-tune-corpus.md).
 TINY_OUT_GRID = {
     (1, 256): 97.6,
     (1, 2048): 106,
@@ -493,39 +495,73 @@ TINY_OUT_GRID = {
     (32, 256): 253,
     (32, 2048): 358,
 }
-# In the tpe run from the poor config (1 sequence, 256 tokens) the flags in force had 3.85 requests in flight at
-# their capacity rate (its trial's detail): the first step went 1 -> 4, then 4 -> 32, all at 256 tokens (71%).
-TINY_OUT_POOR_IN_FLIGHT = 3.85
+RAG_GRID = {
+    (1, 256): 6.30,
+    (1, 2048): 7.49,
+    (2, 256): 12.6,
+    (2, 2048): 13.7,
+    (4, 256): 21.2,
+    (4, 2048): 23.1,
+    (8, 256): 35.6,
+    (8, 2048): 32.7,
+    (16, 256): 59.9,
+    (16, 2048): 59.9,
+    (32, 256): 84.7,
+    (32, 2048): 71.2,
+}
+# Requests in flight at the poor config's (1 sequence, 256 tokens) capacity rate, in the tpe runs from it (each
+# trial's detail): the first step is long on both.
+TINY_OUT_POOR_IN_FLIGHT, RAG_POOR_IN_FLIGHT = 3.85, 8.43
 
 
-def test_the_gallop_adds_each_sequences_token_budget_with_the_sequence():
-    """From 1 sequence and 256 batched tokens, a gallop that adds sequences on the same 256 tokens measures the
-    token budget, not the sequences: on tiny-out's measured grid it stops at 253 req/s (71%, as the bench saw).
-    Scaling max-num-batched-tokens with max-num-seqs (256 a sequence, as in force) reaches the grid's best."""
-    best = max(TINY_OUT_GRID.values())
-    got, path = _on_grid(TINY_OUT_GRID, CHAT_AXES, (1, 256), in_flight=TINY_OUT_POOR_IN_FLIGHT)
-    assert path == [(1, 256), (4, 256), (32, 256)] and got / best < 0.75
-    got, path = _on_grid(
-        TINY_OUT_GRID, CHAT_AXES, (1, 256), in_flight=TINY_OUT_POOR_IN_FLIGHT, scaled="max_num_batched_tokens"
+def test_the_gallop_brings_the_token_budget_the_added_sequences_need():
+    """From 1 sequence and 256 batched tokens. tiny-out's 4-token outputs make each sequence mostly prefill (60
+    tokens a step on average): 32 sequences need ~1,900 tokens a step, and a gallop that adds them on 256 tokens
+    measures the budget (253 req/s, 71% of the grid's best, as the bench's tpe did). rag's 80-token outputs after
+    a mostly cached prompt need ~4 tokens a step a sequence: 256 holds 32 of them, and 2048 served less there
+    (71.2 against 84.7), so nothing is brought along. The same three trials reach both grids' best."""
+    from tuner.signals.workload import Workload
+
+    tiny_out = Workload(input_len=256, output_len=4, prefix_len=17)
+    rag = Workload(input_len=751, output_len=80, prefix_len=522)
+    for grid, workload, in_flight, plain_path, path in (
+        (
+            TINY_OUT_GRID,
+            tiny_out,
+            TINY_OUT_POOR_IN_FLIGHT,
+            [(1, 256), (4, 256), (32, 256)],
+            [(1, 256), (4, 256), (32, 2048)],
+        ),
+        (RAG_GRID, rag, RAG_POOR_IN_FLIGHT, [(1, 256), (16, 256), (32, 256)], [(1, 256), (16, 256), (32, 256)]),
+    ):
+        best = max(grid.values())
+        got, went = _on_grid(grid, CHAT_AXES, (1, 256), in_flight=in_flight)
+        assert went == plain_path, went
+        along = step_budget("vllm", CHAT_AXES, workload)
+        got_along, went = _on_grid(grid, CHAT_AXES, (1, 256), in_flight=in_flight, along=along)
+        assert went == path and got_along == best, (went, got_along)
+    # the budget scaled with the sequences instead (as many tokens a sequence as in force) would have cost rag 16%
+    assert RAG_GRID[(32, 2048)] / max(RAG_GRID.values()) < 0.85
+    # a budget left to vLLM's default is vLLM's to size; a step down brings nothing; caching turned off by the step
+    # makes the whole prompt prefill (rag at 32 sequences: ~10 tokens a step each, 328 > 256)
+    along = step_budget("vllm", CHAT_AXES, rag)
+    assert along({"max_num_seqs": 1}, {"max_num_seqs": 32}) == {}
+    assert (
+        along({"max_num_seqs": 32, "max_num_batched_tokens": 256}, {"max_num_seqs": 8, "max_num_batched_tokens": 256})
+        == {}
     )
-    assert path == [(1, 256), (4, 2048), (32, 2048)] and got == best
-    # the two other measured grids where the batch budget moves the capacity: never worse with it, from the same
-    # poor start, on the same budget
-    for grid in (CHAT_GRID, BURSTY_GRID):
-        plain = _on_grid(grid, CHAT_AXES, (1, 256), in_flight=None)[0]
-        assert _on_grid(grid, CHAT_AXES, (1, 256), in_flight=None, scaled="max_num_batched_tokens")[0] >= plain
-    # a budget the flags in force already give generously is left alone: 2 sequences at 2048 (1024 each) -> 16
-    # would ask for 16384, the axis ends at 2048
-    assert _on_grid(CHAT_GRID, CHAT_AXES, (2, 2048), in_flight=None, scaled="max_num_batched_tokens")[1] == [
-        (2, 2048),
-        (4, 2048),
-        (16, 2048),
-    ]
+    assert along(
+        {"max_num_seqs": 1, "max_num_batched_tokens": 256},
+        {"max_num_seqs": 32, "max_num_batched_tokens": 256, "enable_prefix_caching": False},
+    ) == {"max_num_batched_tokens": 2048}
+    assert step_budget("vllm", CHAT_AXES[:1], rag) is None  # the budget is not searched: nothing to bring
 
 
-def test_a_scaled_step_that_is_refused_is_taken_without_the_scaled_budget():
-    """A token budget scaled along that the memory model (here: at most 4096 tokens a step) refuses costs the
+def test_a_step_whose_budget_is_refused_is_taken_without_it():
+    """A token budget brought along that the memory model (here: at most 4096 tokens a step) refuses costs the
     step nothing: the gallop measures the same number of sequences on the budget in force instead."""
+    from tuner.signals.workload import Workload
+
     axes = (Axis("max_num_seqs", (1, 2, 4, 8, 16, 32)), Axis("max_num_batched_tokens", (256, 512, 1024, 4096, 8192)))
     refused = []
 
@@ -546,41 +582,27 @@ def test_a_scaled_step_that_is_refused_is_taken_without_the_scaled_budget():
         clock=Clock(),
         sampler="tpe",
         gallop="max_num_seqs",
-        scaled="max_num_batched_tokens",
+        along=step_budget("vllm", axes, Workload(input_len=512, output_len=2)),  # 256 tokens a step a sequence
     )
     measured = [
         (p.flags["max_num_seqs"], p.flags["max_num_batched_tokens"]) for p in points if p.outcome.status == "measured"
     ]
-    # 40 in flight on 1 sequence: the first step goes to the end of the axis, 32, which wants 32 x 512 tokens
+    # 40 in flight on 1 sequence: the first step goes to the end of the axis, 32, which needs 8,192 tokens a step
     assert refused == [(32, 8192)] and measured == [(1, 512), (32, 512)]
-
-
-def test_scaled_keeps_the_budget_per_slot_only_on_the_way_up_and_only_for_numbers():
-    seqs, batched = CHAT_AXES
-    ctx = Axis("ctx_size", (1024, 2048, 4096, 8192))
-    parallel = Axis("parallel", (1, 2, 4, 8, 16))
-    assert _scaled(batched, {"max_num_seqs": 2, "max_num_batched_tokens": 256}, seqs, 4) == {
-        "max_num_batched_tokens": 2048  # 512 wanted: the smallest value on the axis that holds it
-    }
-    assert _scaled(ctx, {"parallel": 1, "ctx_size": 1024}, parallel, 4) == {"ctx_size": 4096}  # 1024 a slot
-    assert _scaled(ctx, {"parallel": 1, "ctx_size": 1024}, parallel, 16) == {"ctx_size": 8192}  # the axis's end
-    assert _scaled(batched, {"max_num_seqs": 8, "max_num_batched_tokens": 256}, seqs, 4) == {}  # down: as in force
-    assert _scaled(batched, {"max_num_seqs": 2}, seqs, 4) == {}  # vLLM's own default budget: not ours to scale
-    assert _scaled(batched, {"max_num_seqs": None, "max_num_batched_tokens": 256}, seqs, 4) == {}
-    assert _scaled(None, {"max_num_seqs": 2, "max_num_batched_tokens": 256}, seqs, 4) == {}
 
 
 def test_a_llama_gallop_adds_context_with_its_slots_so_its_steps_are_not_refused():
     """llama-server splits -c among its --parallel slots: from 1 slot of 1024 tokens and a 700-token longest
     request, --parallel 2 on the same -c gives 512-token slots, which tune rightly refuses, and the gallop stops
-    there. With -c scaled along, every step keeps 1024 tokens a slot and is measured."""
+    there. With -c brought along in proportion, every step keeps 1024 tokens a slot and is measured."""
+    from tuner.signals.workload import Workload
     from tuner.tune.space import Hardware
 
     axes = (Axis("parallel", (1, 2, 4, 8)), Axis("ctx_size", (1024, 2048, 4096, 8192)))
     cap = {1: 2.0, 2: 3.5, 4: 5.0, 8: 6.0}
 
-    def run(scaled):
-        points = search(
+    def run(along):
+        return search(
             axes,
             {},
             measure=lambda f, label: Outcome("measured", cap[f["parallel"]], {}),
@@ -591,11 +613,12 @@ def test_a_llama_gallop_adds_context_with_its_slots_so_its_steps_are_not_refused
             clock=Clock(),
             sampler="tpe",
             gallop="parallel",
-            scaled=scaled,
+            along=along,
         )
-        return points
 
     plain = run(None)
     assert plain[1].flags == {"parallel": 2, "ctx_size": 1024} and plain[1].outcome.status == "pruned"
-    path = [(p.flags["parallel"], p.flags["ctx_size"], p.outcome.status) for p in run("ctx_size")]
+    along = step_budget("llamacpp", axes, Workload(input_len=600, output_len=100))
+    path = [(p.flags["parallel"], p.flags["ctx_size"], p.outcome.status) for p in run(along)]
     assert path == [(1, 1024, "measured"), (2, 2048, "measured"), (8, 8192, "measured")]
+    assert along({"parallel": 1, "ctx_size": 1024}, {"parallel": 16, "ctx_size": 1024}) == {"ctx_size": 8192}

@@ -77,6 +77,7 @@ from tuner.tune.space import (
     feasible,
     missing_from_argv,
     not_applied,
+    step_budget,
     workload_flags,
 )
 
@@ -1009,7 +1010,7 @@ def tune(
                     sampler=req.sampler,
                     gallop="max_num_seqs" if t.backend == "vllm" else "parallel",
                     carry=carry,
-                    scaled="max_num_batched_tokens" if t.backend == "vllm" else "ctx_size",
+                    along=step_budget(t.backend, axes, workload),
                 )
                 measured = [p for p in points if p.outcome.status == TrialStatus.MEASURED]
                 comparison = None

@@ -239,8 +239,8 @@ def add_parsers(sub: Any) -> None:
         default=_DEFAULT.sampler,
         help="tpe: optuna's TPE seeded with the flags in force and the advisor's proposals, after an "
         "exponential search along max-num-seqs (--parallel) whose first step is long when the best "
-        "so far queued requests, and whose steps up bring max-num-batched-tokens (-c) along in "
-        "proportion (default); random: optuna's random sampler; grid: every feasible "
+        "so far queued requests, and whose steps up bring along the max-num-batched-tokens (-c) the "
+        "added sequences (slots) need (default); random: optuna's random sampler; grid: every feasible "
         "point (budget permitting)",
     )
     t.add_argument(

@@ -13,9 +13,9 @@
     least, and as far as what was in flight asks for) when that point queued requests at its capacity rate
     (``_first_step``, Little's law). Its steps carry ``carry``:
     flags the workload argues for (prefix caching for prompts that share a prefix, tuner/tune/space.py
-    ``workload_flags``), so a small budget spent on the gallop does not leave them untried; and on the way up they
-    scale ``scaled`` (max-num-batched-tokens for vLLM, -c for llama-server) with the axis, so that each added
-    sequence or slot comes with the budget the flags in force gave one (``_scaled``).
+    ``workload_flags``), so a small budget spent on the gallop does not leave them untried; and what ``along``
+    brings with each step (tuner/tune/space.py ``step_budget``: the tokens a step the sequences added need, the
+    context the slots added need).
   * Stops at ``budget`` measured trials or ``max_time_s`` (checked before each trial starts), or when the sampler
     keeps proposing known points (the space is exhausted).
 Trials journaled by an earlier, interrupted run come back through ``history`` and count against the budget.
@@ -32,9 +32,12 @@ from typing import Any
 from tuner.store.tuning import TrialStatus
 from tuner.tune.space import Axis, Verdict, canonical
 
-__all__ = ["Outcome", "Point", "search", "point_key"]
+__all__ = ["Along", "Outcome", "Point", "search", "point_key"]
 
 _EXHAUSTED_AFTER = 60  # consecutive asks that bring nothing new
+
+# What a gallop step brings along: (the point it steps from, the step's flags) -> flags to set with it.
+Along = Callable[[Mapping[str, Any], Mapping[str, Any]], Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -96,32 +99,13 @@ def _first_step(axis: Axis, start: int, base: Point) -> int:
     return max(2, (above[0] if above else len(axis.values) - 1) - start)
 
 
-def _scaled(partner: Axis | None, base: Mapping[str, Any], axis: Axis, value: Any) -> dict[str, Any]:
-    """``partner``'s value for a gallop step from ``base`` to ``value`` on ``axis``: as many of its units per unit of
-    the axis as ``base`` had, on the way up (the smallest value of the partner's axis that holds that, else its
-    largest); nothing (the base's own) on the way down, or where either value is unset or not a number. More
-    sequences on the same max-num-batched-tokens share each step's tokens among more of them, and more llama-server
-    slots on the same -c split the context into smaller slots: a step that adds slots without their budget measures
-    the budget, not the slots (tiny-out from 1 sequence / 256 tokens: 8 sequences read 253 req/s at 256 tokens and
-    358 at 2048, bench/results/2026-11-27-1222-tune-corpus.md)."""
-    if partner is None:
-        return {}
-    have, now, per = base.get(axis.name), value, base.get(partner.name)
-    numbers = [v for v in (have, now, per) if isinstance(v, int) and not isinstance(v, bool)]
-    if len(numbers) != 3 or now <= have:
-        return {}
-    on_axis = sorted(v for v in partner.values if isinstance(v, int) and not isinstance(v, bool))
-    want = per * now / have
-    return {partner.name: next((v for v in on_axis if v >= want), on_axis[-1])}
-
-
 def _gallop(
     axis: Axis,
     known: dict[str, Point],
     visit: Callable[[dict[str, Any], str], bool],
     may: Callable[[], bool],
     carry: Mapping[str, Any] | None = None,
-    partner: Axis | None = None,
+    along: Along | None = None,
 ) -> None:
     """Exponential search along one axis from the best point so far: up first, by steps of k, 2k, 4k, ...
     positions while capacity rises (k from ``_first_step``: 1, or more when the base queued requests); a step past
@@ -129,8 +113,9 @@ def _gallop(
     overshot the peak, which then lies between: the step halves from the same point (bisection) before the gallop
     gives up. If it never rose going up, the same down, by 1, 2, 4, ... Capacity against max-num-seqs (or
     --parallel) rises until the engine or the KV cache saturates and falls after, so this reaches the region of
-    the peak in about log2(axis) trials. Every step also sets ``carry``, and scales ``partner`` with the axis on
-    the way up (``_scaled``), unless that point is refused (pruned) where the step without it is not."""
+    the peak in about log2(axis) trials. Every step also sets ``carry``, and what ``along`` brings with it (a
+    token budget for the sequences it adds), unless that point is refused (pruned) where the step without it is
+    not."""
     measured = [p for p in known.values() if p.outcome.status == TrialStatus.MEASURED]
     if not measured:
         return
@@ -147,11 +132,11 @@ def _gallop(
                 break
             step_to = axis.values[j]
             plain = canonical({**base.flags, **(carry or {}), axis.name: step_to})
-            flags = canonical({**plain, **_scaled(partner, base.flags, axis, step_to)})
+            flags = canonical({**plain, **(along(base.flags, plain) if along is not None else {})})
             visit(flags, "gallop")
             p = known.get(point_key(flags))
             if flags != plain and p is not None and p.outcome.status == TrialStatus.PRUNED:
-                visit(plain, "gallop")  # the budget scaled along does not fit: the step without it
+                visit(plain, "gallop")  # the budget brought along does not fit: the step without it
                 flags, p = plain, known.get(point_key(plain))
             if p is not None and p.outcome.status == TrialStatus.MEASURED and p.outcome.capacity_rps > best:
                 i, best, step, moved = j, p.outcome.capacity_rps, step * 2, True
@@ -179,7 +164,7 @@ def search(
     sampler: str = "tpe",
     gallop: str | None = None,
     carry: Mapping[str, Any] | None = None,
-    scaled: str | None = None,
+    along: Along | None = None,
 ) -> list[Point]:
     """Search ``axes`` (other flags held at ``fixed``); returns every point measured or refused, in order.
 
@@ -268,7 +253,7 @@ def search(
             visit,
             lambda: spent < budget and clock() - t0 < max_time_s,
             carry,
-            next((a for a in axes if a.name == scaled), None),
+            along,
         )
     idle = 0
     while spent < budget and clock() - t0 < max_time_s and idle < _EXHAUSTED_AFTER:

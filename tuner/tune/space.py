@@ -17,9 +17,9 @@ A point that fails is never started; it is recorded as pruned, with the reason.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from tuner.advise.facts import ModelFacts
 from tuner.advise.memory import MemoryPlan, kv_bytes_per_token, plan, vllm_batch_defaults, weights_bytes
@@ -34,6 +34,7 @@ __all__ = [
     "PRUNE_KINDS",
     "axes_for",
     "workload_flags",
+    "step_budget",
     "vllm_axes",
     "llama_axes",
     "feasible",
@@ -211,6 +212,56 @@ def workload_flags(axes: Sequence[Axis], workload: Workload) -> dict[str, Any]:
     if cache is not None and True in cache.values and shared >= _SHARED_PREFIX:
         out["enable_prefix_caching"] = True
     return out
+
+
+def _number(v: Any) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _first_holding(axis: Axis, want: float) -> int:
+    """The smallest number on ``axis`` that is at least ``want``, else its largest."""
+    on_axis = sorted(v for v in axis.values if _number(v))
+    return next((v for v in on_axis if v >= want), on_axis[-1])
+
+
+def step_budget(
+    backend: str, axes: Sequence[Axis], workload: Workload
+) -> Callable[[Mapping[str, Any], Mapping[str, Any]], Mapping[str, Any]] | None:
+    """What a gallop step up along max-num-seqs (--parallel) brings along, where both flags are searched and set
+    (a budget left to the server's default is the server's to size):
+
+      * vLLM: max-num-batched-tokens, when the tokens one engine step needs with the step's sequences running exceed
+        it. A sequence's life is one prefill of its uncached prompt (the shared prefix hits the cache unless the step
+        turns caching off) and then one token a step: (uncached + output - 1) / output tokens a step on average. So
+        a shape of 256-token prompts and 4-token outputs asks 60 tokens a step a sequence, and 32 sequences on 256
+        tokens wait on the budget (tiny-out: 253 req/s at 256 tokens, 358 at 2048), while 751-token prompts sharing
+        522 tokens with 80-token outputs ask 4, and 32 sequences never fill 256 (rag: 84.7 req/s at 256, 71.2 at
+        2048; bench/results/2026-11-27-1602-tune-corpus.md).
+      * llama-server: -c, in proportion to the slots: it splits -c among them, and a slot must hold the longest
+        request as the flags in force held it.
+    The value taken is the smallest on its axis that holds the need, else its largest."""
+    names = {a.name: a for a in axes}
+    if backend == "vllm":
+        seqs_axis, partner = names.get("max_num_seqs"), names.get("max_num_batched_tokens")
+    else:
+        seqs_axis, partner = names.get("parallel"), names.get("ctx_size")
+    if seqs_axis is None or partner is None or not any(_number(v) for v in partner.values):
+        return None
+    slots, budget_name = seqs_axis.name, partner.name
+
+    def along(base: Mapping[str, Any], step: Mapping[str, Any]) -> Mapping[str, Any]:
+        have, now, budget = base.get(slots), step.get(slots), step.get(budget_name)
+        if not _number(have) or not _number(now) or not _number(budget) or now <= have:
+            return {}
+        if backend != "vllm":
+            want = budget * now / have  # as many tokens a slot as in force
+        else:
+            cached = workload.prefix_len if step.get("enable_prefix_caching") is not False else 0
+            out = max(1, workload.output_len)
+            want = now * (max(0, workload.input_len - cached) + out - 1) / out
+        return {budget_name: _first_holding(partner, want)} if want > budget else {}
+
+    return along
 
 
 def not_applied(backend: str, flags: Mapping[str, Any]) -> str:
