@@ -8,6 +8,7 @@ file order and each leaves the server running and healthy for the next.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from conftest import require
 from test_apply_llama import propose, start_daemon, stop_daemon, tuner, wait_for
 
 from tuner.apply.launch import free_port
-from tuner.apply.managed import proc_argv
+from tuner.apply.managed import group_pids, proc_argv
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 from tuner.store.db import open_engine
@@ -136,6 +137,14 @@ def test_recommend_apply_and_see_it_in_cache_config_info(managed_vllm):
         assert m.cache_config()["enable_prefix_caching"] == "False"
     assert "--shutdown-timeout" in proc_argv(now)
     assert f"apply #{a['id']}" in tuner(m.cfg, "journal", "tiny").stdout
+    # The server the apply started (or restored) has its engine core 10 nice levels below the rest, every thread of
+    # it: vLLM pinned its worker to a core of this CPU host, so the engine core's busy-wait gives way to the API
+    # server (tuner/apply/managed.py, yield_engine_core). The API server and the worker run as started.
+    group = group_pids(now)
+    core = [p for p in group if Path(f"/proc/{p}/comm").read_text().startswith("VLLM::EngineCor")]
+    assert len(core) == 1, [(p, Path(f"/proc/{p}/comm").read_text()) for p in group]
+    assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{core[0]}/task")} == {10}
+    assert {os.getpriority(os.PRIO_PROCESS, p) for p in group if p != core[0]} == {0}
 
 
 def test_a_flag_combination_vllm_refuses_is_restored_with_its_error_line(managed_vllm):

@@ -132,6 +132,7 @@ def _found(ap: Applier, t: Target, a: jr.StoredApply) -> tuple[str, bool]:
     found = "the new flags" if argv == a.new_argv else "the old flags" if argv == a.old_argv else "other flags"
     try:
         mg.wait_healthy(r, t.url, t.managed.start_timeout.total_seconds())
+        mg.yield_engine_core(r, t.managed.engine_core_nice)  # set, not lowered again: as the start would have
         mg.health_gate(t, timeout_s=30)
     except ServerStartError:
         return found, False

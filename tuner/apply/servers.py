@@ -143,13 +143,17 @@ class Servers:
             spawned(r)
         try:
             took = mg.wait_healthy(r, t.url, t.managed.start_timeout.total_seconds())
+            yielded = mg.yield_engine_core(r, t.managed.engine_core_nice)
             gate = mg.health_gate(t)
         except ServerStartError:
             # Up but not serving (or never up): stop it, or it would hold the port against the next start.
             mg.stop_server(r, grace_s=5.0)
             self.save(t, None, flags, ServerState.CRASHED, restarts=restarts)
             raise
-        self.say(f"{t.name}: healthy after {took:.1f}s ({gate}); pid {r.pid}")
+        self.say(
+            f"{t.name}: healthy after {took:.1f}s ({gate}); pid {r.pid}"
+            + (f"; engine core at nice {yielded} (its busy-wait gives way to the API server)" if yielded else "")
+        )
         return r
 
     def start(self, t: Target) -> mg.Running:
