@@ -408,6 +408,20 @@ def keepalive(text: str) -> str | None:
     )
 
 
+def engine_core(text: str) -> str | None:
+    served = re.search(r"^Served: (.+)\.$", text, re.M)
+    t = table_with(text, "engine core", "served req/s", "clients' requests in flight")
+    if served is None or t is None:
+        return None
+    header, rows = t
+    at = {}
+    for r in rows:
+        mode = "yielded" if r[col(header, "engine core")].startswith("yielded") else "as started"
+        at.setdefault(mode, []).append(num(r[col(header, "at the engine (running + waiting)")]))
+    reach = ", ".join(f"{m} {sum(v) / len(v):.1f}" for m, v in at.items())
+    return f"16 closed-loop clients, served: {served.group(1)}; their requests at the engine on average: {reach}"
+
+
 def demo(text: str) -> str | None:
     t = table_with(text, "run", "verdict", "outage")
     if t is None:
@@ -596,6 +610,7 @@ ROWS = (
     Row("rolling", "applies under load: alone, rolling, blue/green", ("rolling",), rolling),
     Row("rolling-vllm", "rolling apply of two vLLM CPU replicas", ("rolling-vllm",), rolling_vllm),
     Row("keepalive", "requests lost to kept-alive connections", ("keepalive",), keepalive),
+    Row("engine-core", "a vLLM CPU engine core as started and yielding", ("engine-core",), engine_core),
     Row("probes", "issue 39's review, re-run as a script", ("probes",), probes),
     Row("soak", "an hour of churn, outages, reloads and racing applies", ("soak",), soak),
     Row("test-suite", "the whole test suite", ("test-suite",), suite_time),

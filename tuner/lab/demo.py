@@ -22,6 +22,7 @@ from pathlib import Path
 from tuner.apply.launch import free_port
 from tuner.collect import http
 from tuner.config import load_config
+from tuner.errors import ScrapeError
 from tuner.lab.proc import stop
 from tuner.names import VLLM_REQUEST_SUCCESS_TOTAL
 from tuner.signals.load import SATURATED_QUEUE_TIME_SHARE, profile
@@ -243,9 +244,8 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
             _say("tuner journal --brief")
             _show(config, "journal", "--brief")
 
-        time.sleep(5.5)  # tuner refreshes the apply side of its /metrics every 5 s
         _say("tuner's own /metrics (excerpt)")
-        body = http.get(f"http://127.0.0.1:{own_port}/metrics", timeout_s=5, max_bytes=2**20).body.decode()
+        body = _own_metrics(f"http://127.0.0.1:{own_port}/metrics", applied=rec is not None, limit_s=60)
         print(
             "\n".join(
                 line
@@ -313,8 +313,9 @@ def _wait_for_baseline(config: Path, window_s: float, want: int, *, limit_s: flo
     """Wait (at most limit_s) until the last window_s seconds hold ``want`` stored scrapes and show the requests
     queueing (the share of their time spent queued, as the apply's baseline reads it, at least
     SATURATED_QUEUE_TIME_SHARE); how many scrapes they hold, and that share where it got there (None where it did
-    not). On 2 cores the 16 clients' requests can reach a loaded vLLM in bursts (which process holds them back was
-    not found), and a minute between two bursts is a baseline of an idle server, not of the flags at their limit."""
+    not). A minute in which the clients' requests did not reach the engine is a baseline of an idle server, not of
+    the flags at their limit (on 2 cores they reached it in bursts while vLLM's engine core busy-waited beside its
+    API server, before tuner ran the engine core at a lower priority: tuner/apply/managed.py, yield_engine_core)."""
     cfg = load_config(config)
     target = next(t for t in cfg.targets if t.name == MODEL_NAME)
     store = Store(open_engine(cfg.store.url), retention=cfg.store.retention)
@@ -335,6 +336,22 @@ def _wait_for_baseline(config: Path, window_s: float, want: int, *, limit_s: flo
         if (len(stamps) >= want and queued is not None) or time.monotonic() >= deadline:
             return len(stamps), queued
         time.sleep(2.5)
+
+
+def _own_metrics(url: str, *, applied: bool, limit_s: float) -> str:
+    """tuner's /metrics once it shows the target up and, after an apply, the apply counted (each refreshed every
+    5 s by jobs a loaded 2-core host can run seconds late: waited for, not slept on); the last body after limit_s."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            body = http.get(url, timeout_s=5, max_bytes=2**20).body.decode()
+        except ScrapeError:
+            body = ""
+        up = f'tuner_target_up{{target="{MODEL_NAME}"}} 1.0' in body
+        counted = not applied or "tuner_applies_total{" in body
+        if (up and counted) or time.monotonic() >= deadline:
+            return body
+        time.sleep(1)
 
 
 def _healthy(url: str) -> bool:
