@@ -162,6 +162,9 @@ def check_apply(out: str, a: dict, seqs: int) -> str:
     request lost, and judged by a verdict that agrees with the numbers measured in the same run; its outcome."""
     assert f'"--max-num-seqs", "{seqs}"' in out and f"\n  max_num_seqs: 4 -> {seqs}\n" in out  # the dry run's plan
     assert a["new_flags"]["max_num_seqs"] == seqs, a
+    # the new server's engine core yields to its API server on this CPU host (docs/cpu-hosts.md)
+    healthy = next(s["detail"] for s in a["steps"] if s["step"] == "healthy")
+    assert healthy.endswith(f"; engine core at nice {min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)}"), healthy
     verdict = re.search(r"^\[apply #\d+\] verdict: (kept|rolled_back|inconclusive): (.+)$", out, re.M)
     assert verdict, out[-4000:]
     assert "too little traffic" not in verdict.group(2)  # clients kept coming through the restart

@@ -159,6 +159,7 @@ class Running:
     argv: list[str]
     log: Path
     proc: ServerProcess | None = None
+    engine_core_nice: int | None = None  # set by yield_engine_core once healthy (None: left as it started)
 
     def alive(self) -> bool:
         if self.proc is not None:
@@ -352,7 +353,10 @@ def yield_engine_core(r: Running, delta: int) -> int | None:
                 done += 1
             except OSError:  # a thread that ended meanwhile
                 pass
-    return level if done else None
+    if not done:
+        return None
+    r.engine_core_nice = level
+    return level
 
 
 def _json_or_text(body: bytes) -> Any:

@@ -115,7 +115,8 @@ class Managed:
                 aid, ApplyStep.HEALTH_CHECK, f"pid {r.pid} started", state=ApplyState.HEALTH_CHECK
             ),
         )
-        ap.step(aid, ApplyStep.HEALTHY, f"/health 200 and one real request; pid {r.pid}")
+        yielded = f"; engine core at nice {r.engine_core_nice}" if r.engine_core_nice is not None else ""
+        ap.step(aid, ApplyStep.HEALTHY, f"/health 200 and one real request; pid {r.pid}{yielded}")
 
     def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
         r = ap.running(p.target)
