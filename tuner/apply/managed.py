@@ -324,10 +324,12 @@ def yield_engine_core(r: Running, delta: int) -> int | None:
     vllm/distributed/device_communicators/shm_broadcast.py, ``busy_loop_s=1``) on the cores left over, where the
     API server and the clients run. Loaded, it spins all the time, and on a 2-core host the API server got a tenth of
     a core: requests waited in it, unseen by the engine, which then ran 1 request where 16 clients had one each
-    in flight, and served in bursts. At a lower priority the spin gives way to them and to nothing else (measured
-    on 2 cores with 16 clients of 512 tokens against --max-num-seqs 4, three runs each: 2.08 -> 3.24 req/s, 5.7 ->
-    15.3 requests at the engine on average; bench/results/2026-11-27-1908-engine-core.md). Idempotent: the level is
-    set, not lowered again, from the server's own (its ``nice``)."""
+    in flight, and served in bursts. At a lower priority the spin gives way to the rest of the server (measured on
+    2 cores with 16 clients of 512 tokens against --max-num-seqs 4, three runs each: 2.08 -> 3.24 req/s, 5.7 -> 15.3
+    requests at the engine on average; bench/results/2026-11-27-1908-engine-core.md). Under CFS autogroup a nice
+    level orders the threads of one session: processes in other sessions (clients on the host, tuner's commands)
+    still share the CPU with the server's session as a whole (docs/cpu-hosts.md). Idempotent: the level is set, not
+    lowered again, from the server's own (its ``nice``)."""
     if delta <= 0:
         return None
     pids = group_pids(r.pid)
