@@ -29,24 +29,22 @@ sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whicheve
 
 from tuner.apply import managed as mg  # noqa: E402
 from tuner.apply.launch import free_port, vllm_argv, vllm_cpu_env  # noqa: E402
+from tuner.collect.scrape import scrape_url  # noqa: E402
+from tuner.errors import TunerError  # noqa: E402
 from tuner.lab import load  # noqa: E402
 
 CACHE = Path(os.environ.get("TUNER_CACHE") or Path.home() / ".cache" / "tuner")
 CLIENTS = 16
 
 
-def gauges(url: str) -> tuple[float, float] | None:
-    """The server's running and waiting gauges, or None when /metrics did not answer within 5 s."""
+def gauges(url: str) -> float | None:
+    """Requests running and waiting on the server, read as tuner reads them (one scrape, as Servers.in_flight does);
+    None when /metrics did not answer within 5 s."""
     try:
-        body = requests.get(url + "/metrics", timeout=5).text
-    except requests.RequestException:
+        snap = scrape_url("vllm", url, target="bench", timeout_s=5, max_bytes=2**22, health=False)
+    except TunerError:
         return None
-    got = {}
-    for line in body.splitlines():
-        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-            if line.startswith(name + "{"):
-                got[name] = float(line.rsplit(" ", 1)[1])
-    return (got.get("vllm:num_requests_running", 0.0), got.get("vllm:num_requests_waiting", 0.0))
+    return sum((e.requests_running or 0.0) + (e.requests_waiting or 0.0) for e in snap.engines)
 
 
 def one_run(yielded: bool, seconds: float, work: Path) -> dict[str, float | str]:
@@ -106,7 +104,7 @@ def one_run(yielded: bool, seconds: float, work: Path) -> dict[str, float | str]
             if g is None:
                 silent += 1
             else:
-                at_engine.append(sum(g))
+                at_engine.append(g)
             time.sleep(max(0.0, 1 - (time.monotonic() - t)))
         stop.set()
         clients.join()
