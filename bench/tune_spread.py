@@ -21,6 +21,8 @@ largest deviation from the mean, and whether every server is within ±10%.
   python bench/tune_spread.py --servers 2 --bind spread,vllm --neighbour off --run-seconds 6 --max-runs 3  # smoke
   ... --run-seconds 60 --max-runs 7 --tolerance 0.05             # longer runs, a 5% bracket: ~8 min a server
   ... --write                                                   # also bench/results/<stamp>-tune-spread.md
+  ... --workload-file bench/corpus/rag.yaml --flags max_num_seqs=32,max_num_batched_tokens=256
+                                                  # a corpus shape (bench/tune_corpus.py), with the corpus's SLO
 Needs TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (scripts/setup-real-servers.sh prints them). ~3 min a server here.
 """
 
@@ -50,13 +52,13 @@ NEIGHBOUR = (
 )
 
 
-def write_config(work: Path, python: str, model: str, flags: dict) -> Path:
-    (work / "workload.yaml").write_text("".join(f"{k}: {v}\n" for k, v in WORKLOAD.items()))
+def write_config(work: Path, python: str, model: str, flags: dict, workload: str, slo: str) -> Path:
+    (work / "workload.yaml").write_text(workload)
     cfg = work / "tuner.yaml"
     cfg.write_text(
         f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\n"
         "targets:\n"
-        f"  - name: tiny\n    backend: vllm\n    url: http://127.0.0.1:1\n    slo: {SLO}\n"
+        f"  - name: tiny\n    backend: vllm\n    url: http://127.0.0.1:1\n    slo: {slo}\n"
         "    managed:\n"
         f"      model: {model}\n      executable: {python}\n"
         f"      flags: {{{', '.join(f'{k}: {json.dumps(v)}' for k, v in flags.items())}, max_model_len: 1024}}\n"
@@ -156,6 +158,10 @@ def main() -> int:
     ap.add_argument("--run-seconds", type=float, default=10.0)
     ap.add_argument("--max-runs", type=int, default=5)
     ap.add_argument("--tolerance", type=float, default=0.15, help="tune's --tolerance: the bracket width it stops at")
+    ap.add_argument(
+        "--workload-file", help="a workload file (`tuner workload` wrote one from a store: bench/corpus/*.yaml)"
+    )
+    ap.add_argument("--slo", help=f"the SLO (default {SLO}; with --workload-file the corpus's, bench/tune_corpus.py)")
     ap.add_argument("--workdir")
     ap.add_argument("--write", action="store_true", help="write bench/results/<stamp>-tune-spread.md")
     args = ap.parse_args()
@@ -165,7 +171,14 @@ def main() -> int:
     flags = {k: int(v) if v.isdigit() else v for k, v in (f.split("=", 1) for f in args.flags.split(","))}
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tune-spread-"))
     work.mkdir(parents=True, exist_ok=True)
-    cfg = write_config(work, python, model, flags)
+    if args.workload_file:
+        from bench.tune_corpus import SLO as CORPUS_SLO
+
+        workload_text, workload, slo = Path(args.workload_file).read_text(), args.workload_file, CORPUS_SLO
+    else:
+        workload_text, workload, slo = "".join(f"{k}: {v}\n" for k, v in WORKLOAD.items()), str(WORKLOAD), SLO
+    slo = args.slo or slo
+    cfg = write_config(work, python, model, flags, workload_text, slo)
     subprocess.run(
         [sys.executable, "-m", "tuner.cli", "-c", str(cfg), "db", "upgrade"],
         check=True,
@@ -176,7 +189,7 @@ def main() -> int:
     started = datetime.now(timezone.utc)
     load0 = os.getloadavg()[0]
     print(
-        f"flags {flags}; workload {WORKLOAD}; SLO {SLO}; conditions {conditions}; {args.servers} servers each; "
+        f"flags {flags}; workload {workload}; SLO {slo}; conditions {conditions}; {args.servers} servers each; "
         f"workdir {work}; load average {load0:.2f}",
         flush=True,
     )
@@ -203,8 +216,8 @@ def main() -> int:
         "",
         f"`python bench/tune_spread.py --servers {args.servers} --bind {args.bind} --neighbour {args.neighbour} "
         f"--flags {args.flags} --run-seconds {args.run_seconds:g} --max-runs {args.max_runs} "
-        f"--tolerance {args.tolerance:g}`; workload "
-        f"{WORKLOAD}, SLO {SLO}; load average {load0:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
+        f"--tolerance {args.tolerance:g}{' --workload-file ' + args.workload_file if args.workload_file else ''}`; "
+        f"workload {workload}, SLO {slo}; load average {load0:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
         f"{os.cpu_count()} CPUs.",
         "",
         "| binding | neighbour (half a core) | capacities, req/s (interval) | worker's cores | mean | spread "
