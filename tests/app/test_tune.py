@@ -428,40 +428,39 @@ def test_a_trial_argv_carries_each_candidate_flag_and_a_dropped_one_is_caught(tm
     assert missing_from_argv(t.backend, flags, mg.build_argv(t, {k: v for k, v in flags.items() if k != name}))
 
 
-def _recommended(tmp_path, store, result):  # type: ignore[no-untyped-def]
+def _recommended(tmp_path, store, result, noise_check=True):  # type: ignore[no-untyped-def]
     """What `tuner tune` decides from ``result`` (the flags in force: 2 sequences): its verdict and what it stored."""
     from tuner.app.tune import _Ctx, _recommend
     from tuner.store import recommendations as recs
 
     cfg = _cfg(tmp_path, VLLM)
-    ctx = _Ctx(
-        cfg, store, cfg.targets[0], TuneRequest("v"), tmp_path, say=lambda m: None, clock=lambda: AT_0300, run_id=1
-    )
+    req = TuneRequest("v", noise_check=noise_check)
+    ctx = _Ctx(cfg, store, cfg.targets[0], req, tmp_path, say=lambda m: None, clock=lambda: AT_0300, run_id=1)
     rid = _recommend(ctx, result, {"max_num_seqs": 2})
     stored = recs.list_recommendations(store.engine, target="v")
     assert (rid is None) == (stored == [])
     return result["verdict"], stored
 
 
-def _decided(tmp_path, store, base_interval, best_interval, comparison=None):
+def _decided(tmp_path, store, base_interval, best_interval, comparison=None, noise_check=True):
     """What `tuner tune` stores for a winner measured at ``best_interval`` against the flags in force at
     ``base_interval`` (each [highest rate met, lowest rate missed]), with or without a comparison in turns."""
     result = {
         "best": {
             "flags": {"max_num_seqs": 8},
-            "capacity_rps": best_interval[0],
+            "capacity_rps": best_interval[0] or 0.0,
             "interval": best_interval,
             "ttft_p99": 0.5,
             "e2e_p99": 2.0,
         },
-        "baseline": {"flags": {"max_num_seqs": 2}, "capacity_rps": base_interval[0], "interval": base_interval},
+        "baseline": {"flags": {"max_num_seqs": 2}, "capacity_rps": base_interval[0] or 0.0, "interval": base_interval},
         "comparison": comparison,
         "trials": [{"flags": {"max_num_seqs": 8}, "memory": {}}],
         "counts": {},
         "workload": {},
         "slo": {},
     }
-    return _recommended(tmp_path, store, result)
+    return _recommended(tmp_path, store, result, noise_check)
 
 
 def test_a_ranking_is_claimed_only_beyond_the_intervals(tmp_path, store):
@@ -472,6 +471,25 @@ def test_a_ranking_is_claimed_only_beyond_the_intervals(tmp_path, store):
     # the winner met 3.5, which the flags in force missed (2.3): beyond both intervals, stored, marked unconfirmed
     verdict, stored = _decided(tmp_path, store, [2.0, 2.3], [3.5, 4.0])
     assert len(stored) == 1 and stored[0].confidence == 0.6 and "not compared in turns" in verdict
+
+
+def test_a_winner_over_flags_that_served_nothing_says_so_and_why_it_was_not_compared(tmp_path, store):
+    # held-back long-gen from one sequence (bench/results/2026-11-28-0220-tune-corpus.md): the flags in force met no
+    # rate down to the floor, 8 sequences met 3.31; the verdict read "(+inf%)" and blamed a budget of 3 it had
+    verdict, stored = _decided(tmp_path, store, [None, 0.2206], [3.31, 3.93])
+    assert len(stored) == 1 and "inf" not in verdict, verdict
+    assert "0 -> 3.31 req/s within the SLO (the flags in force met no rate down to 0.221 req/s)" in verdict
+    assert verdict.endswith("not compared in turns (a budget of 3 or more compares them)"), verdict
+
+
+def test_with_the_comparison_switched_off_that_is_the_reason_given_not_the_budget(tmp_path, store):
+    verdict, stored = _decided(tmp_path, store, [None, 0.2206], [3.31, 3.93], noise_check=False)
+    assert len(stored) == 1 and verdict.endswith("not compared in turns (--no-noise-check)"), verdict
+
+
+def test_when_both_served_nothing_down_to_the_floor_nothing_is_claimed(tmp_path, store):
+    verdict, stored = _decided(tmp_path, store, [None, 0.2206], [None, 0.2206])
+    assert stored == [] and "not beyond the two measurements' intervals" in verdict and "inf" not in verdict, verdict
 
 
 def test_a_winner_is_stored_only_when_the_comparison_in_turns_confirms_it(tmp_path, store):

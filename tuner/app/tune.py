@@ -1216,6 +1216,13 @@ def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> in
     diff = _diff(current, best["flags"])
     gain = best["capacity_rps"] / base["capacity_rps"] - 1 if base["capacity_rps"] else float("inf")
     measured = f"{base['capacity_rps']:.3g} -> {best['capacity_rps']:.3g} req/s within the SLO"
+    base_missed = (base["interval"] or [None, None])[1]
+    change = (  # a share of nothing is no number: say what the flags in force did not serve instead
+        f"{gain:+.0%}"
+        if math.isfinite(gain)
+        else "the flags in force met no rate"
+        + (f" down to {base_missed:.3g} req/s" if isinstance(base_missed, (int, float)) else "")
+    )
     if not diff:
         result["verdict"] = _baseline_best(result)
         return None
@@ -1238,23 +1245,22 @@ def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> in
         base_hi, best_lo = (base["interval"] or [None, None])[1], best["interval"][0]
         if base_hi is None or best_lo is None or best_lo < base_hi or gain < ctx.req.tolerance:
             result["verdict"] = (
-                f"keep the flags in force: {_flag_text(diff)} measured {measured} ({gain:+.0%}), "
+                f"keep the flags in force: {_flag_text(diff)} measured {measured} ({change}), "
                 "not beyond the two measurements' intervals"
                 + (
                     f" (the flags in force met up to {base['interval'][0]:.3g} and missed {base_hi:.3g})"
-                    if base_hi is not None
+                    if base_hi is not None and base["interval"][0] is not None
                     else ""
                 )
             )
             return None
         how, confidence = (
-            (
-                "measured one after the other, on servers minutes apart, not compared in turns (a budget "
-                "of 3 or more compares them)"
-            ),
+            "measured one after the other, on servers minutes apart, not compared in turns ("
+            + ("--no-noise-check" if not ctx.req.noise_check else "a budget of 3 or more compares them")
+            + ")",
             0.6,
         )
-    result["verdict"] = f"{_flag_text(diff)}: capacity {measured} ({gain:+.0%}); {how}"
+    result["verdict"] = f"{_flag_text(diff)}: capacity {measured} ({change}); {how}"
     winner = next(tr for tr in result["trials"] if tr["flags"] == best["flags"])
     evidence = [
         {
