@@ -195,6 +195,9 @@ def score_run(work: Path) -> dict:
         return ((r.get("comparison") or {}).get("flags")) or (r["best"] or {}).get("flags")
 
     same = {k: v for k, v in again.items() if len(v) > 1}
+    # a capacity of 0 is a bound ("no rate down to the floor met the objective", or the run budget spent halving
+    # from a far higher rate), not a reading: the repeat's spread is over the readings above 0
+    read = {k: r for k, v in same.items() if len(r := [x for x in v if x > 0]) > 1}
     base = key(runs["tpe"]["baseline"]["flags"])
     tpe_key = key(runs["tpe"]["best"]["flags"]) if runs["tpe"]["best"] else None
     return {
@@ -215,7 +218,7 @@ def score_run(work: Path) -> dict:
         "random_trials": started(runs["random"]) if "random" in runs else None,
         "crashes": sum(r["counts"]["crashed"] for r in runs.values()),
         "baseline_again": same.get(base, []),
-        "worst_repeat": max((max(abs(x / (sum(v) / len(v)) - 1) for x in v) for v in same.values()), default=None),
+        "worst_repeat": max((max(abs(x / (sum(v) / len(v)) - 1) for x in v) for v in read.values()), default=None),
         "minutes": round(sum(r.get("wall_s", 0.0) for r in runs.values()) / 60, 1),
     }
 

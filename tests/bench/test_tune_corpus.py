@@ -56,6 +56,16 @@ def test_a_run_scores_the_choice_by_the_grids_own_capacity_of_it(tmp_path: Path)
     assert r["minutes"] == 30.0
 
 
+def test_a_capacity_of_0_is_a_bound_not_a_repeat(tmp_path: Path) -> None:
+    # held-back long-gen: one sequence served nothing down to the floor in the grid and in tpe (0 and 0: the spread
+    # divided by a mean of 0), and 4 sequences read 1.42 in the grid, 0 in tpe (its runs spent halving from 15.6)
+    grid = _run([(S1, 0.0), (S4, 1.42), (S8, 2.84)], BASE)
+    tpe = _run([(S1, 0.0), (S4, 0.0), (S8, 3.31)], S1)
+    r = score_run(_write(tmp_path / "long-gen.poor", grid, tpe, _run([(S8, 2.5)], S1)))
+    assert r["baseline_again"] == [0.0, 0.0]
+    assert r["worst_repeat"] == pytest.approx(3.31 / ((2.84 + 3.31 + 2.5) / 3) - 1)  # S8 alone: 2.84, 3.31, 2.5
+
+
 def test_the_table_keeps_the_held_back_shapes_apart(tmp_path: Path) -> None:
     grid = _run([(BASE, 5.0), (S4, 8.0), (S8, 10.0)], BASE)
     _write(tmp_path / "rag.defaults", grid, _run([(BASE, 5.0), (S8, 10.5)], BASE), _run([(BASE, 5.0)], BASE))
