@@ -52,9 +52,9 @@ NEIGHBOUR = (
 )
 
 
-def write_config(work: Path, python: str, model: str, flags: dict, workload: str, slo: str) -> Path:
+def write_config(work: Path, python: str, model: str, flags: dict, workload: str, slo: str, nice: int) -> Path:
     (work / "workload.yaml").write_text(workload)
-    cfg = work / "tuner.yaml"
+    cfg = work / f"tuner-nice{nice}.yaml"
     cfg.write_text(
         f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\n"
         "targets:\n"
@@ -64,6 +64,7 @@ def write_config(work: Path, python: str, model: str, flags: dict, workload: str
         f"      flags: {{{', '.join(f'{k}: {json.dumps(v)}' for k, v in flags.items())}, max_model_len: 1024}}\n"
         "      extra_args: {enforce-eager: true}\n"
         f"      log_dir: {work / 'logs'}\n"
+        f"      engine_core_nice: {nice}\n"
         f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{work / 'vllm-cache'}'}}\n"
     )
     return cfg
@@ -162,6 +163,12 @@ def main() -> int:
         "--workload-file", help="a workload file (`tuner workload` wrote one from a store: bench/corpus/*.yaml)"
     )
     ap.add_argument("--slo", help=f"the SLO (default {SLO}; with --workload-file the corpus's, bench/tune_corpus.py)")
+    ap.add_argument(
+        "--engine-core-nice",
+        default="10",
+        help="comma-separated: the trial servers' managed.engine_core_nice (default %(default)s, tuner's; 0: as vLLM "
+        "starts)",
+    )
     ap.add_argument("--workdir")
     ap.add_argument("--write", action="store_true", help="write bench/results/<stamp>-tune-spread.md")
     args = ap.parse_args()
@@ -178,14 +185,15 @@ def main() -> int:
     else:
         workload_text, workload, slo = "".join(f"{k}: {v}\n" for k, v in WORKLOAD.items()), str(WORKLOAD), SLO
     slo = args.slo or slo
-    cfg = write_config(work, python, model, flags, workload_text, slo)
+    nices = [int(x) for x in args.engine_core_nice.split(",")]
+    cfgs = {n: write_config(work, python, model, flags, workload_text, slo, n) for n in nices}
     subprocess.run(
-        [sys.executable, "-m", "tuner.cli", "-c", str(cfg), "db", "upgrade"],
+        [sys.executable, "-m", "tuner.cli", "-c", str(cfgs[nices[0]]), "db", "upgrade"],
         check=True,
         stdout=subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
-    conditions = [(b, n) for n in args.neighbour.split(",") for b in args.bind.split(",")]
+    conditions = [(b, n, c) for c in nices for n in args.neighbour.split(",") for b in args.bind.split(",")]
     started = datetime.now(timezone.utc)
     load0 = os.getloadavg()[0]
     print(
@@ -193,9 +201,9 @@ def main() -> int:
         f"workdir {work}; load average {load0:.2f}",
         flush=True,
     )
-    rows: dict[tuple[str, str], list[dict]] = {c: [] for c in conditions}
+    rows: dict[tuple[str, str, int], list[dict]] = {c: [] for c in conditions}
     for i in range(args.servers):
-        for bind, neighbour in conditions:
+        for bind, neighbour, nice in conditions:
             # a session of its own, as production's server (or any other program on the host) has: with CFS
             # autogroup on, the kernel shares the CPU between sessions first (docs/tune.md, "Sessions")
             noisy = (
@@ -204,27 +212,28 @@ def main() -> int:
                 else None
             )
             try:
-                r = one_server(cfg, work, bind, args, f"{bind}-{neighbour}-{i + 1}")
+                r = one_server(cfgs[nice], work, bind, args, f"{bind}-{neighbour}-nice{nice}-{i + 1}")
             finally:
                 if noisy is not None:
                     noisy.send_signal(signal.SIGTERM)
                     noisy.wait()
-            rows[(bind, neighbour)].append(r)
+            rows[(bind, neighbour, nice)].append(r)
             print(json.dumps(r), flush=True)
     lines = [
         f"## `tuner tune`: the same flags on {args.servers} fresh vLLM CPU servers ({started:%Y-%m-%d %H:%M} UTC)",
         "",
         f"`python bench/tune_spread.py --servers {args.servers} --bind {args.bind} --neighbour {args.neighbour} "
         f"--flags {args.flags} --run-seconds {args.run_seconds:g} --max-runs {args.max_runs} "
-        f"--tolerance {args.tolerance:g}{' --workload-file ' + args.workload_file if args.workload_file else ''}`; "
+        f"--tolerance {args.tolerance:g} --engine-core-nice {args.engine_core_nice}"
+        f"{' --workload-file ' + args.workload_file if args.workload_file else ''}`; "
         f"workload {workload}, SLO {slo}; load average {load0:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
         f"{os.cpu_count()} CPUs.",
         "",
-        "| binding | neighbour (half a core) | capacities, req/s (interval) | worker's cores | mean | spread "
+        "| binding | neighbour (half a core) | engine core nice | capacities, req/s (interval) | worker's cores | mean | spread "
         "(max-min)/mean | worst deviation | all within ±10% | minutes a trial |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for (bind, neighbour), rs in rows.items():
+    for (bind, neighbour, nice), rs in rows.items():
         s = summarize(rs)
         caps = ", ".join(
             f"{r['capacity_rps']:.3g} ({r['interval'][0] or 0:.3g}-"
@@ -238,11 +247,11 @@ def main() -> int:
         minutes = f"{statistics.fmean(walls):.1f}" if walls else "-"
         if s["n"]:
             lines.append(
-                f"| {bind} | {neighbour} | {caps} | {cores} | {s['mean']:.3g} | {s['spread']:.0%} | "
+                f"| {bind} | {neighbour} | {nice} | {caps} | {cores} | {s['mean']:.3g} | {s['spread']:.0%} | "
                 f"±{s['worst']:.0%} | {'yes' if s['within_10'] else 'no'} | {minutes} |"
             )
         else:
-            lines.append(f"| {bind} | {neighbour} | {caps} | {cores} | - | - | - | no | {minutes} |")
+            lines.append(f"| {bind} | {neighbour} | {nice} | {caps} | {cores} | - | - | - | no | {minutes} |")
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     if args.write:
