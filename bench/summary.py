@@ -505,10 +505,15 @@ def tune_spread(text: str) -> str | None:
     header, rows = t
     n = re.search(r"on (\d+) fresh vLLM CPU servers", text)
     run_s = re.search(r"--run-seconds (\S+)", text)
-    tol = re.search(r"--tolerance (\S+?)`", text)
+    tol = re.search(r"--tolerance (\S+?)[\s`]", text)
     how = f" ({run_s.group(1) if run_s else '?'}-s runs, bracket {float(tol.group(1)) if tol else 0.15:.0%})"
+    shape = re.search(r"--workload-file \S*?([\w-]+)\.yaml`", text)
+    how += f" on the corpus's {shape.group(1)} shape" if shape else ""
+    nice = col(header, "engine core nice") if any(h.startswith("engine core nice") for h in header) else None
     parts = [
-        f"{r[col(header, 'binding')]}, neighbour {r[col(header, 'neighbour')]}: {r[col(header, 'worst deviation')]}"
+        f"{r[col(header, 'binding')]}, neighbour {r[col(header, 'neighbour')]}"
+        + (f", engine core at nice {r[nice]}" if nice is not None else "")
+        + f": {r[col(header, 'worst deviation')]}"
         for r in rows
     ]
     return (
