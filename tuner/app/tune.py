@@ -1216,12 +1216,12 @@ def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> in
     diff = _diff(current, best["flags"])
     gain = best["capacity_rps"] / base["capacity_rps"] - 1 if base["capacity_rps"] else float("inf")
     measured = f"{base['capacity_rps']:.3g} -> {best['capacity_rps']:.3g} req/s within the SLO"
-    base_missed = (base["interval"] or [None, None])[1]
+    base_lo, base_hi = base["interval"] or [None, None]  # the highest rate they met, the lowest they missed
     change = (  # a share of nothing is no number: say what the flags in force did not serve instead
         f"{gain:+.0%}"
         if math.isfinite(gain)
         else "the flags in force met no rate"
-        + (f" down to {base_missed:.3g} req/s" if isinstance(base_missed, (int, float)) else "")
+        + (f" down to {base_hi:.3g} req/s" if isinstance(base_hi, (int, float)) else "")
     )
     if not diff:
         result["verdict"] = _baseline_best(result)
@@ -1242,14 +1242,14 @@ def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> in
         if gain <= 0:
             how = f"measured one after the other, but {how}"
     else:
-        base_hi, best_lo = (base["interval"] or [None, None])[1], best["interval"][0]
+        best_lo = best["interval"][0]
         if base_hi is None or best_lo is None or best_lo < base_hi or gain < ctx.req.tolerance:
             result["verdict"] = (
                 f"keep the flags in force: {_flag_text(diff)} measured {measured} ({change}), "
                 "not beyond the two measurements' intervals"
                 + (
-                    f" (the flags in force met up to {base['interval'][0]:.3g} and missed {base_hi:.3g})"
-                    if base_hi is not None and base["interval"][0] is not None
+                    f" (the flags in force met up to {base_lo:.3g} and missed {base_hi:.3g})"
+                    if base_hi is not None and base_lo is not None
                     else ""
                 )
             )
