@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import subprocess
@@ -61,6 +62,32 @@ SHAPES: dict[str, dict] = {
     "tiny-out": {"input_len": 256, "output_len": 4, "range_ratio": 0.3, "burstiness": 1.0, "rate_rps": 6.0},
 }
 SLO = "{ttft_p99: 2s, e2e_p99: 20s, objective: 0.95}"
+
+
+def draw_shapes(n: int, seed: int) -> dict[str, dict]:
+    """``n`` shapes nobody designed, drawn at random (``--draw``), to hold back when the six above have been spent:
+    lengths log-uniform (prompts 16-700 tokens, outputs 2-600), a spread of 0-0.9, arrivals from bursty (gamma
+    shape 0.2) to regular (2), 0.3-6 req/s, and a third of them with a shared prefix of 30-80% of the prompt; every
+    request within the corpus's max-model-len of 1024 (prompt + output at the top of their spread <= 1000)."""
+    rng = random.Random(seed)
+    out: dict[str, dict] = {}
+    while len(out) < n:
+        input_len = round(math.exp(rng.uniform(math.log(16), math.log(700))))
+        output_len = round(math.exp(rng.uniform(math.log(2), math.log(600))))
+        range_ratio = round(rng.uniform(0.0, 0.9), 2)
+        if (input_len + output_len) * (1 + range_ratio) > 1000:
+            continue  # redrawn: it would not fit max-model-len
+        shape = {
+            "input_len": input_len,
+            "output_len": output_len,
+            "range_ratio": range_ratio,
+            "burstiness": round(math.exp(rng.uniform(math.log(0.2), math.log(2.0))), 2),
+            "rate_rps": round(math.exp(rng.uniform(math.log(0.3), math.log(6.0))), 2),
+        }
+        if rng.random() < 1 / 3:
+            shape["prefix_len"] = round(input_len * rng.uniform(0.3, 0.8))
+        out[f"drawn-{seed % 10000}-{len(out) + 1}"] = shape
+    return out
 
 
 def _tuner(cfg: Path, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -281,7 +308,10 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated (default: all six)")
     ap.add_argument("--seconds", type=float, default=150.0, help="traffic per shape (default %(default)s)")
     ap.add_argument("--hold-out", type=int, default=0, help="pick this many shapes to hold back, before any tuning")
-    ap.add_argument("--seed", type=int, default=None, help="for --hold-out (default: from the clock)")
+    ap.add_argument(
+        "--draw", type=int, default=0, help="draw this many new random shapes (all held back) and serve only them"
+    )
+    ap.add_argument("--seed", type=int, default=None, help="for --hold-out and --draw (default: from the clock)")
     ap.add_argument("--score", metavar="DIR", help="print the table of the bench/tune.py workdirs under DIR")
     ap.add_argument("--holdout", help="with --score: the holdout.json the corpus was recorded with")
     args = ap.parse_args()
@@ -292,13 +322,21 @@ def main() -> int:
     python, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
     if not python or not model:
         sys.exit("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (eval the exports of scripts/setup-real-servers.sh)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     names = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    if args.draw:
+        seed = args.seed if args.seed is not None else time.time_ns()
+        drawn = draw_shapes(args.draw, seed)
+        SHAPES.update(drawn)
+        names = sorted(drawn)
+        (out / "drawn.json").write_text(json.dumps({"seed": seed, "shapes": drawn}, indent=1) + "\n")
+        (out / "holdout.json").write_text(json.dumps({"seed": seed, "held_out": names}) + "\n")
+        print(f"drawn and held back (seed {seed}): {json.dumps(drawn)}", flush=True)
     unknown = [n for n in names if n not in SHAPES]
     if unknown:
         sys.exit(f"--shapes: unknown {', '.join(unknown)} (choose from {', '.join(SHAPES)})")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.hold_out:
+    if args.hold_out and not args.draw:
         seed = args.seed if args.seed is not None else time.time_ns()
         held = sorted(random.Random(seed).sample(sorted(SHAPES), args.hold_out))
         (out / "holdout.json").write_text(json.dumps({"seed": seed, "held_out": held}) + "\n")
