@@ -191,3 +191,31 @@ def test_a_wrong_or_missing_slots_bound_still_brackets_the_capacity(slots, mean_
     assert cap.lo_rps is not None and cap.hi_rps is not None
     assert cap.lo_rps <= 7.3 < cap.hi_rps and cap.hi_rps / cap.lo_rps <= 1.1
     assert max(calls) <= 16
+
+
+@dataclass(frozen=True)
+class QueuedRun(TimedRun):
+    throughput_rps: float = 0.0
+
+    @property
+    def in_flight(self) -> float | None:  # as tuner/tune/bench.py's RateRun: Little's law
+        return None if self.mean_e2e_s is None else self.throughput_rps * self.mean_e2e_s
+
+
+def test_a_config_that_meets_no_rate_still_reports_the_queue_it_built_at_the_lowest_rate():
+    """A capacity of 0 gives the search no rate to read requests in flight at; the run at the lowest rate tried
+    (the floor, where it still missed) does: its queue is the one sign of how many slots the traffic asks for,
+    and the gallop sizes its first step from it (tuner/tune/search.py _first_step)."""
+
+    def measure(rate: float) -> QueuedRun:
+        # one slot, 10-s requests: it serves 0.1 req/s, and above that the queue (the mean wait) grows with the rate
+        return QueuedRun(rate, 40, 0, 0.0, mean_e2e_s=10.0 + 40 * rate, throughput_rps=0.1)
+
+    cap = find_capacity(measure, 0.95, start_rps=4.0, floor_rps=0.5, max_runs=8)
+    assert cap.capacity_rps == 0.0 and cap.lo_rps is None
+    assert [s.rate_rps for s in cap.steps] == [4.0, 2.0, 1.0, 0.5]
+    assert cap.in_flight == pytest.approx(0.1 * (10.0 + 40 * 0.5))  # the floor's run: 3 in flight, not 4 req/s's 17
+    assert cap.as_json()["in_flight"] == cap.in_flight
+    # a run that says nothing of its latency leaves it unknown, as before
+    blind = find_capacity(lambda rate: Run(rate, 40, 0, 0.0), 0.95, start_rps=1.0, floor_rps=0.5)
+    assert blind.capacity_rps == 0.0 and blind.in_flight is None

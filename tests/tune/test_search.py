@@ -450,6 +450,19 @@ def test_the_gallops_first_step_goes_as_far_as_the_baselines_requests_in_flight_
     assert _on_grid(BURSTY_GRID, CHAT_AXES, (2, 2048), in_flight=500.0, budget=2)[1] == [(2, 2048), (32, 2048)]
 
 
+def test_from_flags_in_force_that_served_nothing_the_queue_they_built_sizes_the_first_step():
+    """One sequence that met no rate down to the floor has a capacity of 0 and no capacity rate to read requests in
+    flight at; its run at the floor still queued 12 (tuner/tune/capacity.py keeps that count). That queue is the
+    same signal as a passing base's: the first step goes to the first value that holds 12, not one position up.
+    A made-up grid, peaked at 16 sequences."""
+    grid = {(n, t): c for n, c in {1: 0.0, 2: 0.4, 4: 1.1, 8: 2.0, 16: 3.1, 32: 2.9}.items() for t in (256, 2048)}
+    got, path = _on_grid(grid, CHAT_AXES, (1, 256), in_flight=12.0)
+    assert path[:2] == [(1, 256), (16, 256)] and got == max(grid.values())
+    # without the count, one position at a time: the budget of 3 ends at 8 sequences, 65% of the best
+    got, path = _on_grid(grid, CHAT_AXES, (1, 256), in_flight=None)
+    assert path == [(1, 256), (2, 256), (8, 256)] and got == 2.0
+
+
 def test_a_long_step_that_overshoots_the_peak_bisects_back_toward_it():
     """If the long first step lands past the peak (capacity no better than the base's), the peak lies between:
     the step halves from the base before the gallop gives up."""

@@ -57,7 +57,9 @@ class Capacity:
     nonmonotone: bool = False
     ttft_p99: float | None = None  # at the capacity rate
     e2e_p99: float | None = None
-    in_flight: float | None = None  # mean requests in flight at the capacity rate (Little's law), if the run says
+    # mean requests in flight at the capacity rate (Little's law), if the run says; where no rate met the objective,
+    # at the lowest rate tried (the queue a config that served nothing still built: the demand its slots could not hold)
+    in_flight: float | None = None
     note: str = ""
 
     def as_json(self) -> dict[str, Any]:
@@ -162,6 +164,12 @@ def find_capacity(
         if at is not None:
             cap.ttft_p99, cap.e2e_p99 = at.ttft_p99, at.e2e_p99
             cap.in_flight = getattr(at, "in_flight", None)
+    elif cap.steps:
+        # nothing met the objective: the run at the lowest rate tried still says how many requests waited there, the
+        # one sign of how many slots the traffic asks for that a config with a capacity of 0 gives the search
+        low = min(cap.steps, key=lambda s: s.rate_rps).rate_rps
+        at_low = [r for r in cap.runs if getattr(r, "rate_rps", None) == low]
+        cap.in_flight = getattr(at_low[-1], "in_flight", None) if at_low else None
     if cap.lo_rps is None:
         cap.note = f"no rate down to {cap.steps[-1].rate_rps:g} req/s met the objective" if cap.steps else "no run"
     elif cap.hi_rps is None:

@@ -80,7 +80,9 @@ def _first_step(axis: Axis, start: int, base: Point) -> int:
     asks for ~16, and 2 -> 4 -> 8 -> 16 would spend two trials getting there. How many were in flight at the
     highest passing rate swings with how close that rate is to the true capacity (2.8 and 9.9 on two servers of the
     same config at the same 16 req/s, bench/results/2026-11-24-0743-tune-gallop.md): the queue is the steady
-    signal, its size the rough one."""
+    signal, its size the rough one. A base that met no rate at all (capacity 0) carries the count from its run at
+    the lowest rate tried (tuner/tune/capacity.py): one sequence that served nothing, with 20 requests in flight
+    at the floor rate, steps to the first value that holds 20, not to 2."""
     want, have = base.outcome.detail.get("in_flight"), axis.values[start]
     if (
         not isinstance(want, (int, float))
