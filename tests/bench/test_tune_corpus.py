@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.tune_corpus import score, score_run  # noqa: E402
+from bench.tune_corpus import draw_shapes, score, score_run  # noqa: E402
 
 
 def _run(trials: list[tuple[dict, float | None]], baseline: dict, crashed: int = 0) -> dict:
@@ -141,3 +141,16 @@ def test_a_choice_off_the_grid_is_scored_by_the_searches_own_measurements_of_it(
     assert r["baseline_again"] == [11.0, 13.0]
     text = score(tmp_path, held=[])
     assert "| 12 req/s (vLLM's defaults*) | 100% (vLLM's defaults*) |" in text and "\\* off the grid" in text
+
+
+def test_drawn_shapes_are_the_seeds_and_every_request_fits_max_model_len() -> None:
+    """--draw: the same seed draws the same shapes (the draw is recorded, and can be checked after), other seeds
+    others; every shape's longest request (prompt and output at the top of their spread) fits 1024 tokens."""
+    shapes = {seed: draw_shapes(6, seed) for seed in range(40)}
+    assert draw_shapes(6, 3) == shapes[3] and len({json.dumps(s, sort_keys=True) for s in shapes.values()}) == 40
+    for drawn in shapes.values():
+        assert len(drawn) == 6
+        for s in drawn.values():
+            assert (s["input_len"] + s["output_len"]) * (1 + s["range_ratio"]) <= 1000
+            assert 16 <= s["input_len"] <= 700 and 2 <= s["output_len"] <= 600 and 0.3 <= s["rate_rps"] <= 6.0
+            assert s.get("prefix_len", 0) < s["input_len"]
