@@ -61,7 +61,7 @@ def write_config(work: Path, python: str, model: str, flags: dict, workload: str
         f"  - name: tiny\n    backend: vllm\n    url: http://127.0.0.1:1\n    slo: {slo}\n"
         "    managed:\n"
         f"      model: {model}\n      executable: {python}\n"
-        f"      flags: {{{', '.join(f'{k}: {json.dumps(v)}' for k, v in flags.items())}, max_model_len: 1024}}\n"
+        f"      flags: {{{', '.join(f'{k}: {json.dumps(v)}' for k, v in {**flags, 'max_model_len': 1024}.items())}}}\n"
         "      extra_args: {enforce-eager: true}\n"
         f"      log_dir: {work / 'logs'}\n"
         f"      engine_core_nice: {nice}\n"
@@ -155,7 +155,11 @@ def main() -> int:
     ap.add_argument("--servers", type=int, default=5)
     ap.add_argument("--bind", default="spread,vllm", help="comma-separated: spread, vllm")
     ap.add_argument("--neighbour", default="off,on", help="comma-separated: off, on")
-    ap.add_argument("--flags", default="max_num_seqs=4", help="the flags in force, NAME=V,... (default %(default)s)")
+    ap.add_argument(
+        "--flags",
+        default="max_num_seqs=4",
+        help="the flags in force, NAME=V,... ('': vLLM's defaults; default %(default)s)",
+    )
     ap.add_argument("--run-seconds", type=float, default=10.0)
     ap.add_argument("--max-runs", type=int, default=5)
     ap.add_argument("--tolerance", type=float, default=0.15, help="tune's --tolerance: the bracket width it stops at")
@@ -175,7 +179,7 @@ def main() -> int:
     python, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
     if not python or not model:
         sys.exit("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (eval the exports of scripts/setup-real-servers.sh)")
-    flags = {k: int(v) if v.isdigit() else v for k, v in (f.split("=", 1) for f in args.flags.split(","))}
+    flags = {k: int(v) if v.isdigit() else v for k, v in (f.split("=", 1) for f in args.flags.split(",") if f)}
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tune-spread-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.workload_file:
