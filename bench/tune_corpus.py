@@ -325,8 +325,8 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     names = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    seed = args.seed if args.seed is not None else time.time_ns()  # for --draw and --hold-out
     if args.draw:
-        seed = args.seed if args.seed is not None else time.time_ns()
         drawn = draw_shapes(args.draw, seed)
         SHAPES.update(drawn)
         names = sorted(drawn)
@@ -337,7 +337,6 @@ def main() -> int:
     if unknown:
         sys.exit(f"--shapes: unknown {', '.join(unknown)} (choose from {', '.join(SHAPES)})")
     if args.hold_out and not args.draw:
-        seed = args.seed if args.seed is not None else time.time_ns()
         held = sorted(random.Random(seed).sample(sorted(SHAPES), args.hold_out))
         (out / "holdout.json").write_text(json.dumps({"seed": seed, "held_out": held}) + "\n")
         print(f"held back (chosen before any tuning, seed {seed}): {', '.join(held)}", flush=True)

@@ -193,23 +193,16 @@ def test_a_wrong_or_missing_slots_bound_still_brackets_the_capacity(slots, mean_
     assert max(calls) <= 16
 
 
-@dataclass(frozen=True)
-class QueuedRun(TimedRun):
-    throughput_rps: float = 0.0
-
-    @property
-    def in_flight(self) -> float | None:  # as tuner/tune/bench.py's RateRun: Little's law
-        return None if self.mean_e2e_s is None else self.throughput_rps * self.mean_e2e_s
-
-
 def test_a_config_that_meets_no_rate_still_reports_the_queue_it_built_at_the_lowest_rate():
     """A capacity of 0 gives the search no rate to read requests in flight at; the run at the lowest rate tried
     (the floor, where it still missed) does: its queue is the one sign of how many slots the traffic asks for,
     and the gallop sizes its first step from it (tuner/tune/search.py _first_step)."""
 
-    def measure(rate: float) -> QueuedRun:
+    from tuner.tune.bench import RateRun  # its in_flight: throughput x mean E2E (Little's law)
+
+    def measure(rate: float) -> RateRun:
         # one slot, 10-s requests: it serves 0.1 req/s, and above that the queue (the mean wait) grows with the rate
-        return QueuedRun(rate, 40, 0, 0.0, mean_e2e_s=10.0 + 40 * rate, throughput_rps=0.1)
+        return RateRun(rate, 40, 40, 0, 0.0, 400.0, 0.1, None, None, 60.0, None, mean_e2e_s=10.0 + 40 * rate)
 
     cap = find_capacity(measure, 0.95, start_rps=4.0, floor_rps=0.5, max_runs=8)
     assert cap.capacity_rps == 0.0 and cap.lo_rps is None
