@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 
 import realservers
+import requests
 import yaml
 from conftest import require
+from prometheus_client.parser import text_string_to_metric_families
 from realservers import run_load_process, running
 
 from tuner.apply.launch import free_port
@@ -47,6 +49,37 @@ def _pack(tmp_path: Path) -> Path:
 
 def _active(daemon: Daemon, name: str, state: str = "firing") -> list:
     return [a for a in daemon.alerting.active() if a.labels.get("alertname") == name and a.state == state]
+
+
+def _in_flight(url: str) -> float:
+    """Running + waiting as vLLM's own /metrics says now (prometheus_client's parser, not tuner's)."""
+    text = requests.get(f"{url}/metrics", timeout=5, proxies={"http": ""}).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name in ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    )
+
+
+def _stop_with_requests_in_flight(url: str, core: int, busy) -> float:
+    """SIGSTOP the engine core at a moment its own gauges say requests are in flight; the monotonic time of that
+    stop. The gauges are the engine core's last report: stopped between two waves of the clients (every request
+    of one wave finished, the next not yet scheduled), it said 0 in flight and the gauges stay 0 while the
+    clients wait, which EngineStalled cannot see (docs/alerts.md: a stall that begins with nothing in flight; CI
+    caught the test stopping it there on 2026-11-28). Such a stop is undone and tried again."""
+    seen = []
+    for _ in range(5):
+        wait_for(busy, 120, "requests in flight on the real vLLM")
+        stop_process(core)
+        stopped = time.monotonic()
+        time.sleep(1.0)  # the last report the core sent before it stopped reaches the API server
+        seen.append(_in_flight(url))
+        if seen[-1] > 0:
+            print(f"\nstopped with in flight by the engine's gauges: {seen}")
+            return stopped
+        resume_process(core)
+    raise AssertionError(f"the engine core stopped with nothing in flight by its gauges 5 times: {seen}")
 
 
 def test_engine_stalled_fires_on_a_real_stopped_engine_core_and_clears_when_it_goes_on(vllm_server, store, tmp_path):
@@ -86,9 +119,7 @@ def test_engine_stalled_fires_on_a_real_stopped_engine_core_and_clears_when_it_g
                 (e.requests_running or 0) > 0 and (e.generation_tokens_per_s or 0) > 0 for e in sig.engines
             )
 
-        wait_for(busy, 120, "requests in flight on the real vLLM")
-        stop_process(core)
-        stopped = time.monotonic()
+        stopped = _stop_with_requests_in_flight(server.url, core, busy)
         try:
             fired = wait_for(
                 lambda: _active(daemon, "EngineStalled"),
