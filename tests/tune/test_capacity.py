@@ -206,9 +206,67 @@ def test_a_config_that_meets_no_rate_still_reports_the_queue_it_built_at_the_low
 
     cap = find_capacity(measure, 0.95, start_rps=4.0, floor_rps=0.5, max_runs=8)
     assert cap.capacity_rps == 0.0 and cap.lo_rps is None
-    assert [s.rate_rps for s in cap.steps] == [4.0, 2.0, 1.0, 0.5]
+    # 4 req/s sent, 0.1 a second completed: the next run is at the floor, not at half of 4 (2, then 1, then 0.5)
+    assert [s.rate_rps for s in cap.steps] == [4.0, 0.5]
     assert cap.in_flight == pytest.approx(0.1 * (10.0 + 40 * 0.5))  # the floor's run: 3 in flight, not 4 req/s's 17
     assert cap.as_json()["in_flight"] == cap.in_flight
     # a run that says nothing of its latency leaves it unknown, as before
     blind = find_capacity(lambda rate: Run(rate, 40, 0, 0.0), 0.95, start_rps=1.0, floor_rps=0.5)
     assert blind.capacity_rps == 0.0 and blind.in_flight is None
+
+
+@dataclass(frozen=True)
+class ServedRun(Run):
+    throughput_rps: float = 0.0
+    mean_e2e_s: float | None = None
+
+
+def saturating_server(capacity: float, serves: float, *, mean_e2e_s: float = 0.01):
+    """Meets the SLO at rates up to ``capacity``; completes at most ``serves`` requests a second whatever it is
+    sent (its throughput, as vLLM's benchmark client reports it), so a run far above misses and says so."""
+    calls = []
+
+    def measure(rate: float) -> ServedRun:
+        calls.append(rate)
+        good = 200 if rate <= capacity else int(200 * min(1.0, serves / rate) * 0.5)
+        return ServedRun(rate, 200, good, good / 200, throughput_rps=min(rate, serves), mean_e2e_s=mean_e2e_s)
+
+    return measure, calls
+
+
+@pytest.mark.parametrize("true_cap", [37.0, 120.0, 309.0, 650.0])
+@pytest.mark.parametrize("start", [1.0, 1.9, 4.0])
+def test_a_run_that_missed_says_where_the_capacity_is_within_the_same_five_runs(true_cap, start):
+    """vLLM's default 256 sequences and fast requests grow the rate 16x a run, so a 5-run search from a slow
+    workload's rate jumps far past the capacity and the geometric bisection of a 16x-wide bracket is still 2x wide
+    when the runs run out (the reported capacity half the true one). The run that missed completed about what the
+    server serves: probed there once, the capacity is found within the tolerance in the same runs."""
+    measure, calls = saturating_server(true_cap, serves=true_cap * 1.1)
+    cap = find_capacity(measure, 0.95, start_rps=start, max_runs=5, slots=256)
+    assert len(calls) <= 5 and cap.capacity_rps <= true_cap  # never a rate it cannot hold
+    assert cap.capacity_rps >= true_cap / 1.15**2, (calls, cap.note)
+
+
+def test_a_run_that_missed_on_latency_alone_leaves_the_bisection_as_it_was():
+    """A server that completes everything it is sent and misses on latency (throughput = rate) gives no hint: the
+    search takes the same rates as one whose runs say nothing of their throughput."""
+    plain, plain_calls = server(7.3)
+
+    def served(rate: float) -> ServedRun:
+        return ServedRun(**asdict(plain(rate)), throughput_rps=rate)
+
+    find_capacity(plain, 0.99, start_rps=50.0, tolerance=0.1, max_runs=12)
+    first = list(plain_calls)
+    plain_calls.clear()
+    find_capacity(served, 0.99, start_rps=50.0, tolerance=0.1, max_runs=12)
+    assert plain_calls == first and len(first) > 4
+
+
+def test_a_start_far_above_the_capacity_comes_down_to_what_the_server_completed():
+    """From 50 req/s on a server that completes 8 a second, the next run is near 8 (not 25, 12.5, ...) and the
+    search still ends with a bracket that holds the capacity."""
+    measure, calls = saturating_server(7.3, serves=8.0)
+    cap = find_capacity(measure, 0.99, start_rps=50.0, tolerance=0.1, max_runs=12)
+    assert calls[1] == pytest.approx(8.0 / 1.1)
+    assert cap.lo_rps is not None and cap.hi_rps is not None and cap.lo_rps <= 7.3 < cap.hi_rps
+    assert cap.hi_rps / cap.lo_rps <= 1.1

@@ -4,7 +4,9 @@ A bracketing search over the rate, never a linear step-down: from a start rate (
 capacity found so far) it doubles while runs pass (or jumps to half the rate the server's slots could serve
 unqueued, when that is further: ``slots``) and halves while they fail, until one rate passes and one fails
 (or the floor/ceiling is reached), then bisects geometrically (sqrt(lo x hi)) until hi / lo <= 1 + tolerance or the
-run budget is spent. Capacity is the highest rate that passed.
+run budget is spent. Capacity is the highest rate that passed. A failing run that completed far fewer requests a
+second than it was sent (its ``throughput_rps``) fell behind the server's service rate: halving goes at least that
+low, and the bisection probes just below it once before it takes midpoints.
 
 Noise: a run's attainment is a share of n requests, with a binomial standard error sqrt(p (1 - p) / n). A run
 whose attainment lies within ``z`` standard errors of the objective is too close to call: the same rate runs again
@@ -146,7 +148,9 @@ def find_capacity(
             cap.hi_rps = rate if cap.hi_rps is None else min(rate, cap.hi_rps)
             if cap.lo_rps is not None or rate <= floor_rps:
                 break
-            rate = max(rate / 2, floor_rps)
+            # at least halved; lower where the server completed fewer than that a second (a start far above it)
+            rate = max(min(rate / 2, _served(cap.runs, rate) / (1 + tolerance)), floor_rps)
+    hinted = False
     while (
         cap.lo_rps is not None
         and cap.hi_rps is not None
@@ -154,6 +158,11 @@ def find_capacity(
         and len(cap.runs) < max_runs
     ):
         mid = math.sqrt(cap.lo_rps * cap.hi_rps)
+        # once: where the run that missed at hi completed far fewer requests a second than it was sent, the capacity
+        # lies near what it completed, not in the geometric middle (a 16x jump past it leaves lo-hi 16 wide)
+        served = _served(cap.runs, cap.hi_rps)
+        if not hinted and cap.lo_rps * (1 + tolerance) ** 2 <= served <= cap.hi_rps / (1 + tolerance):
+            mid, hinted = served / (1 + tolerance), True
         if test(mid):
             cap.lo_rps = mid
         else:
@@ -179,6 +188,19 @@ def find_capacity(
     else:
         cap.note = f"between {cap.lo_rps:.3g} (met) and {cap.hi_rps:.3g} req/s (missed)"
     return cap
+
+
+def _served(runs: list[Any], rate: float) -> float:
+    """The requests a second the runs at ``rate`` completed (their mean; the run's throughput), or ``math.inf``
+    where they do not say. A run that missed because the server could not keep up completed about as many as the
+    server serves; one that missed on latency alone completed about what it was sent."""
+    done = [
+        r.throughput_rps
+        for r in runs
+        if r.rate_rps == rate and isinstance(getattr(r, "throughput_rps", None), (int, float))
+    ]
+    done = [t for t in done if math.isfinite(t) and t > 0]
+    return sum(done) / len(done) if done else math.inf
 
 
 def _unqueued(run: Any, slots: int | None) -> float:
