@@ -458,9 +458,46 @@ def test_from_flags_in_force_that_served_nothing_the_queue_they_built_sizes_the_
     grid = {(n, t): c for n, c in {1: 0.0, 2: 0.4, 4: 1.1, 8: 2.0, 16: 3.1, 32: 2.9}.items() for t in (256, 2048)}
     got, path = _on_grid(grid, CHAT_AXES, (1, 256), in_flight=12.0)
     assert path[:2] == [(1, 256), (16, 256)] and got == max(grid.values())
-    # without the count, one position at a time: the budget of 3 ends at 8 sequences, 65% of the best
+    # without the count the base that served nothing still steps x4 (below), then doubles past the peak: 94%
+    # (one position at a time, as before, ended at 8 sequences: 65%)
     got, path = _on_grid(grid, CHAT_AXES, (1, 256), in_flight=None)
-    assert path == [(1, 256), (2, 256), (8, 256)] and got == 2.0
+    assert path == [(1, 256), (4, 256), (32, 256)] and got == 2.9
+
+
+# bench/tune.py's grid of drawn-2161-2 (193 in / 138 out, bursty 0.21; held back, drawn at random on 2026-11-28;
+# bench/results/2026-11-28-0849-tune-corpus.md): one sequence serves nothing within the SLO with 0.5-0.6 requests in
+# flight at the floor rate, and capacity rises all the way to 32.
+DRAWN_2161_2_GRID = {
+    (1, 256): 0.0,
+    (1, 2048): 0.0,
+    (2, 256): 3.71,
+    (2, 2048): 2.62,
+    (4, 256): 4.23,
+    (4, 2048): 6.88,
+    (8, 256): 13.8,
+    (8, 2048): 13.8,
+    (16, 256): 21.5,
+    (16, 2048): 21.5,
+    (32, 256): 27.8,
+    (32, 2048): 27.8,
+}
+
+
+def test_from_flags_in_force_that_served_nothing_without_a_queue_the_first_step_is_still_long():
+    """One sequence that missed on the latency of the few requests that waited behind the one running (0.5 in
+    flight at the floor: no queue beyond its slot) says nothing of how far the peak is, except that it is not next
+    door: 1 -> 4, then the doubling reaches the end of the axis with the budget of 3. One position first (1 -> 2 ->
+    8) ended at 49% of the grid's best when tune ran on this grid's shape."""
+    got, path = _on_grid(DRAWN_2161_2_GRID, CHAT_AXES, (1, 256), in_flight=0.5)
+    assert path == [(1, 256), (4, 256), (32, 256)] and got == max(DRAWN_2161_2_GRID.values())
+    # the same on long-gen's grid (64 in / 531 out, bench/results/2026-11-28-0220-tune-corpus.md), where one
+    # position first ended at 27%
+    long_gen = {
+        **{(n, 256): c for n, c in {1: 0.0, 2: 0.441, 4: 1.20, 8: 2.61, 16: 4.78, 32: 9.57}.items()},
+        **{(n, 2048): c for n, c in {1: 0.0, 2: 0.371, 4: 1.42, 8: 2.84, 16: 4.39, 32: 9.57}.items()},
+    }
+    got, path = _on_grid(long_gen, CHAT_AXES, (1, 256), in_flight=0.55)
+    assert path == [(1, 256), (4, 256), (32, 256)] and got == 9.57
 
 
 def test_a_long_step_that_overshoots_the_peak_bisects_back_toward_it():
@@ -485,6 +522,9 @@ def test_the_first_step_is_sized_only_on_an_ordered_numeric_axis():
     assert _first_step(seqs, 2, base(2, 2.8)) == 2  # a queue: x4 at least
     assert _first_step(seqs, 5, base(16, 40.0)) == 2  # past the end: _gallop lands on it
     assert _first_step(seqs, 0, base(None, 11.3)) == 1  # the default's value is not known here
+    nothing = Point({"max_num_seqs": 1}, Outcome("measured", 0.0, {"in_flight": 0.5}))  # met no rate, no queue
+    assert _first_step(seqs, 1, nothing) == 2  # 1 -> 4
+    assert _first_step(seqs, 1, base(1, 0.5)) == 1  # the same queue on a base that served: one position
     for odd in (None, "9", True, float("nan")):
         assert _first_step(seqs, 2, base(2, odd)) == 1
     assert _first_step(Axis("max_num_seqs", (4, 2, 8)), 1, base(2, 11.3)) == 1  # not ordered

@@ -82,21 +82,21 @@ def _first_step(axis: Axis, start: int, base: Point) -> int:
     same config at the same 16 req/s, bench/results/2026-11-24-0743-tune-gallop.md): the queue is the steady
     signal, its size the rough one. A base that met no rate at all (capacity 0) carries the count from its run at
     the lowest rate tried (tuner/tune/capacity.py): one sequence that served nothing, with 20 requests in flight
-    at the floor rate, steps to the first value that holds 20, not to 2."""
+    at the floor rate, steps to the first value that holds 20, not to 2; with no queue there (it missed on the
+    latency of the few that waited), it still steps 2 positions: one position from nothing is the step that
+    tells least, and a step that overshoots bisects back."""
     want, have = base.outcome.detail.get("in_flight"), axis.values[start]
-    if (
-        not isinstance(want, (int, float))
-        or isinstance(want, bool)
-        or not math.isfinite(want)
-        or not isinstance(have, int)
-        or isinstance(have, bool)
-        or want <= have
-    ):
+    if not isinstance(have, int) or isinstance(have, bool):
         return 1
     values = [(i, v) for i, v in enumerate(axis.values) if v is not None]  # None (the default) sorts first
     numbers = [(i, v) for i, v in values if isinstance(v, int) and not isinstance(v, bool)]
     if len(numbers) != len(values) or [v for _, v in numbers] != sorted(v for _, v in numbers):
         return 1  # not an ordered numeric axis
+    # a base that met the SLO at no rate at all lies far from any config that does, queue or not (one sequence
+    # missing on the TTFT of requests that waited behind the one running, 0.5 in flight): x4 at least, not x2
+    least = 2 if base.outcome.capacity_rps <= 0 else 1
+    if not isinstance(want, (int, float)) or isinstance(want, bool) or not math.isfinite(want) or want <= have:
+        return least
     above = [i for i, v in numbers if v >= want]
     return max(2, (above[0] if above else len(axis.values) - 1) - start)
 
