@@ -11,7 +11,7 @@
   * Then, with ``gallop`` (max-num-seqs for vLLM, --parallel for llama-server), an exponential search along that
     axis from the best point so far (``_gallop``), before the sampler's own proposals; its first step is long (x4 at
     least, and as far as what was in flight asks for) when that point queued requests at its capacity rate
-    (``_first_step``, Little's law). Its steps carry ``carry``:
+    (``_first_step``, Little's law), and x4 when it met the SLO at no rate. Its steps carry ``carry``:
     flags the workload argues for (prefix caching for prompts that share a prefix, tuner/tune/space.py
     ``workload_flags``), so a small budget spent on the gallop does not leave them untried; and what ``along``
     brings with each step (tuner/tune/space.py ``step_budget``: the tokens a step the sequences added need, the
@@ -72,9 +72,9 @@ def _params(axes: Sequence[Axis], flags: Mapping[str, Any]) -> dict[str, Any] | 
 
 
 def _first_step(axis: Axis, start: int, base: Point) -> int:
-    """Positions the gallop's first step up takes. 1, unless ``base`` queued requests at its capacity rate: more
-    requests in flight there (``in_flight`` in its measurement: throughput x mean E2E, Little's law) than its own
-    value of the axis allows to run. Then its slots were what bound it, the peak lies further up, and the first
+    """Positions the gallop's first step up takes. 1 (2 from a base with capacity 0), unless ``base`` queued
+    requests at its capacity rate: more requests in flight there (``in_flight`` in its measurement: throughput x
+    mean E2E, Little's law) than its own value of the axis allows to run. Then its slots were what bound it, the peak lies further up, and the first
     step takes at least 2 positions (x4 on a doubling axis), and as far as the first value that holds what was in
     flight: a server held to 2 sequences with 11 requests in flight at its capacity queued 9 of them, the traffic
     asks for ~16, and 2 -> 4 -> 8 -> 16 would spend two trials getting there. How many were in flight at the
