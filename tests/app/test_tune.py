@@ -682,6 +682,22 @@ def test_the_table_says_how_the_two_configs_compared_in_turns_fared_there(outcom
     assert "in_turns" not in trials[0]  # no comparison, nothing said of one
 
 
+def test_the_comparison_line_says_which_rates_it_ran_at_when_it_moved():
+    from tuner.cli.tune import result_lines
+
+    def runs(*spec: tuple[float, int]) -> list[dict]:
+        return [{"rate_rps": r, "sent": n, "good": n} for r, n in spec]
+
+    base = {"trials": [], "baseline": {"capacity_rps": 5.6}, "best": {"capacity_rps": 11.2}, "verdict": "-"}
+    one = {"outcome": "b_better", "reason": "r", "pairs": 2, "requests_per_run": 89, "runs": {"A": runs((11.2, 89))}}
+    assert "compared in turns (2 pairs of 89 requests): b_better: r" in result_lines({**base, "comparison": one})
+    moved = {**one, "requests_per_run": 63, "runs": {"A": runs((11.2, 89), (7.92, 63), (7.92, 63))}, "pairs": 3}
+    line = next(x for x in result_lines({**base, "comparison": moved}) if x.startswith("compared in turns"))
+    assert line.startswith(
+        "compared in turns (3 pairs: 1 at 11.2 req/s (89 requests a run), 2 at 7.92 req/s (63 requests a run))"
+    ), line
+
+
 @pytest.mark.parametrize(
     "backend,flags,hw,want",
     [

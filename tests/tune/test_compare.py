@@ -56,3 +56,72 @@ def test_the_candidate_wins_only_beyond_chance_and_across_the_objective():
     assert more.outcome == "b_better" and more.confidence >= 0.95
     both_short = decide(0.95, 20, 40, 22, 40, rate=2.0, final=True)
     assert both_short.outcome == "undecided" and "both fell short" in both_short.reason
+
+
+def _walk(caps: dict[str, float], start: float, served: float | None, pairs: int = 4, n: int = 60):  # type: ignore[no-untyped-def]
+    """A comparison in turns against two servers that meet the SLO for every request up to their capacity and for
+    half of them above it: the rates it ran at and what it decided (decide and TurnRate as tuner/app/tune.py uses
+    them, each rate's counts pooled apart)."""
+    from tuner.tune.compare import TurnRate
+
+    at, here, rates = TurnRate(start, served), {"A": [0, 0], "B": [0, 0]}, []
+    d = None
+    for pair in range(pairs):
+        rates.append(at.rate)
+        for side in "AB":
+            here[side][0] += n if at.rate <= caps[side] else n // 2
+            here[side][1] += n
+        last = pair == pairs - 1
+        d = decide(
+            0.95, *here["A"], *here["B"], rate=at.rate, final=last, pairs=len([r for r in rates if r == at.rate])
+        )
+        if d.outcome != "undecided" or last:
+            break
+        nxt = at.after(0.95, here["A"][0] / here["A"][1], here["B"][0] / here["B"][1])
+        if nxt.rate != at.rate:
+            at, here = nxt, {"A": [0, 0], "B": [0, 0]}
+    return rates, d
+
+
+def test_where_both_fall_short_the_comparison_moves_down_to_a_rate_that_separates_them():
+    """The demo's comparison (scripts/demo.sh, 2026-11-28): 8 sequences measured 11.2 req/s one after the other, the
+    flags in force 5.6; in turns at 11.2 the candidate met the SLO for 88%, the flags in force for 20%, both below
+    0.95, and three pairs there ended "no difference measurable at this budget". Both short says the rate is above
+    both capacities: the next pair runs between it and 5.6, where the better one serves and the other does not."""
+    rates, d = _walk({"A": 5.6, "B": 9.0}, start=11.2, served=5.6)
+    assert rates == pytest.approx([11.2, (5.6 * 11.2) ** 0.5]) and d is not None and d.outcome == "b_better", d
+    # what staying at 11.2 gave the demo: 235/267 against 54/267 over three pairs, undecided
+    assert decide(0.95, 54, 267, 235, 267, rate=11.2, final=True, pairs=3).outcome == "undecided"
+
+
+@pytest.mark.parametrize(
+    "caps,start,served,want",
+    [
+        ({"A": 5.6, "B": 9.0}, 11.2, 5.6, "b_better"),
+        ({"A": 9.0, "B": 5.6}, 11.2, 5.6, "a_better"),  # the same the other way round
+        ({"A": 3.0, "B": 4.0}, 11.2, None, "b_better"),  # the lower capacity 0: halving, 11.2 -> 5.6 -> 2.8 ... 3.96
+        # equal: both serve 7.92, both miss 9.42 and 8.64 above it: nothing separates them
+        ({"A": 8.0, "B": 8.0}, 11.2, 5.6, "undecided"),
+        ({"A": 8.0, "B": 8.0}, 7.0, 5.6, "same"),  # equal, and both serve the first rate twice: the same
+        ({"A": 1.0, "B": 2.0}, 11.2, 5.6, "undecided"),  # both below the rate both served one after the other
+    ],
+)
+def test_the_moving_rate_decides_what_the_two_capacities_say(caps, start, served, want):
+    rates, d = _walk(caps, start, served)
+    assert d is not None and d.outcome == want, (rates, d)
+    assert all(r >= (served or 0) for r in rates)  # never below what both served one after the other
+    if want in ("b_better", "a_better"):  # decided at a rate between the two capacities
+        assert min(caps.values()) < rates[-1] <= max(caps.values())
+
+
+def test_turn_rate_steps():
+    from tuner.tune.compare import TurnRate
+
+    at = TurnRate(10.0, 2.5)
+    assert at.after(0.95, 1.0, 0.5) == at  # split: more runs at this rate
+    down = at.after(0.95, 0.5, 0.9)
+    assert down == TurnRate(5.0, 2.5, 10.0)  # sqrt(2.5 x 10)
+    up = down.after(0.95, 1.0, 0.96)
+    assert up == TurnRate((5.0 * 10.0) ** 0.5, 5.0, 10.0)  # both met: up towards the rate both missed
+    assert TurnRate(4.0, None).after(0.95, 0.1, 0.2) == TurnRate(2.0, None, 4.0)  # nothing served: halved
+    assert TurnRate(4.0, 2.0).after(0.95, 1.0, 1.0) == TurnRate(4.0, 4.0, None)  # both met, nothing missed: stays

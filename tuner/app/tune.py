@@ -65,7 +65,7 @@ from tuner.store.store import Store
 from tuner.store.tuning import RunState, TrialStatus
 from tuner.tune.bench import BenchClient, BenchError
 from tuner.tune.capacity import find_capacity, rate_floor
-from tuner.tune.compare import Decision, decide, min_requests
+from tuner.tune.compare import Decision, TurnRate, decide, min_requests
 from tuner.tune.cores import Placement, place, read_pinned
 from tuner.tune.search import Outcome, Point, point_key, search
 from tuner.tune.space import (
@@ -518,31 +518,39 @@ def _compare_rate(base: Any, best_rps: float) -> float:
     return math.sqrt(missed * best_rps) if isinstance(missed, (int, float)) and 0 < missed < best_rps else best_rps
 
 
-def _contest(measured: list[Point], current: dict[str, Any]) -> tuple[Point, float] | None:
+def _contest(measured: list[Point], current: dict[str, Any]) -> tuple[Point, float, float | None] | None:
     """What the comparison in turns settles: the flags in force against the best other config measured, at the rate
     where their two measurements predict different outcomes. Whichever way the measurements one after the other
     point: a candidate measured below the flags in force is compared too, since "worse" from fresh servers minutes
     apart is no more a ranking than "better" (the same flags spread ±15-24% on fresh servers here). None when the
-    flags in force or no other config were measured."""
+    flags in force or no other config were measured. With the rate, the lower of the two capacities (None when 0):
+    the rate both served one after the other, which the comparison does not go below."""
     base = next((p for p in measured if point_key(p.flags) == point_key(current)), None)
     other = next((p for p in _ranked(measured) if p is not base), None)
     if base is None or other is None:
         return None
     b, o = base.outcome, other.outcome
+    served = min(b.capacity_rps, o.capacity_rps) or None
     if o.capacity_rps > b.capacity_rps:
-        return other, _compare_rate(b.detail, o.capacity_rps)
-    return other, _compare_rate(o.detail, b.capacity_rps)
+        return other, _compare_rate(b.detail, o.capacity_rps), served
+    return other, _compare_rate(o.detail, b.capacity_rps), served
 
 
-def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float, *, both: bool) -> dict[str, Any]:
-    """The flags in force (A) and the candidate (B) on fresh servers, run in turns at ``rate`` (A B B A A B ...)
-    until tuner/tune/compare.py decides or ``--compare-pairs`` pairs are spent. ``both``: the two servers are up
-    at once (room for two beside production); otherwise each turn restarts its side (each start warmed up)."""
+def _compare(
+    ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float, *, both: bool, served: float | None = None
+) -> dict[str, Any]:
+    """The flags in force (A) and the candidate (B) on fresh servers, run in turns from ``rate`` (A B B A A B ...)
+    until tuner/tune/compare.py decides or ``--compare-pairs`` pairs are spent. Where both fall short, the next pair
+    runs lower, not below ``served`` (``TurnRate``); each rate's runs are pooled apart. ``both``: the two servers are
+    up at once (room for two beside production); otherwise each turn restarts its side (each start warmed up)."""
     t, w, req = ctx.target, ctx.workload, ctx.req
     assert t.slo is not None and w is not None
     servers: dict[str, _Server] = {}
     runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
     flags = {"A": base, "B": best}
+    at = TurnRate(rate, served)
+    here: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}  # the runs at ``at.rate``
+    moved: list[str] = []  # the rates left behind, and why
     prompts = _run_size(ctx, rate)
     decision = Decision("undecided", 0.0, "not run")
     cores: list[Placement] = []  # the first side's placement, the other's too
@@ -567,7 +575,13 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
             cores.append(got.placed)
         ctx.waiting[:] = [f"compare {side}: warming the server up"]
         ctx.bench.run(
-            w, url=got.url, model=t.served_name, tokenizer=ctx.tokenizer, rate=rate, prompts=req.min_prompts, slo=t.slo
+            w,
+            url=got.url,
+            model=t.served_name,
+            tokenizer=ctx.tokenizer,
+            rate=at.rate,
+            prompts=req.min_prompts,
+            slo=t.slo,
         )
         return got
 
@@ -580,7 +594,7 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
             now=ctx.clock(),
             status=TrialStatus.COMPARED,
             capacity_rps=None,
-            detail={"rate_rps": rate, "runs": runs[side], "log": str(s.log), "placement": s.placement},
+            detail={"rate_rps": at.rate, "runs": runs[side], "log": str(s.log), "placement": s.placement},
         )
 
     ctx.say(
@@ -589,6 +603,7 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
     )
     try:
         for pair in range(req.compare_pairs):
+            prompts = _run_size(ctx, at.rate)
             for side in ("A", "B") if pair % 2 == 0 else ("B", "A"):
                 s = up(side)
                 if s is None:
@@ -596,44 +611,57 @@ def _compare(ctx: _Ctx, base: dict[str, Any], best: dict[str, Any], rate: float,
                         "flags": dict(best),
                         "outcome": "undecided",
                         "confidence": 0.0,
-                        "rate_rps": rate,
+                        "rate_rps": at.rate,
                         "runs": runs,
                         "reason": f"the {side} server did not start",
                     }
-                ctx.waiting[:] = [f"compare {side}: {prompts} requests at {rate:.3g} req/s"]
+                ctx.waiting[:] = [f"compare {side}: {prompts} requests at {at.rate:.3g} req/s"]
                 run = ctx.bench.run(
                     w,
                     url=s.url,
                     model=t.served_name,
                     tokenizer=ctx.tokenizer,
-                    rate=rate,
+                    rate=at.rate,
                     prompts=prompts,
                     slo=t.slo,
                     arrivals=pair,  # the two of a pair meet the same arrivals; each pair its own
                 )
                 runs[side].append(run.as_json())
-                ctx.say(f"    {side} {rate:7.3g} req/s: {run.good}/{run.sent} within the SLO ({run.attainment:.1%})")
-            count = {k: (sum(r["good"] for r in v), sum(r["sent"] for r in v)) for k, v in runs.items()}
+                here[side].append(run.as_json())
+                ctx.say(f"    {side} {at.rate:7.3g} req/s: {run.good}/{run.sent} within the SLO ({run.attainment:.1%})")
+            count = {k: (sum(r["good"] for r in v), sum(r["sent"] for r in v)) for k, v in here.items()}
             decision = decide(
                 t.slo.objective,
                 *count["A"],
                 *count["B"],
-                rate=rate,
-                pairs=pair + 1,
+                rate=at.rate,
+                pairs=len(here["A"]),
                 final=pair == req.compare_pairs - 1,
             )
-            if decision.outcome != "undecided":
+            if decision.outcome != "undecided" or pair == req.compare_pairs - 1:
                 break
+            share = {k: g / n if n else 0.0 for k, (g, n) in count.items()}
+            nxt = at.after(t.slo.objective, share["A"], share["B"])
+            if nxt.rate != at.rate:
+                both_met = min(share.values()) >= t.slo.objective
+                moved.append(
+                    f"at {at.rate:.3g} req/s both {'met' if both_met else 'fell short of'} the objective (the "
+                    f"candidate {count['B'][0]}/{count['B'][1]}, the flags in force {count['A'][0]}/{count['A'][1]})"
+                )
+                ctx.say(f"  {moved[-1]}: on at {nxt.rate:.3g} req/s")
+                at, here = nxt, {"A": [], "B": []}
     finally:
         for side in list(servers):
             _down(side)
-    ctx.say(f"  {decision.outcome}: {decision.reason}")
+    reason = "; ".join([*moved, decision.reason])
+    ctx.say(f"  {decision.outcome}: {reason}")
     return {
         "flags": dict(best),
         "outcome": decision.outcome,
         "confidence": round(decision.confidence, 4),
-        "rate_rps": rate,
-        "reason": decision.reason,
+        "rate_rps": at.rate,
+        "rates": list(dict.fromkeys(r["rate_rps"] for r in runs["A"])),  # in the order run
+        "reason": reason,
         "pairs": len(runs["A"]),
         "requests_per_run": prompts,
         "both_up": both,
@@ -1017,9 +1045,9 @@ def tune(
                 comparison = None
                 contest = _contest(measured, current) if noise_budget else None
                 if contest is not None:
-                    other, rate = contest
+                    other, rate, served = contest
                     both = not req.on_target and shadow_fits(t, hw, hw_json, model, servers=2)[0]
-                    comparison = _compare(ctx, current, dict(other.flags), rate, both=both)
+                    comparison = _compare(ctx, current, dict(other.flags), rate, both=both, served=served)
         except BaseException as exc:
             tj.finish_run(
                 store.engine,

@@ -127,10 +127,7 @@ def result_lines(result: dict[str, Any]) -> list[str]:
     )
     if result.get("comparison"):
         c = result["comparison"]
-        out.append(
-            f"compared in turns ({c.get('pairs', 0)} pairs of {c.get('requests_per_run', '?')} requests): "
-            f"{c['outcome']}: {c['reason']}"
-        )
+        out.append(f"compared in turns ({_pairs(c)}): {c['outcome']}: {c['reason']}")
     out.append(f"verdict: {result.get('verdict', '-')}")
     if result.get("recommendation_id"):
         out.append(
@@ -248,3 +245,16 @@ def add_parsers(sub: Any) -> None:
     )
     t.add_argument("--json", action="store_true", help="the result as JSON on stdout (progress on stderr)")
     t.set_defaults(func=cmd_tune)
+
+
+def _pairs(c: dict[str, Any]) -> str:
+    """How many pairs of runs a comparison in turns took, of how many requests; at which rates when it moved."""
+    runs = (c.get("runs") or {}).get("A") or []
+    by_rate: dict[float, list[int]] = {}
+    for r in runs:
+        by_rate.setdefault(r["rate_rps"], []).append(r["sent"])
+    if len(by_rate) < 2:
+        return f"{c.get('pairs', 0)} pairs of {c.get('requests_per_run', '?')} requests"
+    return f"{c.get('pairs', 0)} pairs: " + ", ".join(
+        f"{len(sent)} at {rate:.3g} req/s ({max(sent)} requests a run)" for rate, sent in by_rate.items()
+    )

@@ -18,6 +18,13 @@ intervals overlap):
   * otherwise another pair of runs, up to the budget; then ``undecided`` (both fell short, or the shares are
     within chance): no difference measurable at this budget.
 
+Where both fall short at r, r is above both capacities and decides nothing between them, however far apart their
+shares (the demo's comparison ran at 11.2 req/s, the candidate met the SLO for 88%, the flags in force for 20%, and
+ended "no difference measurable"). So the rate moves (``TurnRate``): down to the geometric mean of r and the highest
+rate both are known to serve (at first the lower of the two capacities one after the other; half of r when that is
+0), and, once a rate both fell short of is known, up between a rate both met and it. Each rate's counts are pooled
+apart: a decision is made from the runs at one rate.
+
 How many requests a run needs follows from the objective (``min_requests``): a run exactly at the objective should
 expect two misses, so that one unlucky request does not decide it. 30 requests judge 0.95 (1.5 misses expected);
 a 0.99 objective needs 200 (one miss in 30 is 96.7%, a failure).
@@ -28,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["min_requests", "fisher_fewer_misses", "decide", "Decision", "CONFIDENT", "EXPECTED_MISSES"]
+__all__ = ["min_requests", "fisher_fewer_misses", "decide", "Decision", "TurnRate", "CONFIDENT", "EXPECTED_MISSES"]
 
 CONFIDENT = 0.95
 EXPECTED_MISSES = 2  # misses a run exactly at the objective should expect
@@ -112,3 +119,33 @@ def decide(
         else f"the difference is within chance (confidence {max(a_conf, b_conf):.3f} < {confident})"
     )
     return Decision("undecided", max(a_conf, b_conf), f"{said}: {why}: no difference measurable at this budget")
+
+
+@dataclass(frozen=True)
+class TurnRate:
+    """The rate a comparison in turns runs at, and what its runs so far bound: ``served``, the highest rate both
+    configs are known to serve (at first the lower of their capacities one after the other; None when that is 0);
+    ``missed``, the lowest rate both fell short of in turns (None until one did)."""
+
+    rate: float
+    served: float | None = None
+    missed: float | None = None
+
+    def after(self, objective: float, a_share: float, b_share: float) -> TurnRate:
+        """Where the next pair runs, from the shares within the SLO pooled at ``rate``: on where one met the objective
+        and the other did not (the rate separates them: more runs there decide); lower where both fell short; higher,
+        towards a rate both missed, where both met. Both met and no such rate known: on (both serve it: ``decide``
+        says so from the second pair)."""
+        a_met, b_met = a_share >= objective, b_share >= objective
+        if a_met != b_met:
+            return self
+        if not a_met:
+            down = (
+                math.sqrt(self.served * self.rate)
+                if self.served is not None and 0 < self.served < self.rate
+                else self.rate / 2
+            )
+            return TurnRate(down, self.served, self.rate)
+        if self.missed is None or self.missed <= self.rate:
+            return TurnRate(self.rate, self.rate, self.missed)
+        return TurnRate(math.sqrt(self.rate * self.missed), self.rate, self.missed)
