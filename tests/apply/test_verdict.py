@@ -620,3 +620,44 @@ def test_a_budget_inside_a_bucket_is_doubt_not_a_breach():
     v = judge(before, sure, min_requests=20)
     assert v.slo is not None and v.slo.after.status == "breached" and v.slo.broke and v.outcome == "rolled_back"
     assert "98.0%-100.0% (bucket resolution)" in judge(before, doubt, min_requests=20).slo.line()  # type: ignore[union-attr]
+
+
+def test_goodput_is_judged_on_the_attainment_within_its_buckets_not_on_their_lower_bound():
+    """The README demo's apply (2026-11-28): both windows saturated, capacity 3.32 -> 5.84 req/s (P(up) 1.00). Before,
+    8.2% of TTFTs were at most 1 s and 19.1% at most 2.5 s; after, every one lay between 1 and 2.5 s, against a 2 s
+    budget. The lower bound read the after-window as 0% within the SLO, the verdict said "SLO goodput fell 0.272 ->
+    0.000 (-100%)" and was inconclusive. Spread evenly within the bucket as histogram_quantile takes it, 2/3 of the
+    after-window met 2 s against about 15% before: goodput rose, and the change is kept."""
+    import dataclasses
+
+    from tuner.signals.promql import fraction_le, fraction_le_linear
+
+    budgets = {"ttft": 2.0, "e2e": 10.0}
+    ttft_b = [0, 0, 0, 8.2, 10.9, 60.9, 20.0, 0]  # % per bucket of BOUNDS: 8.2 <= 1 s, 19.1 <= 2.5 s
+    ttft_a = [0, 0, 0, 0, 100, 0, 0, 0]
+    e2e = [0, 0, 0, 0, 10, 40, 50, 0]  # all within 10 s
+    sides = []
+    for rate, ttft in ((3.32, ttft_b), (5.84, ttft_a)):
+        lo, hi = fraction_le(budgets["ttft"], BOUNDS, _cum(ttft))  # type: ignore[misc]
+        est = fraction_le_linear(budgets["ttft"], BOUNDS, _cum(ttft))
+        p = _profile(rate=rate, saturated=True, e2e=e2e, ttft=ttft, attainment=lo, n_intervals=20)
+        sides.append(
+            dataclasses.replace(
+                p, slo_attainment_hi=hi, slo_attainment_est=est, slo_objective=0.95, slo_budgets=budgets
+            )
+        )
+    before, after = sides
+    assert (before.slo_attainment, before.slo_attainment_hi) == pytest.approx((0.082, 0.191))
+    assert (after.slo_attainment, after.slo_attainment_hi, after.slo_attainment_est) == pytest.approx((0, 1, 2 / 3))
+    v = judge(before, after, min_requests=20)
+    assert v.outcome == "kept" and _said(v, "capacity", "rose") and _said(v, "goodput", "rose"), v.reason
+    lo_b, hi_b, hi_a = (p.served_rps * x for p, x in ((before, 0.082), (before, 0.191), (after, 1.0)))  # type: ignore[operator]
+    assert f"bound it to {lo_b:.3f}-{hi_b:.3f} -> 0.000-{hi_a:.3f})" in v.reason, v.reason
+    assert "(-100%" not in v.reason
+    # on the lower bound alone (no estimate), the same windows read as a fall, and the verdict as inconclusive
+    bare = judge(
+        dataclasses.replace(before, slo_attainment_est=None),
+        dataclasses.replace(after, slo_attainment_est=None),
+        min_requests=20,
+    )
+    assert bare.outcome == "inconclusive" and _said(bare, "goodput", "fell"), bare.reason

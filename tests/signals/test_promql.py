@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import re
@@ -86,6 +87,33 @@ class TestHistogramQuantile:
         assert fraction_le(0.5, self.bounds, (20, 60, 90, 100)) == (0.6, 0.6)  # on a bound: exact
         assert fraction_le(0.7, self.bounds, (20, 60, 90, 100)) == (0.6, 0.9)  # between bounds
         assert fraction_le(1.0, self.bounds, (0, 0, 0, 0)) is None
+
+    def test_fraction_le_linear_is_histogram_quantiles_inverse(self):
+        """The share within a budget, the observations spread evenly in each bucket: what histogram_quantile
+        assumes, so at the quantile it gives back the rank, and it lies within fraction_le's bounds."""
+        from tuner.signals.promql import fraction_le_linear
+
+        counts = (20, 60, 90, 100)
+        assert fraction_le_linear(0.7, self.bounds, counts) == pytest.approx(0.6 + 0.3 * 0.2 / 0.5)
+        assert fraction_le_linear(0.5, self.bounds, counts) == pytest.approx(0.6)  # on a bound: exact
+        assert fraction_le_linear(0.05, self.bounds, counts) == pytest.approx(0.1)  # the first bucket from 0
+        assert fraction_le_linear(5.0, self.bounds, counts) == pytest.approx(0.9)  # in +Inf: the count below it
+        assert fraction_le_linear(-1.0, self.bounds, counts) == 0.0
+        assert fraction_le_linear(1.0, self.bounds, (0, 0, 0, 0)) is None
+        rng = random.Random(7)
+        for _ in range(300):
+            bounds = tuple(sorted(rng.sample([0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0], 5))) + (math.inf,)
+            raw = [rng.choice([0, 0, 1, 3, 10]) for _ in bounds]
+            cum = tuple(itertools.accumulate(raw))
+            if not cum[-1]:
+                continue
+            q = rng.uniform(0.01, 0.99)
+            x = histogram_quantile(q, bounds, cum)
+            lo, hi = fraction_le(x, bounds, cum)  # type: ignore[misc]
+            got = fraction_le_linear(x, bounds, cum)
+            assert got is not None and lo - 1e-9 <= got <= hi + 1e-9
+            if x < bounds[-2] and (x > 0 or cum[0] == 0):  # inside a finite bucket: the rank again
+                assert got == pytest.approx(q, abs=1e-9), (bounds, cum, q, x)
 
 
 # ---- the same samples through promtool -----------------------------------------------------------

@@ -18,7 +18,8 @@ vLLM, per window (summed over engines):
                   what it serves is its capacity, not the load. (The gauges alone would not do: vLLM answers
                   /metrics between engine steps, and most samples of a saturated server showed 0 running.)
   slo_attainment  share of finished requests within every SLO budget (a lower bound at bucket resolution;
-                  aborted or failed requests count as misses); slo_goodput_rps = served_rps x slo_attainment,
+                  aborted or failed requests count as misses; slo_attainment_hi the upper bound, slo_attainment_est
+                  the buckets taken as evenly filled, between the two); slo_goodput_rps = served_rps x slo_attainment,
                   slo_token_goodput_tps = tokens_per_s x slo_attainment (a request within the SLO taken to generate
                   as many tokens as any other: vLLM does not link a request's tokens to its latency)
 llama-server exports no request counter and no latency histogram: its capacity is generated tokens per second
@@ -35,7 +36,7 @@ from typing import Any
 
 from tuner.backends import backend
 from tuner.config import Slo
-from tuner.signals.promql import fraction_le, histogram_quantile
+from tuner.signals.promql import fraction_le, fraction_le_linear, histogram_quantile
 from tuner.store.window import EngineWindow, HistSeries, TargetWindow
 
 __all__ = [
@@ -96,6 +97,10 @@ class LoadProfile:
     # slo_attainment is a lower bound at bucket resolution (a budget inside a bucket counts that bucket as missed);
     # this is the upper bound (it counts it as met): the two are equal when every budget is a bucket bound
     slo_attainment_hi: float | None = None
+    # within those bounds, the estimate: each budget's share with the observations spread evenly within the bucket
+    # it falls in (histogram_quantile's assumption), the budgets' misses taken as the same requests (a request late
+    # to its first token is late to its last: TTFT is part of E2E)
+    slo_attainment_est: float | None = None
     hists: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict, repr=False)
 
     # The window's rates in the unit its backend counts: requests where it counts them (vLLM), else tokens.
@@ -149,6 +154,7 @@ class LoadProfile:
             "seconds_per_token",
             "slo_objective",
             "slo_attainment_hi",
+            "slo_attainment_est",
         )
         out = {k: _finite(getattr(self, k)) for k in keys}
         if self.slo_budgets:
@@ -332,20 +338,23 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
     if "queue" in hists and hists["queue"][1][-1]:
         bounds, cum = hists["queue"]
         queued_share = 1.0 - cum[0] / cum[-1]
-    attainment = attainment_hi = None
+    attainment = attainment_hi = attainment_est = None
     if slo is not None and finished:
-        shares = []
+        shares, even = [], []
         for key in ("ttft", "itl", "e2e"):
             budget = getattr(slo, f"{key}_p99")
             if budget is not None and key in hists:
                 share = _within(*hists[key], budget.total_seconds())
                 if share is not None:
                     shares.append(share)
+                    est = fraction_le_linear(budget.total_seconds(), *hists[key])
+                    even.append(share[0] if est is None else est)
         if shares:  # requests are not linked across histograms: at least sum(shares) - (n - 1) met them all
             joint = max(0.0, math.fsum(lo for lo, _ in shares) - (len(shares) - 1))
             done = max(0.0, finished - aborted) / finished
             attainment = joint * done
             attainment_hi = min(hi for _, hi in shares) * done  # at most: every bucket a budget falls in met it
+            attainment_est = min(attainment_hi, max(attainment, min(even) * done))
     served = finished / secs if secs else None
     return LoadProfile(
         backend=window.backend,
@@ -369,6 +378,7 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
         or waiting_share >= SATURATED_WAITING_SHARE,
         slo_attainment=attainment,
         slo_attainment_hi=attainment_hi,
+        slo_attainment_est=attainment_est,
         slo_goodput_rps=served * attainment if served is not None and attainment is not None else None,
         slo_token_goodput_tps=gen_total / secs * attainment if secs and attainment is not None else None,
         ttft_p99=_quantile(*hists["ttft"], 0.99) if "ttft" in hists else None,

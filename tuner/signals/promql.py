@@ -14,7 +14,15 @@ from collections.abc import Sequence
 
 from tuner.store.window import HistPoints, HistSeries, Point, Points
 
-__all__ = ["increase", "rate", "histogram_quantile", "histogram_quantiles", "bucket_increase", "fraction_le"]
+__all__ = [
+    "increase",
+    "rate",
+    "histogram_quantile",
+    "histogram_quantiles",
+    "bucket_increase",
+    "fraction_le",
+    "fraction_le_linear",
+]
 
 
 def increase(points: Sequence[Point], start_ms: int, end_ms: int, *, is_counter: bool = True) -> float | None:
@@ -188,3 +196,26 @@ def fraction_le(threshold: float, bounds: Sequence[float], counts: Sequence[floa
         if b >= threshold:
             break
     return min(low / total, 1.0), min(high / total, 1.0)
+
+
+def fraction_le_linear(threshold: float, bounds: Sequence[float], counts: Sequence[float]) -> float | None:
+    """Share of observations <= threshold with the observations spread evenly within each bucket: the assumption
+    ``histogram_quantile`` makes (and Prometheus's ``histogram_fraction`` for native histograms), so this is the
+    inverse of ``_bucket_quantile`` on the same buckets. The first bucket starts at 0 (at its bound when that is
+    not above 0); a threshold in the +Inf bucket gets the count below it. Lies within ``fraction_le``'s bounds."""
+    merged = _buckets(bounds, counts)
+    if merged is None:
+        return None
+    total = merged[-1][1]
+    below, start = 0.0, 0.0
+    for i, (b, c) in enumerate(merged):
+        if threshold < b:
+            if math.isinf(b):
+                return below / total
+            if i == 0 and b <= 0:
+                return 0.0
+            lo = start if i else min(0.0, b)
+            share = (threshold - lo) / (b - lo) if b > lo else 1.0
+            return (below + (c - below) * max(0.0, min(1.0, share))) / total
+        below, start = c, b
+    return 1.0
