@@ -661,3 +661,28 @@ def test_goodput_is_judged_on_the_attainment_within_its_buckets_not_on_their_low
         min_requests=20,
     )
     assert bare.outcome == "inconclusive" and _said(bare, "goodput", "fell"), bare.reason
+
+
+def test_a_goodput_up_from_nothing_reads_as_that_not_as_an_infinite_share():
+    """The README demo (2026-11-28 13:03): the before-window met the SLO for none of 144 requests, and the verdict
+    said "SLO goodput (req/s) rose: 0.000 -> 2.987 (+inf%, ...)"."""
+    import dataclasses
+
+    budgets = {"ttft": 2.0}
+    ttft_b = [0, 0, 0, 0, 0, 40, 60, 0]  # every TTFT above 2.5 s
+    ttft_a = [0, 0, 0, 0, 100, 0, 0, 0]  # every one in 1-2.5 s
+    sides = []
+    for rate, ttft in ((2.6, ttft_b), (4.5, ttft_a)):
+        from tuner.signals.promql import fraction_le, fraction_le_linear
+
+        lo, hi = fraction_le(2.0, BOUNDS, _cum(ttft))  # type: ignore[misc]
+        p = _profile(rate=rate, saturated=True, e2e=ttft, ttft=ttft, attainment=lo, n_intervals=20)
+        est = fraction_le_linear(2.0, BOUNDS, _cum(ttft))
+        sides.append(
+            dataclasses.replace(
+                p, slo_attainment_hi=hi, slo_attainment_est=est, slo_objective=0.95, slo_budgets=budgets
+            )
+        )
+    v = judge(*sides, min_requests=20)
+    assert _said(v, "goodput", "rose") and "inf" not in v.reason, v.reason
+    assert "SLO goodput (req/s) rose: 0.000 -> " in v.reason and "(up from 0, P(up) 1.00" in v.reason, v.reason

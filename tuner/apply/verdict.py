@@ -267,7 +267,7 @@ class _Effect:
         def f(v: float | None) -> str:
             return "n/a" if v is None else f"{v:.3f}{unit}"
 
-        return f"{self.name} {f(self.before)} -> {f(self.after)} ({self.rel:+.0%}, P(up) {self.p_up:.2f})"
+        return f"{self.name} {f(self.before)} -> {f(self.after)} ({_change(self.rel)}, P(up) {self.p_up:.2f})"
 
 
 # ---- the statistics -------------------------------------------------------------------------------------------
@@ -563,7 +563,7 @@ def effect_clause(e: _Effect, kind: str) -> Clause:
     """A KPI before and after with its test: rose or fell only beyond the noise, else held."""
     word = "rose" if e.rose else "fell" if e.fell else "held"
     verb = word if word != "held" else "did not change beyond the noise"
-    said = f"{_num(e.before)} -> {_num(e.after)} ({e.rel:+.0%}, P(up) {e.p_up:.2f}"
+    said = f"{_num(e.before)} -> {_num(e.after)} ({_change(e.rel)}, P(up) {e.p_up:.2f}"
     if e.bounds is not None:
         r = e.bounds
         said += (
@@ -822,6 +822,11 @@ def _second_signal(
 
 def _load_ratio(b: LoadProfile, a: LoadProfile) -> float | None:
     return a.offered / b.offered if b.offered and a.offered is not None else None
+
+
+def _change(rel: float) -> str:
+    """A relative change as a person reads it: "+72%", and "up from 0" where the before was 0 (no "+inf%")."""
+    return f"{rel:+.0%}" if math.isfinite(rel) else "up from 0"
 
 
 def _num(v: float | None) -> str:
