@@ -549,7 +549,6 @@ def _compare(
     runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
     flags = {"A": base, "B": best}
     at = TurnRate(rate, served)
-    here: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}  # the runs at ``at.rate``
     moved: list[str] = []  # the rates left behind, and why
     prompts = _run_size(ctx, rate)
     decision = Decision("undecided", 0.0, "not run")
@@ -627,8 +626,8 @@ def _compare(
                     arrivals=pair,  # the two of a pair meet the same arrivals; each pair its own
                 )
                 runs[side].append(run.as_json())
-                here[side].append(run.as_json())
                 ctx.say(f"    {side} {at.rate:7.3g} req/s: {run.good}/{run.sent} within the SLO ({run.attainment:.1%})")
+            here = {k: [r for r in v if r["rate_rps"] == at.rate] for k, v in runs.items()}  # each rate pooled apart
             count = {k: (sum(r["good"] for r in v), sum(r["sent"] for r in v)) for k, v in here.items()}
             decision = decide(
                 t.slo.objective,
@@ -642,14 +641,13 @@ def _compare(
                 break
             share = {k: g / n if n else 0.0 for k, (g, n) in count.items()}
             nxt = at.after(t.slo.objective, share["A"], share["B"])
-            if nxt.rate != at.rate:
-                both_met = min(share.values()) >= t.slo.objective
+            if nxt.rate != at.rate:  # up where both met, down where both fell short
                 moved.append(
-                    f"at {at.rate:.3g} req/s both {'met' if both_met else 'fell short of'} the objective (the "
+                    f"at {at.rate:.3g} req/s both {'met' if nxt.rate > at.rate else 'fell short of'} the objective (the "
                     f"candidate {count['B'][0]}/{count['B'][1]}, the flags in force {count['A'][0]}/{count['A'][1]})"
                 )
                 ctx.say(f"  {moved[-1]}: on at {nxt.rate:.3g} req/s")
-                at, here = nxt, {"A": [], "B": []}
+                at = nxt
     finally:
         for side in list(servers):
             _down(side)

@@ -350,11 +350,10 @@ def _within_slo(name: str, b: LoadProfile, a: LoadProfile, attr: str, b_rate: fl
     the SLO: goodput "fell 0.272 -> 0.000 (-100%)", and the verdict was inconclusive beside a capacity up 76%.)"""
     busy_b, busy_a = [iv for iv in b.intervals if iv.busy], [iv for iv in a.intervals if iv.busy]
 
-    def at(p: LoadProfile) -> tuple[float, float, float]:
+    def at(p: LoadProfile) -> tuple[float, float, float]:  # (at least, the estimate, at most): profile() orders them
         lo = p.slo_attainment or 0.0
-        hi = max(lo, p.slo_attainment_hi if p.slo_attainment_hi is not None else lo)
-        est = p.slo_attainment_est
-        return lo, (lo if est is None else min(hi, max(lo, est))), hi
+        est, hi = p.slo_attainment_est, p.slo_attainment_hi
+        return lo, lo if est is None else est, lo if hi is None else hi
 
     (b_lo, b_est, b_hi), (a_lo, a_est, a_hi) = at(b), at(a)
     p = bootstrap_p_up(busy_b, busy_a, attr, before_scale=b_est, after_scale=a_est)

@@ -214,8 +214,7 @@ def fraction_le_linear(threshold: float, bounds: Sequence[float], counts: Sequen
                 return below / total
             if i == 0 and b <= 0:
                 return 0.0
-            lo = start if i else min(0.0, b)
-            share = (threshold - lo) / (b - lo) if b > lo else 1.0
-            return (below + (c - below) * max(0.0, min(1.0, share))) / total
+            share = max(0.0, (threshold - start) / (b - start))  # bounds rise strictly once _buckets coalesced them
+            return (below + (c - below) * share) / total
         below, start = c, b
     return 1.0
