@@ -143,7 +143,7 @@ def test_the_tuples_the_store_checks_against_are_unchanged():
         "tuning",
         "done",
     )
-    assert OUTCOMES == ("kept", "rolled_back", "inconclusive", "failed")
+    assert OUTCOMES == ("kept", "rolled_back", "inconclusive", "failed", "unchanged")
     assert STATUSES == ("proposed", "applied", "rejected", "expired", "rolled_back", "failed")
     assert TRIAL_STATUSES == ("running", "measured", "crashed", "pruned", "interrupted", "compared")
 

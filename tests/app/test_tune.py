@@ -295,6 +295,7 @@ def test_a_tune_is_refused_while_an_apply_holds_the_target_and_holds_it_against_
     assert seen[1] == "supervisor sees busy: []"
     [entry] = [a for a in jr.list_applies(store.engine, target="v") if a.kind == "tune"]
     assert entry.state == "done" and entry.mode == "shadow" and "not touched" in entry.note, entry
+    assert entry.outcome == "unchanged", entry  # no rollback on a dashboard: nothing was applied
     from tuner.app.status import _last_apply
 
     assert _last_apply(store, "v").id == aid  # `tuner status` shows the last apply, not a tune that changed nothing

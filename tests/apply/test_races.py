@@ -254,3 +254,29 @@ def test_an_apply_in_flight_is_not_reconciled_by_another_thread_of_its_own_tuner
     jr.step(store.engine, left.id, "applied_by_hand", "", now=time.time(), state="health_check")
     [line] = auto.reconcile()
     assert f"apply #{left.id} g.r1" in line and jr.get_apply(store.engine, left.id).state == "done"
+
+
+def test_a_dead_shadow_tune_is_closed_unchanged_and_counts_as_no_apply(tmp_path, store):
+    """A tuner killed during a shadow tune leaves its hold open; reconcile closes it without touching production,
+    as `unchanged` (it once read `rolled_back`: a rollback mark on the dashboards for a run that changed nothing)."""
+    cfg = "targets:\n  - {name: v, backend: vllm, url: 'http://127.0.0.1:9', flags: {max-num-seqs: 4}}\n"
+    aid = jr.begin_apply(
+        store.engine,
+        target="v",
+        recommendation_id=None,
+        kind="tune",
+        mode="shadow",
+        now=time.time(),
+        diff={},
+        old_flags={"max_num_seqs": 4},
+        new_flags={"max_num_seqs": 4},
+        old_argv=[],
+        new_argv=[],
+        owner_pid=1,
+        owner_start=1,
+    )  # pid 1 with another start time: not alive
+    [line] = Applier(parse_config(cfg), store, tmp_path, say=lambda m: None).reconcile()
+    a = jr.get_apply(store.engine, aid)
+    assert (a.state, a.outcome) == ("done", "unchanged") and "not touched" in a.note, (a, line)
+    assert not any(s["step"] in ("restoring", "draining", "starting") for s in a.steps), a.steps
+    assert jr.outcome_counts(store.engine) == {}  # beside production: no apply at all

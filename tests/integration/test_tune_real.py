@@ -348,7 +348,7 @@ def test_tune_on_target_only_in_its_window_restores_production_and_survives_kill
         assert back is not None and back.pid and mg.is_alive(back.pid, back.proc_start)
         assert mg.proc_argv(back.pid) == in_force and jr.open_applies(engine) == []
         (entry,) = [a for a in jr.list_applies(engine, target="llama") if a.kind == "tune"]
-        assert entry.state == "done" and "reconciled" in entry.note
+        assert entry.state == "done" and entry.outcome == "unchanged" and "reconciled" in entry.note, entry
 
         # --resume, still inside the window: the rest of the trials, then production back with the flags in force.
         out = subprocess.run(tuner + [str(open_now)] + tune + ["--resume"], capture_output=True, text=True, timeout=900)
@@ -364,7 +364,8 @@ def test_tune_on_target_only_in_its_window_restores_production_and_survives_kill
         assert mg.proc_argv(final.pid) == in_force
         mg.health_gate(realservers_target(port))
         entries = [a for a in jr.list_applies(engine, target="llama") if a.kind == "tune"]
-        assert len(entries) == 2 and all(a.state == "done" for a in entries) and jr.open_applies(engine) == []
+        assert len(entries) == 2 and all((a.state, a.outcome) == ("done", "unchanged") for a in entries)
+        assert jr.open_applies(engine) == []
         assert "restored and healthy" in entries[0].note, entries[0].note  # newest first
     finally:
         subprocess.run(tuner + [str(open_now), "managed", "stop", "llama"], capture_output=True, timeout=120)

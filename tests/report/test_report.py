@@ -165,7 +165,7 @@ def fill(store) -> None:  # type: ignore[no-untyped-def]
         owner_pid=os.getpid(),
         owner_start=0,
     )
-    journal.finish(store.engine, hold, "rolled_back", "tuning run (done); production was not touched", now=T0 + 181)
+    journal.finish(store.engine, hold, "unchanged", "tuning run (done); production was not touched", now=T0 + 181)
 
 
 @pytest.fixture

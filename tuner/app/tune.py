@@ -756,7 +756,7 @@ def _target_taken(ctx: _Ctx, current: dict[str, Any]) -> Iterator[None]:
             jr.finish(
                 engine,
                 aid,
-                ApplyOutcome.ROLLED_BACK,
+                ApplyOutcome.UNCHANGED,
                 f"tuning run {ctx.run_id} on the target ({how}); the flags in force restored and healthy",
                 now=ctx.clock(),
             )
@@ -793,7 +793,7 @@ def _held(ap: Applier, t: Target, in_force: dict[str, Any], *, on_target: bool) 
                 jr.finish(
                     ap.engine,
                     aid,
-                    ApplyOutcome.ROLLED_BACK,
+                    ApplyOutcome.UNCHANGED,
                     f"{run} ({how}); "
                     + (
                         "production was not drained"

@@ -65,7 +65,7 @@ def _reconcile_one(ap: Applier, a: jr.StoredApply) -> str:
         jr.finish(
             ap.engine,
             a.id,
-            ApplyOutcome.ROLLED_BACK,
+            ApplyOutcome.UNCHANGED,
             "reconciled: the tuner of this tuning run stopped; its trials ran beside production, which was not touched",
             now=now,
         )
@@ -93,13 +93,12 @@ def _reconcile_one(ap: Applier, a: jr.StoredApply) -> str:
         return _line(
             ap.observe_and_judge(a.id, p, a.recommendation_id, a.baseline, prefix="reconciled: " + where + "; ")
         )
+    back = ApplyOutcome.UNCHANGED if a.kind == "tune" else ApplyOutcome.ROLLED_BACK  # a tuning run changes nothing
     if found == "the old flags" and healthy:
-        jr.finish(
-            ap.engine, a.id, ApplyOutcome.ROLLED_BACK, f"reconciled: {where}; nothing was changed", now=ap.clock()
-        )
+        jr.finish(ap.engine, a.id, back, f"reconciled: {where}; nothing was changed", now=ap.clock())
         return _line(jr.get_apply(ap.engine, a.id))
     restored = ap.restore(a.id, p)
-    outcome = ApplyOutcome.FAILED if restored.failed else ApplyOutcome.ROLLED_BACK
+    outcome = ApplyOutcome.FAILED if restored.failed else back
     jr.finish(ap.engine, a.id, outcome, f"reconciled: {where}; {restored}", now=ap.clock())
     if a.recommendation_id is not None and a.kind == "apply":
         recs.set_status(

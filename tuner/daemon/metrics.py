@@ -146,7 +146,7 @@ def _apply_families(
     yield recs
     applies = CounterMetricFamily(
         "tuner_applies",
-        "Finished applies by outcome (kept, rolled_back, inconclusive, failed)",
+        "Finished applies by outcome (kept, rolled_back, inconclusive, failed; unchanged: a tuning run on the target)",
         labels=["target", "outcome"],
     )
     for t in targets:

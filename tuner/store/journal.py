@@ -122,6 +122,7 @@ class ApplyOutcome(StrEnum):
     ROLLED_BACK = "rolled_back"
     INCONCLUSIVE = "inconclusive"
     FAILED = "failed"
+    UNCHANGED = "unchanged"  # a tuning run's hold: the flags in force stand as before (never touched, or restored)
 
 
 class ServerState(StrEnum):
@@ -441,7 +442,8 @@ def set_kpis(
 
 
 def finish(engine: Engine, apply_id: int, outcome: ApplyOutcome, note: str, *, now: float) -> None:
-    """Close the apply with its outcome (kept | rolled_back | inconclusive | failed); the target is free again."""
+    """Close the apply with its outcome (kept | rolled_back | inconclusive | failed | unchanged); the target is free
+    again."""
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome {outcome!r}: expected one of {', '.join(OUTCOMES)}")
     with Tx(engine) as conn:
