@@ -494,7 +494,14 @@ def tune_corpus(text: str) -> str | None:
             )
         else:
             parts.append(f"{which.lower()}: not scored")
-    return None if all(p.endswith("not scored") for p in parts) else "; ".join(parts)
+    if all(p.endswith("not scored") for p in parts):
+        return None
+    # a run file scores its own runs; the tally over every draw so far, where the file carries one, keeps the misses
+    # of earlier runs in the row too
+    m = re.search(r"^Every held-back run to date \(([^)]*)\): (\d+) of (\d+) reach at least 95%", text, re.M)
+    if m:
+        parts.append(f"every held-back run to date ({m.group(1)}): ≥ 95% in {m.group(2)} of {m.group(3)}")
+    return "; ".join(parts)
 
 
 def tune_spread(text: str) -> str | None:

@@ -127,6 +127,10 @@ def test_the_summary_row_reads_what_the_table_says(tmp_path: Path) -> None:
         == "held back: 80%-80% of the grid's best (≥ 95% in 0 of 1 runs), 67% of its trials; built on: not scored"
     )
     assert summary.tune_corpus("no table here") is None
+    tally = "Every held-back run to date (3 draws, each scored with the code of its day): 7 of 12 reach at least 95%"
+    assert summary.tune_corpus(score(tmp_path, held=["tiny-out"]) + "\n" + tally + " of the grid's best.\n") == (
+        figure + "; every held-back run to date (3 draws, each scored with the code of its day): ≥ 95% in 7 of 12"
+    )
 
 
 def test_a_choice_off_the_grid_is_scored_by_the_searches_own_measurements_of_it(tmp_path: Path) -> None:
