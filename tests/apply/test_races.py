@@ -52,6 +52,26 @@ def _config(tmp_path: Path) -> str:
     return CONFIG.replace("SOCKET", str(tmp_path / "haproxy.sock"))
 
 
+def _left_by_dead_tuner(store: Store, target: str, kind: str, mode: str, old: int, new: int) -> int:
+    """What a tuner killed mid-apply leaves: an open journal entry whose owner is gone (pid 1 with another start
+    time: not alive)."""
+    return jr.begin_apply(
+        store.engine,
+        target=target,
+        recommendation_id=None,
+        kind=kind,
+        mode=mode,
+        now=time.time(),
+        diff={} if old == new else {"max_num_seqs": new},
+        old_flags={"max_num_seqs": old},
+        new_flags={"max_num_seqs": new},
+        old_argv=[],
+        new_argv=[],
+        owner_pid=1,
+        owner_start=1,
+    )
+
+
 def _rec(store: Store, target: str) -> int:
     return recs.add_recommendation(
         store.engine,
@@ -196,22 +216,8 @@ def test_two_reconcilers_restore_an_apply_left_by_a_dead_tuner_once(tmp_path, st
         )
         left: list[int] = []
 
-        def dead_apply() -> int:  # what a tuner killed mid-apply leaves: an open apply, its owner gone
-            aid = jr.begin_apply(
-                store.engine,
-                target="h",
-                recommendation_id=None,
-                kind="apply",
-                mode="manual",
-                now=time.time(),
-                diff={"max_num_seqs": 8},
-                old_flags={"max_num_seqs": 4},
-                new_flags={"max_num_seqs": 8},
-                old_argv=[],
-                new_argv=[],
-                owner_pid=1,
-                owner_start=1,
-            )  # pid 1 with another start time: not alive
+        def dead_apply() -> int:  # killed while starting the new flags
+            aid = _left_by_dead_tuner(store, "h", "apply", "manual", 4, 8)
             jr.step(store.engine, aid, "starting", "", now=time.time(), state="starting")
             return aid
 
@@ -260,21 +266,7 @@ def test_a_dead_shadow_tune_is_closed_unchanged_and_counts_as_no_apply(tmp_path,
     """A tuner killed during a shadow tune leaves its hold open; reconcile closes it without touching production,
     as `unchanged` (it once read `rolled_back`: a rollback mark on the dashboards for a run that changed nothing)."""
     cfg = "targets:\n  - {name: v, backend: vllm, url: 'http://127.0.0.1:9', flags: {max-num-seqs: 4}}\n"
-    aid = jr.begin_apply(
-        store.engine,
-        target="v",
-        recommendation_id=None,
-        kind="tune",
-        mode="shadow",
-        now=time.time(),
-        diff={},
-        old_flags={"max_num_seqs": 4},
-        new_flags={"max_num_seqs": 4},
-        old_argv=[],
-        new_argv=[],
-        owner_pid=1,
-        owner_start=1,
-    )  # pid 1 with another start time: not alive
+    aid = _left_by_dead_tuner(store, "v", "tune", "shadow", 4, 4)
     [line] = Applier(parse_config(cfg), store, tmp_path, say=lambda m: None).reconcile()
     a = jr.get_apply(store.engine, aid)
     assert (a.state, a.outcome) == ("done", "unchanged") and "not touched" in a.note, (a, line)
