@@ -176,9 +176,16 @@ def test_requests_past_the_last_finite_bucket_give_a_longest_request_no_shorter_
 VLLM_TOKEN_BOUNDS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, math.inf)
 
 
-def _rag_window(*, aborted: float = 0.0, http_4xx: float = 0.0, with_http: bool = True) -> TargetWindow:
+def _rag_window(
+    *,
+    aborted: float = 0.0,
+    http_4xx: float = 0.0,
+    with_http: bool = True,
+    prompts: tuple[dict[int, float], float] = ({9: 613.0}, 752.0),
+) -> TargetWindow:
     """The issue's RAG window: 613 prompts of 650-850 tokens (mean 752, all in vLLM's (500, 1000] bucket) and
-    outputs of 40-120 (mean 80: (50, 100] and (100, 200]), served at max-model-len 1024."""
+    outputs of 40-120 (mean 80: (50, 100] and (100, 200]), served at max-model-len 1024. ``prompts``: other prompts,
+    as requests per bucket (index into VLLM_TOKEN_BOUNDS) and their mean."""
     n = 13
 
     def hist(per_bucket: dict[int, float], mean: float) -> HistSeries:
@@ -208,7 +215,7 @@ def _rag_window(*, aborted: float = 0.0, http_4xx: float = 0.0, with_http: bool 
             [1.0], n
         )  # not a completion route: says nothing of the requests
     hists = {
-        ("vllm:request_prompt_tokens", ()): hist({9: 613.0}, 752.0),
+        ("vllm:request_prompt_tokens", ()): hist(*prompts),
         ("vllm:request_generation_tokens", ()): hist({6: 200.0, 7: 413.0}, 80.0),
     }
     e = EngineWindow(engine="0", model_name="m", series=series, hists=hists)
@@ -253,10 +260,11 @@ def test_without_the_limit_in_force_the_bucket_edges_stand_and_missing_evidence_
 
 def test_each_inferred_value_carries_its_interval():
     w = from_window(_rag_window(), max_model_len=1024)
-    # both quantiles inside (500, 1000]: any spread from 0 to (1000 - 500) / (1.6 x 752) = 0.4156 fits; the issue's
-    # true 0.133 lies inside, the point value (uniform within the bucket) is 0.332
+    # both quantiles inside (500, 1000]: their difference alone allows 0 to (1000 - 500) / (1.6 x 752) = 0.4156; around
+    # the exact mean, P90 = 752 x (1 + 0.8r) <= 1000 allows up to 0.412. The issue's true 0.133 lies inside, the point
+    # value (uniform within the bucket) is 0.332
     rr = w.inferred["range_ratio"]
-    assert (rr.low, rr.high) == (0.0, pytest.approx(0.4156, abs=0.001))
+    assert (rr.low, rr.high) == (0.0, pytest.approx(0.4122, abs=0.001))  # P90 = 752 x (1 + 0.8r) <= 1000
     assert rr.low <= 0.133 <= rr.high and rr.low <= w.range_ratio <= rr.high
     assert "both in the (500, 1000] token bucket" in rr.note
     assert w.inferred["input_len"].low == w.inferred["input_len"].high == 752  # a mean of sums: exact
@@ -269,7 +277,47 @@ def test_each_inferred_value_carries_its_interval():
     from tuner.signals.workload import describe
 
     lines = describe(w)
-    assert any(line.startswith("range_ratio") and "[0 .. 0.416]" in line for line in lines), lines
+    assert any(line.startswith("range_ratio") and "[0 .. 0.412]" in line for line in lines), lines
+
+
+def test_the_exact_mean_bounds_the_range_ratio_where_one_bucket_holds_both_quantiles():
+    # drawn-5553-2 (bench/corpus-drawn3): 260-token prompts drawn with range 0.05, P10 and P90 both in (200, 500].
+    # The quantiles' difference alone allowed 0-0.721 and the value read 0.577 (prompts 110-410); with the mean
+    # exact, P10 = 260 x (1 - 0.8r) > 200 holds only for r < (1 - 200/260) / 0.8 = 0.288
+    w = from_window(_rag_window(prompts=({8: 613.0}, 260.0)))
+    rr = w.inferred["range_ratio"]
+    assert (rr.low, rr.high) == (0.0, pytest.approx(0.2885, abs=0.001)) and rr.low <= 0.05 <= rr.high
+    assert w.range_ratio == pytest.approx(0.288, abs=0.001)  # the interpolated 0.577, brought inside what fits
+    assert "exact mean of 260" in rr.note
+
+
+def test_the_range_ratio_bounds_hold_the_truth_for_uniform_prompts_and_never_move_the_value_away_from_it():
+    """Prompts uniform on mean x [1 - r, 1 + r], as vLLM's random dataset draws them, binned exactly into vLLM's
+    buckets: the inferred interval holds the true r, and the value is no further from it than the interpolated
+    spread before the bounds (bringing it inside an interval that holds the truth can only move it closer)."""
+    import random
+
+    from tuner.signals.promql import histogram_quantile
+
+    rng = random.Random(20261128)
+    edges = (0.0, *VLLM_TOKEN_BOUNDS)
+    closer = 0
+    for _ in range(300):
+        mean, r = rng.uniform(8, 900), rng.uniform(0, 0.9)
+        lo, hi = mean * (1 - r), mean * (1 + r)
+        per = {
+            j: 6130 * max(0.0, min(hi, edges[j + 1]) - max(lo, edges[j])) / (hi - lo)
+            for j in range(len(VLLM_TOKEN_BOUNDS))
+        }
+        w = from_window(_rag_window(prompts=(per, mean)))
+        rr = w.inferred["range_ratio"]
+        assert rr.low - 1e-3 <= r <= rr.high + 1e-3, (mean, r, rr)
+        cum = [sum(per.get(k, 0.0) for k in range(j + 1)) for j in range(len(VLLM_TOKEN_BOUNDS))]
+        p10, p90 = (histogram_quantile(q, VLLM_TOKEN_BOUNDS, cum) for q in (0.1, 0.9))
+        before = min(0.9, max(0.0, (p90 - p10) / (1.6 * round(mean))))
+        assert abs(w.range_ratio - r) <= abs(before - r) + 2e-3, (mean, r, before, w.range_ratio)
+        closer += abs(w.range_ratio - r) < abs(before - r) - 0.01
+    assert closer >= 30  # and it does move some of them closer (a bound that never binds would pass the rest)
 
 
 def test_the_burstiness_interval_is_a_chi_square_interval_on_the_dispersion():

@@ -5,7 +5,9 @@ From one stored window of a vLLM target (its request histograms and counters, th
   input_len, output_len   mean prompt and generated tokens per finished request (the histograms' sum / count)
   range_ratio             spread of prompt lengths as vLLM's random dataset draws them, uniform on
                           [len x (1 - r), len x (1 + r)]: a uniform's P90 - P10 is 0.8 x its width, so
-                          r = (P90 - P10) / (1.6 x mean), from the prompt histogram, within [0, 0.9]
+                          r = (P90 - P10) / (1.6 x mean), from the prompt histogram, within [0, 0.9] and within
+                          what the exact mean allows: P10 = mean x (1 - 0.8r) and P90 = mean x (1 + 0.8r) must each
+                          lie in their bucket
   rate_rps                offered arrivals per second (signals/load.py: finished + the change in in-flight)
   burstiness              the gamma shape of inter-arrival times (vLLM bench's --burstiness: 1 is Poisson, below
                           1 burstier). Counts of a renewal process over long intervals have an index of dispersion
@@ -27,7 +29,7 @@ From one stored window of a vLLM target (its request histograms and counters, th
 
 Each inferred value comes with what the window proves about it (``inferred``: the field -> low, high and how it
 was read): the means are exact, a range ratio read from two quantiles inside one wide bucket is not (P10 and P90
-both in (500, 1000]: anything from 0 to 0.415 fits), the rate is a count over a window (a Poisson interval widened
+both in (500, 1000] with a mean of 752: anything from 0 to 0.412 fits), the rate is a count over a window (a Poisson interval widened
 by the burstiness), the burstiness a variance over few intervals (a chi-square interval), the longest request a
 bucket edge. ``tuner workload`` prints them; a replay uses the values, the bounds say how far to trust them.
 
@@ -277,22 +279,31 @@ def from_window(window: TargetWindow, *, max_model_len: int | None = None, limit
     }
     p10, p90 = histogram_quantile(0.1, p_bounds, p_cum), histogram_quantile(0.9, p_bounds, p_cum)
     spread = (p90 - p10) / (1.6 * input_len) if math.isfinite(p10) and math.isfinite(p90) else 0.0
-    range_ratio = round(min(0.9, max(0.0, spread)), 3)
     (a1, b1), (a2, b2) = _bucket_of(0.1, p_bounds, p_cum), _bucket_of(0.9, p_bounds, p_cum)
-    lo_r = min(0.9, max(0.0, (a2 - b1) / (1.6 * input_len)))
-    hi_r = min(0.9, (b2 - a1) / (1.6 * input_len)) if math.isfinite(b2) else 0.9
     where = (
         f"P10 and P90 both in the ({a1:g}, {b1:g}] token bucket"
         if (a1, b1) == (a2, b2)
         else f"P10 in ({a1:g}, {b1:g}], P90 in ({a2:g}, {b2:g}] tokens"
     )
+    # the replay's prompts are uniform on mean x [1 - r, 1 + r], so P10 = mean x (1 - 0.8r), P90 = mean x (1 + 0.8r):
+    # with the mean exact, each quantile's bucket bounds r on its own (P10 and P90 in (200, 500] with a mean of 260
+    # allow r up to (1 - 200/260) / 0.8 = 0.288, where their difference alone allows 0.721)
+    mean = p_sum / p_count
+    lo_r = max(0.0, (1 - b1 / mean) / 0.8, (a2 / mean - 1) / 0.8)
+    hi_r = min(0.9, (1 - a1 / mean) / 0.8, (b2 / mean - 1) / 0.8 if math.isfinite(b2) else 0.9)
+    if lo_r <= hi_r:
+        allow = f"with the exact mean of {mean:.4g}, a spread around it fits the buckets for {lo_r:.3g}-{hi_r:.3g}"
+    else:  # no spread even around the mean fits (a skewed mix): what the quantiles' difference alone allows
+        lo_r = min(0.9, max(0.0, (a2 - b1) / (1.6 * input_len)))
+        hi_r = max(lo_r, min(0.9, (b2 - a1) / (1.6 * input_len)) if math.isfinite(b2) else 0.9)
+        allow = (
+            f"no spread even around the mean fits the buckets (a skewed mix); their edges allow {lo_r:.3g}-{hi_r:.3g}"
+        )
+    range_ratio = round(min(hi_r, max(lo_r, spread)), 3)
     inferred["range_ratio"] = Inferred(
         low=_r(lo_r),
-        high=_r(max(hi_r, lo_r)),
-        note=(
-            f"{where}: the buckets allow {lo_r:.3g}-{max(hi_r, lo_r):.3g}; the value assumes prompts spread evenly "
-            "inside each bucket"
-        ),
+        high=_r(hi_r),
+        note=f"{where}: {allow}; the value assumes prompts spread evenly inside each bucket, within that",
     )
 
     load = profile(window)
