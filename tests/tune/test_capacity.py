@@ -210,6 +210,17 @@ def test_a_config_that_meets_no_rate_still_reports_the_queue_it_built_at_the_low
     assert [s.rate_rps for s in cap.steps] == [4.0, 0.5]
     assert cap.in_flight == pytest.approx(0.1 * (10.0 + 40 * 0.5))  # the floor's run: 3 in flight, not 4 req/s's 17
     assert cap.as_json()["in_flight"] == cap.in_flight
+    # a close call at the floor is run twice: its first run is read, as at a passing rate (best_at keeps the first)
+    seen: list[float] = []
+
+    def close(rate: float) -> RateRun:
+        seen.append(rate)
+        e2e = 10.0 + len(seen)  # each run at the floor a little slower: which one was read shows
+        return RateRun(rate, 40, 40, 37, 0.925, 400.0, 0.1, None, None, 60.0, None, mean_e2e_s=e2e)
+
+    twice = find_capacity(close, 0.95, start_rps=0.5, floor_rps=0.5, max_runs=8)
+    assert seen == [0.5, 0.5] and twice.capacity_rps == 0.0
+    assert twice.in_flight == pytest.approx(0.1 * 11.0)  # the first run's, not the repeat's 0.1 x 12
     # a run that says nothing of its latency leaves it unknown, as before
     blind = find_capacity(lambda rate: Run(rate, 40, 0, 0.0), 0.95, start_rps=1.0, floor_rps=0.5)
     assert blind.capacity_rps == 0.0 and blind.in_flight is None

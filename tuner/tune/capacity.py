@@ -178,7 +178,7 @@ def find_capacity(
         # one sign of how many slots the traffic asks for that a config with a capacity of 0 gives the search
         low = min(cap.steps, key=lambda s: s.rate_rps).rate_rps
         at_low = [r for r in cap.runs if getattr(r, "rate_rps", None) == low]
-        cap.in_flight = getattr(at_low[-1], "in_flight", None) if at_low else None
+        cap.in_flight = getattr(at_low[0], "in_flight", None) if at_low else None  # its first, as at a passing rate
     if cap.lo_rps is None:
         cap.note = f"no rate down to {cap.steps[-1].rate_rps:g} req/s met the objective" if cap.steps else "no run"
     elif cap.hi_rps is None:
