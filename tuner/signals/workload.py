@@ -29,9 +29,9 @@ From one stored window of a vLLM target (its request histograms and counters, th
 
 Each inferred value comes with what the window proves about it (``inferred``: the field -> low, high and how it
 was read): the means are exact, a range ratio read from two quantiles inside one wide bucket is not (P10 and P90
-both in (500, 1000] with a mean of 752: anything from 0 to 0.412 fits), the rate is a count over a window (a Poisson interval widened
-by the burstiness), the burstiness a variance over few intervals (a chi-square interval), the longest request a
-bucket edge. ``tuner workload`` prints them; a replay uses the values, the bounds say how far to trust them.
+both in (500, 1000] with a mean of 752: anything from 0 to 0.412 fits), the rate is a count over a window (a
+Poisson interval widened by the burstiness), the burstiness a variance over few intervals (a chi-square interval),
+the longest request a bucket edge. ``tuner workload`` prints them; a replay uses the values, the bounds say how far to trust them.
 
 The same fields load from a YAML file (``tuner workload -o``, or written by hand); ``parse_workload`` rejects an
 unknown or bad key by name, as the config does.
