@@ -31,7 +31,8 @@ Each inferred value comes with what the window proves about it (``inferred``: th
 was read): the means are exact, a range ratio read from two quantiles inside one wide bucket is not (P10 and P90
 both in (500, 1000] with a mean of 752: anything from 0 to 0.412 fits), the rate is a count over a window (a
 Poisson interval widened by the burstiness), the burstiness a variance over few intervals (a chi-square interval),
-the longest request a bucket edge. ``tuner workload`` prints them; a replay uses the values, the bounds say how far to trust them.
+the longest request a bucket edge. ``tuner workload`` prints them; a replay uses the values, the bounds say how far
+to trust them.
 
 The same fields load from a YAML file (``tuner workload -o``, or written by hand); ``parse_workload`` rejects an
 unknown or bad key by name, as the config does.
@@ -269,7 +270,8 @@ def from_window(window: TargetWindow, *, max_model_len: int | None = None, limit
     p_bounds, p_cum, p_sum, p_count = prompt
     g_bounds, g_cum, g_sum, g_count = gen
     n = int(p_count)
-    input_len = max(1, round(p_sum / p_count))
+    mean = p_sum / p_count  # exact: the histogram's sum / count
+    input_len = max(1, round(mean))
     output_len = max(1, round(g_sum / g_count))
     inferred: dict[str, Inferred] = {
         "input_len": Inferred(
@@ -288,7 +290,6 @@ def from_window(window: TargetWindow, *, max_model_len: int | None = None, limit
     # the replay's prompts are uniform on mean x [1 - r, 1 + r], so P10 = mean x (1 - 0.8r), P90 = mean x (1 + 0.8r):
     # with the mean exact, each quantile's bucket bounds r on its own (P10 and P90 in (200, 500] with a mean of 260
     # allow r up to (1 - 200/260) / 0.8 = 0.288, where their difference alone allows 0.721)
-    mean = p_sum / p_count
     lo_r = max(0.0, (1 - b1 / mean) / 0.8, (a2 / mean - 1) / 0.8)
     hi_r = min(0.9, (1 - a1 / mean) / 0.8, (b2 / mean - 1) / 0.8 if math.isfinite(b2) else 0.9)
     if lo_r <= hi_r:
