@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import pytest
 
-from tuner.tune.capacity import LONGEST_RUN, find_capacity, rate_floor
+from tuner.tune.capacity import LONGEST_RUN, Ladder, find_capacity, rate_floor
 
 
 @dataclass(frozen=True)
@@ -147,10 +147,9 @@ def test_requests_in_flight_by_littles_law_match_the_clients_own_request_timings
     assert run.in_flight > 5 * 2  # max-num-seqs was 2: most of these waited in vLLM's queue
     assert run.as_json()["in_flight"] == run.in_flight
     # the capacity search keeps the in-flight count of the run at the capacity rate
-    cap = find_capacity(
-        lambda rate: run if rate <= 22.6274 else Run(rate, 100, 0, 0.0), 0.95, start_rps=22.6274, max_runs=2
-    )
-    assert cap.capacity_rps == 22.6274 and cap.as_json()["in_flight"] == run.in_flight
+    rung = Ladder.for_tolerance(0.15).nearest(22.6274)  # the rate the search tries for a start of 22.6
+    cap = find_capacity(lambda rate: run if rate <= rung else Run(rate, 100, 0, 0.0), 0.95, start_rps=22.6, max_runs=2)
+    assert cap.capacity_rps == rung and cap.as_json()["in_flight"] == run.in_flight
 
 
 @dataclass(frozen=True)
@@ -177,8 +176,9 @@ def test_the_slots_bound_takes_a_slow_start_near_the_capacity_in_the_same_runs()
     assert calls == [1, 2, 4, 8, 16] and blind.hi_rps is None and blind.capacity_rps == 16
     calls.clear()
     cap = find_capacity(measure, 0.95, start_rps=1.0, max_runs=5, slots=2)
-    assert calls[:3] == [1.0, pytest.approx(2 / 0.09 / 2), pytest.approx(2 / 0.09)]
-    assert cap.hi_rps is not None and cap.lo_rps <= 19.0 < cap.hi_rps  # closed: 18.7-22.2 in the same 5 runs
+    rungs = Ladder.for_tolerance(0.15)  # the rates tried are its rungs nearest those named
+    assert calls[:3] == [1.0, rungs.nearest(2 / 0.09 / 2), rungs.nearest(2 / 0.09)]
+    assert cap.hi_rps is not None and cap.lo_rps <= 19.0 < cap.hi_rps  # closed: 18.4-21.1 in the same 5 runs
     assert cap.capacity_rps >= 0.95 * 19.0 > blind.capacity_rps
 
 
@@ -278,6 +278,58 @@ def test_a_start_far_above_the_capacity_comes_down_to_what_the_server_completed(
     search still ends with a bracket that holds the capacity."""
     measure, calls = saturating_server(7.3, serves=8.0)
     cap = find_capacity(measure, 0.99, start_rps=50.0, tolerance=0.1, max_runs=12)
-    assert calls[1] == pytest.approx(8.0 / 1.1)
+    assert calls[1] == Ladder.for_tolerance(0.1).nearest(8.0 / 1.1)
     assert cap.lo_rps is not None and cap.hi_rps is not None and cap.lo_rps <= 7.3 < cap.hi_rps
     assert cap.hi_rps / cap.lo_rps <= 1.1
+
+
+@pytest.mark.parametrize("tolerance", [0.02, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0])
+def test_the_ladder_is_the_coarsest_whose_step_is_within_the_tolerance(tolerance):
+    rungs = Ladder.for_tolerance(tolerance)
+    assert 2 ** (1 / rungs.rungs) <= 1 + tolerance + 1e-12
+    assert rungs.rungs == 1 or 2 ** (1 / (rungs.rungs - 1)) > 1 + tolerance
+    assert rungs.rate(rungs.rungs) == 2.0 and rungs.rate(0) == 1.0
+    # nothing lies between two neighbouring rungs; a wider pair holds the one nearest the target
+    assert rungs.between(rungs.rate(3), rungs.rate(4), rungs.rate(3) * 1.01) is None
+    assert rungs.between(rungs.rate(3), rungs.rate(9), rungs.rate(100)) == rungs.rate(8)
+    assert rungs.between(rungs.rate(3), rungs.rate(9), rungs.rate(-100)) == rungs.rate(4)
+
+
+@pytest.mark.parametrize("tolerance", [0.1, 0.15])
+@pytest.mark.parametrize("true_cap", [0.9, 7.3, 22.6, 112.0, 132.0])
+def test_searches_from_any_start_read_one_capacity_for_one_threshold(tolerance, true_cap):
+    """Two servers with the same flags that meet and miss the same rates read the same capacity, whatever rate each
+    search started from (the workload's, or the best capacity found so far): the highest rung of the ladder at or
+    below the threshold. Off a ladder they read up to one tolerance apart (the old geometric midpoints are shown)."""
+    import random
+
+    starts = [random.Random(seed).uniform(0.2, 400.0) for seed in range(40)]
+    rungs = Ladder.for_tolerance(tolerance)
+    meets, _ = server(true_cap)
+    truth = max(rungs.rate(k) for k in range(-40, 120) if meets(rungs.rate(k)).attainment >= 0.99)
+    read = set()
+    for start in starts:
+        measure, _ = server(true_cap)
+        cap = find_capacity(measure, 0.99, start_rps=start, tolerance=tolerance, max_runs=20)
+        assert cap.hi_rps is not None and cap.hi_rps / cap.lo_rps <= 1 + tolerance
+        read.add(cap.capacity_rps)
+    assert read == {truth}
+    off_ladder = set()
+    for start in starts:
+        measure, _ = server(true_cap)
+        cap = find_capacity(measure, 0.99, start_rps=start, tolerance=tolerance, max_runs=20, ladder=_Off())
+        off_ladder.add(cap.capacity_rps)
+    assert len(off_ladder) > 1 and (max(off_ladder) - min(off_ladder)) / true_cap > tolerance / 3
+
+
+class _Off(Ladder):
+    """Every rate a rung: the search as it was before the ladder (each rate where the arithmetic put it)."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+
+    def nearest(self, rate: float) -> float:
+        return rate
+
+    def between(self, lo: float, hi: float, target: float) -> float | None:
+        return target if lo < target < hi else None

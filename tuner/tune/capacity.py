@@ -8,6 +8,12 @@ run budget is spent. Capacity is the highest rate that passed. A failing run tha
 second than it was sent (its ``throughput_rps``) fell behind the server's service rate: halving goes at least that
 low, and the bisection probes just below it once before it takes midpoints.
 
+Every rate tried lies on one ladder, 2^(k/m) req/s for whole k, its steps 2^(1/m) no wider than 1 + tolerance
+(m = 5 for 0.15, 8 for 0.1): the start, each doubling, halving and midpoint is the nearest rung (the floor and
+ceiling excepted). Two searches of the same flags then try the same rates wherever they start, and two servers that
+meet and miss the same rates read the same capacity; off a ladder, each search's rates followed from its start
+(the best capacity so far), and two servers with the same threshold read up to one tolerance apart.
+
 Noise: a run's attainment is a share of n requests, with a binomial standard error sqrt(p (1 - p) / n). A run
 whose attainment lies within ``z`` standard errors of the objective is too close to call: the same rate runs again
 (once) and the two runs pool their requests. Attainment is assumed to fall as the rate rises; a pass above a
@@ -21,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Capacity", "Measured", "find_capacity", "rate_floor", "LONGEST_RUN"]
+__all__ = ["Capacity", "Measured", "Ladder", "find_capacity", "rate_floor", "LONGEST_RUN"]
 
 LONGEST_RUN = 8  # a run at the floor rate lasts at most this many times the run length
 _MOST_GROWTH = 16  # a passing run's next rate is at most this many times its own (a wrong slots count costs little)
@@ -36,6 +42,34 @@ class Measured(Protocol):
     e2e_p99: float | None
 
     def as_json(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """The rates a capacity search may try: 2^(k / rungs) req/s for whole k (rungs a doubling)."""
+
+    rungs: int
+
+    @classmethod
+    def for_tolerance(cls, tolerance: float) -> Ladder:
+        """The coarsest ladder whose step 2^(1/rungs) is at most 1 + ``tolerance``."""
+        return cls(max(1, math.ceil(math.log(2) / math.log1p(tolerance) - 1e-9)))
+
+    def _k(self, rate: float) -> float:
+        return self.rungs * math.log2(rate)
+
+    def rate(self, k: int) -> float:
+        return float(2.0 ** (k / self.rungs))
+
+    def nearest(self, rate: float) -> float:
+        return self.rate(round(self._k(rate)))
+
+    def between(self, lo: float, hi: float, target: float) -> float | None:
+        """The rung strictly between ``lo`` and ``hi`` nearest ``target``; None when no rung lies between."""
+        first, last = math.floor(self._k(lo) + 1e-9) + 1, math.ceil(self._k(hi) - 1e-9) - 1
+        if first > last:
+            return None
+        return self.rate(min(max(round(self._k(target)), first), last))
 
 
 @dataclass(frozen=True)
@@ -99,6 +133,7 @@ def find_capacity(
     max_runs: int = 8,
     z: float = 1.0,
     slots: int | None = None,
+    ladder: Ladder | None = None,
 ) -> Capacity:
     """Bracket then bisect the rate; ``measure(rate)`` runs the load once. See the module docstring.
 
@@ -107,7 +142,10 @@ def find_capacity(
     requests a second before requests queue (Little's law), and batching only slows each request: so after a
     passing run far below that, the next rate is half of it rather than the double (from 1 req/s, 2 sequences of
     0.1 s requests: 10 req/s next instead of 2; never more than 16 times the rate), and a bracket that would have
-    spent its runs doubling from a slow workload's rate ends near the capacity instead of below it."""
+    spent its runs doubling from a slow workload's rate ends near the capacity instead of below it.
+
+    ``ladder``: the rates it may try (the module docstring); by default the coarsest whose step is within
+    ``tolerance``."""
     if not 0 < objective <= 1:
         raise ValueError(f"objective must be in (0, 1], got {objective}")
     if start_rps <= 0 or floor_rps <= 0 or ceiling_rps < floor_rps:
@@ -115,6 +153,7 @@ def find_capacity(
             f"rates must be positive with floor <= ceiling: start {start_rps}, floor {floor_rps}, ceiling {ceiling_rps}"
         )
     cap = Capacity(0.0, None, None, objective)
+    rungs = ladder or Ladder.for_tolerance(tolerance)
     best_at: dict[float, Measured] = {}
 
     def test(rate: float) -> bool:
@@ -135,7 +174,7 @@ def find_capacity(
             cap.nonmonotone = True
         return passed
 
-    rate = min(max(start_rps, floor_rps), ceiling_rps)
+    rate = min(max(rungs.nearest(start_rps), floor_rps), ceiling_rps)
     while len(cap.runs) < max_runs:
         if test(rate):
             cap.lo_rps = max(rate, cap.lo_rps or 0.0)
@@ -143,13 +182,14 @@ def find_capacity(
                 cap.hi_rps = None
             if cap.hi_rps is not None or rate >= ceiling_rps:
                 break
-            rate = min(max(rate * 2, min(_unqueued(cap.runs[-1], slots) / 2, rate * _MOST_GROWTH)), ceiling_rps)
+            grow = max(rate * 2, min(_unqueued(cap.runs[-1], slots) / 2, rate * _MOST_GROWTH))
+            rate = min(rungs.nearest(grow), ceiling_rps)
         else:
             cap.hi_rps = rate if cap.hi_rps is None else min(rate, cap.hi_rps)
             if cap.lo_rps is not None or rate <= floor_rps:
                 break
             # at least halved; lower where the server completed fewer than that a second (a start far above it)
-            rate = max(min(rate / 2, _served(cap.runs, rate) / (1 + tolerance)), floor_rps)
+            rate = max(rungs.nearest(min(rate / 2, _served(cap.runs, rate) / (1 + tolerance))), floor_rps)
     hinted = False
     while (
         cap.lo_rps is not None
@@ -157,12 +197,14 @@ def find_capacity(
         and cap.hi_rps / cap.lo_rps > 1 + tolerance
         and len(cap.runs) < max_runs
     ):
-        mid = math.sqrt(cap.lo_rps * cap.hi_rps)
+        mid = rungs.between(cap.lo_rps, cap.hi_rps, math.sqrt(cap.lo_rps * cap.hi_rps))
         # once: where the run that missed at hi completed far fewer requests a second than it was sent, the capacity
         # lies near what it completed, not in the geometric middle (a 16x jump past it leaves lo-hi 16 wide)
         served = _served(cap.runs, cap.hi_rps)
         if not hinted and cap.lo_rps * (1 + tolerance) ** 2 <= served <= cap.hi_rps / (1 + tolerance):
-            mid, hinted = served / (1 + tolerance), True
+            mid, hinted = rungs.between(cap.lo_rps, cap.hi_rps, served / (1 + tolerance)), True
+        if mid is None:
+            break  # no rung between them: as narrow as the ladder reads
         if test(mid):
             cap.lo_rps = mid
         else:
