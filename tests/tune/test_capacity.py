@@ -88,6 +88,27 @@ def test_a_close_call_runs_again_and_pools_the_requests():
     assert cap.capacity_rps == 2.0 and cap.hi_rps == 4.0
 
 
+@dataclass(frozen=True)
+class ClumpedRun(Run):
+    attainment_se: float | None = None
+
+
+@pytest.mark.parametrize("measured_se,repeated", [(None, False), (0.005, False), (0.04, True), (float("nan"), False)])
+def test_a_run_whose_misses_came_in_clumps_is_a_close_call_further_out(measured_se, repeated):
+    """182 of 200 (91%) against 0.95 is 2.6 binomial standard errors short: independent requests would have decided
+    it. Misses that came in bursts (the run's batch-means error 0.04: tuner/tune/bench.py) leave it within one error,
+    so the rate runs again and the two pool; an error below the binomial one, or none, changes nothing."""
+    seen = []
+
+    def measure(rate):
+        seen.append(rate)
+        good = 182 if rate == 2.0 else 0
+        return ClumpedRun(rate, 200, good, good / 200, attainment_se=measured_se)
+
+    cap = find_capacity(measure, 0.95, start_rps=2.0, floor_rps=1.0, max_runs=6)
+    assert (seen[:2] == [2.0, 2.0]) is repeated and cap.steps[0].repeated is repeated
+
+
 def test_bad_arguments_are_named():
     measure, _ = server(1.0)
     with pytest.raises(ValueError, match="objective"):

@@ -14,9 +14,11 @@ ceiling excepted). Two searches of the same flags then try the same rates wherev
 meet and miss the same rates read the same capacity; off a ladder, each search's rates followed from its start
 (the best capacity so far), and two servers with the same threshold read up to one tolerance apart.
 
-Noise: a run's attainment is a share of n requests, with a binomial standard error sqrt(p (1 - p) / n). A run
-whose attainment lies within ``z`` standard errors of the objective is too close to call: the same rate runs again
-(once) and the two runs pool their requests. Attainment is assumed to fall as the rate rises; a pass above a
+Noise: a run's attainment is a share of n requests, with a binomial standard error sqrt(p (1 - p) / n) if its
+requests met or missed independently; requests that arrive together queue together, so where the run says
+(``attainment_se``, by batch means: tuner/tune/bench.py) the larger of the two is taken. A run whose attainment lies
+within ``z`` standard errors of the objective is too close to call: the same rate runs again (once) and the two
+runs pool their requests. Attainment is assumed to fall as the rate rises; a pass above a
 failure (noise) is recorded in ``nonmonotone`` and the bracket keeps its invariant (lo passed, hi failed).
 """
 
@@ -114,11 +116,15 @@ class Capacity:
         }
 
 
-def _close_call(good: int, sent: int, objective: float, z: float) -> bool:
+def _close_call(good: int, sent: int, objective: float, z: float, measured_se: float | None = None) -> bool:
+    """Whether good / sent lies within ``z`` standard errors of the objective: the binomial one (at the share or
+    the objective, whichever is wider), or ``measured_se`` (the run's own, clumped misses) where that is wider."""
     if sent <= 0:
         return False
     p = good / sent
     se = math.sqrt(max(p * (1 - p), objective * (1 - objective)) / sent)
+    if isinstance(measured_se, (int, float)) and math.isfinite(measured_se):
+        se = max(se, measured_se)
     return abs(p - objective) < z * se
 
 
@@ -160,7 +166,7 @@ def find_capacity(
         run = measure(rate)
         cap.runs.append(run)
         good, sent, repeated = run.good, run.sent, False
-        if _close_call(good, sent, objective, z) and len(cap.runs) < max_runs:
+        if _close_call(good, sent, objective, z, getattr(run, "attainment_se", None)) and len(cap.runs) < max_runs:
             again = measure(rate)
             cap.runs.append(again)
             good, sent, repeated = good + again.good, sent + again.sent, True

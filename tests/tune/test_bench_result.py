@@ -1,0 +1,71 @@
+"""What one run of vLLM's benchmark client says: each request met or missed, in the order sent, and how sure the
+run's attainment is when misses come in clumps.
+
+Read from a result file the real client saved (tests/fixtures/bench-client/README.md): a bursty run (gamma arrivals,
+shape 0.25) at the capacity of a 2-sequence server, where requests that arrive together queue together.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from tuner.config import Slo
+from tuner.tune.bench import attainment, attainment_se, outcomes, read_result
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "bench-client" / "bursty_seqs2_at_capacity.json"
+
+
+def _slo_at_p95_ttft(data: dict) -> tuple[Slo, float]:
+    """A TTFT budget this run met for 95% of its requests (the 95th percentile of its own TTFTs)."""
+    ttfts = sorted(data["ttfts"])
+    p95 = ttfts[math.ceil(0.95 * len(ttfts)) - 1]
+    return Slo(ttft_p99=f"{p95 * 1000:.3f}ms", e2e_p99="60s", objective=0.95), p95
+
+
+def test_outcomes_are_each_request_in_the_order_sent_and_add_up_to_the_attainment():
+    data = json.loads(FIXTURE.read_text())
+    slo, _ = _slo_at_p95_ttft(data)
+    budget = slo.ttft_p99.total_seconds()
+    met = outcomes(data, slo)
+    assert 0.9 < sum(met) / len(met) < 0.97  # the budget sits at the run's own P95 (to a microsecond)
+    assert len(met) == data["num_prompts"] == 271
+    assert met == [t <= budget for t in data["ttfts"]]  # no request failed: TTFT alone decides here
+    assert (sum(met), len(met)) == attainment(data, slo)
+    assert data["start_times"] == sorted(data["start_times"])  # the client's lists are in the order sent
+    # a request the result holds no timings for (sent, never answered) is a miss
+    short = {**data, "latencies": data["latencies"][:-3]}
+    assert outcomes(short, slo)[-3:] == [False] * 3 and len(outcomes(short, slo)) == 271
+
+
+def test_clumped_misses_widen_the_standard_error_beyond_the_binomial():
+    """At a budget its P95 TTFT met, the bursty run's misses fall in the bursts: its blocks of consecutive requests
+    spread more than twice what independent requests would; the same outcomes shuffled spread about as the binomial
+    says (what the batch means add is the clumping, not noise of their own)."""
+    data = json.loads(FIXTURE.read_text())
+    slo, _ = _slo_at_p95_ttft(data)
+    met = outcomes(data, slo)
+    p = sum(met) / len(met)
+    binomial = math.sqrt(p * (1 - p) / len(met))
+    se = attainment_se(met)
+    assert se is not None and se > 2 * binomial
+    shuffled = []
+    for seed in range(200):
+        mixed = list(met)
+        random.Random(seed).shuffle(mixed)
+        shuffled.append(attainment_se(mixed))
+    assert 0.7 < sum(shuffled) / len(shuffled) / binomial < 1.1
+    # the run read as tuner reads it carries the same figure
+    run = read_result(FIXTURE, slo, 22.6274)
+    assert run.attainment_se == pytest.approx(se) and run.as_json()["attainment_se"] == run.attainment_se
+
+
+def test_too_few_requests_for_four_blocks_say_nothing():
+    assert attainment_se([True] * 39) is None
+    assert attainment_se([True] * 40) == 0.0
+    assert attainment_se([True, False] * 20) == 0.0  # every block of 10 holds 5 of each: no spread between blocks
+    assert attainment_se([True] * 20 + [False] * 20) == pytest.approx(math.sqrt(1 / 3 / 4))  # 1, 1, 0, 0
