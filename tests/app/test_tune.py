@@ -739,3 +739,22 @@ def test_a_search_from_vllms_defaults_brackets_a_capacity_far_above_the_served_r
     cap = find_capacity(measure, 0.95, start_rps=5.2947, max_runs=5, slots=slots)
     assert cap.hi_rps is not None and cap.lo_rps is not None and cap.lo_rps <= true_cap < cap.hi_rps
     assert cap.capacity_rps > 2 * blind.capacity_rps
+
+
+@pytest.mark.parametrize("burstiness,rate,want", [(1.0, 2.0, 40), (1.0, 8.0, 80), (0.5, 8.0, 160), (0.21, 5.19, 243)])
+def test_a_run_of_bursty_traffic_sends_more_requests_and_keeps_the_poisson_floor(burstiness, rate, want):
+    """Ten seconds at ``rate``, at least the 40 requests a 0.95 objective needs, times the workload's burst factor
+    (tuner/tune/compare.py): drawn-2161-2 (burstiness 0.21) at 5.19 req/s sent 51 requests a run and its five servers
+    read 4.76-6.73 req/s; the same run is 243 requests now. The floor rate is the Poisson run's: a bursty workload's
+    runs are longer by design."""
+    from types import SimpleNamespace
+
+    from tuner.app.tune import _run_size
+
+    ctx = SimpleNamespace(
+        target=SimpleNamespace(slo=SimpleNamespace(objective=0.95)),
+        req=SimpleNamespace(min_prompts=30, run_s=10.0),
+        workload=SimpleNamespace(burstiness=burstiness),
+    )
+    assert _run_size(ctx, rate) == want
+    assert _run_size(ctx, 0.0, bursts=False) == 40

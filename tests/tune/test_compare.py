@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tuner.tune.compare import decide, fisher_fewer_misses, min_requests
+from tuner.tune.compare import MOST_BURST_FACTOR, burst_factor, decide, fisher_fewer_misses, min_requests
 
 
 @pytest.mark.parametrize(
@@ -21,6 +21,32 @@ from tuner.tune.compare import decide, fisher_fewer_misses, min_requests
 )
 def test_a_run_is_sized_from_the_objective(objective, floor, want):
     assert min_requests(objective, floor) == want
+
+
+@pytest.mark.parametrize("shape", [0.25, 0.5, 1.0, 2.0])
+def test_bursty_arrivals_spread_a_runs_count_by_the_burst_factor(shape):
+    """The premise of ``burst_factor``: gamma gaps of shape k (vLLM's --burstiness, same mean rate) spread the
+    number of arrivals in a window 1/k times as widely as Poisson ones (variance over mean), so a run needs 1/k times
+    the requests for as many independent chances. Drawn here: 4,000 windows of 50 expected arrivals each."""
+    import random
+
+    rng = random.Random(7)
+    window, counts, t, edge, n = 50.0, [], 0.0, 50.0, 0
+    while len(counts) < 4000:
+        t += rng.gammavariate(shape, 1.0 / shape)  # mean gap 1
+        while t >= edge:
+            counts.append(n)
+            n, edge = 0, edge + window
+        n += 1
+    mean = sum(counts) / len(counts)
+    dispersion = sum((c - mean) ** 2 for c in counts) / (len(counts) - 1) / mean
+    assert dispersion == pytest.approx(1 / shape, rel=0.15)
+    assert burst_factor(shape) == pytest.approx(max(1.0, min(dispersion, MOST_BURST_FACTOR)), rel=0.15)
+
+
+@pytest.mark.parametrize("burstiness,want", [(1.0, 1.0), (4.0, 1.0), (0.5, 2.0), (0.21, 1 / 0.21), (0.1, 5.0)])
+def test_the_burst_factor_is_one_over_the_shape_below_poisson_and_at_most_five(burstiness, want):
+    assert burst_factor(burstiness) == pytest.approx(want)
 
 
 def test_fisher_one_sided_is_the_hypergeometric_tail():

@@ -65,7 +65,7 @@ from tuner.store.store import Store
 from tuner.store.tuning import RunState, TrialStatus
 from tuner.tune.bench import BenchClient, BenchError
 from tuner.tune.capacity import find_capacity, rate_floor
-from tuner.tune.compare import Decision, TurnRate, decide, min_requests
+from tuner.tune.compare import Decision, TurnRate, burst_factor, decide, min_requests
 from tuner.tune.cores import Placement, place, read_pinned
 from tuner.tune.search import Outcome, Point, point_key, search
 from tuner.tune.space import (
@@ -466,11 +466,16 @@ def _slots(backend: str, flags: dict[str, Any], hw: Hardware) -> int | None:
     return int(got) if got else None
 
 
-def _run_size(ctx: _Ctx, rate: float) -> int:
+def _run_size(ctx: _Ctx, rate: float, *, bursts: bool = True) -> int:
     """Requests in one run at ``rate``: ``--run-seconds`` of load, and never fewer than the objective needs
-    (tuner/tune/compare.py ``min_requests``: 200 for 0.99, 40 for 0.95) nor than ``min_prompts``."""
+    (tuner/tune/compare.py ``min_requests``: 200 for 0.99, 40 for 0.95) nor than ``min_prompts``; times the
+    workload's ``burst_factor`` (1 / burstiness below 1, at most 5: bursty arrivals miss in clumps), unless
+    ``bursts`` is False."""
     assert ctx.target.slo is not None
-    return max(min_requests(ctx.target.slo.objective, ctx.req.min_prompts), int(rate * ctx.req.run_s))
+    size = max(min_requests(ctx.target.slo.objective, ctx.req.min_prompts), int(rate * ctx.req.run_s))
+    if not bursts or ctx.workload is None:
+        return size
+    return math.ceil(size * burst_factor(ctx.workload.burstiness))
 
 
 def _capacity(ctx: _Ctx, url: str, *, slots: int | None = None) -> dict[str, Any]:
@@ -504,7 +509,9 @@ def _capacity(ctx: _Ctx, url: str, *, slots: int | None = None) -> dict[str, Any
         start_rps=start,
         tolerance=req.tolerance,
         max_runs=req.max_runs,
-        floor_rps=rate_floor(_run_size(ctx, 0.0), req.run_s, w.rate_rps),
+        # the floor as for Poisson arrivals: a bursty workload's runs are longer by design, not a sign of a hopeless
+        # config
+        floor_rps=rate_floor(_run_size(ctx, 0.0, bursts=False), req.run_s, w.rate_rps),
         slots=slots,
     )
     return {**cap.as_json(), "warmup": warm.as_json()}

@@ -27,7 +27,10 @@ apart: a decision is made from the runs at one rate.
 
 How many requests a run needs follows from the objective (``min_requests``): a run exactly at the objective should
 expect two misses, so that one unlucky request does not decide it. 30 requests judge 0.95 (1.5 misses expected);
-a 0.99 objective needs 200 (one miss in 30 is 96.7%, a failure).
+a 0.99 objective needs 200 (one miss in 30 is 96.7%, a failure). Bursty arrivals need more (``burst_factor``):
+requests that arrive in one burst queue together and meet or miss the SLO together, so a run holds about as many
+independent chances as it holds bursts. Gamma gaps of shape k (vLLM's --burstiness) spread the count of arrivals in
+a window 1/k times as widely as Poisson ones, so a run of bursty traffic sends 1/k times the requests (at most 5x).
 """
 
 from __future__ import annotations
@@ -35,11 +38,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["min_requests", "fisher_fewer_misses", "decide", "Decision", "TurnRate", "CONFIDENT", "EXPECTED_MISSES"]
+__all__ = [
+    "min_requests",
+    "burst_factor",
+    "MOST_BURST_FACTOR",
+    "fisher_fewer_misses",
+    "decide",
+    "Decision",
+    "TurnRate",
+    "CONFIDENT",
+    "EXPECTED_MISSES",
+]
 
 CONFIDENT = 0.95
 EXPECTED_MISSES = 2  # misses a run exactly at the objective should expect
 _MOST_REQUESTS = 2000  # an objective of 1 (no miss allowed) would ask for infinitely many
+MOST_BURST_FACTOR = 5.0  # a run of bursty traffic is at most this many times as long as a Poisson one
 
 
 def min_requests(objective: float, floor: int = 30) -> int:
@@ -47,6 +61,14 @@ def min_requests(objective: float, floor: int = 30) -> int:
     if objective >= 1:
         return _MOST_REQUESTS
     return max(floor, min(_MOST_REQUESTS, math.ceil(EXPECTED_MISSES / (1 - objective) - 1e-9)))
+
+
+def burst_factor(burstiness: float) -> float:
+    """How many times the requests of a Poisson run a run of arrivals with gamma shape ``burstiness`` needs for as
+    many independent chances: 1 / burstiness below 1 (at most MOST_BURST_FACTOR), 1 for Poisson or steadier."""
+    if not burstiness > 0:
+        return MOST_BURST_FACTOR
+    return min(MOST_BURST_FACTOR, max(1.0, 1.0 / burstiness))
 
 
 def fisher_fewer_misses(a_bad: int, a_n: int, b_bad: int, b_n: int) -> float:
