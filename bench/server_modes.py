@@ -101,7 +101,7 @@ class Sampler:
                 if not name.isdigit():
                     continue
                 pid = int(name)
-                if pid not in roles:
+                if roles.get(pid) is None:  # again until it has one: vLLM's processes rename themselves after start
                     roles[pid] = role(pid)
                 r = roles[pid]
                 if r is None:
