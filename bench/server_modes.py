@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.tune_spread import one_server, write_config  # noqa: E402
+from bench.tune_spread import one_server, parse_flags, vllm_and_model, write_config  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -130,12 +130,10 @@ def main() -> int:
     ap.add_argument("--tolerance", type=float, default=0.1)
     ap.add_argument("--workdir")
     args = ap.parse_args()
-    python, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
-    if not python or not model:
-        sys.exit("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (eval the exports of scripts/setup-real-servers.sh)")
+    python, model = vllm_and_model()
     from bench.tune_corpus import SLO
 
-    flags = {k: int(v) if v.isdigit() else v for k, v in (f.split("=", 1) for f in args.flags.split(",") if f)}
+    flags = parse_flags(args.flags)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="server-modes-"))
     work.mkdir(parents=True, exist_ok=True)
     text = re.sub(r"(?m)^rate_rps: .*$", f"rate_rps: {args.rate:g}", Path(args.workload_file).read_text())

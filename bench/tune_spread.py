@@ -52,6 +52,19 @@ NEIGHBOUR = (
 )
 
 
+def vllm_and_model() -> tuple[str, str]:
+    """The vLLM install's Python and the tiny model, from the exports of scripts/setup-real-servers.sh."""
+    python, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
+    if not python or not model:
+        sys.exit("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (eval the exports of scripts/setup-real-servers.sh)")
+    return python, model
+
+
+def parse_flags(text: str) -> dict:
+    """``NAME=V,...`` as the flags in force (digits as ints; '' for vLLM's defaults)."""
+    return {k: int(v) if v.isdigit() else v for k, v in (f.split("=", 1) for f in text.split(",") if f)}
+
+
 def write_config(work: Path, python: str, model: str, flags: dict, workload: str, slo: str, nice: int) -> Path:
     (work / "workload.yaml").write_text(workload)
     cfg = work / f"tuner-nice{nice}.yaml"
@@ -176,10 +189,8 @@ def main() -> int:
     ap.add_argument("--workdir")
     ap.add_argument("--write", action="store_true", help="write bench/results/<stamp>-tune-spread.md")
     args = ap.parse_args()
-    python, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
-    if not python or not model:
-        sys.exit("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (eval the exports of scripts/setup-real-servers.sh)")
-    flags = {k: int(v) if v.isdigit() else v for k, v in (f.split("=", 1) for f in args.flags.split(",") if f)}
+    python, model = vllm_and_model()
+    flags = parse_flags(args.flags)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tune-spread-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.workload_file:
