@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -139,7 +140,9 @@ def one_server(cfg: Path, work: Path, bind: str, args: argparse.Namespace, tag: 
     return {
         "tag": tag,
         "capacity_rps": trial.capacity_rps,
-        "interval": [trial.detail.get("lo_rps"), trial.detail.get("hi_rps")],
+        # as `tuner tune` reports it: the missed rate at the speed of the met one (tuner/tune/capacity.py)
+        "interval": [trial.detail.get("lo_rps"), trial.detail.get("hi_same_speed_rps") or trial.detail.get("hi_rps")],
+        "speed_spread": trial.detail.get("speed_spread"),
         "worker_cores": bound_cores(trial.detail.get("log", "")),
         "placement": (trial.detail.get("placement") or {}).get("note", "vLLM's own (auto)"),
         "wall_s": round(time.monotonic() - t0, 1),
@@ -160,6 +163,9 @@ def summarize(rows: list[dict]) -> dict:
         "spread": (max(caps) - min(caps)) / mean,
         "worst": max(abs(c - mean) for c in caps) / mean,
         "within_10": all(abs(c - mean) <= 0.1 * mean for c in caps),
+        # whether one rate lies inside every server's interval: then no two of them rank apart
+        "overlap": max(r["interval"][0] or 0 for r in rows if r.get("capacity_rps"))
+        < min(r["interval"][1] or math.inf for r in rows if r.get("capacity_rps")),
     }
 
 
@@ -245,8 +251,9 @@ def main() -> int:
         f"{os.cpu_count()} CPUs.",
         "",
         "| binding | neighbour (half a core) | engine core nice | capacities, req/s (interval) | worker's cores | mean | spread "
-        "(max-min)/mean | worst deviation | all within ±10% | minutes a trial |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "(max-min)/mean | worst deviation | all within ±10% | intervals share a rate | host speed spread in a trial | "
+        "minutes a trial |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (bind, neighbour, nice), rs in rows.items():
         s = summarize(rs)
@@ -260,13 +267,17 @@ def main() -> int:
         cores = ", ".join(r.get("worker_cores", "?") for r in rs)
         walls = [r["wall_s"] / 60 for r in rs if "wall_s" in r]
         minutes = f"{statistics.fmean(walls):.1f}" if walls else "-"
+        speeds = ", ".join("-" if r.get("speed_spread") is None else f"{r['speed_spread'] - 1:.0%}" for r in rs)
         if s["n"]:
             lines.append(
                 f"| {bind} | {neighbour} | {nice} | {caps} | {cores} | {s['mean']:.3g} | {s['spread']:.0%} | "
-                f"±{s['worst']:.0%} | {'yes' if s['within_10'] else 'no'} | {minutes} |"
+                f"±{s['worst']:.0%} | {'yes' if s['within_10'] else 'no'} | {'yes' if s['overlap'] else 'no'} | "
+                f"{speeds} | {minutes} |"
             )
         else:
-            lines.append(f"| {bind} | {neighbour} | {nice} | {caps} | {cores} | - | - | - | no | {minutes} |")
+            lines.append(
+                f"| {bind} | {neighbour} | {nice} | {caps} | {cores} | - | - | - | no | - | {speeds} | {minutes} |"
+            )
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     if args.write:

@@ -1092,8 +1092,10 @@ def tune(
 
 def _interval(d: Any) -> list[float | None]:
     """A measured capacity's interval: the highest rate that met the objective and the lowest that missed it (None:
-    none missed up to the ceiling); the true capacity, on that server at that time, lies between."""
-    return [d.get("lo_rps"), d.get("hi_rps")]
+    none missed up to the ceiling), that one at the speed of the runs that met (``hi_same_speed_rps``: where the
+    server stepped slower when it missed, the miss may be the host's); the true capacity lies between."""
+    hi = d.get("hi_same_speed_rps")
+    return [d.get("lo_rps"), hi if isinstance(hi, (int, float)) else d.get("hi_rps")]
 
 
 def _trial_json(p: Point, best: Point | None = None) -> dict[str, Any]:
@@ -1144,7 +1146,7 @@ def _vs_best(p: Point, best: Point) -> str:
     """``best``, ``below`` (it missed a rate the best met: beyond the two intervals), or ``not separable``."""
     if p is best:
         return "best"
-    hi, best_lo = p.outcome.detail.get("hi_rps"), best.outcome.detail.get("lo_rps")
+    hi, best_lo = _interval(p.outcome.detail)[1], best.outcome.detail.get("lo_rps")
     return "below" if hi is not None and best_lo is not None and hi <= best_lo else "not separable"
 
 

@@ -15,6 +15,9 @@ clumps (on a saved bursty run at its capacity, with a TTFT budget its P95 met, t
 ten blocks of consecutive requests was 2.3x what independent requests would give). ``attainment_se`` is read by
 batch means: the requests in arrival order cut into ``BLOCKS`` blocks, the standard deviation of the blocks'
 attainments over sqrt(blocks) (the standard estimate for a share of correlated observations).
+
+Each run also carries the server's decode step time at each concurrency it saw (``step_s``, tuner/tune/speed.py):
+the speed the host gave it while it ran.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from tuner.config import Slo
 from tuner.errors import TunerError
 from tuner.signals.workload import Workload
 from tuner.tune.cores import pin_threads
+from tuner.tune.speed import step_times
 
 __all__ = [
     "RateRun",
@@ -106,6 +110,8 @@ class RateRun:
     result_file: str = ""
     mean_e2e_s: float | None = None
     attainment_se: float | None = None  # batch means over blocks of consecutive requests; None: too few requests
+    # requests decoding at once -> the median gap between two tokens at it, seconds (tuner/tune/speed.py)
+    step_s: dict[int, float] | None = None
 
     @property
     def in_flight(self) -> float | None:
@@ -262,6 +268,7 @@ def read_result(path: Path, slo: Slo, rate: float) -> RateRun:
         result_file=str(path),
         mean_e2e_s=ms("mean_e2el_ms"),
         attainment_se=attainment_se(met),
+        step_s=step_times(result) or None,
     )
 
 

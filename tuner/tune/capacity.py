@@ -20,6 +20,12 @@ requests met or missed independently; requests that arrive together queue togeth
 within ``z`` standard errors of the objective is too close to call: the same rate runs again (once) and the two
 runs pool their requests. Attainment is assumed to fall as the rate rises; a pass above a
 failure (noise) is recorded in ``nonmonotone`` and the bracket keeps its invariant (lo passed, hi failed).
+
+Speed: a run met or missed at the speed the host gave the server then, and on a shared host that moves (five fresh
+servers stepped 6.5-9.9 ms at eight sequences on the same run: tuner/tune/speed.py). Where the runs say how fast
+the server stepped (``step_s``), the search records how far that moved (``speed_spread``), and where it stepped more
+than ``tolerance`` slower at the rate it missed than at the one it met, the missed rate at the met one's speed
+(``hi_same_speed_rps``: hi x the slowdown): the capacity's interval reaches that far, since the miss may be the host's.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from tuner.tune import speed
 
 __all__ = ["Capacity", "Measured", "Ladder", "find_capacity", "rate_floor", "LONGEST_RUN"]
 
@@ -99,6 +107,11 @@ class Capacity:
     # at the lowest rate tried (the queue a config that served nothing still built: the demand its slots could not hold)
     in_flight: float | None = None
     note: str = ""
+    # how much slower the slowest run stepped than the fastest (tuner/tune/speed.py; None: the runs do not say)
+    speed_spread: float | None = None
+    # hi_rps at the speed of the runs that met lo_rps: where the server stepped s times slower at the rate it missed,
+    # hi x s (the capacity at lo's speed lies below that, not below hi); hi itself where it was not slower
+    hi_same_speed_rps: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -111,6 +124,8 @@ class Capacity:
             "e2e_p99": self.e2e_p99,
             "in_flight": self.in_flight,
             "note": self.note,
+            "speed_spread": self.speed_spread,
+            "hi_same_speed_rps": self.hi_same_speed_rps,
             "steps": [s.__dict__ for s in self.steps],
             "runs": [r.as_json() for r in self.runs],
         }
@@ -227,6 +242,7 @@ def find_capacity(
         low = min(cap.steps, key=lambda s: s.rate_rps).rate_rps
         at_low = [r for r in cap.runs if getattr(r, "rate_rps", None) == low]
         cap.in_flight = getattr(at_low[0], "in_flight", None) if at_low else None  # its first, as at a passing rate
+    _speeds(cap, tolerance)
     if cap.lo_rps is None:
         cap.note = f"no rate down to {cap.steps[-1].rate_rps:g} req/s met the objective" if cap.steps else "no run"
     elif cap.hi_rps is None:
@@ -235,7 +251,29 @@ def find_capacity(
         cap.note = f"bracket {cap.lo_rps:.3g}-{cap.hi_rps:.3g} req/s left wider than {tolerance:.0%} by the run budget"
     else:
         cap.note = f"between {cap.lo_rps:.3g} (met) and {cap.hi_rps:.3g} req/s (missed)"
+    same_speed = cap.hi_same_speed_rps
+    if cap.hi_rps is not None and same_speed is not None and same_speed > cap.hi_rps:
+        cap.note += (
+            f"; the server stepped {same_speed / cap.hi_rps - 1:.0%} slower at the rate it missed than at"
+            f" the one it met: at the same speed it may meet up to {same_speed:.3g}"
+        )
     return cap
+
+
+def _speeds(cap: Capacity, tolerance: float) -> None:
+    """Read from the runs' step times (``step_s``, tuner/tune/speed.py) how far the host's speed moved during the
+    search, and the missed rate at the speed of the met one. A slowdown within ``tolerance`` is noise of the gauge
+    itself and leaves ``hi`` as it is."""
+    steps = [getattr(r, "step_s", None) for r in cap.runs]
+    cap.speed_spread = speed.spread(steps)
+    if cap.lo_rps is None or cap.hi_rps is None:
+        return
+    at = {
+        rate: speed.pooled(s for r, s in zip(cap.runs, steps, strict=True) if r.rate_rps == rate)
+        for rate in (cap.lo_rps, cap.hi_rps)
+    }
+    slower = speed.slowdown(at[cap.lo_rps], at[cap.hi_rps])
+    cap.hi_same_speed_rps = cap.hi_rps * (slower if slower is not None and slower > 1 + tolerance else 1.0)
 
 
 def _served(runs: list[Any], rate: float) -> float:

@@ -1,0 +1,97 @@
+"""How fast the server stepped during a run, read from the benchmark client's own timings. Pure.
+
+A capacity is a rate the server met the SLO at, at the speed the host gave it then. On a shared host that speed
+moves: five fresh vLLM CPU servers given the same bursty run (bench/results/2026-11-28-2245-host-drift.md) took
+6.5-9.9 ms for a decode step of eight sequences, and met the SLO for 99% to 68% of the run in that order, with no
+steal time to show for it. So every run carries its step times, and a search whose runs saw different speeds says so.
+
+A decode step's time is the gap between two tokens of one request (the client's ``itls``). How many requests were
+decoding at that moment is read from the same timings: a request decodes from its first token
+(``start_times`` + ``ttfts``) to its last (+ the sum of its gaps). ``step_times`` gives, for each such concurrency with
+at least ``MIN_GAPS`` gaps, the median gap: at equal concurrency, a slower step is a slower server, not a fuller
+batch. ``slowdown`` compares two runs at the concurrencies both saw.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["MIN_GAPS", "pooled", "slowdown", "spread", "step_times"]
+
+MIN_GAPS = 30  # gaps at one concurrency before its median counts
+
+
+def step_times(result: Mapping[str, Any], min_gaps: int = MIN_GAPS) -> dict[int, float]:
+    """Concurrency (requests decoding) -> the median gap between two tokens of one request at it, in seconds, from a
+    ``--save-detailed`` result; concurrencies with fewer than ``min_gaps`` gaps are left out ({} without timings)."""
+    starts, ttfts, itls = result.get("start_times") or [], result.get("ttfts") or [], result.get("itls") or []
+    tokens: list[tuple[float, float]] = []  # (the moment between the two tokens, the gap)
+    firsts, lasts = [], []
+    for start, ttft, gaps in zip(starts, ttfts, itls, strict=False):
+        if not isinstance(start, (int, float)) or not isinstance(ttft, (int, float)) or not ttft or not gaps:
+            continue
+        t = start + ttft
+        firsts.append(t)
+        for gap in gaps:
+            if isinstance(gap, (int, float)) and gap > 0:
+                tokens.append((t + gap / 2, gap))
+                t += gap
+        lasts.append(t)
+    firsts.sort()
+    lasts.sort()
+    by_level: dict[int, list[float]] = defaultdict(list)
+    for mid, gap in tokens:
+        decoding = bisect.bisect_right(firsts, mid) - bisect.bisect_left(lasts, mid)
+        by_level[decoding].append(gap)
+    return {c: statistics.median(g) for c, g in sorted(by_level.items()) if c > 0 and len(g) >= min_gaps}
+
+
+def _levels(steps: Mapping[Any, Any] | None) -> dict[int, float]:
+    """A run's step times as stored (JSON keys are strings) -> {concurrency: seconds}."""
+    out = {}
+    for k, v in (steps or {}).items():
+        try:
+            c, s = int(k), float(v)
+        except (TypeError, ValueError):
+            continue
+        if c > 0 and s > 0 and math.isfinite(s):
+            out[c] = s
+    return out
+
+
+def slowdown(before: Mapping[Any, Any] | None, after: Mapping[Any, Any] | None) -> float | None:
+    """How many times longer ``after``'s steps took than ``before``'s at the same concurrency: the median of the
+    ratios over every concurrency both runs saw (a step that mixed in a long prefill moves one level's median, not
+    the answer). None when they share none."""
+    a, b = _levels(before), _levels(after)
+    common = sorted(set(a) & set(b))
+    if not common:
+        return None
+    return statistics.median(b[c] / a[c] for c in common)
+
+
+def pooled(runs: Iterable[Mapping[Any, Any] | None]) -> dict[int, float]:
+    """Several runs' step times as one (runs of one rate): at each concurrency, the geometric mean of theirs."""
+    logs: dict[int, list[float]] = defaultdict(list)
+    for steps in runs:
+        for c, s in _levels(steps).items():
+            logs[c].append(math.log(s))
+    return {c: math.exp(sum(v) / len(v)) for c, v in sorted(logs.items())}
+
+
+def spread(runs: Iterable[Mapping[Any, Any] | None]) -> float | None:
+    """How much slower the slowest run stepped than the fastest, as a ratio (1.0: the same speed), over the pairs of
+    runs that share a concurrency. None when no two do."""
+    steps = [s for s in (_levels(r) for r in runs) if s]
+    worst = None
+    for i, a in enumerate(steps):
+        for b in steps[i + 1 :]:
+            r = slowdown(a, b)
+            if r is not None:
+                worst = max(worst or 1.0, r, 1 / r)
+    return worst
