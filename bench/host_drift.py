@@ -4,20 +4,23 @@ bench/tune_spread.py workdir afterwards, from the benchmark client's own saved r
 For every run of every trial: the rate, how many requests met the SLO, and the server's decode step time at each
 concurrency (tuner/tune/speed.py `step_times`), as a slowdown against the fastest run of the workdir (`slowdown`:
 the median ratio over the concurrencies both saw). Then, per trial, what tuner says now: its capacity, the interval
-[met, missed] and the missed rate at the speed of the met one (tuner/tune/capacity.py), and the rate each run's
+[met, missed] as the search left it and the missed rate at the speed of the met one (tuner/tune/capacity.py
+`read_speed`), and the rate each run's
 outcome stands for at the fastest run's speed (its rate x its slowdown): if the host's speed is what separates the
 servers, those agree across servers where the raw rates do not.
 
-  python bench/host_drift.py /tmp/ts3 [--level 8]
+  python bench/host_drift.py /tmp/ts3 [--level 8] [--tolerance 0.1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -27,10 +30,12 @@ from sqlalchemy import text  # noqa: E402
 from tuner.store import tuning as tj  # noqa: E402
 from tuner.store.db import open_engine  # noqa: E402
 from tuner.tune import speed  # noqa: E402
+from tuner.tune.capacity import Capacity, read_speed  # noqa: E402
 
 
-def trials(work: Path) -> list[tuple[int, list[dict]]]:
-    """(tune run id, its runs with their saved client results read back) for every trial of the workdir."""
+def trials(work: Path) -> list[tuple[dict, list[dict]]]:
+    """(the trial's stored detail, its runs with their step times read from the saved client results) for every
+    trial of the workdir."""
     engine = open_engine(f"sqlite:///{work / 'tuner.db'}")
     with engine.connect() as c:
         ids = [r[0] for r in c.execute(text("select id from tune_runs order by id"))]
@@ -45,7 +50,7 @@ def trials(work: Path) -> list[tuple[int, list[dict]]]:
                     continue
                 runs.append({**r, "steps": speed.step_times(result)})
             if runs:
-                out.append((rid, runs))
+                out.append((t.detail, runs))
     engine.dispose()
     return out
 
@@ -55,34 +60,27 @@ def main() -> int:
     ap.add_argument("workdir", type=Path)
     ap.add_argument("--level", type=int, default=8, help="the concurrency whose step time is printed")
     ap.add_argument("--objective", type=float, default=0.95)
+    ap.add_argument("--tolerance", type=float, default=0.1, help="the tune's --tolerance")
     args = ap.parse_args()
-    from tuner.tune.capacity import find_capacity
 
     found = trials(args.workdir)
     every = [r for _, runs in found for r in runs if r["steps"]]
-    fastest = min(every, key=lambda r: statistics.median(r["steps"].values()))["steps"]
+    # the fastest run: the least slowdown against any one run (medians over different concurrencies would not compare)
+    fastest = min(every, key=lambda r: speed.slowdown(every[0]["steps"], r["steps"]) or math.inf)["steps"]
     print(f"workdir {args.workdir}; {len(found)} trials; step times at {args.level} requests decoding, ms")
     rows = []
-    for n, (_, runs) in enumerate(found, 1):
+    for n, (detail, runs) in enumerate(found, 1):
         for r in runs:
-            r["slowdown"] = speed.slowdown(fastest, r["steps"])
-        # the search again over the same outcomes, in the same order, to read what tuner says of them now
-        queue = list(runs)
-
-        class Replayed:
-            def __init__(self, r: dict) -> None:
-                self.__dict__.update(r)
-                self.step_s = r["steps"]
-
-            def as_json(self) -> dict:
-                return {}
-
-        def measure(rate: float, queue: list[dict] = queue) -> Replayed:
-            r = queue.pop(0)
-            assert abs(r["rate_rps"] - rate) < 1e-6, (r["rate_rps"], rate)
-            return Replayed(r)
-
-        cap = find_capacity(measure, args.objective, start_rps=runs[0]["rate_rps"], tolerance=0.1, max_runs=len(runs))
+            r["slowdown"] = speed.slowdown(fastest, r["steps"]) or math.nan
+        # what tuner says of the same runs now: the bracket as the search left it, read with the runs' speeds
+        cap = Capacity(
+            detail.get("capacity_rps") or 0.0,
+            detail.get("lo_rps"),
+            detail.get("hi_rps"),
+            args.objective,
+            runs=[SimpleNamespace(rate_rps=r["rate_rps"], step_s=r["steps"]) for r in runs],
+        )
+        read_speed(cap, args.tolerance)
         for r in runs:
             at = r["steps"].get(args.level)
             print(

@@ -773,7 +773,7 @@ def test_a_run_of_bursty_traffic_sends_more_requests_and_keeps_the_poisson_floor
 def test_a_miss_on_a_slower_host_is_no_ranking(detail, want_interval, want):
     """A config that missed a rate the best met is ranked below it only where it missed at the speed it met at:
     five fresh servers given the same run stepped 6.5-9.9 ms at eight sequences here and met the SLO in that order
-    (bench/results/2026-11-28-2245-host-drift.md)."""
+    (bench/results/2026-11-28-2232-host-drift.md)."""
     from tuner.app.tune import _interval, _vs_best
     from tuner.tune.search import Outcome, Point
 

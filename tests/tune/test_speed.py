@@ -3,7 +3,7 @@ it (tuner/tune/capacity.py).
 
 The timelines here come from a small decode loop whose step time is known (a function of how many requests decode
 in it), in the client's own result format, so a test can say the answer is right. On real servers the same reading
-ran in bench/host_drift.py (bench/results/2026-11-28-2245-host-drift.md).
+ran in bench/host_drift.py (bench/results/2026-11-28-2232-host-drift.md).
 """
 
 from __future__ import annotations
@@ -184,3 +184,17 @@ def test_runs_that_do_not_say_their_speed_leave_it_unknown():
     cap = find_capacity(measure, 0.95, start_rps=2.0, tolerance=0.1, max_runs=8)
     assert cap.speed_spread is None and cap.hi_same_speed_rps == cap.hi_rps
     assert cap.as_json()["speed_spread"] is None
+
+
+def test_steps_that_ran_a_prefill_are_left_out():
+    """A prefill of 20 ms lengthens the gap of every request decoding beside it; read with those steps, a busier
+    run looks like a slower host."""
+    result = client_result(poisson(25.0, 300, 4), 40, prefill_s=0.02)
+    with_prefills = step_times(result, pure=False)
+    assert any(s > 1.2 * step_of(k) for k, s in with_prefills.items())
+    for k, s in step_times(result).items():
+        assert s == pytest.approx(step_of(k), rel=0.01), k
+
+
+def test_runs_that_share_one_concurrency_are_not_compared():
+    assert slowdown({1: 0.003, 2: 0.004}, {2: 0.008, 9: 0.02}) is None

@@ -1113,6 +1113,7 @@ def _trial_json(p: Point, best: Point | None = None) -> dict[str, Any]:
     }
     if measured:
         out["interval"] = _interval(d)
+        out["speed_spread"] = d.get("speed_spread")  # how much slower its slowest run stepped than its fastest
         if best is not None:
             out["vs_best"] = _vs_best(p, best)
     return out

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from tuner.tune import speed
 
-__all__ = ["Capacity", "Measured", "Ladder", "find_capacity", "rate_floor", "LONGEST_RUN"]
+__all__ = ["Capacity", "Measured", "Ladder", "find_capacity", "rate_floor", "read_speed", "LONGEST_RUN"]
 
 LONGEST_RUN = 8  # a run at the floor rate lasts at most this many times the run length
 _MOST_GROWTH = 16  # a passing run's next rate is at most this many times its own (a wrong slots count costs little)
@@ -242,7 +242,7 @@ def find_capacity(
         low = min(cap.steps, key=lambda s: s.rate_rps).rate_rps
         at_low = [r for r in cap.runs if getattr(r, "rate_rps", None) == low]
         cap.in_flight = getattr(at_low[0], "in_flight", None) if at_low else None  # its first, as at a passing rate
-    _speeds(cap, tolerance)
+    read_speed(cap, tolerance)
     if cap.lo_rps is None:
         cap.note = f"no rate down to {cap.steps[-1].rate_rps:g} req/s met the objective" if cap.steps else "no run"
     elif cap.hi_rps is None:
@@ -260,7 +260,7 @@ def find_capacity(
     return cap
 
 
-def _speeds(cap: Capacity, tolerance: float) -> None:
+def read_speed(cap: Capacity, tolerance: float) -> None:
     """Read from the runs' step times (``step_s``, tuner/tune/speed.py) how far the host's speed moved during the
     search, and the missed rate at the speed of the met one. A slowdown within ``tolerance`` is noise of the gauge
     itself and leaves ``hi`` as it is."""

@@ -1,15 +1,19 @@
 """How fast the server stepped during a run, read from the benchmark client's own timings. Pure.
 
 A capacity is a rate the server met the SLO at, at the speed the host gave it then. On a shared host that speed
-moves: five fresh vLLM CPU servers given the same bursty run (bench/results/2026-11-28-2245-host-drift.md) took
+moves: five fresh vLLM CPU servers given the same bursty run (bench/results/2026-11-28-2232-host-drift.md) took
 6.5-9.9 ms for a decode step of eight sequences, and met the SLO for 99% to 68% of the run in that order, with no
 steal time to show for it. So every run carries its step times, and a search whose runs saw different speeds says so.
 
 A decode step's time is the gap between two tokens of one request (the client's ``itls``). How many requests were
 decoding at that moment is read from the same timings: a request decodes from its first token
-(``start_times`` + ``ttfts``) to its last (+ the sum of its gaps). ``step_times`` gives, for each such concurrency with
-at least ``MIN_GAPS`` gaps, the median gap: at equal concurrency, a slower step is a slower server, not a fuller
-batch. ``slowdown`` compares two runs at the concurrencies both saw.
+(``start_times`` + ``ttfts``) to its last (+ the sum of its gaps). A gap in which another request got its first
+token was a step that ran that request's prefill as well, and is left out: a busier run admits more requests a
+second, and its steps would read slower for that alone (on drawn-2161-2, runs at 1.4-2x the capacity read 2-8%
+slower with those steps than without). ``step_times`` gives, for each concurrency with at least ``MIN_GAPS`` such gaps, their
+median: at equal concurrency, a slower step is a slower server, not a fuller batch. ``slowdown`` compares two runs at
+the concurrencies both saw. The reading is weakest where answers are short: a run of 12-token answers at 32 slots
+and one at a fifth of its rate share few concurrencies, and the gauge then says nothing rather than guess.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["MIN_GAPS", "pooled", "slowdown", "spread", "step_times"]
+__all__ = ["MIN_GAPS", "MIN_LEVELS", "pooled", "slowdown", "spread", "step_times"]
 
 MIN_GAPS = 30  # gaps at one concurrency before its median counts
+MIN_LEVELS = 2  # concurrencies two runs must share to be compared (one level's median alone moves with one prefill)
+_EDGE = 0.1  # a first token this share of a gap past its end still came out of the same step (the two travel apart)
 
 
-def step_times(result: Mapping[str, Any], min_gaps: int = MIN_GAPS) -> dict[int, float]:
+def step_times(result: Mapping[str, Any], min_gaps: int = MIN_GAPS, *, pure: bool = True) -> dict[int, float]:
     """Concurrency (requests decoding) -> the median gap between two tokens of one request at it, in seconds, from a
     ``--save-detailed`` result; concurrencies with fewer than ``min_gaps`` gaps are left out ({} without timings)."""
     starts, ttfts, itls = result.get("start_times") or [], result.get("ttfts") or [], result.get("itls") or []
@@ -46,6 +52,11 @@ def step_times(result: Mapping[str, Any], min_gaps: int = MIN_GAPS) -> dict[int,
     lasts.sort()
     by_level: dict[int, list[float]] = defaultdict(list)
     for mid, gap in tokens:
+        if pure:
+            # a step in which another request got its first token ran that request's prefill too: left out
+            a, b = mid - gap / 2, mid + gap / 2 + _EDGE * gap
+            if bisect.bisect_right(firsts, b) - bisect.bisect_right(firsts, a):
+                continue
         decoding = bisect.bisect_right(firsts, mid) - bisect.bisect_left(lasts, mid)
         by_level[decoding].append(gap)
     return {c: statistics.median(g) for c, g in sorted(by_level.items()) if c > 0 and len(g) >= min_gaps}
@@ -67,10 +78,10 @@ def _levels(steps: Mapping[Any, Any] | None) -> dict[int, float]:
 def slowdown(before: Mapping[Any, Any] | None, after: Mapping[Any, Any] | None) -> float | None:
     """How many times longer ``after``'s steps took than ``before``'s at the same concurrency: the median of the
     ratios over every concurrency both runs saw (a step that mixed in a long prefill moves one level's median, not
-    the answer). None when they share none."""
+    the answer). None when they share fewer than ``MIN_LEVELS``."""
     a, b = _levels(before), _levels(after)
     common = sorted(set(a) & set(b))
-    if not common:
+    if len(common) < MIN_LEVELS:
         return None
     return statistics.median(b[c] / a[c] for c in common)
 
