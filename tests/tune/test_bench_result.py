@@ -69,3 +69,19 @@ def test_too_few_requests_for_four_blocks_say_nothing():
     assert attainment_se([True] * 40) == 0.0
     assert attainment_se([True, False] * 20) == 0.0  # every block of 10 holds 5 of each: no spread between blocks
     assert attainment_se([True] * 20 + [False] * 20) == pytest.approx(math.sqrt(1 / 3 / 4))  # 1, 1, 0, 0
+
+
+def test_about_the_trend_a_steady_slide_is_no_spread_and_the_real_clumps_remain():
+    """A share that falls block by block along a line (a queue growing through the run) spreads the blocks about
+    their mean, not about the line; the saved bursty run's clumps are not a line and stay more than twice the
+    binomial error about it too."""
+    slide = [i % 10 >= k for k in range(10) for i in range(10)]  # block k meets 10 - k of 10
+    assert attainment_se(slide) > 0.09 and attainment_se(slide, detrend=True) == pytest.approx(0.0, abs=1e-12)
+    assert attainment_se([True] * 39, detrend=True) is None
+    data = json.loads(FIXTURE.read_text())
+    slo, _ = _slo_at_p95_ttft(data)
+    met = outcomes(data, slo)
+    p = sum(met) / len(met)
+    detrended = attainment_se(met, detrend=True)
+    assert detrended is not None and detrended > 2 * math.sqrt(p * (1 - p) / len(met))
+    assert read_result(FIXTURE, slo, 22.6274).attainment_se_detrended == pytest.approx(detrended)

@@ -151,3 +151,85 @@ def test_turn_rate_steps():
     assert up == TurnRate((5.0 * 10.0) ** 0.5, 5.0, 10.0)  # both met: up towards the rate both missed
     assert TurnRate(4.0, None).after(0.95, 0.1, 0.2) == TurnRate(2.0, None, 4.0)  # nothing served: halved
     assert TurnRate(4.0, 2.0).after(0.95, 1.0, 1.0) == TurnRate(4.0, 4.0, None)  # both met, nothing missed: stays
+
+
+def _clumped_run(rng, n: int, clump: int, miss: float) -> dict:
+    """A run whose requests meet or miss in clumps of ``clump`` consecutive ones (a burst that queued together),
+    each clump missing with chance ``miss``: its counts and its batch-means error, as tuner/tune/bench.py reads
+    them."""
+    from tuner.tune.bench import attainment_se
+
+    met: list[bool] = []
+    while len(met) < n:
+        met += [rng.random() >= miss] * clump
+    met = met[:n]
+    return {
+        "good": sum(met),
+        "sent": n,
+        "attainment_se": attainment_se(met),
+        "attainment_se_detrended": attainment_se(met, detrend=True),
+        "rate_rps": 1.0,
+    }
+
+
+def test_the_design_effect_is_the_measured_variance_over_the_binomial():
+    from tuner.tune.compare import design_effect
+
+    binomial = math.sqrt(0.9 * 0.1 / 200)
+    assert design_effect([{"good": 180, "sent": 200, "attainment_se": binomial}]) == pytest.approx(1.0)
+    assert design_effect([{"good": 180, "sent": 200, "attainment_se": 2 * binomial}]) == pytest.approx(4.0)
+    # a run without its own error counts as binomial on both sides; one that missed nothing has no variance
+    two = [{"good": 180, "sent": 200, "attainment_se": 2 * binomial}, {"good": 180, "sent": 200}]
+    assert design_effect(two) == pytest.approx(2.5)
+    assert design_effect([{"good": 200, "sent": 200, "attainment_se": 0.0}]) == 1.0
+    assert design_effect([{"good": 180, "sent": 200, "attainment_se": 0.1 * binomial}]) == 1.0  # never below 1
+    assert design_effect([]) == 1.0 and design_effect([{"good": 0, "sent": 0}]) == 1.0
+
+
+def test_identical_configs_with_clumped_misses_are_not_told_apart():
+    """Both sides the same server: every clump of ten requests misses with chance 0.1 (objective 0.9), 200 requests a
+    side. Counting each request as an independent chance, Fisher's test names a winner far more often than its 5%;
+    counted as the clumps they were (the design effect from each run's own batch-means error), about as often as it
+    should, while a real difference of the same runs' size is still found."""
+    import random
+
+    from tuner.tune.compare import design_effect
+
+    rng = random.Random(7)
+    trials, raw_wins, fixed_wins = 400, 0, 0
+    for _ in range(trials):
+        a, b = _clumped_run(rng, 200, 10, 0.1), _clumped_run(rng, 200, 10, 0.1)
+        counts = (a["good"], a["sent"], b["good"], b["sent"])
+        raw_wins += decide(0.9, *counts, rate=1.0, final=True).outcome in ("a_better", "b_better")
+        fixed = decide(0.9, *counts, rate=1.0, final=True, deff=design_effect([a, b]))
+        fixed_wins += fixed.outcome in ("a_better", "b_better")
+    assert raw_wins / trials > 0.2  # the uncorrected test is wrong far more often than 5% (31-34% over 4 seeds)
+    assert fixed_wins / trials <= 0.05  # 1.8-4.5% over the same 4 seeds
+    # a real difference: B's clumps miss with chance 0.02, A's with 0.3 (20 clumps a side); found in most
+    # comparisons all the same
+    found = 0
+    for _ in range(100):
+        a, b = _clumped_run(rng, 200, 10, 0.3), _clumped_run(rng, 200, 10, 0.02)
+        d = decide(0.9, a["good"], 200, b["good"], 200, rate=1.0, final=True, deff=design_effect([a, b]))
+        found += d.outcome == "b_better"
+        if d.outcome == "b_better":
+            assert "misses came in clumps" in d.reason
+    assert found >= 55  # 62-74 of 100 over 4 seeds
+
+
+def test_a_queue_that_grows_through_the_run_is_no_clump():
+    """The demo's flags in force met 19 of 40 in turns, their misses in the run's second half as the queue grew: the
+    run's length decides that, not chance, and the comparison still decides in one pair. About the mean instead of
+    the trend, the blocks would count the 40 requests as 3."""
+    from tuner.tune.bench import attainment_se
+    from tuner.tune.compare import design_effect
+
+    grew = [True] * 19 + [False] * 21
+    a = {"good": 19, "sent": 40, "attainment_se": attainment_se(grew)}
+    b = {"good": 40, "sent": 40, "attainment_se": 0.0, "attainment_se_detrended": 0.0}
+    assert design_effect([a, b]) > 10  # about the mean
+    a["attainment_se_detrended"] = attainment_se(grew, detrend=True)
+    deff = design_effect([a, b])
+    assert deff < 4
+    d = decide(0.95, 19, 40, 40, 40, rate=3.0, final=False, deff=deff)
+    assert d.outcome == "b_better" and d.confidence >= 0.95, d.reason

@@ -65,7 +65,7 @@ from tuner.store.store import Store
 from tuner.store.tuning import RunState, TrialStatus
 from tuner.tune.bench import BenchClient, BenchError
 from tuner.tune.capacity import find_capacity, rate_floor
-from tuner.tune.compare import Decision, TurnRate, burst_factor, decide, min_requests
+from tuner.tune.compare import Decision, TurnRate, burst_factor, decide, design_effect, min_requests
 from tuner.tune.cores import Placement, place, read_pinned
 from tuner.tune.search import Outcome, Point, point_key, search
 from tuner.tune.space import (
@@ -643,6 +643,7 @@ def _compare(
                 rate=at.rate,
                 pairs=len(here["A"]),
                 final=pair == req.compare_pairs - 1,
+                deff=design_effect(here["A"] + here["B"]),
             )
             if decision.outcome != "undecided" or pair == req.compare_pairs - 1:
                 break

@@ -110,6 +110,7 @@ class RateRun:
     result_file: str = ""
     mean_e2e_s: float | None = None
     attainment_se: float | None = None  # batch means over blocks of consecutive requests; None: too few requests
+    attainment_se_detrended: float | None = None  # the same about the blocks' trend (tuner/tune/compare.py reads it)
     # requests decoding at once -> the median gap between two tokens at it, seconds (tuner/tune/speed.py)
     step_s: dict[int, float] | None = None
 
@@ -227,17 +228,27 @@ def attainment(result: Mapping[str, Any], slo: Slo) -> tuple[int, int]:
     return sum(outcomes(result, slo)), int(result.get("num_prompts") or 0)
 
 
-def attainment_se(met: Sequence[bool], blocks: int = BLOCKS, min_block: int = MIN_BLOCK) -> float | None:
+def attainment_se(
+    met: Sequence[bool], blocks: int = BLOCKS, min_block: int = MIN_BLOCK, *, detrend: bool = False
+) -> float | None:
     """Standard error of the share of ``met`` by batch means: ``blocks`` blocks of consecutive requests (fewer
     where a block would hold under ``min_block``; None under 4 blocks), the standard deviation of their shares over
-    sqrt(blocks). Requests past the last whole block are left out of the estimate."""
+    sqrt(blocks). Requests past the last whole block are left out of the estimate.
+
+    ``detrend``: about the least-squares line through the blocks' shares instead of their mean (k - 2 degrees of
+    freedom). A queue that grows through a run above its capacity misses more in each block: a trend the run's
+    length decides, the same in every run of that length, not clumps that fall where bursts happen to."""
     k = min(blocks, len(met) // max(1, min_block))
     if k < 4:
         return None
     size = len(met) // k
     shares = [sum(met[i * size : (i + 1) * size]) / size for i in range(k)]
     mean = sum(shares) / k
-    return math.sqrt(sum((x - mean) ** 2 for x in shares) / (k - 1) / k)
+    if not detrend:
+        return math.sqrt(sum((x - mean) ** 2 for x in shares) / (k - 1) / k)
+    mid = (k - 1) / 2
+    slope = sum((i - mid) * (x - mean) for i, x in enumerate(shares)) / sum((i - mid) ** 2 for i in range(k))
+    return math.sqrt(sum((x - mean - slope * (i - mid)) ** 2 for i, x in enumerate(shares)) / (k - 2) / k)
 
 
 def read_result(path: Path, slo: Slo, rate: float) -> RateRun:
@@ -268,6 +279,7 @@ def read_result(path: Path, slo: Slo, rate: float) -> RateRun:
         result_file=str(path),
         mean_e2e_s=ms("mean_e2el_ms"),
         attainment_se=attainment_se(met),
+        attainment_se_detrended=attainment_se(met, detrend=True),
         step_s=step_times(result) or None,
     )
 
