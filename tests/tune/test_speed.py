@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from tests.tune.test_capacity import Run as CapacityRun
 from tuner.tune.capacity import Ladder, find_capacity
 from tuner.tune.speed import pooled, slowdown, spread, step_times
 
@@ -119,17 +120,8 @@ def test_a_saved_result_without_gaps_reads_no_speed():
 
 
 @dataclass(frozen=True)
-class Run:
-    rate_rps: float
-    sent: int
-    good: int
-    attainment: float
-    ttft_p99: float | None = None
-    e2e_p99: float | None = None
+class Run(CapacityRun):
     step_s: dict[int, float] = field(default_factory=dict)
-
-    def as_json(self):
-        return asdict(self)
 
 
 def drifting_server(capacity_at_full_speed: float, seed: int, slow: float = 1.5):
