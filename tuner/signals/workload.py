@@ -280,7 +280,7 @@ def from_window(window: TargetWindow, *, max_model_len: int | None = None, limit
         "output_len": Inferred(low=output_len, high=output_len, note=f"exact: the mean of {int(g_count)} outputs"),
     }
     p10, p90 = histogram_quantile(0.1, p_bounds, p_cum), histogram_quantile(0.9, p_bounds, p_cum)
-    spread = (p90 - p10) / (1.6 * input_len) if math.isfinite(p10) and math.isfinite(p90) else 0.0
+    spread = (p90 - p10) / (1.6 * mean) if math.isfinite(p10) and math.isfinite(p90) else 0.0
     (a1, b1), (a2, b2) = _bucket_of(0.1, p_bounds, p_cum), _bucket_of(0.9, p_bounds, p_cum)
     where = (
         f"P10 and P90 both in the ({a1:g}, {b1:g}] token bucket"
@@ -295,8 +295,8 @@ def from_window(window: TargetWindow, *, max_model_len: int | None = None, limit
     if lo_r <= hi_r:
         allow = f"with the exact mean of {mean:.4g}, a spread around it fits the buckets for {lo_r:.3g}-{hi_r:.3g}"
     else:  # no spread even around the mean fits (a skewed mix): what the quantiles' difference alone allows
-        lo_r = min(0.9, max(0.0, (a2 - b1) / (1.6 * input_len)))
-        hi_r = max(lo_r, min(0.9, (b2 - a1) / (1.6 * input_len)) if math.isfinite(b2) else 0.9)
+        lo_r = min(0.9, max(0.0, (a2 - b1) / (1.6 * mean)))
+        hi_r = max(lo_r, min(0.9, (b2 - a1) / (1.6 * mean)) if math.isfinite(b2) else 0.9)
         allow = (
             f"no spread even around the mean fits the buckets (a skewed mix); their edges allow {lo_r:.3g}-{hi_r:.3g}"
         )
