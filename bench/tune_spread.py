@@ -131,6 +131,7 @@ def one_server(cfg: Path, work: Path, bind: str, args: argparse.Namespace, tag: 
     if out.returncode != 0:
         return {"tag": tag, "error": f"tuner tune exited {out.returncode}; see {work / (tag + '.log')}"}
     result = json.loads(out.stdout)
+    from tuner.app.tune import _interval
     from tuner.store import tuning as tj
     from tuner.store.db import open_engine
 
@@ -140,8 +141,7 @@ def one_server(cfg: Path, work: Path, bind: str, args: argparse.Namespace, tag: 
     return {
         "tag": tag,
         "capacity_rps": trial.capacity_rps,
-        # as `tuner tune` reports it: the missed rate at the speed of the met one (tuner/tune/capacity.py)
-        "interval": [trial.detail.get("lo_rps"), trial.detail.get("hi_same_speed_rps") or trial.detail.get("hi_rps")],
+        "interval": _interval(trial.detail),  # as `tuner tune` reports it: the miss at the met rate's speed
         "speed_spread": trial.detail.get("speed_spread"),
         "worker_cores": bound_cores(trial.detail.get("log", "")),
         "placement": (trial.detail.get("placement") or {}).get("note", "vLLM's own (auto)"),

@@ -25,7 +25,7 @@ import pytest
 import realservers
 from conftest import require
 
-from tuner.app.tune import TuneRequest
+from tuner.app.tune import TuneRequest, _interval
 from tuner.apply import managed as mg
 from tuner.config import Slo
 from tuner.store import recommendations as recs
@@ -177,11 +177,8 @@ def check_decisions(engine, result, measured, flag, *, baseline, slo):  # type: 
     # stored only beyond the measurement's reach: confirmed in turns, or (no comparison) the winner met a rate the
     # flags in force missed and gained 15% or more
     # (the one compared in turns is judged: the winner, or the runner-up when the flags in force measured highest)
-    def interval(t):  # type: ignore[no-untyped-def]  # as tuner reports it: the miss at the met rate's speed
-        d = t.detail
-        return [d["lo_rps"], d["hi_same_speed_rps"] if d.get("hi_same_speed_rps") is not None else d["hi_rps"]]
-
-    base_missed = interval(next(t for t in measured if t.flags[flag] == baseline))[1]
+    # the intervals as tuner reports them: the miss at the met rate's speed (hi_same_speed_rps, checked above)
+    base_missed = _interval(next(t for t in measured if t.flags[flag] == baseline).detail)[1]
     judged = best
     if result["comparison"] is not None:
         judged = result["comparison"]["flags"][flag]
@@ -189,7 +186,7 @@ def check_decisions(engine, result, measured, flag, *, baseline, slo):  # type: 
         beyond = result["comparison"]["outcome"] == "b_better"
     else:
         beyond = base_missed is not None and caps[best] >= base_missed and caps[best] >= caps[baseline] * 1.15
-    assert result["best"]["interval"] == interval(next(t for t in measured if t.flags[flag] == best))
+    assert result["best"]["interval"] == _interval(next(t for t in measured if t.flags[flag] == best).detail)
     assert result["best"]["interval"][0] == caps[best]
     if judged != baseline and beyond:
         assert len(stored) == 1 and stored[0].diff == {flag: judged}

@@ -32,7 +32,7 @@ both sides' runs at the rate: the variance their own batch-means errors measured
 binomial variance of the same counts; the first-order Rao-Scott correction, one effect for both since a side that
 missed nothing shows no clumps to measure): misses in clumps of ten count about as many independent chances as
 there were clumps. On identical configs with misses in clumps of ten (200 requests a side, objective 0.9), the
-uncorrected test named a winner in 31-34% of comparisons, the corrected one in 2.8-4.5%
+uncorrected test named a winner in 31-34% of comparisons, the corrected one in 1.8-4.5%
 (tests/tune/test_compare.py).
 
 How many requests a run needs follows from the objective (``min_requests``): a run exactly at the objective should
@@ -103,8 +103,8 @@ def design_effect(runs: Iterable[Mapping[str, Any]]) -> float:
     trend, ``attainment_se_detrended``, else ``attainment_se``): sum of (sent x se)^2 over the sum of the binomial
     sent x p x (1 - p), at least 1. A run without its own error counts as binomial; runs that missed nothing (or
     everything) have no variance either way. About the trend: a run above its capacity misses more as its queue
-    grows, which its length decides, not chance (the demo's flags in force met 19/40 in turns, their misses in the
-    run's second half)."""
+    grows, which its length decides, not chance (in a CI run of the demo the flags in force met 18/40 in turns, every
+    request from the 17th on but two a miss: a design effect of 8.0 about the mean, 1 about the trend)."""
     measured = binomial = 0.0
     for r in runs:
         n, good = r.get("sent") or 0, r.get("good") or 0
