@@ -20,7 +20,16 @@ the bench runs meanwhile (no production server: trials run on spare ports). Ever
   python bench/tune.py --workload-file bench/corpus/rag.yaml --name rag --in-force '{"max_num_seqs": 2}'
                                                   # a workload `tuner workload` read from a real store
                                                   # (bench/tune_corpus.py records six shapes)
-Needs TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (scripts/setup-real-servers.sh prints them).
+  python bench/tune.py --backend llamacpp --workload-file bench/corpus/rag.yaml --in-force '{"parallel": 1}'
+                                                  # the same on llama-server (the tiny model's GGUF)
+Needs TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (scripts/setup-real-servers.sh prints them); --backend llamacpp also
+TUNER_LLAMA_SERVER and TUNER_TINY_GGUF.
+
+llama-server: a managed target on the tiny model's GGUF with one compute thread (-t 1: the client gets the other
+core; tuner places vLLM's workers on cores and leaves llama-server's threads to the kernel) and -c 16384, so that
+each of up to 16 slots holds 1,024 tokens (the corpus's max-model-len) and no grid point is pruned for its slots.
+Loaded by the same client (vLLM's, with the tiny model's tokenizer: the GGUF's vocabulary reads its prompts as
+somewhat more tokens). The grid searches --parallel and -ub; `--in-force '{}'` is llama-server's own defaults.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,6 +82,8 @@ WORKLOADS = {
 # A workload read from a store (bench/tune_corpus.py): searched over these, from the flags given (--in-force).
 FILE_SLO = "{ttft_p99: 2s, e2e_p99: 20s, objective: 0.95}"
 FILE_GRID = "max_num_seqs=1/2/4/8/16/32,max_num_batched_tokens=256/2048"
+LLAMA_GRID = "parallel=1/2/4/8/16,ubatch_size=128/512"
+LLAMA_CTX = 16384  # 16 slots of 1,024 tokens
 
 
 def add_file_workload(args: argparse.Namespace) -> str:
@@ -83,32 +95,68 @@ def add_file_workload(args: argparse.Namespace) -> str:
     if w.source != "store":
         sys.exit(f"{path}: source is {w.source!r}; --workload-file takes what `tuner workload` read from a store")
     name = args.name or path.stem
-    WORKLOADS[name] = (path, args.slo or FILE_SLO, args.grid or FILE_GRID, json.loads(args.in_force or "{}"))
+    grid = args.grid or (LLAMA_GRID if args.backend == "llamacpp" else FILE_GRID)
+    WORKLOADS[name] = (path, args.slo or FILE_SLO, grid, json.loads(args.in_force or "{}"))
     return name
 
 
-def write_config(work: Path, workload: str, python: str, model: str) -> Path:
+@dataclass(frozen=True)
+class Servers:
+    """What the trial servers run and the client loads them with."""
+
+    backend: str  # vllm or llamacpp
+    python: str  # vLLM's Python: its server, and the benchmark client for either backend
+    model: str  # the tiny model's folder: vLLM's model, and the client's tokenizer
+    llama_server: str | None = None
+    gguf: str | None = None
+
+    @classmethod
+    def from_env(cls, backend: str) -> Servers:
+        env = os.environ.get
+        need = ["TUNER_VLLM_PYTHON", "TUNER_TINY_MODEL"]
+        if backend == "llamacpp":
+            need += ["TUNER_LLAMA_SERVER", "TUNER_TINY_GGUF"]
+        missing = [n for n in need if not env(n)]
+        if missing:
+            sys.exit(f"set {', '.join(missing)} (eval the exports of scripts/setup-real-servers.sh)")
+        return cls(
+            backend, env("TUNER_VLLM_PYTHON", ""), env("TUNER_TINY_MODEL", ""),
+            env("TUNER_LLAMA_SERVER"), env("TUNER_TINY_GGUF"),
+        )  # fmt: skip
+
+
+def write_config(work: Path, workload: str, servers: Servers) -> Path:
     wl, slo, _, current = WORKLOADS[workload]
     if isinstance(wl, Path):  # a file `tuner workload` wrote: replayed as it is
         (work / "workload.yaml").write_text(wl.read_text(encoding="utf-8"))
     else:
         (work / "workload.yaml").write_text("".join(f"{k}: {v}\n" for k, v in wl.items()))
-    flags = ", ".join(f"{k}: {json.dumps(v)}" for k, v in {**current, "max_model_len": 1024}.items())
-    cfg = work / "tuner.yaml"
-    cfg.write_text(
-        f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\n"
-        "targets:\n"
-        f"  - name: tiny\n    backend: vllm\n    url: http://127.0.0.1:1\n    slo: {slo}\n"
-        "    managed:\n"
-        f"      model: {model}\n      executable: {python}\n"
-        f"      flags: {{{flags}}}\n"
-        "      extra_args: {enforce-eager: true}\n"
-        f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{work / 'vllm-cache'}'}}\n"
+    target = (
+        f"  - name: tiny\n    backend: {servers.backend}\n    url: http://127.0.0.1:1\n    slo: {slo}\n    managed:\n"
     )
+    if servers.backend == "llamacpp":
+        flags = ", ".join(f"{k}: {json.dumps(v)}" for k, v in {"ctx_size": LLAMA_CTX, **current}.items())
+        target += (
+            f"      model: {servers.gguf}\n      executable: {servers.llama_server}\n"
+            f"      flags: {{{flags}}}\n"
+            "      extra_args: {'-t': 1}\n"
+        )
+    else:
+        flags = ", ".join(f"{k}: {json.dumps(v)}" for k, v in {**current, "max_model_len": 1024}.items())
+        target += (
+            f"      model: {servers.model}\n      executable: {servers.python}\n"
+            f"      flags: {{{flags}}}\n"
+            "      extra_args: {enforce-eager: true}\n"
+            f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{work / 'vllm-cache'}'}}\n"
+        )
+    cfg = work / "tuner.yaml"
+    cfg.write_text(f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\ntargets:\n{target}")
     return cfg
 
 
-def tune(cfg: Path, work: Path, sampler: str, budget: int, flags: str, args: argparse.Namespace) -> dict:
+def tune(
+    cfg: Path, work: Path, sampler: str, budget: int, flags: str, args: argparse.Namespace, servers: Servers
+) -> dict:
     argv = [
         sys.executable,
         "-m",
@@ -136,6 +184,8 @@ def tune(cfg: Path, work: Path, sampler: str, budget: int, flags: str, args: arg
         str(args.seed),
         "--json",
     ]
+    if servers.backend == "llamacpp":  # vLLM's client and the tiny model's tokenizer (a vLLM target has both)
+        argv += ["--client-python", servers.python, "--tokenizer", servers.model]
     t0 = time.monotonic()
     with open(work / f"{sampler}.log", "w") as log:
         out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True, check=False)
@@ -143,6 +193,7 @@ def tune(cfg: Path, work: Path, sampler: str, budget: int, flags: str, args: arg
         sys.exit(f"{sampler}: tuner tune exited {out.returncode}; see {work / (sampler + '.log')}")
     result = json.loads(out.stdout)
     result["wall_s"] = round(time.monotonic() - t0, 1)
+    result["backend"] = servers.backend  # for bench/tune_corpus.py's table (whose defaults an empty config is)
     (work / f"{sampler}.json").write_text(json.dumps(result, indent=1))
     return result
 
@@ -159,8 +210,13 @@ def main() -> int:
     )
     ap.add_argument("--name", help="its name in the output (default: the file's stem)")
     ap.add_argument("--slo", help=f"its SLO (default {FILE_SLO})")
-    ap.add_argument("--grid", help=f"the flags searched with their values (default {FILE_GRID})")
-    ap.add_argument("--in-force", help="the flags in force, as JSON (default {}: vLLM's defaults)")
+    ap.add_argument(
+        "--grid", help=f"the flags searched with their values (default {FILE_GRID}; llama-server {LLAMA_GRID})"
+    )
+    ap.add_argument(
+        "--backend", choices=["vllm", "llamacpp"], default="vllm", help="the trial servers (default %(default)s)"
+    )
+    ap.add_argument("--in-force", help="the flags in force, as JSON (default {}: the server's defaults)")
     ap.add_argument("--run-seconds", type=float, default=12.0)
     ap.add_argument("--max-runs", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
@@ -175,12 +231,12 @@ def main() -> int:
     args = ap.parse_args()
     if args.workload_file:
         args.workload = add_file_workload(args)
-    python, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
-    if not python or not model:
-        sys.exit("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (eval the exports of scripts/setup-real-servers.sh)")
+    elif args.backend != "vllm":
+        sys.exit("--backend llamacpp takes a --workload-file (the built-in workloads search vLLM's flags)")
+    servers = Servers.from_env(args.backend)
     work = Path(args.workdir or tempfile.mkdtemp(prefix=f"tune-bench-{args.workload}-"))
     work.mkdir(parents=True, exist_ok=True)
-    cfg = write_config(work, args.workload, python, model)
+    cfg = write_config(work, args.workload, servers)
     subprocess.run(
         [sys.executable, "-m", "tuner.cli", "-c", str(cfg), "db", "upgrade"], check=True, stdout=subprocess.DEVNULL
     )
@@ -200,7 +256,7 @@ def main() -> int:
             continue
         grid_n = sum(t["status"] != "pruned" for t in results["grid"]["trials"]) if "grid" in results else 0
         budget = 10_000 if sampler == "grid" else max(2, grid_n // 4)
-        results[sampler] = tune(cfg, work, sampler, budget, flags, args)
+        results[sampler] = tune(cfg, work, sampler, budget, flags, args, servers)
         print(f"{sampler}: {results[sampler]['counts']} in {results[sampler]['wall_s']:.0f}s", flush=True)
     grid = {key(t["flags"]): t for t in results["grid"]["trials"] if t["status"] == "measured"}
     best = max(t["capacity_rps"] for t in grid.values())

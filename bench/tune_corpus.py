@@ -179,8 +179,13 @@ def serve_shape(name: str, out: Path, python: str, model: str, seconds: float) -
         _tuner(cfg, "managed", "stop", timeout=120)
 
 
-def _flags(flags: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in flags.items() if k != "max_model_len") or "vLLM's defaults"
+# what bench/tune.py gives every trial of a backend (not searched, so not shown), and what an empty config runs
+_FIXED = {"vllm": ("max_model_len", "vLLM's defaults"), "llamacpp": ("ctx_size", "llama-server's defaults")}
+
+
+def _flags(flags: dict, backend: str = "vllm") -> str:
+    fixed, defaults = _FIXED[backend]
+    return " ".join(f"{k}={v}" for k, v in flags.items() if k != fixed) or defaults
 
 
 def score_run(work: Path) -> dict:
@@ -199,7 +204,7 @@ def score_run(work: Path) -> dict:
             if t["status"] == "measured":
                 again.setdefault(key(t["flags"]), []).append(t["capacity_rps"])
                 flags_of[key(t["flags"])] = t["flags"]
-    # The truth a choice is scored by: the grid's capacity of each grid point; a config off the grid (vLLM's defaults,
+    # The truth a choice is scored by: the grid's capacity of each grid point; a config off the grid (the server's defaults,
     # which `--sampler grid` does not visit) by the mean of the searches' own measurements of it, marked as such.
     truth = {key(t["flags"]): t["capacity_rps"] for t in runs["grid"]["trials"] if t["status"] == "measured"}
     if not truth:
@@ -228,6 +233,7 @@ def score_run(work: Path) -> dict:
     base = key(runs["tpe"]["baseline"]["flags"])
     tpe_key = key(runs["tpe"]["best"]["flags"]) if runs["tpe"]["best"] else None
     return {
+        "backend": runs["grid"].get("backend", "vllm"),  # bench/tune.py records it (vLLM before --backend)
         "grid_best": truth[top],
         "grid_best_flags": flags_of[top],
         "grid_best_off_grid": top in off_grid,
@@ -271,17 +277,18 @@ def score(folder: Path, held: list[str]) -> str:
     for h, shape, start, r in sorted(rows, key=lambda x: (x[0], x[1], x[2])):
         again = ", ".join(f"{x:.3g}" for x in r["baseline_again"]) or "-"
         star = {True: "*", False: ""}
+        b = r["backend"]
         out.append(
             f"| {shape} | {'held back' if h else 'built on'} | {start} | {r['grid_best']:.3g} req/s "
-            f"({_flags(r['grid_best_flags'])}{star[r['grid_best_off_grid']]}) | {_pct(r['tpe'])} "
-            f"({_flags(r['tpe_flags'] or {})}{star[r['tpe_off_grid']]}) | {_pct(r.get('tpe_decision'))} "
-            f"({_flags(r.get('tpe_decision_flags') or {})}{star[r.get('tpe_decision_off_grid', False)]}) | {r['tpe_trials']}/{r['grid_trials']} | {_pct(r['random'])} | {r['crashes']} | {again} | "
+            f"({_flags(r['grid_best_flags'], b)}{star[r['grid_best_off_grid']]}) | {_pct(r['tpe'])} "
+            f"({_flags(r['tpe_flags'] or {}, b)}{star[r['tpe_off_grid']]}) | {_pct(r.get('tpe_decision'))} "
+            f"({_flags(r.get('tpe_decision_flags') or {}, b)}{star[r.get('tpe_decision_off_grid', False)]}) | {r['tpe_trials']}/{r['grid_trials']} | {_pct(r['random'])} | {r['crashes']} | {again} | "
             f"{_pct(r['worst_repeat'])} |"
         )
     if any(r["grid_best_off_grid"] or r["tpe_off_grid"] for *_, r in rows):
         out.append(
-            "\n\\* off the grid (vLLM's defaults: `--sampler grid` visits the grid's points only): its capacity is the "
-            "mean of the searches' own measurements of it, and it counts as a candidate for the best."
+            "\n\\* off the grid (the server's defaults: `--sampler grid` visits the grid's points only): its capacity "
+            "is the mean of the searches' own measurements of it, and it counts as a candidate for the best."
         )
     for h in (False, True):
         part = [r for held_back, _, _, r in rows if held_back == h]

@@ -4,6 +4,7 @@ an hour a shape); what is checked is the arithmetic and which shape lands in whi
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -145,6 +146,45 @@ def test_a_choice_off_the_grid_is_scored_by_the_searches_own_measurements_of_it(
     assert r["baseline_again"] == [11.0, 13.0]
     text = score(tmp_path, held=[])
     assert "| 12 req/s (vLLM's defaults*) | 100% (vLLM's defaults*) |" in text and "\\* off the grid" in text
+
+
+def test_a_llama_server_run_names_llama_servers_defaults_and_hides_the_context_every_trial_had(tmp_path: Path) -> None:
+    # bench/tune.py --backend llamacpp gives every trial -c 16384 and records the backend in its result files
+    ctx = {"ctx_size": 16384}
+    p1, p8 = ({**ctx, "parallel": n} for n in (1, 8))
+    runs = [_run([(p1, 3.0), (p8, 9.0)], ctx), _run([(ctx, 7.0), (p8, 8.5)], ctx), _run([(ctx, 7.4)], ctx)]
+    for r in runs:
+        r["backend"] = "llamacpp"
+    r = score_run(_write(tmp_path / "rag.llama-defaults", *runs))
+    assert r["backend"] == "llamacpp" and r["tpe"] == 1.0 and r["grid_best_flags"] == p8
+    row = next(line for line in score(tmp_path, held=[]).splitlines() if line.startswith("| rag |"))
+    assert "| llama-defaults | 9 req/s (parallel=8) | 100% (parallel=8) |" in row
+    # tune kept the defaults (off the grid: 7.0 and 7.4 measured, 7.2 of 9)
+    assert "| 80% (llama-server's defaults*) |" in row and "ctx_size" not in row and "vLLM" not in row
+
+
+def test_bench_tune_writes_a_llama_server_target_tuner_accepts(tmp_path: Path) -> None:
+    """The config bench/tune.py --backend llamacpp writes is one tuner's own parser takes, with the flags in force
+    and the fixed context beside them, one compute thread, and the GGUF as the model."""
+    import bench.tune as bt
+    from tuner.config import load_config
+
+    wl = tmp_path / "w.yaml"
+    wl.write_text("source: store\ninput_len: 64\noutput_len: 8\n")
+    name = bt.add_file_workload(
+        argparse.Namespace(
+            workload_file=str(wl), name="w", slo=None, grid=None, in_force='{"parallel": 1}', backend="llamacpp"
+        )
+    )
+    assert bt.WORKLOADS[name][2] == bt.LLAMA_GRID
+    servers = bt.Servers("llamacpp", "/opt/vllm/bin/python", "/m/tiny", "/opt/llama-server", "/m/tiny.gguf")
+    cfg = load_config(bt.write_config(tmp_path, name, servers))
+    (t,) = cfg.targets
+    assert t.backend == "llamacpp" and t.managed is not None
+    assert t.managed.model == "/m/tiny.gguf" and t.managed.executable == "/opt/llama-server"
+    assert t.managed.flags == {"ctx_size": bt.LLAMA_CTX, "parallel": 1}
+    assert bt.LLAMA_CTX // 16 >= 1024  # every slot of the grid's largest --parallel holds max-model-len
+    assert (tmp_path / "workload.yaml").read_text() == wl.read_text()
 
 
 def test_drawn_shapes_are_the_seeds_and_every_request_fits_max_model_len() -> None:
