@@ -32,18 +32,18 @@ def _hist(bucket: int, per_step: float, mean: float, n=13) -> HistSeries:
     return HistSeries(TOKEN_BOUNDS, tuple(pts))
 
 
-def _window(finished_per_step=(15,), generated_per_step=(3000,)) -> TargetWindow:
+def _window(finished_per_step=(15,), generated_per_step=(3000,), hits=100, config=None) -> TargetWindow:
     series = {
         ("vllm:request_success_total", (("finished_reason", "length"),)): _counter(finished_per_step),
         ("vllm:generation_tokens_total", ()): _counter(generated_per_step),
         ("vllm:prefix_cache_queries_total", ()): _counter([400]),
-        ("vllm:prefix_cache_hits_total", ()): _counter([100]),
+        ("vllm:prefix_cache_hits_total", ()): _counter([hits]),
     }
     hists = {
         ("vllm:request_prompt_tokens", ()): _hist(5, 15, 100.0),  # (64, 128], 100 tokens each
         ("vllm:request_generation_tokens", ()): _hist(6, 15, 200.0),
     }  # (128, 256], 200 each
-    e = EngineWindow(engine="0", model_name="m", series=series, hists=hists)
+    e = EngineWindow(engine="0", model_name="m", series=series, hists=hists, config=config or {})
     return TargetWindow(target="t", backend="vllm", start_ms=0, end_ms=60 * S, engines=(e,), health=None)
 
 
@@ -58,6 +58,22 @@ def test_lengths_rate_prefix_and_longest_request_from_the_window():
     assert w.range_ratio == pytest.approx(0.32)
     assert w.burstiness == 10.0  # the same count every interval: as regular as the scale allows
     assert w.requests == 180 and w.source == "store" and w.window_s == 60
+
+
+def test_a_shared_prefix_is_bounded_by_the_kv_block_its_hits_come_in():
+    """vLLM hits whole KV blocks only. Read from a real store (bench/corpus-drawn4's drawn-790-1): every prompt
+    began with the same 86 tokens, vLLM CPU's blocks hold 128, and not one token hit; the prefix reads 0, and what
+    the window proves must reach the 86 it cannot see."""
+    w = from_window(_window(config={"block_size": "16"}))  # 100 of 400 prompt tokens hit: 25 of each 100-token prompt
+    assert w.prefix_len == 25
+    assert (w.inferred["prefix_len"].low, w.inferred["prefix_len"].high) == (25, 40)  # 25 hit; 15 more fit a block
+    assert "whole blocks of 16 tokens" in w.inferred["prefix_len"].note
+    blind = from_window(_window(hits=0, config={"block_size": "128"}))
+    assert blind.prefix_len == 0  # replayed as none: a prefix shorter than a block hits exactly as often as none
+    assert (blind.inferred["prefix_len"].low, blind.inferred["prefix_len"].high) == (0, 99)  # up to the prompt
+    unknown = from_window(_window())  # no cache_config_info seen: no upper bound is proven
+    assert (unknown.inferred["prefix_len"].low, unknown.inferred["prefix_len"].high) == (25, None)
+    assert "did not report" in unknown.inferred["prefix_len"].note
 
 
 def test_bursty_arrivals_give_a_gamma_shape_below_one():

@@ -17,7 +17,8 @@ From one stored window of a vLLM target (its request histograms and counters, th
                           When the window is saturated (signals/load.py), requests finish as batches complete, not
                           as they arrive: then 1 (Poisson), since finishes say nothing of the arrivals
   prefix_hit_ratio        prefix-cache hits / queries (tokens)
-  prefix_len              shared prompt prefix the replay should carry: prefix_hit_ratio x input_len
+  prefix_len              shared prompt prefix the replay should carry: prefix_hit_ratio x input_len (hits come in
+                          whole KV blocks: a prefix every prompt shares is up to a block longer)
   max_prompt_tokens, max_output_tokens   the longest prompt and output seen: the upper bound of the highest
                           bucket used (the histograms hold nothing finer)
   max_request_tokens      prompt + output of the longest request: their sum, capped at the max-model-len in force
@@ -171,6 +172,13 @@ def _counter_increase(e: EngineWindow, metric: str, keep: Any = None) -> float:
         for (name, labels), pts in e.series.items()
         if name == metric and len(pts) >= 2 and (keep is None or keep(dict(labels or ())))
     )
+
+
+def _block_size(engines: list[EngineWindow]) -> int | None:
+    """The KV block size the server reports (vllm:cache_config_info's block_size; the largest where engines
+    differ), or None where it does not say."""
+    sizes = [int(b) for e in engines if str(b := e.config.get("block_size", "")).isdigit() and int(b) > 0]
+    return max(sizes) if sizes else None
 
 
 def _has(engines: list[EngineWindow], metric: str) -> bool:
@@ -347,14 +355,28 @@ def from_window(window: TargetWindow, *, max_model_len: int | None = None, limit
     hit_ratio = round(hits / queries, 4) if queries > 0 else None
     prefix_len = min(input_len - 1, round((hit_ratio or 0.0) * input_len))
     if hit_ratio is not None:
-        inferred["prefix_len"] = Inferred(
-            low=0,
-            high=prefix_len,
-            note=(
-                f"prefix-cache hits / queries = {hit_ratio:g} of the prompt tokens (exact), replayed as one prefix "
-                "every prompt shares: at most this much of the prompts is shared"
-            ),
+        # vLLM hits whole KV blocks only: a prefix that every prompt shares of L tokens hits floor(L / block) blocks,
+        # so one of 86 tokens in 128-token blocks (vLLM CPU's) hits nothing and reads as no prefix at all
+        block = _block_size(engines)
+        said = (
+            f"prefix-cache hits / queries = {hit_ratio:g} of the prompt tokens (exact), replayed as one prefix every "
+            "prompt shares, which hits as often"
         )
+        if block is None:
+            inferred["prefix_len"] = Inferred(
+                low=prefix_len,
+                note=f"{said}; hits come in whole KV blocks of a size the server did not report, so a prefix every "
+                "prompt shares is at least this long and may be up to a block longer",
+            )
+        else:
+            high = max(prefix_len, min(input_len - 1, prefix_len + block - 1))
+            inferred["prefix_len"] = Inferred(
+                low=prefix_len,
+                high=high,
+                note=f"{said}; hits come in whole blocks of {block} tokens, so a prefix every prompt shares is "
+                f"{prefix_len}-{high} tokens long (the part of it past the last whole block never hits); where only "
+                "some prompts share one, theirs is longer",
+            )
 
     longest = _longest(
         _top_bucket(p_bounds, p_cum), _top_bucket(g_bounds, g_cum), engines, n, max_model_len, limit_source
