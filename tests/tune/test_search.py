@@ -675,3 +675,43 @@ def test_a_llama_gallop_adds_context_with_its_slots_so_its_steps_are_not_refused
     path = [(p.flags["parallel"], p.flags["ctx_size"], p.outcome.status) for p in run(along)]
     assert path == [(1, 1024, "measured"), (2, 2048, "measured"), (8, 8192, "measured")]
     assert along({"parallel": 1, "ctx_size": 1024}, {"parallel": 16, "ctx_size": 1024}) == {"ctx_size": 8192}
+
+
+def test_from_the_servers_defaults_the_gallop_starts_at_the_value_that_holds_what_was_in_flight():
+    """vLLM's defaults leave max-num-seqs unset (128 on this CPU build), which the searched axis (1-32, as a
+    user's --flags gives it) does not hold: the gallop had no position to step from, and the two trials of a budget
+    of 3 were TPE's first draws. Seen on two held-back shapes (bench/results/2026-11-29-0139-tune-corpus.md): on
+    one, the defaults met 48.5 req/s with 21.3 in flight, TPE drew 8 and 4 sequences (42.2 each), and 32 met 73.5 in
+    the grid. A made-up grid peaked at 32: the step goes to the first value holding 21.3 and gallops on from there."""
+    grid = {(n, t): c for n, c in {1: 18.0, 2: 30.0, 4: 36.0, 8: 42.0, 16: 55.0, 32: 73.0}.items() for t in (256, 2048)}
+    defaults = 48.5
+
+    def run(in_flight: float | None, budget: int = 3) -> list[Point]:
+        def measure(flags, label):
+            seqs = flags.get("max_num_seqs")
+            if seqs is None:  # the server's defaults
+                return Outcome("measured", defaults, {"in_flight": in_flight})
+            return Outcome("measured", grid[(seqs, flags.get("max_num_batched_tokens") or 2048)], {"in_flight": None})
+
+        return search(
+            CHAT_AXES,
+            {},
+            measure=measure,
+            feasible=lambda f: Verdict(True, "", {}),
+            seeds=[("baseline", {})],
+            budget=budget,
+            max_time_s=1e9,
+            clock=Clock(),
+            sampler="tpe",
+            gallop="max_num_seqs",
+        )
+
+    points = run(21.3)
+    assert [(p.flags.get("max_num_seqs"), p.seed) for p in points[:2]] == [(None, "baseline"), (32, "gallop")]
+    assert points[2].flags["max_num_seqs"] == 16 and points[2].seed == "gallop"  # at the axis's end: down, and back
+    assert max(p.outcome.capacity_rps for p in points) == max(grid.values())
+    # more in flight than the axis reaches: its end; fewer than its first value: its first
+    assert run(500.0, budget=2)[1].flags["max_num_seqs"] == 32
+    assert run(0.5, budget=2)[1].flags["max_num_seqs"] == 1
+    # a base that does not say what was in flight leaves the search to TPE, as before (no gallop step)
+    assert all(p.seed != "gallop" for p in run(None))

@@ -101,6 +101,19 @@ def _first_step(axis: Axis, start: int, base: Point) -> int:
     return max(2, (above[0] if above else len(axis.values) - 1) - start)
 
 
+def _holding(axis: Axis, base: Point) -> int | None:
+    """The position of the first value of an ordered numeric ``axis`` that holds the requests ``base`` had in flight
+    at its capacity rate (its last where none does); None where the axis is not ordered numbers or the base's
+    measurement does not say."""
+    want = base.outcome.detail.get("in_flight")
+    if not isinstance(want, (int, float)) or isinstance(want, bool) or not math.isfinite(want):
+        return None
+    values = [v for v in axis.values if isinstance(v, int) and not isinstance(v, bool)]
+    if not values or len(values) != len(axis.values) or values != sorted(values):
+        return None
+    return next((i for i, v in enumerate(values) if v >= want), len(values) - 1)
+
+
 def _gallop(
     axis: Axis,
     known: dict[str, Point],
@@ -115,14 +128,40 @@ def _gallop(
     overshot the peak, which then lies between: the step halves from the same point (bisection) before the gallop
     gives up. If it never rose going up, the same down, by 1, 2, 4, ... Capacity against max-num-seqs (or
     --parallel) rises until the engine or the KV cache saturates and falls after, so this reaches the region of
-    the peak in about log2(axis) trials. Every step also sets ``carry``, and what ``along`` brings with it (a
-    token budget for the sequences it adds), unless that point is refused (pruned) where the step without it is
-    not."""
+    the peak in about log2(axis) trials. A best so far that runs the server's default (the axis's flag unset) has
+    no position: its step is to the value that holds what it had in flight (``_holding``). Every step also sets
+    ``carry``, and what ``along`` brings with it (a token budget for the sequences it adds), unless that point is
+    refused (pruned) where the step without it is not."""
     measured = [p for p in known.values() if p.outcome.status == TrialStatus.MEASURED]
     if not measured:
         return
     base = max(measured, key=lambda p: p.outcome.capacity_rps)
+
+    def take(j: int) -> Point | None:
+        """The step from ``base`` to the axis's j-th value (with ``carry`` and what ``along`` brings): its point."""
+        plain = canonical({**base.flags, **(carry or {}), axis.name: axis.values[j]})
+        flags = canonical({**plain, **(along(base.flags, plain) if along is not None else {})})
+        visit(flags, "gallop")
+        p = known.get(point_key(flags))
+        if flags != plain and p is not None and p.outcome.status == TrialStatus.PRUNED:
+            visit(plain, "gallop")  # the budget brought along does not fit: the step without it
+            p = known.get(point_key(plain))
+        return p
+
     if base.flags.get(axis.name) not in axis.values:
+        # the base runs the server's default, which is no value of the axis (vLLM's max-num-seqs left unset): no
+        # position to step from, so one step to the value that holds what was in flight at its capacity rate, and
+        # the gallop goes on from there where that served more
+        j = _holding(axis, base)
+        if j is None or not may():
+            return
+        p = take(j)
+        if (
+            p is not None
+            and p.outcome.status == TrialStatus.MEASURED
+            and p.outcome.capacity_rps > base.outcome.capacity_rps
+        ):
+            _gallop(axis, known, visit, may, carry, along)
         return
     start = axis.values.index(base.flags.get(axis.name))
     for direction in (1, -1):
@@ -132,14 +171,7 @@ def _gallop(
             j = min(max(i + direction * step, 0), len(axis.values) - 1)
             if j == i:
                 break
-            step_to = axis.values[j]
-            plain = canonical({**base.flags, **(carry or {}), axis.name: step_to})
-            flags = canonical({**plain, **(along(base.flags, plain) if along is not None else {})})
-            visit(flags, "gallop")
-            p = known.get(point_key(flags))
-            if flags != plain and p is not None and p.outcome.status == TrialStatus.PRUNED:
-                visit(plain, "gallop")  # the budget brought along does not fit: the step without it
-                flags, p = plain, known.get(point_key(plain))
+            p = take(j)
             if p is not None and p.outcome.status == TrialStatus.MEASURED and p.outcome.capacity_rps > best:
                 i, best, step, moved = j, p.outcome.capacity_rps, step * 2, True
             elif abs(j - i) > 1:
