@@ -617,6 +617,7 @@ ROWS = (
     Row("tune-bursty-chat", "tune: bursty arrivals", ("tune-bursty-chat", "tune-gallop"), tune("bursty-chat")),
     Row("tune-shared-prefix", "tune: a shared prefix", ("tune-shared-prefix", "tune-gallop"), tune("shared-prefix")),
     Row("tune-corpus", "tune on workloads read from a store (issue 40's corpus)", ("tune-corpus",), tune_corpus),
+    Row("tune-corpus-llama", "tune on llama-server, the corpus's workloads", ("tune-corpus-llama",), tune_corpus),
     Row("tune-spread", "tune: the same flags on fresh servers", ("tune-spread",), tune_spread),
     Row("host-speed", "this host's CPU speed over 30-s windows", ("host-speed",), host_speed),
     Row("rolling", "applies under load: alone, rolling, blue/green", ("rolling",), rolling),
