@@ -354,3 +354,25 @@ class _Off(Ladder):
 
     def between(self, lo: float, hi: float, target: float) -> float | None:
         return target if lo < target < hi else None
+
+
+@pytest.mark.parametrize("true_cap", [52.0, 60.0, 70.0])
+def test_after_the_probe_below_an_overrun_the_midpoint_stays_near_what_it_completed(true_cap):
+    """vLLM's CPU defaults on the held-back drawn-790-1 (128 slots): 2.3 met, the slots bound sent the next runs to
+    36.8 (met) and 338, which completed 52 a second (an overrun that far serves less than the server can: 67.9 at
+    128); the probe below that met 48.5, and the geometric middle of 48.5-338 spent the last of 5 runs at 128,
+    leaving 48.5 as the capacity. Between 48.5 and a margin above 52, the last run reads the capacity within one
+    rung of the ladder."""
+
+    def collapsing(rate: float) -> ServedRun:
+        served = min(rate, 68.0) if rate <= 128 else 52.0
+        good = 200 if rate <= true_cap else 20
+        return ServedRun(rate, 200, good, good / 200, throughput_rps=served, mean_e2e_s=0.19)
+
+    cap = find_capacity(collapsing, 0.95, start_rps=2.3, max_runs=5, slots=128)
+    rates = [s.rate_rps for s in cap.steps]
+    assert len(rates) == 5 and rates[2] > 300  # the same overrun as on the real server
+    rungs = Ladder.for_tolerance(0.15)
+    assert cap.capacity_rps <= true_cap  # never a rate it cannot hold
+    assert cap.capacity_rps >= true_cap / 1.15**2, (rates, cap.note)  # within two rungs; 42.2 for each before
+    assert rungs.nearest(cap.capacity_rps) == cap.capacity_rps
