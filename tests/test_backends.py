@@ -6,7 +6,7 @@ import pytest
 
 from tests.helpers import fixture_text, sample_lines
 from tuner.apply.launch import llama_server_argv, vllm_argv
-from tuner.backends import BACKENDS, Backend, backend
+from tuner.backends import BACKENDS, Backend, backend, kv_block_size
 from tuner.collect import catalogue
 from tuner.collect.scrape import READERS, snapshot_from_text
 from tuner.flags import FLAGS, parse_version, render, takes
@@ -81,3 +81,20 @@ def test_its_version_reads_and_prints_as_its_server_writes_it(b: Backend):
     raw, shown = VERSIONS[b.name]
     version = parse_version(raw)
     assert version is not None and b.version_text(version) == shown
+
+
+@pytest.mark.parametrize(
+    "config,size",
+    [
+        ({"block_size": "128"}, 128),
+        ({"block_size": 16}, 16),
+        ({"block_size": "0"}, None),
+        ({"block_size": "None"}, None),
+        ({"block_size": "-16"}, None),
+        ({}, None),
+    ],
+)
+def test_the_kv_block_size_is_read_where_the_server_says_it(config, size):
+    """One reader for the three places that need it: the prefix bound of `tuner workload`, the memory breakdown and
+    the advisor's memory plan (which takes vLLM's GPU default, 16, where it is None)."""
+    assert kv_block_size(config) == size

@@ -27,7 +27,7 @@ from tuner.names import (
     VLLM_TIME_TO_FIRST_TOKEN_SECONDS,
 )
 
-__all__ = ["Backend", "VLLM", "LLAMACPP", "BACKENDS", "backend"]
+__all__ = ["Backend", "VLLM", "LLAMACPP", "BACKENDS", "backend", "kv_block_size"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +98,11 @@ def backend(name: str) -> Backend:
         return BACKENDS[name]
     except KeyError:
         raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}") from None
+
+
+def kv_block_size(config: Mapping[str, object]) -> int | None:
+    """The KV block size a vLLM engine reports (the ``block_size`` label of vllm:cache_config_info, as stored with
+    its config), or None where it does not say: the prefix cache hits, and the KV cache is allocated, in whole
+    blocks of it (16 on a GPU by default, 128 on vLLM's CPU build)."""
+    text = str(config.get("block_size", "")).strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None

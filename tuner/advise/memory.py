@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tuner.advise.facts import DTYPE_BYTES, ModelFacts
+from tuner.backends import kv_block_size
 
 __all__ = [
     "vllm_batch_defaults",
@@ -244,7 +245,7 @@ def breakdown(
     """A running vLLM's memory from its ``vllm:cache_config_info`` labels (``config``), its KV use (fraction 0-1)
     and, when tuner knows it, the model it serves."""
     tp = max(1, tensor_parallel_size)
-    blocks, block_size = _int(config.get("num_gpu_blocks")), _int(config.get("block_size"))
+    blocks, block_size = _int(config.get("num_gpu_blocks")), kv_block_size(config)
     allocated, source = None, ""
     if model is not None and blocks is not None and block_size:
         dtype = config.get("cache_dtype") or "auto"

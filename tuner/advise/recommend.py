@@ -19,6 +19,7 @@ from typing import Any
 
 from tuner.advise.diagnose import Candidate, Inputs, diagnose
 from tuner.advise.memory import GIB, kv_bytes_per_token, plan
+from tuner.backends import kv_block_size
 from tuner.errors import FlagError
 from tuner.flags import supported, validate
 
@@ -136,7 +137,7 @@ def _check_vllm(inp: Inputs, cand: Candidate) -> MemoryCheck:
     live = inp.kv_capacity_tokens
     m, g = inp.model, inp.gpu
     if m is not None and g.memory_total_bytes:
-        block = int(inp.live.get("block_size", "16")) if str(inp.live.get("block_size", "16")).isdigit() else 16
+        block = kv_block_size(inp.live) or 16  # vLLM's GPU default where the server does not say
         try:
             before = plan(m, gpu_memory_bytes=g.memory_total_bytes, block_size=block, **_vllm_args(inp.flags))
             after = plan(m, gpu_memory_bytes=g.memory_total_bytes, block_size=block, **_vllm_args(after_flags))

@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tuner.backends import kv_block_size
 from tuner.config import YamlTextError, load_yaml
 from tuner.errors import ConfigError
 from tuner.names import (
@@ -177,7 +178,7 @@ def _counter_increase(e: EngineWindow, metric: str, keep: Any = None) -> float:
 def _block_size(engines: list[EngineWindow]) -> int | None:
     """The KV block size the server reports (vllm:cache_config_info's block_size; the largest where engines
     differ), or None where it does not say."""
-    sizes = [int(b) for e in engines if str(b := e.config.get("block_size", "")).isdigit() and int(b) > 0]
+    sizes = [b for e in engines if (b := kv_block_size(e.config)) is not None]
     return max(sizes) if sizes else None
 
 
