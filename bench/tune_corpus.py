@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.tune import key  # noqa: E402  (a config's identity, as tune.py scores it)
+from bench.tune import Servers, key  # noqa: E402  (a config's identity, as tune.py scores it; its servers)
 from tuner.lab.proc import stop  # noqa: E402
 
 # name: (workload the client sends (its fields as tuner's workload files spell them), request rate)
@@ -326,9 +326,8 @@ def main() -> int:
         held = json.loads(Path(args.holdout).read_text())["held_out"] if args.holdout else []
         print(score(Path(args.score), held))
         return 0
-    python, model = os.environ.get("TUNER_VLLM_PYTHON"), os.environ.get("TUNER_TINY_MODEL")
-    if not python or not model:
-        sys.exit("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (eval the exports of scripts/setup-real-servers.sh)")
+    servers = Servers.from_env("vllm")  # the corpus is served to vLLM; exits naming what is unset
+    python, model = servers.python, servers.model
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     names = [s.strip() for s in args.shapes.split(",") if s.strip()]
