@@ -40,6 +40,11 @@ class Backend:
     drain: Literal["shutdown_timeout", "slots_idle"]  # SIGTERM finishes in-flight work; or wait for idle slots
     model_is_file: bool  # the model is one file (.gguf); else a directory or a hub name
     gate_names_model: bool  # the health gate's request names the served model
+    # the benchmark client asks for a new connection per request (Connection: close): llama-server's HTTP library
+    # closes kept-alive connections that vLLM's client (aiohttp, 60-s keep-alive) then writes to, and 1-2% of
+    # requests failed "Can not write request body" at 30-45 req/s, with --threads-http 64 as well; with close, none
+    # (bench/results/2026-11-29-0744-llama-keepalive.md)
+    bench_closes_connections: bool = False
     # role -> canonical metric name, for the load profile (signals/load.py) and the verdict
     load_metrics: Mapping[str, str] = field(default_factory=dict)
 
@@ -81,6 +86,7 @@ LLAMACPP = Backend(
     drain="slots_idle",
     model_is_file=True,
     gate_names_model=False,
+    bench_closes_connections=True,
     load_metrics={
         "generated": LLAMACPP_TOKENS_PREDICTED_TOTAL,
         "gen_seconds": LLAMACPP_TOKENS_PREDICTED_SECONDS_TOTAL,

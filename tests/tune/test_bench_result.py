@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tuner.backends import BACKENDS
 from tuner.config import Slo
-from tuner.tune.bench import attainment, attainment_se, outcomes, read_result
+from tuner.signals.workload import Workload
+from tuner.tune.bench import attainment, attainment_se, bench_args, outcomes, read_result
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "bench-client" / "bursty_seqs2_at_capacity.json"
 
@@ -85,3 +87,25 @@ def test_about_the_trend_a_steady_slide_is_no_spread_and_the_real_clumps_remain(
     detrended = attainment_se(met, detrend=True)
     assert detrended is not None and detrended > 2 * math.sqrt(p * (1 - p) / len(met))
     assert read_result(FIXTURE, slo, 22.6274).attainment_se_detrended == pytest.approx(detrended)
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_the_client_closes_its_connections_where_the_backend_asks(name):
+    """llama-server: a new connection per request (kept-alive ones failed 1-2% of requests at 30-45 req/s,
+    tests/integration/test_bench_keepalive.py); vLLM: the client's own keep-alive, as vLLM's docs run it."""
+    closes = BACKENDS[name].bench_closes_connections
+    assert closes == (name == "llamacpp")
+    args = bench_args(
+        Workload(input_len=8, output_len=4),
+        url="http://127.0.0.1:1",
+        model="m",
+        tokenizer="t",
+        rate=1.0,
+        prompts=10,
+        slo=Slo(e2e_p99="5s"),
+        result_dir=Path("/tmp"),
+        result_file="r.json",
+        close_connections=closes,
+    )
+    pairs = list(zip(args, args[1:]))
+    assert (("--header", "Connection=close") in pairs) == closes

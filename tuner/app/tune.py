@@ -53,6 +53,7 @@ from tuner.apply import managed as mg
 from tuner.apply.flow import Applier
 from tuner.apply.launch import free_port
 from tuner.apply.servers import flags_in_force
+from tuner.backends import backend as backend_of
 from tuner.config import Config, Target, parse_window, window_left
 from tuner.errors import ApplyError, ConfigError, InputFileError, NothingToMeasureError, ServerStartError, TunerError
 from tuner.files import read_text
@@ -1008,7 +1009,11 @@ def tune(
                 f"{'max-num-seqs' if t.backend == 'vllm' else '--parallel'} set it"
             )
         try:
-            with BenchClient(client_python, ctx.log_dir / f"tune-{run_id}") as client, _target_taken(ctx, in_force):
+            closes = backend_of(t.backend).bench_closes_connections
+            with (
+                BenchClient(client_python, ctx.log_dir / f"tune-{run_id}", close_connections=closes) as client,
+                _target_taken(ctx, in_force),
+            ):
                 ctx.bench, ctx.tokenizer = client, tokenizer
 
                 def measure(flags: dict[str, Any], label: str) -> Outcome:

@@ -145,8 +145,10 @@ def bench_args(
     result_file: str,
     warmups: int = 2,
     seed: int = 0,
+    close_connections: bool = False,
 ) -> list[str]:
-    """The client's arguments for one run (what ``vllm bench serve`` takes)."""
+    """The client's arguments for one run (what ``vllm bench serve`` takes); ``close_connections``: a new connection
+    per request (tuner/backends.py ``bench_closes_connections``)."""
     budgets = _budgets(slo)
     goodput = [f"{'e2el' if k == 'e2e' else 'tpot' if k == 'itl' else k}:{v * 1000:g}" for k, v in budgets.items()]
     args = [
@@ -197,6 +199,8 @@ def bench_args(
     ]
     if goodput:
         args += ["--goodput", *goodput]
+    if close_connections:
+        args += ["--header", "Connection=close"]
     return args
 
 
@@ -288,9 +292,16 @@ class BenchClient:
     """vLLM's benchmark client, kept running between runs. Use as a context manager."""
 
     def __init__(
-        self, python: str, workdir: Path, *, env: Mapping[str, str] | None = None, start_timeout_s: float = 180.0
+        self,
+        python: str,
+        workdir: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        start_timeout_s: float = 180.0,
+        close_connections: bool = False,
     ) -> None:
         self.python, self.workdir = python, workdir
+        self.close_connections = close_connections  # every run's requests each on a new connection
         self.results = workdir / "bench-results"
         self.results.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / "bench-client.log"
@@ -415,6 +426,7 @@ class BenchClient:
             result_file=name,
             warmups=warmups,
             seed=self._runs,
+            close_connections=self.close_connections,
         )
         assert proc.stdin is not None
         proc.stdin.write(json.dumps({"args": args, "arrivals": int(arrivals)}) + "\n")
