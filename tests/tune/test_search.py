@@ -404,12 +404,13 @@ BURSTY_GRID = {
 PREFIX_BASELINE_IN_FLIGHT, BURSTY_BASELINE_IN_FLIGHT = 9.9, 11.3
 
 
-def _on_grid(grid, axes, start, *, in_flight, budget=3, carry=None, along=None):
+def _on_grid(grid, axes, start, *, in_flight, budget=3, carry=None, along=None, objective=None):
     names = [a.name for a in axes]
 
     def measure(flags, label):
         point = tuple(flags[n] for n in names)
-        return Outcome("measured", grid[point], {"in_flight": in_flight if point == start else None})
+        said = {"objective": objective} if objective is not None else {}
+        return Outcome("measured", grid[point], {"in_flight": in_flight if point == start else None, **said})
 
     points = search(
         axes,
@@ -500,6 +501,55 @@ def test_from_flags_in_force_that_served_nothing_without_a_queue_the_first_step_
     assert path == [(1, 256), (4, 256), (32, 256)] and got == 9.57
 
 
+# bench/tune.py's grid of drawn-3779-1 (96 in / 67 out, 0.35 req/s; held back, drawn at random on 2026-11-29;
+# bench/results/2026-11-29-0518-tune-corpus.md; the two max-num-batched-tokens read the same at every point): capacity
+# rises all the way to 32. One sequence met 2.3 req/s with 0.6 requests in flight, against a 0.95 objective.
+DRAWN_3779_1_GRID = {
+    (n, t): c for n, c in {1: 2.30, 2: 5.28, 4: 9.19, 8: 12.1, 16: 16.0, 32: 21.1}.items() for t in (256, 2048)
+}
+
+
+def test_arrivals_that_found_the_slots_taken_more_often_than_the_objective_allows_ask_for_a_long_first_step():
+    """No queue on average (0.6 in flight on one sequence) is not slots that never bound: 38% of arrivals found the
+    one slot taken (Erlang C), against the 5% a 0.95 objective lets miss. The first step goes x4, then the doubling
+    reaches the end of the axis with the budget of 3. One position first (1 -> 2 -> 8) ended at 57% of the grid's
+    best when tune ran on this shape."""
+    got, path = _on_grid(DRAWN_3779_1_GRID, CHAT_AXES, (1, 256), in_flight=0.6, objective=0.95)
+    assert path == [(1, 256), (4, 256), (32, 256)] and got == max(DRAWN_3779_1_GRID.values())
+    assert _on_grid(DRAWN_3779_1_GRID, CHAT_AXES, (1, 256), in_flight=0.6)[1][:2] == [(1, 256), (2, 256)]
+    # slots taken rarely: 16 sequences with 5 in flight (1 arrival in 10,000 waited) step one position
+    assert _on_grid(DRAWN_3779_1_GRID, CHAT_AXES, (16, 256), in_flight=5.0, objective=0.99, budget=2)[1] == [
+        (16, 256),
+        (32, 256),
+    ]
+
+
+def test_the_share_of_arrivals_that_waited_is_erlang_c():
+    """``_waited`` against the closed forms of M/M/1 (L = r / (1 - r), a share r waited) and M/M/2 (L = 2r / (1 - r^2),
+    a share 2r^2 / (1 + r) waited), and against a simulated M/M/3 queue: the share of arrivals that found its three
+    slots taken, with the mean number in the system read from the same simulation."""
+    import random
+
+    from tuner.tune.search import _waited
+
+    for r in (0.05, 0.3, 0.6, 0.9):
+        assert _waited(1, r / (1 - r)) == pytest.approx(r, rel=1e-6)
+        assert _waited(2, 2 * r / (1 - r * r)) == pytest.approx(2 * r * r / (1 + r), rel=1e-6)
+    rng, slots, arrival, service = random.Random(7), 3, 1.0, 2.2  # offered load 2.2 on 3 slots
+    t, busy_until, waited, area, n = 0.0, [0.0] * slots, 0, 0.0, 200_000
+    for _ in range(n):
+        t += rng.expovariate(arrival)
+        free = min(busy_until)
+        waited += free > t
+        start = max(t, free)
+        done = start + rng.expovariate(1 / service)
+        busy_until[busy_until.index(free)] = done
+        area += done - t  # time in the system, summed: the mean number in it is this over the span (Little)
+    share, in_system = waited / n, area / t
+    assert _waited(slots, in_system) == pytest.approx(share, abs=0.02)
+    assert _waited(16, 5.0) < 1e-3 and _waited(1, 0.0) == 0.0 and _waited(0, 3.0) == 0.0
+
+
 def test_a_long_step_that_overshoots_the_peak_bisects_back_toward_it():
     """If the long first step lands past the peak (capacity no better than the base's), the peak lies between:
     the step halves from the base before the gallop gives up."""
@@ -528,6 +578,19 @@ def test_the_first_step_is_sized_only_on_an_ordered_numeric_axis():
     for odd in (None, "9", True, float("nan")):
         assert _first_step(seqs, 2, base(2, odd)) == 1
     assert _first_step(Axis("max_num_seqs", (4, 2, 8)), 1, base(2, 11.3)) == 1  # not ordered
+
+    def said(value, in_flight, objective):
+        return Point(
+            {"max_num_seqs": value}, Outcome("measured", 1.0, {"in_flight": in_flight, "objective": objective})
+        )
+
+    assert _first_step(seqs, 1, said(1, 0.6, 0.95)) == 2  # 38% of arrivals waited: the slot bound the tail
+    assert _first_step(seqs, 2, said(2, 2.0, 0.95)) == 2  # 47% waited
+    assert _first_step(seqs, 6, said(32, 21.0, 0.95)) == 1  # 2% waited: within the 5% allowance
+    assert _first_step(seqs, 6, said(32, 21.0, 0.99)) == 2  # beyond the 1% allowance
+    assert _first_step(seqs, 2, said(2, 11.3, 0.95)) == 3  # a queue: as far as it asks, as before
+    for odd in (None, 1.0, 0.0, True, "0.95"):
+        assert _first_step(seqs, 2, said(2, 2.0, odd)) == 1  # no objective to weigh the waits by: as before
 
 
 # Two grids bench/tune.py measured on real vLLM CPU for shapes `tuner workload` read from a store, after the trial

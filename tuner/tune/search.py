@@ -11,7 +11,8 @@
   * Then, with ``gallop`` (max-num-seqs for vLLM, --parallel for llama-server), an exponential search along that
     axis from the best point so far (``_gallop``), before the sampler's own proposals; its first step is long (x4 at
     least, and as far as what was in flight asks for) when that point queued requests at its capacity rate
-    (``_first_step``, Little's law), and x4 when it met the SLO at no rate. Its steps carry ``carry``:
+    (``_first_step``, Little's law), x4 when arrivals found its slots all taken more often than the objective lets
+    requests miss (``_waited``, Erlang C), and x4 when it met the SLO at no rate. Its steps carry ``carry``:
     flags the workload argues for (prefix caching for prompts that share a prefix, tuner/tune/space.py
     ``workload_flags``), so a small budget spent on the gallop does not leave them untried; and what ``along``
     brings with each step (tuner/tune/space.py ``step_budget``: the tokens a step the sequences added need, the
@@ -84,7 +85,12 @@ def _first_step(axis: Axis, start: int, base: Point) -> int:
     the lowest rate tried (tuner/tune/capacity.py): one sequence that served nothing, with 20 requests in flight
     at the floor rate, steps to the first value that holds 20, not to 2; with no queue there (it missed on the
     latency of the few that waited), it still steps 2 positions: one position from nothing is the step that
-    tells least, and a step that overshoots bisects back."""
+    tells least, and a step that overshoots bisects back. A base with no queue on average (in flight at most its
+    own value) still had its slots all taken at times: where that share of arrivals (``_waited``, Erlang C) is more
+    than the objective lets miss, the slots bound its tail and the first step is 2 positions too. One sequence that
+    served 0.6 requests in flight at its capacity (38% of arrivals waited, against a 0.95 objective's 5%) stepped
+    1 -> 2 -> 8 and ended at 57% of the grid's best on a held-back shape whose peak was 32
+    (bench/results/2026-11-29-0518-tune-corpus.md); 32 sequences with 21 in flight (2% waited) step one position."""
     want, have = base.outcome.detail.get("in_flight"), axis.values[start]
     if not isinstance(have, int) or isinstance(have, bool):
         return 1
@@ -95,10 +101,46 @@ def _first_step(axis: Axis, start: int, base: Point) -> int:
     # a base that met the SLO at no rate at all lies far from any config that does, queue or not (one sequence
     # missing on the TTFT of requests that waited behind the one running, 0.5 in flight): x4 at least, not x2
     least = 2 if base.outcome.capacity_rps <= 0 else 1
-    if not isinstance(want, (int, float)) or isinstance(want, bool) or not math.isfinite(want) or want <= have:
+    if not isinstance(want, (int, float)) or isinstance(want, bool) or not math.isfinite(want):
         return least
+    if want <= have:
+        # no queue on average, but arrivals still found every slot taken: more often than the objective lets
+        # requests miss, and the slots bound the tail too (one sequence with 0.6 in flight: 38% of arrivals
+        # waited for it, against a 5% allowance). x4 at least, as from a base that queued
+        objective = _objective(base)
+        return max(least, 2) if objective is not None and _waited(have, float(want)) > 1 - objective else least
     above = [i for i, v in numbers if v >= want]
     return max(2, (above[0] if above else len(axis.values) - 1) - start)
+
+
+def _objective(base: Point) -> float | None:
+    """The share of requests the SLO asks to meet, as ``base`` was measured against; None where it does not say."""
+    got = base.outcome.detail.get("objective")
+    return float(got) if isinstance(got, (int, float)) and not isinstance(got, bool) and 0 < got < 1 else None
+
+
+def _waited(slots: int, in_flight: float) -> float:
+    """The share of arrivals that found all ``slots`` busy, for a server with ``in_flight`` requests in it on average
+    (Erlang C: Poisson arrivals, exponential service, ``slots`` servers; the offered load solved from the mean in
+    the system, L = a + C(slots, a) a / (slots - a)). A model, not a measurement: it says whether the slots were
+    taken often enough to matter, which a mean below the slot count hides (0.6 in flight on one slot: 38%)."""
+    if slots < 1 or in_flight <= 0:
+        return 0.0
+
+    def erlang_c(a: float) -> float:
+        b = 1.0  # Erlang B by its recursion, stable for any slot count
+        for k in range(1, slots + 1):
+            b = a * b / (k + a * b)
+        return slots * b / (slots - a * (1 - b))
+
+    lo, hi = 0.0, float(slots)
+    for _ in range(60):  # L(a) rises from 0 to infinity on [0, slots): bisection
+        a = (lo + hi) / 2
+        if a + erlang_c(a) * a / (slots - a) < in_flight:
+            lo = a
+        else:
+            hi = a
+    return erlang_c((lo + hi) / 2)
 
 
 def _holding(axis: Axis, base: Point) -> int | None:
