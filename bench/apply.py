@@ -46,6 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
 
+from tuner import procfs  # noqa: E402
 from tuner.apply import managed as mg  # noqa: E402
 from tuner.apply.launch import ServerProcess, free_port  # noqa: E402
 from tuner.config import load_config  # noqa: E402
@@ -315,7 +316,7 @@ def spawn_time(pid: int | None) -> float | None:
     if start is None:
         return None
     boot = time.time() - float(Path("/proc/uptime").read_text().split()[0])
-    return boot + start / os.sysconf("SC_CLK_TCK")
+    return boot + start / procfs.CLK_TCK
 
 
 class ExitWatch:
@@ -330,13 +331,12 @@ class ExitWatch:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
+            st = procfs.stat(self.pid)
+            if st is None:
                 now = time.time()
                 self.exited, self.reaped = self.exited or now, now
                 return
-            if state in ("Z", "X") and self.exited is None:
+            if st.gone and self.exited is None:
                 self.exited = time.time()
             time.sleep(0.01)
 

@@ -25,10 +25,10 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's tuner and bench/, from whichever directory the script runs
 
+from tuner import procfs  # noqa: E402
 from tuner.apply.launch import free_port  # noqa: E402
 from tuner.lab.proc import wait_for  # noqa: E402
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 PROMETHEUS = os.environ.get("PROMETHEUS", "prometheus")
 
 
@@ -37,9 +37,10 @@ PROMETHEUS = os.environ.get("PROMETHEUS", "prometheus")
 
 def cpu_seconds(pid: int) -> float:
     """utime + stime + cutime + cstime of ``pid`` (its own CPU and its waited-for children's)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLK_TCK
+    st = procfs.stat(pid)
+    if st is None:
+        raise ProcessLookupError(f"pid {pid} is gone")
+    return (st.cpu_ticks + st.cutime + st.cstime) / procfs.CLK_TCK
 
 
 def peak_rss_bytes(pid: int) -> int:

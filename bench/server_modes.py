@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.tune_spread import one_server, parse_flags, vllm_and_model, write_config  # noqa: E402
+from tuner import procfs  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -63,13 +64,9 @@ def threads(pid: int) -> dict[int, tuple[int, int]]:
     except OSError:
         return out
     for tid in tids:
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        # fields[0] is the state (field 3): utime is field 14, stime 15, processor 39
-        out[int(tid)] = (int(fields[11]) + int(fields[12]), int(fields[36]))
+        st = procfs.stat(pid, tid)
+        if st is not None:
+            out[int(tid)] = (st.cpu_ticks, st.processor)
     return out
 
 

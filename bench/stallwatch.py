@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Stall", "StallWatch", "threads_of"]
+from tuner import procfs
 
-_CLK = os.sysconf("SC_CLK_TCK")
+__all__ = ["Stall", "StallWatch", "threads_of"]
 
 
 @dataclass
@@ -35,13 +35,6 @@ class Stall:
     at: float  # unix seconds: when the unanswered probe was sent
     seconds: float  # until its answer came (or the watch stopped)
     summary: str  # one line: thread states, who used CPU, the GIL holder's frames, pressure
-
-
-def _stat(path: str) -> tuple[str, list[str]]:
-    """A /proc stat file: the command name, and the fields after it (state first)."""
-    with open(path) as f:
-        raw = f.read()
-    return raw[raw.index("(") + 1 : raw.rindex(")")], raw[raw.rindex(")") + 2 :].split()
 
 
 def threads_of(pid: int) -> dict[int, tuple[str, str, str, float]]:
@@ -52,13 +45,14 @@ def threads_of(pid: int) -> dict[int, tuple[str, str, str, float]]:
     except OSError:
         return out
     for tid in tids:
+        st = procfs.stat(pid, tid)
         try:
-            name, fields = _stat(f"/proc/{pid}/task/{tid}/stat")
             with open(f"/proc/{pid}/task/{tid}/wchan") as f:
                 wchan = f.read().strip() or "-"
         except OSError:
             continue
-        out[int(tid)] = (name, fields[0], wchan, (int(fields[11]) + int(fields[12])) / _CLK)
+        if st is not None:
+            out[int(tid)] = (st.comm, st.state, wchan, st.cpu_ticks / procfs.CLK_TCK)
     return out
 
 
@@ -81,16 +75,8 @@ def schedstat(pid: int) -> tuple[float, float]:
 
 def cpu_by_process() -> dict[int, tuple[str, float]]:
     """pid -> (name, CPU seconds) of every process on the machine."""
-    out: dict[int, tuple[str, float]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            name, fields = _stat(f"/proc/{entry}/stat")
-        except OSError:
-            continue
-        out[int(entry)] = (name, (int(fields[11]) + int(fields[12])) / _CLK)
-    return out
+    found = ((pid, procfs.stat(pid)) for pid in procfs.pids())
+    return {pid: (st.comm, st.cpu_ticks / procfs.CLK_TCK) for pid, st in found if st is not None}
 
 
 def _pressure() -> str:

@@ -25,6 +25,7 @@ import pytest
 import realservers
 from conftest import require
 
+from tuner import procfs
 from tuner.app.tune import TuneRequest, _interval
 from tuner.apply import managed as mg
 from tuner.config import Slo
@@ -431,13 +432,10 @@ def _carried(backend: str, flags: dict, argv: list[str]) -> list[str]:
 
 def _descendants(pid: int) -> list[int]:
     kids: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            kids.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(d.name))
+    for child in procfs.pids():
+        st = procfs.stat(child)
+        if st is not None:
+            kids.setdefault(st.ppid, []).append(child)
     out, todo = [], [pid]
     while todo:
         p = todo.pop()

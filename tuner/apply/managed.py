@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tuner import procfs
 from tuner.apply import launch
 from tuner.apply.launch import ServerProcess, error_line, llama_server_argv, vllm_argv
 from tuner.backends import backend as backend_of
@@ -118,14 +119,8 @@ def log_path(target: Target, config_dir: Path) -> Path:
 
 def proc_start_time(pid: int) -> int | None:
     """The kernel's start time of pid (clock ticks since boot), or None when it does not exist or is a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
+    st = procfs.stat(pid)
+    return st.starttime if st is not None and not st.gone else None
 
 
 def proc_argv(pid: int) -> list[str] | None:
@@ -140,10 +135,7 @@ def find_by_argv(argv: list[str]) -> int | None:
     """A live process running exactly ``argv`` (a server started by a tuner killed before it could record it)."""
     if not argv:
         return None
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and proc_argv(int(entry.name)) == argv and proc_start_time(int(entry.name)):
-            return int(entry.name)
-    return None
+    return next((pid for pid in procfs.pids() if proc_argv(pid) == argv and proc_start_time(pid)), None)
 
 
 def is_alive(pid: int | None, start: int | None) -> bool:
@@ -207,34 +199,18 @@ def _wait_gone(r: Running, seconds: float) -> bool:
 def group_pids(pgid: int) -> list[int]:
     """The live (not zombie) processes of process group ``pgid``: a managed server and the workers it forked (it
     runs in a session of its own, so its pid is its group's id)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            out.append(int(entry.name))
-    return sorted(out)
+    return sorted(pid for pid in procfs.pids() if _in_group(pid, pgid))
+
+
+def _in_group(pid: int, pgid: int) -> bool:
+    st = procfs.stat(pid)
+    return st is not None and st.pgrp == pgid and not st.gone
 
 
 def _group_alive(pgid: int) -> bool:
     """Whether any process of the group still runs. An exited leader nobody has reaped yet (tuner is often not
     its parent) is a zombie that ``killpg(pgid, 0)`` still finds: only members that are not zombies count."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
+    return any(_in_group(pid, pgid) for pid in procfs.pids())
 
 
 def stop_server(r: Running, *, grace_s: float, second_signal_after_s: float = 5.0) -> str:

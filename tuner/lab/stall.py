@@ -14,7 +14,8 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-from pathlib import Path
+
+from tuner import procfs
 
 __all__ = ["children", "engine_core_pid", "stop_process", "resume_process", "ThreadStop"]
 
@@ -24,18 +25,8 @@ _WALL = 0x40000000  # waitpid: any thread, child or traced
 
 def children(pid: int) -> list[tuple[int, str]]:
     """(pid, comm) of the processes whose parent is ``pid``."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-        if int(rest[1]) == pid:
-            out.append((int(entry.name), comm))
-    return out
+    found = ((child, procfs.stat(child)) for child in procfs.pids())
+    return [(child, st.comm) for child, st in found if st is not None and st.ppid == pid]
 
 
 def engine_core_pid(server_pid: int) -> int:

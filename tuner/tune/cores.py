@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tuner import procfs
+
 __all__ = ["Pinned", "Placement", "read_pinned", "place", "parse_cpu_list", "thread_cpus", "pin_threads"]
 
 
@@ -81,20 +83,13 @@ _PF_KTHREAD = 0x00200000  # a kernel thread (per-CPU ones are pinned by design, 
 
 
 def _is_kernel_thread(pid: int | str) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return bool(int(stat[stat.rindex(")") + 2 :].split()[6]) & _PF_KTHREAD)
+    st = procfs.stat(pid)
+    return st is None or bool(st.flags & _PF_KTHREAD)
 
 
 def _cpu_ticks(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
+    st = procfs.stat(pid)
+    return st.cpu_ticks if st is not None else None
 
 
 def thread_cpus(pid: int) -> dict[int, tuple[int, ...]]:
@@ -139,7 +134,7 @@ def read_pinned(allowed: Sequence[int], *, sample_s: float = 0.5, exclude: Seque
     t0 = time.monotonic()
     time.sleep(sample_s)
     secs = time.monotonic() - t0
-    hz = os.sysconf("SC_CLK_TCK")
+    hz = procfs.CLK_TCK
     out = []
     for pid, (name, cpus) in found.items():
         a, b = before.get(pid), _cpu_ticks(pid)

@@ -1,0 +1,88 @@
+"""tuner/procfs.py against real processes: this one, a child that names itself with parentheses and spaces, a zombie,
+a thread. Every field read is checked against what the process itself or the os module says."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tuner import procfs
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux /proc only")
+
+
+def _until(cond, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+def test_this_process_reads_as_the_os_module_says():
+    st = procfs.stat(os.getpid())
+    assert st is not None
+    assert (st.ppid, st.pgrp, st.state, st.gone) == (os.getppid(), os.getpgrp(), "R", False)
+    assert st.processor in os.sched_getaffinity(0)
+    assert st.flags & 0x00200000 == 0  # not a kernel thread
+    before, cpu0 = st.cpu_ticks, time.process_time()
+    while time.process_time() - cpu0 < 0.3:  # burn 0.3 s of CPU
+        pass
+    after = procfs.stat(os.getpid())
+    assert after is not None and after.starttime == st.starttime
+    spent = (after.cpu_ticks - before) / procfs.CLK_TCK
+    assert spent == pytest.approx(time.process_time() - cpu0, abs=3 / procfs.CLK_TCK)
+
+
+def test_a_name_with_parentheses_and_spaces_does_not_shift_the_fields():
+    name = "a) b (c"
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"open('/proc/self/comm', 'w').write({name!r}); import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+    )
+    try:
+        st = _until(lambda: (s := procfs.stat(child.pid)) is not None and s.comm == name and s)
+        assert (st.ppid, st.pgrp) == (os.getpid(), os.getpgrp())
+        assert child.pid in procfs.pids()
+    finally:
+        child.communicate(b"")
+
+
+def test_a_zombie_is_gone_and_a_reaped_process_reads_as_none():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    st = _until(lambda: (s := procfs.stat(child.pid)) is not None and s.gone and s)
+    assert st.state == "Z"
+    child.wait()
+    assert procfs.stat(child.pid) is None and child.pid not in procfs.pids()
+
+
+def test_a_thread_reads_under_its_process():
+    ready, done, tid = threading.Event(), threading.Event(), []
+
+    def run():
+        tid.append(threading.get_native_id())
+        ready.set()
+        done.wait()
+
+    t = threading.Thread(target=run, name="procfs-probe")
+    t.start()
+    try:
+        ready.wait()
+        st = procfs.stat(os.getpid(), tid[0])
+        assert st is not None and st.ppid == os.getppid() and st.pgrp == os.getpgrp()
+        assert procfs.stat(os.getpid(), 2**22 + 1) is None  # no such thread
+    finally:
+        done.set()
+        t.join()
+
+
+def test_a_line_that_is_not_a_stat_line_is_refused():
+    with pytest.raises(ValueError, match="not a /proc stat line"):
+        procfs.parse_stat("1 (x) R 0")
