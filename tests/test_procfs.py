@@ -12,18 +12,9 @@ import time
 import pytest
 
 from tuner import procfs
+from tuner.lab.proc import wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux /proc only")
-
-
-def _until(cond, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.01)
-    raise AssertionError("timed out")
 
 
 def test_this_process_reads_as_the_os_module_says():
@@ -48,7 +39,7 @@ def test_a_name_with_parentheses_and_spaces_does_not_shift_the_fields():
         stdin=subprocess.PIPE,
     )
     try:
-        st = _until(lambda: (s := procfs.stat(child.pid)) is not None and s.comm == name and s)
+        st = wait_for(lambda: (s := procfs.stat(child.pid)) is not None and s.comm == name and s, 10, "its new name")
         assert (st.ppid, st.pgrp) == (os.getpid(), os.getpgrp())
         assert child.pid in procfs.pids()
     finally:
@@ -57,7 +48,7 @@ def test_a_name_with_parentheses_and_spaces_does_not_shift_the_fields():
 
 def test_a_zombie_is_gone_and_a_reaped_process_reads_as_none():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    st = _until(lambda: (s := procfs.stat(child.pid)) is not None and s.gone and s)
+    st = wait_for(lambda: (s := procfs.stat(child.pid)) is not None and s.gone and s, 10, "a zombie")  # not reaped
     assert st.state == "Z"
     child.wait()
     assert procfs.stat(child.pid) is None and child.pid not in procfs.pids()
