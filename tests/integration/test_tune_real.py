@@ -481,6 +481,9 @@ def _watch_trials(engine, proc, target, seen=None, until=None, timeout=1200.0): 
     deadline = time.monotonic() + timeout
     while proc.poll() is None:
         assert time.monotonic() < deadline, f"tuner still running after {timeout:g}s"
+        # asked before the scan, so that what it finds (a trial that just started) is scanned before it returns: asked
+        # after, a trial that started between the two went unread (CI dry run of 8d6a5d3: "trial 2 ran too briefly")
+        found = until() if until is not None else None
         run = tj.latest_run(engine, target)
         for t in tj.trials(engine, run.id) if run else []:
             if t.status == "running" and t.pid and mg.is_alive(t.pid, t.proc_start):
@@ -497,7 +500,7 @@ def _watch_trials(engine, proc, target, seen=None, until=None, timeout=1200.0): 
                 cpus = _threads_cpus(clients[0]) if clients else set()
                 if cpus:
                     got["client"] = cpus
-        if until is not None and (found := until()):
+        if found:
             return seen, found
         time.sleep(0.05)
     return seen, None
