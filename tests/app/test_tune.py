@@ -182,6 +182,21 @@ def test_a_stopped_trial_server_leaves_no_sentinel_behind(tmp_path):
     assert not _sentinels(group=proc.pid)
 
 
+def test_a_trial_server_stopped_as_tune_stops_it_leaves_no_sentinel_behind(tmp_path):
+    """tune stops its trial servers with managed.stop_server, not ServerProcess.stop: the sentinel must go there too.
+    Seen in a corpus bench: one watcher per finished trial still running 31 minutes on (ten of them, 9.4 MB each),
+    each to kill its group id when tuner exits, by when the kernel may have handed that id to another process."""
+    from tuner.lab.proc import wait_for
+
+    r = mg.start_server(
+        [sys.executable, "-c", "import time; time.sleep(600)"], {}, tmp_path / "s.log", die_with_parent=True
+    )
+    wait_for(lambda: _sentinels(group=r.pid), 10, "the server's sentinel")  # once it has exec'd
+    mg.stop_server(r, grace_s=1)
+    assert not mg._group_alive(r.pid)
+    wait_for(lambda: not _sentinels(group=r.pid), 10, "the sentinel to go with its stopped server")
+
+
 def _sentinels(group: int | None = None) -> set[int]:
     """Pids of running group watchers (of process group ``group`` only, when given)."""
     out = set()

@@ -414,10 +414,17 @@ class ServerProcess:
             self._killpg()
             self._popen.wait()
         self._reap_group()
-        if self._sentinel_fd is not None:  # the group is gone: the watcher's kill finds nothing
+        self.release_sentinel()
+        return self._popen.returncode
+
+    def release_sentinel(self) -> None:
+        """Let the group's sentinel go (``group_sentinel``), once the group is gone: its kill then finds nothing.
+        Whoever stops the group by other means than ``stop`` calls this after. A sentinel never let go lives until
+        this process exits, a Python apiece, and then kills a group id the kernel may have given to another process
+        by then (pid_max is 32,768 on these hosts; a tune spends about a thousand pids in half an hour)."""
+        if self._sentinel_fd is not None:
             os.close(self._sentinel_fd)
             self._sentinel_fd = None
-        return self._popen.returncode
 
     def _signal_leader(self, sig: signal.Signals) -> None:
         try:

@@ -246,6 +246,8 @@ def stop_server(r: Running, *, grace_s: float, second_signal_after_s: float = 5.
             os.killpg(r.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    if r.proc is not None and not _group_alive(r.pid):
+        r.proc.release_sentinel()  # a group still there keeps its sentinel: it goes when tuner does
     return how
 
 
