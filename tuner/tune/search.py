@@ -91,7 +91,7 @@ def _first_step(axis: Axis, start: int, base: Point) -> int:
     served 0.6 requests in flight at its capacity (38% of arrivals waited, against a 0.95 objective's 5%) stepped
     1 -> 2 -> 8 and ended at 57% of the grid's best on a held-back shape whose peak was 32
     (bench/results/2026-11-29-0518-tune-corpus.md); 32 sequences with 21 in flight (2% waited) step one position."""
-    want, have = base.outcome.detail.get("in_flight"), axis.values[start]
+    want, have = _measured(base, "in_flight"), axis.values[start]
     if not isinstance(have, int) or isinstance(have, bool):
         return 1
     values = [(i, v) for i, v in enumerate(axis.values) if v is not None]  # None (the default) sorts first
@@ -101,22 +101,30 @@ def _first_step(axis: Axis, start: int, base: Point) -> int:
     # a base that met the SLO at no rate at all lies far from any config that does, queue or not (one sequence
     # missing on the TTFT of requests that waited behind the one running, 0.5 in flight): x4 at least, not x2
     least = 2 if base.outcome.capacity_rps <= 0 else 1
-    if not isinstance(want, (int, float)) or isinstance(want, bool) or not math.isfinite(want):
+    if want is None:
         return least
     if want <= have:
         # no queue on average, but arrivals still found every slot taken: more often than the objective lets
         # requests miss, and the slots bound the tail too (one sequence with 0.6 in flight: 38% of arrivals
         # waited for it, against a 5% allowance). x4 at least, as from a base that queued
         objective = _objective(base)
-        return max(least, 2) if objective is not None and _waited(have, float(want)) > 1 - objective else least
+        return max(least, 2) if objective is not None and _waited(have, want) > 1 - objective else least
     above = [i for i, v in numbers if v >= want]
     return max(2, (above[0] if above else len(axis.values) - 1) - start)
 
 
+def _measured(base: Point, key: str) -> float | None:
+    """A finite number ``base``'s measurement records under ``key``; None where it records none (or not a number)."""
+    got = base.outcome.detail.get(key)
+    if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
+        return None
+    return float(got)
+
+
 def _objective(base: Point) -> float | None:
     """The share of requests the SLO asks to meet, as ``base`` was measured against; None where it does not say."""
-    got = base.outcome.detail.get("objective")
-    return float(got) if isinstance(got, (int, float)) and not isinstance(got, bool) and 0 < got < 1 else None
+    got = _measured(base, "objective")
+    return got if got is not None and 0 < got < 1 else None
 
 
 def _waited(slots: int, in_flight: float) -> float:
@@ -147,8 +155,8 @@ def _holding(axis: Axis, base: Point) -> int | None:
     """The position of the first value of an ordered numeric ``axis`` that holds the requests ``base`` had in flight
     at its capacity rate (its last where none does); None where the axis is not ordered numbers or the base's
     measurement does not say."""
-    want = base.outcome.detail.get("in_flight")
-    if not isinstance(want, (int, float)) or isinstance(want, bool) or not math.isfinite(want):
+    want = _measured(base, "in_flight")
+    if want is None:
         return None
     values = [v for v in axis.values if isinstance(v, int) and not isinstance(v, bool)]
     if not values or len(values) != len(axis.values) or values != sorted(values):
