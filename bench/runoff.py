@@ -1,0 +1,181 @@
+"""A run-off: what `tuner tune` told the user to run against the grid's best, on fresh servers, in turns.
+
+bench/tune_corpus.py scores a search by the grid's one reading of the config tune chose against the highest of the
+grid's twelve readings, each taken on its own fresh server minutes apart. The same flags read a rung or two of the
+rate ladder apart from server to server here (bench/results/*-tune-spread.md), so a choice one rung (87%) below the
+grid's best may serve as much, and the grid's best is partly the luck of its highest reading. The run-off measures
+the two again the way `tuner tune` itself settles a ranking: each on a fresh server with its capacity bracketed,
+then both run in turns at one rate (A B, B A, ...) until Fisher's exact test decides or the pairs are spent
+(`_compare` in tuner/app/tune.py, the test in tuner/tune/compare.py). It is reported beside the registered score, never instead of
+it: the held-back bar stays ">= 95% of the grid's best reading".
+
+For each bench/tune.py workdir given (<shape>.<start> with grid.json and tpe.json, as bench/tune_corpus.py --score
+reads them), one `tuner tune --sampler random --budget 3` in <workdir>/runoff: the flags in force are one side (vLLM's
+defaults where either side is them, since a grid axis cannot say "unset"; else the grid's best), the search space is
+the other side alone, and the budget is those two trials and the comparison. A run whose decision is the grid's best
+has nothing to run off and is skipped.
+
+  python bench/runoff.py /tmp/tc6/drawn-3779-2.poor /tmp/tc6/drawn-3779-2.defaults
+  python bench/runoff.py --pairs 6 /tmp/tc6/drawn-3779-1.defaults     # more turns before "no difference measurable"
+  python bench/runoff.py --table /tmp/tc6 /tmp/tc7                   # the table of the run-offs already run
+Needs TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (scripts/setup-real-servers.sh prints them). ~12 min a run-off here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.tune import FILE_SLO, WORKLOADS, Servers, key, write_config  # noqa: E402
+from bench.tune_corpus import _flags, score_run  # noqa: E402
+
+FIXED = "max_model_len"  # every trial of the corpus has it (bench/tune.py), so neither side differs by it
+
+
+def sides(work: Path) -> dict | None:
+    """The two configs of ``work``'s run-off, or None when there is nothing to run off (tune's decision is the grid's
+    best). ``in_force`` is the side run as the flags in force, ``searched`` the other (a grid axis cannot say "unset",
+    so vLLM's defaults are always the flags in force)."""
+    s = score_run(work)
+    if s["backend"] != "vllm":
+        raise SystemExit(f"{work}: a {s['backend']} run; the run-off runs vLLM's")
+    best = {k: v for k, v in s["grid_best_flags"].items() if k != FIXED}
+    decided = {k: v for k, v in (s["tpe_decision_flags"] or {}).items() if k != FIXED}
+    if key(best) == key(decided):
+        return None
+    in_force, searched = (decided, best) if not decided else (best, decided)
+    return {
+        "grid_best": best,
+        "decision": decided,
+        "score": s["tpe_decision"],  # the registered score of the decision: the grid's reading / the grid's best
+        "grid_best_rps": s["grid_best"],
+        "in_force": in_force,
+        "searched": searched,
+    }
+
+
+def grid_of(flags: dict) -> str:
+    """``--flags`` for a search space of ``flags`` alone."""
+    return ",".join(f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in sorted(flags.items()))
+
+
+def run_off(work: Path, pairs: int, args: argparse.Namespace, servers: Servers) -> dict | None:
+    two = sides(work)
+    if two is None:
+        return None
+    out = work / "runoff"
+    out.mkdir(exist_ok=True)
+    name = f"runoff-{work.name}"
+    WORKLOADS[name] = (work / "workload.yaml", args.slo or FILE_SLO, grid_of(two["searched"]), two["in_force"])
+    cfg = write_config(out, name, servers)
+    subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "-c", str(cfg), "db", "upgrade"], check=True, stdout=subprocess.DEVNULL
+    )
+    argv = [
+        sys.executable, "-m", "tuner.cli", "-c", str(cfg), "tune", "tiny",
+        "--workload", str(out / "workload.yaml"),
+        "--sampler", "random", "--budget", "3", "--flags", grid_of(two["searched"]),
+        "--compare-pairs", str(pairs),
+        "--run-seconds", str(args.run_seconds), "--max-runs", str(args.max_runs),
+        "--max-time", "2h", "--json",
+    ]  # fmt: skip
+    t0 = time.monotonic()
+    with open(out / "tune.log", "w") as log:
+        got = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True, check=False)
+    if got.returncode != 0:
+        raise SystemExit(f"{work}: tuner tune exited {got.returncode}; see {out / 'tune.log'}")
+    result = {**two, "tune": json.loads(got.stdout), "wall_s": round(time.monotonic() - t0, 1)}
+    (out / "runoff.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def verdict(r: dict) -> str:
+    """Which of the two served more within the SLO side by side, in the terms of the scorer (the grid's best or
+    tune's decision), from the comparison's outcome (A: the flags in force, B: the searched side)."""
+    c = r["tune"].get("comparison") or {}
+    outcome = c.get("outcome")
+    if outcome is None:
+        return "not compared"
+    if outcome in ("same", "undecided"):
+        return {"same": "the same", "undecided": "no difference measurable"}[outcome]
+    winner = r["in_force"] if outcome == "a_better" else r["searched"]
+    return "the grid's best" if key(winner) == key(r["grid_best"]) else "tune's decision"
+
+
+def _counts(r: dict) -> str:
+    """Each side's requests within the SLO at the comparison's last rate, pooled over its turns."""
+    c = r["tune"].get("comparison") or {}
+    rate = c.get("rate_rps")
+    runs = c.get("runs") or {}
+    said = []
+    for side, flags in (("A", r["in_force"]), ("B", r["searched"])):
+        at = [x for x in runs.get(side, []) if x.get("rate_rps") == rate]
+        who = "grid's best" if key(flags) == key(r["grid_best"]) else "decision"
+        said.append(f"{who} {sum(x['good'] for x in at)}/{sum(x['sent'] for x in at)}")
+    return f"at {rate:.3g} req/s: " + ", ".join(said) if rate else "-"
+
+
+def _capacity(r: dict, flags: dict) -> str:
+    for t in r["tune"]["trials"]:
+        if t["status"] == "measured" and key({k: v for k, v in t["flags"].items() if k != FIXED}) == key(flags):
+            lo, hi = t.get("interval") or [None, None]
+            return f"{t['capacity_rps']:.3g}" + (f" ({lo:.3g}-{hi:.3g})" if lo and hi else "")
+    return "-"
+
+
+def table(results: list[tuple[Path, dict]]) -> str:
+    out = [
+        "| run | tune's decision | its registered score | the grid's best (its grid reading) | fresh capacities: "
+        "decision, grid's best | in turns | side by side, more within the SLO | minutes |",
+        "|---|---|---:|---|---|---|---|---:|",
+    ]
+    for work, r in results:
+        c = r["tune"].get("comparison") or {}
+        out.append(
+            f"| {work.name} | {_flags(r['decision'])} | {r['score']:.0%} | {_flags(r['grid_best'])} "
+            f"({r['grid_best_rps']:.3g}) | {_capacity(r, r['decision'])}, {_capacity(r, r['grid_best'])} | "
+            f"{c.get('pairs', 0)} pairs, {_counts(r)} | {verdict(r)} | {r['wall_s'] / 60:.1f} |"
+        )
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", type=Path, help="bench/tune.py workdirs (<shape>.<start>)")
+    ap.add_argument("--pairs", type=int, default=4, help="turns of the two before 'no difference' (default 4)")
+    ap.add_argument("--slo", help=f"the SLO (default {FILE_SLO}, the corpus's)")
+    ap.add_argument("--run-seconds", type=float, default=12.0)
+    ap.add_argument("--max-runs", type=int, default=5)
+    ap.add_argument(
+        "--table", action="store_true", help="run nothing: the table of the run-offs under the folders given"
+    )
+    args = ap.parse_args()
+    if args.table:
+        found = sorted(p.parent.parent for d in args.runs for p in d.glob("*/runoff/runoff.json"))
+        print(table([(w, json.loads((w / "runoff" / "runoff.json").read_text())) for w in found]))
+        return 0
+    servers = Servers.from_env("vllm")
+    done = []
+    for work in args.runs:
+        print(f"{work.name}: {time.strftime('%H:%M:%S')} load average {os.getloadavg()[0]:.2f}", flush=True)
+        r = run_off(work, args.pairs, args, servers)
+        if r is None:
+            print(f"{work.name}: tune's decision is the grid's best; nothing to run off", flush=True)
+            continue
+        done.append((work, r))
+        print(table([(work, r)]).splitlines()[-1], flush=True)
+    if done:
+        print("\n" + table(done))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
