@@ -13,7 +13,7 @@ For each bench/tune.py workdir given (<shape>.<start> with grid.json and tpe.jso
 reads them), one `tuner tune --sampler random --budget 3` in <workdir>/runoff: the flags in force are one side (vLLM's
 defaults where either side is them, since a grid axis cannot say "unset"; else the grid's best), the search space is
 the other side alone, and the budget is those two trials and the comparison. A run whose decision is the grid's best
-has nothing to run off and is skipped.
+has nothing to run off and is skipped, and so (without --all) is one the registered scorer puts at 95% or above.
 
   python bench/runoff.py /tmp/tc6/drawn-3779-2.poor /tmp/tc6/drawn-3779-2.defaults
   python bench/runoff.py --pairs 6 /tmp/tc6/drawn-3779-1.defaults     # more turns before "no difference measurable"
@@ -155,6 +155,9 @@ def main() -> int:
     ap.add_argument("--run-seconds", type=float, default=12.0)
     ap.add_argument("--max-runs", type=int, default=5)
     ap.add_argument(
+        "--all", action="store_true", help="also run off decisions scored at 95%% of the grid's best or above"
+    )
+    ap.add_argument(
         "--table", action="store_true", help="run nothing: the table of the run-offs under the folders given"
     )
     args = ap.parse_args()
@@ -166,6 +169,10 @@ def main() -> int:
     done = []
     for work in args.runs:
         print(f"{work.name}: {time.strftime('%H:%M:%S')} load average {os.getloadavg()[0]:.2f}", flush=True)
+        two = sides(work)
+        if two is not None and two["score"] is not None and two["score"] >= 0.95 and not args.all:
+            print(f"{work.name}: tune's decision scored {two['score']:.0%}; nothing to settle (--all runs it)")
+            continue
         r = run_off(work, args.pairs, args, servers)
         if r is None:
             print(f"{work.name}: tune's decision is the grid's best; nothing to run off", flush=True)
