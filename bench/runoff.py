@@ -147,6 +147,17 @@ def table(results: list[tuple[Path, dict]]) -> str:
     return "\n".join(out)
 
 
+def tally(results: list[tuple[Path, dict]]) -> str:
+    """One line over the run-offs, in the words bench/summary.py reads into the corpus's summary row."""
+    said = [verdict(r) for _, r in results]
+    more, same, less = (said.count(v) for v in ("tune's decision", "the same", "the grid's best"))
+    rest = len(said) - more - same - less  # no difference measurable, or not compared
+    return (
+        f"Run off side by side on fresh servers ({len(said)} runs): tune's decision served more within the SLO than "
+        f"the grid's best in {more}, as much in {same}, less in {less}, and no difference was measurable in {rest}."
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="bench/tune.py workdirs (<shape>.<start>)")
@@ -163,7 +174,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.table:
         found = sorted(p.parent.parent for d in args.runs for p in d.glob("*/runoff/runoff.json"))
-        print(table([(w, json.loads((w / "runoff" / "runoff.json").read_text())) for w in found]))
+        results = [(w, json.loads((w / "runoff" / "runoff.json").read_text())) for w in found]
+        print(table(results) + "\n\n" + tally(results))
         return 0
     servers = Servers.from_env("vllm")
     done = []
@@ -180,7 +192,7 @@ def main() -> int:
         done.append((work, r))
         print(table([(work, r)]).splitlines()[-1], flush=True)
     if done:
-        print("\n" + table(done))
+        print("\n" + table(done) + "\n\n" + tally(done))
     return 0
 
 

@@ -501,6 +501,19 @@ def tune_corpus(text: str) -> str | None:
     m = re.search(r"^Every held-back run to date \(([^)]*)\): (\d+) of (\d+) reach at least 95%", text, re.M)
     if m:
         parts.append(f"every held-back run to date ({m.group(1)}): ≥ 95% in {m.group(2)} of {m.group(3)}")
+    # bench/runoff.py's line: the runs below 95% set against the grid's best again, side by side (beside the bar)
+    m = re.search(
+        r"^Run off side by side on fresh servers \((\d+) runs\): tune's decision served more within the SLO than "
+        r"the grid's best in (\d+), as much in (\d+), less in (\d+), and no difference was measurable in (\d+)",
+        text,
+        re.M,
+    )
+    if m:
+        runs, more, same, less, none = m.groups()
+        parts.append(
+            f"run off side by side ({runs} runs below 95%): tune's decision served more in {more}, as much in {same}, "
+            f"less in {less}, no difference measurable in {none}"
+        )
     return "; ".join(parts)
 
 

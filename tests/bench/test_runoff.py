@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.runoff import grid_of, sides, table, verdict  # noqa: E402
+from bench.runoff import grid_of, sides, table, tally, verdict  # noqa: E402
 
 BASE = {"max_model_len": 1024}
 S16 = {**BASE, "max_num_seqs": 16, "max_num_batched_tokens": 2048}
@@ -123,3 +123,17 @@ def test_the_table_counts_each_side_at_the_comparisons_last_rate_only(tmp_path: 
     assert "at 30 req/s: grid's best 76/80, decision 78/80" in row
     assert "| 32 (32-36.8), 27.9 (27.9-32) |" in row  # the decision's fresh capacity first
     assert "| the same |" in row and "| 87% |" in row
+
+
+def test_the_tally_counts_each_verdict_once_and_the_undecided_apart() -> None:
+    best, decided = {"max_num_seqs": 16}, {"max_num_seqs": 32}
+
+    def r(outcome: str) -> tuple[Path, dict]:
+        run = {"grid_best": best, "decision": decided, "in_force": best, "searched": decided}
+        return Path("x"), {**run, "tune": {"comparison": {"outcome": outcome}}}
+
+    line = tally([r("b_better"), r("same"), r("same"), r("a_better"), r("undecided")])
+    assert line == (
+        "Run off side by side on fresh servers (5 runs): tune's decision served more within the SLO than the grid's "
+        "best in 1, as much in 2, less in 1, and no difference was measurable in 1."
+    )

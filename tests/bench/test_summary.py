@@ -76,6 +76,11 @@ def test_every_row_finds_its_figure_in_the_results() -> None:
         ("rolling", "one llama-server 355 of 10,000; 2 replicas behind HAProxy, rolling 0 of 8,161"),
         ("tune-chat", "100% of the grid's best (random search 30%), 3/12 trials"),
         ("tune-shared-prefix", "65% of the grid's best"),
+        (
+            "tune-corpus",
+            "run off side by side (7 runs below 95%): tune's decision served more in 2, as much in 4, less in 1, "
+            "no difference measurable in 0",
+        ),
     ],
 )
 def test_rows_read_the_figures_the_results_files_hold(key: str, expected: str) -> None:
