@@ -6,8 +6,8 @@ rate ladder apart from server to server here (bench/results/*-tune-spread.md), s
 grid's best may serve as much, and the grid's best is partly the luck of its highest reading. The run-off measures
 the two again the way `tuner tune` itself settles a ranking: each on a fresh server with its capacity bracketed,
 then both run in turns at one rate (A B, B A, ...) until Fisher's exact test decides or the pairs are spent
-(`_compare` in tuner/app/tune.py, the test in tuner/tune/compare.py). It is reported beside the registered score, never instead of
-it: the held-back bar stays ">= 95% of the grid's best reading".
+(`_compare` in tuner/app/tune.py, the test in tuner/tune/compare.py). It is reported beside the registered score,
+never instead of it: the held-back bar stays ">= 95% of the grid's best reading".
 
 For each bench/tune.py workdir given (<shape>.<start> with grid.json and tpe.json, as bench/tune_corpus.py --score
 reads them), one `tuner tune --sampler random --budget 3` in <workdir>/runoff: the flags in force are one side (vLLM's
@@ -40,6 +40,11 @@ from bench.tune_corpus import _flags, score_run  # noqa: E402
 FIXED = "max_model_len"  # every trial of the corpus has it (bench/tune.py), so neither side differs by it
 
 
+def _unfixed(flags: dict) -> dict:
+    """``flags`` without the one every trial of the corpus carries."""
+    return {k: v for k, v in flags.items() if k != FIXED}
+
+
 def sides(work: Path) -> dict | None:
     """The two configs of ``work``'s run-off, or None when there is nothing to run off (tune's decision is the grid's
     best). ``in_force`` is the side run as the flags in force, ``searched`` the other (a grid axis cannot say "unset",
@@ -47,8 +52,7 @@ def sides(work: Path) -> dict | None:
     s = score_run(work)
     if s["backend"] != "vllm":
         raise SystemExit(f"{work}: a {s['backend']} run; the run-off runs vLLM's")
-    best = {k: v for k, v in s["grid_best_flags"].items() if k != FIXED}
-    decided = {k: v for k, v in (s["tpe_decision_flags"] or {}).items() if k != FIXED}
+    best, decided = _unfixed(s["grid_best_flags"]), _unfixed(s["tpe_decision_flags"] or {})
     if key(best) == key(decided):
         return None
     in_force, searched = (decided, best) if not decided else (best, decided)
@@ -67,10 +71,8 @@ def grid_of(flags: dict) -> str:
     return ",".join(f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in sorted(flags.items()))
 
 
-def run_off(work: Path, pairs: int, args: argparse.Namespace, servers: Servers) -> dict | None:
-    two = sides(work)
-    if two is None:
-        return None
+def run_off(work: Path, two: dict, pairs: int, args: argparse.Namespace, servers: Servers) -> dict:
+    """``two`` (``sides(work)``) measured again: `tuner tune` in <work>/runoff, its result kept there as runoff.json."""
     out = work / "runoff"
     out.mkdir(exist_ok=True)
     name = f"runoff-{work.name}"
@@ -102,10 +104,9 @@ def verdict(r: dict) -> str:
     tune's decision), from the comparison's outcome (A: the flags in force, B: the searched side)."""
     c = r["tune"].get("comparison") or {}
     outcome = c.get("outcome")
-    if outcome is None:
-        return "not compared"
-    if outcome in ("same", "undecided"):
-        return {"same": "the same", "undecided": "no difference measurable"}[outcome]
+    said = {None: "not compared", "same": "the same", "undecided": "no difference measurable"}
+    if outcome in said:
+        return said[outcome]
     winner = r["in_force"] if outcome == "a_better" else r["searched"]
     return "the grid's best" if key(winner) == key(r["grid_best"]) else "tune's decision"
 
@@ -125,7 +126,7 @@ def _counts(r: dict) -> str:
 
 def _capacity(r: dict, flags: dict) -> str:
     for t in r["tune"]["trials"]:
-        if t["status"] == "measured" and key({k: v for k, v in t["flags"].items() if k != FIXED}) == key(flags):
+        if t["status"] == "measured" and key(_unfixed(t["flags"])) == key(flags):
             lo, hi = t.get("interval") or [None, None]
             return f"{t['capacity_rps']:.3g}" + (f" ({lo:.3g}-{hi:.3g})" if lo and hi else "")
     return "-"
@@ -182,13 +183,13 @@ def main() -> int:
     for work in args.runs:
         print(f"{work.name}: {time.strftime('%H:%M:%S')} load average {os.getloadavg()[0]:.2f}", flush=True)
         two = sides(work)
-        if two is not None and two["score"] is not None and two["score"] >= 0.95 and not args.all:
-            print(f"{work.name}: tune's decision scored {two['score']:.0%}; nothing to settle (--all runs it)")
-            continue
-        r = run_off(work, args.pairs, args, servers)
-        if r is None:
+        if two is None:
             print(f"{work.name}: tune's decision is the grid's best; nothing to run off", flush=True)
             continue
+        if two["score"] is not None and two["score"] >= 0.95 and not args.all:
+            print(f"{work.name}: tune's decision scored {two['score']:.0%}; nothing to settle (--all runs it)")
+            continue
+        r = run_off(work, two, args.pairs, args, servers)
         done.append((work, r))
         print(table([(work, r)]).splitlines()[-1], flush=True)
     if done:
