@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import VLLM_DIR
 from tuner.collect.vllm import snapshot_from_text
 
@@ -256,3 +258,17 @@ def test_the_stall_watch_catches_a_process_that_stops_answering_and_names_the_gi
     assert 0.5 * stall.seconds <= ran <= stall.seconds + 0.3, stall.summary
     record = (tmp_path / "stalls.txt").read_text()
     assert record.count("=== stall probe") == 1 and record.count("=== stall ended") == 1
+
+
+def test_the_workload_rate_bench_takes_the_truth_from_the_client_and_judges_each_interval_against_it() -> None:
+    from bench.workload_rate import reading, realized_rate
+
+    # 5 requests sent over 2 s: 4 gaps, 2/s (a count over the span would say 2.5)
+    assert realized_rate([10.5, 10.0, 11.0, 12.0, 11.5]) == 2.0
+    with pytest.raises(ValueError, match="two requests"):
+        realized_rate([3.0])
+    w = {"rate_rps": 1.8, "inferred": {"rate_rps": {"low": 1.7, "high": 1.9}}}
+    low = reading(w, 2.0)
+    assert not low["holds"] and abs(low["error"] - (-0.1)) < 1e-12
+    assert reading(w, 1.85)["holds"] and reading(w, 1.7)["holds"]  # the bounds themselves hold it
+    assert not reading({"rate_rps": 1.8}, 1.8)["holds"]  # no interval: nothing to hold it

@@ -126,6 +126,32 @@ def test_idle_gaps_between_phases_are_not_burstiness():
     assert from_window(_window(finished_per_step=(15, 15, 0, 0), generated_per_step=(1, 1, 1, 1))).burstiness < 0.2
 
 
+def test_the_rate_is_read_over_the_traffic_not_over_idle_ends_of_the_window():
+    # 15 arrivals per 5 s (3/s) in intervals 3-8, the window's first and last 15 s idle: a replay read back with a
+    # margin, as bench/tune_corpus.py does. Over the whole 60 s that is 1.5/s, and its interval (count +- 1.96 x
+    # sqrt(90 / 10), over 60 s) is 1.40-1.60: the rate sent lies far outside it, as it did for every drawn shape.
+    idle3 = (0, 0, 0)
+    w = from_window(
+        _window(finished_per_step=(*idle3, *[15] * 6, *idle3), generated_per_step=(*idle3, *[9] * 6, *idle3))
+    )
+    rate = w.inferred["rate_rps"]
+    # the traffic spans 30 s less anything from none to all of its two edge intervals (it began and ended inside
+    # them, somewhere): 20-30 s; the point takes half of each (25 s), the bounds the count's interval over each end
+    z = 1.96 * math.sqrt(90 / w.burstiness)
+    assert w.rate_rps == pytest.approx(90 / 25)
+    assert rate.low == pytest.approx((90 - z) / 30, abs=1e-4) and rate.high == pytest.approx((90 + z) / 20, abs=1e-4)
+    assert rate.low <= 3.0 <= rate.high  # the true rate, which filled both edge intervals here: the worst case
+    assert "15s before and 15s after without traffic left out" in rate.note
+    # busy from end to end (every production window): the whole window, as before
+    full = from_window(_window()).inferred["rate_rps"]
+    assert full.note.startswith("180 arrivals in 60s of traffic:") and "left out" not in full.note
+    # an idle gap inside the traffic is part of its arrivals: only the idle end is left out
+    gap = from_window(_window(finished_per_step=(15, 15, 0, 0), generated_per_step=(3000, 3000, 0, 0)))
+    assert "0s before and 10s after" in gap.inferred["rate_rps"].note
+    # 50 s of traffic, its last busy interval's 5 s counted half
+    assert gap.rate_rps == pytest.approx(90 / 47.5, abs=1e-4)
+
+
 def test_a_saturated_window_says_nothing_of_arrivals_so_poisson_is_assumed():
     win = _window(finished_per_step=(0, 30))  # as bursty as above ...
     e = win.engines[0]

@@ -8,7 +8,8 @@ From one stored window of a vLLM target (its request histograms and counters, th
                           r = (P90 - P10) / (1.6 x mean), from the prompt histogram, within [0, 0.9] and within
                           what the exact mean allows: P10 = mean x (1 - 0.8r) and P90 = mean x (1 + 0.8r) must each
                           lie in their bucket
-  rate_rps                offered arrivals per second (signals/load.py: finished + the change in in-flight)
+  rate_rps                offered arrivals per second (signals/load.py: finished + the change in in-flight) over
+                          the traffic: the window less its idle scrape intervals at either end (``_rate``)
   burstiness              the gamma shape of inter-arrival times (vLLM bench's --burstiness: 1 is Poisson, below
                           1 burstier). Counts of a renewal process over long intervals have an index of dispersion
                           (variance / mean) of CV^2 = 1 / shape, so shape = mean / variance of the requests finished
@@ -263,6 +264,41 @@ def _burstiness(intervals: Any) -> tuple[int, tuple[float, float, float] | None]
     return k, (shape, low, high)
 
 
+def _rate(count: float, intervals: Any, burstiness: float) -> tuple[float, Inferred]:
+    """``count`` arrivals over the window's traffic: the window less the idle scrape intervals at its two ends.
+
+    A window that begins before the traffic or ends after it (a replay read back with a margin, a server started
+    for it) would otherwise spread the arrivals over seconds that had none: corpus shapes served for 150 s and read
+    back over a window ~25 s longer read 11-15% below the rate their client sent, and six of eight intervals missed
+    it (bench/workload_rate.py). Traffic that
+    began after the window did began inside its first busy interval, somewhere: the span counts half of that
+    interval, and the bounds all or none of it (likewise at the end). Idle gaps inside the traffic stay: they are
+    part of its arrivals (burstiness). A window busy from end to end is unchanged."""
+    ivs = list(intervals)
+    busy = [i for i, iv in enumerate(ivs) if iv.busy]
+    secs = math.fsum(iv.seconds for iv in ivs)
+    lead = trail = cut_hi = 0.0
+    if busy:
+        first, last = busy[0], busy[-1]
+        lead = math.fsum(iv.seconds for iv in ivs[:first])
+        trail = math.fsum(iv.seconds for iv in ivs[last + 1 :])
+        # traffic that began (ended) inside the window took anything from all to none of its first (last) busy interval
+        cut_hi = (ivs[first].seconds if lead else 0.0) + (ivs[last].seconds if trail else 0.0)
+    span = secs - lead - trail
+    if span - cut_hi <= 0:  # traffic inside one or two intervals: no shorter span to bound it by
+        cut_hi = 0.0
+    mid = span - cut_hi / 2
+    if mid <= 0:
+        return 0.0, Inferred(note=f"{count:.0f} arrivals: no span of traffic to spread them over")
+    rate = count / mid
+    z = 1.96 * math.sqrt(max(count, 1.0) / burstiness)
+    low, high = max(0.0, count - z) / span, (count + z) / (span - cut_hi)
+    idle = f", the window's {lead:.0f}s before and {trail:.0f}s after without traffic left out" if lead or trail else ""
+    edge = f" (it began or ended inside a scrape interval: {span - cut_hi:.0f}-{span:.0f}s)" if cut_hi else ""
+    note = f"{count:.0f} arrivals in {mid:.0f}s of traffic{edge}{idle}: 95% interval of a count with this burstiness"
+    return rate, Inferred(low=_r(low, 4), high=_r(high, 4), note=note)
+
+
 def _r(x: float | None, digits: int = 3) -> float | None:
     return None if x is None or not math.isfinite(x) else round(x, digits)
 
@@ -342,14 +378,7 @@ def from_window(window: TargetWindow, *, max_model_len: int | None = None, limit
         else:
             inferred["burstiness"] = Inferred(note=f"assumed 1 (Poisson): {k} busy scrape intervals, fewer than 4")
     if rate and load is not None:
-        secs = load.end - load.start
-        count = rate * secs
-        half = 1.96 * math.sqrt(max(count, 1.0) / burstiness) / secs if secs > 0 else math.inf
-        inferred["rate_rps"] = Inferred(
-            low=_r(max(0.0, rate - half), 4),
-            high=_r(rate + half, 4),
-            note=(f"{count:.0f} arrivals in {secs:.0f}s: 95% interval of a count with this burstiness"),
-        )
+        rate, inferred["rate_rps"] = _rate(rate * (load.end - load.start), load.intervals, burstiness)
 
     hits = math.fsum(_counter_increase(e, VLLM_PREFIX_CACHE_HITS_TOTAL) for e in engines)
     queries = math.fsum(_counter_increase(e, VLLM_PREFIX_CACHE_QUERIES_TOTAL) for e in engines)
