@@ -11,7 +11,14 @@ the client's: (requests - 1) / (last start - first start). Against it, for each 
 
 with each reading's 95% interval and whether it holds the truth.
 
+A second table needs no store: every drawn shape's workload file (bench/corpus-drawn*/) against what its client was
+told to send (drawn.json), for the values whose truth the draw fixes: the burstiness (the gamma shape of the gaps),
+the range ratio of the whole prompt (the client spreads only the part past the shared prefix: r x (input - prefix)
+/ input) and the shared prefix. Each file was read by the code of its day; a file's prefix interval of [0, 0] is
+from before prefixes shorter than a KV block were bounded by the prompt's length.
+
   python bench/workload_rate.py /tmp/corpus-drawn-*
+  python bench/workload_rate.py          # the second table alone
 """
 
 from __future__ import annotations
@@ -75,6 +82,39 @@ def check(folder: Path) -> dict:
     return out
 
 
+def drawn_truths(root: Path = ROOT / "bench") -> list[dict]:
+    """Each drawn shape's file against its draw: (field, sent, read, low, high, holds) per field."""
+    rows = []
+    for drawn in sorted(root.glob("corpus-drawn*/drawn.json")):
+        for shape, sent in sorted(json.loads(drawn.read_text())["shapes"].items()):
+            path = drawn.parent / f"{shape}.yaml"
+            if not path.exists():
+                continue
+            w = yaml.safe_load(path.read_text())
+            prefix = sent.get("prefix_len", 0)
+            truth = {
+                "burstiness": sent["burstiness"],
+                "range_ratio": sent["range_ratio"] * (sent["input_len"] - prefix) / sent["input_len"],
+                "prefix_len": prefix,
+            }
+            for field, true in truth.items():
+                inf = (w.get("inferred") or {}).get(field) or {}
+                low, high = inf.get("low"), inf.get("high")
+                holds = low is not None and high is not None and low <= true <= high
+                rows.append(
+                    {
+                        "shape": shape,
+                        "field": field,
+                        "sent": true,
+                        "read": w.get(field),
+                        "low": low,
+                        "high": high,
+                        "holds": holds,
+                    }
+                )
+    return rows
+
+
 def _cell(r: dict | None) -> str:
     if r is None:
         return "-"
@@ -83,8 +123,28 @@ def _cell(r: dict | None) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("folders", nargs="+", type=Path, help="tune_corpus.py work folders (/tmp/corpus-<shape>-*)")
+    ap.add_argument("folders", nargs="*", type=Path, help="tune_corpus.py work folders (/tmp/corpus-<shape>-*)")
     args = ap.parse_args()
+    truths = drawn_truths()
+    print(
+        "| shape | "
+        + " | ".join(f"{f}: sent -> read [95%]" for f in ("burstiness", "range_ratio", "prefix_len"))
+        + " |"
+    )
+    print("|---|---|---|---|")
+    for shape in dict.fromkeys(t["shape"] for t in truths):
+        cells = [
+            f"{t['sent']:.3g} -> {t['read']} [{t['low']} .. {t['high']}]{'' if t['holds'] else ' **miss**'}"
+            for t in truths
+            if t["shape"] == shape
+        ]
+        print(f"| {shape} | " + " | ".join(cells) + " |")
+    for field in ("burstiness", "range_ratio", "prefix_len"):
+        got = [t for t in truths if t["field"] == field]
+        print(f"{field}: {sum(t['holds'] for t in got)} of {len(got)} intervals hold what the client was told to send")
+    if not args.folders:
+        return
+    print()
     rows = [check(f) for f in args.folders if (f / "tuner.yaml").exists()]
     print("| shape | sent (client) | at draw: rate [95%] error, holds | now: rate [95%] error, holds |")
     print("|---|---|---|---|")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import subprocess
 import sys
@@ -272,3 +273,28 @@ def test_the_workload_rate_bench_takes_the_truth_from_the_client_and_judges_each
     assert not low["holds"] and abs(low["error"] - (-0.1)) < 1e-12
     assert reading(w, 1.85)["holds"] and reading(w, 1.7)["holds"]  # the bounds themselves hold it
     assert not reading({"rate_rps": 1.8}, 1.8)["holds"]  # no interval: nothing to hold it
+
+
+def test_the_drawn_truths_spread_only_the_part_of_the_prompt_past_the_shared_prefix(tmp_path: Path) -> None:
+    from bench.workload_rate import drawn_truths
+
+    d = tmp_path / "corpus-drawn9"
+    d.mkdir()
+    sent = {
+        "input_len": 400,
+        "output_len": 3,
+        "range_ratio": 0.3,
+        "burstiness": 1.0,
+        "rate_rps": 2.0,
+        "prefix_len": 200,
+    }
+    (d / "drawn.json").write_text(json.dumps({"seed": 1, "shapes": {"drawn-1-1": sent}}))
+    (d / "drawn-1-1.yaml").write_text(
+        "input_len: 400\noutput_len: 3\nrange_ratio: 0.2\nprefix_len: 128\nburstiness: 0.9\n"
+        "inferred:\n  range_ratio: {low: 0.0, high: 0.14}\n  prefix_len: {low: 128, high: 255}\n"
+        "  burstiness: {low: 0.5, high: 1.5}\n"
+    )
+    got = {t["field"]: t for t in drawn_truths(tmp_path)}
+    # the client spreads the 200 tokens past the prefix by 0.3: +-60 of 400, a whole-prompt ratio of 0.15
+    assert got["range_ratio"]["sent"] == 0.3 * 200 / 400 and not got["range_ratio"]["holds"]
+    assert got["prefix_len"]["holds"] and got["burstiness"]["holds"]
