@@ -11,9 +11,12 @@ never instead of it: the held-back bar stays ">= 95% of the grid's best reading"
 
 For each bench/tune.py workdir given (<shape>.<start> with grid.json and tpe.json, as bench/tune_corpus.py --score
 reads them), one `tuner tune --sampler random --budget 3` in <workdir>/runoff: the flags in force are one side (vLLM's
-defaults where either side is them, since a grid axis cannot say "unset"; else the grid's best), the search space is
-the other side alone, and the budget is those two trials and the comparison. A run whose decision is the grid's best
-has nothing to run off and is skipped, and so (without --all) is one the registered scorer puts at 95% or above.
+defaults where either side is them, since a grid axis cannot say "unset"; else the grid's best), `--flags` gives the
+other side's values, and the budget is those two trials and the comparison. tune's space holds the flags in force as
+well, so where the sides differ in two flags it is 2 x 2: the sampler's `--seed` is chosen (by tune's own search, run
+with nothing measured) so that its one trial is the other side, and a run-off whose trial was anything else is void,
+left out of the tally. A run whose decision is the grid's best has nothing to run off and is skipped, and so
+(without --all) is one the registered scorer puts at 95% or above.
 
   python bench/runoff.py /tmp/tc6/drawn-3779-2.poor /tmp/tc6/drawn-3779-2.defaults
   python bench/runoff.py --pairs 6 /tmp/tc6/drawn-3779-1.defaults     # more turns before "no difference measurable"
@@ -71,6 +74,46 @@ def grid_of(flags: dict) -> str:
     return ",".join(f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in sorted(flags.items()))
 
 
+def sampler_seed(two: dict, tries: int = 500) -> int:
+    """A ``--seed`` for which `tuner tune --sampler random` measures the searched side as its one trial.
+
+    tune's space always holds the flags in force as well: where the two sides differ in two flags the space is 2 x 2,
+    and a random pick may be a point that is neither (drawn-6446-1 from one sequence ran off 8/256 against 8/2048, not
+    1/256). The sampler is seeded, so its pick is known before any server starts: this runs tune's own search with
+    nothing measured, as tune builds it (the flags in force as the baseline, then the sampler)."""
+    from tuner.store.tuning import TrialStatus
+    from tuner.tune.search import Outcome, search
+    from tuner.tune.space import Verdict, canonical, vllm_axes
+
+    in_force = canonical({FIXED: 1024, **two["in_force"]})
+    axes = vllm_axes(in_force, longest=1, model_max_len=1024, on_gpu=False, names=grid_of(two["searched"]).split(","))
+    fixed = {k: v for k, v in in_force.items() if k not in {a.name for a in axes}}
+    want = key({FIXED: 1024, **two["searched"]})
+    for seed in range(tries):
+        got = search(
+            axes,
+            fixed,
+            measure=lambda flags, label: Outcome(TrialStatus.MEASURED, 1.0, {}),
+            feasible=lambda flags: Verdict(True, "", {}),
+            seeds=[("baseline", in_force)],
+            budget=2,  # the run-off's budget of 3, less the comparison
+            max_time_s=1e9,
+            clock=lambda: 0.0,
+            seed=seed,
+            sampler="random",
+        )
+        if len(got) == 2 and key(got[1].flags) == want:
+            return seed
+    raise SystemExit(f"no sampler seed below {tries} picks {two['searched']} beside {two['in_force']}")
+
+
+def measured_searched(r: dict) -> bool:
+    """Whether the run-off's one trial besides the flags in force was the searched side (a run where it was not
+    compared something else, and counts for nothing)."""
+    others = [key(_unfixed(t["flags"])) for t in r["tune"].get("trials", [])]
+    return [k for k in others if k != key(r["in_force"])] == [key(r["searched"])]
+
+
 def run_off(work: Path, two: dict, pairs: int, args: argparse.Namespace, servers: Servers) -> dict:
     """``two`` (``sides(work)``) measured again: `tuner tune` in <work>/runoff, its result kept there as runoff.json."""
     out = work / "runoff"
@@ -84,7 +127,7 @@ def run_off(work: Path, two: dict, pairs: int, args: argparse.Namespace, servers
     argv = [
         sys.executable, "-m", "tuner.cli", "-c", str(cfg), "tune", "tiny",
         "--workload", str(out / "workload.yaml"),
-        "--sampler", "random", "--budget", "3", "--flags", grid_of(two["searched"]),
+        "--sampler", "random", "--seed", str(sampler_seed(two)), "--budget", "3", "--flags", grid_of(two["searched"]),
         "--compare-pairs", str(pairs),
         "--run-seconds", str(args.run_seconds), "--max-runs", str(args.max_runs),
         "--max-time", "2h", "--json",
@@ -99,9 +142,14 @@ def run_off(work: Path, two: dict, pairs: int, args: argparse.Namespace, servers
     return result
 
 
+VOID = "void: tune measured another config"
+
+
 def verdict(r: dict) -> str:
     """Which of the two served more within the SLO side by side, in the terms of the scorer (the grid's best or
     tune's decision), from the comparison's outcome (A: the flags in force, B: the searched side)."""
+    if not measured_searched(r):
+        return VOID
     c = r["tune"].get("comparison") or {}
     outcome = c.get("outcome")
     said = {None: "not compared", "same": "the same", "undecided": "no difference measurable"}
@@ -117,9 +165,9 @@ def _counts(r: dict) -> str:
     rate = c.get("rate_rps")
     runs = c.get("runs") or {}
     said = []
-    for side, flags in (("A", r["in_force"]), ("B", r["searched"])):
+    for side, flags in (("A", r["in_force"]), ("B", _unfixed(c.get("flags") or r["searched"]))):  # B: as measured
         at = [x for x in runs.get(side, []) if x.get("rate_rps") == rate]
-        who = "grid's best" if key(flags) == key(r["grid_best"]) else "decision"
+        who = {key(r["grid_best"]): "grid's best", key(r["decision"]): "decision"}.get(key(flags)) or _flags(flags)
         said.append(f"{who} {sum(x['good'] for x in at)}/{sum(x['sent'] for x in at)}")
     return f"at {rate:.3g} req/s: " + ", ".join(said) if rate else "-"
 
@@ -150,7 +198,7 @@ def table(results: list[tuple[Path, dict]]) -> str:
 
 def tally(results: list[tuple[Path, dict]]) -> str:
     """One line over the run-offs, in the words bench/summary.py reads into the corpus's summary row."""
-    said = [verdict(r) for _, r in results]
+    said = [v for _, r in results if (v := verdict(r)) != VOID]  # a void run-off compared something else
     more, same, less = (said.count(v) for v in ("tune's decision", "the same", "the grid's best"))
     rest = len(said) - more - same - less  # no difference measurable, or not compared
     return (

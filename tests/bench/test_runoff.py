@@ -6,6 +6,7 @@ the bookkeeping, where a slip would credit the wrong side."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.runoff import grid_of, sides, table, tally, verdict  # noqa: E402
+from bench.runoff import grid_of, sampler_seed, sides, table, tally, verdict  # noqa: E402
 
 BASE = {"max_model_len": 1024}
 S16 = {**BASE, "max_num_seqs": 16, "max_num_batched_tokens": 2048}
@@ -87,9 +88,70 @@ def test_the_comparisons_sides_read_back_as_the_configs_they_ran(
         "decision": decided,
         "in_force": decided if decision_in_force else best,
         "searched": best if decision_in_force else decided,
-        "tune": {"comparison": {"outcome": outcome}},
+        "tune": {
+            "trials": [{"flags": {**BASE, **best}}, {"flags": {**BASE, **decided}}],
+            "comparison": {"outcome": outcome},
+        },
     }
     assert verdict(r) == expected
+
+
+def test_a_run_off_that_measured_neither_side_is_void_and_left_out_of_the_tally() -> None:
+    # drawn-6446-1 from one sequence: 1/256 against 8/2048, whose 2 x 2 space let the sampler pick 8/256
+    best, decided = (
+        {"max_num_seqs": 8, "max_num_batched_tokens": 2048},
+        {"max_num_seqs": 1, "max_num_batched_tokens": 256},
+    )
+    mixed = {"max_num_seqs": 8, "max_num_batched_tokens": 256}
+    r = {
+        "grid_best": best,
+        "decision": decided,
+        "in_force": best,
+        "searched": decided,
+        "tune": {
+            "trials": [{"flags": {**BASE, **best}}, {"flags": {**BASE, **mixed}}],
+            "comparison": {"outcome": "a_better"},
+        },
+    }
+    assert verdict(r) == "void: tune measured another config"
+    assert tally([(Path("x"), r)]).startswith("Run off side by side on fresh servers (0 runs)")
+
+
+@pytest.mark.parametrize(
+    ("in_force", "searched"),
+    [
+        ({"max_num_seqs": 8, "max_num_batched_tokens": 2048}, {"max_num_seqs": 1, "max_num_batched_tokens": 256}),
+        ({"max_num_seqs": 1, "max_num_batched_tokens": 2048}, {"max_num_seqs": 8, "max_num_batched_tokens": 256}),
+        ({}, {"max_num_seqs": 16, "max_num_batched_tokens": 256}),
+        ({"max_num_seqs": 16, "max_num_batched_tokens": 256}, {"max_num_seqs": 32, "max_num_batched_tokens": 256}),
+    ],
+)
+def test_the_sampler_seed_makes_tunes_own_search_measure_the_searched_side(in_force: dict, searched: dict) -> None:
+    """tune's space holds the flags in force too: two sides differing in two flags make it 2 x 2. The seed is found
+    with tune's own search; here that search is run again with it, as `tuner tune` runs it, and must pick the side."""
+    from tuner.store.tuning import TrialStatus
+    from tuner.tune.search import Outcome, search
+    from tuner.tune.space import Verdict, canonical, vllm_axes
+
+    seed = sampler_seed({"in_force": in_force, "searched": searched})
+    current = canonical({**BASE, **in_force})
+    axes = vllm_axes(current, longest=1, model_max_len=1024, on_gpu=False, names=grid_of(searched).split(","))
+    differ = sum(in_force.get(k) != v for k, v in searched.items()) if in_force else 0
+    assert math.prod(len(a.values) for a in axes) == 2**differ  # the space tune searches: 4 where both flags differ
+    measured = []
+    search(
+        axes,
+        {k: v for k, v in current.items() if k not in {a.name for a in axes}},
+        measure=lambda flags, label: measured.append(flags) or Outcome(TrialStatus.MEASURED, 1.0, {}),
+        feasible=lambda flags: Verdict(True, "", {}),
+        seeds=[("baseline", current)],
+        budget=2,
+        max_time_s=1e9,
+        clock=lambda: 0.0,
+        seed=seed,
+        sampler="random",
+    )
+    assert measured[-1] == canonical({**BASE, **searched})
 
 
 def test_the_table_counts_each_side_at_the_comparisons_last_rate_only(tmp_path: Path) -> None:
@@ -130,7 +192,8 @@ def test_the_tally_counts_each_verdict_once_and_the_undecided_apart() -> None:
 
     def r(outcome: str) -> tuple[Path, dict]:
         run = {"grid_best": best, "decision": decided, "in_force": best, "searched": decided}
-        return Path("x"), {**run, "tune": {"comparison": {"outcome": outcome}}}
+        trials = [{"flags": {**BASE, **best}}, {"flags": {**BASE, **decided}}]
+        return Path("x"), {**run, "tune": {"trials": trials, "comparison": {"outcome": outcome}}}
 
     line = tally([r("b_better"), r("same"), r("same"), r("a_better"), r("undecided")])
     assert line == (
