@@ -270,10 +270,10 @@ def _rate(count: float, intervals: Any, burstiness: float) -> tuple[float, Infer
     A window that begins before the traffic or ends after it (a replay read back with a margin, a server started
     for it) would otherwise spread the arrivals over seconds that had none: corpus shapes served for 150 s and read
     back over a window ~25 s longer read 11-15% below the rate their client sent, and six of eight intervals missed
-    it (bench/workload_rate.py). Traffic that
-    began after the window did began inside its first busy interval, somewhere: the span counts half of that
-    interval, and the bounds all or none of it (likewise at the end). Idle gaps inside the traffic stay: they are
-    part of its arrivals (burstiness). A window busy from end to end is unchanged."""
+    it (bench/workload_rate.py). Traffic that started after the window's start did so somewhere inside its first busy
+    interval: the span counts half of that interval, and the bounds all or none of it (likewise at the end). Idle
+    gaps inside the traffic stay: they are part of its arrivals (burstiness). A window busy from end to end is
+    unchanged."""
     ivs = list(intervals)
     busy = [i for i, iv in enumerate(ivs) if iv.busy]
     secs = math.fsum(iv.seconds for iv in ivs)
