@@ -21,6 +21,7 @@ left out of the tally. A run whose decision is the grid's best has nothing to ru
   python bench/runoff.py /tmp/tc6/drawn-3779-2.poor /tmp/tc6/drawn-3779-2.defaults
   python bench/runoff.py --pairs 6 /tmp/tc6/drawn-3779-1.defaults     # more turns before "no difference measurable"
   python bench/runoff.py --table /tmp/tc6 /tmp/tc7                   # the table of the run-offs already run
+  python bench/runoff.py --choice /tmp/tc8/drawn-6446-1.poor          # tune's choice (the registered score's subject)
 Needs TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (scripts/setup-real-servers.sh prints them). ~12 min a run-off here.
 """
 
@@ -48,21 +49,24 @@ def _unfixed(flags: dict) -> dict:
     return {k: v for k, v in flags.items() if k != FIXED}
 
 
-def sides(work: Path) -> dict | None:
+def sides(work: Path, subject: str = "decision") -> dict | None:
     """The two configs of ``work``'s run-off, or None when there is nothing to run off (tune's decision is the grid's
     best). ``in_force`` is the side run as the flags in force, ``searched`` the other (a grid axis cannot say "unset",
-    so vLLM's defaults are always the flags in force)."""
+    so vLLM's defaults are always the flags in force). ``subject`` "choice": tune's choice (the best it measured, what
+    the registered score scores) in place of its decision, under the same keys."""
     s = score_run(work)
     if s["backend"] != "vllm":
         raise SystemExit(f"{work}: a {s['backend']} run; the run-off runs vLLM's")
-    best, decided = _unfixed(s["grid_best_flags"]), _unfixed(s["tpe_decision_flags"] or {})
+    pick = "tpe_decision" if subject == "decision" else "tpe"
+    best, decided = _unfixed(s["grid_best_flags"]), _unfixed(s[f"{pick}_flags"] or {})
     if key(best) == key(decided):
         return None
     in_force, searched = (decided, best) if not decided else (best, decided)
     return {
         "grid_best": best,
         "decision": decided,
-        "score": s["tpe_decision"],  # the registered score of the decision: the grid's reading / the grid's best
+        "subject": subject,
+        "score": s[pick],  # the registered score of the decision (or choice): the grid's reading / the grid's best
         "grid_best_rps": s["grid_best"],
         "in_force": in_force,
         "searched": searched,
@@ -72,6 +76,9 @@ def sides(work: Path) -> dict | None:
 def grid_of(flags: dict) -> str:
     """``--flags`` for a search space of ``flags`` alone."""
     return ",".join(f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in sorted(flags.items()))
+
+
+_DIRS = {"decision": "runoff", "choice": "runoff-choice"}  # where each subject's run-off is kept, in a run's workdir
 
 
 def sampler_seed(two: dict, tries: int = 500) -> int:
@@ -116,7 +123,7 @@ def measured_searched(r: dict) -> bool:
 
 def run_off(work: Path, two: dict, pairs: int, args: argparse.Namespace, servers: Servers) -> dict:
     """``two`` (``sides(work)``) measured again: `tuner tune` in <work>/runoff, its result kept there as runoff.json."""
-    out = work / "runoff"
+    out = work / _DIRS[two.get("subject", "decision")]
     out.mkdir(exist_ok=True)
     name = f"runoff-{work.name}"
     WORKLOADS[name] = (work / "workload.yaml", args.slo or FILE_SLO, grid_of(two["searched"]), two["in_force"])
@@ -180,6 +187,11 @@ def _capacity(r: dict, flags: dict) -> str:
     return "-"
 
 
+def _worded(text: str, results: list[tuple[Path, dict]]) -> str:
+    """``text`` in the run-offs' subject: "choice" for the word "decision" where they ran off tune's choice."""
+    return text.replace("decision", "choice") if results and results[0][1].get("subject") == "choice" else text
+
+
 def table(results: list[tuple[Path, dict]]) -> str:
     out = [
         "| run | tune's decision | its registered score | the grid's best (its grid reading) | fresh capacities: "
@@ -193,7 +205,7 @@ def table(results: list[tuple[Path, dict]]) -> str:
             f"({r['grid_best_rps']:.3g}) | {_capacity(r, r['decision'])}, {_capacity(r, r['grid_best'])} | "
             f"{c.get('pairs', 0)} pairs, {_counts(r)} | {verdict(r)} | {r['wall_s'] / 60:.1f} |"
         )
-    return "\n".join(out)
+    return _worded("\n".join(out), results)
 
 
 def tally(results: list[tuple[Path, dict]]) -> str:
@@ -201,10 +213,11 @@ def tally(results: list[tuple[Path, dict]]) -> str:
     said = [v for _, r in results if (v := verdict(r)) != VOID]  # a void run-off compared something else
     more, same, less = (said.count(v) for v in ("tune's decision", "the same", "the grid's best"))
     rest = len(said) - more - same - less  # no difference measurable, or not compared
-    return (
+    line = (
         f"Run off side by side on fresh servers ({len(said)} runs): tune's decision served more within the SLO than "
         f"the grid's best in {more}, as much in {same}, less in {less}, and no difference was measurable in {rest}."
     )
+    return _worded(line, results)  # bench/summary.py reads the decision's line only
 
 
 def main() -> int:
@@ -220,22 +233,30 @@ def main() -> int:
     ap.add_argument(
         "--table", action="store_true", help="run nothing: the table of the run-offs under the folders given"
     )
+    ap.add_argument(
+        "--choice",
+        action="store_true",
+        help="run off tune's choice (the best it measured, which the registered score scores) in place of its "
+        "decision; kept in <workdir>/runoff-choice",
+    )
     args = ap.parse_args()
+    subject = "choice" if args.choice else "decision"
+    where = _DIRS[subject]
     if args.table:
-        found = sorted(p.parent.parent for d in args.runs for p in d.glob("*/runoff/runoff.json"))
-        results = [(w, json.loads((w / "runoff" / "runoff.json").read_text())) for w in found]
+        found = sorted(p.parent.parent for d in args.runs for p in d.glob(f"*/{where}/runoff.json"))
+        results = [(w, json.loads((w / where / "runoff.json").read_text())) for w in found]
         print(table(results) + "\n\n" + tally(results))
         return 0
     servers = Servers.from_env("vllm")
     done = []
     for work in args.runs:
         print(f"{work.name}: {time.strftime('%H:%M:%S')} load average {os.getloadavg()[0]:.2f}", flush=True)
-        two = sides(work)
+        two = sides(work, subject)
         if two is None:
-            print(f"{work.name}: tune's decision is the grid's best; nothing to run off", flush=True)
+            print(f"{work.name}: tune's {subject} is the grid's best; nothing to run off", flush=True)
             continue
         if two["score"] is not None and two["score"] >= 0.95 and not args.all:
-            print(f"{work.name}: tune's decision scored {two['score']:.0%}; nothing to settle (--all runs it)")
+            print(f"{work.name}: tune's {subject} scored {two['score']:.0%}; nothing to settle (--all runs it)")
             continue
         r = run_off(work, two, args.pairs, args, servers)
         done.append((work, r))

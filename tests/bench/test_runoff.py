@@ -200,3 +200,28 @@ def test_the_tally_counts_each_verdict_once_and_the_undecided_apart() -> None:
         "Run off side by side on fresh servers (5 runs): tune's decision served more within the SLO than the grid's "
         "best in 1, as much in 2, less in 1, and no difference was measurable in 1."
     )
+
+
+def test_the_choice_is_run_off_in_place_of_the_decision_and_said_so(tmp_path: Path) -> None:
+    # tune measured 32 best (its choice) but kept 1 (its decision): the registered score scores the choice
+    work = _work(tmp_path, _result([(S1, 16.0), (S32, 30.0)], S1, None))
+    decision, choice = sides(work), sides(work, "choice")
+    assert decision is not None and choice is not None
+    assert decision["decision"] == {"max_num_seqs": 1, "max_num_batched_tokens": 256}
+    assert choice["decision"] == choice["searched"] == {"max_num_seqs": 32, "max_num_batched_tokens": 2048}
+    assert choice["subject"] == "choice" and choice["score"] == pytest.approx(27.9 / 32.0)
+    r = {
+        **choice,
+        "grid_best_rps": 32.0,
+        "wall_s": 60.0,
+        "tune": {
+            "trials": [
+                {"flags": S16, "status": "measured", "capacity_rps": 32.0},
+                {"flags": S32, "status": "measured", "capacity_rps": 32.0},
+            ],
+            "comparison": {"outcome": "same"},
+        },
+    }
+    line = tally([(work, r)])
+    assert line.startswith("Run off side by side on fresh servers (1 runs): tune's choice served more")
+    assert "decision" not in table([(work, r)])
