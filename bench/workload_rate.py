@@ -35,6 +35,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+FIELDS = ("burstiness", "range_ratio", "prefix_len")  # the values whose truth a draw fixes (the second table)
 
 
 def realized_rate(start_times: list[float]) -> float:
@@ -45,14 +46,20 @@ def realized_rate(start_times: list[float]) -> float:
     return (len(st) - 1) / (st[-1] - st[0])
 
 
-def reading(w: dict, truth: float) -> dict:
-    inf = (w.get("inferred") or {}).get("rate_rps") or {}
+def interval(w: dict, field: str, truth: float) -> tuple[float | None, float | None, bool]:
+    """A workload file's 95% interval of ``field`` (its ``inferred`` bounds), and whether it holds ``truth``."""
+    inf = (w.get("inferred") or {}).get(field) or {}
     low, high = inf.get("low"), inf.get("high")
+    return low, high, low is not None and high is not None and low <= truth <= high
+
+
+def reading(w: dict, truth: float) -> dict:
+    low, high, holds = interval(w, "rate_rps", truth)
     return {
         "rate": w.get("rate_rps"),
         "low": low,
         "high": high,
-        "holds": low is not None and high is not None and low <= truth <= high,
+        "holds": holds,
         "error": w["rate_rps"] / truth - 1 if w.get("rate_rps") else None,
     }
 
@@ -98,9 +105,7 @@ def drawn_truths(root: Path = ROOT / "bench") -> list[dict]:
                 "prefix_len": prefix,
             }
             for field, true in truth.items():
-                inf = (w.get("inferred") or {}).get(field) or {}
-                low, high = inf.get("low"), inf.get("high")
-                holds = low is not None and high is not None and low <= true <= high
+                low, high, holds = interval(w, field, true)
                 rows.append(
                     {
                         "shape": shape,
@@ -126,11 +131,7 @@ def main() -> None:
     ap.add_argument("folders", nargs="*", type=Path, help="tune_corpus.py work folders (/tmp/corpus-<shape>-*)")
     args = ap.parse_args()
     truths = drawn_truths()
-    print(
-        "| shape | "
-        + " | ".join(f"{f}: sent -> read [95%]" for f in ("burstiness", "range_ratio", "prefix_len"))
-        + " |"
-    )
+    print("| shape | " + " | ".join(f"{f}: sent -> read [95%]" for f in FIELDS) + " |")
     print("|---|---|---|---|")
     for shape in dict.fromkeys(t["shape"] for t in truths):
         cells = [
@@ -139,7 +140,7 @@ def main() -> None:
             if t["shape"] == shape
         ]
         print(f"| {shape} | " + " | ".join(cells) + " |")
-    for field in ("burstiness", "range_ratio", "prefix_len"):
+    for field in FIELDS:
         got = [t for t in truths if t["field"] == field]
         print(f"{field}: {sum(t['holds'] for t in got)} of {len(got)} intervals hold what the client was told to send")
     if not args.folders:
