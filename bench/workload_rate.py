@@ -17,6 +17,13 @@ the range ratio of the whole prompt (the client spreads only the part past the s
 / input) and the shared prefix. Each file was read by the code of its day; a file's prefix interval of [0, 0] is
 from before prefixes shorter than a KV block were bounded by the prompt's length.
 
+A third table, for the folders given, reads the burstiness of each store two ways against what its client sent:
+from the requests finished per busy scrape interval (what `tuner workload` reads) and from those that arrived in it
+(finished + the change in running + waiting, tuner/signals/load.py ``Interval.arrived``), each with its chi-square
+interval and whether it holds the gamma shape the client was told to draw from, beside the same estimator on the
+client's own start times in 5-s bins (the arrivals as sent, at about the scrapes' resolution: what a reading of the
+arrivals should come near).
+
   python bench/workload_rate.py /tmp/corpus-drawn-*
   python bench/workload_rate.py          # the second table alone
 """
@@ -30,6 +37,8 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -120,6 +129,48 @@ def drawn_truths(root: Path = ROOT / "bench") -> list[dict]:
     return rows
 
 
+Shape = tuple[float, float, float] | None  # a gamma shape with its 95% interval
+
+
+def _bins(start_times: list[float], width: float = 5.0) -> list:
+    """The client's arrivals counted in ``width``-second bins from its first to its last, as scrape intervals."""
+    from tuner.signals.load import Interval
+
+    st = sorted(start_times)
+    n = max(1, int((st[-1] - st[0]) // width))
+    counts = [0] * n
+    for t in st:
+        counts[min(n - 1, int((t - st[0]) // width))] += 1
+    last = max(width, st[-1] - st[0] - width * (n - 1))  # the partial bin at the end joins the one before it
+    return [Interval(width if i < n - 1 else last, float(c), 0.0, True) for i, c in enumerate(counts)]
+
+
+def burstiness_readings(folder: Path) -> dict:
+    """The burstiness of ``folder``'s store over its whole window read from finishes and from arrivals, and of its
+    client's start times in 5-s bins: each a (shape, low, high) by `tuner workload`'s own estimator."""
+    from tuner.app.session import Session
+    from tuner.signals.load import profile
+    from tuner.signals.workload import _burstiness
+
+    shape = re.sub(r"-[^-]+$", "", folder.name.removeprefix("corpus-"))
+    results = sorted(folder.glob("client/bench-results/*.json"))
+    start_times = json.loads(results[0].read_text())["start_times"] if results else []
+    store = Session.load(str(folder / "tuner.yaml")).store
+    now = time.time()
+    p = profile(store.window("tiny", now - 30 * 86400, now))
+    ivs = p.intervals if p is not None else ()
+    return {
+        "shape": shape,
+        "finishes": _burstiness(ivs)[1],
+        "arrivals": _burstiness([replace(iv, finished=iv.arrived or 0.0) for iv in ivs])[1],
+        "client": _burstiness(_bins(start_times))[1] if len(start_times) > 1 else None,
+    }
+
+
+def _shape(est: Shape) -> str:
+    return "-" if est is None else f"{est[0]:.3g} [{est[1]:.3g} .. {est[2]:.3g}]"
+
+
 def _cell(r: dict | None) -> str:
     if r is None:
         return "-"
@@ -154,6 +205,28 @@ def main() -> None:
     for when in ("at_draw", "now"):
         got = [r[when] for r in rows if when in r]
         print(f"{when}: {sum(g['holds'] for g in got)} of {len(got)} intervals hold the rate sent")
+    sent = {t["shape"]: t["sent"] for t in truths if t["field"] == "burstiness"}
+    print()
+    print("| shape | told to send | client's start times, 5-s bins | store: finishes | store: arrivals |")
+    print("|---|---|---|---|---|")
+    tally = {"finishes": 0, "arrivals": 0}
+    for f in args.folders:
+        if not (f / "tuner.yaml").exists():
+            continue
+        b = burstiness_readings(f)
+        told = sent.get(b["shape"])
+        cells = []
+        for how in ("finishes", "arrivals"):
+            est, client = b[how], b["client"]
+            holds = est is not None and told is not None and est[1] <= told <= est[2]
+            tally[how] += holds
+            off = f" ({est[0] / client[0] - 1:+.0%} of the client's)" if est is not None and client is not None else ""
+            cells.append(_shape(est) + off + ("" if holds else " **miss**"))
+        told_text = "-" if told is None else f"{told:g}"
+        print(f"| {b['shape']} | {told_text} | {_shape(b['client'])} | {cells[0]} | {cells[1]} |")
+    n = sum((f / "tuner.yaml").exists() for f in args.folders)
+    for how, held in tally.items():
+        print(f"burstiness from {how}: {held} of {n} intervals hold the shape the client was told to send")
 
 
 if __name__ == "__main__":

@@ -275,6 +275,21 @@ def test_the_workload_rate_bench_takes_the_truth_from_the_client_and_judges_each
     assert not reading({"rate_rps": 1.8}, 1.8)["holds"]  # no interval: nothing to hold it
 
 
+def test_the_client_s_start_times_are_binned_as_scrape_intervals_for_the_burstiness_estimator() -> None:
+    from bench.workload_rate import _bins
+    from tuner.signals.workload import _burstiness
+
+    # 12 s of sends in 5-s bins from the first: [0, 5) holds 3, [5, 12] 3 (the last partial bin joins the one before)
+    got = _bins([0.0, 1.0, 4.9, 5.0, 9.0, 12.0])
+    assert [(iv.seconds, iv.finished) for iv in got] == [(5.0, 3.0), (7.0, 3.0)]
+    # one burst of 20 every 30 s, nothing between: far burstier than Poisson, and the estimator says so
+    bursts = [30.0 * k + 0.01 * i for k in range(12) for i in range(20)]
+    shape = _burstiness(_bins(bursts))[1]
+    assert shape is not None and shape[0] < 0.2
+    even = [0.5 * i for i in range(400)]  # one every half second: as regular as the scale allows
+    assert _burstiness(_bins(even))[1][0] == 10.0
+
+
 def test_the_drawn_truths_spread_only_the_part_of_the_prompt_past_the_shared_prefix(tmp_path: Path) -> None:
     from bench.workload_rate import drawn_truths
 

@@ -369,3 +369,33 @@ def test_the_burstiness_interval_is_a_chi_square_interval_on_the_dispersion():
     b = w.inferred["burstiness"]
     assert b.low == pytest.approx(1 / 6.173, rel=0.03) and b.high == pytest.approx(1 / 0.876, rel=0.03)
     assert b.low <= w.burstiness <= b.high
+
+
+def test_each_interval_counts_its_arrivals_as_finishes_plus_the_change_in_flight():
+    """A server that queued a burst: 12 arrived in the first 5 s, 3 of them finished there and 9 were still running
+    or waiting at its end; 6 finished in the next and 3 more arrived (9 - 6 + 3 = 6 in flight after it). The
+    finishes per interval (3, 6) are not the arrivals (12, 3); the arrivals sum to the offered load."""
+    from tuner.signals.load import profile
+
+    e = EngineWindow(
+        engine="0",
+        model_name="m",
+        series={
+            ("vllm:request_success_total", (("finished_reason", "stop"),)): ((0, 0.0), (5 * S, 3.0), (10 * S, 9.0)),
+            ("vllm:generation_tokens_total", ()): ((0, 0.0), (5 * S, 50.0), (10 * S, 120.0)),
+            ("vllm:num_requests_running", ()): ((0, 0.0), (5 * S, 4.0), (10 * S, 4.0)),
+            ("vllm:num_requests_waiting", ()): ((0, 0.0), (5 * S, 5.0), (10 * S, 2.0)),
+        },
+        hists={},
+    )
+    p = profile(TargetWindow("t", "vllm", 0, 10 * S, (e,), None))
+    assert [iv.finished for iv in p.intervals] == [3.0, 6.0]
+    assert [iv.arrived for iv in p.intervals] == [12.0, 3.0]
+    assert math.fsum(iv.arrived for iv in p.intervals) / 10 == pytest.approx(p.offered_rps)
+    # llama-server counts no requests: its intervals say nothing of arrivals, whatever its gauges did
+    llama_series = {
+        ("llamacpp:tokens_predicted_total", ()): ((0, 0.0), (5 * S, 50.0), (10 * S, 120.0)),
+        ("llamacpp:requests_processing", ()): ((0, 0.0), (5 * S, 4.0), (10 * S, 4.0)),
+    }
+    llama = profile(TargetWindow("t", "llamacpp", 0, 10 * S, (EngineWindow("0", "m", llama_series, {}),), None))
+    assert len(llama.intervals) == 2 and all(iv.arrived is None for iv in llama.intervals)

@@ -62,6 +62,9 @@ class Interval:
     finished: float  # requests (vLLM); 0 for llama-server
     generated: float  # tokens
     busy: bool  # something ran, waited or finished in it
+    # requests that arrived in it (vLLM): finished + the change in running + waiting between its two scrapes, the
+    # offered load's count per interval; None where the server counts no requests
+    arrived: float | None = None
 
 
 @dataclass(frozen=True)
@@ -284,8 +287,15 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
     finished_d = increases("finished")
     running, waiting = series("running"), series("waiting")
     in_flight = [r + w for r, w in zip(running, waiting)]
+    counts = backend(window.backend).counts_requests
     intervals = tuple(
-        Interval((b - a) / 1000, f, g, bool(f or g or in_flight[i] or in_flight[i + 1]))
+        Interval(
+            (b - a) / 1000,
+            f,
+            g,
+            bool(f or g or in_flight[i] or in_flight[i + 1]),
+            max(0.0, f + in_flight[i + 1] - in_flight[i]) if counts else None,
+        )
         for i, (a, b, f, g) in enumerate(zip(stamps, stamps[1:], finished_d, gen_d))
     )
     busy = [iv for iv in intervals if iv.busy]
@@ -293,7 +303,7 @@ def profile(window: TargetWindow, *, slo: Slo | None = None) -> LoadProfile | No
     gen_total = math.fsum(gen_d)
     waiting_share = sum(1 for w in waiting if w > 0) / len(waiting)
 
-    if not backend(window.backend).counts_requests:
+    if not counts:
         gen_seconds = math.fsum(increases("gen_seconds"))
         return LoadProfile(
             backend=window.backend,
