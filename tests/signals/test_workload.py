@@ -399,3 +399,19 @@ def test_each_interval_counts_its_arrivals_as_finishes_plus_the_change_in_flight
     }
     llama = profile(TargetWindow("t", "llamacpp", 0, 10 * S, (EngineWindow("0", "m", llama_series, {}),), None))
     assert len(llama.intervals) == 2 and all(iv.arrived is None for iv in llama.intervals)
+
+
+def test_hits_of_less_than_a_block_a_prompt_are_no_prefix_every_prompt_shares():
+    """Read from real stores (bench/corpus-drawn8): three shapes sent with no shared prefix hit 0.6-7% of their
+    prompt tokens in vLLM's cache (128-token blocks), 2-33 tokens a prompt: vLLM's random dataset starts each prompt
+    at a random token of the tiny model's 4,096, so some prompts begin alike. A prefix every prompt shares hits a
+    whole block each or none; none hits 25 tokens a prompt. Replayed as no prefix, with the block's bound."""
+    w = from_window(_window(hits=100, config={"block_size": "128"}))  # 25 of each 100-token prompt hit
+    assert w.prefix_hit_ratio == pytest.approx(0.25)  # the hits themselves, as measured
+    assert w.prefix_len == 0
+    b = w.inferred["prefix_len"]
+    assert (b.low, b.high) == (0, 99)  # up to the prompt (a block would be 127)
+    assert "less than one block of 128" in b.note and "Replayed as none" in b.note
+    # a whole block a prompt is a prefix every prompt shares, as before
+    whole = from_window(_window(hits=100, config={"block_size": "16"}))
+    assert whole.prefix_len == 25

@@ -19,7 +19,9 @@ From one stored window of a vLLM target (its request histograms and counters, th
                           as they arrive: then 1 (Poisson), since finishes say nothing of the arrivals
   prefix_hit_ratio        prefix-cache hits / queries (tokens)
   prefix_len              shared prompt prefix the replay should carry: prefix_hit_ratio x input_len (hits come in
-                          whole KV blocks: a prefix every prompt shares is up to a block longer)
+                          whole KV blocks: a prefix every prompt shares is up to a block longer); 0 where that is
+                          less than one block (no prefix every prompt shares hits that little: some prompts shared
+                          blocks with others)
   max_prompt_tokens, max_output_tokens   the longest prompt and output seen: the upper bound of the highest
                           bucket used (the histograms hold nothing finer)
   max_request_tokens      prompt + output of the longest request: their sum, capped at the max-model-len in force
@@ -397,6 +399,20 @@ def from_window(window: TargetWindow, *, max_model_len: int | None = None, limit
                 low=prefix_len,
                 note=f"{said}; hits come in whole KV blocks of a size the server did not report, so a prefix every "
                 "prompt shares is at least this long and may be up to a block longer",
+            )
+        elif 0 < prefix_len < block:
+            # fewer hits a prompt than one block: a prefix every prompt shares hits a whole block each or nothing, so
+            # none explains them; some prompts shared whole blocks with others (vLLM's random dataset starts each
+            # prompt at a random token of the vocabulary: on the tiny model's 4,096, tens of a few hundred prompts
+            # begin alike). A shared prefix shorter than a block hits nothing: replayed as none, which hits as often
+            prefix_len = 0
+            inferred["prefix_len"] = Inferred(
+                low=0,
+                high=min(input_len - 1, block - 1),
+                note=f"prefix-cache hits / queries = {hit_ratio:g} of the prompt tokens (exact), "
+                f"{hit_ratio * input_len:.0f} tokens a prompt: less than one block of {block}, which a prefix every "
+                "prompt shares would hit whole (or not at all); some prompts shared whole blocks with others, not "
+                "one prefix with all of them. Replayed as none (a shared prefix shorter than a block hits nothing)",
             )
         else:
             high = max(prefix_len, min(input_len - 1, prefix_len + block - 1))
