@@ -1,0 +1,139 @@
+"""Where the demo's clients run, and how many requests reach the engine: a pilot for the apply stall
+(bench/results/2026-11-30-0058-demo-diagnosis.md).
+
+One managed vLLM CPU (the demo's: tiny model, --max-num-seqs 4) under `tuner run`, and the demo's own steady load
+(16 clients, 512-token answers, tuner/lab/demo.py) in turns: arm A as the demo starts it, arm B with the load
+process placed on the cores the server's worker is not pinned to (as a trial's benchmark client is placed,
+tuner/tune/cores.py). Each arm: 75 s of load, then the store's last 60 s read as an apply's baseline reads it
+(tuner/signals/load.py `profile`): requests at the engine (Little's law), offered rate, time queued. One JSON line an
+arm.
+
+    python bench/demo_placement.py WORKDIR [--arms ABAB]
+
+Needs TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (scripts/setup-real-servers.sh prints them)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tuner.apply.launch import free_port  # noqa: E402
+from tuner.config import load_config  # noqa: E402
+from tuner.lab import demo  # noqa: E402
+from tuner.lab.proc import stop  # noqa: E402
+from tuner.signals.load import profile  # noqa: E402
+from tuner.store.db import open_engine  # noqa: E402
+from tuner.store.store import Store  # noqa: E402
+
+LOAD_S, WINDOW_S, PAUSE_S = 75, 60, 15
+
+
+def _config(work: Path, url: str, own: int) -> Path:
+    cfg = work / "tuner.yaml"
+    cfg.write_text(
+        f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\nlisten: 127.0.0.1:{own}\n"
+        "defaults: {scrape_interval: 5s, scrape_timeout: 5s, signal_window: 1m}\ngpu: {source: nvml}\ntargets:\n"
+        f"  - name: {demo.MODEL_NAME}\n    backend: vllm\n    url: {url}\n"
+        "    slo: {ttft_p99: 2s, e2e_p99: 10s, objective: 0.95}\n"
+        f"    managed:\n      model: {os.environ['TUNER_TINY_MODEL']}\n"
+        f"      executable: {os.environ['TUNER_VLLM_PYTHON']}\n"
+        "      flags: {max_num_seqs: 4, max_model_len: 1024}\n      extra_args: {enforce-eager: true}\n"
+        f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{work / 'vllm-cache'}'}}\n"
+    )
+    return cfg
+
+
+def _worker_cpus() -> set[int] | None:
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                if Path(f"/proc/{p}/comm").read_text().strip() == "VLLM::Worker":
+                    return os.sched_getaffinity(int(p))
+            except OSError:
+                pass
+    return None
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("workdir", type=Path)
+    ap.add_argument("--arms", default="ABAB", help="the arms in the order run (A: as the demo; B: placed)")
+    args = ap.parse_args()
+    if set(args.arms) - {"A", "B"}:
+        ap.error(f"--arms {args.arms!r}: only A and B")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    port, own = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    cfg = _config(args.workdir, url, own)
+    demo._tuner(cfg, "db", "upgrade")
+    with open(args.workdir / "tuner.log", "w") as log:
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "tuner.cli", "--config", str(cfg), "--log-level", "WARNING", "run"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        t0 = time.monotonic()
+        while not demo._healthy(url):
+            if daemon.poll() is not None or time.monotonic() - t0 > 600:
+                print(f"vLLM did not come up: see {args.workdir}", file=sys.stderr)
+                return 7
+            time.sleep(1)
+        time.sleep(PAUSE_S)
+        loaded = load_config(cfg)
+        store, target = Store(open_engine(loaded.store.url)), loaded.targets[0]
+        for arm in args.arms:
+            worker = _worker_cpus()
+            load = demo._load_process(url, 0, 16, max_tokens=512, steady=True)
+            placed = sorted(set(range(os.cpu_count() or 1)) - worker) if arm == "B" and worker else None
+            if placed:
+                os.sched_setaffinity(load.pid, placed)  # before it starts its client threads, which inherit it
+            time.sleep(LOAD_S)
+            now = time.time()
+            prof = profile(store.window(target.name, now - WINDOW_S, now), slo=target.slo)
+            cpu = _cpu_s(load.pid)
+            load.send_signal(signal.SIGUSR1)
+            out, _ = load.communicate(timeout=600)
+            print(
+                json.dumps(
+                    {
+                        "arm": arm,
+                        "at": time.strftime("%H:%M:%S"),
+                        "worker_cpus": sorted(worker or ()),
+                        "clients_on": placed,
+                        "mean_in_flight": prof.mean_in_flight if prof else None,
+                        "offered_rps": prof.offered_rps if prof else None,
+                        "queue_time_share": prof.queue_time_share if prof else None,
+                        "samples": prof.samples if prof else None,
+                        "clients_cpu_s": cpu,
+                        "clients": out.strip().splitlines()[-1]
+                        if out.strip()
+                        else None,  # ok, failed, retried, P50, P99
+                        "loadavg": Path("/proc/loadavg").read_text().split()[:3],
+                    }
+                ),
+                flush=True,
+            )
+            time.sleep(PAUSE_S)
+    finally:
+        stop(daemon, 15)
+        print(demo._tuner(cfg, "managed", "stop", timeout=120).stdout.strip())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
