@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tuner import procfs  # noqa: E402
 from tuner.apply.launch import free_port  # noqa: E402
 from tuner.config import load_config  # noqa: E402
 from tuner.lab import demo  # noqa: E402
@@ -53,19 +54,15 @@ def _config(work: Path, url: str, own: int) -> Path:
 
 
 def _worker_cpus() -> set[int] | None:
-    for p in os.listdir("/proc"):
-        if p.isdigit():
+    """The CPUs the (one) vLLM CPU worker on this host may run on; None where none runs."""
+    for pid in procfs.pids():
+        st = procfs.stat(pid)
+        if st is not None and st.comm == "VLLM::Worker":
             try:
-                if Path(f"/proc/{p}/comm").read_text().strip() == "VLLM::Worker":
-                    return os.sched_getaffinity(int(p))
-            except OSError:
+                return os.sched_getaffinity(pid)
+            except OSError:  # it ended meanwhile
                 pass
     return None
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:
@@ -105,7 +102,8 @@ def main() -> int:
             time.sleep(LOAD_S)
             now = time.time()
             prof = profile(store.window(target.name, now - WINDOW_S, now), slo=target.slo)
-            cpu = _cpu_s(load.pid)
+            st = procfs.stat(load.pid)
+            cpu = st.cpu_ticks / procfs.CLK_TCK if st is not None else None
             load.send_signal(signal.SIGUSR1)
             out, _ = load.communicate(timeout=600)
             print(
