@@ -1,7 +1,8 @@
 """Where the demo's clients run, and how many requests reach the engine: a pilot for the apply stall
 (bench/results/2026-11-30-0058-demo-diagnosis.md).
 
-One managed vLLM CPU (the demo's: tiny model, --max-num-seqs 4) under `tuner run`, and the demo's own steady load
+One managed vLLM CPU under `tuner run`, configured as the demo configures it (tuner/lab/demo.py `demo_config`: tiny
+model, --max-num-seqs 4), and the demo's own steady load
 (16 clients, 512-token answers, tuner/lab/demo.py) in turns: arm A as the demo starts it, arm B with the load
 process placed on the cores the server's worker is not pinned to (as a trial's benchmark client is placed,
 tuner/tune/cores.py). Each arm: 75 s of load, then the store's last 60 s read as an apply's baseline reads it
@@ -38,21 +39,6 @@ from tuner.store.store import Store  # noqa: E402
 LOAD_S, WINDOW_S, PAUSE_S = 75, 60, 15
 
 
-def _config(work: Path, url: str, own: int) -> Path:
-    cfg = work / "tuner.yaml"
-    cfg.write_text(
-        f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\nlisten: 127.0.0.1:{own}\n"
-        "defaults: {scrape_interval: 5s, scrape_timeout: 5s, signal_window: 1m}\ngpu: {source: nvml}\ntargets:\n"
-        f"  - name: {demo.MODEL_NAME}\n    backend: vllm\n    url: {url}\n"
-        "    slo: {ttft_p99: 2s, e2e_p99: 10s, objective: 0.95}\n"
-        f"    managed:\n      model: {os.environ['TUNER_TINY_MODEL']}\n"
-        f"      executable: {os.environ['TUNER_VLLM_PYTHON']}\n"
-        "      flags: {max_num_seqs: 4, max_model_len: 1024}\n      extra_args: {enforce-eager: true}\n"
-        f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{work / 'vllm-cache'}'}}\n"
-    )
-    return cfg
-
-
 def _worker_cpus() -> set[int] | None:
     """The CPUs the (one) vLLM CPU worker on this host may run on; None where none runs."""
     for pid in procfs.pids():
@@ -75,7 +61,12 @@ def main() -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     port, own = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
-    cfg = _config(args.workdir, url, own)
+    cfg = args.workdir / "tuner.yaml"
+    cfg.write_text(
+        demo.demo_config(
+            args.workdir, url, own, vllm_python=os.environ["TUNER_VLLM_PYTHON"], model=os.environ["TUNER_TINY_MODEL"]
+        )
+    )
     demo._tuner(cfg, "db", "upgrade")
     with open(args.workdir / "tuner.log", "w") as log:
         daemon = subprocess.Popen(

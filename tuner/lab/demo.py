@@ -98,12 +98,10 @@ def _finish_load(proc: subprocess.Popen[str]) -> None:
     )
 
 
-def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float = 1.0) -> int:
-    workdir.mkdir(parents=True, exist_ok=True)
-    port, own_port = free_port(), free_port()
-    url = f"http://127.0.0.1:{port}"
-    config = workdir / "tuner.yaml"
-    config.write_text(
+def demo_config(workdir: Path, url: str, own_port: int, *, vllm_python: str, model: str) -> str:
+    """The demo's tuner.yaml: a store in ``workdir``, tuner's own endpoint on ``own_port``, and one managed vLLM (the
+    tiny model, --max-num-seqs 4) served at ``url`` (bench/demo_placement.py runs the same server)."""
+    return (
         "# written by `tuner demo`\n"
         f"store: {{url: 'sqlite:///{workdir / 'tuner.db'}'}}\n"
         f"listen: 127.0.0.1:{own_port}\n"
@@ -121,6 +119,14 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         "      drain_timeout: 30s\n"
         f"    apply: {{baseline: {BASELINE_S}s, observe: 30s, observe_max: 90s, min_requests: 5}}\n"
     )
+
+
+def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float = 1.0) -> int:
+    workdir.mkdir(parents=True, exist_ok=True)
+    port, own_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    config = workdir / "tuner.yaml"
+    config.write_text(demo_config(workdir, url, own_port, vllm_python=vllm_python, model=model))
     _say(f"config {config}")
     print(config.read_text(), end="")
     _say("tuner db upgrade")
