@@ -77,3 +77,32 @@ def test_a_thread_reads_under_its_process():
 def test_a_line_that_is_not_a_stat_line_is_refused():
     with pytest.raises(ValueError, match="not a /proc stat line"):
         procfs.parse_stat("1 (x) R 0")
+
+
+_BY_SESSION = procfs.autogroup_nice(os.getpid()) is not None  # the kernel schedules by session here
+
+
+@pytest.mark.skipif(not _BY_SESSION, reason="the kernel does not schedule by session (autogroup) here")
+def test_a_sessions_autogroup_level_is_set_for_that_session_only():
+    mine = procfs.autogroup_nice(os.getpid())
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        assert procfs.autogroup_nice(child.pid) == 0  # a new session starts a new autogroup, at 0
+        assert procfs.set_autogroup_nice(child.pid, 7) == 7
+        with open(f"/proc/{child.pid}/autogroup") as f:  # the kernel's own line says so
+            assert f.read().rstrip().endswith("nice 7")
+        assert procfs.autogroup_nice(os.getpid()) == mine  # this session's untouched
+    finally:
+        child.communicate(b"")
+    assert procfs.autogroup_nice(child.pid) is None and procfs.set_autogroup_nice(child.pid, 7) is None  # gone
+
+
+def test_no_autogroup_reads_as_none(tmp_path, monkeypatch):
+    off = tmp_path / "sched_autogroup_enabled"
+    off.write_text("0\n")
+    monkeypatch.setattr(procfs, "_AUTOGROUP_ENABLED", off)  # kernel.sched_autogroup_enabled=0, as on some hosts
+    assert procfs.autogroup_nice(os.getpid()) is None and procfs.set_autogroup_nice(os.getpid(), 5) is None
+    monkeypatch.setattr(procfs, "_AUTOGROUP_ENABLED", tmp_path / "absent")  # a kernel built without autogroups
+    assert procfs.autogroup_nice(os.getpid()) is None

@@ -229,7 +229,8 @@ class Managed(_Model):
     # CPU priority (0-19, like nice(1)): on a small CPU-only host a niced server leaves tuner's scrapes on time.
     nice: int = Field(0, ge=0, le=19)
     # vLLM on a CPU host: how many nice levels below the rest of the server its engine core runs, so that its
-    # busy-wait on the worker gives way to the API server and the clients (tuner/apply/managed.py,
+    # busy-wait on the worker gives way to the API server and the clients, and, where the kernel schedules by session
+    # (autogroup), the level of the server's session against other sessions (tuner/apply/managed.py,
     # yield_engine_core); 0: as vLLM starts it. No effect where no worker is pinned to its cores (a GPU host).
     engine_core_nice: int = Field(10, ge=0, le=19)
     # Restart the server once its engine has been stalled this long (requests in flight and nothing generated or

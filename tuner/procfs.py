@@ -1,5 +1,5 @@
-"""Linux's /proc, read one way: a process's or a thread's stat line with the fields tuner uses named (proc(5)), and
-the processes there are.
+"""Linux's /proc, read one way: a process's or a thread's stat line with the fields tuner uses named (proc(5)), the
+processes there are, and the nice level of a session's autogroup (read and set).
 
 The command name sits in parentheses and may itself hold spaces and parentheses (a thread named ``a) b``), so the
 fields are split after the last ``)``, never on the first space. A process that is gone between listing and reading
@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Stat", "CLK_TCK", "parse_stat", "stat", "pids"]
+__all__ = ["Stat", "CLK_TCK", "parse_stat", "stat", "pids", "autogroup_nice", "set_autogroup_nice"]
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")  # the unit of utime, stime and starttime
 
@@ -78,3 +78,34 @@ def stat(pid: int | str, tid: int | str | None = None) -> Stat | None:
 def pids() -> list[int]:
     """The processes /proc lists now (threads are under each one's task/)."""
     return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+
+
+_AUTOGROUP_ENABLED = Path("/proc/sys/kernel/sched_autogroup_enabled")
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The nice level of the autogroup ``pid``'s session is in; None where the kernel does not schedule by session
+    (no autogroups, or ``kernel.sched_autogroup_enabled=0``) or ``pid`` is gone.
+
+    Where it does, each session's processes share one CPU weight against other sessions', set by this level (0 by
+    default; sched(7), "The autogroup feature"); a process's own nice orders it only within its session."""
+    try:
+        if _AUTOGROUP_ENABLED.read_text().strip() != "1":
+            return None
+        line = Path(f"/proc/{pid}/autogroup").read_text()  # "/autogroup-25 nice 0"
+        return int(line.split("nice")[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def set_autogroup_nice(pid: int, nice: int) -> int | None:
+    """Set the nice level of ``pid``'s session's autogroup (every process of the session shares it); the level it now
+    has, None where the kernel does not schedule by session, ``pid`` is gone, or it may not be set (lowering a
+    level needs privilege)."""
+    if autogroup_nice(pid) is None:
+        return None
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:
+        return None
+    return autogroup_nice(pid)

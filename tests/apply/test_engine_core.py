@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tuner import procfs
 from tuner.apply import managed as mg
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a pinned worker needs 2 CPUs")
@@ -30,8 +31,16 @@ time.sleep(600)
 """
 
 
-def _server(tmp_path: Path, worker: str, nice: int = 0) -> tuple[mg.Running, int, int]:
-    r = mg.start_server([sys.executable, "-c", _SERVER, worker], dict(os.environ), tmp_path / "server.log", nice=nice)
+def _server(
+    tmp_path: Path, worker: str, nice: int = 0, *, die_with_parent: bool = False
+) -> tuple[mg.Running, int, int]:
+    r = mg.start_server(
+        [sys.executable, "-c", _SERVER, worker],
+        dict(os.environ),
+        tmp_path / "server.log",
+        nice=nice,
+        die_with_parent=die_with_parent,
+    )
     deadline = time.monotonic() + 120  # a niced stand-in on a busy host can wait long for a core
     while time.monotonic() < deadline:
         lines = [ln for ln in (tmp_path / "server.log").read_text().splitlines() if ln and not ln.startswith("=")]
@@ -58,8 +67,8 @@ def _thread_nices(pid: int) -> set[int]:
 def started(tmp_path):
     servers: list[mg.Running] = []
 
-    def start(worker: str, nice: int = 0) -> tuple[mg.Running, int, int]:
-        got = _server(tmp_path / str(len(servers)), worker, nice)
+    def start(worker: str, nice: int = 0, *, die_with_parent: bool = False) -> tuple[mg.Running, int, int]:
+        got = _server(tmp_path / str(len(servers)), worker, nice, die_with_parent=die_with_parent)
         servers.append(got[0])
         return got
 
@@ -79,6 +88,32 @@ def test_the_engine_core_alone_runs_lower_where_its_worker_is_pinned(started):
     assert mg.yield_engine_core(r, 10) == want and _thread_nices(core) == {want}  # set, not lowered again
 
 
+_BY_SESSION = procfs.autogroup_nice(os.getpid()) is not None  # the kernel schedules by session here
+
+
+@pytest.mark.skipif(not _BY_SESSION, reason="the kernel does not schedule by session (autogroup) here")
+def test_a_server_leading_its_own_session_yields_that_session_too(started):
+    mine = procfs.autogroup_nice(os.getpid())
+    r, core, worker = started("pinned")  # a managed server: a session of its own
+    want = min(19, _nice(r.pid) + 10)
+    assert procfs.autogroup_nice(r.pid) == 0 and r.session_nice is None
+    assert mg.yield_engine_core(r, 10) == want
+    assert r.session_nice == want and procfs.autogroup_nice(r.pid) == want  # the kernel's own line
+    assert procfs.autogroup_nice(core) == want == procfs.autogroup_nice(worker)  # one group: the whole session
+    assert mg.yield_note(r) == f"; engine core at nice {want}, its session at nice {want}"
+    assert procfs.autogroup_nice(os.getpid()) == mine  # tuner's own session as it was
+
+
+def test_a_trial_in_tuners_session_leaves_that_session_alone(started):
+    mine = procfs.autogroup_nice(os.getpid())
+    r, core, _ = started("pinned", die_with_parent=True)  # a trial server: in tuner's session, with its client
+    assert os.getsid(r.pid) == os.getsid(0)
+    want = min(19, _nice(r.pid) + 10)
+    assert mg.yield_engine_core(r, 10) == want and _thread_nices(core) == {want}
+    assert r.session_nice is None and mg.yield_note(r) == f"; engine core at nice {want}"
+    assert procfs.autogroup_nice(os.getpid()) == mine  # tuner (and the trial's client) not yielded with it
+
+
 @pytest.mark.skipif(os.geteuid() != 0 and os.getpriority(os.PRIO_PROCESS, 0) > 5, reason="cannot raise priority")
 def test_below_the_servers_own_priority(started):
     r, core, worker = started("pinned", nice=5)
@@ -92,6 +127,7 @@ def test_nothing_is_done_where_no_worker_is_pinned_or_it_is_turned_off(started):
     r, core, worker = started("free")  # a GPU host: vLLM binds no worker to cores
     base = _nice(r.pid)
     assert mg.yield_engine_core(r, 10) is None and _nice(core) == base and r.engine_core_nice is None
+    assert r.session_nice is None and procfs.autogroup_nice(r.pid) in (0, None) and mg.yield_note(r) == ""
     r2, core2, _ = started("pinned")
     assert mg.yield_engine_core(r2, 0) is None and _nice(core2) == base  # engine_core_nice: 0
 

@@ -384,7 +384,7 @@ def _launch(
     started = ctx.clock()
     try:
         mg.wait_healthy(server, shadow.url, t.managed.start_timeout.total_seconds())
-        yielded = mg.yield_engine_core(server, t.managed.engine_core_nice)  # as production's (tuner/apply/servers.py)
+        mg.yield_engine_core(server, t.managed.engine_core_nice)  # as production's (tuner/apply/servers.py)
     except ServerStartError as exc:
         error = mg.error_line(log)
         detail: dict[str, Any] = {"error": str(exc), "server_error": error, "log": str(log)}
@@ -404,7 +404,7 @@ def _launch(
             detail={"error": f"{type(exc).__name__}: {exc}"},
         )
         raise
-    ctx.say(f"  healthy after {ctx.clock() - started:.0f}s" + (f"; engine core at nice {yielded}" if yielded else ""))
+    ctx.say(f"  healthy after {ctx.clock() - started:.0f}s{mg.yield_note(server)}")
     return _Server(tid, server, shadow.url, log, started, placed)
 
 

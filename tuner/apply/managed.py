@@ -44,6 +44,7 @@ __all__ = [
     "stop_server",
     "wait_healthy",
     "yield_engine_core",
+    "yield_note",
     "health_gate",
     "error_line",
     "drain_llama",
@@ -152,6 +153,7 @@ class Running:
     log: Path
     proc: ServerProcess | None = None
     engine_core_nice: int | None = None  # set by yield_engine_core once healthy (None: left as it started)
+    session_nice: int | None = None  # its session's autogroup level, set with it (None: not set, or no autogroups)
 
     def alive(self) -> bool:
         if self.proc is not None:
@@ -306,8 +308,14 @@ def yield_engine_core(r: Running, delta: int) -> int | None:
     2 cores with 16 clients of 512 tokens against --max-num-seqs 4, three runs each: 2.08 -> 3.24 req/s, 5.7 -> 15.3
     requests at the engine on average; bench/results/2026-11-27-1908-engine-core.md). Under CFS autogroup a nice
     level orders the threads of one session: processes in other sessions (clients on the host, tuner's commands)
-    still share the CPU with the server's session as a whole (docs/cpu-hosts.md). Idempotent: the level is set, not
-    lowered again, from the server's own (its ``nice``)."""
+    still share the CPU with the server's session as a whole (docs/cpu-hosts.md), and the spinning session took
+    both cores from every other session: 16 clients in another session sat runnable for seconds without running and
+    kept 1-2 requests at the engine, tuner's own commands and daemon waited minutes. So where the server leads a
+    session of its own (a managed server; a trial shares tuner's, where its benchmark client runs) and the kernel
+    schedules by session, the session's autogroup runs at the same level: the clients then kept all 16 at the
+    engine and the server served 2.5-3x as much (bench/results/2026-11-30-0250-session-yield.md). A level yields
+    only under contention: an otherwise idle host's cores are still the server's. Idempotent: the level is set,
+    not lowered again, from the server's own (its ``nice``)."""
     if delta <= 0:
         return None
     pids = group_pids(r.pid)
@@ -336,7 +344,21 @@ def yield_engine_core(r: Running, delta: int) -> int | None:
     if not done:
         return None
     r.engine_core_nice = level
+    try:
+        leads = os.getsid(r.pid) == r.pid
+    except OSError:  # it ended meanwhile
+        leads = False
+    if leads:
+        r.session_nice = procfs.set_autogroup_nice(r.pid, level)
     return level
+
+
+def yield_note(r: Running) -> str:
+    """What yield_engine_core did to ``r``, as a journal step or a log line ends with it; "" where nothing."""
+    if r.engine_core_nice is None:
+        return ""
+    session = f", its session at nice {r.session_nice}" if r.session_nice is not None else ""
+    return f"; engine core at nice {r.engine_core_nice}{session}"
 
 
 def _json_or_text(body: bytes) -> Any:

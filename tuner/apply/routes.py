@@ -115,8 +115,7 @@ class Managed:
                 aid, ApplyStep.HEALTH_CHECK, f"pid {r.pid} started", state=ApplyState.HEALTH_CHECK
             ),
         )
-        yielded = f"; engine core at nice {r.engine_core_nice}" if r.engine_core_nice is not None else ""
-        ap.step(aid, ApplyStep.HEALTHY, f"/health 200 and one real request; pid {r.pid}{yielded}")
+        ap.step(aid, ApplyStep.HEALTHY, f"/health 200 and one real request; pid {r.pid}{mg.yield_note(r)}")
 
     def restore(self, ap: Steps, aid: int, p: Plan) -> bool:
         r = ap.running(p.target)

@@ -152,7 +152,11 @@ class Servers:
             raise
         self.say(
             f"{t.name}: healthy after {took:.1f}s ({gate}); pid {r.pid}"
-            + (f"; engine core at nice {yielded} (its busy-wait gives way to the API server)" if yielded else "")
+            + (
+                f"{mg.yield_note(r)} (its busy-wait gives way to the API server and to other sessions)"
+                if yielded
+                else ""
+            )
         )
         return r
 
