@@ -28,6 +28,7 @@ from tuner.apply.managed import group_pids, proc_argv
 from tuner.store import journal as jr
 from tuner.store import recommendations as recs
 from tuner.store.db import open_engine
+from tuner.store.store import Store
 
 
 class Managed:
@@ -46,6 +47,12 @@ class Managed:
             return requests.get(self.url + "/health", timeout=5, proxies={"http": ""}).ok
         except requests.RequestException:
             return False
+
+    def scraped(self) -> bool:
+        """Whether the daemon has stored a scrape of the server up: a load sent after it spans two scrapes at least,
+        so the apply's baseline sees its requests finish (a fast load before the first scrape it would not)."""
+        h = Store(self.engine).health("tiny")
+        return h is not None and h.health == "up"
 
     def cache_config(self) -> dict[str, str]:
         text = requests.get(self.url + "/metrics", timeout=10, proxies={"http": ""}).text
@@ -77,7 +84,7 @@ def managed_vllm(tmp_path_factory: pytest.TempPathFactory):
     tuner(m.cfg, "db", "upgrade")
     daemon = start_daemon(m.cfg, m.root / "run.log")
     try:
-        wait_for(lambda: m.pid() and m.healthy(), 300, "the daemon to start the managed vLLM")
+        wait_for(lambda: m.pid() and m.healthy() and m.scraped(), 300, "the daemon to start the managed vLLM, scraped")
         yield m
     finally:
         stop_daemon(daemon)
