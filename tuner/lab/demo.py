@@ -56,7 +56,9 @@ def _show(config: Path, *args: str, timeout: float = 120) -> subprocess.Complete
     return proc
 
 
-def _load_process(url: str, n: int, conc: int, max_tokens: int = 256, *, steady: bool = False) -> subprocess.Popen[str]:
+def _load_process(
+    url: str, n: int, conc: int, max_tokens: int = 256, *, steady: bool = False, own_session: bool = False
+) -> subprocess.Popen[str]:
     """The load generator in a process of its own, as clients are: it never competes with tuner for a lock.
 
     ``steady``: it keeps ``conc`` requests in flight (a closed loop, ``n`` ignored) until it gets SIGUSR1 (at most
@@ -81,6 +83,7 @@ def _load_process(url: str, n: int, conc: int, max_tokens: int = 256, *, steady:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=own_session,
     )
 
 
