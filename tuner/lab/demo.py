@@ -155,8 +155,9 @@ def run_demo(*, vllm_python: str, model: str, workdir: Path, load_scale: float =
         time.sleep(3)
         _show(config, "status", "--window", "1m")
 
-        # Long answers (256 tokens) keep each phase going across many 5 s scrapes. The heavy phase queues for
-        # ~25 s: on 2 cores a loaded vLLM can miss a scrape's deadline, and several scrapes must see the queue.
+        # Long answers (256 tokens) keep each phase going across several 5 s scrapes: on 2 cores a loaded vLLM can
+        # miss a scrape's deadline, and more than one scrape must see the queue (the heavy phase: 128 requests in
+        # about 10 s, each queued up to ~2 s; ~25 s while the server's session starved its clients, before it yielded).
         for phase, n, conc in (
             ("light load: 12 requests, 2 at a time", 12, 2),
             ("heavy load: 128 requests, 16 at a time (max-num-seqs is 4)", 128, 16),
