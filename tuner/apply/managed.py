@@ -310,10 +310,10 @@ def yield_engine_core(r: Running, delta: int) -> int | None:
     level orders the threads of one session: processes in other sessions (clients on the host, tuner's commands)
     still share the CPU with the server's session as a whole (docs/cpu-hosts.md), and the spinning session took
     both cores from every other session: 16 clients in another session sat runnable for seconds without running and
-    kept 1-2 requests at the engine, tuner's own commands and daemon waited minutes. So where the server leads a
-    session of its own (a managed server; a trial shares tuner's, where its benchmark client runs) and the kernel
-    schedules by session, the session's autogroup runs at the same level: the clients then kept all 16 at the
-    engine and the server served 2.5-3x as much (bench/results/2026-11-30-0250-session-yield.md). A level yields
+    kept 1-11 of their 16 requests at the engine (4.4 on average), an apply's command waited minutes to run. So where
+    the server leads a session of its own (a managed server; a trial shares tuner's, where its benchmark client runs)
+    and the kernel schedules by session, the session's autogroup runs at the same level: the clients then kept all
+    16 at the engine and the server served 2.1x as much (bench/results/2026-11-30-0250-session-yield.md). A level yields
     only under contention: an otherwise idle host's cores are still the server's. Idempotent: the level is set,
     not lowered again, from the server's own (its ``nice``)."""
     if delta <= 0:

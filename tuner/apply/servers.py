@@ -153,7 +153,8 @@ class Servers:
         self.say(
             f"{t.name}: healthy after {took:.1f}s ({gate}); pid {r.pid}"
             + (
-                f"{mg.yield_note(r)} (its busy-wait gives way to the API server and to other sessions)"
+                f"{mg.yield_note(r)} (its busy-wait gives way to the API server"
+                + (" and to other sessions)" if r.session_nice is not None else ")")
                 if yielded
                 else ""
             )
