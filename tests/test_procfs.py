@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -79,12 +80,9 @@ def test_a_line_that_is_not_a_stat_line_is_refused():
         procfs.parse_stat("1 (x) R 0")
 
 
-_BY_SESSION = procfs.autogroup_nice(os.getpid()) is not None  # the kernel schedules by session here
-
-
-@pytest.mark.skipif(not _BY_SESSION, reason="the kernel does not schedule by session (autogroup) here")
+@pytest.mark.skipif(not procfs.schedules_by_session(), reason="the kernel does not schedule by session here")
 def test_a_sessions_autogroup_level_is_set_for_that_session_only():
-    mine = procfs.autogroup_nice(os.getpid())
+    mine = procfs.autogroup_nice(os.getpid())  # None where this runs in a session with no autogroup (CI's may)
     child = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, start_new_session=True
     )
@@ -99,10 +97,33 @@ def test_a_sessions_autogroup_level_is_set_for_that_session_only():
     assert procfs.autogroup_nice(child.pid) is None and procfs.set_autogroup_nice(child.pid, 7) is None  # gone
 
 
+def _sessionless() -> int | None:
+    """A live process in the session the kernel started with (session 0: PID 1's, where PID 1 never left it, and
+    the kernel's own threads'), which has no autogroup of its own; None where this host shows none."""
+    for pid in procfs.pids():
+        try:
+            if os.getsid(pid) == 0:
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.skipif(not procfs.schedules_by_session(), reason="the kernel does not schedule by session here")
+def test_a_session_without_an_autogroup_of_its_own_reads_as_none():
+    pid = _sessionless()
+    if pid is None:
+        pytest.skip("no process of session 0 is visible here")
+    assert Path(f"/proc/{pid}/autogroup").read_text() == ""  # the kernel prints nothing for it ...
+    assert procfs.autogroup_nice(pid) is None and procfs.set_autogroup_nice(pid, 5) is None  # ... and it is not set
+    assert Path(f"/proc/{pid}/autogroup").read_text() == ""
+
+
 def test_no_autogroup_reads_as_none(tmp_path, monkeypatch):
     off = tmp_path / "sched_autogroup_enabled"
     off.write_text("0\n")
     monkeypatch.setattr(procfs, "_AUTOGROUP_ENABLED", off)  # kernel.sched_autogroup_enabled=0, as on some hosts
+    assert not procfs.schedules_by_session()
     assert procfs.autogroup_nice(os.getpid()) is None and procfs.set_autogroup_nice(os.getpid(), 5) is None
     monkeypatch.setattr(procfs, "_AUTOGROUP_ENABLED", tmp_path / "absent")  # a kernel built without autogroups
-    assert procfs.autogroup_nice(os.getpid()) is None
+    assert not procfs.schedules_by_session() and procfs.autogroup_nice(os.getpid()) is None

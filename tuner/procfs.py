@@ -12,7 +12,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Stat", "CLK_TCK", "parse_stat", "stat", "pids", "autogroup_nice", "set_autogroup_nice"]
+__all__ = [
+    "Stat",
+    "CLK_TCK",
+    "parse_stat",
+    "stat",
+    "pids",
+    "schedules_by_session",
+    "autogroup_nice",
+    "set_autogroup_nice",
+]
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")  # the unit of utime, stime and starttime
 
@@ -83,16 +92,28 @@ def pids() -> list[int]:
 _AUTOGROUP_ENABLED = Path("/proc/sys/kernel/sched_autogroup_enabled")
 
 
-def autogroup_nice(pid: int) -> int | None:
-    """The nice level of the autogroup ``pid``'s session is in; None where the kernel does not schedule by session
-    (no autogroups, or ``kernel.sched_autogroup_enabled=0``) or ``pid`` is gone.
+def schedules_by_session() -> bool:
+    """Whether the kernel schedules by session: it has autogroups and ``kernel.sched_autogroup_enabled`` is 1.
 
-    Where it does, each session's processes share one CPU weight against other sessions', set by this level (0 by
-    default; sched(7), "The autogroup feature"); a process's own nice orders it only within its session."""
+    Where it does, each session that ``setsid`` started shares one CPU weight against the other sessions', set by
+    its autogroup's nice level (0 by default; sched(7), "The autogroup feature"); a process's own nice orders it only
+    within its session."""
     try:
-        if _AUTOGROUP_ENABLED.read_text().strip() != "1":
-            return None
-        line = Path(f"/proc/{pid}/autogroup").read_text()  # "/autogroup-25 nice 0"
+        return _AUTOGROUP_ENABLED.read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The nice level of the autogroup ``pid``'s session is in; None where the kernel does not schedule by session,
+    ``pid`` is gone, or its session has no autogroup of its own.
+
+    The last is the session of PID 1 and of whatever it starts without ``setsid`` (a CI runner's job may be one):
+    the kernel prints nothing for it, and schedules each of its processes against every session as if alone."""
+    if not schedules_by_session():
+        return None
+    try:
+        line = Path(f"/proc/{pid}/autogroup").read_text()  # "/autogroup-25 nice 0", or "" (no autogroup of its own)
         return int(line.split("nice")[1])
     except (OSError, ValueError, IndexError):
         return None

@@ -151,7 +151,7 @@ def test_recommend_apply_and_see_it_in_cache_config_info(managed_vllm):
     base = os.getpriority(os.PRIO_PROCESS, 0)  # the server inherits this test's (managed.nice is 0)
     yielded = min(19, base + 10)
     # Where the kernel schedules by session, the server's session yields as much to other sessions (its autogroup).
-    by_session = procfs.autogroup_nice(os.getpid()) is not None
+    by_session = procfs.schedules_by_session()  # the server leads a session of its own: it has an autogroup
     session = f", its session at nice {yielded}" if by_session else ""
     healthy = next(s["detail"] for s in a["steps"] if s["step"] == "healthy")
     assert healthy.endswith(f"; engine core at nice {yielded}{session}"), healthy

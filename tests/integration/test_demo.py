@@ -175,7 +175,7 @@ def check_apply(out: str, a: dict, seqs: int) -> str:
     # the new server's engine core yields to its API server on this CPU host (docs/cpu-hosts.md)
     healthy = next(s["detail"] for s in a["steps"] if s["step"] == "healthy")
     yielded = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
-    session = f", its session at nice {yielded}" if procfs.autogroup_nice(os.getpid()) is not None else ""
+    session = f", its session at nice {yielded}" if procfs.schedules_by_session() else ""  # a session of its own
     assert healthy.endswith(f"; engine core at nice {yielded}{session}"), healthy
     verdict = re.search(r"^\[apply #\d+\] verdict: (kept|rolled_back|inconclusive): (.+)$", out, re.M)
     assert verdict, out[-4000:]
