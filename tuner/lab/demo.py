@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from tuner.apply.launch import free_port
 from tuner.collect import http
 from tuner.config import load_config
@@ -27,6 +29,7 @@ from tuner.lab.proc import stop
 from tuner.names import VLLM_REQUEST_SUCCESS_TOTAL
 from tuner.signals.load import SATURATED_QUEUE_TIME_SHARE, profile
 from tuner.store.db import open_engine
+from tuner.store.journal import ApplyOutcome
 from tuner.store.store import Store
 
 __all__ = ["run_demo"]
@@ -358,10 +361,30 @@ def _own_metrics(url: str, *, applied: bool, limit_s: float) -> str:
         except ScrapeError:
             body = ""
         up = f'tuner_target_up{{target="{MODEL_NAME}"}} 1.0' in body
-        counted = not applied or "tuner_applies_total{" in body
-        if (up and counted) or time.monotonic() >= deadline:
+        if (up and (not applied or _applies_counted(body) >= 1)) or time.monotonic() >= deadline:
             return body
         time.sleep(1)
+
+
+def _applies_counted(body: str) -> int:
+    """The demo target's finished applies that tuner's /metrics counts, by any outcome an apply ends with. The
+    family is exported at 0 for every outcome from the start, and a tuning run counts as ``unchanged``: neither is
+    the demo's apply."""
+    applied = {o.value for o in ApplyOutcome} - {ApplyOutcome.UNCHANGED.value}
+    try:
+        families = list(text_string_to_metric_families(body))
+    except ValueError:  # a body cut short
+        return 0
+    return int(
+        sum(
+            s.value
+            for f in families
+            for s in f.samples
+            if s.name == "tuner_applies_total"
+            and s.labels.get("target") == MODEL_NAME
+            and s.labels.get("outcome") in applied
+        )
+    )
 
 
 def _healthy(url: str) -> bool:
