@@ -77,7 +77,7 @@ def test_a_loss_in_turns_of_another_candidate_says_nothing_of_the_proposal(tmp_p
 def test_the_demo_waits_for_its_apply_to_be_counted_not_for_the_family_exported_at_zero():
     """What the demo waits for before it shows tuner's /metrics (tuner/lab/demo.py, _own_metrics): its apply counted.
     The bodies are tuner's own exporter's (TunerCollector), before and after the apply-status job counts it: the
-    family is there at 0 from the start, and the demo's tuning run counts as ``unchanged``, not as its apply."""
+    family is there at 0 from the start, and a tuning run on the target counts as ``unchanged``, not as an apply."""
     from prometheus_client import CollectorRegistry, generate_latest
 
     from tuner.config import parse_config
@@ -92,7 +92,7 @@ def test_the_demo_waits_for_its_apply_to_be_counted_not_for_the_family_exported_
         registry.register(TunerCollector(DaemonState(targets={t.name: t for t in cfg.targets}, applies=applies)))
         return generate_latest(registry).decode()
 
-    before = body({(MODEL_NAME, "unchanged"): 1})  # tune's hold is counted; the apply not yet
+    before = body({(MODEL_NAME, "unchanged"): 1})  # a tuning run's hold is counted; no apply yet
     assert "tuner_applies_total{" in before and _applies_counted(before) == 0
     assert _applies_counted(body({(MODEL_NAME, "unchanged"): 1, (MODEL_NAME, "kept"): 1})) == 1
     assert _applies_counted(body({(MODEL_NAME, "rolled_back"): 1, ("other", "kept"): 3})) == 1  # this target's only

@@ -368,8 +368,8 @@ def _own_metrics(url: str, *, applied: bool, limit_s: float) -> str:
 
 def _applies_counted(body: str) -> int:
     """The demo target's finished applies that tuner's /metrics counts, by any outcome an apply ends with. The
-    family is exported at 0 for every outcome from the start, and a tuning run counts as ``unchanged``: neither is
-    the demo's apply."""
+    family is exported at 0 for every outcome from the start, and a tuning run on the target counts as ``unchanged``
+    (the demo's own runs beside production and is not counted): neither is the demo's apply."""
     applied = {o.value for o in ApplyOutcome} - {ApplyOutcome.UNCHANGED.value}
     try:
         families = list(text_string_to_metric_families(body))
