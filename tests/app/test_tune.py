@@ -508,6 +508,24 @@ def test_when_both_served_nothing_down_to_the_floor_nothing_is_claimed(tmp_path,
     assert stored == [] and "not beyond the two measurements' intervals" in verdict and "inf" not in verdict, verdict
 
 
+def test_flags_in_force_that_missed_no_rate_are_not_ranked_and_the_verdict_says_what_would_rank_them(tmp_path, store):
+    """Held-back drawn-8289-2 on llama-server from its defaults (bench/results/2026-11-30-0738-tune-corpus-llama.md):
+    the defaults met every rate up to 3.48 req/s in their runs, one sequence measured 13.9 (13.9-21.1), and the
+    verdict said "+300%, not beyond the two measurements' intervals" as if the two had been ranked. Nothing is
+    stored (a capacity with no top may lie above 13.9), and the verdict says the defaults' capacity was not bracketed
+    and what would bracket it."""
+    for noise_check, settle in ((False, "--no-noise-check turned it off"), (True, "a budget of 3 or more runs one")):
+        verdict, stored = _decided(tmp_path, store, [3.48, None], [13.9, 21.1], noise_check=noise_check)
+        assert stored == [] and verdict.startswith("keep the flags in force"), verdict
+        assert "met every rate tried, up to 3.48 req/s" in verdict and "not bracketed in 6 runs" in verdict, verdict
+        assert "--max-runs" in verdict and settle in verdict, verdict
+    # a bracketed base says its bracket, as before, and one that met nothing says nothing of a top
+    verdict, _ = _decided(tmp_path, store, [2.0, 3.0], [2.6, 3.0])
+    assert "(the flags in force met up to 2 and missed 3)" in verdict and "not bracketed" not in verdict, verdict
+    verdict, _ = _decided(tmp_path, store, [None, 0.2206], [None, 0.2206])
+    assert "not bracketed" not in verdict, verdict
+
+
 def test_a_winner_is_stored_only_when_the_comparison_in_turns_confirms_it(tmp_path, store):
     same = {"outcome": "same", "confidence": 0.0, "reason": "at 2.65 req/s ... both serve it", "runs": {}}
     verdict, stored = _decided(tmp_path, store, [2.0, 2.3], [3.5, 4.0], same)
@@ -731,6 +749,59 @@ def test_a_trial_search_is_sized_by_the_sequences_its_server_really_runs(backend
     from tuner.app.tune import _slots
 
     assert _slots(backend, flags, hw) == want
+
+
+def _serving(body: bytes):
+    """A loopback HTTP server answering GET /props with ``body`` (a recorded llama-server answer: the slot count is
+    read off a real server in tests/integration/test_tune_real.py; here only its parsing): (url, stop)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Props(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            code = 200 if self.path == "/props" else 404
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body if code == 200 else b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Props)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", lambda: (server.shutdown(), server.server_close())
+
+
+def test_a_llama_trial_left_at_its_builds_default_is_sized_by_the_slots_it_says_it_runs():
+    """--parallel left out: the ladder takes the slot count from the trial server's own /props (``total_slots``); a
+    search from llama-server's defaults knew none and doubled from the workload's rate until its runs ran out
+    (bench/results/2026-11-30-0738-tune-corpus-llama.md). A --parallel given wins; a server that does not answer, or
+    answers without a positive whole count, leaves it unknown."""
+    import json
+
+    from tuner.app.tune import _slots
+
+    recorded = (Path(__file__).parents[1] / "fixtures" / "llama-server" / "props.json").read_bytes()
+    cases = [
+        (recorded, json.loads(recorded)["total_slots"]),
+        (json.dumps({"total_slots": 0}).encode(), None),
+        (json.dumps({"total_slots": True}).encode(), None),
+        (json.dumps({"total_slots": "4"}).encode(), None),
+        (json.dumps([4]).encode(), None),
+        (b"not json", None),
+    ]
+    for body, want in cases:
+        url, stop = _serving(body)
+        try:
+            assert _slots("llamacpp", {"ctx_size": 1024}, Hardware(), url) == want, body[:40]
+            assert _slots("llamacpp", {"parallel": 8}, Hardware(), url) == 8
+        finally:
+            stop()
+    assert json.loads(recorded)["total_slots"] == 2  # the recording's --parallel 2 (tests/fixtures/README.md)
+    url, stop = _serving(recorded)
+    stop()  # nothing listens there now
+    assert _slots("llamacpp", {}, Hardware(), url) is None
 
 
 def test_a_search_from_vllms_defaults_brackets_a_capacity_far_above_the_served_rate():

@@ -264,6 +264,25 @@ def test_tune_a_real_llama_server_with_the_same_client(tmp_path):
     check_decisions(engine, result, trials, "parallel", baseline=1, slo=Slo(e2e_p99="4s", objective=OBJECTIVE))
 
 
+def test_a_llama_server_left_at_its_builds_default_says_how_many_slots_it_runs(llama_server_factory):
+    """With --parallel left out, llama-server runs its build's default slot count, which no flag says: the count
+    tune's ladder is sized by (``_slots``) is what the real server reports on /props, and what its own log says it
+    started with (``n_slots = N``); a --parallel given is that number in all three."""
+    import re
+
+    from tuner.app.tune import _slots
+    from tuner.tune.space import Hardware
+
+    for flags, given in (({"--parallel": None}, {}), ({"--parallel": 3}, {"parallel": 3})):
+        server = llama_server_factory(flags=flags)
+        assert ("--parallel" in server.process.argv) == bool(given)
+        read = _slots("llamacpp", given, Hardware(), server.url)
+        logged = re.findall(r"n_slots\s*=\s*(\d+)", Path(server.process.log_path).read_text())
+        assert read is not None and logged and {int(n) for n in logged} == {read}, (read, logged)
+        assert read == given.get("parallel", read)
+        server.stop()
+
+
 def _llama_on_target_config(tmp: Path, port: int, window: str) -> Path:
     cfg = tmp / f"tuner-{abs(hash(window))}.yaml"
     cfg.write_text(

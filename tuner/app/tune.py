@@ -54,8 +54,17 @@ from tuner.apply.flow import Applier
 from tuner.apply.launch import free_port
 from tuner.apply.servers import flags_in_force
 from tuner.backends import backend as backend_of
+from tuner.collect import http
 from tuner.config import Config, Target, parse_window, window_left
-from tuner.errors import ApplyError, ConfigError, InputFileError, NothingToMeasureError, ServerStartError, TunerError
+from tuner.errors import (
+    ApplyError,
+    ConfigError,
+    InputFileError,
+    NothingToMeasureError,
+    ScrapeError,
+    ServerStartError,
+    TunerError,
+)
 from tuner.files import read_text
 from tuner.signals.workload import Workload, dump_workload, from_window, parse_workload
 from tuner.store import journal as jr
@@ -83,6 +92,8 @@ from tuner.tune.space import (
 )
 
 __all__ = ["TuneRequest", "tune", "workload_of", "reap_orphans"]
+
+_PROPS_TIMEOUT_S = 3.0  # a trial server that answered its health check answers /props at once
 
 
 @dataclass(frozen=True)
@@ -423,7 +434,10 @@ def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcom
         return got
     ctx.trial_no += 1
     try:
-        cap = _capacity(ctx, got.url, slots=_slots(t.backend, flags, hw))
+        slots = _slots(t.backend, flags, hw, got.url)
+        if t.backend != "vllm" and not flags.get("parallel"):
+            ctx.say(f"  {slots or 'no'} slots, as the server says (--parallel left out: its build's default)")
+        cap = {**_capacity(ctx, got.url, slots=slots), "slots": slots}
     except BaseException as exc:
         mg.stop_server(got.server, grace_s=5.0)
         tj.finish_trial(
@@ -453,10 +467,11 @@ def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcom
     return Outcome(TrialStatus.MEASURED, cap["capacity_rps"], detail)
 
 
-def _slots(backend: str, flags: dict[str, Any], hw: Hardware) -> int | None:
+def _slots(backend: str, flags: dict[str, Any], hw: Hardware, url: str | None = None) -> int | None:
     """How many requests a trial server runs at once: its max-num-seqs, or vLLM's own default when the flag is left
     out (128 on a CPU host: a search from vLLM's defaults otherwise doubles from the workload's rate and ends at a lower
-    bound far below the server's capacity); llama-server's --parallel when given (its default is its build's)."""
+    bound far below the server's capacity); llama-server's --parallel when given, else what the running server at
+    ``url`` says it runs (its build's default, ``served_slots``); None where neither says."""
     if backend == "vllm":
         tp = int(flags.get("tensor_parallel_size") or 1)
         return int(
@@ -464,7 +479,23 @@ def _slots(backend: str, flags: dict[str, Any], hw: Hardware) -> int | None:
             or vllm_batch_defaults(hw.gpu_memory_bytes, hw.gpu_name, tensor_parallel_size=tp)[0]
         )
     got = flags.get("parallel")
-    return int(got) if got else None
+    if got:
+        return int(got)
+    return served_slots(url) if url else None
+
+
+def served_slots(url: str) -> int | None:
+    """The slots a running llama-server says it runs (GET /props, ``total_slots``): with --parallel left out, its
+    build's default (4 on this machine's build, ``n_slots = 4`` in its log), which no flag says. A search from
+    llama-server's defaults knew no slot count: its ladder doubled from the workload's rate and ran out of runs at a
+    lower bound (held-back drawn-8289-2: 3.48 req/s with every rate met, the grid's best 21.1 at 4 slots). None where
+    the server does not answer or says no positive count."""
+    try:
+        props = http.get_json(f"{url}/props", timeout_s=_PROPS_TIMEOUT_S)
+    except ScrapeError:
+        return None
+    n = props.get("total_slots") if isinstance(props, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
 def _run_size(ctx: _Ctx, rate: float, *, bursts: bool = True) -> int:
@@ -1234,6 +1265,21 @@ def _baseline_best(result: dict[str, Any]) -> str:
     return f"no difference measurable at this budget: {said}, not separable from them (their intervals overlap)"
 
 
+def _unbounded(base_lo: Any, req: TuneRequest) -> str:
+    """Why a winner is not beyond flags in force that missed no rate: they met every rate tried, so their capacity
+    is a lower bound with no top and nothing ranks the two (a llama-server search from its defaults met every rate up
+    to 3.48 req/s in its runs, and one sequence's 13.9 was kept below it). What would settle it: more runs, or a
+    comparison in turns. Empty where the flags in force met no rate either."""
+    if not isinstance(base_lo, (int, float)) or base_lo <= 0:
+        return ""
+    turns = "--no-noise-check turned it off" if not req.noise_check else "a budget of 3 or more runs one"
+    return (
+        f" (the flags in force met every rate tried, up to {base_lo:.3g} req/s: their capacity lies above that, "
+        f"not bracketed in {req.max_runs} runs, so nothing ranks the two; a larger --max-runs would bracket it, "
+        f"a comparison in turns would rank them ({turns}))"
+    )
+
+
 def _candidate(result: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
     """A measured config of the result in the shape of its ``best``: flags, capacity, interval, P99s."""
     tr = next(tr for tr in result["trials"] if tr["flags"] == flags)
@@ -1292,7 +1338,7 @@ def _recommend(ctx: _Ctx, result: dict[str, Any], current: dict[str, Any]) -> in
                 + (
                     f" (the flags in force met up to {base_lo:.3g} and missed {base_hi:.3g})"
                     if base_hi is not None and base_lo is not None
-                    else ""
+                    else _unbounded(base_lo, ctx.req)
                 )
             )
             return None
