@@ -23,13 +23,16 @@ the bench runs meanwhile (no production server: trials run on spare ports). Ever
   python bench/tune.py --backend llamacpp --workload-file bench/corpus/rag.yaml --in-force '{"parallel": 1}'
                                                   # the same on llama-server (the tiny model's GGUF)
 Needs TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (scripts/setup-real-servers.sh prints them); --backend llamacpp also
-TUNER_LLAMA_SERVER and TUNER_TINY_GGUF.
+TUNER_LLAMA_SERVER and TUNER_TINY_BPE_GGUF.
 
 llama-server: a managed target on the tiny model's GGUF with one compute thread (-t 1: the client gets the other
 core; tuner places vLLM's workers on cores and leaves llama-server's threads to the kernel) and -c 16384, so that
 each of up to 16 slots holds 1,024 tokens (the corpus's max-model-len) and no grid point is pruned for its slots.
-Loaded by the same client (vLLM's, with the tiny model's tokenizer: the GGUF's vocabulary reads its prompts as
-somewhat more tokens). The grid searches --parallel and -ub; `--in-force '{}'` is llama-server's own defaults.
+Loaded by the same client (vLLM's, with the tiny model's tokenizer). The GGUF is the tiny llama written with that
+tokenizer's BPE vocabulary (scripts/make_tiny_gguf.py --vocab-from), so llama-server counts each prompt as the client
+and vLLM do; runs up to 141c147 used the byte vocabulary of the tests' GGUF, which spelled the same prompts in about
+4x the tokens and overflowed slots on every config. The grid searches --parallel and -ub; `--in-force '{}'` is
+llama-server's own defaults.
 """
 
 from __future__ import annotations
@@ -115,13 +118,13 @@ class Servers:
         env = os.environ.get
         need = ["TUNER_VLLM_PYTHON", "TUNER_TINY_MODEL"]
         if backend == "llamacpp":
-            need += ["TUNER_LLAMA_SERVER", "TUNER_TINY_GGUF"]
+            need += ["TUNER_LLAMA_SERVER", "TUNER_TINY_BPE_GGUF"]
         missing = [n for n in need if not env(n)]
         if missing:
             sys.exit(f"set {', '.join(missing)} (eval the exports of scripts/setup-real-servers.sh)")
         return cls(
             backend, env("TUNER_VLLM_PYTHON", ""), env("TUNER_TINY_MODEL", ""),
-            env("TUNER_LLAMA_SERVER"), env("TUNER_TINY_GGUF"),
+            env("TUNER_LLAMA_SERVER"), env("TUNER_TINY_BPE_GGUF"),
         )  # fmt: skip
 
 

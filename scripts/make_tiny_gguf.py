@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Write a tiny llama-architecture GGUF with random weights that llama-server can serve.
 
-Usage: make_tiny_gguf.py OUT.gguf [--force]
+Usage: make_tiny_gguf.py OUT.gguf [--force] [--vocab-from HF_MODEL_DIR]
 
 Needs only the `gguf` package and numpy; no model hub. The vocabulary is SentencePiece-style: <unk>/<s>/</s>,
 the 256 byte-fallback tokens, printable ASCII (space as U+2581) and the chatml markers. Weights are random but
 deterministic (fixed seed), so the same file comes out on every machine.
+
+--vocab-from takes the vocabulary instead from a Hugging Face model folder's byte-level BPE tokenizer.json (the tiny
+model scripts/make_tiny_hf_model.py writes): llama-server then counts a prompt's tokens as vLLM and vLLM's benchmark
+client count them. The SentencePiece vocabulary above spells text almost a character a token, about 4x the BPE's
+count, so a workload replayed on llama-server with the HF tokenizer's lengths overflowed its slots (bench/tune.py).
 
 Random weights would sample byte tokens that decode to invalid UTF-8 (llama-server then answers HTTP 500), so
 residual dimension 0 is held at a constant and column 0 of the output matrix acts as a per-token bias that
@@ -16,6 +21,7 @@ max_tokens (end-of-generation tokens are never sampled), which keeps load tests 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -55,7 +61,52 @@ def build_vocab() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
-def build_tensors(types: list[int], rng: np.random.Generator) -> dict[str, np.ndarray]:
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the printable character a byte-level BPE spells each byte with."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    chars, n = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(keep, chars)}
+
+
+def bpe_vocab(model_dir: Path) -> tuple[list[str], list[int], list[str], dict[str, int], list[bool]]:
+    """The byte-level BPE of ``model_dir``/tokenizer.json: tokens by id, their types (the added special tokens are
+    control tokens), merges as "a b", the special ids (bos, eos, pad, unk), and which tokens random weights may
+    sample: those that spell printable ASCII only (llama-server answers HTTP 500 on invalid UTF-8)."""
+    tok = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    conf = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    model = tok["model"]
+    if model.get("type") != "BPE" or (tok.get("pre_tokenizer") or {}).get("type") != "ByteLevel":
+        raise SystemExit(f"{model_dir}/tokenizer.json: not a byte-level BPE (model {model.get('type')})")
+    vocab: dict[str, int] = model["vocab"]
+    specials = {a["content"]: a["id"] for a in tok.get("added_tokens", [])}
+    tokens = [""] * (max([*vocab.values(), *specials.values()]) + 1)
+    for text, i in {**vocab, **specials}.items():
+        tokens[i] = text
+    types = [
+        int(gguf.TokenType.CONTROL if i in specials.values() else gguf.TokenType.NORMAL) for i in range(len(tokens))
+    ]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    byte_of = _byte_decoder()
+
+    def printable(text: str) -> bool:
+        return bool(text) and all(c in byte_of and 0x20 <= byte_of[c] < 0x7F for c in text)
+
+    sample = [types[i] == gguf.TokenType.NORMAL and printable(t) for i, t in enumerate(tokens)]
+    ids = {
+        k: specials[conf[k]] for k in ("bos_token", "eos_token", "pad_token", "unk_token") if conf.get(k) in specials
+    }
+    return tokens, types, merges, ids, sample
+
+
+def build_tensors(
+    types: list[int], rng: np.random.Generator, sample: list[bool] | None = None
+) -> dict[str, np.ndarray]:
+    """Random weights; the tokens random sampling may produce are ``sample`` (default: the normal tokens)."""
     n_vocab = len(types)
     n_kv = N_HEAD_KV * HEAD_DIM
 
@@ -66,7 +117,7 @@ def build_tensors(types: list[int], rng: np.random.Generator) -> dict[str, np.nd
     embd = rand(n_vocab, N_EMBD)
     embd[:, BIAS_DIM] = 1.0  # constant input for the bias column; layers never write this dimension
     out = rand(n_vocab, N_EMBD, std=1.0)
-    is_normal = np.array([t == gguf.TokenType.NORMAL for t in types])
+    is_normal = np.array(sample if sample is not None else [t == gguf.TokenType.NORMAL for t in types])
     out[:, BIAS_DIM] = np.where(is_normal, 0.0, -10.0)  # after RMSNorm dim 0 is ~+11: byte/control logits -110
     tensors = {"token_embd.weight": embd}
     for i in range(N_LAYER):
@@ -92,9 +143,13 @@ def build_tensors(types: list[int], rng: np.random.Generator) -> dict[str, np.nd
     return tensors
 
 
-def write_gguf(path: Path) -> None:
-    tokens, scores, types = build_vocab()
-    tensors = build_tensors(types, np.random.default_rng(SEED))
+def write_gguf(path: Path, vocab_from: Path | None = None) -> None:
+    if vocab_from is None:
+        tokens, scores, types = build_vocab()
+        tensors = build_tensors(types, np.random.default_rng(SEED))
+    else:
+        tokens, types, merges, ids, sample = bpe_vocab(vocab_from)
+        tensors = build_tensors(types, np.random.default_rng(SEED), sample)
     tmp = path.with_suffix(path.suffix + ".tmp")
     w = gguf.GGUFWriter(str(tmp), "llama")
     w.add_name("tuner-tiny-llama")
@@ -109,13 +164,26 @@ def write_gguf(path: Path) -> None:
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(len(tokens))
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    if vocab_from is None:
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+    else:  # as llama.cpp's convert_hf_to_gguf.py writes a GPT-2-style byte-level BPE
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt-2")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_bos_token_id(ids["bos_token"])
+        w.add_eos_token_id(ids["eos_token"])
+        if "pad_token" in ids:
+            w.add_pad_token_id(ids["pad_token"])
+        if "unk_token" in ids:
+            w.add_unk_token_id(ids["unk_token"])
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
     w.add_chat_template(CHATML)
@@ -132,12 +200,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path, help="path of the .gguf to write")
     ap.add_argument("--force", action="store_true", help="rewrite even if the file exists")
+    ap.add_argument(
+        "--vocab-from",
+        type=Path,
+        metavar="HF_MODEL_DIR",
+        help="take the vocabulary from this model folder's byte-level BPE tokenizer.json (counts as the HF one does)",
+    )
     args = ap.parse_args(argv)
     if args.out.exists() and not args.force:
         print(f"exists, skipping: {args.out}", file=sys.stderr)
     else:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        write_gguf(args.out)
+        write_gguf(args.out, args.vocab_from)
         print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB)", file=sys.stderr)
     print(args.out)
     return 0

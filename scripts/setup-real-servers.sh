@@ -3,7 +3,8 @@
 # `export` lines for them:
 #     eval "$(bash scripts/setup-real-servers.sh | grep ^export)"
 # Parts: vLLM CPU venv, llama-server (built from source, ~8 min on 2 cores the first time), Prometheus and
-# Alertmanager (Debian), a tiny HF Llama model dir and a tiny GGUF under $TUNER_CACHE/models.
+# Alertmanager (Debian), a tiny HF Llama model dir and two tiny GGUFs (its own byte vocabulary; the HF model's BPE)
+# under $TUNER_CACHE/models.
 # Idempotent: a second run only checks and prints. Progress goes to stderr, exports to stdout.
 set -euo pipefail
 
@@ -40,6 +41,10 @@ if ! "$VLLM_PY" -c "import gguf, numpy" >/dev/null 2>&1; then
     rm -f "$pins"
 fi
 TINY_GGUF="$(timed "tiny GGUF" "$VLLM_PY" "$HERE/make_tiny_gguf.py" "$MODELS/tiny.gguf" | tail -1)"
+# The same tiny llama with the HF model's BPE vocabulary: llama-server counts a prompt's tokens as the benchmark
+# client does (bench/tune.py --backend llamacpp replays workloads on it).
+TINY_BPE_GGUF="$(timed "tiny BPE GGUF" "$VLLM_PY" "$HERE/make_tiny_gguf.py" "$MODELS/tiny-bpe.gguf" \
+    --vocab-from "$TINY_MODEL" | tail -1)"
 
 log "waiting for the llama-server build (pid $llama_pid)"
 if ! wait "$llama_pid"; then
@@ -50,7 +55,7 @@ fi
 LLAMA_SERVER="$(tail -1 "$llama_out")"
 log "llama-server: $((SECONDS - start_llama)) s"
 
-for path in "$VLLM_PY" "$LLAMA_SERVER" "$TINY_MODEL/config.json" "$TINY_GGUF"; do
+for path in "$VLLM_PY" "$LLAMA_SERVER" "$TINY_MODEL/config.json" "$TINY_GGUF" "$TINY_BPE_GGUF"; do
     [[ -e $path ]] || { log "missing after setup: $path"; exit 1; }
 done
 log "done"
@@ -58,3 +63,4 @@ printf 'export TUNER_VLLM_PYTHON=%q\n' "$VLLM_PY"
 printf 'export TUNER_LLAMA_SERVER=%q\n' "$LLAMA_SERVER"
 printf 'export TUNER_TINY_MODEL=%q\n' "$TINY_MODEL"
 printf 'export TUNER_TINY_GGUF=%q\n' "$TINY_GGUF"
+printf 'export TUNER_TINY_BPE_GGUF=%q\n' "$TINY_BPE_GGUF"

@@ -74,6 +74,9 @@ LLAMA_SERVER = Part(
     "scripts/install-llama-server.sh",
 )
 TINY_GGUF = Part("tiny GGUF", "TUNER_TINY_GGUF", CACHE / "models" / "tiny.gguf", "scripts/setup-real-servers.sh")
+TINY_BPE_GGUF = Part(  # the tiny llama with the HF model's BPE vocabulary (make_tiny_gguf.py --vocab-from)
+    "tiny BPE GGUF", "TUNER_TINY_BPE_GGUF", CACHE / "models" / "tiny-bpe.gguf", "scripts/setup-real-servers.sh"
+)
 PROMETHEUS = Part("prometheus", "TUNER_PROMETHEUS", None, "scripts/install-prometheus.sh")
 HAPROXY = Part("haproxy", "TUNER_HAPROXY", None, "scripts/install-haproxy.sh")
 

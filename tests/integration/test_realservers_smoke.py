@@ -6,10 +6,13 @@ import http.client
 import json
 import select
 import socket
+import subprocess
 import time
 
 import pytest
+import realservers
 import requests
+from conftest import require
 from realservers import RealServer
 
 from tuner.lab import run_load
@@ -106,6 +109,56 @@ def test_llama_server_closes_a_fresh_connection_that_sends_nothing_for_5s(llama_
 
     assert after(3.0).startswith(b"HTTP/1.1 200")
     assert after(7.0) == b""  # closed unanswered: the client sees "Remote end closed connection without response"
+
+
+_HF_IDS = """
+import json, random, sys
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file(sys.argv[1] + "/tokenizer.json")
+texts = json.load(sys.stdin)
+rng = random.Random(8289)  # text as vLLM's random dataset writes it: random token ids, decoded
+texts += [tok.decode([rng.randrange(5, tok.get_vocab_size()) for _ in range(n)]) for n in (50, 400)]
+print(json.dumps([[t, tok.encode(t, add_special_tokens=False).ids] for t in texts]))
+"""
+
+
+def _tokenize(url: str, text: str) -> list[int]:
+    return _post(url + "/tokenize", {"content": text}).json()["tokens"]
+
+
+def _post(url: str, body: dict) -> requests.Response:
+    return requests.post(url, json=body, timeout=30)
+
+
+def test_llama_server_on_the_bpe_gguf_counts_a_prompt_as_the_clients_tokenizer_does(llama_server_factory):
+    """bench/tune.py replays a workload on llama-server with vLLM's benchmark client, which writes and counts its
+    prompts with the tiny HF model's tokenizer. The tiny GGUF's own vocabulary (bytes and ASCII) spelled them in
+    about 4x as many tokens, and 1-3% of a replay's requests overflowed their slots on every config
+    (bench/results/2026-11-30-0738-tune-corpus-llama.md). The GGUF written with that tokenizer's vocabulary
+    (make_tiny_gguf.py --vocab-from) tokenizes every text to the same ids, the client's random-token prompts
+    included, and its sampled text is valid UTF-8 (llama-server answers 500 otherwise)."""
+    require(realservers.TINY_BPE_GGUF, realservers.VLLM_PYTHON, realservers.TINY_MODEL)
+    texts = ["Hello world, this is a test of the tokenizer.", "def f(x):\n    return x * 2  # 12345", "the end " * 30]
+    out = subprocess.run(
+        [str(realservers.VLLM_PYTHON.path()), "-c", _HF_IDS, str(realservers.TINY_MODEL.path())],
+        input=json.dumps(texts),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    pairs = json.loads(out.stdout)
+    bpe = llama_server_factory(model=realservers.TINY_BPE_GGUF.path())
+    for text, ids in pairs:
+        assert _tokenize(bpe.url, text) == ids, text[:60]
+    # the byte vocabulary's count, for the record of why: several times the client's on the same prompts
+    chars = llama_server_factory(model=realservers.TINY_GGUF.path())
+    longest_text, longest_ids = pairs[-1]
+    assert len(_tokenize(chars.url, longest_text)) >= 2 * len(longest_ids)
+    for text, ids in pairs[-2:]:
+        got = _post(bpe.url + "/v1/completions", {"prompt": text, "max_tokens": 32})
+        assert got.status_code == 200, got.text[:300]
+        assert got.json()["usage"]["prompt_tokens"] == len(ids) + 1  # and the BOS the model's tokenizer adds
 
 
 def test_llama_server_without_metrics_answers_501(llama_server_no_metrics: RealServer):
