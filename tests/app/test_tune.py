@@ -751,38 +751,18 @@ def test_a_trial_search_is_sized_by_the_sequences_its_server_really_runs(backend
     assert _slots(backend, flags, hw) == want
 
 
-def _serving(body: bytes):
-    """A loopback HTTP server answering GET /props with ``body`` (a recorded llama-server answer: the slot count is
-    read off a real server in tests/integration/test_tune_real.py; here only its parsing): (url, stop)."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Props(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            code = 200 if self.path == "/props" else 404
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body if code == 200 else b"{}")
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Props)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_address[1]}", lambda: (server.shutdown(), server.server_close())
-
-
 def test_a_llama_trial_left_at_its_builds_default_is_sized_by_the_slots_it_says_it_runs():
     """--parallel left out: the ladder takes the slot count from the trial server's own /props (``total_slots``); a
     search from llama-server's defaults knew none and doubled from the workload's rate until its runs ran out
     (bench/results/2026-11-30-0738-tune-corpus-llama.md). A --parallel given wins; a server that does not answer, or
-    answers without a positive whole count, leaves it unknown."""
+    answers without a positive whole count, leaves it unknown. The loopback server answers a recorded /props (the slot
+    count is read off a real server in tests/integration/test_tune_real.py; here only its parsing)."""
     import json
 
+    from tests.helpers import LLAMA_DIR, Route, serve
     from tuner.app.tune import _slots
 
-    recorded = (Path(__file__).parents[1] / "fixtures" / "llama-server" / "props.json").read_bytes()
+    recorded = (LLAMA_DIR / "props.json").read_bytes()
     cases = [
         (recorded, json.loads(recorded)["total_slots"]),
         (json.dumps({"total_slots": 0}).encode(), None),
@@ -792,15 +772,15 @@ def test_a_llama_trial_left_at_its_builds_default_is_sized_by_the_slots_it_says_
         (b"not json", None),
     ]
     for body, want in cases:
-        url, stop = _serving(body)
-        try:
-            assert _slots("llamacpp", {"ctx_size": 1024}, Hardware(), url) == want, body[:40]
-            assert _slots("llamacpp", {"parallel": 8}, Hardware(), url) == 8
-        finally:
-            stop()
+        with serve({"/props": Route(body=body, content_type="application/json")}) as url:
+            said: list[str] = []
+            assert _slots("llamacpp", {"ctx_size": 1024}, Hardware(), url, say=said.append) == want, body[:40]
+            assert said == [f"  {want or 'no'} slots, as the server says (--parallel left out: its build's default)"]
+            assert _slots("llamacpp", {"parallel": 8}, Hardware(), url, say=said.append) == 8
+            assert len(said) == 1  # a --parallel given is in the trial's own line already
     assert json.loads(recorded)["total_slots"] == 2  # the recording's --parallel 2 (tests/fixtures/README.md)
-    url, stop = _serving(recorded)
-    stop()  # nothing listens there now
+    with serve({}) as url:
+        pass  # nothing listens there now
     assert _slots("llamacpp", {}, Hardware(), url) is None
 
 

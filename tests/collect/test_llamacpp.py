@@ -298,3 +298,29 @@ def test_a_slot_loop_that_does_not_answer_metrics_while_health_answers_is_said_a
         with pytest.raises(ScrapeError) as info:
             llamacpp.scrape(url, target="laptop", timeout_s=0.5, max_bytes=1 << 20)
     assert info.value.healthy is None  # /health did not say it was fine: nothing kept
+
+
+def test_props_reads_what_the_server_says_of_its_config() -> None:
+    """A recorded /props (a real llama-server at --parallel 2, -c 1024: tests/fixtures/README.md) gives its slots, one
+    slot's context, its model and build; a field that is no positive whole count, or no text, is None, not a guess;
+    a body that is no JSON object, a 404 or a dead port is None. tuner recommend and tuner tune both read it here."""
+    recorded = json.loads((LLAMA_DIR / "props.json").read_bytes())
+    routes = {"/props": Route(body=json.dumps(recorded), content_type="application/json")}
+    with serve(routes) as url:
+        said = llamacpp.props(url, timeout_s=5)
+    assert said == llamacpp.Props(
+        total_slots=recorded["total_slots"],
+        n_ctx=recorded["default_generation_settings"]["n_ctx"],
+        model_path=recorded["model_path"],
+        build_info=recorded["build_info"],
+    )
+    assert (said.total_slots, said.n_ctx) == (2, 512)
+    odd = {"total_slots": True, "default_generation_settings": [], "model_path": 3, "build_info": ""}
+    with serve({"/props": Route(body=json.dumps(odd), content_type="application/json")}) as url:
+        assert llamacpp.props(url, timeout_s=5) == llamacpp.Props(None, None, None, None)
+    for body in (b"[2]", b"not json"):
+        with serve({"/props": Route(body=body, content_type="application/json")}) as url:
+            assert llamacpp.props(url, timeout_s=5) is None
+    with serve({}) as url:
+        assert llamacpp.props(url, timeout_s=5) is None  # 404
+    assert llamacpp.props(url, timeout_s=1) is None  # nothing listens there now

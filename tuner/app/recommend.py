@@ -18,7 +18,7 @@ from tuner.advise.diagnose import Inputs
 from tuner.advise.facts import ModelFacts, ServerFacts, flags_from_live_config, gpu_facts, load_model, observe
 from tuner.advise.recommend import Outcome, Previous, evaluate
 from tuner.apply.servers import flags_in_force
-from tuner.collect import http
+from tuner.collect import http, llamacpp
 from tuner.config import Config, Target
 from tuner.errors import ConfigError, InputFileError, ModelFactsError, ScrapeError
 from tuner.files import read_bytes, read_tail
@@ -80,16 +80,13 @@ def _live_server(backend: str, url: str) -> tuple[ServerFacts, dict[str, str]]:
         if isinstance(data[0], dict) and data[0].get("max_model_len"):
             live["max_model_len"] = str(data[0]["max_model_len"])
         return ServerFacts(version=parse_version(str(version.get("version") or ""))), live
-    props = _get_json(f"{url}/props") or {}
-    settings = props.get("default_generation_settings") or {}
-    for key, value in (
-        ("total_slots", props.get("total_slots")),
-        ("n_ctx", settings.get("n_ctx")),
-        ("model_path", props.get("model_path")),
-    ):
+    said = llamacpp.props(url, timeout_s=_HTTP_TIMEOUT_S)
+    if said is None:
+        return ServerFacts(version=parse_version("")), live
+    for key, value in (("total_slots", said.total_slots), ("n_ctx", said.n_ctx), ("model_path", said.model_path)):
         if value is not None:
             live[key] = str(value)
-    return ServerFacts(version=parse_version(str(props.get("build_info") or ""))), live
+    return ServerFacts(version=parse_version(said.build_info or "")), live
 
 
 def host_available_bytes() -> int | None:

@@ -54,17 +54,9 @@ from tuner.apply.flow import Applier
 from tuner.apply.launch import free_port
 from tuner.apply.servers import flags_in_force
 from tuner.backends import backend as backend_of
-from tuner.collect import http
+from tuner.collect import llamacpp
 from tuner.config import Config, Target, parse_window, window_left
-from tuner.errors import (
-    ApplyError,
-    ConfigError,
-    InputFileError,
-    NothingToMeasureError,
-    ScrapeError,
-    ServerStartError,
-    TunerError,
-)
+from tuner.errors import ApplyError, ConfigError, InputFileError, NothingToMeasureError, ServerStartError, TunerError
 from tuner.files import read_text
 from tuner.signals.workload import Workload, dump_workload, from_window, parse_workload
 from tuner.store import journal as jr
@@ -434,9 +426,7 @@ def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcom
         return got
     ctx.trial_no += 1
     try:
-        slots = _slots(t.backend, flags, hw, got.url)
-        if t.backend != "vllm" and not flags.get("parallel"):
-            ctx.say(f"  {slots or 'no'} slots, as the server says (--parallel left out: its build's default)")
+        slots = _slots(t.backend, flags, hw, got.url, say=ctx.say)
         cap = {**_capacity(ctx, got.url, slots=slots), "slots": slots}
     except BaseException as exc:
         mg.stop_server(got.server, grace_s=5.0)
@@ -467,11 +457,19 @@ def _trial(ctx: _Ctx, flags: dict[str, Any], label: str, hw: Hardware) -> Outcom
     return Outcome(TrialStatus.MEASURED, cap["capacity_rps"], detail)
 
 
-def _slots(backend: str, flags: dict[str, Any], hw: Hardware, url: str | None = None) -> int | None:
+def _slots(
+    backend: str,
+    flags: dict[str, Any],
+    hw: Hardware,
+    url: str | None = None,
+    *,
+    say: Callable[[str], None] | None = None,
+) -> int | None:
     """How many requests a trial server runs at once: its max-num-seqs, or vLLM's own default when the flag is left
     out (128 on a CPU host: a search from vLLM's defaults otherwise doubles from the workload's rate and ends at a lower
     bound far below the server's capacity); llama-server's --parallel when given, else what the running server at
-    ``url`` says it runs (its build's default, ``served_slots``); None where neither says."""
+    ``url`` says it runs (its build's default, ``served_slots``: told to ``say``, as no flag shows it); None where
+    neither says."""
     if backend == "vllm":
         tp = int(flags.get("tensor_parallel_size") or 1)
         return int(
@@ -481,7 +479,10 @@ def _slots(backend: str, flags: dict[str, Any], hw: Hardware, url: str | None = 
     got = flags.get("parallel")
     if got:
         return int(got)
-    return served_slots(url) if url else None
+    said = served_slots(url) if url else None
+    if say is not None:
+        say(f"  {said or 'no'} slots, as the server says (--parallel left out: its build's default)")
+    return said
 
 
 def served_slots(url: str) -> int | None:
@@ -490,12 +491,8 @@ def served_slots(url: str) -> int | None:
     llama-server's defaults knew no slot count: its ladder doubled from the workload's rate and ran out of runs at a
     lower bound (held-back drawn-8289-2: 3.48 req/s with every rate met, the grid's best 21.1 at 4 slots). None where
     the server does not answer or says no positive count."""
-    try:
-        props = http.get_json(f"{url}/props", timeout_s=_PROPS_TIMEOUT_S)
-    except ScrapeError:
-        return None
-    n = props.get("total_slots") if isinstance(props, dict) else None
-    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+    said = llamacpp.props(url, timeout_s=_PROPS_TIMEOUT_S)
+    return said.total_slots if said is not None else None
 
 
 def _run_size(ctx: _Ctx, rate: float, *, bursts: bool = True) -> int:

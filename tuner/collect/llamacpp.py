@@ -1,4 +1,5 @@
-"""llama-server: ``/metrics`` (every ``llamacpp:`` series), ``/slots`` and ``/health`` → TargetSnapshot.
+"""llama-server: ``/metrics`` (every ``llamacpp:`` series), ``/slots`` and ``/health`` → TargetSnapshot; ``/props``
+→ Props (what the running server says of its own config).
 
 llama-server has no KV-cache gauge any more, so KV use is derived from /slots: tokens held by busy
 slots over the whole context (``-c`` is split across ``--parallel`` slots).
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from tuner.collect import http
@@ -17,9 +19,46 @@ from tuner.collect.layout import Layouts, engines_from_text
 from tuner.collect.snapshots import EngineSnapshot, SlotsState, TargetSnapshot
 from tuner.errors import ExpositionError, MetricsDisabledError, ScrapeError
 
-__all__ = ["parse_slots", "snapshot_from_text", "scrape"]
+__all__ = ["Props", "parse_slots", "props", "snapshot_from_text", "scrape"]
 
 _MAX_TOKENS = 2**53  # token counts are stored as floats: past this one would overflow or lose its units
+
+
+@dataclass(frozen=True)
+class Props:
+    """What a running llama-server says of its config on ``GET /props``; a field it does not give, or gives as no
+    positive whole count (a count) or no text (the rest), is None."""
+
+    total_slots: int | None  # --parallel, or its build's default where that was left out (4 on this machine's build)
+    n_ctx: int | None  # one slot's context: -c / slots
+    model_path: str | None
+    build_info: str | None
+
+
+def props(url: str, *, timeout_s: float) -> Props | None:
+    """``GET {url}/props``; None where the server does not answer it with a JSON object."""
+    try:
+        body = http.get_json(f"{url}/props", timeout_s=timeout_s)
+    except ScrapeError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    settings = body.get("default_generation_settings")
+    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+    return Props(
+        total_slots=_count(body.get("total_slots")),
+        n_ctx=_count(n_ctx),
+        model_path=_text(body.get("model_path")),
+        build_info=_text(body.get("build_info")),
+    )
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def parse_slots(data: Any) -> SlotsState:
