@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -143,13 +145,54 @@ def build_tensors(
     return tensors
 
 
-def write_gguf(path: Path, vocab_from: Path | None = None) -> None:
-    if vocab_from is None:
-        tokens, scores, types = build_vocab()
-        tensors = build_tensors(types, np.random.default_rng(SEED))
-    else:
-        tokens, types, merges, ids, sample = bpe_vocab(vocab_from)
-        tensors = build_tensors(types, np.random.default_rng(SEED), sample)
+@dataclass(frozen=True)
+class Vocab:
+    """A vocabulary as the GGUF carries it: each token's type, which tokens random weights may sample (None: the
+    normal ones), and the tokenizer's keys, written by ``add_to``."""
+
+    types: list[int]
+    sample: list[bool] | None
+    add_to: Callable[[gguf.GGUFWriter], None]
+
+
+def spm_vocab() -> Vocab:
+    """``build_vocab``'s SentencePiece-style vocabulary."""
+    tokens, scores, types = build_vocab()
+
+    def add_to(w: gguf.GGUFWriter) -> None:
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+
+    return Vocab(types, None, add_to)
+
+
+def hf_bpe_vocab(model_dir: Path) -> Vocab:
+    """``bpe_vocab``'s byte-level BPE, keyed as llama.cpp's convert_hf_to_gguf.py writes a GPT-2-style one."""
+    tokens, types, merges, ids, sample = bpe_vocab(model_dir)
+
+    def add_to(w: gguf.GGUFWriter) -> None:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt-2")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_bos_token_id(ids["bos_token"])
+        w.add_eos_token_id(ids["eos_token"])
+        if "pad_token" in ids:
+            w.add_pad_token_id(ids["pad_token"])
+        if "unk_token" in ids:
+            w.add_unk_token_id(ids["unk_token"])
+
+    return Vocab(types, sample, add_to)
+
+
+def write_gguf(path: Path, vocab: Vocab) -> None:
+    tensors = build_tensors(vocab.types, np.random.default_rng(SEED), vocab.sample)
     tmp = path.with_suffix(path.suffix + ".tmp")
     w = gguf.GGUFWriter(str(tmp), "llama")
     w.add_name("tuner-tiny-llama")
@@ -162,28 +205,9 @@ def write_gguf(path: Path, vocab_from: Path | None = None) -> None:
     w.add_rope_dimension_count(HEAD_DIM)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(len(tokens))
+    w.add_vocab_size(len(vocab.types))
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    if vocab_from is None:
-        w.add_tokenizer_model("llama")
-        w.add_token_list(tokens)
-        w.add_token_scores(scores)
-        w.add_token_types(types)
-        w.add_unk_token_id(0)
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
-    else:  # as llama.cpp's convert_hf_to_gguf.py writes a GPT-2-style byte-level BPE
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("gpt-2")
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_bos_token_id(ids["bos_token"])
-        w.add_eos_token_id(ids["eos_token"])
-        if "pad_token" in ids:
-            w.add_pad_token_id(ids["pad_token"])
-        if "unk_token" in ids:
-            w.add_unk_token_id(ids["unk_token"])
+    vocab.add_to(w)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
     w.add_chat_template(CHATML)
@@ -211,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exists, skipping: {args.out}", file=sys.stderr)
     else:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        write_gguf(args.out, args.vocab_from)
+        write_gguf(args.out, hf_bpe_vocab(args.vocab_from) if args.vocab_from else spm_vocab())
         print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB)", file=sys.stderr)
     print(args.out)
     return 0
