@@ -376,3 +376,25 @@ def test_after_the_probe_below_an_overrun_the_midpoint_stays_near_what_it_comple
     assert cap.capacity_rps <= true_cap  # never a rate it cannot hold
     assert cap.capacity_rps >= true_cap / 1.15**2, (rates, cap.note)  # within two rungs; 42.2 for each before
     assert rungs.nearest(cap.capacity_rps) == cap.capacity_rps
+
+
+@pytest.mark.parametrize("true_cap", [52.0, 64.0, 80.0])
+def test_once_a_rate_met_above_what_an_overrun_completed_its_completions_bound_nothing(true_cap):
+    """llama-server's defaults (4 slots, as /props said) on the held-back drawn-8289-3, as recorded: 5.28 met at a
+    mean E2E of 0.0224 s, so the slots bound sent the next run to 84.4, which missed and completed 22 requests a second
+    (2,319 sent, drained over 105 s: llama-server works a queue of ~900 off far slower than it serves). Below it 18.4,
+    then 24.3 met, and the margin above 22 held the last run to 27.9 while the same 4 slots met 64 in the next trial.
+    Once 24.3 met above the 22 completed, the last run takes the middle of 24.3-84.4 instead. (Where the capacity lies
+    between 27.9 and 48.5 that last run misses and reads 24.3, a rung below the old rule's 27.9.)"""
+
+    def draining(rate: float) -> ServedRun:
+        good = 200 if rate <= true_cap else 12
+        served = rate if rate <= true_cap else 22.0
+        return ServedRun(rate, 200, good, good / 200, throughput_rps=served, mean_e2e_s=0.0224)
+
+    rungs = Ladder.for_tolerance(0.15)
+    cap = find_capacity(draining, 0.95, start_rps=5.28, max_runs=5, slots=4)
+    rates = [round(s.rate_rps, 1) for s in cap.steps]
+    assert rates[:4] == [5.3, 84.4, 18.4, 24.3]  # the recorded run's first four
+    assert rates[4] == round(rungs.between(24.3, 84.4, math.sqrt(24.3 * 84.4)), 1) == 48.5  # not 27.9
+    assert round(cap.capacity_rps, 1) == 48.5 and cap.capacity_rps <= true_cap and round(cap.hi_rps, 1) == 84.4

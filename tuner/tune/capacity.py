@@ -6,8 +6,10 @@ unqueued, when that is further: ``slots``) and halves while they fail, until one
 (or the floor/ceiling is reached), then bisects geometrically (sqrt(lo x hi)) until hi / lo <= 1 + tolerance or the
 run budget is spent. Capacity is the highest rate that passed. A failing run that completed far fewer requests a
 second than it was sent (its ``throughput_rps``) fell behind the server's service rate: halving goes at least that
-low, and the bisection probes just below it once before it takes midpoints; while lo lies well below what that run
-completed, a midpoint is taken between lo and (a margin above) what it completed rather than hi.
+low, and the bisection probes just below it once before it takes midpoints; while lo lies below what that run
+completed, a midpoint is taken between lo and (a margin above) what it completed rather than hi. Once a rate at or
+above that met, the overrun's completions bound nothing (a queue of hundreds drains slower than the server serves),
+and the midpoints are lo and hi's again.
 
 Every rate tried lies on one ladder, 2^(k/m) req/s for whole k, its steps 2^(1/m) no wider than 1 + tolerance
 (m = 5 for 0.15, 8 for 0.1): the start, each doubling, halving and midpoint is the nearest rung (the floor and
@@ -226,10 +228,13 @@ def find_capacity(
         near = served * (1 + tolerance) ** 2
         if not hinted and cap.lo_rps * (1 + tolerance) ** 2 <= served <= cap.hi_rps / (1 + tolerance):
             mid, hinted = rungs.between(cap.lo_rps, cap.hi_rps, served / (1 + tolerance)), True
-        elif cap.lo_rps * (1 + tolerance) < near < cap.hi_rps:
+        elif cap.lo_rps < served and cap.lo_rps * (1 + tolerance) < near < cap.hi_rps:
             # after that probe met: the middle of lo and what hi completed (a server overrun that far completes
             # somewhat less than it can serve: hence the margin), not of lo and hi. vLLM's CPU defaults on the held-back
-            # drawn-790-1 met 48.5 and missed 338 completing 52 a second: 55.7 next, not 128 (which completed 67.9)
+            # drawn-790-1 met 48.5 and missed 338 completing 52 a second: 55.7 next, not 128 (which completed 67.9).
+            # Once a rate met at or above what the overrun completed, that run said nothing of the capacity: llama-server
+            # drains a queue of hundreds far slower than it serves (its defaults on drawn-8289-3 completed 22 a second
+            # at 84.4 and met 64), and the margin above it kept the search one rung a run (18.4, 24.3, 27.9)
             mid = rungs.between(cap.lo_rps, cap.hi_rps, math.sqrt(cap.lo_rps * near))
         if mid is None:
             break  # no rung between them: as narrow as the ladder reads
