@@ -98,6 +98,10 @@ def test_a_server_leading_its_own_session_yields_that_session_too(started):
     assert r.session_nice == want and procfs.autogroup_nice(r.pid) == want  # the kernel's own line
     assert procfs.autogroup_nice(core) == want == procfs.autogroup_nice(worker)  # one group: the whole session
     assert mg.yield_note(r) == f"; engine core at nice {want}, its session at nice {want}"
+    assert mg.yield_note(r, why=True) == (
+        f"; engine core at nice {want}, its session at nice {want}"
+        " (its busy-wait gives way to the API server and to other sessions)"
+    )
     assert procfs.autogroup_nice(os.getpid()) == mine  # tuner's own session as it was
 
 
@@ -108,6 +112,7 @@ def test_a_trial_in_tuners_session_leaves_that_session_alone(started):
     want = min(19, _nice(r.pid) + 10)
     assert mg.yield_engine_core(r, 10) == want and _thread_nices(core) == {want}
     assert r.session_nice is None and mg.yield_note(r) == f"; engine core at nice {want}"
+    assert mg.yield_note(r, why=True) == f"; engine core at nice {want} (its busy-wait gives way to the API server)"
     assert procfs.autogroup_nice(os.getpid()) == mine  # tuner (and the trial's client) not yielded with it
 
 
@@ -125,6 +130,7 @@ def test_nothing_is_done_where_no_worker_is_pinned_or_it_is_turned_off(started):
     base = _nice(r.pid)
     assert mg.yield_engine_core(r, 10) is None and _nice(core) == base and r.engine_core_nice is None
     assert r.session_nice is None and procfs.autogroup_nice(r.pid) in (0, None) and mg.yield_note(r) == ""
+    assert mg.yield_note(r, why=True) == ""
     r2, core2, _ = started("pinned")
     assert mg.yield_engine_core(r2, 0) is None and _nice(core2) == base  # engine_core_nice: 0
 

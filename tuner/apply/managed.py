@@ -353,12 +353,15 @@ def yield_engine_core(r: Running, delta: int) -> int | None:
     return level
 
 
-def yield_note(r: Running) -> str:
-    """What yield_engine_core did to ``r``, as a journal step or a log line ends with it; "" where nothing."""
+def yield_note(r: Running, *, why: bool = False) -> str:
+    """What yield_engine_core did to ``r``, as a journal step or a log line ends with it, and with ``why`` what that
+    does; "" where nothing."""
     if r.engine_core_nice is None:
         return ""
     session = f", its session at nice {r.session_nice}" if r.session_nice is not None else ""
-    return f"; engine core at nice {r.engine_core_nice}{session}"
+    gives_way = " and to other sessions" if r.session_nice is not None else ""
+    reason = f" (its busy-wait gives way to the API server{gives_way})" if why else ""
+    return f"; engine core at nice {r.engine_core_nice}{session}{reason}"
 
 
 def _json_or_text(body: bytes) -> Any:

@@ -143,22 +143,14 @@ class Servers:
             spawned(r)
         try:
             took = mg.wait_healthy(r, t.url, t.managed.start_timeout.total_seconds())
-            yielded = mg.yield_engine_core(r, t.managed.engine_core_nice)
+            mg.yield_engine_core(r, t.managed.engine_core_nice)
             gate = mg.health_gate(t)
         except ServerStartError:
             # Up but not serving (or never up): stop it, or it would hold the port against the next start.
             mg.stop_server(r, grace_s=5.0)
             self.save(t, None, flags, ServerState.CRASHED, restarts=restarts)
             raise
-        self.say(
-            f"{t.name}: healthy after {took:.1f}s ({gate}); pid {r.pid}"
-            + (
-                f"{mg.yield_note(r)} (its busy-wait gives way to the API server"
-                + (" and to other sessions)" if r.session_nice is not None else ")")
-                if yielded
-                else ""
-            )
-        )
+        self.say(f"{t.name}: healthy after {took:.1f}s ({gate}); pid {r.pid}{mg.yield_note(r, why=True)}")
         return r
 
     def start(self, t: Target) -> mg.Running:
