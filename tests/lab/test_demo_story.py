@@ -97,3 +97,30 @@ def test_the_demo_waits_for_its_apply_to_be_counted_not_for_the_family_exported_
     assert _applies_counted(body({(MODEL_NAME, "unchanged"): 1, (MODEL_NAME, "kept"): 1})) == 1
     assert _applies_counted(body({(MODEL_NAME, "rolled_back"): 1, ("other", "kept"): 3})) == 1  # this target's only
     assert _applies_counted("") == 0 and _applies_counted(before[: len(before) // 2] + "{") == 0  # cut short
+
+
+def test_the_demo_reads_its_target_up_from_the_exposition_not_from_its_text():
+    """The demo shows tuner's /metrics once ``tuner_target_up`` is 1 for its target: read through prometheus_client's
+    parser (whatever order the labels or the value's spelling), this target's sample only."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    from tuner.lab.demo import _demo_samples
+
+    def body(ups: dict[str, float]) -> str:
+        class Up:
+            def collect(self):
+                g = GaugeMetricFamily("tuner_target_up", "up", labels=["target"])
+                for name, v in ups.items():
+                    g.add_metric([name], v)
+                yield g
+
+        registry = CollectorRegistry()
+        registry.register(Up())
+        return generate_latest(registry).decode()
+
+    assert _demo_samples(body({"other": 0.0, MODEL_NAME: 1.0}), "tuner_target_up") == [1.0]
+    assert _demo_samples(body({MODEL_NAME: 0.0, "other": 1.0}), "tuner_target_up") == [0.0]
+    assert _demo_samples(body({"other": 1.0}), "tuner_target_up") == []
+    spelled = f'tuner_target_up{{target="{MODEL_NAME}"}} 1\n'  # another exporter's spelling of the same sample
+    assert _demo_samples(spelled, "tuner_target_up") == [1.0] and _demo_samples(spelled[:20] + "{", "x") == []

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -360,7 +361,7 @@ def _own_metrics(url: str, *, applied: bool, limit_s: float) -> str:
             body = http.get(url, timeout_s=5, max_bytes=2**20).body.decode()
         except ScrapeError:
             body = ""
-        up = f'tuner_target_up{{target="{MODEL_NAME}"}} 1.0' in body
+        up = _demo_samples(body, "tuner_target_up") == [1.0]
         if (up and (not applied or _applies_counted(body) >= 1)) or time.monotonic() >= deadline:
             return body
         time.sleep(1)
@@ -371,20 +372,22 @@ def _applies_counted(body: str) -> int:
     family is exported at 0 for every outcome from the start, and a tuning run on the target counts as ``unchanged``
     (the demo's own runs beside production and is not counted): neither is the demo's apply."""
     applied = {o.value for o in ApplyOutcome} - {ApplyOutcome.UNCHANGED.value}
+    return int(sum(_demo_samples(body, "tuner_applies_total", lambda labels: labels.get("outcome") in applied)))
+
+
+def _demo_samples(body: str, name: str, where: Callable[[dict[str, str]], bool] = lambda labels: True) -> list[float]:
+    """The values of ``name``'s samples for the demo's target in tuner's /metrics ``body`` whose labels ``where``
+    takes; [] where the body is cut short (not a whole exposition)."""
     try:
         families = list(text_string_to_metric_families(body))
-    except ValueError:  # a body cut short
-        return 0
-    return int(
-        sum(
-            s.value
-            for f in families
-            for s in f.samples
-            if s.name == "tuner_applies_total"
-            and s.labels.get("target") == MODEL_NAME
-            and s.labels.get("outcome") in applied
-        )
-    )
+    except ValueError:
+        return []
+    return [
+        s.value
+        for f in families
+        for s in f.samples
+        if s.name == name and s.labels.get("target") == MODEL_NAME and where(s.labels)
+    ]
 
 
 def _healthy(url: str) -> bool:
