@@ -80,9 +80,7 @@ def _live_server(backend: str, url: str) -> tuple[ServerFacts, dict[str, str]]:
         if isinstance(data[0], dict) and data[0].get("max_model_len"):
             live["max_model_len"] = str(data[0]["max_model_len"])
         return ServerFacts(version=parse_version(str(version.get("version") or ""))), live
-    said = llamacpp.props(url, timeout_s=_HTTP_TIMEOUT_S)
-    if said is None:
-        return ServerFacts(version=parse_version("")), live
+    said = llamacpp.props(url, timeout_s=_HTTP_TIMEOUT_S) or llamacpp.Props(None, None, None, None)
     for key, value in (("total_slots", said.total_slots), ("n_ctx", said.n_ctx), ("model_path", said.model_path)):
         if value is not None:
             live[key] = str(value)
