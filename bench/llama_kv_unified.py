@@ -5,8 +5,8 @@ that every sequence may use. ``--parallel N`` gives each slot ``-c / N`` cells (
 ``--kv-unified`` is given too. tune reads a default server's slot count from ``/props`` (4), but that is not the
 same config as ``--parallel 4``. This bench compares them on the same arrivals and prompts. Each run gets a fresh
 server (the BPE GGUF, ``-c 16384 -t 1``, as bench/tune.py's llama-server trials), and the arms run in turns, rotated
-each round. The load is vLLM's benchmark client with tuner's arguments for llama-server (``Connection: close``, the
-tiny model's tokenizer). For each run it prints the share of requests within the SLO (TTFT 2 s, E2E 20 s),
+each round. The load is vLLM's benchmark client with tuner's own arguments (tuner/tune/bench.py ``bench_args``,
+``Connection: close``, the tiny model's tokenizer), counted as tuner counts it (``attainment``). For each run it prints the share of requests within the SLO (TTFT 2 s, E2E 20 s),
 throughput and P99 TTFT.
 
   python bench/llama_kv_unified.py --rate 48 --requests 700 --rounds 4 --arms default,parallel4,parallel4-unified
@@ -29,7 +29,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-import yaml
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tuner.config import Slo  # noqa: E402
+from tuner.signals.workload import parse_workload  # noqa: E402
+from tuner.tune.bench import attainment, bench_args  # noqa: E402
+
+SLO = Slo(ttft_p99="2s", e2e_p99="20s", objective=0.95)  # the corpus's (bench/tune_corpus.py)
 
 ARMS = {
     "default": [],
@@ -78,7 +85,7 @@ def main() -> int:
     missing = [k for k, v in env.items() if not v]
     if missing:
         raise SystemExit(f"set {', '.join(missing)} (scripts/setup-real-servers.sh prints them)")
-    w = yaml.safe_load(Path(args.workload_file).read_text(encoding="utf-8"))
+    workload = parse_workload(Path(args.workload_file).read_text(encoding="utf-8"), args.workload_file)
     out = Path(tempfile.mkdtemp(prefix="kvu-"))
     print(f"workload {args.workload_file}; {args.requests} requests at {args.rate} req/s a run; arms {arms}; {out}")
     rows = []
@@ -87,18 +94,19 @@ def main() -> int:
             proc = serve(env["TUNER_LLAMA_SERVER"], env["TUNER_TINY_BPE_GGUF"], arm, args.port, out / f"{arm}.log")
             try:
                 name = f"r{k}-{arm}.json"
-                client = [
-                    "--backend", "openai", "--base-url", f"http://127.0.0.1:{args.port}",
-                    "--endpoint", "/v1/completions", "--model", "tiny", "--tokenizer", env["TUNER_TINY_MODEL"],
-                    "--dataset-name", "random", "--random-input-len", str(w["input_len"] - w.get("prefix_len", 0)),
-                    "--random-output-len", str(w["output_len"]), "--random-range-ratio", str(w.get("range_ratio", 0)),
-                    "--random-prefix-len", str(w.get("prefix_len", 0)), "--num-prompts", str(args.requests),
-                    "--request-rate", str(args.rate), "--burstiness", str(w.get("burstiness", 1.0)),
-                    "--ignore-eos", "--seed", str(100 + k), "--num-warmups", "2", "--disable-tqdm",
-                    "--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", name,
-                    "--ready-check-timeout-sec", "0", "--header", "Connection=close",
-                    "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "99",
-                ]  # fmt: skip
+                client = bench_args(
+                    workload,
+                    url=f"http://127.0.0.1:{args.port}",
+                    model="tiny",
+                    tokenizer=env["TUNER_TINY_MODEL"],
+                    rate=args.rate,
+                    prompts=args.requests,
+                    slo=SLO,
+                    result_dir=out,
+                    result_file=name,
+                    seed=100 + k,
+                    close_connections=True,
+                )
                 subprocess.run(
                     [env["TUNER_VLLM_PYTHON"], "-c", CLIENT, *client],
                     stdout=subprocess.DEVNULL,
@@ -109,11 +117,11 @@ def main() -> int:
             finally:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(30)
-            good = sum(1 for t, e in zip(r["ttfts"], r["latencies"], strict=False) if t and t <= 2 and e and e <= 20)
+            good, sent = attainment(r, SLO)
             row = {
                 "round": k,
                 "arm": arm,
-                "within_slo": round(good / args.requests, 3),
+                "within_slo": round(good / sent, 3),
                 "failed": r.get("failed"),
                 "throughput_rps": round(r["request_throughput"], 2),
                 "p99_ttft_s": round(r["p99_ttft_ms"] / 1000, 2),
