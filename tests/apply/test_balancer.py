@@ -57,11 +57,13 @@ def _wait(cond, timeout: float = 20.0):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def lb(tmp_path):  # type: ignore[no-untyped-def]
+def replicas(tmp_path):  # type: ignore[no-untyped-def]
+    """HAProxy in front of r1 and r2: (client, frontend URL, {name: port}, {name: process}); a test may stop and
+    restart a replica's process (on its port) to flap HAProxy's check."""
     exe = _haproxy()
     (tmp_path / "server.py").write_text(SERVER)
     ports = {"r1": free_port(), "r2": free_port()}
-    servers = [subprocess.Popen([sys.executable, str(tmp_path / "server.py"), str(p)]) for p in ports.values()]
+    servers = {n: subprocess.Popen([sys.executable, str(tmp_path / "server.py"), str(p)]) for n, p in ports.items()}
     front = free_port()
     sock = str(tmp_path / "admin.sock")
     cfg = tmp_path / "haproxy.cfg"
@@ -80,13 +82,19 @@ def lb(tmp_path):  # type: ignore[no-untyped-def]
     h = HAProxy(sock, "chat")
     try:
         _wait(lambda: Path(sock).exists() and all(s.status == "UP" for s in h.stats().values()))
-        yield h, f"http://127.0.0.1:{front}"
+        yield h, f"http://127.0.0.1:{front}", ports, servers
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-        for s in servers:
+        for s in servers.values():
             s.terminate()
             s.wait(timeout=10)
+
+
+@pytest.fixture
+def lb(replicas):  # type: ignore[no-untyped-def]
+    h, url, _, _ = replicas
+    return h, url
 
 
 def _post(url: str, seconds: float = 0.0) -> int:
@@ -117,6 +125,23 @@ def test_drain_sends_nothing_new_waits_for_the_open_request_and_ready_brings_it_
     assert h.ready(busy, timeout_s=10).status == "UP"
     assert all(_post(url) == 200 for _ in range(10))
     assert h.stats()[busy].total > after[busy]  # back in rotation
+
+
+def test_waiting_for_a_peer_rides_out_a_check_that_flaps_and_gives_up_at_its_bound(replicas, tmp_path):
+    """The 11-30 CI flake: under load a replica's check read not-UP for an instant and a rolling apply refused to
+    drain the other one. Here r2's process stops (its check fails, HAProxy marks it DOWN) and comes back on its
+    port: waiting for a peer returns r2 once HAProxy's own check says UP again, and says how long it waited."""
+    h, _, ports, servers = replicas
+    servers["r2"].terminate()
+    servers["r2"].wait(timeout=10)
+    _wait(lambda: h.stats()["r2"].status != "UP", 10)
+    assert h.others_up("r1") == []  # the one-shot check the apply used to make
+    up, waited = h.wait_others_up("r1", timeout_s=0.5)  # nobody brings r2 back: it gives up at its bound
+    assert up == [] and waited >= 0.5
+    servers["r2"] = subprocess.Popen([sys.executable, str(tmp_path / "server.py"), str(ports["r2"])])
+    up, waited = h.wait_others_up("r1", timeout_s=20)
+    assert up == ["r2"] and h.stats()["r2"].status == "UP"
+    assert 0 < waited < 20  # r2 was not UP when it started: rise 2 at a 200-ms interval takes at least 0.2 s
 
 
 def test_a_drain_that_does_not_finish_in_time_says_so(lb):

@@ -166,6 +166,17 @@ class HAProxy:
         """The backend's other servers that are UP (where traffic goes while ``server`` is out)."""
         return [name for name, st in self.stats().items() if name != server and st.status == "UP"]
 
+    def wait_others_up(self, server: str, timeout_s: float) -> tuple[list[str], float]:
+        """``others_up``, waiting up to ``timeout_s`` for one: a loaded replica's health check can miss twice and
+        read DOWN for a few check intervals, then UP again. (the servers UP, seconds waited)."""
+        start = self.clock()
+        while True:
+            up = self.others_up(server)
+            waited = self.clock() - start
+            if up or waited >= timeout_s:
+                return up, waited
+            self.sleep(0.2)
+
 
 def haproxy_config(
     *, frontend: str, socket_path: str, backend: str, servers: list[tuple[str, str, int]], check_interval_ms: int = 500

@@ -325,12 +325,14 @@ class Rolling(_Balanced):
         """Take replica ``m`` to ``flags`` while the others serve."""
         assert m.balancer is not None and m.replica is not None
         b, server = m.balancer, m.replica
-        up = lb.others_up(server)
+        up, waited = lb.wait_others_up(server, b.up_timeout.total_seconds())
         if not up:
             raise ApplyError(
-                f"no other replica of {m.group} is UP in HAProxy backend {b.backend}: taking {server} "
-                "out would leave no server for the clients"
+                f"no other replica of {m.group} is UP in HAProxy backend {b.backend} (waited {waited:.0f}s, "
+                f"balancer.up_timeout): taking {server} out would leave no server for the clients"
             )
+        if waited >= 0.2:
+            ap.step(aid, ApplyStep.PEER_WAIT, f"{m.name}: waited {waited:.1f}s for {', '.join(up)} to be UP in HAProxy")
         ap.step(
             aid,
             ApplyStep.DRAINING,

@@ -85,6 +85,7 @@ class ApplyStep(StrEnum):
     PLANNED = "planned"
     BASELINE_WAIT = "baseline_wait"  # the window before held too few scrapes to judge: waiting for more
     BASELINE = "baseline"
+    PEER_WAIT = "peer_wait"  # a rolling apply waited for another replica to read UP before draining one
     DRAINING = "draining"
     STOPPED = "stopped"
     STARTING = "starting"
