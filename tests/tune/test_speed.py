@@ -190,3 +190,31 @@ def test_steps_that_ran_a_prefill_are_left_out():
 
 def test_runs_that_share_one_concurrency_are_not_compared():
     assert slowdown({1: 0.003, 2: 0.004}, {2: 0.008, 9: 0.02}) is None
+
+
+def test_tokens_the_client_read_together_are_not_steps():
+    """A client that falls behind reads several tokens at once: their gaps are microseconds and the gap before them
+    holds the chunk. Here an overloaded run's drain (no request joins any more, and 7 down to 1 request decode) is read
+    four tokens at a time, as the 20:56 bench's overloaded run at 24 req/s read 3-us "steps" at 1-4 sequences: a
+    level read only from such chunks says nothing, and every level that reads reads the loop's own step."""
+    result = client_result(poisson(200.0, 200, 5), 120)
+    last_join = max(s + t for s, t in zip(result["start_times"], result["ttfts"], strict=True))
+    chunked = []
+    for s, t, gaps in zip(result["start_times"], result["ttfts"], result["itls"], strict=True):
+        at, out, held = s + t, [], []
+        for g in gaps:
+            at += g
+            if at <= last_join:
+                out.append(g)
+                continue
+            held.append(g)
+            if len(held) == 4:  # the four arrive at once, when the last of them was ready
+                out += [sum(held) - 3 * 3e-6, 3e-6, 3e-6, 3e-6]
+                held = []
+        chunked.append(out + held)
+    late = {**result, "itls": chunked}
+    steps = step_times(late, min_gaps=10)  # the drain's levels hold tens of gaps, not MIN_GAPS
+    assert len(steps) >= 2  # before the fix: 3 us at 4 and 6 sequences, where every gap was a chunk's
+    for k, v in steps.items():
+        assert v == pytest.approx(step_of(k), rel=0.02), k
+    assert spread([step_times(result, min_gaps=10), steps]) == pytest.approx(1.0, abs=0.02)

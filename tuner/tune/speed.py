@@ -14,6 +14,11 @@ slower with those steps than without). ``step_times`` gives, for each concurrenc
 median: at equal concurrency, a slower step is a slower server, not a fuller batch. ``slowdown`` compares two runs at
 the concurrencies both saw. The reading is weakest where answers are short: a run of 12-token answers at 32 slots
 and one at a fifth of its rate share few concurrencies, and the gauge then says nothing rather than guess.
+
+A client that falls behind reads several tokens at once: their gaps come out as microseconds, and the gap before them
+holds the whole chunk. An overloaded run at 24 req/s on drawn-2161-2 read 3 us "steps" at 1-4 sequences that way,
+and a search that held it reported its host 310x slower at one run than another (2026-11-30 20:56). A gap under a
+tenth of the run's median gap, and the gap just before it, are left out.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ __all__ = ["MIN_GAPS", "MIN_LEVELS", "pooled", "slowdown", "spread", "step_times
 
 MIN_GAPS = 30  # gaps at one concurrency before its median counts
 MIN_LEVELS = 2  # concurrencies two runs must share to be compared (one level's median alone moves with one prefill)
+_COALESCED = 0.1  # a gap under this share of the run's median gap is two tokens the client read at once
 _EDGE = 0.1  # a first token this share of a gap past its end still came out of the same step (the two travel apart)
 
 
@@ -36,6 +42,8 @@ def step_times(result: Mapping[str, Any], min_gaps: int = MIN_GAPS, *, pure: boo
     """Concurrency (requests decoding) -> the median gap between two tokens of one request at it, in seconds, from a
     ``--save-detailed`` result; concurrencies with fewer than ``min_gaps`` gaps are left out ({} without timings)."""
     starts, ttfts, itls = result.get("start_times") or [], result.get("ttfts") or [], result.get("itls") or []
+    every = [g for gaps in itls if gaps for g in gaps if isinstance(g, (int, float)) and g > 0]
+    floor = _COALESCED * statistics.median(every) if every else 0.0
     tokens: list[tuple[float, float]] = []  # (the moment between the two tokens, the gap)
     firsts, lasts = [], []
     for start, ttft, gaps in zip(starts, ttfts, itls, strict=False):
@@ -43,10 +51,13 @@ def step_times(result: Mapping[str, Any], min_gaps: int = MIN_GAPS, *, pure: boo
             continue
         t = start + ttft
         firsts.append(t)
-        for gap in gaps:
-            if isinstance(gap, (int, float)) and gap > 0:
+        kept = [g for g in gaps if isinstance(g, (int, float)) and g > 0]
+        for i, gap in enumerate(kept):
+            # tokens the client read together: the gaps after the first of them are ~0, and the one before them
+            # holds the whole chunk's time; neither is a step
+            if gap >= floor and (i + 1 == len(kept) or kept[i + 1] >= floor):
                 tokens.append((t + gap / 2, gap))
-                t += gap
+            t += gap
         lasts.append(t)
     firsts.sort()
     lasts.sort()
