@@ -8,6 +8,11 @@ its search ended on). Two estimators that use every run of a search instead:
   isotonic   attainment made non-increasing in rate (pool adjacent violators, weighted by requests), the
              objective's crossing interpolated between the two pooled points around it
 
+and one that keeps the bracket's capacity but scales it to one host speed:
+
+  speed      the capacity x the decode step at 8 sequences (tuner/tune/speed.py) of the runs at its rate, over the
+             median of that step across every search in the store: the capacity at one speed of the host
+
 For each condition of the bench (its servers ran interleaved: with --conditions off,on the 1st, 3rd, ... search is
 "off"), the capacities, their mean and the worst deviation from it, as the bench reports them.
 
@@ -83,6 +88,23 @@ ESTIMATORS: dict[str, Callable[[dict[str, Any]], float | None]] = {
 }
 
 
+def step_at_capacity(d: dict[str, Any], concurrency: int = 8) -> float | None:
+    """The median decode step at ``concurrency`` of the runs at the search's capacity rate (None: they do not say)."""
+    steps = [
+        (r.get("step_s") or {}).get(str(concurrency))
+        for r in d["runs"]
+        if d.get("lo_rps") and math.isclose(r["rate_rps"], d["lo_rps"])
+    ]
+    steps = [s for s in steps if isinstance(s, (int, float))]
+    return sorted(steps)[len(steps) // 2] if steps else None
+
+
+def at_speed(d: dict[str, Any], ref: float | None) -> float | None:
+    """The search's capacity at the step time ``ref`` (a server that stepped slower would have served more)."""
+    s = step_at_capacity(d)
+    return d["capacity_rps"] * s / ref if ref and s is not None else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("db", nargs="+", help="a bench/tune_spread.py workdir's tuner.db")
@@ -91,7 +113,10 @@ def main() -> None:
     conditions = args.conditions.split(",")
     for db in args.db:
         trials = searches(db)
-        for name, estimate in ESTIMATORS.items():
+        known = sorted(s for _, d in trials if (s := step_at_capacity(d)) is not None)
+        ref = known[len(known) // 2] if known else None
+        scaled = {"speed": lambda d, ref=ref: at_speed(d, ref)}
+        for name, estimate in {**ESTIMATORS, **scaled}.items():
             for i, cond in enumerate(conditions):
                 got = [estimate(d) for _, d in trials[i :: len(conditions)]]
                 vals = [v for v in got if v is not None and v > 0]
