@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.tune_spread import write_config  # noqa: E402
 from tuner.apply import managed as mg  # noqa: E402
 from tuner.apply.launch import free_port  # noqa: E402
 from tuner.config import parse_config  # noqa: E402
@@ -47,17 +48,7 @@ SLO = "{ttft_p99: 2s, e2e_p99: 20s, objective: 0.95}"  # the corpus's (bench/tun
 def set_engine_nice(server: mg.Running, level: int) -> int:
     """Every thread of the server's engine core at the server's nice level + ``level``; how many threads."""
     base = os.getpriority(os.PRIO_PROCESS, server.pid)
-    done = 0
-    for pid in mg.group_pids(server.pid):
-        if not mg._comm(pid).startswith(mg._ENGINE_CORE):
-            continue
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                os.setpriority(os.PRIO_PROCESS, int(tid), base + level)
-                done += 1
-            except OSError:
-                pass
-    return done
+    return mg.set_engine_core_nice(mg.engine_cores(mg.group_pids(server.pid)), base + level)
 
 
 def main() -> None:
@@ -74,25 +65,15 @@ def main() -> None:
         sys.exit("set TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (eval the exports of scripts/setup-real-servers.sh)")
     rates = [float(r) for r in args.rates.split(",")]
     nices = [int(n) for n in args.nices.split(",")]
-    flags = {**json.loads(args.flags), "max_model_len": 1024}
-    w = parse_workload((ROOT / args.workload_file).read_text())
     work = Path(tempfile.mkdtemp(prefix="same-rate-"))
-    cfg = parse_config(
-        f"store: {{url: 'sqlite:///{work / 'tuner.db'}'}}\n"
-        "targets:\n"
-        f"  - name: tiny\n    backend: vllm\n    url: http://127.0.0.1:1\n    slo: {SLO}\n"
-        "    managed:\n"
-        f"      model: {model}\n      executable: {python}\n"
-        f"      flags: {json.dumps(flags)}\n"
-        "      extra_args: {enforce-eager: true}\n"
-        f"      log_dir: {work / 'logs'}\n"
-        f"      env: {{VLLM_CPU_KVCACHE_SPACE: '1', HF_HUB_OFFLINE: '1', VLLM_CACHE_ROOT: '{work / 'vllm-cache'}'}}\n"
-    )
+    text = (ROOT / args.workload_file).read_text()
+    w = parse_workload(text)
+    cfg = parse_config(write_config(work, python, model, json.loads(args.flags), text, SLO, nices[0]).read_text())
     t = cfg.targets[0]
     assert t.managed is not None and t.slo is not None
     (work / "logs").mkdir()
     print(
-        f"{args.workload_file} (burstiness {w.burstiness}); flags {flags}; rates {rates}; engine core nice {nices}; "
+        f"{args.workload_file} (burstiness {w.burstiness}); flags {dict(t.managed.flags)}; rates {rates}; engine core nice {nices}; "
         f"workdir {work}; load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )

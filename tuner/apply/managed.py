@@ -43,6 +43,8 @@ __all__ = [
     "start_server",
     "stop_server",
     "wait_healthy",
+    "engine_cores",
+    "set_engine_core_nice",
     "yield_engine_core",
     "yield_note",
     "health_gate",
@@ -294,6 +296,29 @@ def _affinity(pid: int) -> set[int]:
         return set()
 
 
+def engine_cores(pids: list[int]) -> list[int]:
+    """The vLLM engine core processes among ``pids`` (a server's ``group_pids``; none: not vLLM, or it ended)."""
+    return [p for p in pids if _comm(p).startswith(_ENGINE_CORE)]
+
+
+def set_engine_core_nice(cores: list[int], level: int) -> int:
+    """Every thread of the engine core processes ``cores`` at nice ``level``; how many threads were set. Nice is per
+    thread on Linux, and threads started later inherit their creator's."""
+    done = 0
+    for core in cores:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{core}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, level)
+                done += 1
+            except OSError:  # a thread that ended meanwhile
+                pass
+    return done
+
+
 def yield_engine_core(r: Running, delta: int) -> int | None:
     """On a CPU host, run a vLLM server's engine core ``delta`` nice levels below the rest of the server; the nice
     level it now runs at, or None where nothing was done (``delta`` 0, no engine core: not vLLM, or no worker
@@ -319,7 +344,7 @@ def yield_engine_core(r: Running, delta: int) -> int | None:
     if delta <= 0:
         return None
     pids = group_pids(r.pid)
-    cores = [p for p in pids if _comm(p).startswith(_ENGINE_CORE)]
+    cores = engine_cores(pids)
     if not cores:
         return None
     free = _affinity(cores[0])
@@ -329,19 +354,7 @@ def yield_engine_core(r: Running, delta: int) -> int | None:
         level = min(19, os.getpriority(os.PRIO_PROCESS, r.pid) + delta)
     except OSError:
         return None
-    done = 0
-    for core in cores:
-        try:
-            tids = [int(t) for t in os.listdir(f"/proc/{core}/task")]
-        except OSError:
-            continue
-        for tid in tids:  # nice is per thread on Linux; threads started later inherit their creator's
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, level)
-                done += 1
-            except OSError:  # a thread that ended meanwhile
-                pass
-    if not done:
+    if not set_engine_core_nice(cores, level):
         return None
     r.engine_core_nice = level
     try:
