@@ -58,6 +58,7 @@ def inputs_from(sc: dict) -> Inputs:
         startup_error=sc.get("startup_error"),
         repeated_prefix_share=sc.get("repeated_prefix_share"),
         host_memory_available_bytes=int(host * GIB) if host is not None else None,
+        started_with=sc.get("started_with"),
     )
 
 

@@ -7,6 +7,8 @@ Also calibrates the memory model against vLLM's own KV sizing (vllm:cache_config
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -16,10 +18,14 @@ from realservers import run_load_process, running
 from tests.helpers import value_of
 from tuner.advise.facts import load_model
 from tuner.advise.memory import plan
+from tuner.apply import managed as mg
+from tuner.apply.launch import free_port
 from tuner.cli import main
 from tuner.collect.http import get
 from tuner.config import parse_config
 from tuner.daemon import Daemon
+from tuner.errors import ScrapeError
+from tuner.lab.proc import wait_for
 
 
 def _config(tmp_path: Path, store_url: str, name: str, backend: str, url: str, interval: str) -> str:
@@ -207,3 +213,69 @@ def test_llama_server_deferred_recommends_parallel_keeping_slot_context(llama_se
     assert ev["signals"]["requests_deferred_max"] >= 1 and ev["signals"]["slots_busy_max"] == 2
     assert ev["signals"]["longest_request_tokens"] == longest
     assert rec["memory_check"]["ok"] is True
+
+
+def test_managed_llama_server_on_its_unified_kv_buffer_gets_a_buffer_per_slot(store, tmp_path, capsys):
+    """A managed llama-server started without --parallel: its own log says 4 slots on one unified KV buffer. Four
+    clients keep every slot busy; `tuner recommend` proposes the same 4 slots as an explicit --parallel at the same
+    -c, and a server started with the argv tuner builds for the proposal runs them on a buffer each (its log).
+    Which of the two serves more is measured in bench/llama_kv_unified.py (fresh servers in turns), not here."""
+    url = f"http://127.0.0.1:{free_port()}"
+    config = tmp_path / "tuner.yaml"
+    config.write_text(
+        f"store: {{url: '{store.engine.url}'}}\ngpu: {{source: none}}\n"
+        "defaults: {scrape_interval: 200ms, scrape_timeout: 200ms}\n"
+        f"targets:\n  - name: llama\n    backend: llamacpp\n    url: '{url}'\n"
+        f"    managed:\n      model: {realservers.TINY_GGUF.path()}\n"
+        f"      executable: {realservers.LLAMA_SERVER.path()}\n"
+        f"      flags: {{ctx_size: 4096}}\n      extra_args: {{'-t': 1}}\n      log_dir: {tmp_path / 'logs'}\n"
+    )
+    cfg = parse_config(config.read_text())
+    target = cfg.target("llama")
+    log = mg.log_path(target, tmp_path)
+    try:
+        _unified_then_per_slot(cfg, target, store, url, log, tmp_path, capsys, config)
+    finally:  # the daemon leaves a managed server running when it stops (a restarted daemon adopts it)
+        pid = mg.find_by_argv(mg.build_argv(target, {"ctx_size": 4096}))
+        if pid is not None:
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _up(url: str) -> bool:
+    try:
+        return get(f"{url}/health", timeout_s=2, max_bytes=4096).status == 200
+    except ScrapeError:
+        return False
+
+
+def _unified_then_per_slot(cfg, target, store, url, log, tmp_path, capsys, config) -> None:  # type: ignore[no-untyped-def]
+    with running(Daemon(cfg, store)):
+        wait_for(lambda: _up(url), 120, "the managed server up")
+        load = run_load_process(
+            url, model=None, n_requests=32, concurrency=4, prompt_tokens_approx=100, max_tokens=300, timeout_s=300
+        )
+        seen = store.scrapes("llama")
+        wait_for(lambda: store.scrapes("llama") >= seen + 2, 30, "two scrapes after the load")
+        longest = value_of(_metrics(url), "llamacpp:n_tokens_max")
+    assert load.ok == 32, load.errors
+    started = log.read_text(errors="replace")
+    assert "n_slots = 4" in started and "kv_unified = 'true'" in started, "the premise: 4 slots on one buffer"
+    out = _recommend(capsys, str(config), "llama", "--window", "10m")
+    [rec] = [r for r in out["recommendations"] if "llamacpp.kv_unified" in r["rules"]]
+    assert rec["diff"] == {"parallel": 4} and rec["current"] == {"parallel": None, "ctx_size": 4096}
+    ev = rec["evidence"][0]
+    assert ev["signals"]["slots_busy_max"] == 4 and ev["signals"]["slots_total"] == 4
+    assert ev["signals"]["longest_request_tokens"] == longest and 4096 // 4 >= longest, "a slot's share holds it"
+    assert rec["memory_check"]["ok"] is True
+    assert not [r for r in out["recommendations"] if "llamacpp.deferred" in r["rules"]]
+
+    # The candidate is what it says: the same 4 slots, each on its own buffer.
+    shadow = target.model_copy(update={"url": f"http://127.0.0.1:{free_port()}"})
+    after = tmp_path / "after.log"
+    server = mg.start_server(mg.build_argv(shadow, {"ctx_size": 4096, **rec["diff"]}), mg.server_env(shadow), after)
+    try:
+        mg.wait_healthy(server, shadow.url, 120)
+        text = after.read_text(errors="replace")
+        assert "n_slots = 4" in text and "kv_unified = 'false'" in text, text[-2000:]
+    finally:
+        mg.stop_server(server, grace_s=5)

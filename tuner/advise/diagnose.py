@@ -63,6 +63,9 @@ class Inputs:
     startup_error: str | None = None  # the log of a start that failed, when there was one
     repeated_prefix_share: float | None = None  # fraction 0-1 of prompt tokens in repeated prefixes (operator)
     host_memory_available_bytes: int | None = None  # for CPU-resident KV (llama-server without -ngl)
+    # A managed server's command line as tuner builds it: its tunable flags (tuner's names) and extra_args (as the
+    # config spells them). None: a server tuner did not start, whose command line it does not know.
+    started_with: Mapping[str, Any] | None = None
 
     @property
     def kv_capacity_tokens(self) -> int | None:
@@ -682,6 +685,58 @@ def llama_batch_long_prompts(inp: Inputs) -> list[Candidate]:
     ]
 
 
+_KV_UNIFIED_ARGS = frozenset({"kvu", "kv-unified", "no-kvu", "no-kv-unified"})
+
+
+def llama_kv_unified(inp: Inputs) -> list[Candidate]:
+    """A llama-server started without --parallel, every slot busy: a KV buffer per slot (--parallel N, -c unchanged).
+
+    Left out, --parallel is "auto": the server runs 4 slots on one KV buffer of -c cells that every sequence shares
+    (`--kv-unified`'s default "if the number of slots is auto", llama-server --help; its log says
+    ``kv_unified = 'true'``). Any --parallel N gives each slot its own -c / N cells. On this project's CPU host the
+    shared buffer kept the same 4 slots' requests waiting several times longer for a first token, at the same load
+    (bench/results/2026-11-30-1829-llama-kv-unified.md). So where tuner knows the command line (a managed server),
+    --parallel is left out, the operator chose no buffer (no --kv-unified / --no-kv-unified in extra_args), -c is
+    set, every slot was busy at once and none deferred (then ``llamacpp.deferred`` proposes more slots, which also
+    splits the buffer), propose the slots it runs as an explicit count, when each slot's share still holds the
+    longest request seen."""
+    s, o = inp.started_with, inp.observed
+    if s is None or "parallel" in s or any(str(k).lstrip("-") in _KV_UNIFIED_ARGS for k in s):
+        return []
+    slots, ctx, longest = o.slots_total, s.get("ctx_size"), o.max_request_tokens
+    if not slots or slots < 2 or not ctx or (o.slots_busy_max or 0) < slots or (o.deferred_max or 0) >= 1:
+        return []
+    slots, ctx = int(slots), int(ctx)
+    if not longest or ctx // slots < longest:
+        return []
+    crossed = [
+        {"signal": "parallel", "value": "auto", "op": "is", "threshold": "left out: one KV buffer the slots share"},
+        _crossed("slots_busy_max", o.slots_busy_max, ">=", slots),
+    ]
+    ev = _evidence(
+        inp,
+        crossed,
+        slots_total=slots,
+        slots_busy_max=o.slots_busy_max,
+        requests_deferred_max=o.deferred_max,
+        ctx_size=ctx,
+        longest_request_tokens=longest,
+    )
+    return [
+        Candidate(
+            "llamacpp.kv_unified",
+            {"parallel": slots},
+            {"parallel": None, "ctx_size": ctx},
+            ev,
+            f"the same {slots} slots, each with its own {ctx // slots}-token KV buffer instead of one {ctx}-token "
+            f"buffer all share (llama-server's default when --parallel is left out): a first token sooner under "
+            f"load (longest request seen: {int(longest)})",
+            "low: -c is unchanged, and each slot's share holds the longest request seen",
+            0.6,
+        )
+    ]
+
+
 # ---- both ---------------------------------------------------------------------------------------
 
 
@@ -733,6 +788,7 @@ RULES: dict[str, tuple[str, Callable[[Inputs], list[Candidate]]]] = {
     "llamacpp.deferred": ("llamacpp", llama_deferred),
     "llamacpp.offload": ("llamacpp", llama_offload),
     "llamacpp.batch_long_prompts": ("llamacpp", llama_batch_long_prompts),
+    "llamacpp.kv_unified": ("llamacpp", llama_kv_unified),
     "backend_choice": ("any", backend_choice),
 }
 

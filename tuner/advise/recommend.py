@@ -35,8 +35,11 @@ _LOWERS = {
     ("tensor_parallel_size", "up"),
     ("enable_prefix_caching", "on"),
     ("enable_chunked_prefill", "on"),
+    # llama-server's KV cache is -c cells however many slots share it, one buffer or one each (llamacpp.kv_unified
+    # sets the slot count it runs already, as an explicit --parallel)
     ("parallel", "up"),
     ("parallel", "down"),
+    ("parallel", "same"),
     ("ctx_size", "down"),
     ("n_gpu_layers", "down"),
     ("ubatch_size", "down"),

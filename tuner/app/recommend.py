@@ -232,6 +232,7 @@ def engine_inputs(
                 startup_error=startup,
                 repeated_prefix_share=repeated_prefix_share,
                 host_memory_available_bytes=host_available_bytes(),
+                started_with={**target.managed.extra_args, **given} if target.managed is not None else None,
             )
         )
     return out
