@@ -190,8 +190,13 @@ def tune(
     if servers.backend == "llamacpp":  # vLLM's client and the tiny model's tokenizer (a vLLM target has both)
         argv += ["--client-python", servers.python, "--tokenizer", servers.model]
     t0 = time.monotonic()
+    from tuner.apply.launch import die_with_parent_hook
+
     with open(work / f"{sampler}.log", "w") as log:
-        out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True, check=False)
+        # dies with this script (a stopped bench leaves no search, nor its trial servers, running)
+        out = subprocess.run(
+            argv, stdout=subprocess.PIPE, stderr=log, text=True, check=False, preexec_fn=die_with_parent_hook
+        )
     if out.returncode != 0:
         sys.exit(f"{sampler}: tuner tune exited {out.returncode}; see {work / (sampler + '.log')}")
     result = json.loads(out.stdout)

@@ -119,6 +119,8 @@ def one_server(cfg: Path, work: Path, bind: str, args: argparse.Namespace, tag: 
         "--json",
     ]
     t0 = time.monotonic()
+    from tuner.apply.launch import die_with_parent_hook
+
     with open(work / f"{tag}.log", "w") as log:
         out = subprocess.run(
             argv,
@@ -127,6 +129,7 @@ def one_server(cfg: Path, work: Path, bind: str, args: argparse.Namespace, tag: 
             text=True,
             check=False,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
+            preexec_fn=die_with_parent_hook,  # a stopped bench leaves no search, nor its trial servers, running
         )
     if out.returncode != 0:
         return {"tag": tag, "error": f"tuner tune exited {out.returncode}; see {work / (tag + '.log')}"}
