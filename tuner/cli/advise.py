@@ -105,7 +105,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 
 def _diff_text(r: dict[str, Any]) -> str:
-    return ", ".join(f"{k}: {r['current'].get(k, '?')} -> {v}" for k, v in r["diff"].items())
+    """``flag: old -> new``; "?" where the old value is not known, "unset" where the server runs without the flag."""
+    current = r["current"]
+    return ", ".join(
+        f"{k}: {'?' if k not in current else 'unset' if current[k] is None else current[k]} -> {v}"
+        for k, v in r["diff"].items()
+    )
 
 
 def _print_one(r: dict[str, Any], brief: bool = False) -> None:
