@@ -396,11 +396,11 @@ def test_tune_hands_its_search_options_to_the_use_case(monkeypatch, tmp_path, ca
         assert exc.value.code == 2 and "argument --tolerance" in capsys.readouterr().err
 
 
-def test_a_proposal_reads_a_flag_the_server_runs_without_as_unset_and_one_not_known_as_unknown():
+def test_a_proposal_reads_a_flag_the_server_runs_without_as_default_and_one_not_known_as_unknown():
     from tuner.cli.advise import _diff_text
 
     r = {
         "diff": {"parallel": 4, "ctx_size": 8192, "ubatch_size": 1024},
         "current": {"parallel": None, "ctx_size": 4096},
     }
-    assert _diff_text(r) == "parallel: unset -> 4, ctx_size: 4096 -> 8192, ubatch_size: ? -> 1024"
+    assert _diff_text(r) == "parallel: default -> 4, ctx_size: 4096 -> 8192, ubatch_size: ? -> 1024"

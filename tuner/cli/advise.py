@@ -105,10 +105,11 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 
 def _diff_text(r: dict[str, Any]) -> str:
-    """``flag: old -> new``; "?" where the old value is not known, "unset" where the server runs without the flag."""
+    """``flag: old -> new``; "?" where the old value is not known, "default" where the server runs without the flag
+    (as far as tuner knows: the rule recorded it as None)."""
     current = r["current"]
     return ", ".join(
-        f"{k}: {'?' if k not in current else 'unset' if current[k] is None else current[k]} -> {v}"
+        f"{k}: {'?' if k not in current else 'default' if current[k] is None else current[k]} -> {v}"
         for k, v in r["diff"].items()
     )
 
