@@ -84,7 +84,9 @@ class Candidate:
 
     rule: str
     diff: Mapping[str, Any]  # flag -> proposed value
-    current: Mapping[str, Any]  # flag -> current value (None: unknown)
+    # flag -> current value; None: the server runs without it (its default), as far as tuner knows; a flag left out:
+    # not known (what the rule read could be either)
+    current: Mapping[str, Any]
     evidence: Mapping[str, Any]  # window, signals read, thresholds crossed
     expected_effect: str
     risk: str  # low | medium | high, then why
@@ -563,11 +565,15 @@ def llama_deferred(inp: Inputs) -> list[Candidate]:
     slots = _current(inp, "parallel") or o.slots_total
     if not o.deferred_max or o.deferred_max < 1 or not slots or (o.slots_busy_max or 0) < slots:
         return []
-    ctx = _current(inp, "ctx_size") or (slots * o.slot_context_tokens if o.slot_context_tokens else None)
+    # -c as the command line or the config says; else the least it can be (tuner/advise/facts.py
+    # flags_from_live_config): one slot's n_ctx, which is all of -c on a server started without --parallel
+    known = _current(inp, "ctx_size")
+    ctx = known or o.slot_context_tokens
     if not ctx:
         return []
     slots, ctx = int(slots), int(ctx)
-    needed = int(o.max_request_tokens or ctx // slots)
+    needed = int(o.max_request_tokens or (ctx // slots if known else ctx))
+    current = {"parallel": slots, **({"ctx_size": ctx} if known else {})}
     target = int(min(2 * slots, slots + math.ceil(o.deferred_max), 256))
     keeps = [p for p in range(target, slots, -1) if ctx // p >= needed]
     crossed = [
@@ -580,7 +586,8 @@ def llama_deferred(inp: Inputs) -> list[Candidate]:
         requests_deferred_max=o.deferred_max,
         slots_busy_max=o.slots_busy_max,
         slots_total=slots,
-        slot_context_tokens=ctx // slots,
+        slot_context_tokens=ctx // slots if known else o.slot_context_tokens,
+        ctx_size=known,
         longest_request_tokens=needed,
     )
     if keeps:
@@ -589,10 +596,10 @@ def llama_deferred(inp: Inputs) -> list[Candidate]:
             Candidate(
                 "llamacpp.deferred",
                 {"parallel": new},
-                {"parallel": slots, "ctx_size": ctx},
+                current,
                 ev,
-                f"{new} slots decode at once instead of {slots}; each keeps {ctx // new} tokens of context "
-                f"(longest request seen: {needed})",
+                f"{new} slots decode at once instead of {slots}; each keeps {'' if known else 'at least '}"
+                f"{ctx // new} tokens of context (longest request seen: {needed})",
                 "low: -c is unchanged",
                 0.8,
             )
@@ -602,9 +609,10 @@ def llama_deferred(inp: Inputs) -> list[Candidate]:
         Candidate(
             "llamacpp.deferred",
             {"parallel": target, "ctx_size": new_ctx},
-            {"parallel": slots, "ctx_size": ctx},
+            current,
             ev,
-            f"{target} slots decode at once instead of {slots}; -c grows to {new_ctx} so each slot keeps "
+            f"{target} slots decode at once instead of {slots}; -c {'grows to' if known else 'is set to'} {new_ctx} "
+            f"so each slot keeps "
             f"{new_ctx // target} tokens (longest request seen: {needed})",
             "medium: the KV cache grows with -c",
             0.7,

@@ -249,11 +249,14 @@ def flags_from_live_config(backend: str, config: Mapping[str, str]) -> dict[str,
             # vLLM reports max concurrency as KV tokens / max_model_len.
             out["max_model_len"] = int(round(tokens / conc))
     else:
-        slots, per_slot = _num(config.get("total_slots")), _num(config.get("n_ctx"))
+        # The slot count only. /props' n_ctx is one slot's context: -c / N with a buffer per slot (--parallel N),
+        # but all of -c on the one buffer a server started without --parallel runs (both capped at the model's
+        # training context), and /props does not say which. So -c is not read back from it: slots x n_ctx was 4x
+        # the real -c of a default server, and a rule that split it would have proposed slots too small to hold
+        # the requests. Rules take -c from the command line or the config, else one slot's n_ctx as its least value.
+        slots = _num(config.get("total_slots"))
         if slots:
             out["parallel"] = int(slots)
-            if per_slot:
-                out["ctx_size"] = int(slots * per_slot)
     return out
 
 
