@@ -231,7 +231,11 @@ def _check_llama(inp: Inputs, cand: Candidate) -> MemoryCheck:
         elif name == "n_gpu_layers":
             layers = min(int(new), m.num_layers + 1) - min(int(old or 0), m.num_layers + 1)
             per_layer = (m.checkpoint_bytes or m.params * 2) / (m.num_layers + 1)
-            ctx = int(inp.flags.get("ctx_size") or 4096)
+            # -c as configured; else the most the server's slots say they hold (slots x one slot's n_ctx: /props
+            # cannot give -c itself, tuner/advise/facts.py flags_from_live_config), so the KV is not undercounted
+            o = inp.observed
+            seen = int(o.slots_total * o.slot_context_tokens) if o.slots_total and o.slot_context_tokens else None
+            ctx = int(inp.flags.get("ctx_size") or seen or 4096)
             grow = int(layers * per_layer + layers * ctx * kv_bytes_per_token(m, "float16") / m.num_layers)
             extra += grow
             notes.append(f"-ngl {old}->{new}: +{grow / GIB:.2f} GiB on the GPU")
