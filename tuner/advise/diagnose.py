@@ -572,7 +572,8 @@ def llama_deferred(inp: Inputs) -> list[Candidate]:
     if not ctx:
         return []
     slots, ctx = int(slots), int(ctx)
-    needed = int(o.max_request_tokens or (ctx // slots if known else ctx))
+    per_slot = ctx // slots if known else ctx  # one slot's context now (at least, where -c is not known)
+    needed = int(o.max_request_tokens or per_slot)
     current = {"parallel": slots, **({"ctx_size": ctx} if known else {})}
     target = int(min(2 * slots, slots + math.ceil(o.deferred_max), 256))
     keeps = [p for p in range(target, slots, -1) if ctx // p >= needed]
@@ -586,7 +587,7 @@ def llama_deferred(inp: Inputs) -> list[Candidate]:
         requests_deferred_max=o.deferred_max,
         slots_busy_max=o.slots_busy_max,
         slots_total=slots,
-        slot_context_tokens=ctx // slots if known else o.slot_context_tokens,
+        slot_context_tokens=per_slot,
         ctx_size=known,
         longest_request_tokens=needed,
     )
