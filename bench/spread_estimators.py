@@ -16,7 +16,12 @@ and one that keeps the bracket's capacity but scales it to one host speed:
 For each condition of the bench (its servers ran interleaved: with --conditions off,on the 1st, 3rd, ... search is
 "off"), the capacities, their mean and the worst deviation from it, as the bench reports them.
 
-  python bench/spread_estimators.py /tmp/tune-spread-XXXX/tuner.db --conditions off,on
+With --pooled, every run of a condition's searches on one line, as a rate and as a load at one host speed (the rate
+x the run's own decode step at 8 sequences, over the median step): the band where runs both met and missed (the
+lowest rate that missed to the highest that met), as +/- its middle. A search's capacity cannot repeat closer than
+that band however it is estimated; the band read at one speed says how much of it the host's speed explains.
+
+  python bench/spread_estimators.py /tmp/tune-spread-XXXX/tuner.db --conditions off,on [--pooled]
 """
 
 from __future__ import annotations
@@ -105,10 +110,44 @@ def at_speed(d: dict[str, Any], ref: float | None) -> float | None:
     return d["capacity_rps"] * s / ref if ref and s is not None else None
 
 
+def band(points: Sequence[tuple[float, bool]]) -> tuple[float, float] | None:
+    """(lowest load that missed, highest that met) where the two overlap; None where every miss lies above every
+    met run (a clean threshold)."""
+    missed = [x for x, met in points if not met]
+    met = [x for x, ok in points if ok]
+    if not missed or not met or min(missed) >= max(met):
+        return None
+    return min(missed), max(met)
+
+
+def pooled(trials: list[tuple[float, dict[str, Any]]], ref: float, label: str) -> None:
+    """Print the band of met and missed runs of these searches, in req/s and at the step ``ref``."""
+    raw, scaled = [], []
+    for _, d in trials:
+        for r in d["runs"]:
+            met = r["good"] / r["sent"] >= d["objective"]
+            raw.append((r["rate_rps"], met))
+            s = (r.get("step_s") or {}).get("8")
+            if isinstance(s, (int, float)):
+                scaled.append((r["rate_rps"] * s / ref, met))
+    for name, points in (("as run", raw), ("at one speed", scaled)):
+        b = band(points)
+        if b is None:
+            print(f"  {label} {name:12} {len(points)} runs: no overlap (one threshold)")
+            continue
+        mid = (b[0] + b[1]) / 2
+        inside = sum(1 for x, _ in points if b[0] <= x <= b[1])
+        print(
+            f"  {label} {name:12} {len(points)} runs: met and missed between {b[0]:.2f} and {b[1]:.2f} req/s "
+            f"(±{(b[1] - b[0]) / 2 / mid:.0%} of {mid:.2f}; {inside} runs inside)"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("db", nargs="+", help="a bench/tune_spread.py workdir's tuner.db")
     ap.add_argument("--conditions", default="all", help="the bench's conditions in the order they interleaved")
+    ap.add_argument("--pooled", action="store_true", help="also the band of met and missed runs, per condition")
     args = ap.parse_args()
     conditions = args.conditions.split(",")
     for db in args.db:
@@ -129,6 +168,16 @@ def main() -> None:
                     f"worst ±{worst:.0%}"
                     + (f" ({len(got) - len(vals)} without a crossing)" if len(vals) < len(got) else "")
                 )
+        if args.pooled and ref:
+            steps = sorted(
+                s for _, d in trials for r in d["runs"] if isinstance(s := (r.get("step_s") or {}).get("8"), float)
+            )
+            at = steps[len(steps) // 2]
+            print(f"{db} pooled (one speed: a decode step of {at * 1000:.2f} ms at 8 sequences, the runs' median)")
+            for i, cond in enumerate(conditions):
+                pooled(trials[i :: len(conditions)], at, cond)
+            if len(conditions) > 1:
+                pooled(trials, at, "all")
 
 
 if __name__ == "__main__":

@@ -570,6 +570,23 @@ def rolling_vllm(text: str) -> str | None:
     )
 
 
+def spread_pooled(text: str) -> str | None:
+    """bench/spread_estimators.py --pooled: the band where one load both met and missed, as run and at one speed."""
+    t = table_with(text, "condition", "runs", "met and missed, as run", "at one host speed")
+    if t is None:
+        return None
+    header, rows = t
+    r = rows[-1]  # the last row pools every condition
+    share = re.compile(r"(±\d+%)")
+    as_run, one_speed = (share.search(r[col(header, c)]) for c in ("met and missed", "at one host speed"))
+    if as_run is None or one_speed is None:
+        return None
+    return (
+        f"{r[col(header, 'condition')]} ({r[col(header, 'runs')]} runs): one load both met and missed within "
+        f"{as_run.group(1)} as run, {one_speed.group(1)} at one host speed"
+    )
+
+
 def host_speed(text: str) -> str | None:
     t = table_with(text, "core", "windows' spread")
     if t is None:
@@ -632,6 +649,7 @@ ROWS = (
     Row("tune-corpus", "tune on workloads read from a store (issue 40's corpus)", ("tune-corpus",), tune_corpus),
     Row("tune-corpus-llama", "tune on llama-server, the corpus's workloads", ("tune-corpus-llama",), tune_corpus),
     Row("tune-spread", "tune: the same flags on fresh servers", ("tune-spread",), tune_spread),
+    Row("spread-pooled", "tune: the same flags on fresh servers, every run pooled", ("spread-pooled",), spread_pooled),
     Row("host-speed", "this host's CPU speed over 30-s windows", ("host-speed",), host_speed),
     Row("rolling", "applies under load: alone, rolling, blue/green", ("rolling",), rolling),
     Row("rolling-vllm", "rolling apply of two vLLM CPU replicas", ("rolling-vllm",), rolling_vllm),

@@ -76,6 +76,7 @@ def test_every_row_finds_its_figure_in_the_results() -> None:
         ("rolling", "one llama-server 355 of 10,000; 2 replicas behind HAProxy, rolling 0 of 8,161"),
         ("tune-chat", "100% of the grid's best (random search 30%), 3/12 trials"),
         ("tune-shared-prefix", "65% of the grid's best"),
+        ("spread-pooled", "all ten (55 runs): one load both met and missed within ±14% as run, ±7% at one host speed"),
         (
             "tune-corpus",
             "run off side by side (10 runs below 95%): tune's decision served more in 3, as much in 4, less in 2, "
