@@ -22,17 +22,16 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.llama_kv_unified import serve  # noqa: E402  (a fresh llama-server as tune.py's trials)
 from tuner.config import Slo  # noqa: E402
 from tuner.signals.workload import Workload, parse_workload  # noqa: E402
 from tuner.tune.bench import BenchClient  # noqa: E402
@@ -52,21 +51,6 @@ def cpu_s(pid: int, thread: int | None = None) -> float:
 # where the server computes and where the client runs: as tune does for llama-server (the kernel places both), or
 # llama-server's one compute thread held to core 1 by its own flags and the client to core 0
 ARMS = {"free": ([], None), "pinned": (["--cpu-range", "1-1", "--cpu-strict", "1"], [0])}
-
-
-def serve(server: str, gguf: str, parallel: int, extra: list[str], port: int, log: Path) -> subprocess.Popen[bytes]:
-    argv = [server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "--metrics", "-t", "1", "-c", "16384"]
-    argv += (["--parallel", str(parallel)] if parallel else []) + extra
-    proc = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, process_group=0)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-            return proc
-        except OSError:
-            time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise SystemExit(f"llama-server was not healthy within 60 s; see {log}")
 
 
 def ladder(
@@ -144,7 +128,8 @@ def main() -> int:
         for arm in arms[k % len(arms) :] + arms[: k % len(arms)]:
             extra, client_cpus = ARMS[arm]
             log = out / f"server-{k}-{arm}.log"
-            proc = serve(env["TUNER_LLAMA_SERVER"], env["TUNER_TINY_BPE_GGUF"], args.parallel, extra, args.port, log)
+            slots = ["--parallel", str(args.parallel)] if args.parallel else []
+            proc = serve(env["TUNER_LLAMA_SERVER"], env["TUNER_TINY_BPE_GGUF"], slots + extra, args.port, log)
             try:
                 ladder(args, workload, rates, out / f"{k}-{arm}", proc.pid, client_cpus, env, f"{k} {arm}")
             finally:

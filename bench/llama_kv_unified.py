@@ -53,9 +53,11 @@ CLIENT = (
 )
 
 
-def serve(server: str, gguf: str, arm: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+def serve(server: str, gguf: str, extra: list[str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    """A fresh llama-server as bench/tune.py's trials start it (the BPE GGUF, ``-c 16384 -t 1``) with ``extra`` on
+    its command line, once ``/health`` answers (bench/client_bound.py starts its servers here too)."""
     argv = [server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "--metrics", "-t", "1", "-c", "16384"]
-    proc = subprocess.Popen([*argv, *ARMS[arm]], stdout=log.open("ab"), stderr=subprocess.STDOUT, process_group=0)
+    proc = subprocess.Popen([*argv, *extra], stdout=log.open("ab"), stderr=subprocess.STDOUT, process_group=0)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -64,7 +66,7 @@ def serve(server: str, gguf: str, arm: str, port: int, log: Path) -> subprocess.
         except OSError:
             time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)
-    raise SystemExit(f"llama-server ({arm}) was not healthy within 60 s; see {log}")
+    raise SystemExit(f"llama-server {' '.join(extra)} was not healthy within 60 s; see {log}")
 
 
 def main() -> int:
@@ -91,7 +93,9 @@ def main() -> int:
     rows = []
     for k in range(args.rounds):
         for arm in arms[k % len(arms) :] + arms[: k % len(arms)]:
-            proc = serve(env["TUNER_LLAMA_SERVER"], env["TUNER_TINY_BPE_GGUF"], arm, args.port, out / f"{arm}.log")
+            proc = serve(
+                env["TUNER_LLAMA_SERVER"], env["TUNER_TINY_BPE_GGUF"], ARMS[arm], args.port, out / f"{arm}.log"
+            )
             try:
                 name = f"r{k}-{arm}.json"
                 client = bench_args(
