@@ -6,8 +6,11 @@ shows the figure of the newest such file that holds it, with a link to that file
 never quote a dated figure.
 
     python bench/summary.py            # print the table
-    python bench/summary.py --write    # rewrite the table in bench/README.md (between the markers)
-    python bench/summary.py --check    # exit 1 when bench/README.md's table is not what the files give
+    python bench/summary.py --write    # rewrite the table in bench/README.md (between the markers) and bench/RESULTS.md
+    python bench/summary.py --check    # exit 1 when either is not what the files give
+
+bench/RESULTS.md is issue 40's one table, generated whole: every run of `tuner tune` on the corpus at its first
+score (the held-back shapes apart) and the spread of the same flags on fresh servers.
 """
 
 from __future__ import annotations
@@ -707,21 +710,249 @@ def update_readme() -> bool:
     return new != old
 
 
+# ---- bench/RESULTS.md: issue 40's one table ------------------------------------------------------------------------
+
+RESULTS_MD = ROOT / "bench" / "RESULTS.md"
+CORPUS_KINDS = {"tune-corpus": "vLLM", "tune-corpus-llama": "llama-server"}
+_SHARE = re.compile(r"^(\d+)%")
+_TRIALS = re.compile(r"^(\d+)/(\d+)$")
+
+
+@dataclass(frozen=True)
+class CorpusRun:
+    """One run of `tuner tune` on a shape of issue 40's corpus, as first scored (bench/tune_corpus.py --score)."""
+
+    backend: str
+    shape: str
+    set: str  # "held back" or "built on"
+    start: str  # "defaults", "poor", "llama-defaults", ...
+    grid_best: str
+    choice: str  # tune's choice / the grid's best, with the config
+    decision: str  # what tune told the user to run / the grid's best ("-": the file did not score it)
+    trials: str  # "3/12"
+    crashes: str
+    worst_repeat: str  # the flags in force measured again within the run: the worst deviation ("-": not measured)
+    source: Result
+
+    def share(self, cell: str) -> float | None:
+        m = _SHARE.match(cell)
+        return int(m.group(1)) / 100 if m else None
+
+    @property
+    def trial_share(self) -> float | None:
+        m = _TRIALS.match(self.trials)
+        return int(m.group(1)) / int(m.group(2)) if m and int(m.group(2)) else None
+
+
+def corpus_runs(found: list[Result]) -> list[CorpusRun]:
+    """Every run of issue 40's corpus at its first score, oldest first. A later file that scores the same run (the
+    same backend, shape and start) again, with the code of a later day, does not replace it: a score may not be
+    chosen after the fact. Score tables are those with the columns shape, set, from and tune's choice."""
+    first: dict[tuple[str, str, str], CorpusRun] = {}
+    for r in sorted(found, key=lambda r: (r.date, r.time or "0000", r.path.name)):
+        if r.kind not in CORPUS_KINDS:
+            continue
+        for header, rows in tables(r.text):
+            try:
+                at = {k: col(header, k) for k in ("shape", "set", "from", "tune's choice", "tune's trials", "crashes")}
+            except KeyError:
+                continue
+            optional = {
+                k: next((i for i, h in enumerate(header) if h.startswith(k)), None)
+                for k in ("grid best", "tune's decision", "worst repeat")
+            }
+            for row in rows:
+                if len(row) != len(header):
+                    continue
+                key = (r.kind, row[at["shape"]], row[at["from"]])
+                if key in first:
+                    continue
+
+                def cell(k: str, row: list[str] = row, optional: dict[str, int | None] = optional) -> str:
+                    i = optional[k]
+                    return row[i] if i is not None else "-"
+
+                first[key] = CorpusRun(
+                    CORPUS_KINDS[r.kind],
+                    row[at["shape"]],
+                    row[at["set"]],
+                    row[at["from"]],
+                    cell("grid best"),
+                    row[at["tune's choice"]],
+                    cell("tune's decision"),
+                    row[at["tune's trials"]],
+                    row[at["crashes"]],
+                    cell("worst repeat"),
+                    r,
+                )
+    return list(first.values())
+
+
+def corpus_tally(runs: list[CorpusRun]) -> str:
+    """One line of counts for ``runs``: tune's choice and decision at >= 95% of the grid's best, trials within a
+    quarter of the grid's, crashes."""
+    choice = [x for x in (r.share(r.choice) for r in runs) if x is not None]
+    decision = [x for x in (r.share(r.decision) for r in runs) if x is not None]
+    trials = [x for x in (r.trial_share for r in runs) if x is not None]
+    crashes = sum(int(c) for c in (r.crashes for r in runs) if c.isdigit())
+    missing = len(runs) - len(decision)
+    unscored = f" ({missing} {'run was' if missing == 1 else 'runs were'} scored before that column)" if missing else ""
+    return (
+        f"{len(runs)} runs: tune's choice reaches at least 95% of the grid's best in {sum(x >= 0.95 for x in choice)}"
+        f" of {len(choice)}; what tune told the user to run, in {sum(x >= 0.95 for x in decision)} of "
+        f"{len(decision)}{unscored}; trials at most a quarter of the "
+        f"grid's in {sum(x <= 0.25 + 1e-9 for x in trials)} of {len(trials)}; crashes {crashes}"
+    )
+
+
+@dataclass(frozen=True)
+class SpreadRow:
+    """One condition of a bench/tune_spread.py run: the same flags on fresh servers."""
+
+    shape: str
+    flags: str
+    servers: str
+    how: str  # run length and bracket
+    condition: str
+    worst: str
+    within: str
+    source: Result
+
+
+def spread_rows(found: list[Result]) -> list[SpreadRow]:
+    """Every condition of every bench/tune_spread.py file that has the table, oldest first."""
+    out = []
+    for r in sorted(found, key=lambda r: (r.date, r.time or "0000", r.path.name)):
+        if r.kind != "tune-spread":
+            continue
+        t = table_with(r.text, "binding", "neighbour", "worst deviation", "all within")
+        cmd = re.search(r"`python bench/tune_spread.py([^`]*)`", r.text)
+        if t is None or cmd is None:
+            continue
+        header, rows = t
+        args = cmd.group(1)
+
+        def arg(name: str, default: str, args: str = args) -> str:
+            m = re.search(rf"--{name} (\S+)", args)
+            return m.group(1) if m else default
+
+        shape = re.search(r"--workload-file \S*?([\w-]+)\.yaml", args)
+        flags = arg("flags", "vLLM's defaults")
+        how = f"{arg('run-seconds', '?')}-s runs, bracket {float(arg('tolerance', '0.15')):.0%}"
+        nice = next((i for i, h in enumerate(header) if h.startswith("engine core nice")), None)
+        for row in rows:
+            condition = f"{row[col(header, 'binding')]} binding, neighbour {row[col(header, 'neighbour')]}"
+            if nice is not None:
+                condition += f", engine core at nice {row[nice]}"
+            out.append(
+                SpreadRow(
+                    shape.group(1) if shape else "chat (built in)",
+                    flags,
+                    arg("servers", "?"),
+                    how,
+                    condition,
+                    row[col(header, "worst deviation")],
+                    row[col(header, "all within")],
+                    r,
+                )
+            )
+    return out
+
+
+def _link(r: Result, up: str = "results/") -> str:
+    when = f"{r.date} {r.time[:2]}:{r.time[2:]}" if r.time else r.date
+    return f"[{when}]({up}{r.path.name})"
+
+
+def render_results_md(folder: Path = RESULTS) -> str:
+    """bench/RESULTS.md: issue 40's table, every corpus run at its first score, the held-back shapes apart, and the
+    spread of the same flags on fresh servers. Generated, never edited by hand."""
+    found = results(folder)
+    runs = corpus_runs(found)
+    lines = [
+        "# tune on workloads nobody designed for (issue 40)",
+        "",
+        "<!-- generated by bench/summary.py from bench/results/: edit those files, then run python bench/summary.py "
+        "--write -->",
+        "",
+        "Every run of `tuner tune` on issue 40's corpus (bench/tune_corpus.py: shapes served to a real server and read "
+        "back by `tuner workload` from the store), each at its **first score**, with the code of its day: a run scored "
+        "again later keeps its first row. *Held back* shapes were chosen (or drawn) at random before anything was "
+        "tuned on them; *built on* shapes are the ones the search's rules were written against. Each row's file "
+        'says how it ran (the grid, the budget, the SLO, what else used the two cores). "the flags in force, worst '
+        'repeat": within the run, the flags in force measured again, the furthest from their first reading.',
+        "",
+    ]
+    for backend in CORPUS_KINDS.values():
+        for which in ("held back", "built on"):
+            part = [r for r in runs if r.backend == backend and r.set == which]
+            if not part:
+                continue
+            lines += [
+                f"## {backend}, {which}",
+                "",
+                corpus_tally(part) + ".",
+                "",
+                "| shape | from | grid best | tune's choice / grid best | what tune told the user to run / grid best"
+                " | tune's trials / grid's | crashes | the flags in force, worst repeat | scored |",
+                "|---|---|---|---:|---:|---:|---:|---:|---|",
+            ]
+            lines += [
+                f"| {r.shape} | {r.start} | {r.grid_best} | {r.choice} | {r.decision} | {r.trials} | {r.crashes} | "
+                f"{r.worst_repeat} | {_link(r.source)} |"
+                for r in part
+            ]
+            lines.append("")
+    spread = spread_rows(found)
+    lines += [
+        "## The same flags on fresh servers",
+        "",
+        "bench/tune_spread.py: one `tuner tune --budget 1` of the same flags on each of several fresh vLLM CPU "
+        "servers, one after another; the worst deviation of their capacities from the mean (issue 40 asks for "
+        "±10%, idle and beside a neighbour using half a core).",
+        "",
+        "| shape | flags | servers | runs | condition | worst deviation | all within ±10% | measured |",
+        "|---|---|---:|---|---|---:|---|---|",
+    ]
+    lines += [
+        f"| {s.shape} | {s.flags} | {s.servers} | {s.how} | {s.condition} | {s.worst} | {s.within} | "
+        f"{_link(s.source)} |"
+        for s in spread
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def update_results_md() -> bool:
+    """Rewrite bench/RESULTS.md from bench/results/; True when it changed."""
+    old = RESULTS_MD.read_text(encoding="utf-8") if RESULTS_MD.exists() else ""
+    new = render_results_md()
+    if new != old:
+        RESULTS_MD.write_text(new, encoding="utf-8")
+    return new != old
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--write", action="store_true", help="rewrite the table in bench/README.md")
-    ap.add_argument("--check", action="store_true", help="exit 1 when bench/README.md's table is not up to date")
+    ap.add_argument("--write", action="store_true", help="rewrite the table in bench/README.md and bench/RESULTS.md")
+    ap.add_argument(
+        "--check", action="store_true", help="exit 1 when bench/README.md's table or bench/RESULTS.md is not up to date"
+    )
     args = ap.parse_args()
     if args.write:
         print(f"{README}: {'rewritten' if update_readme() else 'already up to date'}")
+        print(f"{RESULTS_MD}: {'rewritten' if update_results_md() else 'already up to date'}")
         return 0
     table = render()
     if args.check:
+        stale = []
         current = README.read_text(encoding="utf-8")
         if splice(current, table) != current:
-            print(f"{README}: the summary is not what bench/results/ gives; run python bench/summary.py --write")
-            return 1
-        return 0
+            stale.append(f"{README}: the summary is not what bench/results/ gives")
+        if not RESULTS_MD.exists() or RESULTS_MD.read_text(encoding="utf-8") != render_results_md():
+            stale.append(f"{RESULTS_MD}: not what bench/results/ gives")
+        for line in stale:
+            print(f"{line}; run python bench/summary.py --write")
+        return 1 if stale else 0
     print(table, end="")
     return 0
 

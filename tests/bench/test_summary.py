@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -108,3 +109,70 @@ def test_splice_rewrites_only_between_the_markers() -> None:
     assert out == f"# Benchmarks\n\nintro\n\n{summary.BEGIN}\n| new |\n{summary.END}\n\n## The scripts\n"
     with pytest.raises(SystemExit, match="markers are missing"):
         summary.splice("no markers", "| new |\n")
+
+
+# ---- bench/RESULTS.md: issue 40's one table ----------------------------------------------------------------------
+
+
+def test_results_md_is_what_the_script_renders_from_the_results() -> None:
+    assert summary.RESULTS_MD.read_text(encoding="utf-8") == summary.render_results_md(), (
+        "bench/RESULTS.md is stale: run python bench/summary.py --write"
+    )
+
+
+def test_the_computed_tally_agrees_with_the_hand_kept_one_in_the_newest_file() -> None:
+    """Each session wrote "every held-back run to date: X of N" into its file by hand; the table counts the same runs
+    from every score table, each at its first score. The two counts come from different places and must agree."""
+    found = summary.results()
+    newest = next(r for r in found if r.kind == "tune-corpus" and "Every held-back run to date" in r.text)
+    m = re.search(r"^Every held-back run to date \([^)]*\): (\d+) of (\d+) reach", newest.text, re.M)
+    assert m, newest.path.name
+    held = [r for r in summary.corpus_runs(found) if r.backend == "vLLM" and r.set == "held back"]
+    reached = sum((r.share(r.choice) or 0.0) >= 0.95 for r in held)
+    assert (reached, len(held)) == (int(m.group(1)), int(m.group(2)))
+
+
+def _score_file(shape: str, choice: str, decision: str = "100%") -> str:
+    return (
+        "## a run\n\n| shape | set | from | grid best | tune's choice / grid best | tune's decision / grid best | "
+        "tune's trials / grid's | random search's choice / grid best | crashes | the flags in force, measured again "
+        "(in order) | worst repeat |\n|---|---|---|---|---:|---:|---:|---:|---:|---|---:|\n"
+        f"| {shape} | held back | poor | 10 req/s (a) | {choice} (b) | {decision} (b) | 3/12 | - | 0 | 9, 10 | 5% |\n"
+        f"| {shape} | held back | defaults | 10 req/s (a) | 100% (a) | 100% (a) | 4/12 | - | 1 | - | - |\n"
+    )
+
+
+def test_a_run_keeps_its_first_score_when_a_later_file_scores_it_again(tmp_path: Path) -> None:
+    (tmp_path / "2026-12-01-0100-tune-corpus.md").write_text(_score_file("s1", "87%", "87%"), encoding="utf-8")
+    (tmp_path / "2026-12-01-0300-tune-corpus.md").write_text(
+        _score_file("s1", "100%") + "\n" + _score_file("s2", "90%", "100%"), encoding="utf-8"
+    )
+    runs = summary.corpus_runs(summary.results(tmp_path))
+    assert [(r.shape, r.start, r.choice, r.source.path.name[:15]) for r in runs] == [
+        ("s1", "poor", "87% (b)", "2026-12-01-0100"),
+        ("s1", "defaults", "100% (a)", "2026-12-01-0100"),
+        ("s2", "poor", "90% (b)", "2026-12-01-0300"),
+        ("s2", "defaults", "100% (a)", "2026-12-01-0300"),
+    ]
+    assert summary.corpus_tally(runs) == (
+        "4 runs: tune's choice reaches at least 95% of the grid's best in 2 of 4; what tune told the user to run, "
+        "in 3 of 4; trials at most a quarter of the grid's in 2 of 4; crashes 2"
+    )
+    page = summary.render_results_md(tmp_path)
+    assert (
+        "## vLLM, held back" in page
+        and "## vLLM, built on" not in page
+        and "| s1 | poor | 10 req/s (a) | 87% (b) |" in page
+    )
+
+
+def test_the_check_command_says_when_results_md_is_stale(tmp_path: Path) -> None:
+    """--check compares the real files; a copy of the tree with RESULTS.md edited by hand fails it, naming it."""
+    tree = tmp_path / "repo"
+    shutil.copytree(ROOT / "bench", tree / "bench", ignore=shutil.ignore_patterns("__pycache__", "corpus*"))
+    page = tree / "bench" / "RESULTS.md"
+    page.write_text(page.read_text(encoding="utf-8").replace("crashes 0", "crashes 9", 1), encoding="utf-8")
+    bad = subprocess.run(
+        [sys.executable, str(tree / "bench" / "summary.py"), "--check"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert bad.returncode == 1 and "RESULTS.md: not what bench/results/ gives" in bad.stdout, bad.stdout + bad.stderr
