@@ -590,6 +590,12 @@ def spread_pooled(text: str) -> str | None:
     )
 
 
+def budget_rule(text: str) -> str | None:
+    """bench/budget_rule.py: step_budget's pick against every grid that separated the two budgets."""
+    m = re.search(r"^Where the grid separated the budgets: (.*)\.$", text, re.M)
+    return f"where the grid separated 256 from 2,048 tokens: {m.group(1)}" if m else None
+
+
 def host_speed(text: str) -> str | None:
     t = table_with(text, "core", "windows' spread")
     if t is None:
@@ -653,6 +659,7 @@ ROWS = (
     Row("tune-corpus-llama", "tune on llama-server, the corpus's workloads", ("tune-corpus-llama",), tune_corpus),
     Row("tune-spread", "tune: the same flags on fresh servers", ("tune-spread",), tune_spread),
     Row("spread-pooled", "tune: the same flags on fresh servers, every run pooled", ("spread-pooled",), spread_pooled),
+    Row("budget-rule", "tune: the gallop's token budget against every grid", ("budget-rule",), budget_rule),
     Row("host-speed", "this host's CPU speed over 30-s windows", ("host-speed",), host_speed),
     Row("rolling", "applies under load: alone, rolling, blue/green", ("rolling",), rolling),
     Row("rolling-vllm", "rolling apply of two vLLM CPU replicas", ("rolling-vllm",), rolling_vllm),
