@@ -116,7 +116,7 @@ def main() -> int:
         if run.backend == "vLLM":
             scored.setdefault(run.source.path.name, []).append(run.shape)
     seen: dict[str, tuple[str, dict[int, dict[int, Reading]]]] = {}
-    for r in sorted(found, key=lambda r: (r.date, r.time or "0000")):
+    for r in sorted(found, key=lambda r: r.order):
         if r.kind != "tune-corpus":
             continue
         shapes = sorted(set(scored.get(r.path.name, [])))

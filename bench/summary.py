@@ -49,6 +49,16 @@ class Result:
     def text(self) -> str:
         return self.path.read_text(encoding="utf-8")
 
+    @property
+    def when(self) -> str:
+        """When the run started, as a reader reads it: "2026-11-25 17:21" (the date alone where the name has no time)."""
+        return f"{self.date} {self.time[:2]}:{self.time[2:]}" if self.time else self.date
+
+    @property
+    def order(self) -> tuple[str, str, str]:
+        """Sorts files by when their runs started (a name without a time is that day's earliest)."""
+        return self.date, self.time or "0000", self.path.name
+
 
 def results(folder: Path = RESULTS) -> list[Result]:
     """The results files, newest first (by the date and time in their names; a name without a time is that day's
@@ -59,7 +69,7 @@ def results(folder: Path = RESULTS) -> list[Result]:
         if not m:
             raise SystemExit(f"{p}: name it YYYY-MM-DD-HHMM-<kind>.md (or YYYY-MM-DD-<kind>.md)")
         out.append(Result(p, m.group(1), m.group(2) or "", m.group(3)))
-    return sorted(out, key=lambda r: (r.date, r.time or "0000", r.path.name), reverse=True)
+    return sorted(out, key=lambda r: r.order, reverse=True)
 
 
 # ---- reading Markdown ------------------------------------------------------------------------------------------
@@ -681,6 +691,10 @@ def newest(row: Row, found: list[Result]) -> tuple[str, Result] | None:
     return None
 
 
+def _link(r: Result) -> str:
+    return f"[{r.when}](results/{r.path.name})"
+
+
 def render(folder: Path = RESULTS) -> str:
     """The summary table, as bench/README.md holds it between the markers."""
     found = results(folder)
@@ -693,10 +707,7 @@ def render(folder: Path = RESULTS) -> str:
                 f"figure of row {row.key!r} (its reader is {row.read.__name__})"
             )
         figure, r = got
-        when = f"{r.date} {r.time[:2]}:{r.time[2:]}" if r.time else r.date
-        lines.append(
-            f'| <a id="{row.key}"></a>{row.what} | {figure.replace("|", "/")} | [{when}](results/{r.path.name}) |'
-        )
+        lines.append(f'| <a id="{row.key}"></a>{row.what} | {figure.replace("|", "/")} | {_link(r)} |')
     return "\n".join(lines) + "\n"
 
 
@@ -756,7 +767,7 @@ def corpus_runs(found: list[Result]) -> list[CorpusRun]:
     same backend, shape and start) again, with the code of a later day, does not replace it: a score may not be
     chosen after the fact. Score tables are those with the columns shape, set, from and tune's choice."""
     first: dict[tuple[str, str, str], CorpusRun] = {}
-    for r in sorted(found, key=lambda r: (r.date, r.time or "0000", r.path.name)):
+    for r in sorted(found, key=lambda r: r.order):
         if r.kind not in CORPUS_KINDS:
             continue
         for header, rows in tables(r.text):
@@ -829,7 +840,7 @@ class SpreadRow:
 def spread_rows(found: list[Result]) -> list[SpreadRow]:
     """Every condition of every bench/tune_spread.py file that has the table, oldest first."""
     out = []
-    for r in sorted(found, key=lambda r: (r.date, r.time or "0000", r.path.name)):
+    for r in sorted(found, key=lambda r: r.order):
         if r.kind != "tune-spread":
             continue
         t = table_with(r.text, "binding", "neighbour", "worst deviation", "all within")
@@ -864,11 +875,6 @@ def spread_rows(found: list[Result]) -> list[SpreadRow]:
                 )
             )
     return out
-
-
-def _link(r: Result, up: str = "results/") -> str:
-    when = f"{r.date} {r.time[:2]}:{r.time[2:]}" if r.time else r.date
-    return f"[{when}]({up}{r.path.name})"
 
 
 def render_results_md(folder: Path = RESULTS) -> str:
