@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.tune import speed  # noqa: E402
+from tuner.tune import capacity, speed  # noqa: E402
 
 Runs = Sequence[dict[str, Any]]
 
@@ -97,36 +97,23 @@ def isotonic(runs: Runs, objective: float) -> float | None:
 
 
 def crossing(runs: Runs, objective: float, *, same_speed: bool = True) -> float:
-    """Where attainment crosses ``objective``, from every run of one search (see the module docstring); 0.0 where no
-    run met it. With ``same_speed``, each run's rate is first scaled to the speed of all the search's runs pooled: a
-    run that stepped s times slower than that met or missed a load s times its rate (a run whose step times share
-    fewer than two concurrencies with the pool keeps its rate)."""
+    """Where attainment crosses ``objective``, from every run of one search (tuner/tune/capacity.py's ``crossing``,
+    which `tuner tune` reports as ``crossing_rps``); 0.0 where no run met it. With ``same_speed``, each run's rate is
+    first scaled to the speed of all the search's runs pooled: a run that stepped s times slower than that met or
+    missed a load s times its rate (a run whose step times share fewer than two concurrencies with the pool keeps
+    its rate); runs at one rate stay one point, at the geometric mean of their scaled rates."""
     ref = speed.pooled(r.get("step_s") for r in runs) if same_speed else {}
-    pooled: dict[float, list[float]] = {}  # runs at one rate (a repeated step) are one point: [log rates, good, sent]
+    points: dict[float, list[float]] = {}  # rate as run: [sum of log scaled rates, runs, good, sent]
     for r in runs:
         if not r.get("sent"):
             continue
         slower = speed.slowdown(ref, r.get("step_s")) if same_speed else None
-        point = pooled.setdefault(r["rate_rps"], [0.0, 0.0, 0.0, 0.0])
+        point = points.setdefault(r["rate_rps"], [0.0, 0.0, 0.0, 0.0])
         point[0] += math.log(r["rate_rps"] * (slower or 1.0))
         point[1] += 1
         point[2] += r["good"]
         point[3] += r["sent"]
-    blocks: list[list[float]] = []  # [sum of log rates, points, good, sent], in order of rate
-    for log_sum, n, good, sent in sorted(pooled.values(), key=lambda p: p[0] / p[1]):
-        blocks.append([log_sum, n, good, sent])
-        while len(blocks) > 1 and blocks[-2][2] / blocks[-2][3] < blocks[-1][2] / blocks[-1][3]:
-            last = blocks.pop()
-            blocks[-1] = [a + b for a, b in zip(blocks[-1], last, strict=True)]
-    xs = [s / n for s, n, _, _ in blocks]  # log of each block's rate (the geometric mean of its points')
-    ys = [g / n for _, _, g, n in blocks]
-    met = [x for x, y in zip(xs, ys, strict=True) if y >= objective]
-    if not met:
-        return 0.0
-    for i in range(len(xs) - 1):
-        if ys[i] >= objective > ys[i + 1]:
-            return math.exp(xs[i] + (xs[i + 1] - xs[i]) * (ys[i] - objective) / (ys[i] - ys[i + 1]))
-    return math.exp(max(met))
+    return capacity.crossing(((math.exp(s / n), good, sent) for s, n, good, sent in points.values()), objective)
 
 
 ESTIMATORS: dict[str, Callable[[dict[str, Any]], float | None]] = {

@@ -847,3 +847,35 @@ def test_a_miss_on_a_slower_host_is_no_ranking(detail, want_interval, want):
     best = Point({"max_num_seqs": 8}, Outcome("measured", 4.0, {"lo_rps": 4.0, "hi_rps": 4.4}))
     assert _interval(detail) == want_interval
     assert _vs_best(p, best) == want
+
+
+def test_each_measured_trial_reports_where_its_runs_crossed_the_objective():
+    """The table and the JSON give each measured trial's crossing beside its capacity and interval: the rate the
+    search's own runs say attainment crossed the objective (tuner/tune/capacity.py), read from the search itself."""
+    import math
+
+    from tuner.app.tune import _trial_json
+    from tuner.cli.tune import result_lines
+    from tuner.tune.capacity import find_capacity
+    from tuner.tune.search import Outcome, Point
+
+    shares = {2.0: 1.0, 4.0: 1.0, 5.28: 0.99, 6.07: 0.85, 8.0: 0.2}  # by the rate at or above: met up to 5.28
+
+    class Run:
+        def __init__(self, rate: float) -> None:
+            self.rate_rps, self.sent = rate, 100
+            self.good = round(100 * next(v for k, v in sorted(shares.items()) if k >= rate - 1e-3))
+            self.attainment, self.ttft_p99, self.e2e_p99 = self.good / 100, 0.5, 2.0
+
+        def as_json(self) -> dict:
+            return dict(vars(self))
+
+    cap = find_capacity(Run, 0.95, start_rps=2.0, tolerance=0.15, max_runs=8)
+    assert (cap.lo_rps, cap.hi_rps) == (pytest.approx(5.278, abs=0.01), pytest.approx(6.063, abs=0.01))
+    # 0.99 at 5.28, 0.85 at 6.06: 0.95 lies 0.04 / 0.14 of the way up, in log rate
+    want = math.exp(math.log(cap.lo_rps) + (math.log(cap.hi_rps) - math.log(cap.lo_rps)) * 0.04 / 0.14)
+    tr = _trial_json(Point({"max_num_seqs": 8}, Outcome("measured", cap.capacity_rps, cap.as_json())))
+    assert tr["crossing_rps"] == pytest.approx(want) and cap.capacity_rps < want < cap.hi_rps
+    result = {"trials": [{**tr, "vs_best": "best"}], "baseline": {"capacity_rps": 5.28}, "best": None, "verdict": "-"}
+    header, row = result_lines(result)[0].splitlines()[:2]
+    assert header.split()[4] == "crossing" and f"{want:.3g}" in row.split()

@@ -8,11 +8,12 @@ tests/integration/test_tune_real.py.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import asdict, dataclass
 
 import pytest
 
-from tuner.tune.capacity import LONGEST_RUN, Ladder, find_capacity, rate_floor
+from tuner.tune.capacity import LONGEST_RUN, Ladder, crossing, find_capacity, rate_floor
 
 
 @dataclass(frozen=True)
@@ -398,3 +399,63 @@ def test_once_a_rate_met_above_what_an_overrun_completed_its_completions_bound_n
     assert rates[:4] == [5.3, 84.4, 18.4, 24.3]  # the recorded run's first four
     assert rates[4] == round(rungs.between(24.3, 84.4, math.sqrt(24.3 * 84.4)), 1) == 48.5  # not 27.9
     assert round(cap.capacity_rps, 1) == 48.5 and cap.capacity_rps <= true_cap and round(cap.hi_rps, 1) == 84.4
+
+
+def _between(lo: float, hi: float, share: float) -> float:
+    """The rate ``share`` of the way from ``lo`` to ``hi`` in log rate."""
+    return math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * share)
+
+
+def test_the_crossing_is_interpolated_in_log_rate_between_the_pooled_points_around_the_objective():
+    # 16 met at 0.99, 18.4 missed at 0.59: 0.95 lies 0.04 / 0.40 of the way down
+    assert crossing([(8.0, 100, 100), (16.0, 99, 100), (18.4, 59, 100)], 0.95) == pytest.approx(
+        _between(16.0, 18.4, 0.04 / 0.40)
+    )
+    # a miss below a met rate is pooled with it (12: 0.90, 14: 0.98 -> 13 at 0.94, a geometric middle)
+    got = crossing([(8.0, 97, 100), (12.0, 90, 100), (14.0, 98, 100), (16.0, 50, 100)], 0.95)
+    assert got == pytest.approx(_between(8.0, math.sqrt(12.0 * 14.0), 0.02 / 0.03))
+    # runs at one rate are one point: 12 pooled reads 190 / 200, exactly the objective
+    assert crossing([(12.0, 100, 100), (12.0, 90, 100), (14.0, 60, 100)], 0.95) == pytest.approx(12.0)
+
+
+def test_the_crossing_at_the_ends_nothing_met_and_everything_met():
+    assert crossing([(2.0, 50, 100), (1.0, 90, 100)], 0.95) == 0.0
+    assert crossing([(2.0, 100, 100), (4.0, 99, 100)], 0.95) == pytest.approx(4.0)
+    assert crossing([(2.0, 0, 0)], 0.95) == 0.0  # a run that sent nothing says nothing
+
+
+def smooth_server(threshold: float, *, fall: float, sent: int = 100, seed: int | None = None):
+    """Attainment falls smoothly with the rate, logistic in log rate, and crosses 0.95 at ``threshold``; it drops
+    from 0.99 to 0.5 over a factor of about exp(fall). With a seed, each run's requests meet independently (binomial
+    noise); without, exactly the expected share meets."""
+    rng = random.Random(seed)
+
+    def share(rate: float) -> float:
+        return 1 / (1 + math.exp(-(math.log(19) + math.log(threshold / rate) * 12 / fall)))
+
+    def measure(rate: float) -> Run:
+        p = share(rate)
+        good = round(sent * p) if seed is None else sum(rng.random() < p for _ in range(sent))
+        return Run(rate, sent, good, good / sent)
+
+    return measure
+
+
+def test_the_search_reports_where_attainment_crosses_the_objective_between_its_rungs():
+    cap = find_capacity(smooth_server(7.3, fall=1.0), 0.95, start_rps=2.0, tolerance=0.15, max_runs=6)
+    # the bracket's capacity is a rung of the ladder below the threshold; the crossing reads between the rungs
+    assert cap.capacity_rps < 7.3 < cap.hi_rps
+    assert abs(cap.crossing_rps - 7.3) < (7.3 - cap.capacity_rps) / 2
+    assert cap.as_json()["crossing_rps"] == cap.crossing_rps
+
+
+def test_over_many_noisy_servers_the_crossing_lies_nearer_the_threshold_than_the_bracket():
+    # the same server forty times over, each run's requests binomial: the bracket's capacity moves a rung with one
+    # unlucky run, the crossing weighs every run (bench/results/2026-12-01-1826-tune-spread.md on real servers)
+    bracket, crossings = [], []
+    for seed in range(40):
+        cap = find_capacity(smooth_server(7.3, fall=2.0, seed=seed), 0.95, start_rps=2.0, tolerance=0.15, max_runs=6)
+        bracket.append(abs(cap.capacity_rps / 7.3 - 1))
+        crossings.append(abs(cap.crossing_rps / 7.3 - 1))
+    assert sum(crossings) / 40 < 0.75 * sum(bracket) / 40
+    assert max(crossings) <= max(bracket) + 1e-9  # at worst the same run: everything up to a rung met

@@ -1148,6 +1148,9 @@ def _trial_json(p: Point, best: Point | None = None) -> dict[str, Any]:
     if measured:
         out["interval"] = _interval(d)
         out["speed_spread"] = d.get("speed_spread")  # how much slower its slowest run stepped than its fastest
+        # where attainment crossed the objective, read from every run (tuner/tune/capacity.py): a point estimate that
+        # repeats closer than the capacity's rung; None for a trial measured before it was recorded
+        out["crossing_rps"] = d.get("crossing_rps")
         if best is not None:
             out["vs_best"] = _vs_best(p, best)
     return out

@@ -86,10 +86,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def result_lines(result: dict[str, Any]) -> list[str]:
     """What `tuner tune` prints of its result: the ranked table (each capacity measured one after the other, with its
-    interval; the two configs compared in turns say how they fared there), then what was pruned or not a candidate,
+    interval and where attainment crossed the objective between the rates tried; the two configs compared in turns say how they fared there), then what was pruned or not a candidate,
     the comparison and the verdict."""
     out: list[str] = []
-    rows = [["#", "flags", "capacity@SLO", "interval", "vs best", "P99 TTFT", "P99 E2E", "status", "note"]]
+    rows = [["#", "flags", "capacity@SLO", "interval", "crossing", "vs best", "P99 TTFT", "P99 E2E", "status", "note"]]
     for i, tr in enumerate(result["trials"], 1):
         flags = " ".join(f"{k}={v}" for k, v in tr["flags"].items())
         lo, hi = tr.get("interval") or (None, None)
@@ -100,6 +100,7 @@ def result_lines(result: dict[str, Any]) -> list[str]:
                 flags,
                 _num(tr["capacity_rps"], " req/s"),
                 interval,
+                _num(tr.get("crossing_rps")),
                 tr.get("vs_best", "-") + (f", {tr['in_turns']} in turns" if tr.get("in_turns") else ""),
                 _num(tr["ttft_p99"], "s"),
                 _num(tr["e2e_p99"], "s"),
