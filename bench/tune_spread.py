@@ -146,6 +146,7 @@ def one_server(cfg: Path, work: Path, bind: str, args: argparse.Namespace, tag: 
         "capacity_rps": trial.capacity_rps,
         "interval": _interval(trial.detail),  # as `tuner tune` reports it: the miss at the met rate's speed
         "speed_spread": trial.detail.get("speed_spread"),
+        "crossing_rps": trial.detail.get("crossing_rps"),  # where its runs crossed the objective
         "worker_cores": bound_cores(trial.detail.get("log", "")),
         "placement": (trial.detail.get("placement") or {}).get("note", "vLLM's own (auto)"),
         "wall_s": round(time.monotonic() - t0, 1),
@@ -153,23 +154,30 @@ def one_server(cfg: Path, work: Path, bind: str, args: argparse.Namespace, tag: 
     }
 
 
-def summarize(rows: list[dict]) -> dict:
-    caps = [r["capacity_rps"] for r in rows if r.get("capacity_rps")]
-    if not caps:
+def spread_of(values: list[float]) -> dict:
+    """The mean, the spread ((max - min) / mean), the worst deviation from the mean and whether all lie within ±10%."""
+    if not values:
         return {"n": 0}
-    mean = statistics.fmean(caps)
+    mean = statistics.fmean(values)
     return {
-        "n": len(caps),
+        "n": len(values),
         "mean": mean,
-        "min": min(caps),
-        "max": max(caps),
-        "spread": (max(caps) - min(caps)) / mean,
-        "worst": max(abs(c - mean) for c in caps) / mean,
-        "within_10": all(abs(c - mean) <= 0.1 * mean for c in caps),
-        # whether one rate lies inside every server's interval: then no two of them rank apart
-        "overlap": max(r["interval"][0] or 0 for r in rows if r.get("capacity_rps"))
-        < min(r["interval"][1] or math.inf for r in rows if r.get("capacity_rps")),
+        "spread": (max(values) - min(values)) / mean,
+        "worst": max(abs(c - mean) for c in values) / mean,
+        "within_10": all(abs(c - mean) <= 0.1 * mean for c in values),
     }
+
+
+def summarize(rows: list[dict]) -> dict:
+    """The capacities' spread_of, and whether one rate lies inside every server's interval: then no two of them rank
+    apart."""
+    measured = [r for r in rows if r.get("capacity_rps")]
+    s = spread_of([r["capacity_rps"] for r in measured])
+    if s["n"]:
+        s["overlap"] = max(r["interval"][0] or 0 for r in measured) < min(
+            r["interval"][1] or math.inf for r in measured
+        )
+    return s
 
 
 def main() -> int:
@@ -255,8 +263,8 @@ def main() -> int:
         "",
         "| binding | neighbour (half a core) | engine core nice | capacities, req/s (interval) | worker's cores | mean | spread "
         "(max-min)/mean | worst deviation | all within ±10% | intervals share a rate | host speed spread in a trial | "
-        "minutes a trial |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "minutes a trial | crossings, req/s | their mean, worst deviation, all within ±10% |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (bind, neighbour, nice), rs in rows.items():
         s = summarize(rs)
@@ -271,15 +279,23 @@ def main() -> int:
         walls = [r["wall_s"] / 60 for r in rs if "wall_s" in r]
         minutes = f"{statistics.fmean(walls):.1f}" if walls else "-"
         speeds = ", ".join("-" if r.get("speed_spread") is None else f"{r['speed_spread'] - 1:.0%}" for r in rs)
+        crossings = [r["crossing_rps"] for r in rs if isinstance(r.get("crossing_rps"), (int, float))]
+        c = spread_of([x for x in crossings if x > 0])
+        cross = (
+            (", ".join(f"{x:.3g}" for x in crossings) or "-")
+            + " | "
+            + (f"{c['mean']:.3g}, ±{c['worst']:.0%}, {'yes' if c['within_10'] else 'no'}" if c["n"] else "-")
+        )
         if s["n"]:
             lines.append(
                 f"| {bind} | {neighbour} | {nice} | {caps} | {cores} | {s['mean']:.3g} | {s['spread']:.0%} | "
                 f"±{s['worst']:.0%} | {'yes' if s['within_10'] else 'no'} | {'yes' if s['overlap'] else 'no'} | "
-                f"{speeds} | {minutes} |"
+                f"{speeds} | {minutes} | {cross} |"
             )
         else:
             lines.append(
                 f"| {bind} | {neighbour} | {nice} | {caps} | {cores} | - | - | - | no | - | {speeds} | {minutes} |"
+                f" {cross} |"
             )
     text = "\n".join(lines) + "\n"
     print("\n" + text)
