@@ -36,7 +36,9 @@ every run of the search instead: attainment made non-increasing in rate (runs po
 than a lower one), and the rate where it crosses the objective interpolated (in log rate) between the two pooled
 points around it. On a held-back bursty shape (bench/results/2026-12-01-1826-tune-spread.md) five fresh servers'
 crossings lay within ±8% of their mean on an idle host and ±7% beside a neighbour, their bracket capacities ±18% and
-±14%. It is reported beside the capacity; the ranking and the intervals stay the bracket's.
+±14%; on a second (2026-12-02-0044), where attainment fell from 100% to 16-70% within one rung, ±11% and ±15%, no
+nearer than the bracket: a cliff inside a rung is where no run was. It is reported beside the capacity; the ranking
+and the intervals stay the bracket's.
 """
 
 from __future__ import annotations
