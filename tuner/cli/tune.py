@@ -86,8 +86,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def result_lines(result: dict[str, Any]) -> list[str]:
     """What `tuner tune` prints of its result: the ranked table (each capacity measured one after the other, with its
-    interval and where attainment crossed the objective between the rates tried; the two configs compared in turns say how they fared there), then what was pruned or not a candidate,
-    the comparison and the verdict."""
+    interval and where attainment crossed the objective between the rates tried; the two configs compared in turns
+    say how they fared there), then what was pruned or not a candidate, the comparison and the verdict."""
     out: list[str] = []
     rows = [["#", "flags", "capacity@SLO", "interval", "crossing", "vs best", "P99 TTFT", "P99 E2E", "status", "note"]]
     for i, tr in enumerate(result["trials"], 1):
