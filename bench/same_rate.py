@@ -10,11 +10,16 @@ the workload's own rate, not counted), then runs vLLM's benchmark client (tuner'
 times the workload's burst factor) at the given rates with the same arrival pattern every run (``arrivals=0``, as
 a capacity search's runs), for --runs rounds. With --nices 10,0 it sets the engine core's threads to those nice
 levels above the server's in turns before each run (tune's default is ``managed.engine_core_nice: 10``), so the two
-levels share the server and the host's moments. Each run prints the requests within the SLO, P99 TTFT, what the
-server completed a second and its decode step at 8 sequences (tuner/tune/speed.py).
+levels share the server and the host's moments. With --neighbour off,on a run is made in turns with and without
+tune_spread.py's neighbour (half a core, in a session of its own, started before the run and stopped after it).
+Each run prints the requests within the SLO, P99 TTFT, what the server completed a second, its decode step at 8
+sequences (tuner/tune/speed.py), and how long the engine core's and the worker's threads ran and how long they
+waited runnable for a CPU over the run (/proc/PID/task/*/schedstat: a thread the kernel does not run while it
+could is starved, whatever its nice level says it should get).
 
   python bench/same_rate.py --servers 1 --runs 4 --rates 21.11 --nices 10,0
   python bench/same_rate.py --servers 2 --runs 3 --rates 16,18.38        # two rates in turns, nice 10 only
+  python bench/same_rate.py --workload-file bench/corpus/bursty.yaml --rates 5.19 --nices 10,0 --neighbour off,on
 
 Needs TUNER_VLLM_PYTHON and TUNER_TINY_MODEL (scripts/setup-real-servers.sh prints them). ~75 s a run on
 drawn-2161-2 (burst factor 4.65).
@@ -26,6 +31,8 @@ import argparse
 import json
 import math
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.tune_spread import write_config  # noqa: E402
+from bench.tune_spread import NEIGHBOUR, write_config  # noqa: E402
 from tuner.apply import managed as mg  # noqa: E402
 from tuner.apply.launch import free_port  # noqa: E402
 from tuner.config import parse_config  # noqa: E402
@@ -51,12 +58,44 @@ def set_engine_nice(server: mg.Running, level: int) -> int:
     return mg.set_engine_core_nice(mg.engine_cores(mg.group_pids(server.pid)), base + level)
 
 
+def sched_s(pid: int) -> tuple[float, float]:
+    """Seconds the threads of ``pid`` have run and waited runnable for a CPU since they started (schedstat)."""
+    ran = waited = 0.0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0, 0.0
+    for tid in tids:
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+        except OSError:
+            continue
+        ran, waited = ran + int(fields[0]) / 1e9, waited + int(fields[1]) / 1e9
+    return ran, waited
+
+
+def server_parts(server: mg.Running) -> dict[str, int]:
+    """The engine core's and the worker's pids (vLLM names its processes VLLM::EngineCore, VLLM::Worker)."""
+    parts = {}
+    for pid in mg.group_pids(server.pid):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm.startswith("VLLM::EngineCor"):
+            parts["engine"] = pid
+        elif comm.startswith("VLLM::Worker"):
+            parts["worker"] = pid
+    return parts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--runs", type=int, default=4, help="rounds: each round runs every rate x nice once")
     ap.add_argument("--rates", default="21.11", help="comma-separated req/s, run in turns")
     ap.add_argument("--nices", default="10", help="comma-separated engine core nice levels, run in turns")
+    ap.add_argument("--neighbour", default="off", help="comma-separated: off, on; run in turns")
     ap.add_argument("--workload-file", default="bench/corpus-drawn2/drawn-2161-2.yaml")
     ap.add_argument("--flags", default='{"max_num_seqs": 8, "max_num_batched_tokens": 2048}', help="JSON")
     args = ap.parse_args()
@@ -77,7 +116,8 @@ def main() -> None:
         f"workdir {work}; load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
-    arms = [(rate, nice) for rate in rates for nice in nices]
+    neighbours = args.neighbour.split(",")
+    arms = [(rate, nice, nb) for rate in rates for nice in nices for nb in neighbours]
     with BenchClient(python, work / "client") as client:
         client.pin((0,))
         for s in range(args.servers):
@@ -95,10 +135,29 @@ def main() -> None:
                 kw = {"url": shadow.url, "model": t.served_name, "tokenizer": model, "slo": t.slo}
                 client.run(w, rate=w.rate_rps, prompts=30, **kw)  # tune's warm-up run, not counted
                 for i in range(args.runs * len(arms)):
-                    rate, nice = arms[(i + s) % len(arms)]  # the next server starts on the next arm
+                    rate, nice, nb = arms[(i + s) % len(arms)]  # the next server starts on the next arm
                     threads = set_engine_nice(server, nice)
                     prompts = math.ceil(max(40, int(rate * 15)) * burst_factor(w.burstiness))
-                    r = client.run(w, rate=rate, prompts=prompts, arrivals=0, **kw)
+                    parts = server_parts(server)
+                    before = {k: sched_s(pid) for k, pid in parts.items()}
+                    noisy = (
+                        subprocess.Popen([sys.executable, "-c", NEIGHBOUR], start_new_session=True)
+                        if nb == "on"
+                        else None
+                    )
+                    t0 = time.monotonic()
+                    try:
+                        r = client.run(w, rate=rate, prompts=prompts, arrivals=0, **kw)
+                    finally:
+                        if noisy is not None:
+                            noisy.send_signal(signal.SIGTERM)
+                            noisy.wait()
+                    wall = time.monotonic() - t0
+                    sched = {}
+                    for k, pid in parts.items():
+                        ran, waited = sched_s(pid)
+                        sched[f"{k}_ran"] = round((ran - before[k][0]) / wall, 2)
+                        sched[f"{k}_waited"] = round((waited - before[k][1]) / wall, 2)
                     step8 = (r.step_s or {}).get("8") or (r.step_s or {}).get(8)
                     print(
                         json.dumps(
@@ -107,6 +166,7 @@ def main() -> None:
                                 "run": i,
                                 "rate": rate,
                                 "nice": nice,
+                                "neighbour": nb,
                                 "threads": threads,
                                 "good": r.good,
                                 "sent": r.sent,
@@ -114,6 +174,7 @@ def main() -> None:
                                 "ttft_p99_s": round(r.ttft_p99 or 0.0, 2),
                                 "completed_rps": round(r.throughput_rps or 0.0, 1),
                                 "step_ms_at_8": round(step8 * 1000, 2) if step8 else None,
+                                **sched,  # cores' worth over the run
                                 "at": time.strftime("%H:%M:%S"),
                             }
                         ),
