@@ -41,7 +41,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.stallwatch import schedstat  # noqa: E402
 from bench.tune_spread import NEIGHBOUR, write_config  # noqa: E402
+from tuner import procfs  # noqa: E402
 from tuner.apply import managed as mg  # noqa: E402
 from tuner.apply.launch import free_port  # noqa: E402
 from tuner.config import parse_config  # noqa: E402
@@ -58,33 +60,14 @@ def set_engine_nice(server: mg.Running, level: int) -> int:
     return mg.set_engine_core_nice(mg.engine_cores(mg.group_pids(server.pid)), base + level)
 
 
-def sched_s(pid: int) -> tuple[float, float]:
-    """Seconds the threads of ``pid`` have run and waited runnable for a CPU since they started (schedstat)."""
-    ran = waited = 0.0
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0.0, 0.0
-    for tid in tids:
-        try:
-            fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
-        except OSError:
-            continue
-        ran, waited = ran + int(fields[0]) / 1e9, waited + int(fields[1]) / 1e9
-    return ran, waited
-
-
 def server_parts(server: mg.Running) -> dict[str, int]:
     """The engine core's and the worker's pids (vLLM names its processes VLLM::EngineCore, VLLM::Worker)."""
-    parts = {}
-    for pid in mg.group_pids(server.pid):
-        try:
-            comm = Path(f"/proc/{pid}/comm").read_text().strip()
-        except OSError:
-            continue
-        if comm.startswith("VLLM::EngineCor"):
-            parts["engine"] = pid
-        elif comm.startswith("VLLM::Worker"):
+    pids = mg.group_pids(server.pid)
+    engines = mg.engine_cores(pids)
+    parts = {"engine": engines[0]} if engines else {}
+    for pid in pids:
+        st = procfs.stat(pid)
+        if st is not None and st.comm.startswith("VLLM::Worker"):
             parts["worker"] = pid
     return parts
 
@@ -139,7 +122,7 @@ def main() -> None:
                     threads = set_engine_nice(server, nice)
                     prompts = math.ceil(max(40, int(rate * 15)) * burst_factor(w.burstiness))
                     parts = server_parts(server)
-                    before = {k: sched_s(pid) for k, pid in parts.items()}
+                    before = {k: schedstat(pid) for k, pid in parts.items()}
                     noisy = (
                         subprocess.Popen([sys.executable, "-c", NEIGHBOUR], start_new_session=True)
                         if nb == "on"
@@ -155,7 +138,7 @@ def main() -> None:
                     wall = time.monotonic() - t0
                     sched = {}
                     for k, pid in parts.items():
-                        ran, waited = sched_s(pid)
+                        ran, waited = schedstat(pid)
                         sched[f"{k}_ran"] = round((ran - before[k][0]) / wall, 2)
                         sched[f"{k}_waited"] = round((waited - before[k][1]) / wall, 2)
                     step8 = (r.step_s or {}).get("8") or (r.step_s or {}).get(8)
